@@ -1,0 +1,446 @@
+"""Typed run configuration: seven sections, YAML plus dotted overrides, fix-it validation.
+
+Every field is declared once, with its help text; `cohort train --help` and the
+configuration reference in the README are generated from these declarations.
+
+Choices:
+- Two levels deep at most (`rollout.num_generations`), as the style guide asks.
+- Unknown keys are errors (a typo must not silently fall back to a default),
+  except inside a reward spec, whose extra keys are the reward's own options.
+- `validate_config` runs every cross-field check and every cheap check on the
+  outside world (files exist, the prompt column is there, reward names resolve)
+  and reports *all* problems at once, each naming its fields and a fix. It never
+  loads a model, so a config that cannot work fails in well under a second.
+- `BatchPlan` is the one place where the batch arithmetic lives; the trainer,
+  `cohort plan` and the validation all read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; `problems` lists each one with its fix."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid configuration ({len(self.problems)} problem(s)):\n{lines}")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    path: str = Field(
+        "tiny:arith",
+        description="A local transformers checkpoint directory, or `tiny:arith` (the embedded tiny model, built offline and cached on first use).",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Dtype of the trained weights (and of generation, unless rollout.dtype says otherwise)."
+    )
+
+
+class DataConfig(_Section):
+    task: str | None = Field(
+        "arith",
+        description="Built-in task used when data.train_files is empty (`cohort tasks` lists them). Ignored when train_files is set.",
+    )
+    train_files: list[str] = Field(
+        default_factory=list,
+        description="Training data: .jsonl/.json/.parquet files or `datasets.save_to_disk` directories. verl-style parquet reads as is.",
+    )
+    eval_files: list[str] = Field(
+        default_factory=list, description="Held-out data scored greedily before and after training (same formats)."
+    )
+    prompt_key: str = Field(
+        "prompt", description="Column holding the prompt: a string, or a list of chat messages rendered with the tokenizer's chat template."
+    )
+    max_prompt_length: int = Field(512, description="Longest prompt in tokens; see data.overlong_prompts for what happens to longer ones.")
+    overlong_prompts: Literal["error", "filter", "truncate_left"] = Field(
+        "filter",
+        description="Prompts longer than max_prompt_length: `filter` drops them (and reports the count), `error` stops, `truncate_left` keeps the last tokens.",
+    )
+    shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by train.seed).")
+    eval_max_samples: int | None = Field(None, description="Score at most this many eval rows (None: all).")
+
+
+class RolloutConfig(_Section):
+    engine: Literal["vllm", "hf"] = Field("vllm", description="Generation engine: vLLM in-process (default) or transformers `generate` (fallback).")
+    num_generations: int = Field(8, description="Completions per prompt (G); the group for group-relative advantages.")
+    generation_batch_size: int | None = Field(
+        None,
+        description="Completions generated at once. Default: train.prompts_per_step × train.steps_per_generation × G. Must be a multiple of G and of the completions per optimizer step.",
+    )
+    max_completion_length: int = Field(256, description="Most tokens generated per completion.")
+    temperature: float = Field(1.0, description="Sampling temperature; the trainer divides logits by the same value when scoring.")
+    top_p: float = Field(1.0, description="Nucleus sampling mass (1.0: off).")
+    top_k: int = Field(0, description="Top-k sampling (0: off).")
+    seed: int = Field(0, description="Base sampling seed; every completion gets its own seed derived from it, the step and its index.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Generation dtype; `auto` uses model.dtype (no train/inference mismatch from precision)."
+    )
+    enforce_eager: bool = Field(True, description="vLLM: skip graph compilation (faster start; on CPU the compiled mode gains little for tiny models).")
+    enable_prefix_caching: bool = Field(True, description="vLLM: reuse the prompt's KV cache across the G completions of a prompt.")
+    kv_cache_gib: float = Field(1.0, description="vLLM on CPU: KV cache size in GiB.")
+    gpu_memory_utilization: float = Field(0.5, description="vLLM on GPU: fraction of GPU memory vLLM may take.")
+    sync_check_tolerance: float = Field(
+        1e-3, description="After each weight sync, the engine's and the trainer's log-probs of a canary completion must agree to this (max abs); else the run stops."
+    )
+
+
+class AlgorithmConfig(_Section):
+    name: Literal["grpo"] = Field("grpo", description="Algorithm: `grpo` (group-relative advantages, no critic).")
+    beta: float = Field(0.0, description="KL coefficient to the frozen reference model (k3 estimator). 0 loads no reference model.")
+    epsilon_low: float = Field(0.2, description="Lower clip range: ratios below 1 − epsilon_low are clipped.")
+    epsilon_high: float = Field(0.2, description="Upper clip range (DAPO clip-higher): ratios above 1 + epsilon_high are clipped.")
+    delta: float | None = Field(None, description="Two-sided clipping cap on the ratio for negative advantages (TRL's `delta`); None: off.")
+    loss_type: Literal["grpo", "dapo", "bnpo", "dr_grpo"] = Field(
+        "dapo",
+        description="Loss aggregation as TRL names it: grpo = mean over tokens then sequences; dapo = mean over all tokens of the step; bnpo = mean over the micro-batch's tokens; dr_grpo = token sum / max_completion_length.",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="GRPO advantage scale: divide by the group's std, the whole batch's std, or not at all."
+    )
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token", description="Importance ratio per token (GRPO/PPO) or per sequence (GSPO, geometric mean over the sequence)."
+    )
+    num_iterations: int = Field(1, description="Updates per generation batch (μ in the GRPO paper). >1 reuses completions off-policy.")
+    mask_truncated_completions: bool = Field(False, description="Leave completions that hit max_completion_length out of the loss.")
+
+
+class TrainConfig(_Section):
+    prompts_per_step: int = Field(8, description="Distinct prompts per optimizer step (each with G completions).")
+    steps_per_generation: int = Field(1, description="Optimizer steps served by one generation batch (>1 trains off-policy on later slices).")
+    micro_batch_size: int = Field(
+        16, description="Completions per forward/backward pass; gradients accumulate over the optimizer step's micro-batches."
+    )
+    learning_rate: float = Field(1e-6, description="Peak learning rate (AdamW).")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Learning-rate schedule after warm-up.")
+    warmup_steps: int = Field(0, description="Linear warm-up steps from 0 to learning_rate.")
+    weight_decay: float = Field(0.0, description="AdamW weight decay.")
+    adam_beta1: float = Field(0.9, description="AdamW β1.")
+    adam_beta2: float = Field(0.999, description="AdamW β2.")
+    max_grad_norm: float = Field(1.0, description="Clip the global gradient norm to this (0: no clipping).")
+    max_steps: int = Field(100, description="Optimizer steps to run.")
+    seed: int = Field(0, description="Seed for data order and initialisation of anything random in training.")
+    num_threads: int | None = Field(None, description="CPU threads for PyTorch (None: leave PyTorch's default).")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
+    logprob_chunk_size: int = Field(
+        1024, description="Completion tokens per chunk when computing log-probs and entropy (bounds the logits held at once)."
+    )
+
+
+class RewardSpec(BaseModel):
+    """One reward function: a built-in name or a dotted path; extra keys are its options."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(..., description="Built-in reward (`cohort rewards list`) or dotted path `pkg.module.fn` / `pkg.module:fn`.")
+    weight: float = Field(1.0, description="Weight in the sum of rewards.")
+
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class RunConfig(_Section):
+    output_dir: str | None = Field(None, description="Run directory (default: runs/<timestamp>).")
+    loggers: list[Literal["console", "jsonl", "tensorboard", "wandb"]] = Field(
+        default_factory=lambda: ["console", "jsonl"], description="Metric sinks; metrics.jsonl is always written."
+    )
+    log_completions_every: int = Field(10, description="Write sample completions to completions.jsonl every N steps (0: never).")
+    num_completions_to_log: int = Field(4, description="How many sample completions to write each time.")
+    save_every: int = Field(0, description="Save a checkpoint every N steps (0: only the final model).")
+    eval_every: int = Field(0, description="Greedy eval every N steps (0: only before and after training).")
+    progress: bool = Field(True, description="Show a progress bar with ETA and the live reward.")
+
+
+class CohortConfig(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    rewards: list[RewardSpec] | None = Field(None, description="Reward functions; None: the built-in task's rewards.")
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+SECTIONS = ("model", "data", "rollout", "algorithm", "train", "rewards", "run")
+
+# The embedded default (`cohort train` with no config): tuned on the arith task.
+DEFAULT_PRESET: dict[str, Any] = {
+    "model": {"path": "tiny:arith"},
+    "data": {"task": "arith"},
+    "rollout": {"num_generations": 8, "max_completion_length": 8, "temperature": 1.0},
+    "algorithm": {"loss_type": "dapo", "beta": 0.0},
+    "train": {"prompts_per_step": 16, "micro_batch_size": 128, "learning_rate": 3e-5, "max_steps": 150, "lr_scheduler": "constant"},
+}
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`rollout.num_generations=8` -> (["rollout", "num_generations"], 8). Values parse as YAML."""
+    if "=" not in item:
+        raise ConfigError([f"override {item!r} is not of the form section.field=value (e.g. train.max_steps=50)"])
+    key, _, raw = item.partition("=")
+    path = [p for p in key.strip().split(".") if p]
+    if not path or path[0] not in SECTIONS:
+        raise ConfigError([f"override {item!r}: {key!r} does not start with a section; sections are {', '.join(SECTIONS)}"])
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"override {item!r}: value is not valid YAML ({exc})"]) from None
+    return path, value
+
+
+def _set_path(tree: dict, path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[path[-1]] = value
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> CohortConfig:
+    """Build the config: defaults < (preset when no file) < YAML file < dotted overrides."""
+    tree: dict[str, Any] = {}
+    if path is None:
+        tree = _merge(tree, DEFAULT_PRESET)
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError([f"config file {str(p)!r} does not exist"])
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError([f"config file {str(p)!r} is not valid YAML: {exc}"]) from None
+        if not isinstance(loaded, dict):
+            raise ConfigError([f"config file {str(p)!r} must hold a mapping of sections ({', '.join(SECTIONS)})"])
+        tree = _merge(tree, loaded)
+    for item in overrides:
+        key_path, value = parse_override(item)
+        _set_path(tree, key_path, value)
+    try:
+        return CohortConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError([_describe_pydantic_error(e) for e in exc.errors()]) from None
+
+
+def _describe_pydantic_error(err: dict) -> str:
+    where = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        section = err["loc"][0] if err["loc"] else ""
+        known = _fields_of(section)
+        hint = f"; valid fields in {section}: {', '.join(known)}" if known else ""
+        return f"{where}: unknown field{hint}"
+    return f"{where}: {err['msg']} (got {err.get('input')!r})"
+
+
+def _fields_of(section: Any) -> list[str]:
+    field = CohortConfig.model_fields.get(str(section))
+    ann = getattr(field, "annotation", None) if field else None
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return list(ann.model_fields)
+    return []
+
+
+def describe_fields() -> list[tuple[str, str, str, str]]:
+    """(key, type, default, help) for every field: the source of --help and the README reference."""
+    rows = []
+    for section, field in CohortConfig.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            for name, sub in ann.model_fields.items():
+                default = sub.get_default(call_default_factory=True)
+                rows.append((f"{section}.{name}", _type_name(sub.annotation), repr(default), sub.description or ""))
+        else:
+            rows.append((section, "list", "None", field.description or ""))
+    return rows
+
+
+def _type_name(ann: Any) -> str:
+    text = str(ann).replace("typing.", "")
+    return text.replace("<class '", "").replace("'>", "")
+
+
+# --------------------------------------------------------------------------- batch plan
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    """The batch arithmetic of a run, derived once from the config."""
+
+    num_generations: int
+    prompts_per_step: int
+    completions_per_step: int
+    steps_per_generation: int
+    num_iterations: int
+    generation_batch_size: int  # completions per generation batch
+    prompts_per_generation: int
+    micro_batch_size: int
+    micro_batches_per_step: int
+    max_tokens_per_sequence: int
+    max_steps: int
+
+    @property
+    def optimizer_steps_per_generation(self) -> int:
+        return self.steps_per_generation * self.num_iterations
+
+    @property
+    def off_policy(self) -> bool:
+        """True when some update uses completions sampled by an older policy."""
+        return self.optimizer_steps_per_generation > 1
+
+    @property
+    def num_generation_batches(self) -> int:
+        return math.ceil(self.max_steps / self.optimizer_steps_per_generation)
+
+
+def batch_plan(cfg: CohortConfig) -> BatchPlan:
+    g = cfg.rollout.num_generations
+    per_step = cfg.train.prompts_per_step * g
+    gen = cfg.rollout.generation_batch_size or per_step * cfg.train.steps_per_generation
+    mb = min(cfg.train.micro_batch_size, per_step)
+    return BatchPlan(
+        num_generations=g,
+        prompts_per_step=cfg.train.prompts_per_step,
+        completions_per_step=per_step,
+        steps_per_generation=gen // per_step if per_step else 0,
+        num_iterations=cfg.algorithm.num_iterations,
+        generation_batch_size=gen,
+        prompts_per_generation=gen // g if g else 0,
+        micro_batch_size=mb,
+        micro_batches_per_step=math.ceil(per_step / mb) if mb else 0,
+        max_tokens_per_sequence=cfg.data.max_prompt_length + cfg.rollout.max_completion_length,
+        max_steps=cfg.train.max_steps,
+    )
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_batch_arithmetic(cfg: CohortConfig) -> list[str]:
+    """Every impossible batch combination, each with the fields involved and a fix."""
+    problems = []
+    g, t, r = cfg.rollout.num_generations, cfg.train, cfg.rollout
+    if g < 2:
+        problems.append(
+            f"rollout.num_generations = {g}: group-relative advantages need at least 2 completions per prompt; use 2 or more (8 is typical)"
+        )
+    for key, value in (("train.prompts_per_step", t.prompts_per_step), ("train.steps_per_generation", t.steps_per_generation),
+                       ("train.micro_batch_size", t.micro_batch_size), ("train.max_steps", t.max_steps),
+                       ("algorithm.num_iterations", cfg.algorithm.num_iterations),
+                       ("rollout.max_completion_length", r.max_completion_length), ("data.max_prompt_length", cfg.data.max_prompt_length)):
+        if value < 1:
+            problems.append(f"{key} = {value}: must be at least 1")
+    if problems:
+        return problems
+    per_step = t.prompts_per_step * g
+    if r.generation_batch_size is not None:
+        gen = r.generation_batch_size
+        if gen % g:
+            ok = [k * g for k in range(max(1, gen // g), gen // g + 2)]
+            problems.append(
+                f"rollout.generation_batch_size = {gen} is not divisible by rollout.num_generations = {g}; use a multiple of {g} such as {ok[0]} or {ok[-1]}"
+            )
+        elif gen % per_step:
+            problems.append(
+                f"rollout.generation_batch_size = {gen} is not a multiple of the completions per optimizer step "
+                f"(train.prompts_per_step × rollout.num_generations = {t.prompts_per_step} × {g} = {per_step}); "
+                f"use {per_step * max(1, gen // per_step)}, or unset it and set train.steps_per_generation"
+            )
+    if t.micro_batch_size < per_step and per_step % t.micro_batch_size:
+        fits = [d for d in _divisors(per_step) if d <= t.micro_batch_size * 2][-2:]
+        problems.append(
+            f"train.prompts_per_step × rollout.num_generations = {t.prompts_per_step} × {g} = {per_step} is not divisible by "
+            f"train.micro_batch_size = {t.micro_batch_size}; use {' or '.join(map(str, fits))}"
+        )
+    return problems
+
+
+def check_ranges(cfg: CohortConfig) -> list[str]:
+    problems = []
+    a, r, t = cfg.algorithm, cfg.rollout, cfg.train
+    if r.temperature <= 0:
+        problems.append(f"rollout.temperature = {r.temperature}: must be > 0 (the trainer divides logits by it); use 1.0 for plain sampling")
+    if not 0 < r.top_p <= 1:
+        problems.append(f"rollout.top_p = {r.top_p}: must be in (0, 1]; use 1.0 to turn nucleus sampling off")
+    if r.top_k < 0:
+        problems.append(f"rollout.top_k = {r.top_k}: must be >= 0 (0 turns it off)")
+    if a.beta < 0:
+        problems.append(f"algorithm.beta = {a.beta}: must be >= 0 (0 disables the KL term and the reference model)")
+    for key, value in (("algorithm.epsilon_low", a.epsilon_low), ("algorithm.epsilon_high", a.epsilon_high)):
+        if value < 0:
+            problems.append(f"{key} = {value}: must be >= 0 (0.2 is the PPO default)")
+    if a.epsilon_low >= 1:
+        problems.append(f"algorithm.epsilon_low = {a.epsilon_low}: must be < 1 or the lower clip bound 1 − ε is not positive; use 0.2")
+    if a.delta is not None and a.delta <= 1 + a.epsilon_high:
+        problems.append(f"algorithm.delta = {a.delta}: must exceed 1 + algorithm.epsilon_high = {1 + a.epsilon_high}; TRL suggests 1.5–2, or unset it")
+    if t.learning_rate <= 0:
+        problems.append(f"train.learning_rate = {t.learning_rate}: must be > 0")
+    if t.warmup_steps < 0 or t.warmup_steps > t.max_steps:
+        problems.append(f"train.warmup_steps = {t.warmup_steps}: must be between 0 and train.max_steps = {t.max_steps}")
+    if t.logprob_chunk_size < 1:
+        problems.append(f"train.logprob_chunk_size = {t.logprob_chunk_size}: must be >= 1")
+    return problems
+
+
+def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
+    """All checks that need no model; raises ConfigError listing every problem."""
+    problems = check_batch_arithmetic(cfg) + check_ranges(cfg)
+    if check_files:
+        from cohort.data.datasets import check_data_config
+
+        problems += check_data_config(cfg.data)
+    problems += _check_rewards(cfg)
+    if problems:
+        raise ConfigError(problems)
+    return batch_plan(cfg)
+
+
+def _check_rewards(cfg: CohortConfig) -> list[str]:
+    if cfg.rewards is None:
+        if not cfg.data.train_files and cfg.data.task is None:
+            return ["rewards is empty and data.task is None: set rewards (e.g. rewards=[{name: accuracy}]) or data.task"]
+        return []
+    if not cfg.rewards:
+        return ["rewards = []: at least one reward function is needed; e.g. rewards=[{name: accuracy}] (`cohort rewards list` shows the built-ins)"]
+    from cohort import rewards as reward_registry
+
+    problems = []
+    for i, spec in enumerate(cfg.rewards):
+        try:
+            reward_registry.resolve(spec.name)
+        except (ValueError, ImportError) as exc:
+            problems.append(f"rewards[{i}].name = {spec.name!r}: {exc}")
+    return problems
+
+
+def default_output_dir() -> str:
+    return os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))

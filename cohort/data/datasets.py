@@ -1,0 +1,254 @@
+"""Reading prompt datasets, and the sampler that turns them into generation batches.
+
+Formats: JSON Lines (`.jsonl`), JSON (a list of rows, or `{"data": [...]}`),
+Parquet, and directories written by `datasets.Dataset.save_to_disk`. verl's
+parquet layout reads as is: `reward_model.ground_truth` becomes the column
+`ground_truth` (and `reward_model.style` becomes `reward_style`), `extra_info`
+and `data_source` pass through as columns.
+
+Every row is checked when it is read; a bad row fails with its file and its line
+(JSONL) or row number (other formats). Every column other than the prompt
+reaches the reward functions as a keyword argument.
+
+Left out on purpose: streaming datasets larger than memory (RL prompt sets are
+small: tens of thousands of rows).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+PromptType = str | list[dict[str, str]]
+
+
+class DataError(ValueError):
+    """A dataset problem, naming the file and the line or row."""
+
+
+@dataclass
+class PromptDataset:
+    """Rows with a validated prompt; `source` names where each row came from (for errors)."""
+
+    rows: list[dict[str, Any]]
+    prompt_key: str
+    sources: list[str]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def columns(self) -> list[str]:
+        names: dict[str, None] = {}
+        for row in self.rows:
+            names.update(dict.fromkeys(row))
+        return [n for n in names if n != self.prompt_key]
+
+
+def _normalise_row(row: Any, where: str) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected a JSON object (a mapping of column to value), got {type(row).__name__}")
+    row = dict(row)
+    reward_model = row.get("reward_model")
+    if isinstance(reward_model, dict) and "ground_truth" in reward_model:  # verl layout
+        row.setdefault("ground_truth", reward_model["ground_truth"])
+        if "style" in reward_model:
+            row.setdefault("reward_style", reward_model["style"])
+    return row
+
+
+def check_prompt(value: Any, where: str, prompt_key: str) -> PromptType:
+    """A prompt is a non-empty string or a non-empty list of {role, content} messages."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise DataError(f"{where}: column {prompt_key!r} is empty")
+        return value
+    if hasattr(value, "tolist"):  # numpy arrays from parquet
+        value = value.tolist()
+    if isinstance(value, (list, tuple)) and value:
+        for i, msg in enumerate(value):
+            if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
+                raise DataError(
+                    f"{where}: column {prompt_key!r} message {i} must be a mapping with 'role' and 'content', got {msg!r:.80}"
+                )
+        return [{"role": str(m["role"]), "content": str(m["content"])} for m in value]
+    raise DataError(
+        f"{where}: column {prompt_key!r} must be a non-empty string or a list of chat messages, got {type(value).__name__} {value!r:.80}"
+    )
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
+    with path.open("r", encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+
+
+def _iter_json(path: Path) -> Iterator[tuple[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        raise DataError(f"{path}: a .json dataset must hold a list of rows (or {{\"data\": [...]}})")
+    for i, row in enumerate(data):
+        yield f"{path} row {i}", row
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[str, Any]]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    for i, row in enumerate(table.to_pylist()):
+        yield f"{path} row {i}", row
+
+
+def _iter_saved_dataset(path: Path) -> Iterator[tuple[str, Any]]:
+    from datasets import load_from_disk
+
+    ds = load_from_disk(str(path))
+    if hasattr(ds, "keys") and not hasattr(ds, "column_names"):  # a DatasetDict
+        split = "train" if "train" in ds else next(iter(ds.keys()))
+        ds = ds[split]
+    for i, row in enumerate(ds):
+        yield f"{path} row {i}", row
+
+
+def iter_rows(path: str | Path) -> Iterator[tuple[str, dict]]:
+    """(where, row) pairs from one file or saved dataset; `where` is "file:line" or "file row i"."""
+    p = Path(path)
+    if p.is_dir():
+        reader = _iter_saved_dataset
+    elif p.suffix == ".jsonl":
+        reader = _iter_jsonl
+    elif p.suffix == ".json":
+        reader = _iter_json
+    elif p.suffix == ".parquet":
+        reader = _iter_parquet
+    else:
+        raise DataError(f"{p}: unsupported data format {p.suffix!r}; use .jsonl, .json, .parquet or a datasets.save_to_disk directory")
+    for where, row in reader(p):
+        yield where, _normalise_row(row, where)
+
+
+def load_prompt_dataset(files: list[str], prompt_key: str = "prompt") -> PromptDataset:
+    rows, sources = [], []
+    for f in files:
+        if not Path(f).exists():
+            raise DataError(f"{f}: file not found")
+        for where, row in iter_rows(f):
+            if prompt_key not in row:
+                raise DataError(f"{where}: no column {prompt_key!r} (columns: {', '.join(row)}); set data.prompt_key")
+            row[prompt_key] = check_prompt(row[prompt_key], where, prompt_key)
+            rows.append(row)
+            sources.append(where)
+    if not rows:
+        raise DataError(f"{', '.join(files)}: no rows")
+    return PromptDataset(rows=rows, prompt_key=prompt_key, sources=sources)
+
+
+def rows_dataset(rows: list[dict], prompt_key: str, name: str) -> PromptDataset:
+    """A dataset from in-memory rows (built-in tasks), validated like a file."""
+    for i, row in enumerate(rows):
+        check_prompt(row.get(prompt_key), f"{name} row {i}", prompt_key)
+    return PromptDataset(rows=[dict(r) for r in rows], prompt_key=prompt_key, sources=[f"{name} row {i}" for i in range(len(rows))])
+
+
+def check_data_config(data) -> list[str]:
+    """Cheap checks before anything loads: files exist, formats known, the first row has the prompt."""
+    problems = []
+    if not data.train_files and not data.task:
+        problems.append("data.train_files is empty and data.task is None: give training files or a built-in task (`cohort tasks`)")
+    if not data.train_files and data.task:
+        from cohort.data.tasks import list_tasks
+
+        if data.task not in list_tasks():
+            problems.append(f"data.task = {data.task!r} is not a built-in task; choose one of {', '.join(list_tasks())}")
+    for key in ("train_files", "eval_files"):
+        for f in getattr(data, key):
+            problems += _check_file(key, f, data.prompt_key)
+    return problems
+
+
+def _check_file(key: str, f: str, prompt_key: str) -> list[str]:
+    p = Path(f)
+    if not p.exists():
+        return [f"data.{key}: {f!r} does not exist; fix the path (relative paths are from the working directory)"]
+    try:
+        first = next(iter_rows(p), None)
+    except DataError as exc:
+        return [f"data.{key}: {exc}"]
+    except Exception as exc:  # unreadable parquet, broken saved dataset
+        return [f"data.{key}: {f!r} cannot be read: {exc}"]
+    if first is None:
+        return [f"data.{key}: {f!r} has no rows"]
+    where, row = first
+    if prompt_key not in row:
+        return [f"data.prompt_key = {prompt_key!r}: {where} has no such column (columns: {', '.join(row)}); set data.prompt_key to one of them"]
+    return []
+
+
+class RepeatSampler:
+    """Yields generation batches of prompt indices, each index `num_generations` times in a row.
+
+    TRL's RepeatSampler semantics: a generation batch holds `prompts_per_generation`
+    distinct prompts, each repeated G times consecutively (a group); the trainer
+    reuses the batch for `steps_per_generation × num_iterations` optimizer steps.
+    Prompts are drawn without replacement within an epoch; an epoch that runs out
+    mid-batch continues into a freshly shuffled next epoch, so no batch is short
+    and no run stops at an epoch boundary. The state (epoch, position) is small and
+    saved with checkpoints.
+    """
+
+    def __init__(self, num_rows: int, prompts_per_generation: int, num_generations: int, *, shuffle: bool = True, seed: int = 0):
+        if num_rows < 1:
+            raise ValueError("RepeatSampler needs at least one row")
+        self.num_rows = num_rows
+        self.prompts_per_generation = prompts_per_generation
+        self.num_generations = num_generations
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0
+        self._order = self._order_for(0)
+
+    def _order_for(self, epoch: int) -> list[int]:
+        order = list(range(self.num_rows))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def next_prompts(self) -> list[int]:
+        """The next generation batch's distinct prompt indices (length prompts_per_generation)."""
+        out = []
+        while len(out) < self.prompts_per_generation:
+            if self.position >= self.num_rows:
+                self.epoch += 1
+                self.position = 0
+                self._order = self._order_for(self.epoch)
+            out.append(self._order[self.position])
+            self.position += 1
+        return out
+
+    def next_batch(self) -> list[int]:
+        """Prompt indices with each repeated G times in a row."""
+        return [i for i in self.next_prompts() for _ in range(self.num_generations)]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seed = state["seed"]
+        self.epoch = state["epoch"]
+        self.position = state["position"]
+        self._order = self._order_for(self.epoch)
