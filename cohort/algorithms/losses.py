@@ -1,0 +1,231 @@
+"""Policy-gradient losses: per-token surrogate losses behind one registry.
+
+Every entry takes one `LossInputs` and returns `TokenLosses` (the per-token
+loss and which tokens its clipping touched); `policy_loss` builds the inputs,
+calls the entry, aggregates with `aggregate_loss` and computes the metrics.
+
+Entries (r = pi_theta / pi_old per token, A = advantage, all losses minimised):
+- ``ppo_clip``: ``max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))`` (PPO,
+  asymmetric "clip-higher" from DAPO). Optional dual clip (Ye et al. 2020):
+  for A < 0 the loss is capped at ``-A c`` (``dual_clip=c`` > 1; off by
+  default, whereas verl always applies c = 3). Optional ``delta`` (TRL's
+  two-sided clipping): the unclipped ratio is capped at delta (> 1 + eps_high).
+- ``gspo``: the ppo_clip objective on the sequence-level ratio
+  ``s = exp(mean over the row's active tokens of (logp - old_logp))``, written
+  per token as ``s_t = sg(s) * exp(logp_t - sg(logp_t))`` (GSPO-token, Zheng et
+  al. 2025): its value is s on every token and its gradient per token is
+  ``s * grad logp_t``. With a per-sequence advantage this has exactly the
+  gradient of TRL's ``importance_sampling_level="sequence"`` under every
+  aggregation. GSPO uses tiny epsilons (paper: eps_low=3e-4, eps_high=4e-4).
+- ``cispo``: ``-sg(min(r, 1 + eps_high)) * A * logp`` (MiniMax-M1): the IS
+  weight is clipped from above only and never blocks the gradient. eps_low is
+  not used (MiniMax set no lower bound; TRL's cispo neither).
+- ``sapo``: ``-A * 4/tau * sigmoid(tau (r - 1))`` (SAPO, Gao et al. 2025), a soft
+  gate instead of a hard clip; ``tau = sapo_tau_pos`` if A > 0 else
+  ``sapo_tau_neg`` (defaults 1.0 / 1.05 as in the paper and TRL). At r = 1 its
+  gradient equals the unclipped policy gradient. No hard clip: clip metrics 0.
+
+The log-ratio is clamped to [-20, 20] before every exp so a wild token cannot
+produce inf * 0 = NaN; at that size the clip has long zeroed its gradient.
+
+Metrics (0-d tensors, detached, means over this micro-batch's active tokens):
+``clip_ratio/low`` (r < 1 - eps_low with A < 0: the clip removed the gradient),
+``clip_ratio/high`` (r > 1 + eps_high with A > 0; for cispo: the weight was
+capped), ``clip_ratio/region`` (either), ``clip_ratio/dual`` (the dual clip
+or delta cap engaged), ``ratio/mean``, ``ratio/max`` (of the ratio the entry
+uses: per token, or per sequence for gspo) and ``approx_kl``, the mean of
+``r - 1 - log r`` with the per-token r: an estimate of KL(pi_old || pi_theta).
+
+Left out: the KL-to-reference term (add ``beta * aggregate_loss(kl_penalty(...))``,
+aggregation is linear), entropy bonus, rollout correction weights (multiply
+them into ``advantages`` or the per-token loss; see `correction.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from .aggregation import aggregate_loss
+from .registry import Registry
+from .stats import float_mask, masked_max, masked_mean
+
+LOG_RATIO_LIMIT = 20.0
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """What every policy-loss entry receives. Tensors are (B, T); ``mask`` is float 0/1."""
+
+    logp: Tensor
+    old_logp: Tensor
+    advantages: Tensor  # (B, T): per-sequence advantages already broadcast
+    mask: Tensor
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float | None = None
+    delta: float | None = None
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+
+
+@dataclass(frozen=True)
+class TokenLosses:
+    """What every policy-loss entry returns. All (B, T); only ``loss`` carries gradient."""
+
+    loss: Tensor
+    ratio: Tensor  # the ratio the entry used, detached
+    clipped_low: Tensor  # bool
+    clipped_high: Tensor  # bool
+    capped: Tensor  # bool: dual clip / delta engaged
+
+
+PolicyLoss = Callable[[LossInputs], TokenLosses]
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+
+
+def _log_ratio(inputs: LossInputs) -> Tensor:
+    return (inputs.logp - inputs.old_logp).clamp(min=-LOG_RATIO_LIMIT, max=LOG_RATIO_LIMIT)
+
+
+def _clipped_surrogate(log_ratio: Tensor, inputs: LossInputs) -> TokenLosses:
+    """PPO's pessimistic clipped objective for a given (B, T) log-ratio."""
+    ratio = torch.exp(log_ratio)
+    adv = inputs.advantages
+    unclipped = ratio if inputs.delta is None else ratio.clamp(max=inputs.delta)
+    clipped = ratio.clamp(min=1.0 - inputs.eps_low, max=1.0 + inputs.eps_high)
+    loss = torch.maximum(-adv * unclipped, -adv * clipped)
+    no = torch.zeros_like(adv, dtype=torch.bool)
+    capped = no if inputs.delta is None else (adv < 0) & (ratio > inputs.delta)
+    if inputs.dual_clip is not None:
+        dual_cap = -adv * inputs.dual_clip
+        loss = torch.where(adv < 0, torch.minimum(loss, dual_cap), loss)
+        capped = capped | ((adv < 0) & (ratio > inputs.dual_clip))
+    ratio = ratio.detach()
+    low = (ratio < 1.0 - inputs.eps_low) & (adv < 0)
+    high = (ratio > 1.0 + inputs.eps_high) & (adv > 0)
+    return TokenLosses(loss, ratio, low, high, capped)
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip(inputs: LossInputs) -> TokenLosses:
+    """Token-level clipped surrogate (PPO / GRPO / DAPO clip-higher)."""
+    return _clipped_surrogate(_log_ratio(inputs), inputs)
+
+
+def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """(B, 1) mean over each row's active tokens of ``logp - old_logp`` (0 for an empty row)."""
+    return masked_mean(logp - old_logp, mask, dim=-1).unsqueeze(-1)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(inputs: LossInputs) -> TokenLosses:
+    """GSPO-token: sequence-level ratio value, per-token gradient ``s * grad logp_t``."""
+    seq = sequence_log_ratio(inputs.logp, inputs.old_logp, inputs.mask)
+    seq = seq.detach().clamp(min=-LOG_RATIO_LIMIT, max=LOG_RATIO_LIMIT)
+    log_ratio = seq + inputs.logp - inputs.logp.detach()  # value: seq; gradient: grad logp
+    return _clipped_surrogate(log_ratio, inputs)
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo(inputs: LossInputs) -> TokenLosses:
+    """CISPO: stop-gradient IS weight ``min(r, 1 + eps_high)`` times ``-A * logp``."""
+    ratio = torch.exp(_log_ratio(inputs)).detach()
+    weight = ratio.clamp(max=1.0 + inputs.eps_high)
+    loss = -weight * inputs.advantages * inputs.logp
+    no = torch.zeros_like(ratio, dtype=torch.bool)
+    return TokenLosses(loss, ratio, no, ratio > 1.0 + inputs.eps_high, no)
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo(inputs: LossInputs) -> TokenLosses:
+    """SAPO: soft gate ``4/tau * sigmoid(tau (r - 1))`` in place of the hard clip."""
+    ratio = torch.exp(_log_ratio(inputs))
+    adv = inputs.advantages
+    tau_pos = torch.full_like(ratio, inputs.sapo_tau_pos)
+    tau = torch.where(adv > 0, tau_pos, torch.full_like(ratio, inputs.sapo_tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+    no = torch.zeros_like(ratio, dtype=torch.bool)
+    return TokenLosses(-adv * gate, ratio.detach(), no, no, no)
+
+
+def _check(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """Validate shapes; return advantages broadcast to (B, T)."""
+    if logp.dim() != 2 or old_logp.shape != logp.shape or mask.shape != logp.shape:
+        raise ValueError(
+            f"logp, old_logp and mask must share a (B, T) shape; got {tuple(logp.shape)}, "
+            f"{tuple(old_logp.shape)}, {tuple(mask.shape)}"
+        )
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    if advantages.shape not in ((logp.shape[0], 1), logp.shape):
+        raise ValueError(f"advantages must be (B,) or (B, T); got {tuple(advantages.shape)}")
+    return advantages.detach().to(logp.dtype).expand(logp.shape)
+
+
+def _metrics(out: TokenLosses, inputs: LossInputs) -> dict[str, Tensor]:
+    mask = inputs.mask
+    token_log_ratio = _log_ratio(inputs).detach()
+
+    def frac(flags: Tensor) -> Tensor:
+        return masked_mean(flags.to(mask.dtype), mask)
+
+    return {
+        "clip_ratio/low": frac(out.clipped_low),
+        "clip_ratio/high": frac(out.clipped_high),
+        "clip_ratio/region": frac(out.clipped_low | out.clipped_high),
+        "clip_ratio/dual": frac(out.capped),
+        "ratio/mean": masked_mean(out.ratio, mask),
+        "ratio/max": masked_max(out.ratio, mask),
+        "approx_kl": masked_mean(torch.expm1(token_log_ratio) - token_log_ratio, mask),
+    }
+
+
+def policy_loss(
+    name: str,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip: float | None = None,
+    delta: float | None = None,
+    sapo_tau_pos: float = 1.0,
+    sapo_tau_neg: float = 1.05,
+    aggregation: str = "token_mean",
+    max_length: int | None = None,
+    num_items: Tensor | float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Scalar policy loss and its metrics.
+
+    ``name``: ppo_clip | gspo | cispo | sapo. ``logp`` (B, T) carries the
+    gradient; ``old_logp`` (B, T) is the sampling policy's (pass
+    ``logp.detach()`` on-policy); ``advantages`` (B,) or (B, T); ``mask``
+    (B, T) bool or float. ``aggregation``, ``max_length``, ``num_items``: see
+    `aggregate_loss`. Metrics are detached 0-d tensors (module docstring).
+    """
+    entry = POLICY_LOSSES.get(name)
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (verl uses 3.0); got {dual_clip}")
+    if delta is not None and delta <= 1.0 + eps_high:
+        raise ValueError(f"delta must be > 1 + eps_high = {1.0 + eps_high}; got {delta}")
+    inputs = LossInputs(
+        logp=logp,
+        old_logp=old_logp.detach(),
+        advantages=_check(logp, old_logp, advantages, mask),
+        mask=float_mask(mask, logp),
+        eps_low=eps_low,
+        eps_high=eps_high,
+        dual_clip=dual_clip,
+        delta=delta,
+        sapo_tau_pos=sapo_tau_pos,
+        sapo_tau_neg=sapo_tau_neg,
+    )
+    out = entry(inputs)
+    loss = aggregate_loss(out.loss, inputs.mask, aggregation, max_length=max_length, num_items=num_items)
+    return loss, _metrics(out, inputs)
