@@ -417,7 +417,9 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
     if check_files:
         from cohort.data.datasets import check_data_config
 
-        problems += check_data_config(cfg.data)
+        from cohort.models.loading import check_model_dir
+
+        problems += check_data_config(cfg.data) + check_model_dir(cfg.model.path)
     problems += _check_rewards(cfg)
     if problems:
         raise ConfigError(problems)

@@ -1,0 +1,167 @@
+"""The `cohort` command line: train, eval, plan, config show, tasks, rewards list.
+
+Every command takes an optional YAML config file followed by dotted overrides
+(`rollout.num_generations=8`). Configuration problems are reported before any
+model loads, each with the fields involved and a fix, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import textwrap
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """The first argument is a config file unless it looks like an override (has '=')."""
+    if args and "=" not in args[0]:
+        return args[0], list(args[1:])
+    return None, list(args)
+
+
+def _fields_help() -> str:
+    from cohort.config import describe_fields
+
+    lines = ["configuration fields (set in the YAML file or as section.field=value):"]
+    for key, typ, default, help_text in describe_fields():
+        lines.append(f"  {key} = {default}  [{typ}]")
+        lines += ["      " + line for line in textwrap.wrap(help_text, 88)]
+    return "\n".join(lines)
+
+
+def _load(args_list: list[str], *, check_files: bool = True):
+    from cohort.config import load_config, validate_config
+
+    path, overrides = _split_config_args(args_list)
+    cfg = load_config(path, overrides)
+    plan = validate_config(cfg, check_files=check_files)
+    return cfg, plan
+
+
+def cmd_train(ns) -> int:
+    cfg, _ = _load(ns.config)
+    from cohort.trainer.loop import Trainer
+
+    trainer = Trainer(cfg)
+    try:
+        summary = trainer.train()
+    finally:
+        trainer.close()
+    before, after = summary.get("eval/accuracy_before"), summary.get("eval/accuracy_after")
+    if before is not None and after is not None:
+        print(f"held-out greedy accuracy: {before:.1%} before → {after:.1%} after ({(after - before) * 100:+.1f} points)")
+    print(f"{summary['steps']} steps in {summary['wall_s']:.1f} s; run directory: {summary['run_dir']}")
+    return 0
+
+
+def cmd_config_show(ns) -> int:
+    import yaml
+
+    cfg, _ = _load(ns.config, check_files=False)
+    print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+    return 0
+
+
+def cmd_plan(ns) -> int:
+    cfg, plan = _load(ns.config)
+    from cohort.plan import format_plan
+
+    print(format_plan(cfg, plan))
+    return 0
+
+
+def cmd_eval(ns) -> int:
+    cfg, _ = _load(ns.config)
+    from cohort.trainer.loop import Trainer
+
+    trainer = Trainer(cfg)
+    try:
+        from cohort.trainer.evaluate import evaluate
+
+        if trainer.eval_data is None:
+            print("no eval data: set data.eval_files (or use a built-in task)", file=sys.stderr)
+            return 2
+        result = evaluate(trainer.engine, trainer.tokenizer, trainer.eval_data, trainer.eval_ids, trainer.rewards,
+                          max_tokens=cfg.rollout.max_completion_length, num_samples=ns.num_samples,
+                          temperature=ns.temperature or (1.0 if ns.num_samples > 1 else 0.0), seed=cfg.rollout.seed)
+    finally:
+        trainer.close()
+    result.pop("completions")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_tasks(ns) -> int:
+    from cohort.data.tasks import get_task, list_tasks
+
+    for name in list_tasks():
+        task = get_task(name)
+        print(f"{name}: {task.description} ({len(task.train_rows)} train / {len(task.eval_rows)} eval prompts)")
+    return 0
+
+
+def cmd_rewards_list(ns) -> int:
+    from cohort.rewards import format_builtins
+
+    print(format_builtins())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cohort", description="Online RL from verifiable rewards (GRPO) for language models.")
+    sub = parser.add_subparsers(dest="command")
+    train = sub.add_parser("train", help="train a policy (no config: the embedded tiny:arith demo)",
+                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_fields_help())
+    train.add_argument("config", nargs="*", help="[CONFIG.yaml] [section.field=value ...]")
+    train.set_defaults(func=cmd_train)
+    config = sub.add_parser("config", help="inspect configurations")
+    config_sub = config.add_subparsers(dest="config_command")
+    show = config_sub.add_parser("show", help="print the resolved config")
+    show.add_argument("config", nargs="*", help="[CONFIG.yaml] [section.field=value ...]")
+    show.set_defaults(func=cmd_config_show)
+    plan = sub.add_parser("plan", help="validate a config and print its batch schedule, loading nothing")
+    plan.add_argument("config", nargs="*", help="[CONFIG.yaml] [section.field=value ...]")
+    plan.set_defaults(func=cmd_plan)
+    ev = sub.add_parser("eval", help="score model.path on the eval data with the configured rewards")
+    ev.add_argument("config", nargs="*", help="[CONFIG.yaml] [section.field=value ...]")
+    ev.add_argument("--num-samples", type=int, default=1, help="samples per prompt (>1: sampled, reports pass@k)")
+    ev.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy; 1.0 used when --num-samples > 1 and this is 0)")
+    ev.set_defaults(func=cmd_eval)
+    tasks = sub.add_parser("tasks", help="list the built-in tasks")
+    tasks.set_defaults(func=cmd_tasks)
+    rewards = sub.add_parser("rewards", help="reward functions")
+    rewards_sub = rewards.add_subparsers(dest="rewards_command")
+    rl = rewards_sub.add_parser("list", help="list the built-in reward functions with their options")
+    rl.set_defaults(func=cmd_rewards_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv:
+        argv = ["train"]
+    ns = parser.parse_args(argv)
+    if not hasattr(ns, "func"):
+        parser.print_help()
+        return 2
+    from cohort.config import ConfigError
+    from cohort.data.datasets import DataError
+    from cohort.models.loading import ModelLoadError
+
+    try:
+        return ns.func(ns)
+    except (ConfigError, DataError, ModelLoadError) as exc:
+        print(f"cohort: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The rollout engine protocol: prompts in, sampled completions with the engine's log-probs out.
+
+Every engine (vLLM in-process, transformers, and later a remote server) returns
+the same `Completion` records, so the trainer never asks which engine it has.
+Weights flow one way: the trainer calls `update_weights` after an optimizer step
+and `score` on a fixed canary to check the engine really holds the new policy.
+
+Seeds: one per completion, derived from (rollout.seed, generation index, slot),
+so a run is reproducible and a resumed run draws the same samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]  # the engine's log-prob of each sampled token (temperature applied)
+    finish_reason: str  # "stop" (EOS or stop token) or "length"
+    policy_version: int = 0
+
+
+class RolloutEngine(Protocol):
+    policy_version: int
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Completion]:
+        """One completion per prompt entry (repeat a prompt G times for a group)."""
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load a full set of new weights in place; later generations report `version`."""
+
+    def score(self, prompt: list[int], completion: list[int], temperature: float = 1.0) -> list[float]:
+        """The engine's log-probs of a fixed completion (the canary check)."""
+
+    def close(self) -> None: ...
+
+
+def completion_seeds(base_seed: int, generation_index: int, n: int) -> list[int]:
+    """Distinct, reproducible per-completion seeds for one generation batch."""
+    start = (base_seed * 1_000_003 + generation_index * 65_537) % (2**31 - n - 1)
+    return [start + i for i in range(n)]

@@ -1,0 +1,89 @@
+"""vLLM in the training process ("colocate"), with weights updated in place.
+
+The engine is built once per run and never restarted. After each optimizer step
+the trainer streams its parameters into vLLM's model runner with
+`reload_weights`, which re-runs vLLM's post-load processing: on the CPU backend
+that repacks the oneDNN copies of the linear layers and re-ties the LM head, so
+no stale copy survives (a plain `load_weights` would leave them behind). The
+prefix cache is then cleared, because cached KV blocks were computed with the
+old weights.
+
+Log-probs are requested in `processed_logprobs` mode: the log-softmax of the
+logits after temperature (and top-k/top-p), which is what the trainer computes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from cohort.rollout.base import Completion, SamplingConfig
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+class VLLMEngine:
+    def __init__(self, model_dir: Path, *, dtype: str, max_model_len: int, seed: int = 0, enforce_eager: bool = True,
+                 enable_prefix_caching: bool = True, kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5):
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
+        from vllm import LLM
+
+        kwargs = dict(
+            model=str(model_dir), tokenizer=str(model_dir), dtype=dtype, seed=seed, max_model_len=max_model_len,
+            enforce_eager=enforce_eager, enable_prefix_caching=enable_prefix_caching, logprobs_mode="processed_logprobs",
+        )
+        if torch.cuda.is_available():
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        self.llm = LLM(**kwargs)
+        self.policy_version = 0
+
+    def _params(self, sampling: SamplingConfig, seed: int | None, logprobs: bool = True):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=1, max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else -1, seed=seed, logprobs=0 if logprobs else None,
+        )
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Completion]:
+        from vllm.inputs import TokensPrompt
+
+        seeds = seeds if seeds is not None else [None] * len(prompts)
+        params = [self._params(sampling, s) for s in seeds]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        completions = []
+        for out in outputs:
+            sample = out.outputs[0]
+            ids = list(sample.token_ids)
+            logps = [float(step[tok].logprob) for step, tok in zip(sample.logprobs or [], ids)]
+            reason = "length" if sample.finish_reason == "length" else "stop"
+            completions.append(Completion(ids, logps, reason, self.policy_version))
+        return completions
+
+    def _model_runner(self):
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        self._model_runner().reload_weights(weights_iterator=((n, t.detach()) for n, t in named_tensors))
+        self.llm.reset_prefix_cache()
+        self.policy_version = version
+
+    def score(self, prompt: list[int], completion: list[int], temperature: float = 1.0) -> list[float]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        ids = list(prompt) + list(completion)
+        params = SamplingParams(max_tokens=1, temperature=temperature, prompt_logprobs=0)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+        entries = out.prompt_logprobs[len(prompt):]
+        return [float(entry[tok].logprob) for entry, tok in zip(entries, completion)]
+
+    def close(self) -> None:
+        import gc
+
+        del self.llm
+        gc.collect()

@@ -1,0 +1,115 @@
+"""Metric sinks and the progress display.
+
+`metrics.jsonl` is always written (one JSON object per step, flushed each line, so
+nothing is lost on a crash). TensorBoard and wandb are optional sinks, created
+only when named in `run.loggers`; wandb runs offline when no API key is set.
+The console shows a rich progress bar with ETA and the live reward, and prints a
+compact line of key metrics every `every` steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+CONSOLE_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "loss", "kl", "entropy", "grad_norm",
+                "completions/mean_length", "timing/step_s")
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else (1e308 if value > 0 else -1e308)
+    return value
+
+
+class JsonlWriter:
+    def __init__(self, path: Path):
+        self.fh = path.open("a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.fh.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+        self.fh.flush()
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: Path, loggers: list[str], *, total_steps: int, progress: bool, config: dict, every: int = 10):
+        self.run_dir = run_dir
+        self.jsonl = JsonlWriter(run_dir / "metrics.jsonl")
+        self.console = "console" in loggers
+        self.every = every
+        self.tb = self._tensorboard(run_dir) if "tensorboard" in loggers else None
+        self.wandb = self._wandb(run_dir, config) if "wandb" in loggers else None
+        self.progress = None
+        if progress:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self.progress = Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                     TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"))
+            self.task = self.progress.add_task("", total=total_steps)
+            self.progress.start()
+
+    @staticmethod
+    def _tensorboard(run_dir: Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:  # tensorboard not installed
+            raise RuntimeError("run.loggers has 'tensorboard' but the tensorboard package is missing; pip install tensorboard") from exc
+        return SummaryWriter(str(run_dir / "tensorboard"))
+
+    @staticmethod
+    def _wandb(run_dir: Path, config: dict):
+        try:
+            import wandb
+        except ImportError as exc:
+            raise RuntimeError("run.loggers has 'wandb' but wandb is not installed; pip install wandb") from exc
+        if not os.environ.get("WANDB_API_KEY"):
+            os.environ.setdefault("WANDB_MODE", "offline")
+        return wandb.init(dir=str(run_dir), config=config, name=run_dir.name)
+
+    def print(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.console.print(text)
+        elif self.console:
+            print(text, flush=True)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        self.jsonl.write(record)
+        if self.tb is not None:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self.tb.add_scalar(k, v, step)
+        if self.wandb is not None:
+            self.wandb.log(record, step=step)
+        if self.progress is not None:
+            reward = record.get("reward")
+            desc = f"reward {reward:.3f}" if isinstance(reward, (int, float)) else ""
+            self.progress.update(self.task, completed=step, description=desc)
+        if self.console and (step % self.every == 0 or step == 1):
+            self.print(format_metrics(record))
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        self.jsonl.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def format_metrics(record: dict[str, Any]) -> str:
+    parts = [f"step {record.get('step')}"]
+    for key in CONSOLE_KEYS:
+        value = record.get(key)
+        if isinstance(value, (int, float)):
+            parts.append(f"{key.split('/')[-1]} {value:.4g}")
+    return " | ".join(parts)

@@ -1,0 +1,294 @@
+"""The driver loop: generate → reward → advantages → log-probs → update → sync, each phase timed.
+
+One `Trainer.step()` is one optimizer step. A generation batch serves
+`train.steps_per_generation × algorithm.num_iterations` steps (TRL's order:
+slices 0..S−1, then again for the next iteration). The maths is in
+`cohort.algorithms`; this module only moves tensors between the phases:
+
+- old log-probs are computed (one no-grad pass at generation time) only when a
+  batch is reused off-policy; on-policy the ratio's denominator is the current
+  log-prob detached, which costs nothing;
+- reference log-probs are computed once per generation batch, and only when
+  `algorithm.beta != 0` (the reference model is not even loaded otherwise);
+- new weights are pushed into the rollout engine lazily, just before the next
+  generation, and checked with a canary log-prob.
+
+Out of scope here: multi-process training and the rollout server (distributed/),
+checkpoints and exact resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cohort.algorithms import aggregate_loss, aggregation_count, compute_advantages, kl_penalty, policy_loss
+from cohort.algorithms import advantage_stats
+from cohort.config import CohortConfig, batch_plan, default_output_dir, validate_config
+from cohort.models.logprobs import completion_logprobs
+from cohort.rollout.base import SamplingConfig, completion_seeds
+from cohort.trainer import setup as build
+from cohort.trainer.batching import length_sorted_micro_batches, pack_right_padded, pad_rows
+from cohort.trainer.evaluate import evaluate
+from cohort.trainer.rollout_batch import RolloutBatch
+
+LOSS_AGGREGATION = {"grpo": "seq_mean_token_mean", "dapo": "token_mean", "bnpo": "bnpo", "dr_grpo": "seq_mean_token_sum_norm"}
+IMPORTANCE_LEVEL = {"token": "ppo_clip", "sequence": "gspo"}
+
+
+class Phases:
+    """Wall-clock timing of named phases: `with phases("generate"): ...` adds to timing/generate_s."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+    def pop(self) -> dict[str, float]:
+        out = {f"timing/{k}_s": v for k, v in self.seconds.items()}
+        self.seconds.clear()
+        return out
+
+
+class Trainer:
+    def __init__(self, cfg: CohortConfig, *, run_dir: str | Path | None = None, engine=None, log=print):
+        self.cfg = cfg
+        self.plan = validate_config(cfg)  # fails before any model loads
+        self.run_dir = Path(run_dir or cfg.run.output_dir or default_output_dir())
+        self.log = log
+        self.phases = Phases()
+        self.step_count = 0
+        self.generation_index = 0
+        self.policy_version = 0
+        self.synced_version = -1
+        self.batch: RolloutBatch | None = None
+        self.canary: tuple[list[int], list[int]] | None = None
+        build.setup(self, external_engine=engine)
+
+    # ------------------------------------------------------------------ phases
+
+    def generate_batch(self) -> RolloutBatch:
+        cfg, plan = self.cfg, self.plan
+        rows = self.sampler.next_batch()
+        prompts = [self.train_ids[i] for i in rows]
+        sampling = SamplingConfig(cfg.rollout.max_completion_length, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k)
+        with self.phases("generate"):
+            outs = self.engine.generate(prompts, sampling, completion_seeds(cfg.rollout.seed, self.generation_index, len(prompts)))
+        self.generation_index += 1
+        texts = [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
+        with self.phases("reward"):
+            scored = self.rewards.score(
+                prompts=[self.train_data.rows[i][self.train_data.prompt_key] for i in rows],
+                completions=[self._as_completion(self.train_data.rows[i][self.train_data.prompt_key], t) for i, t in zip(rows, texts)],
+                completion_ids=[o.token_ids for o in outs],
+                columns={c: [self.train_data.rows[i].get(c) for i in rows] for c in self.train_data.columns},
+                group_size=plan.num_generations,
+            )
+        rewards_t = torch.tensor(scored.total, dtype=torch.float32)
+        advantages = compute_advantages(self.advantage_name, rewards_t, plan.num_generations, scale=cfg.algorithm.scale_rewards)
+        batch = RolloutBatch(
+            row_indices=rows, prompt_ids=prompts, completion_ids=[o.token_ids for o in outs],
+            engine_logp=[o.logprobs for o in outs], truncated=[o.finish_reason == "length" for o in outs],
+            completions_text=texts, rewards=scored.total, per_function=scored.per_function, advantages=advantages,
+        )
+        batch.metrics = self._batch_metrics(batch, rewards_t, scored.metrics)
+        with self.phases("logprob"):
+            if plan.off_policy:
+                batch.old_logp = self._score_all(self.policy, batch)
+            if self.ref_model is not None:
+                batch.ref_logp = self._score_all(self.ref_model, batch)
+        if self.canary is None and outs:
+            self.canary = (prompts[0], outs[0].token_ids)
+        return batch
+
+    def _as_completion(self, prompt: Any, text: str) -> Any:
+        return [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
+
+    def _batch_metrics(self, batch: RolloutBatch, rewards: torch.Tensor, reward_metrics: dict[str, float]) -> dict[str, float]:
+        lengths = np.array([len(c) for c in batch.completion_ids], dtype=np.float64)
+        stats = advantage_stats(rewards, self.plan.num_generations)
+        finite = batch.rewards[np.isfinite(batch.rewards)]
+        metrics = {
+            "reward": float(finite.mean()) if finite.size else float("nan"),
+            "reward_std": float(stats["reward_std"]),
+            "frac_reward_zero_std": float(stats["frac_reward_zero_std"]),
+            "completions/mean_length": float(lengths.mean()),
+            "completions/min_length": float(lengths.min()),
+            "completions/max_length": float(lengths.max()),
+            "completions/clipped_ratio": float(np.mean(batch.truncated)),
+            "tokens/generated": float(lengths.sum()),
+            **reward_metrics,
+        }
+        return metrics
+
+    @torch.no_grad()
+    def _score_all(self, model: torch.nn.Module, batch: RolloutBatch) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
+        lengths = [len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids)]
+        for idx in length_sorted_micro_batches(lengths, self.plan.micro_batch_size):
+            packed = pack_right_padded([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], self.pad_id)
+            logp, _ = completion_logprobs(model, packed.input_ids, packed.attention_mask, packed.prompt_lengths,
+                                          packed.completion_ids, packed.completion_mask,
+                                          temperature=self.cfg.rollout.temperature, chunk_size=self.cfg.train.logprob_chunk_size)
+            for row, i in enumerate(idx):
+                out[i] = logp[row, : len(batch.completion_ids[i])].clone()
+        return out
+
+    def update(self, batch: RolloutBatch, indices: list[int]) -> dict[str, float]:
+        """One optimizer step over `indices` of the batch, with gradient accumulation."""
+        cfg, a = self.cfg, self.cfg.algorithm
+        lengths = [len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in indices]
+        micro = [[indices[j] for j in mb] for mb in length_sorted_micro_batches(lengths, self.plan.micro_batch_size)]
+        packed = [self._pack(batch, mb) for mb in micro]
+        num_items = sum(aggregation_count(p[1], self.aggregation) for p in packed)
+        sums: dict[str, float] = defaultdict(float)
+        self.optimizer.zero_grad(set_to_none=True)
+        for mb, (pb, mask) in zip(micro, packed):
+            logp, entropy = completion_logprobs(self.policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_ids,
+                                                mask, temperature=cfg.rollout.temperature, chunk_size=cfg.train.logprob_chunk_size)
+            width = logp.shape[1]
+            old = pad_rows([batch.old_logp[i] for i in mb], width) if batch.old_logp is not None else logp.detach()
+            adv = batch.advantages[mb].to(logp.dtype)
+            loss, metrics = policy_loss(self.loss_name, logp, old, adv, mask, eps_low=a.epsilon_low, eps_high=a.epsilon_high,
+                                        delta=a.delta, aggregation=self.aggregation, max_length=cfg.rollout.max_completion_length,
+                                        num_items=num_items)
+            if self.ref_model is not None:
+                kl = kl_penalty(logp, pad_rows([batch.ref_logp[i] for i in mb], width), "k3")
+                loss = loss + a.beta * aggregate_loss(kl, mask, self.aggregation, max_length=cfg.rollout.max_completion_length,
+                                                      num_items=num_items)
+                sums["kl"] += float((kl.detach() * mask).sum())
+            loss.backward()
+            tokens = float(mask.sum())
+            sums["loss"] += float(loss.detach())
+            sums["entropy"] += float((entropy * mask).sum())
+            sums["tokens"] += tokens
+            sums["padding"] += pb.padding_fraction * pb.attention_mask.numel()
+            sums["cells"] += pb.attention_mask.numel()
+            self._accumulate_mismatch(sums, batch, mb, logp, mask)
+            for key, value in metrics.items():
+                sums[key] += float(value) * tokens
+        grad_norm = self._clip_and_step()
+        return self._update_metrics(sums, grad_norm)
+
+    def _pack(self, batch: RolloutBatch, mb: list[int]):
+        pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.pad_id)
+        mask = pb.completion_mask
+        if self.cfg.algorithm.mask_truncated_completions:
+            keep = torch.tensor([0.0 if batch.truncated[i] else 1.0 for i in mb])
+            mask = mask * keep[:, None]
+        return pb, mask
+
+    def _accumulate_mismatch(self, sums, batch: RolloutBatch, mb: list[int], logp: torch.Tensor, mask: torch.Tensor) -> None:
+        """|trainer − engine| log-prob gap, measured where the trainer still holds the sampling policy."""
+        reference = None
+        if batch.old_logp is not None:
+            reference = pad_rows([batch.old_logp[i] for i in mb], logp.shape[1])
+        elif self.policy_version == self.synced_version or self.engine_shares_policy:
+            reference = logp.detach()
+        if reference is None or not batch.engine_logp[mb[0]]:
+            return
+        engine = pad_rows([torch.tensor(batch.engine_logp[i], dtype=torch.float32) for i in mb], logp.shape[1])
+        gap = (reference.float() - engine).abs() * mask
+        sums["mismatch_sum"] += float(gap.sum())
+        sums["mismatch_max"] = max(sums["mismatch_max"], float(gap.max()))
+        sums["mismatch_tokens"] += float(mask.sum())
+
+    def _clip_and_step(self) -> float:
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.policy_version += 1
+        return grad_norm
+
+    def _update_metrics(self, sums: dict[str, float], grad_norm: float) -> dict[str, float]:
+        tokens = max(sums.pop("tokens"), 1.0)
+        out = {"loss": sums.pop("loss"), "entropy": sums.pop("entropy") / tokens, "grad_norm": grad_norm,
+               "learning_rate": self.scheduler.get_last_lr()[0],
+               "padding_fraction": sums.pop("padding") / max(sums.pop("cells"), 1.0)}
+        if "kl" in sums:
+            out["kl"] = sums.pop("kl") / tokens
+        mismatch_tokens = sums.pop("mismatch_tokens", 0.0)
+        mismatch_sum, mismatch_max = sums.pop("mismatch_sum", 0.0), sums.pop("mismatch_max", 0.0)
+        if mismatch_tokens:
+            out["mismatch/logprob_abs_mean"] = mismatch_sum / mismatch_tokens
+            out["mismatch/logprob_abs_max"] = mismatch_max
+        for key, value in sums.items():
+            out[key] = value / tokens
+        if "clip_ratio/region" in out:
+            out["clip_ratio/region_mean"] = out["clip_ratio/region"]
+        return out
+
+    def sync_weights(self) -> None:
+        """Push the policy into the engine if it changed since the last push, then check the canary."""
+        if self.synced_version == self.policy_version:
+            return
+        with self.phases("sync"):
+            if not self.engine_shares_policy:
+                self.engine.update_weights(self.policy.named_parameters(), self.policy_version)
+                self._check_canary()
+        self.synced_version = self.policy_version
+
+    def _check_canary(self) -> None:
+        if self.canary is None:
+            return
+        prompt, completion = self.canary
+        engine_lp = torch.tensor(self.engine.score(prompt, completion, 1.0))
+        with torch.no_grad():
+            pb = pack_right_padded([prompt], [completion], self.pad_id)
+            trainer_lp, _ = completion_logprobs(self.policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths,
+                                                pb.completion_ids, pb.completion_mask, temperature=1.0)
+        gap = float((trainer_lp[0, : len(completion)] - engine_lp).abs().max())
+        if not gap <= self.cfg.rollout.sync_check_tolerance:
+            raise RuntimeError(
+                f"weight sync check failed at policy version {self.policy_version}: the rollout engine's log-probs of the canary "
+                f"differ from the trainer's by {gap:.3g} > rollout.sync_check_tolerance = {self.cfg.rollout.sync_check_tolerance}; "
+                "the engine would sample from a stale policy"
+            )
+        self.last_canary_gap = gap
+
+    # ------------------------------------------------------------------ loop
+
+    def step(self) -> dict[str, float]:
+        """One optimizer step: (generate + reward + advantages + log-probs when due), update, sync."""
+        plan = self.plan
+        step_start = time.perf_counter()
+        slot = self.step_count % plan.optimizer_steps_per_generation
+        if slot == 0 or self.batch is None:
+            self.sync_weights()
+            self.batch = self.generate_batch()
+        per_step = plan.completions_per_step
+        start = (slot % plan.steps_per_generation) * per_step
+        with self.phases("update"):
+            metrics = self.update(self.batch, list(range(start, start + per_step)))
+        self.step_count += 1
+        if (self.step_count % plan.optimizer_steps_per_generation == 0) and self.step_count < plan.max_steps:
+            self.sync_weights()
+        out = {**(self.batch.metrics if slot == 0 else {}), **metrics, **self.phases.pop()}
+        out["timing/step_s"] = time.perf_counter() - step_start
+        return out
+
+    def train(self) -> dict[str, Any]:
+        from cohort.trainer.run import run_training
+
+        return run_training(self)
+
+    def close(self) -> None:
+        self.rewards.close()
+        if self.owns_engine:
+            self.engine.close()

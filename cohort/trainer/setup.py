@@ -1,0 +1,128 @@
+"""Building a trainer's parts from the config, in the order that fails fastest.
+
+Data and rewards first (cheap, and the most common mistakes), then the
+tokenizer, the policy, the optional reference model, the optimizer and the
+schedule, and last the rollout engine (the slowest to start).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+from cohort.data.datasets import RepeatSampler, load_prompt_dataset, rows_dataset
+from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir
+from cohort.trainer.rollout_batch import PromptRenderer
+
+
+def setup(trainer, external_engine=None) -> None:
+    cfg = trainer.cfg
+    if cfg.train.num_threads:
+        torch.set_num_threads(cfg.train.num_threads)
+    torch.manual_seed(cfg.train.seed)
+    trainer.run_dir.mkdir(parents=True, exist_ok=True)
+    _check_writable(trainer.run_dir)
+    train_data, eval_data, reward_specs = load_data(cfg)
+    from cohort.rewards import RewardSet
+
+    trainer.rewards = RewardSet.from_specs(reward_specs)
+    trainer.model_dir = resolve_model_dir(cfg.model.path)
+    trainer.tokenizer = load_tokenizer(trainer.model_dir)
+    trainer.pad_id = trainer.tokenizer.pad_token_id
+    renderer = PromptRenderer(trainer.tokenizer, cfg.data.max_prompt_length, cfg.data.overlong_prompts)
+    trainer.renderer = renderer
+    trainer.train_data, trainer.train_ids, dropped = renderer.encode_dataset(train_data, "train data")
+    trainer.prompts_filtered = dropped
+    if eval_data is not None:
+        eval_data, trainer.eval_ids, _ = renderer.encode_dataset(eval_data, "eval data")
+    trainer.eval_data = eval_data
+    trainer.sampler = RepeatSampler(len(trainer.train_data), trainer.plan.prompts_per_generation, trainer.plan.num_generations,
+                                    shuffle=cfg.data.shuffle, seed=cfg.train.seed)
+    trainer.policy = load_policy(trainer.model_dir, cfg.model.dtype)
+    if cfg.train.gradient_checkpointing:
+        trainer.policy.gradient_checkpointing_enable()
+    trainer.policy.train()
+    trainer.ref_model = _reference(trainer.policy) if cfg.algorithm.beta != 0 else None
+    trainer.optimizer, trainer.scheduler = build_optimizer(trainer.policy, cfg.train)
+    trainer.advantage_name = "grpo" if cfg.algorithm.scale_rewards != "none" else "dr_grpo"
+    from cohort.trainer.loop import IMPORTANCE_LEVEL, LOSS_AGGREGATION
+
+    trainer.aggregation = LOSS_AGGREGATION[cfg.algorithm.loss_type]
+    trainer.loss_name = IMPORTANCE_LEVEL[cfg.algorithm.importance_sampling_level]
+    trainer.engine, trainer.owns_engine = _engine(trainer, external_engine)
+    trainer.engine_shares_policy = getattr(trainer.engine, "model", None) is trainer.policy
+
+
+def load_data(cfg):
+    """(train dataset, eval dataset or None, reward specs) from files or the built-in task."""
+    specs = [s.model_dump() for s in cfg.rewards] if cfg.rewards is not None else None
+    if cfg.data.train_files:
+        train = load_prompt_dataset(cfg.data.train_files, cfg.data.prompt_key)
+        evals = load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None
+    else:
+        from cohort.data.tasks import get_task
+
+        task = get_task(cfg.data.task, seed=cfg.train.seed)
+        train = rows_dataset(task.train_rows, "prompt", f"task {task.name} (train)")
+        evals = (load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files
+                 else rows_dataset(task.eval_rows, "prompt", f"task {task.name} (eval)"))
+        specs = specs if specs is not None else task.reward_specs
+    if evals is not None and cfg.data.eval_max_samples:
+        evals.rows, evals.sources = evals.rows[: cfg.data.eval_max_samples], evals.sources[: cfg.data.eval_max_samples]
+    return train, evals, specs
+
+
+def _reference(policy: torch.nn.Module) -> torch.nn.Module:
+    ref = copy.deepcopy(policy)
+    ref.eval()
+    ref.requires_grad_(False)
+    return ref
+
+
+def build_optimizer(policy: torch.nn.Module, train_cfg):
+    params = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=train_cfg.learning_rate, betas=(train_cfg.adam_beta1, train_cfg.adam_beta2),
+                                  weight_decay=train_cfg.weight_decay)
+    warmup, total, kind = train_cfg.warmup_steps, train_cfg.max_steps, train_cfg.lr_scheduler
+
+    def factor(step: int) -> float:  # step = number of optimizer steps taken so far
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        if kind == "linear":
+            return max(0.0, 1.0 - progress)
+        if kind == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return 1.0
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _engine(trainer, external):
+    cfg = trainer.cfg
+    if external is not None:
+        return external, False
+    if cfg.rollout.engine == "hf":
+        from cohort.rollout.hf_engine import HFEngine
+
+        eos = trainer.tokenizer.eos_token_id
+        return HFEngine(trainer.policy, pad_token_id=trainer.pad_id, eos_token_ids=[eos]), True
+    from cohort.rollout.vllm_engine import VLLMEngine
+
+    dtype = cfg.model.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
+    longest = max(len(ids) for ids in trainer.train_ids + (getattr(trainer, "eval_ids", None) or []))
+    return VLLMEngine(trainer.model_dir, dtype=dtype, max_model_len=longest + cfg.rollout.max_completion_length + 1,
+                      seed=cfg.rollout.seed, enforce_eager=cfg.rollout.enforce_eager,
+                      enable_prefix_caching=cfg.rollout.enable_prefix_caching, kv_cache_gib=cfg.rollout.kv_cache_gib,
+                      gpu_memory_utilization=cfg.rollout.gpu_memory_utilization), True
+
+
+def _check_writable(run_dir) -> None:
+    probe = run_dir / ".write-test"
+    try:
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise OSError(f"run.output_dir = {str(run_dir)!r} is not writable: {exc}; choose another run.output_dir") from exc
