@@ -1,1 +1,53 @@
-"""cohort.rewards."""
+"""cohort.rewards: reward functions, their registry, and the RewardSet the trainer calls.
+
+In RL from verifiable rewards the reward function *is* the task. The contract is
+TRL's: ``fn(prompts=, completions=, completion_ids=, **columns) -> list[float | None]``,
+``def`` or ``async def``; ``None`` means "not applicable to this row".
+
+- ``get(name, **options)`` builds a reward function: a built-in (``numeric_match``,
+  ``accuracy``, ``reasoning_accuracy``, ``think_format``, ``soft_overlong``,
+  ``code_tests``, ``reward_model``, ``remote``) or your own by import path
+  (``my_module.my_reward`` / ``my_module:my_reward``).
+- ``resolve(name, options=None)`` checks a name (and options) without building anything.
+- ``describe_builtins()`` / ``format_builtins()`` list the built-ins and their options.
+- ``RewardSet.from_specs(specs, ...)`` runs several functions concurrently, applies the
+  failure policy, and aggregates them; see ``cohort.rewards.reward_set``.
+
+See docs/rewards.md for the full contract, each built-in, and the code sandbox.
+"""
+
+from cohort.rewards.registry import (
+    BuiltinInfo,
+    Resolved,
+    builtin_names,
+    describe_builtins,
+    format_builtins,
+    get,
+    register,
+    resolve,
+)
+from cohort.rewards.reward_set import (
+    RewardEntry,
+    RewardError,
+    RewardOutput,
+    RewardRowError,
+    RewardSet,
+    aggregate,
+)
+
+__all__ = [
+    "BuiltinInfo",
+    "Resolved",
+    "RewardEntry",
+    "RewardError",
+    "RewardOutput",
+    "RewardRowError",
+    "RewardSet",
+    "aggregate",
+    "builtin_names",
+    "describe_builtins",
+    "format_builtins",
+    "get",
+    "register",
+    "resolve",
+]

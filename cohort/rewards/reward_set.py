@@ -1,0 +1,378 @@
+"""RewardSet: every reward function scores every completion; what the trainer calls.
+
+    rs = RewardSet.from_specs([{"name": "numeric_match"}, {"name": "think_format", "weight": 0.2}])
+    out = rs.score(prompts=..., completions=..., completion_ids=..., columns={...}, group_size=8)
+    out.per_function  # (N, F) float64, NaN where a function returned None (or failed, on_error="none")
+    out.total         # (N,)   float64, weighted NaN-aware sum; NaN when every function gave None
+    out.metrics       # rewards/<name>/{mean,std,errors}, timing/reward/<name>_s
+
+Choices:
+- Concurrency: the functions of one batch run at the same time, at most
+  ``max_concurrency`` at once (an asyncio semaphore). ``async def`` functions are
+  awaited on one event loop that lives in a background thread for the set's lifetime
+  (so clients bound to a loop keep working across steps); plain functions run in a
+  thread pool. CPU-heavy built-ins move their work into processes themselves.
+- Timeouts: each call gets ``timeout_s`` (per spec or set-wide). An async call is
+  cancelled; a sync call cannot be interrupted, so its thread is abandoned and keeps
+  running until it returns (it occupies one pool thread meanwhile).
+- Failure policy: a function that raises or times out raises ``RewardError`` (name,
+  exception, the offending completion truncated) with ``on_error="raise"``; with
+  ``on_error="none"`` its whole column is None for this batch and
+  ``rewards/<name>/errors`` counts the completions lost. A function that breaks the
+  contract (wrong length, a non-number, NaN/inf) always raises ``RewardError``: that is
+  a bug to fix, not a flake to tolerate. Return None for "not applicable".
+- Aggregation (``aggregation=``):
+  * ``"sum_then_normalize"`` (default): ``total = Σ_k w_k r_k`` over the functions that
+    scored the row; normalisation is left to the advantage estimator.
+  * ``"normalize_then_sum"`` (TRL's ``multi_objective_aggregation``): each function's
+    column is first standardised within each group of ``group_size`` consecutive rows,
+    ``z_k = (r_k − mean_g(r_k)) / (std_g(r_k) + 1e-4)``, mean and std over the group's
+    non-NaN entries, std Bessel-corrected (ddof=1) and taken as 0 when fewer than two
+    entries; then ``total = Σ_k w_k z_k`` over non-NaN entries.
+  In both, a row where every function gave None has ``total = NaN``.
+- Metrics: mean over non-NaN entries; std Bessel-corrected over non-NaN entries
+  (0.0 with one entry); both NaN when the function scored nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cohort.rewards.registry import RewardFunction, get, resolve
+from cohort.rewards.text import completion_text, truncate
+
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+ON_ERROR = ("raise", "none")
+NORMALIZE_EPS = 1e-4
+RESERVED = ("prompts", "completions", "completion_ids")
+
+
+class RewardError(RuntimeError):
+    """A reward function failed, timed out, or broke the contract."""
+
+
+class RewardRowError(Exception):
+    """Raised *by a reward function* to say which row failed (``RewardError`` shows it)."""
+
+    def __init__(self, index: int, message: str):
+        super().__init__(message)
+        self.index = index
+
+
+@dataclass
+class RewardEntry:
+    """One function of the set. ``on_error``/``timeout_s`` None: the set's defaults."""
+
+    name: str
+    function: RewardFunction
+    weight: float = 1.0
+    on_error: str | None = None
+    timeout_s: float | None = None
+
+
+@dataclass
+class RewardOutput:
+    per_function: np.ndarray  # (N, F) float64
+    total: np.ndarray  # (N,) float64
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _CallResult:
+    values: Any = None
+    error: BaseException | None = None
+    seconds: float = 0.0
+
+
+def aggregate(per_function: np.ndarray, weights: Sequence[float], aggregation: str, group_size: int) -> np.ndarray:
+    """``(N, F)`` scores → ``(N,)`` totals; see the module docstring for the exact maths."""
+    n, f = per_function.shape
+    w = np.asarray(weights, dtype=np.float64).reshape(1, f)
+    scored = ~np.isnan(per_function)  # (N, F)
+    if aggregation == "sum_then_normalize":
+        contributions = np.where(scored, per_function * w, 0.0)
+    elif aggregation == "normalize_then_sum":
+        if group_size < 1 or n % group_size:
+            raise ValueError(f"{n} completions do not split into groups of group_size={group_size}")
+        grouped = per_function.reshape(-1, group_size, f)  # (groups, G, F)
+        mask = scored.reshape(grouped.shape)
+        count = mask.sum(axis=1, keepdims=True)  # (groups, 1, F)
+        filled = np.where(mask, grouped, 0.0)
+        mean = filled.sum(axis=1, keepdims=True) / np.maximum(count, 1)
+        squares = np.where(mask, (grouped - mean) ** 2, 0.0).sum(axis=1, keepdims=True)
+        std = np.where(count > 1, np.sqrt(squares / np.maximum(count - 1, 1)), 0.0)
+        z = (grouped - mean) / (std + NORMALIZE_EPS)
+        contributions = np.where(mask, z, 0.0).reshape(n, f) * w
+    else:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    total = contributions.sum(axis=1)
+    total[~scored.any(axis=1)] = np.nan
+    return total
+
+
+def _column_metrics(name: str, column: np.ndarray) -> dict[str, float]:
+    values = column[~np.isnan(column)]
+    if values.size == 0:
+        mean = std = math.nan
+    else:
+        mean = float(values.mean())
+        std = float(values.std(ddof=1)) if values.size > 1 else 0.0
+    return {f"rewards/{name}/mean": mean, f"rewards/{name}/std": std}
+
+
+def _is_async(function: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+        getattr(function, "__call__", None)
+    )
+
+
+def _unique_names(names: Sequence[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        unique.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    if len(set(unique)) != len(unique):
+        raise ValueError(f"reward names must be unique; got {unique} (set an alias)")
+    return unique
+
+
+def _entry_from_spec(spec: Mapping[str, Any] | str) -> tuple[str, RewardEntry]:
+    """A spec dict → (display name before de-duplication, entry)."""
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    options = dict(spec)
+    if "name" not in options:
+        raise ValueError(f"a reward spec needs a 'name'; got {dict(spec)}")
+    name = options.pop("name")
+    weight = float(options.pop("weight", 1.0))
+    on_error = options.pop("on_error", None)
+    timeout_s = options.pop("timeout_s", None)
+    alias = options.pop("alias", None)
+    if on_error is not None and on_error not in ON_ERROR:
+        raise ValueError(f"reward {name!r}: on_error must be one of {ON_ERROR}, got {on_error!r}")
+    if not math.isfinite(weight):
+        raise ValueError(f"reward {name!r}: weight must be a finite number, got {weight}")
+    display = alias or resolve(name, options).display_name
+    function = get(name, **options)
+    entry = RewardEntry(display, function, weight, on_error, None if timeout_s is None else float(timeout_s))
+    return display, entry
+
+
+class RewardSet:
+    """Scores completions with several reward functions; see the module docstring."""
+
+    def __init__(
+        self,
+        entries: Sequence[RewardEntry],
+        *,
+        on_error: str = "raise",
+        max_concurrency: int = 16,
+        timeout_s: float = 60.0,
+        aggregation: str = "sum_then_normalize",
+    ):
+        if not entries:
+            raise ValueError("a RewardSet needs at least one reward function")
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+        if max_concurrency < 1 or timeout_s <= 0:
+            raise ValueError(f"need max_concurrency >= 1 and timeout_s > 0; got {max_concurrency}, {timeout_s}")
+        names = _unique_names([e.name for e in entries])
+        self._entries = [
+            RewardEntry(n, e.function, float(e.weight), e.on_error or on_error, e.timeout_s or timeout_s)
+            for n, e in zip(names, entries)
+        ]
+        self.aggregation = aggregation
+        self._max_concurrency = max_concurrency
+        self._threads = concurrent.futures.ThreadPoolExecutor(max_concurrency, thread_name_prefix="cohort-reward")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._closed = False
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[Mapping[str, Any] | str], **kwargs: Any) -> RewardSet:
+        """Build from ``[{name, weight=1.0, on_error?, timeout_s?, alias?, **options}]``."""
+        built = []
+        try:
+            for spec in specs:
+                built.append(_entry_from_spec(spec)[1])
+        except BaseException:
+            for entry in built:
+                _close_function(entry.function)
+            raise
+        return cls(built, **kwargs)
+
+    @property
+    def names(self) -> list[str]:
+        return [e.name for e in self._entries]
+
+    @property
+    def weights(self) -> list[float]:
+        return [e.weight for e in self._entries]
+
+    # -- scoring ---------------------------------------------------------------------
+
+    def score(
+        self,
+        *,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]],
+        columns: Mapping[str, Sequence[Any]] | None = None,
+        group_size: int = 1,
+    ) -> RewardOutput:
+        """Score ``N`` completions with every function; shapes in the module docstring."""
+        if self._closed:
+            raise RuntimeError("this RewardSet is closed")
+        n = len(completions)
+        kwargs = self._call_kwargs(prompts, completions, completion_ids, columns or {})
+        if group_size < 1 or n % group_size:
+            raise ValueError(f"{n} completions do not split into groups of group_size={group_size}")
+        future = asyncio.run_coroutine_threadsafe(self._score_all(kwargs), self._event_loop())
+        results = future.result()
+        per_function = np.full((n, len(self._entries)), np.nan)  # (N, F)
+        metrics: dict[str, float] = {}
+        for k, (entry, result) in enumerate(zip(self._entries, results)):
+            errors = self._fill_column(entry, result, per_function[:, k], completions)
+            metrics.update(_column_metrics(entry.name, per_function[:, k]))
+            metrics[f"rewards/{entry.name}/errors"] = float(errors)
+            metrics[f"timing/reward/{entry.name}_s"] = result.seconds
+        total = aggregate(per_function, self.weights, self.aggregation, group_size)
+        return RewardOutput(per_function, total, metrics)
+
+    @staticmethod
+    def _call_kwargs(prompts, completions, completion_ids, columns) -> dict[str, Any]:
+        n = len(completions)
+        clash = sorted(set(columns) & set(RESERVED))
+        if clash:
+            raise ValueError(f"dataset columns {clash} clash with the reward arguments {list(RESERVED)}; rename them")
+        lengths = {"prompts": len(prompts), "completion_ids": len(completion_ids)}
+        lengths.update({k: len(v) for k, v in columns.items()})
+        wrong = {k: v for k, v in lengths.items() if v != n}
+        if wrong:
+            raise ValueError(f"every column needs one entry per completion ({n}); got lengths {wrong}")
+        return {
+            "prompts": list(prompts),
+            "completions": list(completions),
+            "completion_ids": list(completion_ids),
+            **{k: list(v) for k, v in columns.items()},
+        }
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._loop_thread = threading.Thread(
+                target=self._loop.run_forever, name="cohort-reward-loop", daemon=True
+            )
+            self._loop_thread.start()
+        return self._loop
+
+    async def _score_all(self, kwargs: dict[str, Any]) -> list[_CallResult]:
+        semaphore = asyncio.Semaphore(self._max_concurrency)
+        calls = [self._call_one(entry, kwargs, semaphore) for entry in self._entries]
+        return list(await asyncio.gather(*calls))
+
+    async def _call_one(self, entry: RewardEntry, kwargs: dict[str, Any], semaphore: asyncio.Semaphore) -> _CallResult:
+        async with semaphore:
+            start = time.perf_counter()
+            result = _CallResult()
+            try:
+                result.values = await asyncio.wait_for(self._invoke(entry.function, kwargs), entry.timeout_s)
+            except asyncio.TimeoutError:
+                result.error = TimeoutError(f"no result after timeout_s={entry.timeout_s:g}")
+            except Exception as exc:  # noqa: BLE001 - the failure policy decides
+                result.error = exc
+            result.seconds = time.perf_counter() - start
+            return result
+
+    async def _invoke(self, function: RewardFunction, kwargs: dict[str, Any]) -> Any:
+        if _is_async(function):
+            return await function(**kwargs)
+        loop = asyncio.get_running_loop()
+        values = await loop.run_in_executor(self._threads, lambda: function(**kwargs))
+        if inspect.isawaitable(values):
+            values = await values
+        return values
+
+    def _fill_column(self, entry: RewardEntry, result: _CallResult, column: np.ndarray, completions) -> int:
+        """Write one function's scores into ``column`` (N,); return how many were lost to errors."""
+        if result.error is not None:
+            if entry.on_error == "none":
+                return len(column)
+            raise RewardError(_failure_message(entry.name, result.error, completions)) from result.error
+        values = result.values
+        if isinstance(values, np.ndarray):
+            values = values.tolist()
+        if not isinstance(values, (list, tuple)) or len(values) != len(column):
+            got = f"{len(values)} values" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
+            raise RewardError(
+                f"reward function {entry.name!r} returned {got} for {len(column)} completions; "
+                f"it must return a list with one float or None per completion"
+            )
+        for i, value in enumerate(values):
+            if value is None:
+                continue
+            if isinstance(value, (bool, int, float, np.number)) and not isinstance(value, complex):
+                value = float(value)
+                if math.isfinite(value):
+                    column[i] = value
+                    continue
+                problem = f"the non-finite value {value}"
+            else:
+                problem = f"a {type(value).__name__} ({truncate(repr(value), 80)})"
+            raise RewardError(
+                f"reward function {entry.name!r} returned {problem} at index {i} of {len(column)}; "
+                f"return a finite float, or None for 'not applicable'"
+            )
+        return 0
+
+    # -- lifetime --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the event loop and thread pool; close functions that have ``close()``."""
+        if self._closed:
+            return
+        self._closed = True
+        for entry in self._entries:
+            _close_function(entry.function)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(timeout=5)
+            if not self._loop.is_running():
+                self._loop.close()
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> RewardSet:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+def _close_function(function: Any) -> None:
+    close = getattr(function, "close", None)
+    if callable(close):
+        close()
+
+
+def _failure_message(name: str, error: BaseException, completions: Sequence[Any]) -> str:
+    index = getattr(error, "index", None)
+    if isinstance(index, int) and 0 <= index < len(completions):
+        where = f"completion[{index}]"
+    else:
+        index = 0
+        where = f"completion[0] of {len(completions)} (the call failed as a whole; the row is unknown)"
+    shown = truncate(completion_text(completions[index]), 300) if completions else "<no completions>"
+    return f"reward function {name!r} failed: {type(error).__name__}: {error}\n  {where}: {shown!r}"
