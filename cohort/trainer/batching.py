@@ -24,7 +24,7 @@ class PackedBatch:
 
     @property
     def padding_fraction(self) -> float:
-        return 1.0 - float(self.attention_mask.float().mean())
+        return 1.0 - float(self.attention_mask.sum()) / self.attention_mask.numel()
 
 
 def pack_right_padded(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedBatch:
