@@ -17,6 +17,7 @@ Choices:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -230,7 +231,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     """Build the config: defaults < (preset when no file) < YAML file < dotted overrides."""
     tree: dict[str, Any] = {}
     if path is None:
-        tree = _merge(tree, DEFAULT_PRESET)
+        tree = copy.deepcopy(DEFAULT_PRESET)
     else:
         p = Path(path)
         if not p.is_file():
@@ -376,7 +377,10 @@ def check_batch_arithmetic(cfg: CohortConfig) -> list[str]:
                 f"use {per_step * max(1, gen // per_step)}, or unset it and set train.steps_per_generation"
             )
     if t.micro_batch_size < per_step and per_step % t.micro_batch_size:
-        fits = [d for d in _divisors(per_step) if d <= t.micro_batch_size * 2][-2:]
+        divisors = _divisors(per_step)
+        below = [d for d in divisors if d < t.micro_batch_size][-1:]
+        above = [d for d in divisors if d > t.micro_batch_size][:1]
+        fits = below + above
         problems.append(
             f"train.prompts_per_step × rollout.num_generations = {t.prompts_per_step} × {g} = {per_step} is not divisible by "
             f"train.micro_batch_size = {t.micro_batch_size}; use {' or '.join(map(str, fits))}"

@@ -35,10 +35,11 @@ def resolve_model_dir(path: str) -> Path:
 def check_model_dir(path: str) -> list[str]:
     """Cheap pre-flight check (no weights read) for config validation."""
     if path.startswith("tiny:"):
-        from cohort.models.tiny import TINY_MODELS
+        from cohort.data.tasks import list_tasks
 
         name = path.split(":", 1)[1]
-        return [] if name in TINY_MODELS else [f"model.path = {path!r}: unknown tiny model; choose one of {', '.join('tiny:' + n for n in TINY_MODELS)}"]
+        known = list_tasks()
+        return [] if name in known else [f"model.path = {path!r}: unknown tiny model; choose one of {', '.join('tiny:' + n for n in known)}"]
     try:
         resolve_model_dir(path)
     except ModelLoadError as exc:

@@ -1,0 +1,101 @@
+"""Config loading, overrides and fix-it validation: bad configs fail before any model loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cohort import cli
+from cohort.config import ConfigError, batch_plan, describe_fields, load_config, validate_config
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(8)) + "\n")
+    return path
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Any attempt to load a model fails the test: validation must come first."""
+    import cohort.models.loading as loading
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a model was loaded before the config was validated")
+
+    monkeypatch.setattr(loading, "load_policy", forbidden)
+    monkeypatch.setattr(loading, "load_tokenizer", forbidden)
+
+
+def test_yaml_plus_overrides(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("rollout: {num_generations: 4}\ntrain: {max_steps: 7}\n")
+    cfg = load_config(cfg_file, ["rollout.num_generations=8", "train.learning_rate=3e-6", "rewards=[{name: numeric_match, weight: 2}]"])
+    assert cfg.rollout.num_generations == 8 and cfg.train.max_steps == 7
+    assert cfg.train.learning_rate == 3e-6
+    assert cfg.rewards[0].name == "numeric_match" and cfg.rewards[0].weight == 2.0
+
+
+def test_unknown_field_names_the_valid_ones():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["rollout.num_generation=8"])
+    assert "rollout.num_generation: unknown field" in str(err.value) and "num_generations" in str(err.value)
+
+
+def test_every_field_has_help():
+    rows = describe_fields()
+    assert len(rows) > 40
+    assert all(help_text for _, _, _, help_text in rows)
+
+
+def test_batch_plan_arithmetic():
+    # 3 prompts × G=4 = 12 completions per step; 2 steps per generation -> 24 per generation batch;
+    # micro-batches of 6 -> 2 per step; num_iterations 2 -> 4 optimizer steps per generation.
+    cfg = load_config(None, ["rollout.num_generations=4", "train.prompts_per_step=3", "train.steps_per_generation=2",
+                             "train.micro_batch_size=6", "algorithm.num_iterations=2"])
+    plan = batch_plan(cfg)
+    assert (plan.completions_per_step, plan.generation_batch_size, plan.prompts_per_generation) == (12, 24, 6)
+    assert (plan.micro_batches_per_step, plan.optimizer_steps_per_generation, plan.off_policy) == (2, 4, True)
+
+
+BAD = [
+    (["rollout.num_generations=1"], "rollout.num_generations = 1", "at least 2"),
+    (["rollout.num_generations=8", "rollout.generation_batch_size=30"], "not divisible by rollout.num_generations = 8", "use a multiple of 8"),
+    (["rollout.num_generations=6", "train.prompts_per_step=5", "train.micro_batch_size=8"],
+     "train.prompts_per_step × rollout.num_generations = 5 × 6 = 30 is not divisible by train.micro_batch_size = 8", "use 6 or 10"),
+    (["rewards=[{name: no_such_reward}]"], "rewards[0].name = 'no_such_reward'", "numeric_match"),
+    (["data.train_files=[/nonexistent/train.jsonl]"], "data.train_files: '/nonexistent/train.jsonl' does not exist", "fix the path"),
+    (["rollout.temperature=0"], "rollout.temperature = 0.0", "must be > 0"),
+    (["model.path=/nonexistent/model"], "model.path = '/nonexistent/model'", "local transformers checkpoint"),
+]
+
+
+@pytest.mark.parametrize("overrides, fields, fix", BAD)
+def test_bad_configs_fail_with_fields_and_fix(overrides, fields, fix, no_model_loading):
+    with pytest.raises(ConfigError) as err:
+        validate_config(load_config(None, overrides))
+    assert fields in str(err.value)
+    assert fix in str(err.value)
+
+
+def test_missing_prompt_column(tmp_path, no_model_loading):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"question": "1+1=", "answer": "2"}) + "\n")
+    with pytest.raises(ConfigError) as err:
+        validate_config(load_config(None, [f"data.train_files=[{path}]", "rewards=[{name: numeric_match}]"]))
+    assert "data.prompt_key = 'prompt'" in str(err.value) and "question" in str(err.value)
+
+
+def test_cli_reports_all_problems_and_exits_2(capsys, no_model_loading, data_file):
+    code = cli.main(["train", f"data.train_files=[{data_file}]", "rollout.num_generations=1", "rewards=[{name: nope}]"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "2 problem(s)" in err and "rollout.num_generations" in err and "rewards[0].name" in err
+
+
+def test_config_show_prints_resolved(capsys):
+    assert cli.main(["config", "show", "rollout.num_generations=4"]) == 0
+    out = capsys.readouterr().out
+    assert "num_generations: 4" in out and "path: tiny:arith" in out
