@@ -103,9 +103,8 @@ def kl_in_reward(
     mask_f = float_mask(mask, logp)
     kl = kl_penalty(logp.detach(), ref_logp.detach(), kind)
     token_rewards = torch.where(mask_f > 0, -beta * kl, torch.zeros_like(kl))
-    last = last_active_index(mask_f)  # (B,)
-    has_tokens = last >= 0
-    rows = torch.arange(logp.shape[0], device=logp.device)[has_tokens]
-    outcome = outcome_rewards.detach().to(token_rewards.dtype)[has_tokens]
-    token_rewards[rows, last[has_tokens]] += outcome
-    return token_rewards
+    last = last_active_index(mask_f).unsqueeze(-1)  # (B, 1); -1 for a row without tokens
+    positions = torch.arange(logp.shape[-1], device=logp.device)
+    is_last = positions == last  # (B, T), all False for a row without tokens
+    outcome = outcome_rewards.detach().to(token_rewards.dtype).unsqueeze(-1).expand_as(token_rewards)
+    return token_rewards + torch.where(is_last, outcome, torch.zeros_like(outcome))

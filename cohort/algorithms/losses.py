@@ -36,9 +36,13 @@ or delta cap engaged), ``ratio/mean``, ``ratio/max`` (of the ratio the entry
 uses: per token, or per sequence for gspo) and ``approx_kl``, the mean of
 ``r - 1 - log r`` with the per-token r: an estimate of KL(pi_old || pi_theta).
 
+``token_weights`` (e.g. the `rollout_correction` weights) multiply the
+per-token loss before aggregation, as TRL multiplies its importance-sampling
+ratio into ``per_token_loss``. The mask is read as 0/1; weights go here, not
+into the mask.
+
 Left out: the KL-to-reference term (add ``beta * aggregate_loss(kl_penalty(...))``,
-aggregation is linear), entropy bonus, rollout correction weights (multiply
-them into ``advantages`` or the per-token loss; see `correction.py`).
+aggregation is linear) and the entropy bonus.
 """
 
 from __future__ import annotations
@@ -197,6 +201,7 @@ def policy_loss(
     delta: float | None = None,
     sapo_tau_pos: float = 1.0,
     sapo_tau_neg: float = 1.05,
+    token_weights: Tensor | None = None,
     aggregation: str = "token_mean",
     max_length: int | None = None,
     num_items: Tensor | float | None = None,
@@ -206,8 +211,11 @@ def policy_loss(
     ``name``: ppo_clip | gspo | cispo | sapo. ``logp`` (B, T) carries the
     gradient; ``old_logp`` (B, T) is the sampling policy's (pass
     ``logp.detach()`` on-policy); ``advantages`` (B,) or (B, T); ``mask``
-    (B, T) bool or float. ``aggregation``, ``max_length``, ``num_items``: see
-    `aggregate_loss`. Metrics are detached 0-d tensors (module docstring).
+    (B, T) bool or float, read as 0/1. ``token_weights`` (B, T), optional:
+    detached per-token multipliers of the loss before aggregation (the
+    `rollout_correction` weights). ``aggregation``, ``max_length``,
+    ``num_items``: see `aggregate_loss`. Metrics are detached 0-d tensors
+    (module docstring).
     """
     entry = POLICY_LOSSES.get(name)
     if dual_clip is not None and dual_clip <= 1.0:
@@ -227,5 +235,10 @@ def policy_loss(
         sapo_tau_neg=sapo_tau_neg,
     )
     out = entry(inputs)
-    loss = aggregate_loss(out.loss, inputs.mask, aggregation, max_length=max_length, num_items=num_items)
+    per_token = out.loss
+    if token_weights is not None:
+        if token_weights.shape != logp.shape:
+            raise ValueError(f"token_weights must be (B, T) = {tuple(logp.shape)}; got {tuple(token_weights.shape)}")
+        per_token = per_token * token_weights.detach().to(per_token.dtype)
+    loss = aggregate_loss(per_token, inputs.mask, aggregation, max_length=max_length, num_items=num_items)
     return loss, _metrics(out, inputs)

@@ -206,3 +206,22 @@ def test_bad_inputs_raise():
         policy_loss("ppo_clip", logp, logp, torch.zeros(3), torch.ones(2, 3))
     with pytest.raises(ValueError, match="share a"):
         policy_loss("ppo_clip", logp, torch.zeros(2, 4), torch.zeros(2), torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_token_weights_scale_the_per_token_loss(name):
+    # Weights w multiply the per-token loss before aggregation. For w >= 0 every entry's per-token
+    # loss is positively homogeneous in A, so weighting equals scaling the advantages by w.
+    torch.manual_seed(4)
+    logp = torch.randn(3, 4, dtype=torch.float64).mul(0.1).requires_grad_()
+    old_logp = logp.detach() + 0.1 * torch.randn(3, 4, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
+    advantages = torch.randn(3, 4, dtype=torch.float64)
+    weights = t64([[2.0, 0.5, 0.0, 9.0], [1.0, 1.0, 1.5, 0.3], [0.0, 2.0, 1.0, 1.0]])
+    weighted, _ = policy_loss(name, logp, old_logp, advantages, mask, token_weights=weights, dual_clip=3.0)
+    scaled, _ = policy_loss(name, logp, old_logp, advantages * weights, mask, dual_clip=3.0)
+    torch.testing.assert_close(weighted, scaled, rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.autograd.grad(weighted, logp)[0], torch.autograd.grad(scaled, logp)[0],
+                               rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="token_weights must be"):
+        policy_loss(name, logp, old_logp, advantages, mask, token_weights=weights[:, :2])
