@@ -1,0 +1,90 @@
+"""End to end: a user's model directory, JSONL dataset and reward module train with both engines.
+
+The reward is the share of the character "7" in the completion. The random tiny
+model starts near 0 (about 1 in 259 tokens is "7"); a working GRPO loop drives it
+to nearly 1 within 30 steps at lr 3e-3 (measured: 0.00 → 1.00 with hf and vllm by
+step ~20). A broken sign, a stale engine or a missing gradient leaves it near 0.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import torch
+
+from cohort.config import load_config
+from cohort.trainer.loop import Trainer
+
+REWARD_MODULE = textwrap.dedent('''
+    import asyncio
+    CALLS = []
+
+    def sevens(prompts, completions, completion_ids, answer, **kwargs):
+        CALLS.append(sorted(kwargs) + ["answer"])
+        return [c.count("7") / max(1, len(c)) for c in completions]
+
+    async def sevens_async(prompts, completions, **kwargs):
+        await asyncio.sleep(0)
+        return [c.count("7") / max(1, len(c)) for c in completions]
+''')
+
+
+@pytest.fixture
+def user_setup(tmp_path, monkeypatch):
+    (tmp_path / "user_rewards_e2e.py").write_text(REWARD_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a), "source": "unit"}) + "\n" for a in range(32)))
+    return tmp_path, data
+
+
+def _config(tmp_path, data, model_dir, engine, reward):
+    return load_config(None, [
+        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", f"rollout.engine={engine}",
+        "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=4", "train.micro_batch_size=8",
+        "train.max_steps=30", "train.learning_rate=3e-3", f"rewards=[{{name: '{reward}'}}]",
+        f"run.output_dir={tmp_path / ('run-' + engine)}", "run.progress=false", "run.loggers=[jsonl]",
+    ])
+
+
+def _check_run(run_dir, model_dir):
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in lines] == list(range(1, 31))
+    for key in ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio", "loss",
+                "entropy", "clip_ratio/region_mean", "grad_norm", "learning_rate", "tokens/generated", "timing/generate_s",
+                "timing/reward_s", "timing/logprob_s", "timing/update_s", "timing/step_s"):
+        assert key in lines[5], key
+    first, last = sum(l["reward"] for l in lines[:5]) / 5, sum(l["reward"] for l in lines[-5:]) / 5
+    assert first < 0.15 and last > 0.8, (first, last)
+    from transformers import AutoModelForCausalLM
+
+    final = AutoModelForCausalLM.from_pretrained(str(run_dir / "final"))
+    start = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    assert not torch.equal(final.model.embed_tokens.weight, start.model.embed_tokens.weight)
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "summary.json").is_file()
+    assert (run_dir / "completions.jsonl").read_text().strip()
+
+
+def test_user_reward_module_learns_with_hf(user_setup, tiny_model_dir):
+    tmp_path, data = user_setup
+    trainer = Trainer(_config(tmp_path, data, tiny_model_dir, "hf", "user_rewards_e2e:sevens"))
+    trainer.train()
+    trainer.close()
+    _check_run(tmp_path / "run-hf", tiny_model_dir)
+    import user_rewards_e2e
+
+    # every non-prompt column reached the reward as a keyword argument
+    assert user_rewards_e2e.CALLS[0] == ["source", "answer"]
+
+
+@pytest.mark.vllm
+def test_async_user_reward_learns_with_vllm(user_setup, tiny_model_dir, vllm_engine):
+    tmp_path, data = user_setup
+    trainer = Trainer(_config(tmp_path, data, tiny_model_dir, "vllm", "user_rewards_e2e.sevens_async"), engine=vllm_engine)
+    trainer.train()
+    trainer.close()
+    _check_run(tmp_path / "run-vllm", tiny_model_dir)
+    # the engine ended on the trained policy: its canary agreed with the trainer after every sync
+    assert trainer.last_canary_gap < 1e-4
