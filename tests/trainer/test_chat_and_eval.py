@@ -1,0 +1,62 @@
+"""Chat-format prompts render through the chat template and reach rewards as chat completions; `cohort eval`."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from cohort import cli
+from cohort.config import load_config
+from cohort.trainer.loop import Trainer
+
+MODULE = textwrap.dedent('''
+    SEEN = []
+
+    def chat_reward(prompts, completions, **kwargs):
+        SEEN.append((prompts[0], completions[0]))
+        return [1.0 if c[0]["content"].startswith("1") else 0.0 for c in completions]
+''')
+
+
+@pytest.fixture
+def chat_data(tmp_path, monkeypatch):
+    (tmp_path / "chat_rewards_mod.py").write_text(MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "chat.jsonl"
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+1"}], "answer": str(i + 1)} for i in range(8)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path, path
+
+
+def test_chat_prompts_use_template_and_chat_completions(chat_data, tiny_model_dir):
+    tmp_path, path = chat_data
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", f"data.train_files=[{path}]", "rollout.engine=hf",
+                             "rollout.num_generations=2", "rollout.max_completion_length=3", "train.prompts_per_step=2",
+                             "train.micro_batch_size=4", "train.max_steps=1", "rewards=[{name: 'chat_rewards_mod:chat_reward'}]",
+                             f"run.output_dir={tmp_path / 'run'}", "run.progress=false", "run.loggers=[jsonl]"])
+    trainer = Trainer(cfg)
+    ids = trainer.train_ids[0]
+    # ChatML rendering with the generation prompt: "<|im_start|>user\n0+1<|im_end|>\n<|im_start|>assistant\n"
+    assert trainer.tokenizer.decode(ids) == "<|im_start|>user\n0+1<|im_end|>\n<|im_start|>assistant\n"
+    trainer.train()
+    trainer.close()
+    import chat_rewards_mod
+
+    prompt, completion = chat_rewards_mod.SEEN[0]
+    assert isinstance(prompt, list) and prompt[0]["role"] == "user"
+    assert isinstance(completion, list) and completion[0]["role"] == "assistant" and isinstance(completion[0]["content"], str)
+
+
+def test_cli_eval_reports_accuracy_and_pass_at_k(tmp_path, tiny_model_dir, capsys):
+    path = tmp_path / "eval.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}+0=", "answer": str(i)}) + "\n" for i in range(6)))
+    code = cli.main(["eval", f"model.path={tiny_model_dir}", f"data.train_files=[{path}]", f"data.eval_files=[{path}]",
+                     "rollout.engine=hf", "rollout.max_completion_length=2", "rewards=[{name: numeric_match}]",
+                     f"run.output_dir={tmp_path / 'run'}", "--num-samples", "3"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["num_prompts"] == 6 and "pass@3" in out
+    # pass@k >= mean accuracy always (any of k correct vs the average of k)
+    assert 0.0 <= out["accuracy"] <= out["pass@3"] <= 1.0
