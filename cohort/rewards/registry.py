@@ -39,6 +39,7 @@ _BUILTIN_MODULES = (
     "cohort.rewards.numeric",
     "cohort.rewards.format",
     "cohort.rewards.math_answers",
+    "cohort.rewards.code",
 )
 _FACTORIES: dict[str, Callable[..., RewardFunction]] = {}
 _loaded = False
