@@ -40,6 +40,8 @@ _BUILTIN_MODULES = (
     "cohort.rewards.format",
     "cohort.rewards.math_answers",
     "cohort.rewards.code",
+    "cohort.rewards.reward_model",
+    "cohort.rewards.remote",
 )
 _FACTORIES: dict[str, Callable[..., RewardFunction]] = {}
 _loaded = False

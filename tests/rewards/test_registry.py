@@ -47,7 +47,10 @@ def test_builtin_names_are_the_contract():
         "think_format",
         "soft_overlong",
         "numeric_match",
-    }  # TODO(rewards): code_tests, reward_model, remote land in the next commits
+        "code_tests",
+        "reward_model",
+        "remote",
+    }
     assert expected <= set(rewards.builtin_names())
 
 

@@ -1,0 +1,75 @@
+"""reward_model: a tiny sequence-classification checkpoint built here, offline."""
+
+import pytest
+
+from cohort.rewards import RewardEntry, RewardSet, get
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+WORDS = "the answer is one two three four five yes no user assistant : \n".split(" ")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A 1-layer GPT-2 classifier with a word-level tokenizer, no pad token (EOS pads)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "[EOS]": 1, **{w: i + 2 for i, w in enumerate(sorted(set(WORDS)))}}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="[EOS]")
+    config = transformers.GPT2Config(
+        vocab_size=len(vocab), n_positions=64, n_embd=16, n_layer=1, n_head=2, num_labels=1, eos_token_id=1
+    )
+    torch.manual_seed(0)
+    model = transformers.GPT2ForSequenceClassification(config)
+    path = tmp_path_factory.mktemp("tiny_rm")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def direct_score(path, text):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True).eval()
+    with torch.inference_mode():
+        return model(**tokenizer(text, return_tensors="pt")).logits[0, 0].item()
+
+
+def test_scores_match_a_direct_forward_and_ignore_batching(checkpoint):
+    prompts = ["the answer is", "the answer is", "yes", "no"]
+    completions = [" one", " two three four five", " yes yes", " no"]
+    one_by_one = get("reward_model", model=str(checkpoint), batch_size=1)
+    batched = get("reward_model", model=str(checkpoint), batch_size=4)
+    scores_1 = one_by_one(prompts=prompts, completions=completions)
+    scores_4 = batched(prompts=prompts, completions=completions)
+    # padding must not change a row's score: the head reads each row's last real token
+    assert scores_4 == pytest.approx(scores_1, abs=1e-5)
+    assert scores_1[1] == pytest.approx(direct_score(checkpoint, "the answer is two three four five"), abs=1e-6)
+    assert len(set(round(s, 6) for s in scores_1)) > 1  # not a constant
+
+
+def test_chat_format_with_and_without_template(checkpoint):
+    reward = get("reward_model", model=str(checkpoint))
+    prompt = [{"role": "user", "content": "the answer is"}]
+    completion = [{"role": "assistant", "content": "one"}]
+    plain = reward(prompts=[prompt], completions=[completion])
+    assert plain[0] == pytest.approx(direct_score(checkpoint, "the answer is\none"), abs=1e-6)
+    reward._tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+    templated = reward(prompts=[prompt], completions=[completion])
+    assert templated[0] == pytest.approx(direct_score(checkpoint, "user : the answer is assistant : one "), abs=1e-6)
+
+
+def test_in_a_reward_set_and_close(checkpoint):
+    with RewardSet.from_specs([{"name": "reward_model", "model": str(checkpoint), "weight": 2.0}]) as rs:
+        out = rs.score(prompts=["yes", "no"], completions=[" yes", " no"], completion_ids=[[1], [1]])
+        entry_function = rs._entries[0].function
+    assert out.per_function.shape == (2, 1) and out.total.tolist() == pytest.approx((2 * out.per_function[:, 0]).tolist())
+    assert entry_function._model is None  # closed with the set
+
+
+def test_missing_checkpoint_fails_early(tmp_path):
+    with pytest.raises(ValueError, match="local checkpoint directory"):
+        get("reward_model", model=str(tmp_path / "nope"))
