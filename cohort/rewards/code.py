@@ -84,6 +84,7 @@ class CodeTests:
         self.tests_column = tests_column
         self.setup_column = setup_column
         self.sandbox = sandbox
+        self.max_parallel = max_parallel
         self._pool = concurrent.futures.ThreadPoolExecutor(max_parallel, thread_name_prefix="cohort-code-tests")
 
     def _columns(self, columns: dict[str, Any], n: int) -> tuple[list[Any], list[str]]:
@@ -124,12 +125,13 @@ def code_tests(
     *,
     tests_column: str = "tests",
     setup_column: str | None = None,
-    timeout_s: float = 10.0,
+    run_timeout_s: float = 10.0,
     memory_mb: int = 1024,
     max_processes: int = 32,
     max_parallel: int | None = None,
     isolation: str = "auto",
     allow_unisolated: bool = False,
+    python: str | None = None,
 ) -> CodeTests:
     """Fraction of the row's tests the completion's code passes, run in a sandbox; None without tests.
 
@@ -138,6 +140,6 @@ def code_tests(
     runs in a fresh process with no network, an empty environment, a throwaway uid,
     and limits on time, memory, processes and file size (see docs/rewards.md).
     """
-    limits = SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, max_processes=max_processes)
-    sandbox = Sandbox(limits, isolation=isolation, allow_unisolated=allow_unisolated)
+    limits = SandboxLimits(timeout_s=run_timeout_s, memory_mb=memory_mb, max_processes=max_processes)
+    sandbox = Sandbox(limits, isolation=isolation, allow_unisolated=allow_unisolated, python=python)
     return CodeTests(tests_column, setup_column, sandbox, max_parallel or 2 * (os.cpu_count() or 1))

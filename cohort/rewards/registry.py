@@ -47,6 +47,8 @@ _FACTORIES: dict[str, Callable[..., RewardFunction]] = {}
 _loaded = False
 
 REQUIRED = "<required>"
+# Keys of a RewardSet spec that the set itself reads; they never reach a reward's options.
+SPEC_KEYS = ("name", "weight", "on_error", "timeout_s", "alias")
 
 
 class BuiltinInfo(NamedTuple):
@@ -72,6 +74,9 @@ def register(name: str) -> Callable[[Callable[..., RewardFunction]], Callable[..
     def decorate(factory: Callable[..., RewardFunction]) -> Callable[..., RewardFunction]:
         if name in _FACTORIES:
             raise ValueError(f"reward {name!r} is already registered")
+        shadowed = sorted(set(inspect.signature(factory).parameters) & set(SPEC_KEYS))
+        if shadowed:
+            raise ValueError(f"reward {name!r}: options {shadowed} would be taken by the RewardSet spec")
         _FACTORIES[name] = factory
         return factory
 

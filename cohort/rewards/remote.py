@@ -10,7 +10,7 @@ is a JSON list with one number or null per completion, or ``{"rewards": [...]}``
 Choices:
 - ``batch_size`` None sends the whole batch in one request; otherwise chunks of that
   many rows, at most ``max_concurrency`` requests in flight.
-- Each request has ``timeout_s``. Connection errors, timeouts, HTTP 429 and 5xx are
+- Each request has ``request_timeout_s``. Connection errors, timeouts, HTTP 429 and 5xx are
   retried up to ``max_retries`` times after ``backoff_s * 2**attempt`` seconds; other
   HTTP errors (a 400 means the request is wrong) fail at once. A reply of the wrong
   shape fails. A failure raises, naming the first row of the chunk, and the
@@ -48,13 +48,13 @@ def _jsonable(value: Any) -> Any:
 class RemoteReward:
     __name__ = "remote"
 
-    def __init__(self, url, timeout_s, max_retries, backoff_s, batch_size, max_concurrency, headers, api_key_env):
+    def __init__(self, url, request_timeout_s, max_retries, backoff_s, batch_size, max_concurrency, headers, api_key_env):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"remote needs an http(s) url, got {url!r}")
-        if timeout_s <= 0 or max_retries < 0 or backoff_s < 0 or max_concurrency < 1:
-            raise ValueError("remote needs timeout_s > 0, max_retries >= 0, backoff_s >= 0, max_concurrency >= 1")
+        if request_timeout_s <= 0 or max_retries < 0 or backoff_s < 0 or max_concurrency < 1:
+            raise ValueError("remote needs request_timeout_s > 0, max_retries >= 0, backoff_s >= 0, max_concurrency >= 1")
         self.url = url
-        self.timeout_s = float(timeout_s)
+        self.request_timeout_s = float(request_timeout_s)
         self.max_retries = int(max_retries)
         self.backoff_s = float(backoff_s)
         self.batch_size = batch_size
@@ -68,7 +68,7 @@ class RemoteReward:
 
     def _post_once(self, body: bytes) -> Any:
         request = urllib.request.Request(self.url, data=body, headers=self.headers, method="POST")
-        with self._opener.open(request, timeout=self.timeout_s) as response:
+        with self._opener.open(request, timeout=self.request_timeout_s) as response:
             return json.loads(response.read())
 
     def _post(self, body: bytes) -> Any:
@@ -116,7 +116,7 @@ class RemoteReward:
 def remote(
     *,
     url: str,
-    timeout_s: float = 30.0,
+    request_timeout_s: float = 30.0,
     max_retries: int = 3,
     backoff_s: float = 0.5,
     batch_size: int | None = None,
@@ -130,4 +130,4 @@ def remote(
     batch_size. Retries connection errors, timeouts, 429 and 5xx (max_retries, with
     exponential backoff); api_key_env names an environment variable holding a bearer token.
     """
-    return RemoteReward(url, timeout_s, max_retries, backoff_s, batch_size, max_concurrency, headers, api_key_env)
+    return RemoteReward(url, request_timeout_s, max_retries, backoff_s, batch_size, max_concurrency, headers, api_key_env)

@@ -10,11 +10,13 @@ Choices:
 - Concurrency: the functions of one batch run at the same time, at most
   ``max_concurrency`` at once (an asyncio semaphore). ``async def`` functions are
   awaited on one event loop that lives in a background thread for the set's lifetime
-  (so clients bound to a loop keep working across steps); plain functions run in a
-  thread pool. CPU-heavy built-ins move their work into processes themselves.
+  (so clients bound to a loop keep working across steps); plain functions run on
+  daemon threads (one per call, so a hung function never blocks interpreter exit).
+  Each function gets its own shallow copies of the argument lists. CPU-heavy
+  built-ins move their work into processes themselves.
 - Timeouts: each call gets ``timeout_s`` (per spec or set-wide). An async call is
   cancelled; a sync call cannot be interrupted, so its thread is abandoned and keeps
-  running until it returns (it occupies one pool thread meanwhile).
+  running until it returns.
 - Failure policy: a function that raises or times out raises ``RewardError`` (name,
   exception, the offending completion truncated) with ``on_error="raise"``; with
   ``on_error="none"`` its whole column is None for this batch and
@@ -48,13 +50,31 @@ from typing import Any
 
 import numpy as np
 
-from cohort.rewards.registry import RewardFunction, get, resolve
+from cohort.rewards.registry import SPEC_KEYS, RewardFunction, get, resolve
 from cohort.rewards.text import completion_text, truncate
 
 AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 ON_ERROR = ("raise", "none")
 NORMALIZE_EPS = 1e-4
 RESERVED = ("prompts", "completions", "completion_ids")
+
+
+class _DaemonThreads(concurrent.futures.Executor):
+    """Runs each call on a new daemon thread; the semaphore in ``RewardSet`` caps them."""
+
+    def submit(self, fn, /, *args, **kwargs):  # noqa: ANN001 - Executor's signature
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="cohort-reward", daemon=True).start()
+        return future
 
 
 class RewardError(RuntimeError):
@@ -151,14 +171,12 @@ def _entry_from_spec(spec: Mapping[str, Any] | str) -> tuple[str, RewardEntry]:
     """A spec dict → (display name before de-duplication, entry)."""
     if isinstance(spec, str):
         spec = {"name": spec}
-    options = dict(spec)
-    if "name" not in options:
+    if "name" not in spec:
         raise ValueError(f"a reward spec needs a 'name'; got {dict(spec)}")
-    name = options.pop("name")
-    weight = float(options.pop("weight", 1.0))
-    on_error = options.pop("on_error", None)
-    timeout_s = options.pop("timeout_s", None)
-    alias = options.pop("alias", None)
+    options = {k: v for k, v in spec.items() if k not in SPEC_KEYS}
+    name, alias = spec["name"], spec.get("alias")
+    weight = float(spec.get("weight", 1.0))
+    on_error, timeout_s = spec.get("on_error"), spec.get("timeout_s")
     if on_error is not None and on_error not in ON_ERROR:
         raise ValueError(f"reward {name!r}: on_error must be one of {ON_ERROR}, got {on_error!r}")
     if not math.isfinite(weight):
@@ -196,7 +214,7 @@ class RewardSet:
         ]
         self.aggregation = aggregation
         self._max_concurrency = max_concurrency
-        self._threads = concurrent.futures.ThreadPoolExecutor(max_concurrency, thread_name_prefix="cohort-reward")
+        self._threads = _DaemonThreads()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._closed = False
@@ -221,6 +239,10 @@ class RewardSet:
     @property
     def weights(self) -> list[float]:
         return [e.weight for e in self._entries]
+
+    @property
+    def functions(self) -> list[RewardFunction]:
+        return [e.function for e in self._entries]
 
     # -- scoring ---------------------------------------------------------------------
 
@@ -281,7 +303,9 @@ class RewardSet:
 
     async def _score_all(self, kwargs: dict[str, Any]) -> list[_CallResult]:
         semaphore = asyncio.Semaphore(self._max_concurrency)
-        calls = [self._call_one(entry, kwargs, semaphore) for entry in self._entries]
+        calls = [
+            self._call_one(entry, {k: list(v) for k, v in kwargs.items()}, semaphore) for entry in self._entries
+        ]
         return list(await asyncio.gather(*calls))
 
     async def _call_one(self, entry: RewardEntry, kwargs: dict[str, Any], semaphore: asyncio.Semaphore) -> _CallResult:
@@ -341,7 +365,7 @@ class RewardSet:
     # -- lifetime --------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the event loop and thread pool; close functions that have ``close()``."""
+        """Stop the event loop; close the functions that have ``close()``."""
         if self._closed:
             return
         self._closed = True
@@ -352,7 +376,6 @@ class RewardSet:
             self._loop_thread.join(timeout=5)
             if not self._loop.is_running():
                 self._loop.close()
-        self._threads.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> RewardSet:
         return self

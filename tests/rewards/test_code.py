@@ -10,7 +10,7 @@ from cohort.rewards.sandbox import SandboxUnavailable
 @pytest.fixture(scope="module")
 def code_tests():
     try:
-        reward = get("code_tests", timeout_s=2.0, max_parallel=4)
+        reward = get("code_tests", run_timeout_s=2.0, max_parallel=4)
     except SandboxUnavailable as exc:
         pytest.skip(f"no sandbox here: {exc}")
     yield reward
@@ -61,7 +61,7 @@ def test_scores_mbpp_rows(code_tests):
 
 
 def test_string_tests_and_setup_column(code_tests):
-    reward = get("code_tests", tests_column="test", setup_column="test_setup_code", timeout_s=2.0)
+    reward = get("code_tests", tests_column="test", setup_column="test_setup_code", run_timeout_s=2.0)
     try:
         scores = reward(
             completions=["def f(x):\n    return SCALE * x"] * 2,
@@ -83,7 +83,7 @@ def test_missing_column_is_a_reward_error(code_tests):
 
 def test_through_from_specs():
     try:
-        rs = RewardSet.from_specs([{"name": "code_tests", "tests_column": "test_list", "timeout_s": 2.0}])
+        rs = RewardSet.from_specs([{"name": "code_tests", "tests_column": "test_list", "run_timeout_s": 2.0}])
     except SandboxUnavailable as exc:
         pytest.skip(f"no sandbox here: {exc}")
     with rs:

@@ -116,6 +116,14 @@ def test_register_twice_fails():
         rewards.register("numeric_match")(lambda: None)
 
 
+def test_builtin_options_cannot_shadow_spec_keys():
+    def factory(*, timeout_s=1.0):
+        return None
+
+    with pytest.raises(ValueError, match="timeout_s"):
+        rewards.register("shadowing_reward_for_test")(factory)
+
+
 def test_describe_and_format_builtins():
     rows = {row.name: row for row in rewards.describe_builtins()}
     name, options, doc = rows["soft_overlong"]  # unpacks as a 3-tuple

@@ -108,7 +108,7 @@ def test_timeout_and_unreachable(server):
     _, base = server
     start = time.monotonic()
     with pytest.raises(Exception, match="unreachable after 2 tries"):
-        call(get("remote", url=f"{base}/slow", timeout_s=0.2, max_retries=1, backoff_s=0.01))
+        call(get("remote", url=f"{base}/slow", request_timeout_s=0.2, max_retries=1, backoff_s=0.01))
     assert time.monotonic() - start < 1.0
     with pytest.raises(Exception, match="unreachable"):
         call(get("remote", url="http://127.0.0.1:9/score", max_retries=0))  # port 9: nobody listens

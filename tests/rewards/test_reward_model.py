@@ -65,7 +65,7 @@ def test_chat_format_with_and_without_template(checkpoint):
 def test_in_a_reward_set_and_close(checkpoint):
     with RewardSet.from_specs([{"name": "reward_model", "model": str(checkpoint), "weight": 2.0}]) as rs:
         out = rs.score(prompts=["yes", "no"], completions=[" yes", " no"], completion_ids=[[1], [1]])
-        entry_function = rs._entries[0].function
+        entry_function = rs.functions[0]
     assert out.per_function.shape == (2, 1) and out.total.tolist() == pytest.approx((2 * out.per_function[:, 0]).tolist())
     assert entry_function._model is None  # closed with the set
 

@@ -312,3 +312,22 @@ def test_score_from_inside_a_running_event_loop():
             return rs.score(**batch())
 
     assert asyncio.run(main()).total.tolist() == [1.0] * 4
+
+
+def test_a_hung_sync_function_does_not_block_interpreter_exit(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "hang.py"
+    script.write_text(
+        "import time\n"
+        "from cohort.rewards import RewardEntry, RewardSet\n"
+        "def hangs(completions, **kwargs):\n"
+        "    time.sleep(600)\n"
+        "rs = RewardSet([RewardEntry('hangs', hangs, on_error='none')], timeout_s=0.2)\n"
+        "out = rs.score(prompts=['p'], completions=['c'], completion_ids=[[1]])\n"
+        "print(out.metrics['rewards/hangs/errors'])\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1.0"
