@@ -160,7 +160,15 @@ class RunConfig(_Section):
     )
     log_completions_every: int = Field(10, description="Write sample completions to completions.jsonl every N steps (0: never).")
     num_completions_to_log: int = Field(4, description="How many sample completions to write each time.")
-    save_every: int = Field(0, description="Save a checkpoint every N steps (0: only the final model).")
+    save_every: int = Field(
+        0,
+        description="Save a full checkpoint (weights, optimizer, RNG, data position) every N steps, and at the end; `cohort train "
+        "--resume RUN_DIR` continues from the newest. 0: only when stopped by a signal or a non-finite loss (and the final model).",
+    )
+    keep_checkpoints: int = Field(2, description="How many of the newest checkpoints to keep under RUN_DIR/checkpoints/ (older ones are deleted after each save).")
+    diagnostics: bool = Field(
+        True, description="Warn (console and warnings.jsonl) when a metric looks wrong for several steps; docs/runs.md lists the rules."
+    )
     eval_every: int = Field(0, description="Greedy eval every N steps (0: only before and after training).")
     progress: bool = Field(True, description="Show a progress bar with ETA and the live reward.")
 

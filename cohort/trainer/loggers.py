@@ -1,8 +1,9 @@
 """Metric sinks and the progress display.
 
 `metrics.jsonl` is always written (one JSON object per step, flushed each line, so
-nothing is lost on a crash). TensorBoard and wandb are optional sinks, created
-only when named in `run.loggers`; wandb runs offline when no API key is set.
+nothing is lost on a crash; a resumed run appends to it). TensorBoard and wandb
+are optional sinks, created only when named in `run.loggers`; wandb runs offline
+when no API key is set.
 The console shows a rich progress bar with ETA and the live reward, and prints a
 compact line of key metrics every `every` steps.
 """
@@ -40,12 +41,13 @@ class JsonlWriter:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, loggers: list[str], *, total_steps: int, progress: bool, config: dict, every: int = 10):
+    def __init__(self, run_dir: Path, loggers: list[str], *, total_steps: int, progress: bool, config: dict, every: int = 10,
+                 start_step: int = 0):
         self.run_dir = run_dir
         self.jsonl = JsonlWriter(run_dir / "metrics.jsonl")
         self.console = "console" in loggers
         self.every = every
-        self.tb = self._tensorboard(run_dir) if "tensorboard" in loggers else None
+        self.tb = self._tensorboard(run_dir, start_step) if "tensorboard" in loggers else None
         self.wandb = self._wandb(run_dir, config) if "wandb" in loggers else None
         self.progress = None
         if progress:
@@ -53,16 +55,17 @@ class MetricsLogger:
 
             self.progress = Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                      TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"))
-            self.task = self.progress.add_task("", total=total_steps)
+            self.task = self.progress.add_task("", total=total_steps, completed=start_step)
             self.progress.start()
 
     @staticmethod
-    def _tensorboard(run_dir: Path):
+    def _tensorboard(run_dir: Path, start_step: int):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:  # tensorboard not installed
             raise RuntimeError("run.loggers has 'tensorboard' but the tensorboard package is missing; pip install tensorboard") from exc
-        return SummaryWriter(str(run_dir / "tensorboard"))
+        # purge_step: on resume, TensorBoard hides what the interrupted process logged after the checkpoint
+        return SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
 
     @staticmethod
     def _wandb(run_dir: Path, config: dict):

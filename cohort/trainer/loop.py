@@ -39,6 +39,7 @@ from cohort.trainer import setup as build
 from cohort.trainer.batching import length_sorted_micro_batches, pack_right_padded, pad_rows
 from cohort.trainer.evaluate import evaluate
 from cohort.trainer.rollout_batch import RolloutBatch
+from cohort.trainer.stopping import check_finite
 
 LOSS_AGGREGATION = {"grpo": "seq_mean_token_mean", "dapo": "token_mean", "bnpo": "bnpo", "dr_grpo": "seq_mean_token_sum_norm"}
 IMPORTANCE_LEVEL = {"token": "ppo_clip", "sequence": "gspo"}
@@ -181,7 +182,7 @@ class Trainer:
             self._accumulate_mismatch(sums, batch, mb, logp, mask)
             for key, value in metrics.items():
                 sums[key] += float(value) * tokens
-        grad_norm = self._clip_and_step()
+        grad_norm = self._clip_and_step(sums["loss"])
         return self._update_metrics(sums, grad_norm)
 
     def _pack(self, batch: RolloutBatch, mb: list[int]):
@@ -207,10 +208,11 @@ class Trainer:
         sums["mismatch_max"] = max(sums["mismatch_max"], float(gap.max()))
         sums["mismatch_tokens"] += float(mask.sum())
 
-    def _clip_and_step(self) -> float:
+    def _clip_and_step(self, loss: float) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        check_finite(self.step_count + 1, loss=loss, grad_norm=grad_norm)  # raises before the weights change
         self.optimizer.step()
         self.scheduler.step()
         self.policy_version += 1
@@ -283,10 +285,11 @@ class Trainer:
         out["timing/step_s"] = time.perf_counter() - step_start
         return out
 
-    def train(self) -> dict[str, Any]:
+    def train(self, resume_from: str | Path | None = None) -> dict[str, Any]:
+        """Run to train.max_steps. `resume_from`: a run directory (its newest checkpoint) or one checkpoint directory."""
         from cohort.trainer.run import run_training
 
-        return run_training(self)
+        return run_training(self, resume_from=resume_from)
 
     def close(self) -> None:
         self.rewards.close()

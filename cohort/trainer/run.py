@@ -2,8 +2,17 @@
 
 Outputs in the run directory: `config.yaml` (the resolved config), `metrics.jsonl`
 (one line per step, flushed), `completions.jsonl` (samples every
-`run.log_completions_every` steps), `eval.jsonl`, `final/` (a transformers
-checkpoint with tokenizer), `summary.json` and `reward_curve.png`.
+`run.log_completions_every` steps), `eval.jsonl`, `warnings.jsonl` (diagnostics),
+`checkpoints/step-N/` (every `run.save_every` steps, on a stop, and at the end when
+saving is on), `final/` (a transformers checkpoint with tokenizer), `summary.json`
+and `reward_curve.png`.
+
+Stopping: the first SIGINT/SIGTERM finishes the current step, saves a checkpoint
+and returns (the CLI exits 0 and prints how to resume); a second one aborts. A
+non-finite loss or gradient norm rewinds to the start of that step (the weights
+never changed), saves that last good state and raises `RunHalted`.
+Resuming (`resume_from`) restores a checkpoint, drops log lines written after it
+by the interrupted process, skips the "before" eval and appends.
 """
 
 from __future__ import annotations
@@ -14,8 +23,11 @@ from pathlib import Path
 
 import yaml
 
+from cohort.trainer import checkpoint
+from cohort.trainer.diagnostics import Diagnostics
 from cohort.trainer.evaluate import evaluate
 from cohort.trainer.loggers import JsonlWriter, MetricsLogger
+from cohort.trainer.stopping import GracefulStop, NonFiniteError, RunHalted
 
 
 def run_eval(trainer, label: str, sink: JsonlWriter) -> dict:
@@ -37,7 +49,7 @@ def _log_completions(trainer, sink: JsonlWriter, step: int) -> None:
     for i in range(min(n, len(batch))):
         row = trainer.train_data.rows[batch.row_indices[i]]
         sink.write({"step": step, "prompt": row[key], "completion": batch.completions_text[i],
-                    "reward": float(batch.rewards[i]), "advantage": float(batch.advantages[i]),
+                    "reward": float(batch.rewards[i]), "advantage": batch.sequence_advantage(i),
                     "finish_reason": "length" if batch.truncated[i] else "stop"})
 
 
@@ -47,43 +59,108 @@ def save_model(trainer, directory: Path) -> None:
     trainer.tokenizer.save_pretrained(str(directory))
 
 
-def run_training(trainer) -> dict:
+def run_training(trainer, resume_from: str | Path | None = None) -> dict:
     cfg, run_dir = trainer.cfg, trainer.run_dir
     wall_start = time.perf_counter()
+    resumed = _resume(trainer, resume_from) if resume_from is not None else None
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     eval_sink = JsonlWriter(run_dir / "eval.jsonl")
     samples = JsonlWriter(run_dir / "completions.jsonl")
+    warnings_sink = JsonlWriter(run_dir / "warnings.jsonl")
     logger = MetricsLogger(run_dir, cfg.run.loggers, total_steps=cfg.train.max_steps, progress=cfg.run.progress,
-                           config=cfg.to_dict())
+                           config=cfg.to_dict(), start_step=trainer.step_count)
+    diagnostics = Diagnostics(max_completion_length=cfg.rollout.max_completion_length) if cfg.run.diagnostics else None
+    if resumed:
+        logger.print(resumed)
     if trainer.prompts_filtered:
         logger.print(f"filtered {trainer.prompts_filtered} prompt(s) longer than data.max_prompt_length = {cfg.data.max_prompt_length}")
-    before = run_eval(trainer, "before", eval_sink)
-    if before:
+    before = _earlier_eval(run_dir, "before") if resumed else run_eval(trainer, "before", eval_sink)
+    if before and not resumed:
         logger.print(f"eval before training: accuracy {before['accuracy']:.3f} on {before['num_prompts']} held-out prompts")
-    history = []
+    history, saved_step = [], (trainer.step_count if resumed else None)
+    stop = GracefulStop(logger.print)
     try:
-        while trainer.step_count < cfg.train.max_steps:
-            metrics = trainer.step()
-            step = trainer.step_count
-            history.append({"step": step, **metrics})
-            logger.log(step, metrics)
-            if cfg.run.log_completions_every and (step % cfg.run.log_completions_every == 0 or step == 1):
-                _log_completions(trainer, samples, step)
-            if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step < cfg.train.max_steps:
-                mid = run_eval(trainer, "during", eval_sink)
-                logger.log(step, {"eval/accuracy": mid["accuracy"]}) if mid else None
-            if cfg.run.save_every and step % cfg.run.save_every == 0:
-                save_model(trainer, run_dir / f"checkpoint-{step}")
+        with stop:
+            while trainer.step_count < cfg.train.max_steps and not stop.requested:
+                metrics = _guarded_step(trainer, logger)
+                step = trainer.step_count
+                history.append({"step": step, **metrics})
+                logger.log(step, metrics)
+                for warning in diagnostics.observe(step, metrics) if diagnostics else []:
+                    logger.print(warning.text)
+                    warnings_sink.write(warning.record())
+                if cfg.run.log_completions_every and (step % cfg.run.log_completions_every == 0 or step == 1):
+                    _log_completions(trainer, samples, step)
+                if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step < cfg.train.max_steps:
+                    mid = run_eval(trainer, "during", eval_sink)
+                    logger.log(step, {"eval/accuracy": mid["accuracy"]}) if mid else None
+                if cfg.run.save_every and step % cfg.run.save_every == 0:
+                    checkpoint.save_checkpoint(trainer)
+                    saved_step = step
     finally:
         logger.close()
-    after = run_eval(trainer, "after", eval_sink)
-    save_model(trainer, run_dir / "final")
-    summary = _summary(trainer, history, before, after, time.perf_counter() - wall_start)
+        warnings_sink.close()
+    if stop.requested:
+        path = checkpoint.save_checkpoint(trainer) if saved_step != trainer.step_count else checkpoint.latest_checkpoint(run_dir)
+        summary = _summary(trainer, history, before, {}, time.perf_counter() - wall_start)
+        summary.update(stopped=stop.requested, checkpoint=str(path))
+        summary["message"] = (f"stopped by {stop.requested} after step {trainer.step_count}; checkpoint {path}. "
+                              f"Resume with: cohort train --resume {run_dir}")
+    else:
+        after = run_eval(trainer, "after", eval_sink)
+        save_model(trainer, run_dir / "final")
+        if cfg.run.save_every and saved_step != trainer.step_count:
+            checkpoint.save_checkpoint(trainer)
+        summary = _summary(trainer, history, before, after, time.perf_counter() - wall_start)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    _plot_rewards(history, run_dir / "reward_curve.png", before, after)
+    _plot_rewards(_read_jsonl(run_dir / "metrics.jsonl"), run_dir / "reward_curve.png", before, summary.get("eval/accuracy_after"))
     eval_sink.close()
     samples.close()
     return summary
+
+
+def _guarded_step(trainer, logger) -> dict:
+    """`trainer.step()`; on a non-finite loss or gradient: rewind to the step's start, save it, raise RunHalted."""
+    snap = checkpoint.snapshot(trainer)
+    try:
+        return trainer.step()
+    except NonFiniteError as exc:
+        checkpoint.rewind(trainer, snap)
+        trainer.phases.pop()
+        path = checkpoint.save_checkpoint(trainer)
+        message = (f"stopped: {exc.metric} is {exc.value} at step {exc.step} (non-finite); the optimizer step was not taken. "
+                   f"Saved the last good state (after step {trainer.step_count}) to {path}. Common causes: a learning rate far "
+                   "too high, rewards so large they overflow, fp16 overflow. Fix the cause, then resume with: "
+                   f"cohort train --resume {trainer.run_dir}")
+        logger.print(message)
+        raise RunHalted(message) from exc
+
+
+def _resume(trainer, resume_from: str | Path) -> str:
+    """Restore the newest checkpoint of a run directory (or the given checkpoint); returns a line for the log."""
+    target = Path(resume_from)
+    path = target if (target / "meta.json").is_file() else checkpoint.latest_checkpoint(target)
+    if path is None:
+        raise checkpoint.CheckpointError(
+            f"{target} has no complete checkpoint under {checkpoint.CHECKPOINTS}/ to resume from "
+            "(checkpoints are written every run.save_every steps and when a run is stopped by a signal)"
+        )
+    meta = checkpoint.load_checkpoint(trainer, path)
+    dropped = checkpoint.truncate_logs(trainer.run_dir, meta["step"])
+    lost = sum(dropped.values())
+    extra = f"; dropped {lost} log line(s) written after it" if lost else ""
+    return f"resumed from {path} at step {meta['step']} (policy version {meta['policy_version']}){extra}"
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _earlier_eval(run_dir: Path, label: str) -> dict:
+    found = [r for r in _read_jsonl(run_dir / "eval.jsonl") if r.get("label") == label]
+    return found[-1] if found else {}
 
 
 def _summary(trainer, history, before, after, wall_s) -> dict:
@@ -100,7 +177,8 @@ def _summary(trainer, history, before, after, wall_s) -> dict:
     return summary
 
 
-def _plot_rewards(history, path: Path, before, after) -> None:
+def _plot_rewards(history, path: Path, before, after_accuracy) -> None:
+    history = [h for h in history if isinstance(h.get("reward"), (int, float))]  # generation steps only
     if not history:
         return
     import matplotlib
@@ -116,8 +194,8 @@ def _plot_rewards(history, path: Path, before, after) -> None:
     smooth = [sum(rewards[max(0, i - window + 1): i + 1]) / len(rewards[max(0, i - window + 1): i + 1]) for i in range(len(rewards))]
     ax.plot(steps, smooth, label=f"reward (moving mean, {window} steps)")
     title = "cohort GRPO"
-    if before and after:
-        title += f" — held-out greedy accuracy {before['accuracy']:.1%} → {after['accuracy']:.1%}"
+    if before and after_accuracy is not None:
+        title += f" — held-out greedy accuracy {before['accuracy']:.1%} → {after_accuracy:.1%}"
     ax.set(xlabel="optimizer step", ylabel="mean reward", title=title)
     ax.legend()
     fig.tight_layout()

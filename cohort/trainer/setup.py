@@ -22,7 +22,6 @@ def setup(trainer, external_engine=None) -> None:
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     torch.manual_seed(cfg.train.seed)
-    trainer.run_dir.mkdir(parents=True, exist_ok=True)
     _check_writable(trainer.run_dir)
     train_data, eval_data, reward_specs = load_data(cfg)
     from cohort.rewards import RewardSet
@@ -44,6 +43,9 @@ def setup(trainer, external_engine=None) -> None:
     if cfg.train.gradient_checkpointing:
         trainer.policy.gradient_checkpointing_enable()
     trainer.policy.train()
+    from cohort.trainer.checkpoint import check_disk_space
+
+    check_disk_space(trainer.run_dir, trainer.policy, cfg.run.keep_checkpoints, cfg.run.save_every)
     trainer.ref_model = _reference(trainer.policy) if cfg.algorithm.beta != 0 else None
     trainer.optimizer, trainer.scheduler = build_optimizer(trainer.policy, cfg.train)
     trainer.advantage_name = "grpo" if cfg.algorithm.scale_rewards != "none" else "dr_grpo"
@@ -120,9 +122,12 @@ def _engine(trainer, external):
 
 
 def _check_writable(run_dir) -> None:
+    from cohort.config import ConfigError
+
     probe = run_dir / ".write-test"
     try:
+        run_dir.mkdir(parents=True, exist_ok=True)
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
-        raise OSError(f"run.output_dir = {str(run_dir)!r} is not writable: {exc}; choose another run.output_dir") from exc
+        raise ConfigError([f"run.output_dir = {str(run_dir)!r} is not writable ({exc}); choose another run.output_dir"]) from exc

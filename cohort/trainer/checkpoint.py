@@ -1,0 +1,338 @@
+"""Checkpoints: everything a run needs to continue exactly where it stopped, written atomically.
+
+Layout, one directory per saved step (`RUN_DIR/checkpoints/step-000012/`):
+
+    model/       the policy as a transformers checkpoint with its tokenizer, so
+                 `cohort eval model.path=RUN_DIR/checkpoints/step-000012/model` works
+    state.pt     the rest of the trainer state (below), read back with weights_only=True
+    meta.json    step, policy version, generation index, time: for people and tools
+
+`state.pt` holds
+- the counters: optimizer steps taken, policy version, generation index. Every
+  completion's sampling seed derives from rollout.seed and the generation index
+  (`cohort.rollout.base.completion_seeds`), so restoring it restores the samples;
+- the RNG states of python, numpy and torch (CPU, and CUDA when present);
+- every trainer attribute that has `state_dict()` and `load_state_dict()` and is
+  not a torch module: today the optimizer, the LR schedule and the prompt sampler;
+  an adaptive KL controller or a critic's optimizer added later is picked up with
+  no change here (that is the hook);
+- every other torch module of the trainer with trainable parameters (a PPO
+  critic), as a state dict;
+- the current generation batch when the checkpoint falls inside one
+  (train.steps_per_generation × algorithm.num_iterations > 1), so the resumed run
+  trains on the same completions, old and reference log-probs;
+- the canary completion the weight-sync check uses.
+
+Atomicity: everything is written into `checkpoints/.tmp-step-N-PID/`, every file
+and the directory are fsynced, then the directory is renamed to `step-N` and the
+parent fsynced. A crash at any moment leaves every earlier checkpoint intact;
+half-written `.tmp-*` directories are ignored and swept at the next save. Only
+the newest `run.keep_checkpoints` survive a save.
+
+Not saved: the reference model (it is the initial model.path, rebuilt from it),
+the rollout engine (a fresh engine receives the weights at the first sync) and
+gradients (zero between optimizer steps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cohort.trainer.rollout_batch import RolloutBatch
+
+CHECKPOINTS = "checkpoints"
+PREFIX = "step-"
+LOGS_WITH_STEPS = ("metrics.jsonl", "completions.jsonl", "eval.jsonl", "warnings.jsonl")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; the message says which and what to do."""
+
+
+# --------------------------------------------------------------------------- what is saved
+
+
+def stateful_parts(trainer) -> dict[str, Any]:
+    """Trainer attributes with state_dict/load_state_dict that are not torch modules (optimizer, scheduler, sampler, …)."""
+    parts = {}
+    for name, value in vars(trainer).items():
+        if name.startswith("_") or isinstance(value, torch.nn.Module):
+            continue
+        if callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None)):
+            parts[name] = value
+    return parts
+
+
+def extra_modules(trainer) -> dict[str, torch.nn.Module]:
+    """Trainable torch modules besides the policy (a critic); the frozen reference model is left out."""
+    return {name: value for name, value in vars(trainer).items()
+            if isinstance(value, torch.nn.Module) and name != "policy" and not name.startswith("_")
+            and any(p.requires_grad for p in value.parameters())}
+
+
+def rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": (np_state[0], np_state[1].tolist(), *np_state[2:]), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def batch_to_state(batch: RolloutBatch) -> dict[str, Any]:
+    out: dict[str, Any] = {"numpy": []}
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(value.copy())
+            out["numpy"].append(f.name)
+        out[f.name] = value
+    return out
+
+
+def batch_from_state(state: dict[str, Any]) -> RolloutBatch:
+    values = {k: (v.numpy() if k in state["numpy"] else v) for k, v in state.items() if k != "numpy"}
+    return RolloutBatch(**values)
+
+
+def mid_generation(trainer) -> bool:
+    return trainer.step_count % trainer.plan.optimizer_steps_per_generation != 0
+
+
+def snapshot(trainer) -> dict[str, Any]:
+    """The cheap part of the state at the start of a step, to rewind to if the step turns out non-finite.
+
+    The weights and the optimizer need no copy: a non-finite step never reaches the optimizer.
+    """
+    return {"step": trainer.step_count, "policy_version": trainer.policy_version, "generation_index": trainer.generation_index,
+            "rng": rng_state(), "sampler": dict(trainer.sampler.state_dict()), "batch": trainer.batch, "canary": trainer.canary}
+
+
+def rewind(trainer, snap: dict[str, Any]) -> None:
+    trainer.step_count, trainer.policy_version = snap["step"], snap["policy_version"]
+    trainer.generation_index, trainer.batch, trainer.canary = snap["generation_index"], snap["batch"], snap["canary"]
+    trainer.sampler.load_state_dict(snap["sampler"])
+    set_rng_state(snap["rng"])
+    trainer.optimizer.zero_grad(set_to_none=True)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS / f"{PREFIX}{step:06d}"
+
+
+def save_checkpoint(trainer, keep: int | None = None) -> Path:
+    """Write the trainer's state for its current step atomically; keep the newest `keep` (default run.keep_checkpoints)."""
+    root = Path(trainer.run_dir) / CHECKPOINTS
+    final = checkpoint_dir(trainer.run_dir, trainer.step_count)
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _sweep_partials(root)
+        tmp.mkdir()
+        _write_contents(trainer, tmp)
+        _fsync_tree(tmp)
+        if final.exists():  # the same step saved twice (resumed and stopped at once): replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = latest_checkpoint(trainer.run_dir)
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        raise CheckpointError(
+            f"could not write the checkpoint of step {trainer.step_count} under {root}: {exc}; {kept}. "
+            "Free disk space or set run.output_dir to a writable disk, then resume with `cohort train --resume RUN_DIR`"
+        ) from exc
+    prune(root, keep if keep is not None else trainer.cfg.run.keep_checkpoints)
+    return final
+
+
+def _write_contents(trainer, directory: Path) -> None:
+    model_dir = directory / "model"
+    trainer.policy.save_pretrained(str(model_dir), safe_serialization=True)
+    trainer.tokenizer.save_pretrained(str(model_dir))
+    state = {
+        "step": trainer.step_count, "policy_version": trainer.policy_version, "generation_index": trainer.generation_index,
+        "rng": rng_state(),
+        "parts": {name: part.state_dict() for name, part in stateful_parts(trainer).items()},
+        "modules": {name: module.state_dict() for name, module in extra_modules(trainer).items()},
+        "batch": batch_to_state(trainer.batch) if trainer.batch is not None and mid_generation(trainer) else None,
+        "canary": trainer.canary,
+    }
+    torch.save(state, directory / "state.pt")
+    meta = {"step": trainer.step_count, "policy_version": trainer.policy_version, "generation_index": trainer.generation_index,
+            "mid_generation": state["batch"] is not None, "generation_batch_size": trainer.plan.generation_batch_size,
+            "saved_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (directory / "meta.json").write_text(json.dumps(meta, indent=2))  # written last: its presence marks a complete write
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as fh:
+                os.fsync(fh.fileno())
+    for path in sorted((p for p in directory.rglob("*") if p.is_dir()), reverse=True):
+        _fsync_dir(path)
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sweep_partials(root: Path) -> None:
+    for leftover in root.glob(".tmp-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [p for p in root.glob(f"{PREFIX}*") if p.is_dir() and (p / "meta.json").is_file()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def prune(root: Path, keep: int) -> None:
+    for old in list_checkpoints(root.parent)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def load_checkpoint(trainer, directory: Path) -> dict[str, Any]:
+    """Restore a trainer (built from the same config) to the state saved in `directory`; returns meta.json."""
+    directory = Path(directory)
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+        state = torch.load(directory / "state.pt", weights_only=True)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"cannot read the checkpoint {directory}: {exc}") from exc
+    if state["batch"] is not None and meta.get("generation_batch_size") != trainer.plan.generation_batch_size:
+        raise CheckpointError(
+            f"{directory} was saved inside a generation batch of {meta.get('generation_batch_size')} completions but the "
+            f"config now plans {trainer.plan.generation_batch_size}; resume with the batch settings of the original run"
+        )
+    load_weights(trainer.policy, directory / "model")
+    parts = stateful_parts(trainer)
+    for name, part_state in state["parts"].items():
+        if name not in parts:
+            raise CheckpointError(f"{directory} holds state for trainer part {name!r}, which this trainer does not have")
+        parts[name].load_state_dict(part_state)
+    modules = extra_modules(trainer)
+    for name, module_state in state["modules"].items():
+        modules[name].load_state_dict(module_state)
+    trainer.step_count, trainer.policy_version = state["step"], state["policy_version"]
+    trainer.generation_index, trainer.canary = state["generation_index"], state["canary"]
+    trainer.batch = batch_from_state(state["batch"]) if state["batch"] is not None else None
+    trainer.synced_version = -1  # a fresh engine holds model.path's weights, not these
+    set_rng_state(state["rng"])
+    return meta
+
+
+def load_weights(model: torch.nn.Module, directory: Path) -> None:
+    """Load every *.safetensors file of a transformers checkpoint into `model` in place; tied weights may be absent."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{directory}: no .safetensors weights")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(str(f)))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    current = model.state_dict()
+    loaded_storage = {current[name].data_ptr() for name in weights if name in current}
+    untied_missing = [name for name in missing if current[name].data_ptr() not in loaded_storage]
+    if untied_missing or unexpected:
+        raise CheckpointError(f"{directory}: weights do not match the model (missing {untied_missing[:5]}, unexpected {unexpected[:5]})")
+
+
+def truncate_logs(run_dir: Path, step: int) -> dict[str, int]:
+    """Drop records after `step` from the run's JSONL logs (a killed run may have logged past its last checkpoint).
+
+    Returns how many lines were dropped per file. A torn last line (killed mid-write) is dropped too.
+    """
+    dropped = {}
+    for name in LOGS_WITH_STEPS:
+        path = Path(run_dir) / name
+        if not path.is_file():
+            continue
+        kept, lost = [], 0
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                lost += 1
+                continue
+            if isinstance(record, dict) and int(record.get("step", 0)) <= step:
+                kept.append(line)
+            else:
+                lost += 1
+        if lost:
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            os.replace(tmp, path)
+        dropped[name] = lost
+    return dropped
+
+
+# --------------------------------------------------------------------------- disk space
+
+
+def checkpoint_bytes(model: torch.nn.Module) -> int:
+    """Approximate size of one checkpoint: the weights once, plus AdamW's two moments (same dtype as the weights)."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() in seen:
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size() * (3 if p.requires_grad else 1)
+    return total
+
+
+def check_disk_space(run_dir: Path, model: torch.nn.Module, keep: int, save_every: int) -> None:
+    """Fail before training when the run directory's disk cannot hold the checkpoints and the final model."""
+    one = checkpoint_bytes(model)
+    weights = sum(p.numel() * p.element_size() for p in {p.data_ptr(): p for p in model.parameters()}.values())
+    count = (keep + 1) if save_every else 1  # one more than kept exists while the newest is written
+    need = count * one + weights
+    free = shutil.disk_usage(run_dir).free
+    if free < need:
+        raise CheckpointError(
+            f"run.output_dir = {str(run_dir)!r} has {free / 2**30:.2f} GiB free but this run needs about {need / 2**30:.2f} GiB "
+            f"({count} checkpoint(s) of {one / 2**30:.2f} GiB: weights + AdamW moments, plus the final model); "
+            "free space, lower run.keep_checkpoints, or choose another run.output_dir"
+        )
