@@ -1,0 +1,180 @@
+"""Shared pieces of the benchmarks: the workloads, the idle check, peak memory, JSON output.
+
+Every benchmark prints one JSON object on stdout. Each records the 1-minute load
+average before and after the timed part and sets `"idle": false` when either was
+at or above `IDLE_LOAD` (timings on a busy 2-core machine are not comparable; the
+run is to be repeated, not reported). Peak RSS is the process's high-water mark
+(`ru_maxrss`), so a benchmark that compares memory runs each variant in a fresh
+process.
+
+This file must import with only torch, transformers and tokenizers installed:
+the TRL side-by-side (bench/trl_grpo_step.py) runs it from TRL's own virtual
+environment, where cohort's dependencies (vLLM, pydantic, ...) may be missing.
+It therefore adds the repository to `sys.path` and imports from cohort only the
+dependency-free character tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+CACHE = BENCH_DIR / ".cache"
+IDLE_LOAD = 0.5
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+# Before anything imports vLLM: in-process engine, its logs on stderr (stdout carries only the JSON).
+for _key, _value in (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"), ("VLLM_LOGGING_STREAM", "ext://sys.stderr"),
+                     ("TOKENIZERS_PARALLELISM", "false"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
+                     ("OMP_WAIT_POLICY", "PASSIVE")):
+    os.environ.setdefault(_key, _value)
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def set_threads(n: int) -> None:
+    """Pin PyTorch to `n` threads (call before the first torch op)."""
+    import torch
+
+    torch.set_num_threads(n)
+    os.environ.setdefault("OMP_NUM_THREADS", str(n))
+
+
+def load_average() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def peak_rss_mib() -> float:
+    """High-water resident memory of this process (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+class LoadWatch:
+    """Load average before and after a measurement: `with LoadWatch() as load: ...; load.record()`."""
+
+    def __enter__(self):
+        self.before = load_average()
+        self.start = time.time()
+        return self
+
+    def __exit__(self, *exc):
+        self.after = load_average()
+        self.wall_s = time.time() - self.start
+        return False
+
+    def record(self) -> dict:
+        return {"load_before": self.before, "load_after": self.after,
+                "idle": self.before < IDLE_LOAD and self.after < IDLE_LOAD}
+
+
+def emit(result: dict) -> None:
+    """Print the benchmark's one JSON object (and nothing else on stdout)."""
+    sys.stdout.write(json.dumps(result, sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+# --------------------------------------------------------------------------- workloads
+
+TINY_MODEL = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=512, tie_word_embeddings=True)
+
+
+def build_model(out_dir: Path, *, hidden_size: int = 128, num_hidden_layers: int = 4, num_attention_heads: int = 4,
+                num_key_value_heads: int = 2, intermediate_size: int = 512, vocab_size: int | None = None,
+                tie_word_embeddings: bool = True, max_positions: int = 512, seed: int = 0) -> Path:
+    """A randomly initialised Qwen2 with the character tokenizer, saved as a transformers checkpoint.
+
+    Built once per configuration and cached under bench/.cache. transformers'
+    default initialisation (std 0.02) gives near-uniform next-token
+    probabilities, so the end-of-text token (1 of 259) arrives at a random,
+    roughly geometric position: long-tailed completion lengths, many of them
+    cut at the length limit. A larger vocabulary than the tokenizer's (the
+    large-vocab benchmark) only adds never-sampled rows.
+    """
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").is_file() and (out_dir / "model.safetensors").is_file():
+        return out_dir
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from cohort.models.char_tokenizer import EOS_TOKEN_ID, VOCAB_SIZE, save_char_tokenizer
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=vocab_size or VOCAB_SIZE, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                         num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+                         num_key_value_heads=num_key_value_heads, max_position_embeddings=max_positions,
+                         tie_word_embeddings=tie_word_embeddings, eos_token_id=EOS_TOKEN_ID, pad_token_id=EOS_TOKEN_ID,
+                         bos_token_id=None)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    save_char_tokenizer(tmp, model_max_length=max_positions)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def tiny_model_dir() -> Path:
+    """The tiny benchmark model of issue 2 (hidden 128, 4 layers, 4 heads, 2 KV heads, intermediate 512, tied)."""
+    return build_model(CACHE / "tiny-qwen2-h128-l4", **TINY_MODEL)
+
+
+def addition_rows(n: int = 64, seed: int = 0) -> list[dict]:
+    """`n` distinct two-digit addition prompts like "23+45=" with their answers."""
+    rng = random.Random(seed)
+    seen, rows = set(), []
+    while len(rows) < n:
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        if (a, b) in seen:
+            continue
+        seen.add((a, b))
+        rows.append({"prompt": f"{a}+{b}=", "answer": str(a + b)})
+    return rows
+
+
+def addition_file(n: int = 64) -> Path:
+    path = CACHE / f"addition-{n}.jsonl"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in addition_rows(n)))
+    return path
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def addition_reward(completions, answer, **kwargs) -> list[float]:
+    """1.0 for the exact answer as the leading number, else half the share of digit characters.
+
+    Both trainers call this same function, so their reward work is equal. The
+    partial credit gives a random model non-zero reward spread (an all-zero
+    reward would make every advantage 0 and the update a no-op in effect).
+    """
+    out = []
+    for text, gold in zip(completions, answer):
+        stripped = text.strip()
+        digits = ""
+        for ch in stripped:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if digits == gold:
+            out.append(1.0)
+        else:
+            out.append(0.5 * sum(ch.isdigit() for ch in stripped) / max(1, len(stripped)))
+    return out
