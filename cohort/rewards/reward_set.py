@@ -42,6 +42,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import math
+import numbers
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -348,7 +349,7 @@ class RewardSet:
         for i, value in enumerate(values):
             if value is None:
                 continue
-            if isinstance(value, (bool, int, float, np.number)) and not isinstance(value, complex):
+            if isinstance(value, (numbers.Real, np.bool_)):
                 value = float(value)
                 if math.isfinite(value):
                     column[i] = value

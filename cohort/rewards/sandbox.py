@@ -200,21 +200,30 @@ class _RunCgroups:
 
 
 def processes_of_uid(uids: range | set[int]) -> list[int]:
-    """Pids whose real, effective or saved uid is in ``uids`` (from /proc/<pid>/status)."""
+    """Live (not zombie) pids whose real, effective or saved uid is in ``uids``."""
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             with open(f"/proc/{entry.name}/status") as status:
-                for line in status:
-                    if line.startswith("Uid:"):
-                        if any(int(u) in uids for u in line.split()[1:4]):
-                            found.append(int(entry.name))
-                        break
+                fields = dict(line.split(":", 1) for line in status if line.startswith(("State:", "Uid:")))
         except (OSError, ValueError):
             continue
+        if fields.get("State", "").split()[:1] == ["Z"] or "Uid" not in fields:
+            continue  # a zombie is dead already; its parent reaps it
+        if any(int(u) in uids for u in fields["Uid"].split()[:3]):
+            found.append(int(entry.name))
     return found
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether our child ``pid`` exited, *without* reaping it: while it is a zombie its
+    pid (the run's process-group id) cannot be reused, so killing the group stays safe."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
 
 
 def _kill_all(pids: list[int]) -> None:
@@ -226,8 +235,9 @@ def _kill_all(pids: list[int]) -> None:
 
 
 def _sweep(process: subprocess.Popen, cgroups: _RunCgroups | None, uid: int | None, deadline_s: float = 5.0) -> int:
-    """Kill the run's process group, reap the harness, then kill what is left in the
-    run's cgroup or owned by its uid until none remain; return how many were left."""
+    """Kill the run's process group (the harness is not reaped yet, so its pid, the
+    group's id, cannot have been reused), reap the harness, then kill what is left in
+    the run's cgroup or owned by its uid until none remain; return how many were left."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -444,7 +454,7 @@ def _read_until_exit(process: subprocess.Popen, deadline: float, cap_bytes: int)
             if not chunk:
                 return bytes(data), False
             data += chunk[: max(0, cap_bytes - len(data))]
-        elif process.poll() is not None:
+        elif _has_exited(process.pid):
             return bytes(data), False  # the harness is gone; stragglers may hold the pipe
 
 

@@ -50,7 +50,7 @@ class Handler(BaseHTTPRequestHandler):
 def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     httpd.requests, httpd.calls = [], {}
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
