@@ -98,6 +98,17 @@ class RolloutConfig(_Section):
     sync_check_tolerance: float = Field(
         1e-3, description="After each weight sync, the engine's and the trainer's log-probs of a canary completion must agree to this (max abs); else the run stops."
     )
+    mode: Literal["colocate", "server"] = Field(
+        "colocate",
+        description="Where generation runs: `colocate` builds rollout.engine inside the trainer process; `server` sends prompts and new weights to the `cohort serve` servers in rollout.server_urls (token from COHORT_SERVER_TOKEN).",
+    )
+    server_urls: list[str] = Field(
+        default_factory=list,
+        description="rollout.mode=server: base URLs of the rollout servers, e.g. [http://127.0.0.1:8400]; each generation batch is split evenly across them.",
+    )
+    server_timeout_s: float = Field(
+        300.0, description="rollout.mode=server: every request to a server fails after this many seconds without an answer (the run stops instead of hanging)."
+    )
 
 
 class AlgorithmConfig(_Section):
@@ -423,9 +434,28 @@ def check_ranges(cfg: CohortConfig) -> list[str]:
     return problems
 
 
+def check_rollout_mode(cfg: CohortConfig) -> list[str]:
+    """rollout.mode=server needs server URLs, a timeout and the token the servers were started with."""
+    r = cfg.rollout
+    problems = []
+    if r.mode == "server":
+        if not r.server_urls:
+            problems.append("rollout.mode = server but rollout.server_urls is empty; start `cohort serve MODEL_DIR --port 8400` "
+                            "and set rollout.server_urls=[http://127.0.0.1:8400]")
+        bad = [u for u in r.server_urls if not u.startswith(("http://", "https://"))]
+        if bad:
+            problems.append(f"rollout.server_urls = {bad}: each must start with http:// or https:// (e.g. http://127.0.0.1:8400)")
+        if not os.environ.get("COHORT_SERVER_TOKEN"):
+            problems.append("rollout.mode = server needs the servers' token in the environment: export COHORT_SERVER_TOKEN=<the token "
+                            "`cohort serve` was started with>")
+    if r.server_timeout_s <= 0:
+        problems.append(f"rollout.server_timeout_s = {r.server_timeout_s}: must be > 0 (seconds; 300 is the default)")
+    return problems
+
+
 def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
     """All checks that need no model; raises ConfigError listing every problem."""
-    problems = check_batch_arithmetic(cfg) + check_ranges(cfg)
+    problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_rollout_mode(cfg)
     if check_files:
         from cohort.data.datasets import check_data_config
 

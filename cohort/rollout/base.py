@@ -43,8 +43,11 @@ class RolloutEngine(Protocol):
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Completion]:
         """One completion per prompt entry (repeat a prompt G times for a group)."""
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load a full set of new weights in place; later generations report `version`."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int | None:
+        """Load a full set of new weights in place; later generations report `version`.
+
+        Returns the bytes sent over the network for it (remote engines), or None when nothing left the process.
+        """
 
     def score(self, prompt: list[int], completion: list[int], temperature: float = 1.0) -> list[float]:
         """The engine's log-probs of a fixed completion (the canary check)."""

@@ -78,6 +78,7 @@ class Trainer:
         self.synced_version = -1
         self.batch: RolloutBatch | None = None
         self.canary: tuple[list[int], list[int]] | None = None
+        self.sync_bytes_sent = 0.0  # bytes the engine reports sending since the last step's metrics (server mode)
         build.setup(self, external_engine=engine)
 
     # ------------------------------------------------------------------ phases
@@ -242,7 +243,8 @@ class Trainer:
             return
         with self.phases("sync"):
             if not self.engine_shares_policy:
-                self.engine.update_weights(self.policy.named_parameters(), self.policy_version)
+                sent = self.engine.update_weights(self.policy.named_parameters(), self.policy_version)
+                self.sync_bytes_sent += float(sent or 0)
                 self._check_canary()
         self.synced_version = self.policy_version
 
@@ -283,6 +285,8 @@ class Trainer:
             self.sync_weights()
         out = {**(self.batch.metrics if slot == 0 else {}), **metrics, **self.phases.pop()}
         out["timing/step_s"] = time.perf_counter() - step_start
+        if self.sync_bytes_sent:
+            out["sync/bytes_sent"], self.sync_bytes_sent = self.sync_bytes_sent, 0.0
         return out
 
     def train(self, resume_from: str | Path | None = None) -> dict[str, Any]:

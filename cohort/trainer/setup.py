@@ -106,6 +106,13 @@ def _engine(trainer, external):
     cfg = trainer.cfg
     if external is not None:
         return external, False
+    if cfg.rollout.mode == "server":
+        from cohort.rollout.remote_engine import RemoteEngine
+
+        longest = max(len(ids) for ids in trainer.train_ids + (getattr(trainer, "eval_ids", None) or []))
+        return RemoteEngine(cfg.rollout.server_urls, timeout_s=cfg.rollout.server_timeout_s,
+                            agreement_tolerance=cfg.rollout.sync_check_tolerance,
+                            min_model_len=longest + cfg.rollout.max_completion_length + 1), True
     if cfg.rollout.engine == "hf":
         from cohort.rollout.hf_engine import HFEngine
 

@@ -1,0 +1,177 @@
+"""`RemoteEngine`: the rollout protocol over HTTP to one or more `cohort serve` servers.
+
+- generate: the prompt list is cut into contiguous, near-equal slices, one per
+  server, sent in parallel (contiguous keeps a group's G copies of a prompt on
+  one server, where the prefix cache serves them); results come back in order.
+  Every completion must report the policy version last pushed, else the run
+  stops (a server that restarted would otherwise sample from its initial weights).
+- update_weights: the named tensors are serialised to safetensors in parts of
+  at most `PART_BYTES` and pushed to every server in parallel; returns the bytes
+  sent over the wire (all servers together).
+- score: the canary. Server 0's log-probs are returned for the trainer to
+  compare with its own; every other server must agree with server 0 to
+  `agreement_tolerance`, so a single stale server also stops the run.
+
+Every call has a timeout (`timeout_s`) and raises `RemoteEngineError` on any
+failure: the run fails, it never hangs. The token comes from
+`COHORT_SERVER_TOKEN` unless given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any, Iterable
+
+import torch
+
+from cohort.rollout.base import Completion, SamplingConfig
+from cohort.rollout.server import TOKEN_ENV, completion_from_json
+
+PART_BYTES = 512 * 2**20  # largest safetensors part per request
+
+
+class RemoteEngineError(RuntimeError):
+    pass
+
+
+def split_evenly(n: int, k: int) -> list[tuple[int, int]]:
+    """[start, end) of k contiguous slices covering range(n), sizes differing by at most one; empty slices dropped."""
+    base, extra = divmod(n, k)
+    bounds, start = [], 0
+    for i in range(k):
+        end = start + base + (1 if i < extra else 0)
+        if end > start:
+            bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def weight_parts(named_tensors: Iterable[tuple[str, torch.Tensor]], part_bytes: int = PART_BYTES) -> Iterable[bytes]:
+    """Serialise tensors into safetensors blobs of at most ~part_bytes each (a larger single tensor gets its own part)."""
+    from safetensors.torch import save as save_safetensors
+
+    part: dict[str, torch.Tensor] = {}
+    size, seen = 0, set()
+    for name, tensor in named_tensors:
+        tensor = tensor.detach()
+        if tensor.data_ptr() in seen and tensor.numel():  # a tied tensor listed twice: the receiver re-ties it
+            continue
+        seen.add(tensor.data_ptr())
+        nbytes = tensor.numel() * tensor.element_size()
+        if part and size + nbytes > part_bytes:
+            yield save_safetensors(part)
+            part, size = {}, 0
+        part[name] = tensor.to("cpu").contiguous()
+        size += nbytes
+    if part:
+        yield save_safetensors(part)
+
+
+class RemoteEngine:
+    def __init__(self, urls: list[str], *, token: str | None = None, timeout_s: float = 300.0,
+                 agreement_tolerance: float = 1e-3, min_model_len: int | None = None):
+        if not urls:
+            raise ValueError("RemoteEngine needs at least one server url (rollout.server_urls)")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV, "")
+        self.timeout_s = timeout_s
+        self.agreement_tolerance = agreement_tolerance
+        self.policy_version = 0
+        self.pool = ThreadPoolExecutor(max_workers=len(self.urls), thread_name_prefix="cohort-remote")
+        self.servers = [self._health(u) for u in self.urls]
+        for url, info in zip(self.urls, self.servers):
+            limit = info.get("max_model_len")
+            if min_model_len and limit and limit < min_model_len:
+                raise RemoteEngineError(
+                    f"rollout server {url} serves at most {limit} tokens per sequence but this run needs {min_model_len} "
+                    f"(longest prompt + rollout.max_completion_length + 1); restart it with `cohort serve ... --max-model-len {min_model_len}`"
+                )
+
+    # ------------------------------------------------------------------ http
+
+    def _request(self, url: str, path: str, *, body: bytes | None = None, content_type: str = "application/json",
+                 auth: bool = True) -> dict[str, Any]:
+        headers = {"Content-Type": content_type}
+        if auth:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(url + path, data=body, headers=headers, method="POST" if body is not None else "GET")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            try:
+                reason = json.loads(exc.read()).get("error", "")
+            except Exception:
+                reason = ""
+            raise RemoteEngineError(f"rollout server {url}{path}: HTTP {exc.code} {reason}".rstrip()) from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise RemoteEngineError(
+                f"rollout server {url}{path}: {reason} (no answer within rollout.server_timeout_s = {self.timeout_s} s, or unreachable); "
+                "is `cohort serve` running there?"
+            ) from None
+
+    def _post_json(self, url: str, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        return self._request(url, path, body=json.dumps(payload).encode())
+
+    def _health(self, url: str) -> dict[str, Any]:
+        return self._request(url, "/health", auth=False)
+
+    def _each(self, fn, items):
+        return list(self.pool.map(fn, items))
+
+    # ------------------------------------------------------------------ protocol
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Completion]:
+        slices = split_evenly(len(prompts), len(self.urls))
+
+        def run(job):
+            url, (start, end) = job
+            payload = {"prompts": [list(map(int, p)) for p in prompts[start:end]], "sampling": asdict(sampling),
+                       "seeds": seeds[start:end] if seeds is not None else None}
+            return url, self._post_json(url, "/generate", payload)
+
+        out: list[Completion] = []
+        for url, reply in self._each(run, list(zip(self.urls, slices))):
+            if reply["policy_version"] != self.policy_version:
+                raise RemoteEngineError(
+                    f"rollout server {url} generated with policy version {reply['policy_version']}, but version "
+                    f"{self.policy_version} was pushed; did it restart? restart the run (or the server) so they agree"
+                )
+            out += [completion_from_json(c) for c in reply["completions"]]
+        return out
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
+        parts = list(weight_parts(named_tensors, PART_BYTES))
+
+        def push(url):
+            for i, blob in enumerate(parts):
+                reply = self._request(url, f"/weights?version={version}&part={i}&parts={len(parts)}", body=blob,
+                                      content_type="application/octet-stream")
+            if reply["policy_version"] != version:
+                raise RemoteEngineError(f"rollout server {url} did not load weights version {version} (reports {reply['policy_version']})")
+
+        self._each(push, self.urls)
+        self.policy_version = version
+        return sum(len(b) for b in parts) * len(self.urls)
+
+    def score(self, prompt: list[int], completion: list[int], temperature: float = 1.0) -> list[float]:
+        payload = {"prompt": list(map(int, prompt)), "completion": list(map(int, completion)), "temperature": temperature}
+        replies = self._each(lambda url: self._post_json(url, "/score", payload), self.urls)
+        first = torch.tensor(replies[0]["logprobs"])
+        for url, reply in zip(self.urls[1:], replies[1:]):
+            gap = float((torch.tensor(reply["logprobs"]) - first).abs().max()) if first.numel() else 0.0
+            if not gap <= self.agreement_tolerance:
+                raise RemoteEngineError(
+                    f"rollout server {url} disagrees with {self.urls[0]} on the canary by {gap:.3g} > {self.agreement_tolerance}: "
+                    "they hold different weights"
+                )
+        return replies[0]["logprobs"]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)

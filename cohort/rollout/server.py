@@ -1,0 +1,249 @@
+"""The rollout server: a rollout engine behind HTTP (`cohort serve MODEL_DIR`).
+
+The trainer reaches it through `RemoteEngine` (rollout.mode=server), which
+speaks the same `RolloutEngine` protocol as the in-process engines, so the
+driver loop does not know where generation runs.
+
+Endpoints (JSON bodies unless said otherwise). Every one except `/health`
+needs `Authorization: Bearer <token>`, the token being the server's
+`COHORT_SERVER_TOKEN`; a request without it gets 401.
+
+    GET  /health     -> {status, policy_version, model, max_model_len}
+    POST /generate   {prompts: [[id]], sampling: {max_tokens, temperature, top_p, top_k}, seeds: [int] | null}
+                     -> {policy_version, completions: [{token_ids, logprobs, finish_reason, policy_version}]}
+    POST /score      {prompt: [id], completion: [id], temperature} -> {policy_version, logprobs}
+    POST /weights?version=V&part=I&parts=K   body: safetensors bytes (one part of the full set)
+                     -> {policy_version, parts_received}
+
+Weights travel as safetensors over HTTP, so a push needs no CUDA, no NCCL and
+no shared filesystem: it works between CPU machines (TRL's server mode needs
+NCCL for this). A full set is sent in K parts of bounded size; the server
+stages parts 0..K−1 of one version and loads them together when the last one
+arrives (a partial set is never loaded), then reports version V in every
+generation that follows.
+
+Choices: the standard library's threading HTTP server (no extra dependency);
+one lock serialises engine calls (vLLM's offline engine is not re-entrant), so
+`/health` still answers during a long generation. The server binds loopback
+by default and refuses to start without a token. Left out: TLS (put a reverse
+proxy in front for untrusted networks), request queues across trainers (one
+trainer drives a server), streaming.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import json
+import os
+import sys
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from cohort.rollout.base import Completion, SamplingConfig
+
+TOKEN_ENV = "COHORT_SERVER_TOKEN"
+MAX_BODY_BYTES = 4 * 2**30  # one request (a weights part is at most remote_engine.PART_BYTES)
+READ_TIMEOUT_S = 120.0  # a client that stops sending mid-request frees its thread after this
+
+
+def completion_to_json(c: Completion) -> dict[str, Any]:
+    return {"token_ids": list(c.token_ids), "logprobs": list(c.logprobs), "finish_reason": c.finish_reason,
+            "policy_version": c.policy_version}
+
+
+def completion_from_json(d: dict[str, Any]) -> Completion:
+    return Completion(list(d["token_ids"]), [float(x) for x in d["logprobs"]], d["finish_reason"], int(d["policy_version"]))
+
+
+class WeightStager:
+    """Collects the K parts of one weight version; hands back the full set when the last part arrives."""
+
+    def __init__(self):
+        self.version: int | None = None
+        self.parts: dict[int, dict] = {}
+
+    def add(self, version: int, part: int, parts: int, tensors: dict) -> dict | None:
+        if not 0 <= part < parts:
+            raise ValueError(f"part {part} of {parts} is out of range")
+        if part == 0 or version != self.version:
+            self.version, self.parts = version, {}
+        self.parts[part] = tensors
+        if len(self.parts) < parts:
+            return None
+        full: dict = {}
+        for i in range(parts):
+            full.update(self.parts[i])
+        self.version, self.parts = None, {}
+        return full
+
+
+class RolloutService:
+    """The server's state: one engine, its lock, the weight stager, the token and a description."""
+
+    def __init__(self, engine, token: str, *, model: str = "", max_model_len: int | None = None):
+        if not token:
+            raise ValueError(f"the rollout server needs a token: set {TOKEN_ENV} (e.g. `export {TOKEN_ENV}=$(openssl rand -hex 16)`)")
+        self.engine = engine
+        self.token = token
+        self.model = model
+        self.max_model_len = max_model_len
+        self.lock = threading.Lock()
+        self.stager = WeightStager()
+
+    def authorized(self, header: str | None) -> bool:
+        prefix = "Bearer "
+        if not header or not header.startswith(prefix):
+            return False
+        return hmac.compare_digest(header[len(prefix):].encode(), self.token.encode())
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "policy_version": self.engine.policy_version, "model": self.model,
+                "max_model_len": self.max_model_len}
+
+    def generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        prompts = [[int(t) for t in p] for p in body["prompts"]]
+        sampling = SamplingConfig(**body["sampling"])
+        seeds = body.get("seeds")
+        with self.lock:
+            outs = self.engine.generate(prompts, sampling, seeds)
+            version = self.engine.policy_version
+        return {"policy_version": version, "completions": [completion_to_json(c) for c in outs]}
+
+    def score(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            logprobs = self.engine.score(list(body["prompt"]), list(body["completion"]), float(body.get("temperature", 1.0)))
+            version = self.engine.policy_version
+        return {"policy_version": version, "logprobs": logprobs}
+
+    def weights(self, version: int, part: int, parts: int, payload: bytes) -> dict[str, Any]:
+        from safetensors.torch import load as load_safetensors
+
+        tensors = load_safetensors(payload)
+        with self.lock:
+            full = self.stager.add(version, part, parts, tensors)
+            if full is not None:
+                self.engine.update_weights(full.items(), version)
+            return {"policy_version": self.engine.policy_version, "parts_received": part + 1}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    service: RolloutService  # set on the subclass made by make_server
+    timeout = READ_TIMEOUT_S
+    server_version = "cohort-rollout"
+
+    def log_message(self, fmt, *args):  # quiet: one line per request would drown the trainer's log
+        pass
+
+    def _reply(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY_BYTES:
+            raise _HTTPError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {length} bytes exceeds {MAX_BODY_BYTES}")
+        return self.rfile.read(length)
+
+    def do_GET(self):
+        if urlparse(self.path).path == "/health":
+            self._reply(200, self.service.health())
+        else:
+            self._reply(404, {"error": f"no such endpoint: GET {self.path}"})
+
+    def do_POST(self):
+        url = urlparse(self.path)
+        try:
+            if not self.service.authorized(self.headers.get("Authorization")):
+                raise _HTTPError(HTTPStatus.UNAUTHORIZED, f"missing or wrong bearer token (the server's {TOKEN_ENV})")
+            if url.path == "/generate":
+                self._reply(200, self.service.generate(json.loads(self._body())))
+            elif url.path == "/score":
+                self._reply(200, self.service.score(json.loads(self._body())))
+            elif url.path == "/weights":
+                query = {k: int(v[0]) for k, v in parse_qs(url.query).items()}
+                self._reply(200, self.service.weights(query["version"], query.get("part", 0), query.get("parts", 1), self._body()))
+            else:
+                raise _HTTPError(HTTPStatus.NOT_FOUND, f"no such endpoint: POST {url.path}")
+        except _HTTPError as exc:
+            self._reply(exc.status, {"error": exc.message})
+        except Exception as exc:  # the trainer gets the reason, the server keeps serving
+            self._reply(500, {"error": f"{type(exc).__name__}: {exc}"})
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = int(status), message
+
+
+def make_server(service: RolloutService, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """An HTTP server bound to (host, port) for `service`; port 0 picks a free one. Call serve_forever()."""
+    handler = type("RolloutHandler", (_Handler,), {"service": service})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
+
+
+def serve_in_thread(service: RolloutService, host: str = "127.0.0.1", port: int = 0) -> tuple[ThreadingHTTPServer, str]:
+    """Start a server on a daemon thread; returns (server, base url). `server.shutdown()` stops it."""
+    server = make_server(service, host, port)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="cohort-rollout-server", daemon=True).start()
+    bound_host, bound_port = server.server_address[:2]
+    return server, f"http://{bound_host}:{bound_port}"
+
+
+# --------------------------------------------------------------------------- cohort serve
+
+
+def add_serve_command(sub) -> None:
+    serve = sub.add_parser("serve", help="run a vLLM rollout server for rollout.mode=server (needs COHORT_SERVER_TOKEN)",
+                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("model", help="model directory (a transformers checkpoint) or tiny:arith")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 exposes it to the network)")
+    serve.add_argument("--port", type=int, default=8400, help="port (0: pick a free one and print it)")
+    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="generation dtype; match the trainer's")
+    serve.add_argument("--max-model-len", type=int, default=None, help="longest prompt + completion in tokens (default: the model's)")
+    serve.add_argument("--seed", type=int, default=0, help="engine seed (every request also carries per-completion seeds)")
+    serve.add_argument("--kv-cache-gib", type=float, default=1.0, help="vLLM on CPU: KV cache size in GiB")
+    serve.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="vLLM on GPU: fraction of GPU memory to take")
+    serve.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(ns) -> int:
+    token = os.environ.get(TOKEN_ENV, "")
+    if not token:
+        print(f"cohort serve: set {TOKEN_ENV} first (the trainer sends the same token), e.g. "
+              f"`export {TOKEN_ENV}=$(openssl rand -hex 16)`", file=sys.stderr)
+        return 2
+    from cohort.models.loading import resolve_model_dir
+    from cohort.rollout.vllm_engine import VLLMEngine
+
+    model_dir = resolve_model_dir(ns.model)
+    start = time.perf_counter()
+    engine = VLLMEngine(model_dir, dtype=ns.dtype, max_model_len=ns.max_model_len, seed=ns.seed,
+                        kv_cache_gib=ns.kv_cache_gib, gpu_memory_utilization=ns.gpu_memory_utilization)
+    max_len = engine.llm.llm_engine.model_config.max_model_len
+    service = RolloutService(engine, token, model=str(model_dir), max_model_len=max_len)
+    server = make_server(service, ns.host, ns.port)
+    host, port = server.server_address[:2]
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        print(f"cohort serve: WARNING: listening on {host}, reachable from the network; the token is sent in clear text "
+              "(use a private network or a TLS proxy)", file=sys.stderr)
+    print(f"cohort serve: {model_dir} ready in {time.perf_counter() - start:.0f} s; listening on http://{host}:{port}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        engine.close()
+    return 0

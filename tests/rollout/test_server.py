@@ -1,0 +1,184 @@
+"""The rollout server's HTTP contract and RemoteEngine, on loopback, with a fake engine (no vLLM, fast).
+
+The fake engine makes every observable depend on what crossed the wire: its
+completions encode the seed and the prompt length, and its canary log-prob is
+the sum of the weights it holds, so a lost part or a stale version shows up.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from cohort.rollout import remote_engine
+from cohort.rollout.base import Completion, SamplingConfig
+from cohort.rollout.remote_engine import RemoteEngine, RemoteEngineError, split_evenly, weight_parts
+from cohort.rollout.server import RolloutService, WeightStager, serve_in_thread
+
+TOKEN = "test-token-123"
+
+
+class FakeEngine:
+    def __init__(self):
+        self.policy_version = 0
+        self.weights = {"w": torch.zeros(3)}
+        self.loads = 0
+
+    def generate(self, prompts, sampling, seeds=None):
+        seeds = seeds or [0] * len(prompts)
+        return [Completion([s % 1000, len(p)], [-0.25, -0.5], "length", self.policy_version) for p, s in zip(prompts, seeds)]
+
+    def update_weights(self, named_tensors, version):
+        self.weights = {n: t.clone() for n, t in named_tensors}
+        self.loads += 1
+        self.policy_version = version
+
+    def score(self, prompt, completion, temperature=1.0):
+        total = float(sum(t.sum() for t in self.weights.values()))
+        return [total / temperature] * len(completion)
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def served():
+    """Two fake servers on loopback threads; yields [(engine, url)]; shut down after the test."""
+    out, servers = [], []
+    for _ in range(2):
+        engine = FakeEngine()
+        server, url = serve_in_thread(RolloutService(engine, TOKEN, model="fake", max_model_len=64))
+        servers.append(server)
+        out.append((engine, url))
+    yield out
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def _post(url, body=b"{}", headers=None):
+    request = urllib.request.Request(url, data=body, headers=headers or {}, method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_requests_without_the_right_token_are_refused(served):
+    _, url = served[0]
+    health = json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())  # health needs no token
+    assert health == {"status": "ok", "policy_version": 0, "model": "fake", "max_model_len": 64}
+    body = json.dumps({"prompts": [[1, 2]], "sampling": {"max_tokens": 2}, "seeds": [1]}).encode()
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):  # none, wrong, not a bearer header
+        for path, payload in (("/generate", body), ("/score", body), ("/weights?version=3", b"x")):
+            with pytest.raises(urllib.error.HTTPError) as info:
+                _post(url + path, payload, headers)
+            assert info.value.code == 401
+    assert served[0][0].policy_version == 0 and served[0][0].loads == 0  # nothing reached the engine
+    ok = _post(url + "/generate", body, {"Authorization": f"Bearer {TOKEN}"})
+    assert ok["completions"][0]["token_ids"] == [1, 2]
+    with pytest.raises(RemoteEngineError, match="HTTP 401"):
+        RemoteEngine([url], token="wrong").generate([[1]], SamplingConfig(2), [0])
+
+
+def test_server_refuses_to_start_without_a_token():
+    with pytest.raises(ValueError, match="COHORT_SERVER_TOKEN"):
+        RolloutService(FakeEngine(), "")
+
+
+def test_generation_is_split_across_servers_in_order_and_reports_the_pushed_version(served, monkeypatch):
+    (e0, u0), (e1, u1) = served
+    engine = RemoteEngine([u0, u1], token=TOKEN, timeout_s=10)
+    prompts = [[7] * n for n in range(1, 6)]  # 5 prompts: server 0 gets 3, server 1 gets 2
+    outs = engine.generate(prompts, SamplingConfig(2), seeds=[100, 101, 102, 103, 104])
+    assert [o.token_ids for o in outs] == [[100, 1], [101, 2], [102, 3], [103, 4], [104, 5]]
+    assert [o.logprobs for o in outs] == [[-0.25, -0.5]] * 5 and all(o.finish_reason == "length" for o in outs)
+    # push in parts of at most 16 bytes: 3 tensors of 12, 12 and 40 bytes -> 3 parts per server
+    monkeypatch.setattr(remote_engine, "PART_BYTES", 16)
+    named = [("a", torch.ones(3)), ("b", torch.full((3,), 2.0)), ("c", torch.full((10,), 0.5))]
+    sent = engine.update_weights(named, 7)
+    assert sent == 2 * sum(len(b) for b in weight_parts(named, 16)) and len(list(weight_parts(named, 16))) == 3
+    for fake in (e0, e1):  # loaded once, whole: 3 + 6 + 5
+        assert fake.loads == 1 and fake.policy_version == 7 and sorted(fake.weights) == ["a", "b", "c"]
+        assert fake.score([1], [2]) == [14.0]
+    assert engine.score([1], [2, 3]) == [14.0, 14.0]
+    assert {o.policy_version for o in engine.generate(prompts, SamplingConfig(2), None)} == {7}
+
+
+def test_a_stale_server_stops_the_run(served):
+    (e0, u0), (e1, u1) = served
+    engine = RemoteEngine([u0, u1], token=TOKEN, timeout_s=10)
+    engine.update_weights([("w", torch.ones(2))], 1)
+    e1.update_weights([("w", torch.zeros(2))], 1)  # server 1 silently lost its weights
+    with pytest.raises(RemoteEngineError, match="disagrees .* on the canary by 2"):
+        engine.score([1], [2])
+    e1.policy_version = 0  # as after a restart
+    with pytest.raises(RemoteEngineError, match="generated with policy version 0, but version 1 was pushed"):
+        engine.generate([[1], [2]], SamplingConfig(2), [0, 1])
+
+
+def test_a_silent_server_times_out_instead_of_hanging():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # accepts connections, never answers
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    start = time.perf_counter()
+    try:
+        with pytest.raises(RemoteEngineError, match="rollout.server_timeout_s = 0.5"):
+            RemoteEngine([url], token=TOKEN, timeout_s=0.5)
+    finally:
+        listener.close()
+    assert time.perf_counter() - start < 5
+    with pytest.raises(RemoteEngineError, match="is `cohort serve` running there"):  # nothing listening at all
+        RemoteEngine([url], token=TOKEN, timeout_s=0.5)
+
+
+def test_the_server_reports_engine_errors_and_keeps_serving(served):
+    engine, url = served[0]
+    remote = RemoteEngine([url], token=TOKEN, timeout_s=10)
+    with pytest.raises(RemoteEngineError, match="HTTP 500 TypeError"):
+        remote._post_json(url, "/generate", {"prompts": [[1]], "sampling": {"max_tokens": 2, "bogus": 1}})
+    assert remote.generate([[1]], SamplingConfig(2), [5])[0].token_ids == [5, 1]
+
+
+def test_too_short_server_is_reported_with_the_fix(served):
+    _, url = served[0]
+    with pytest.raises(RemoteEngineError, match="--max-model-len 100"):
+        RemoteEngine([url], token=TOKEN, min_model_len=100)
+
+
+def test_stager_loads_only_complete_sets():
+    stager = WeightStager()
+    assert stager.add(1, 0, 2, {"a": 1, "x": 9}) is None
+    assert stager.add(2, 0, 2, {"a": 3}) is None  # an interrupted push of version 1 is dropped ...
+    assert stager.add(2, 1, 2, {"b": 2}) == {"a": 3, "b": 2}  # ... none of it leaks into version 2
+    assert stager.add(3, 1, 2, {"b": 5}) is None  # a part without its set's part 0 never completes alone
+    with pytest.raises(ValueError, match="out of range"):
+        stager.add(3, 2, 2, {})
+
+
+def test_split_evenly():
+    assert split_evenly(5, 2) == [(0, 3), (3, 5)]
+    assert split_evenly(1, 3) == [(0, 1)]
+    assert split_evenly(6, 3) == [(0, 2), (2, 4), (4, 6)]
+
+
+def test_concurrent_health_answers_during_a_slow_generation(served):
+    engine, url = served[0]
+    release = threading.Event()
+    slow = engine.generate
+    engine.generate = lambda *a, **k: (release.wait(5), slow(*a, **k))[1]
+    remote = RemoteEngine([url], token=TOKEN, timeout_s=10)
+    worker = threading.Thread(target=remote.generate, args=([[1]], SamplingConfig(2), [0]))
+    worker.start()
+    try:
+        time.sleep(0.1)
+        assert json.loads(urllib.request.urlopen(url + "/health", timeout=2).read())["status"] == "ok"
+    finally:
+        release.set()
+        worker.join()

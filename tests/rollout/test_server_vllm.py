@@ -1,0 +1,175 @@
+"""Server mode end to end on loopback with real vLLM: `cohort serve` in a subprocess and the
+session's shared engine served on a thread (never a second engine in the pytest process).
+
+- the CLI server refuses requests without the token, takes a pushed weight set and
+  generates with it, reporting the new version, with log-probs equal to the trainer's;
+- `cohort train` logic in rollout.mode=server splits generation across both servers,
+  pushes weights after every step (bytes and time reported) and ends with both
+  servers holding exactly the trainer's policy;
+- deliberately corrupted weights are caught by the canary and stop the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from cohort.config import load_config
+from cohort.models.loading import load_policy, load_tokenizer
+from cohort.models.logprobs import completion_logprobs
+from cohort.rollout.base import SamplingConfig
+from cohort.rollout.remote_engine import RemoteEngine
+from cohort.rollout.server import RolloutService, serve_in_thread
+from cohort.trainer.batching import pack_right_padded
+from cohort.trainer.loop import Trainer
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+TOKEN = "loopback-test-token"
+
+
+def _trainer_logp(policy, prompt, completion, temperature=1.0):
+    pb = pack_right_padded([prompt], [completion], 256)
+    with torch.no_grad():
+        lp, _ = completion_logprobs(policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_ids,
+                                    pb.completion_mask, temperature=temperature)
+    return lp[0, : len(completion)]
+
+
+@pytest.fixture(scope="module")
+def cli_server(tiny_model_dir):
+    """`cohort serve` as a user runs it, on a free loopback port; yields its base URL."""
+    env = {**os.environ, "COHORT_SERVER_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "cohort.cli", "serve", str(tiny_model_dir), "--port", "0", "--max-model-len", "128"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines: list[str] = []
+    ready = threading.Event()
+    url = {}
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if "listening on " in line:
+                url["url"] = line.rsplit("listening on ", 1)[1].strip()
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not ready.wait(300):
+        proc.kill()
+        pytest.fail("cohort serve did not start within 300 s:\n" + "".join(lines[-30:]))
+    yield url["url"]
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture
+def thread_server(vllm_engine, tiny_model_dir):
+    """The session engine behind HTTP on a thread; its initial weights are put back afterwards."""
+    server, url = serve_in_thread(RolloutService(vllm_engine, TOKEN, model=str(tiny_model_dir), max_model_len=128))
+    yield url
+    server.shutdown()
+    server.server_close()
+    vllm_engine.update_weights(load_policy(tiny_model_dir, "float32").named_parameters(), 0)
+
+
+def test_cli_server_refuses_without_token_then_generates_with_pushed_weights(cli_server, tiny_model_dir):
+    body = json.dumps({"prompts": [[1, 2, 3]], "sampling": {"max_tokens": 4}, "seeds": [0]}).encode()
+    for headers in ({}, {"Authorization": "Bearer nope"}):
+        request = urllib.request.Request(cli_server + "/generate", data=body, headers=headers, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(request, timeout=30)
+        assert info.value.code == 401
+    tok = load_tokenizer(tiny_model_dir)
+    policy = load_policy(tiny_model_dir, "float32")
+    with torch.no_grad():  # a policy the server has never seen
+        for p in policy.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+    engine = RemoteEngine([cli_server], token=TOKEN, timeout_s=120)
+    prompt = tok("12+34=", add_special_tokens=False)["input_ids"]
+    before = engine.generate([prompt], SamplingConfig(8, 1.0), [3])[0]
+    assert (torch.tensor(before.logprobs) - _trainer_logp(policy, prompt, before.token_ids)).abs().max() > 1e-2
+    sent = engine.update_weights(policy.named_parameters(), 5)
+    assert sent > sum(p.numel() * 4 for p in policy.parameters())  # float32 weights plus safetensors headers
+    outs = engine.generate([prompt] * 3, SamplingConfig(8, 0.7), [1, 2, 3])
+    assert [o.policy_version for o in outs] == [5, 5, 5]
+    for o in outs:
+        assert torch.allclose(torch.tensor(o.logprobs), _trainer_logp(policy, prompt, o.token_ids, 0.7), atol=1e-4)
+    health = json.loads(urllib.request.urlopen(cli_server + "/health", timeout=30).read())
+    assert health["policy_version"] == 5 and health["max_model_len"] == 128
+
+
+def _config(tmp_path, model_dir, urls, steps):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(32)))
+    (tmp_path / "server_rewards.py").write_text(
+        "def sevens(prompts, completions, **kw):\n    return [c.count('7') / max(1, len(c)) for c in completions]\n")
+    return load_config(None, [
+        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "rollout.mode=server",
+        f"rollout.server_urls={json.dumps(urls)}", "rollout.server_timeout_s=120", "rollout.num_generations=4",
+        "rollout.max_completion_length=6", "train.prompts_per_step=4", "train.micro_batch_size=16", f"train.max_steps={steps}",
+        "train.learning_rate=3e-3", "rewards=[{name: 'server_rewards:sevens'}]", f"run.output_dir={tmp_path / 'run'}",
+        "run.progress=false", "run.loggers=[jsonl]", "run.log_completions_every=0",
+    ])
+
+
+def test_train_in_server_mode_pushes_weights_and_generates_with_the_new_version(
+        cli_server, thread_server, tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("COHORT_SERVER_TOKEN", TOKEN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    trainer = Trainer(_config(tmp_path, tiny_model_dir, [cli_server, thread_server], steps=12))
+    try:
+        trainer.train()
+        lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        weights = sum(p.numel() * 4 for p in trainer.policy.parameters())
+        for line in lines[:-1]:  # every step but the last ends with a push to both servers (step 1 also starts with one)
+            pushes = 2 if line["step"] == 1 else 1
+            assert 2 * pushes * weights < line["sync/bytes_sent"] < 2 * pushes * weights * 1.01, line
+            assert line["timing/sync_s"] > 0
+        assert trainer.last_canary_gap < 1e-4
+        first, last = sum(l["reward"] for l in lines[:3]) / 3, sum(l["reward"] for l in lines[-3:]) / 3
+        assert last > first + 0.1, (first, last)  # the servers sample from the improving policy
+        trainer.sync_weights()  # push the final policy, then both servers must generate with it
+        prompt = trainer.train_ids[0]
+        outs = trainer.engine.generate([prompt] * 4, SamplingConfig(6, 1.0), [1, 2, 3, 4])  # 2 on each server
+        assert [o.policy_version for o in outs] == [12] * 4
+        for o in outs:
+            assert torch.allclose(torch.tensor(o.logprobs), _trainer_logp(trainer.policy, prompt, o.token_ids), atol=1e-4)
+    finally:
+        trainer.close()
+
+
+class CorruptingEngine(RemoteEngine):
+    """Pushes subtly wrong weights from version 2 on: the norm scale of layer 0 gains 5 %."""
+
+    def update_weights(self, named_tensors, version):
+        def corrupt():
+            for name, tensor in named_tensors:
+                yield name, (tensor * 1.05 if version >= 2 and name.endswith("layers.0.input_layernorm.weight") else tensor)
+
+        return super().update_weights(corrupt(), version)
+
+
+def test_canary_catches_corrupted_weights_and_stops_the_run(thread_server, tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("COHORT_SERVER_TOKEN", TOKEN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    engine = CorruptingEngine([thread_server], token=TOKEN, timeout_s=120)
+    trainer = Trainer(_config(tmp_path, tiny_model_dir, [thread_server], steps=5), engine=engine)
+    start = time.perf_counter()
+    try:
+        with pytest.raises(RuntimeError, match="weight sync check failed at policy version 2"):
+            trainer.train()
+    finally:
+        trainer.close()
+    assert trainer.step_count == 2  # versions 0 and 1 synced fine; the push after step 2 was caught
+    assert time.perf_counter() - start < 120
