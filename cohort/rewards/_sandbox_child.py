@@ -14,7 +14,8 @@ In "namespaces" mode (root), it isolates itself before any untrusted byte runs:
                                         privileges), sets rlimits, runs the code
 
 When the worker exits, init exits, and the kernel kills everything left in the pid
-namespace. In "plain" mode (bubblewrap already isolated us, or no isolation is
+namespace. Each of the three dies with its parent (``PR_SET_PDEATHSIG``), so a trainer
+killed mid-run takes its sandboxes with it. In "plain" mode (bubblewrap already isolated us, or no isolation is
 available) the same worker runs directly, without the namespace steps.
 
 Deliberately plain: no cohort imports (the interpreter may not be the trainer's),
@@ -125,7 +126,7 @@ def _worker(job, result_fd):
         _limit(job)
         _drop_privileges(job)
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after the uid change, which clears it
+        _die_with_parent()  # again: the uid change cleared it
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
@@ -136,9 +137,14 @@ def _worker(job, result_fd):
     os._exit(status)
 
 
+def _die_with_parent():
+    _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+
+
 def _init(job, result_fd):
     """pid 1 of the new namespace: fresh /proc, the work dir, then wait for the worker."""
     try:
+        _die_with_parent()
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
         os.makedirs(job["workdir"], mode=0o700)
         if job.get("uid") is not None:
@@ -159,6 +165,9 @@ def main():
     job = json.loads(sys.stdin.buffer.read())
     result_fd = os.dup(1)
     try:
+        _die_with_parent()
+        if job.get("parent_pid") is not None and os.getppid() != job["parent_pid"]:
+            return 4  # the parent died before we could tie ourselves to it
         _join_cgroups(job.get("cgroups", []))
         if job["mode"] != "namespaces":
             _worker(job, result_fd)

@@ -380,6 +380,7 @@ class Sandbox:
         return {
             "mode": "namespaces" if mode == "namespaces" else "plain",
             "nonce": secrets.token_hex(16),
+            "parent_pid": None if mode == "bwrap" else os.getpid(),
             "code": code,
             "setup": setup,
             "tests": tests,

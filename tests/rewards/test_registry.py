@@ -134,3 +134,18 @@ def test_describe_and_format_builtins():
     for row in rows.values():
         assert row.name in table
     assert "max_completion_length (required)" in table
+
+
+def test_resolving_and_listing_import_nothing_heavy():
+    import subprocess
+
+    code = (
+        "import sys, cohort.rewards as r\n"
+        "for name in r.builtin_names(): r.resolve(name)\n"
+        "r.resolve('code_tests', {'run_timeout_s': 1}); r.format_builtins()\n"
+        "heavy = [m for m in ('torch', 'transformers', 'math_verify', 'sympy') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

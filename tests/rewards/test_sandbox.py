@@ -201,3 +201,28 @@ def test_unisolated_mode_must_be_allowed():
     assert sandbox.mode == "none"
     assert sandbox.run("x = 1", ["assert x == 1", "assert x == 2"]).passed == [True, False]
     assert sandbox_processes() == set()
+
+
+def test_a_killed_trainer_takes_its_sandboxes_with_it(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "from cohort.rewards.sandbox import Sandbox, SandboxLimits\n"
+        "Sandbox(SandboxLimits(timeout_s=60)).run('import time\\ntime.sleep(600)', ['assert True'])\n"
+    )
+    trainer = subprocess.Popen([sys.executable, str(script)])
+    try:
+        deadline = time.monotonic() + 20
+        while not processes_of_uid(UIDS) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_of_uid(UIDS), "the sandboxed program never started"
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+    deadline = time.monotonic() + 5
+    while sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox_processes() == set()
