@@ -1,4 +1,4 @@
-"""Typed run configuration: seven sections, YAML plus dotted overrides, fix-it validation.
+"""Typed run configuration: eight sections, YAML plus dotted overrides, fix-it validation.
 
 Every field is declared once, with its help text; `cohort train --help` and the
 configuration reference in the README are generated from these declarations.
@@ -112,8 +112,35 @@ class RolloutConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    name: Literal["grpo"] = Field("grpo", description="Algorithm: `grpo` (group-relative advantages, no critic).")
-    beta: float = Field(0.0, description="KL coefficient to the frozen reference model (k3 estimator). 0 loads no reference model.")
+    name: Literal["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"] = Field(
+        "grpo",
+        description="Algorithm, all through the same loop: `grpo` (group-relative advantages), `rloo` (leave-one-out baseline, "
+        "sequence-level ratio), `reinforce_pp` (REINFORCE++: batch-whitened token advantages), `reinforce_pp_baseline` (the same "
+        "after subtracting the group mean), `ppo` (a critic and GAE). docs/algorithms.md compares them.",
+    )
+    beta: float = Field(
+        0.0,
+        description="KL coefficient to the frozen reference model (the starting value when algorithm.kl_controller = adaptive). "
+        "0 turns the KL term off and loads no reference model.",
+    )
+    kl_placement: Literal["auto", "loss", "reward"] = Field(
+        "auto",
+        description="Where the KL term goes: `loss` (beta × KL added to the policy loss, as TRL's GRPO), `reward` (subtracted from "
+        "the reward before the advantages: summed over the completion for grpo/rloo, per token for reinforce_pp/ppo); `auto`: "
+        "loss for grpo, reward for the others.",
+    )
+    kl_estimator: Literal["auto", "k1", "k2", "k3", "low_var_kl"] = Field(
+        "auto", description="KL estimator (docs/algorithms.md): `auto` = k3 in the loss, k1 in the reward."
+    )
+    kl_controller: Literal["fixed", "adaptive"] = Field(
+        "fixed",
+        description="KL coefficient schedule: `fixed` keeps beta; `adaptive` (Ziegler et al. 2019) moves it once per generation "
+        "batch towards algorithm.kl_target over algorithm.kl_horizon completions.",
+    )
+    kl_target: float = Field(0.1, description="algorithm.kl_controller = adaptive: target KL(policy ‖ reference), in nats per completion token.")
+    kl_horizon: int = Field(10000, description="algorithm.kl_controller = adaptive: completions over which beta may change by up to 20%.")
+    gamma: float = Field(1.0, description="ppo and reinforce_pp*: discount per completion token in GAE / the reward-to-go (1.0: none).")
+    lam: float = Field(0.95, description="ppo: GAE λ (1.0: Monte-Carlo returns minus the value; 0: one-step TD).")
     epsilon_low: float = Field(0.2, description="Lower clip range: ratios below 1 − epsilon_low are clipped.")
     epsilon_high: float = Field(0.2, description="Upper clip range (DAPO clip-higher): ratios above 1 + epsilon_high are clipped.")
     delta: float | None = Field(None, description="Two-sided clipping cap on the ratio for negative advantages (TRL's `delta`); None: off.")
@@ -124,8 +151,10 @@ class AlgorithmConfig(_Section):
     scale_rewards: Literal["group", "batch", "none"] = Field(
         "group", description="GRPO advantage scale: divide by the group's std, the whole batch's std, or not at all."
     )
-    importance_sampling_level: Literal["token", "sequence"] = Field(
-        "token", description="Importance ratio per token (GRPO/PPO) or per sequence (GSPO, geometric mean over the sequence)."
+    importance_sampling_level: Literal["auto", "token", "sequence", "sequence_sum"] = Field(
+        "auto",
+        description="Importance ratio per token (GRPO/PPO), per sequence as the geometric mean of the token ratios (GSPO), or per "
+        "sequence as their product (`sequence_sum`, TRL's RLOO); `auto`: sequence_sum for rloo, token for the others.",
     )
     num_iterations: int = Field(1, description="Updates per generation batch (μ in the GRPO paper). >1 reuses completions off-policy.")
     mask_truncated_completions: bool = Field(False, description="Leave completions that hit max_completion_length out of the loss.")
@@ -150,6 +179,21 @@ class TrainConfig(_Section):
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
     logprob_chunk_size: int = Field(
         1024, description="Completion tokens per chunk when computing log-probs and entropy (bounds the logits held at once)."
+    )
+
+
+class CriticConfig(_Section):
+    """The value model PPO trains beside the policy (read only when algorithm.name = ppo)."""
+
+    path: str | None = Field(
+        None,
+        description="ppo: checkpoint the critic's body starts from (a local transformers directory or tiny:<task>); None: its own "
+        "copy of model.path. The value head (one linear layer, zero-initialised) is always new.",
+    )
+    learning_rate: float = Field(1e-5, description="ppo: the critic's peak learning rate (AdamW; betas, weight decay and schedule as train.*).")
+    warmup_steps: int = Field(0, description="ppo: linear warm-up steps of the critic's learning rate.")
+    cliprange_value: float = Field(
+        0.2, description="ppo: clipped value loss; a new value may move at most this far from the value at generation time before the clip takes its gradient."
     )
 
 
@@ -190,6 +234,7 @@ class CohortConfig(_Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
     rewards: list[RewardSpec] | None = Field(None, description="Reward functions; None: the built-in task's rewards.")
     run: RunConfig = Field(default_factory=RunConfig)
 
@@ -197,7 +242,11 @@ class CohortConfig(_Section):
         return self.model_dump(mode="json")
 
 
-SECTIONS = ("model", "data", "rollout", "algorithm", "train", "rewards", "run")
+SECTIONS = ("model", "data", "rollout", "algorithm", "train", "critic", "rewards", "run")
+
+# Completions per prompt each algorithm needs: a baseline computed within the group needs 2; PPO's critic and
+# REINFORCE++'s batch baseline need none. tests/trainer/test_algorithms.py checks this against the trainer's specs.
+ALGORITHM_MIN_GENERATIONS = {"grpo": 2, "rloo": 2, "reinforce_pp": 1, "reinforce_pp_baseline": 2, "ppo": 1}
 
 # The embedded default (`cohort train` with no config): tuned on the arith task.
 DEFAULT_PRESET: dict[str, Any] = {
@@ -369,9 +418,12 @@ def check_batch_arithmetic(cfg: CohortConfig) -> list[str]:
     """Every impossible batch combination, each with the fields involved and a fix."""
     problems = []
     g, t, r = cfg.rollout.num_generations, cfg.train, cfg.rollout
-    if g < 2:
+    min_g = ALGORITHM_MIN_GENERATIONS[cfg.algorithm.name]
+    if g < min_g:
         problems.append(
-            f"rollout.num_generations = {g}: group-relative advantages need at least 2 completions per prompt; use 2 or more (8 is typical)"
+            f"rollout.num_generations = {g}: algorithm.name = {cfg.algorithm.name} needs at least {min_g} completions per prompt "
+            f"(its baseline is computed within each group); use 2 or more (8 is typical)"
+            if min_g > 1 else f"rollout.num_generations = {g}: must be at least 1"
         )
     for key, value in (("train.prompts_per_step", t.prompts_per_step), ("train.steps_per_generation", t.steps_per_generation),
                        ("train.micro_batch_size", t.micro_batch_size), ("train.max_steps", t.max_steps),
@@ -431,6 +483,29 @@ def check_ranges(cfg: CohortConfig) -> list[str]:
         problems.append(f"train.warmup_steps = {t.warmup_steps}: must be between 0 and train.max_steps = {t.max_steps}")
     if t.logprob_chunk_size < 1:
         problems.append(f"train.logprob_chunk_size = {t.logprob_chunk_size}: must be >= 1")
+    problems += _check_algorithm_ranges(cfg)
+    return problems
+
+
+def _check_algorithm_ranges(cfg: CohortConfig) -> list[str]:
+    """KL controller, discounting and critic fields."""
+    a, c, problems = cfg.algorithm, cfg.critic, []
+    if a.kl_controller == "adaptive" and a.beta == 0:
+        problems.append("algorithm.kl_controller = adaptive with algorithm.beta = 0: the controller multiplies beta, so it would stay 0; "
+                        "set algorithm.beta to its starting value (e.g. 0.01) or use kl_controller=fixed")
+    if a.kl_target <= 0:
+        problems.append(f"algorithm.kl_target = {a.kl_target}: must be > 0 (nats per token; 0.1 is verl's default)")
+    if a.kl_horizon < 1:
+        problems.append(f"algorithm.kl_horizon = {a.kl_horizon}: must be >= 1 (completions; 10000 is verl's default)")
+    for key, value in (("algorithm.gamma", a.gamma), ("algorithm.lam", a.lam)):
+        if not 0 <= value <= 1:
+            problems.append(f"{key} = {value}: must be in [0, 1] (1.0 and 0.95 are the usual values)")
+    if c.learning_rate <= 0:
+        problems.append(f"critic.learning_rate = {c.learning_rate}: must be > 0")
+    if c.warmup_steps < 0 or c.warmup_steps > cfg.train.max_steps:
+        problems.append(f"critic.warmup_steps = {c.warmup_steps}: must be between 0 and train.max_steps = {cfg.train.max_steps}")
+    if c.cliprange_value <= 0:
+        problems.append(f"critic.cliprange_value = {c.cliprange_value}: must be > 0 (0.2 is the usual value)")
     return problems
 
 
@@ -462,6 +537,8 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
         from cohort.models.loading import check_model_dir
 
         problems += check_data_config(cfg.data) + check_model_dir(cfg.model.path)
+        if cfg.critic.path:
+            problems += [p.replace("model.path", "critic.path", 1) for p in check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
     if problems:
         raise ConfigError(problems)

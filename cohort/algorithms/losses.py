@@ -17,6 +17,13 @@ Entries (r = pi_theta / pi_old per token, A = advantage, all losses minimised):
   ``s * grad logp_t``. With a per-sequence advantage this has exactly the
   gradient of TRL's ``importance_sampling_level="sequence"`` under every
   aggregation. GSPO uses tiny epsilons (paper: eps_low=3e-4, eps_high=4e-4).
+- ``seq_sum_clip``: the ppo_clip objective on the sequence ratio
+  ``s = exp(sum over the row's active tokens of (logp - old_logp))``, the
+  product of the token ratios: the completion is one action, as in TRL's
+  RLOO. Written like gspo (gradient ``s * grad logp_t`` on every token), and
+  each token carries ``1/T_row`` of the sequence loss's value, so the row sum
+  is TRL's per-sequence loss in value and gradient (``seq_mean_token_sum``
+  aggregation gives TRL's mean over sequences exactly).
 - ``cispo``: ``-sg(min(r, 1 + eps_high)) * A * logp`` (MiniMax-M1): the IS
   weight is clipped from above only and never blocks the gradient. eps_low is
   not used (MiniMax set no lower bound; TRL's cispo neither).
@@ -55,7 +62,7 @@ from torch import Tensor
 
 from .aggregation import aggregate_loss
 from .registry import Registry
-from .stats import float_mask, masked_max, masked_mean
+from .stats import float_mask, masked_max, masked_mean, masked_sum
 
 LOG_RATIO_LIMIT = 20.0
 
@@ -134,6 +141,17 @@ def gspo(inputs: LossInputs) -> TokenLosses:
     return _clipped_surrogate(log_ratio, inputs)
 
 
+@POLICY_LOSSES.register("seq_sum_clip")
+def seq_sum_clip(inputs: LossInputs) -> TokenLosses:
+    """Sequence ratio ``exp(sum of token log-ratios)`` (TRL's RLOO); the row's loss value split evenly over its tokens."""
+    seq = masked_sum(inputs.logp - inputs.old_logp, inputs.mask, dim=-1).unsqueeze(-1)  # (B, 1)
+    seq = seq.detach().clamp(min=-LOG_RATIO_LIMIT, max=LOG_RATIO_LIMIT)
+    out = _clipped_surrogate(seq + inputs.logp - inputs.logp.detach(), inputs)  # value: seq; gradient: grad logp
+    tokens = inputs.mask.sum(dim=-1, keepdim=True).clamp(min=1)  # (B, 1)
+    loss = out.loss - out.loss.detach() + out.loss.detach() / tokens  # gradient unchanged, row sum = sequence loss
+    return TokenLosses(loss, out.ratio, out.clipped_low, out.clipped_high, out.capped)
+
+
 @POLICY_LOSSES.register("cispo")
 def cispo(inputs: LossInputs) -> TokenLosses:
     """CISPO: stop-gradient IS weight ``min(r, 1 + eps_high)`` times ``-A * logp``."""
@@ -208,7 +226,7 @@ def policy_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Scalar policy loss and its metrics.
 
-    ``name``: ppo_clip | gspo | cispo | sapo. ``logp`` (B, T) carries the
+    ``name``: ppo_clip | gspo | seq_sum_clip | cispo | sapo. ``logp`` (B, T) carries the
     gradient; ``old_logp`` (B, T) is the sampling policy's (pass
     ``logp.detach()`` on-policy); ``advantages`` (B,) or (B, T); ``mask``
     (B, T) bool or float, read as 0/1. ``token_weights`` (B, T), optional:

@@ -1,4 +1,4 @@
-"""The driver loop: generate → reward → advantages → log-probs → update → sync, each phase timed.
+"""The driver loop: generate → reward → log-probs → advantages → update (→ critic) → sync, each phase timed.
 
 One `Trainer.step()` is one optimizer step. A generation batch serves
 `train.steps_per_generation × algorithm.num_iterations` steps (TRL's order:
@@ -10,6 +10,12 @@ slices 0..S−1, then again for the next iteration). The maths is in
   log-prob detached, which costs nothing;
 - reference log-probs are computed once per generation batch, and only when
   `algorithm.beta != 0` (the reference model is not even loaded otherwise);
+- what differs between algorithms (grpo, rloo, reinforce_pp*, ppo) is read from
+  `self.algorithm`, resolved from the spec in `cohort.trainer.algorithms`: the
+  advantage function, the policy-loss entry, where the KL goes, and whether a
+  critic exists (then its values are computed at generation time and it is
+  updated after the policy, both timed as `timing/critic_s`); old log-probs are
+  also computed when the KL to the reference is measured at generation time;
 - new weights are pushed into the rollout engine lazily, just before the next
   generation, and checked with a canary log-prob.
 
@@ -30,19 +36,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from cohort.algorithms import aggregate_loss, aggregation_count, compute_advantages, kl_penalty, policy_loss
+from cohort.algorithms import aggregate_loss, aggregation_count, kl_penalty, masked_mean, policy_loss
 from cohort.algorithms import advantage_stats
 from cohort.config import CohortConfig, batch_plan, default_output_dir, validate_config
 from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import SamplingConfig, completion_seeds
 from cohort.trainer import setup as build
+from cohort.trainer.algorithms import AdvantageInputs
 from cohort.trainer.batching import length_sorted_micro_batches, pack_right_padded, pad_rows
 from cohort.trainer.evaluate import evaluate
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.trainer.stopping import check_finite
 
 LOSS_AGGREGATION = {"grpo": "seq_mean_token_mean", "dapo": "token_mean", "bnpo": "bnpo", "dr_grpo": "seq_mean_token_sum_norm"}
-IMPORTANCE_LEVEL = {"token": "ppo_clip", "sequence": "gspo"}
 
 
 class Phases:
@@ -101,18 +107,21 @@ class Trainer:
                 group_size=plan.num_generations,
             )
         rewards_t = torch.tensor(scored.total, dtype=torch.float32)
-        advantages = compute_advantages(self.advantage_name, rewards_t, plan.num_generations, scale=cfg.algorithm.scale_rewards)
         batch = RolloutBatch(
             row_indices=rows, prompt_ids=prompts, completion_ids=[o.token_ids for o in outs],
             engine_logp=[o.logprobs for o in outs], truncated=[o.finish_reason == "length" for o in outs],
-            completions_text=texts, rewards=scored.total, per_function=scored.per_function, advantages=advantages,
+            completions_text=texts, rewards=scored.total, per_function=scored.per_function, advantages=torch.empty(0),
         )
         batch.metrics = self._batch_metrics(batch, rewards_t, scored.metrics)
         with self.phases("logprob"):
-            if plan.off_policy:
+            if self.algorithm.score_old_logp:
                 batch.old_logp = self._score_all(self.policy, batch)
             if self.ref_model is not None:
                 batch.ref_logp = self._score_all(self.ref_model, batch)
+        if self.critic is not None:
+            with self.phases("critic"):
+                batch.values = self.critic.values(batch, self._micro_batches(batch, list(range(len(batch)))))
+        self._advantages(batch, rewards_t)
         if self.canary is None and outs:
             self.canary = (prompts[0], outs[0].token_ids)
         return batch
@@ -153,8 +162,7 @@ class Trainer:
     def update(self, batch: RolloutBatch, indices: list[int]) -> dict[str, float]:
         """One optimizer step over `indices` of the batch, with gradient accumulation."""
         cfg, a = self.cfg, self.cfg.algorithm
-        lengths = [len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in indices]
-        micro = [[indices[j] for j in mb] for mb in length_sorted_micro_batches(lengths, self.plan.micro_batch_size)]
+        micro = self._micro_batches(batch, indices)
         packed = [self._pack(batch, mb) for mb in micro]
         num_items = sum(aggregation_count(p[1], self.aggregation) for p in packed)
         sums: dict[str, float] = defaultdict(float)
@@ -164,14 +172,14 @@ class Trainer:
                                                 mask, temperature=cfg.rollout.temperature, chunk_size=cfg.train.logprob_chunk_size)
             width = logp.shape[1]
             old = pad_rows([batch.old_logp[i] for i in mb], width) if batch.old_logp is not None else logp.detach()
-            adv = batch.advantages[mb].to(logp.dtype)
+            adv = batch.advantages[mb][:, :width].to(logp.dtype)  # (B, width) of the batch's (N, T)
             loss, metrics = policy_loss(self.loss_name, logp, old, adv, mask, eps_low=a.epsilon_low, eps_high=a.epsilon_high,
                                         delta=a.delta, aggregation=self.aggregation, max_length=cfg.rollout.max_completion_length,
                                         num_items=num_items)
-            if self.ref_model is not None:
-                kl = kl_penalty(logp, pad_rows([batch.ref_logp[i] for i in mb], width), "k3")
-                loss = loss + a.beta * aggregate_loss(kl, mask, self.aggregation, max_length=cfg.rollout.max_completion_length,
-                                                      num_items=num_items)
+            if self.algorithm.kl_placement == "loss":
+                kl = kl_penalty(logp, pad_rows([batch.ref_logp[i] for i in mb], width), self.algorithm.kl_estimator)
+                loss = loss + self.kl_controller.value * aggregate_loss(kl, mask, self.aggregation, num_items=num_items,
+                                                                        max_length=cfg.rollout.max_completion_length)
                 sums["kl"] += float((kl.detach() * mask).sum())
             loss.backward()
             tokens = float(mask.sum())
@@ -186,13 +194,42 @@ class Trainer:
         grad_norm = self._clip_and_step(sums["loss"])
         return self._update_metrics(sums, grad_norm)
 
+    def _micro_batches(self, batch: RolloutBatch, indices: list[int]) -> list[list[int]]:
+        """`indices` split into length-sorted micro-batches of at most train.micro_batch_size completions."""
+        lengths = [len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in indices]
+        return [[indices[j] for j in mb] for mb in length_sorted_micro_batches(lengths, self.plan.micro_batch_size)]
+
     def _pack(self, batch: RolloutBatch, mb: list[int]):
         pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.pad_id)
-        mask = pb.completion_mask
-        if self.cfg.algorithm.mask_truncated_completions:
-            keep = torch.tensor([0.0 if batch.truncated[i] else 1.0 for i in mb])
-            mask = mask * keep[:, None]
-        return pb, mask
+        return pb, pb.completion_mask * self._kept(batch, mb)[:, None]
+
+    def _kept(self, batch: RolloutBatch, rows: list[int]) -> torch.Tensor:
+        """(B,) 1.0 for completions that enter the loss; 0.0 for truncated ones under mask_truncated_completions."""
+        if not self.cfg.algorithm.mask_truncated_completions:
+            return torch.ones(len(rows))
+        return torch.tensor([0.0 if batch.truncated[i] else 1.0 for i in rows])
+
+    def _advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
+        """Advantages (N, T) and critic targets for the whole generation batch, by the algorithm's spec; KL bookkeeping."""
+        a, choice = self.cfg.algorithm, self.algorithm
+        width = max(1, max(len(c) for c in batch.completion_ids))
+        lengths = torch.tensor([len(c) for c in batch.completion_ids])
+        mask = (torch.arange(width)[None, :] < lengths[:, None]).float() * self._kept(batch, list(range(len(batch))))[:, None]
+        kl = None
+        if batch.old_logp is not None and batch.ref_logp is not None:  # KL(sampling policy ‖ reference) per token
+            kl = kl_penalty(pad_rows(batch.old_logp, width), pad_rows(batch.ref_logp, width), choice.kl_estimator)
+        beta = self.kl_controller.value
+        out = choice.spec.advantages(AdvantageInputs(
+            rewards=rewards, mask=mask, group_size=self.plan.num_generations, kl=kl,
+            kl_coef=beta if choice.kl_placement == "reward" else 0.0,
+            values=pad_rows(batch.values, width) if batch.values is not None else None,
+            scale=a.scale_rewards, gamma=a.gamma, lam=a.lam))
+        batch.advantages, batch.returns = out.advantages, out.returns
+        batch.metrics.update({key: float(value) for key, value in out.metrics.items()})
+        if kl is not None:
+            kl_mean = masked_mean(kl, mask)
+            batch.metrics.update({"kl": float(kl_mean), "kl_coef": beta})
+            self.kl_controller.update(kl_mean, len(batch))  # a no-op for the fixed controller
 
     def _accumulate_mismatch(self, sums, batch: RolloutBatch, mb: list[int], logp: torch.Tensor, mask: torch.Tensor) -> None:
         """|trainer − engine| log-prob gap, measured where the trainer still holds the sampling policy."""
@@ -269,7 +306,7 @@ class Trainer:
     # ------------------------------------------------------------------ loop
 
     def step(self) -> dict[str, float]:
-        """One optimizer step: (generate + reward + advantages + log-probs when due), update, sync."""
+        """One optimizer step: (generate + reward + log-probs + advantages when due), update, critic update, sync."""
         plan = self.plan
         step_start = time.perf_counter()
         slot = self.step_count % plan.optimizer_steps_per_generation
@@ -278,8 +315,12 @@ class Trainer:
             self.batch = self.generate_batch()
         per_step = plan.completions_per_step
         start = (slot % plan.steps_per_generation) * per_step
+        indices = list(range(start, start + per_step))
         with self.phases("update"):
-            metrics = self.update(self.batch, list(range(start, start + per_step)))
+            metrics = self.update(self.batch, indices)
+        if self.critic is not None:
+            with self.phases("critic"):
+                metrics.update(self.critic.update(self.batch, self._micro_batches(self.batch, indices)))
         self.step_count += 1
         if (self.step_count % plan.optimizer_steps_per_generation == 0) and self.step_count < plan.max_steps:
             self.sync_weights()

@@ -3,7 +3,8 @@
 `PromptRenderer` turns a dataset prompt (a string, or chat messages rendered with
 the tokenizer's chat template) into token ids, applying `data.overlong_prompts`.
 `RolloutBatch` holds one generation batch: the sampled completions, their
-rewards and advantages, and (only when needed) old and reference log-probs.
+rewards and advantages, and (only when needed) old and reference log-probs and
+the critic's values and targets.
 """
 
 from __future__ import annotations
@@ -74,10 +75,17 @@ class RolloutBatch:
     completions_text: list[str]
     rewards: np.ndarray  # (N,) weighted total, NaN when no function applied
     per_function: np.ndarray  # (N, F)
-    advantages: torch.Tensor  # (N,)
+    advantages: torch.Tensor  # (N, T) per completion token, T = the longest completion; 0 on padding
     old_logp: list[torch.Tensor] | None = None
     ref_logp: list[torch.Tensor] | None = None
+    values: list[torch.Tensor] | None = None  # the critic's, at generation time (algorithms with a critic)
+    returns: torch.Tensor | None = None  # (N, T) the critic's targets
     metrics: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.completion_ids)
+
+    def sequence_advantage(self, i: int) -> float:
+        """Completion i's mean advantage over its tokens (its one advantage for outcome-level algorithms)."""
+        n = len(self.completion_ids[i])
+        return float(self.advantages[i, :n].mean()) if n else 0.0

@@ -1,8 +1,10 @@
 """Building a trainer's parts from the config, in the order that fails fastest.
 
 Data and rewards first (cheap, and the most common mistakes), then the
-tokenizer, the policy, the optional reference model, the optimizer and the
-schedule, and last the rollout engine (the slowest to start).
+tokenizer, the policy, the optional reference model (only when algorithm.beta != 0),
+the optimizer and the schedule, the algorithm's resolved choices
+(`cohort.trainer.algorithms`), the critic (only for an algorithm that needs
+one), and last the rollout engine (the slowest to start).
 """
 
 from __future__ import annotations
@@ -48,11 +50,14 @@ def setup(trainer, external_engine=None) -> None:
     check_disk_space(trainer.run_dir, trainer.policy, cfg.run.keep_checkpoints, cfg.run.save_every)
     trainer.ref_model = _reference(trainer.policy) if cfg.algorithm.beta != 0 else None
     trainer.optimizer, trainer.scheduler = build_optimizer(trainer.policy, cfg.train)
-    trainer.advantage_name = "grpo" if cfg.algorithm.scale_rewards != "none" else "dr_grpo"
-    from cohort.trainer.loop import IMPORTANCE_LEVEL, LOSS_AGGREGATION
+    from cohort.trainer import algorithms
+    from cohort.trainer.loop import LOSS_AGGREGATION
 
+    trainer.algorithm = algorithms.resolve(cfg, off_policy=trainer.plan.off_policy)
+    trainer.kl_controller = algorithms.kl_controller(cfg)
     trainer.aggregation = LOSS_AGGREGATION[cfg.algorithm.loss_type]
-    trainer.loss_name = IMPORTANCE_LEVEL[cfg.algorithm.importance_sampling_level]
+    trainer.loss_name = trainer.algorithm.loss_name
+    trainer.critic = _critic(trainer) if trainer.algorithm.spec.needs_critic else None
     trainer.engine, trainer.owns_engine = _engine(trainer, external_engine)
     trainer.engine_shares_policy = getattr(trainer.engine, "model", None) is trainer.policy
 
@@ -81,6 +86,15 @@ def _reference(policy: torch.nn.Module) -> torch.nn.Module:
     ref.eval()
     ref.requires_grad_(False)
     return ref
+
+
+def _critic(trainer):
+    """PPO's value model: its own copy of critic.path (default: the policy's checkpoint) with a new value head."""
+    from cohort.trainer.critic import Critic
+
+    cfg = trainer.cfg
+    model_dir = resolve_model_dir(cfg.critic.path) if cfg.critic.path else trainer.model_dir
+    return Critic(model_dir, cfg, pack=trainer._pack)
 
 
 def build_optimizer(policy: torch.nn.Module, train_cfg):

@@ -200,7 +200,7 @@ def test_every_entry_takes_the_same_call_and_keeps_dtype(name, dtype):
 
 def test_bad_inputs_raise():
     logp = torch.zeros(2, 3)
-    with pytest.raises(ValueError, match="valid names: ppo_clip, gspo, cispo, sapo"):
+    with pytest.raises(ValueError, match="valid names: ppo_clip, gspo, seq_sum_clip, cispo, sapo"):
         policy_loss("grpo", logp, logp, torch.zeros(2), torch.ones(2, 3))
     with pytest.raises(ValueError, match=r"advantages must be \(B,\) or \(B, T\)"):
         policy_loss("ppo_clip", logp, logp, torch.zeros(3), torch.ones(2, 3))
@@ -225,3 +225,47 @@ def test_token_weights_scale_the_per_token_loss(name):
                                rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="token_weights must be"):
         policy_loss(name, logp, old_logp, advantages, mask, token_weights=weights[:, :2])
+
+
+def test_seq_sum_clip_by_hand():
+    # One row, two active tokens and a pad; log-ratios [0.1, -0.3] sum to -0.2: s = e^-0.2 = 0.818731.
+    # A = +1, clip range [0.8, 1.2]: s is inside, sequence loss -A s = -0.818731; each token carries half of it,
+    # so with seq_mean_token_sum the loss is -0.818731, and d loss / d logp_t = -A s on both tokens, 0 on the pad.
+    def run(log_ratios, advantage):
+        logp = torch.tensor([log_ratios + [0.0]], dtype=torch.float64, requires_grad=True)
+        mask = t64([[1.0, 1.0, 0.0]])
+        loss, metrics = policy_loss("seq_sum_clip", logp, torch.zeros(1, 3, dtype=torch.float64), t64([advantage]), mask,
+                                    aggregation="seq_mean_token_sum")
+        loss.backward()
+        return loss.item(), logp.grad[0].tolist(), metrics
+
+    s = math.exp(-0.2)
+    loss, grad, metrics = run([0.1, -0.3], 1.0)
+    assert loss == pytest.approx(-s, abs=1e-12)
+    assert grad == pytest.approx([-s, -s, 0.0], abs=1e-12)
+    assert metrics["ratio/mean"].item() == pytest.approx(s, abs=1e-12)
+    # log-ratios [0.2, 0.1]: s = e^0.3 = 1.349859 > 1.2 with A = +1: clipped, loss -1.2, no gradient.
+    loss, grad, metrics = run([0.2, 0.1], 1.0)
+    assert loss == pytest.approx(-1.2, abs=1e-12) and grad == [0.0, 0.0, 0.0]
+    assert metrics["clip_ratio/high"].item() == 1.0
+    # Same s with A = -1: max(-A s, -A 1.2) = s = 1.349859, gradient -A s = +s per token.
+    loss, grad, _ = run([0.2, 0.1], -1.0)
+    assert loss == pytest.approx(math.exp(0.3), abs=1e-12)
+    assert grad == pytest.approx([math.exp(0.3), math.exp(0.3), 0.0], abs=1e-12)
+
+
+def test_seq_sum_clip_equals_trl_rloo_loss():
+    # TRL's RLOO: s_i = exp(sum_t (logp - old_logp)), loss = mean_i -min(s_i A_i, clip(s_i) A_i).
+    torch.manual_seed(5)
+    logp = (0.1 * torch.randn(4, 5, dtype=torch.float64)).requires_grad_()
+    old_logp = logp.detach() + 0.08 * torch.randn(4, 5, dtype=torch.float64)
+    mask = t64([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]])
+    advantages = t64([0.7, -1.2, 0.4, -0.3])
+    ours, _ = policy_loss("seq_sum_clip", logp, old_logp, advantages, mask, eps_low=0.05, eps_high=0.05,
+                          aggregation="seq_mean_token_sum")
+    s = torch.exp(((logp - old_logp) * mask).sum(-1))
+    trl = (-torch.minimum(s * advantages, s.clamp(0.95, 1.05) * advantages)).mean()
+    clipped = ((s > 1.05) & (advantages > 0)) | ((s < 0.95) & (advantages < 0))
+    assert clipped.any() and not clipped.all()  # both branches are exercised
+    torch.testing.assert_close(ours, trl, rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.autograd.grad(ours, logp)[0], torch.autograd.grad(trl, logp)[0], rtol=0, atol=1e-12)

@@ -1,0 +1,299 @@
+"""grpo, rloo, reinforce_pp(_baseline) and ppo through the one driver loop.
+
+Three kinds of test:
+- the advantage functions of `cohort.trainer.algorithms`, on small batches worked by hand
+  (RLOO's leave-one-out baseline with and without the KL in the reward, REINFORCE++'s
+  whitened reward-to-go, PPO's GAE on three tokens with the KL in the reward);
+- the resolution of the `auto` fields and the parts each algorithm builds (no critic
+  unless ppo, no reference model unless beta != 0, old log-probs only when needed);
+- the loop itself with the random tiny model and the transformers engine: switching the
+  algorithm changes nothing but the maths (same prompts, completions, rewards at step 1,
+  same prompts at step 2), the adaptive KL controller moves beta by Ziegler's rule once
+  per generation batch, the critic reads the right hidden states, and every algorithm
+  learns a toy reward (the share of "7"s in the completion, as in test_train_e2e.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+import typing
+
+import pytest
+import torch
+
+from cohort.algorithms import POLICY_LOSSES, compute_advantages
+from cohort.config import ALGORITHM_MIN_GENERATIONS, AlgorithmConfig, load_config
+from cohort.trainer.algorithms import ALGORITHMS, AdvantageInputs, resolve
+
+
+def t32(values):
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def close(actual, expected, atol=1e-6):
+    torch.testing.assert_close(actual, t32(expected), rtol=0, atol=atol)
+
+
+# --------------------------------------------------------------------------- the advantage functions by hand
+
+
+def test_rloo_leave_one_out_baseline_by_hand():
+    # One group of 4, rewards [1, 0, 0, 1]: the baseline of completion i is the mean of the other three.
+    # r=1: 1 - (0 + 0 + 1)/3 = 2/3;  r=0: 0 - (1 + 0 + 1)/3 = -2/3. Broadcast over each completion's tokens, 0 on padding.
+    mask = t32([[1, 1], [1, 0], [1, 1], [1, 0]])
+    out = ALGORITHMS.get("rloo").advantages(AdvantageInputs(rewards=t32([1, 0, 0, 1]), mask=mask, group_size=4))
+    close(out.advantages, [[2 / 3, 2 / 3], [-2 / 3, 0], [-2 / 3, -2 / 3], [2 / 3, 0]])
+    assert out.returns is None
+
+
+def test_rloo_kl_in_the_reward_by_hand():
+    # Group of 2, both rewards 1. Per-token KL: row 0 [0.2, 0.4] (sum 0.6); row 1 [0.1, pad = 5.0, which must not count].
+    # beta = 0.5: shaped rewards 1 - 0.5 * 0.6 = 0.7 and 1 - 0.5 * 0.1 = 0.95.
+    # RLOO with G = 2: A_0 = 0.7 - 0.95 = -0.25, A_1 = +0.25: the completion further from the reference loses.
+    mask = t32([[1, 1], [1, 0]])
+    x = AdvantageInputs(rewards=t32([1, 1]), mask=mask, group_size=2, kl=t32([[0.2, 0.4], [0.1, 5.0]]), kl_coef=0.5)
+    close(ALGORITHMS.get("rloo").advantages(x).advantages, [[-0.25, -0.25], [0.25, 0.0]])
+    # kl_coef 0 (the KL is in the loss instead): the equal rewards give no signal at all.
+    zero = AdvantageInputs(rewards=t32([1, 1]), mask=mask, group_size=2, kl=x.kl, kl_coef=0.0)
+    close(ALGORITHMS.get("rloo").advantages(zero).advantages, [[0, 0], [0, 0]])
+
+
+def test_reinforce_pp_whitened_reward_to_go_by_hand():
+    # Row 0: 2 tokens, outcome 1, KL [0.2, 0.4]; row 1: 1 token, outcome 0, KL [0.1]; beta = 0.5, gamma = 1.
+    # Token rewards: row 0 [-0.1, -0.2 + 1] = [-0.1, 0.8]; row 1 [-0.05].
+    # Reward-to-go: row 0 [0.7, 0.8]; row 1 [-0.05].
+    # Whitened over the 3 active tokens: mean 1.45 / 3 = 0.483333; deviations [0.216667, 0.316667, -0.533333];
+    # Bessel variance 0.431667 / 2 = 0.215833; divided by sqrt(0.215833 + 1e-8) = 0.464578:
+    # [0.466372, 0.681621, -1.147994].
+    x = AdvantageInputs(rewards=t32([1, 0]), mask=t32([[1, 1], [1, 0]]), group_size=1,
+                        kl=t32([[0.2, 0.4], [0.1, 9.0]]), kl_coef=0.5, gamma=1.0)
+    close(ALGORITHMS.get("reinforce_pp").advantages(x).advantages, [[0.466372, 0.681621], [-1.147994, 0.0]])
+
+
+def test_reinforce_pp_baseline_subtracts_the_group_mean_first():
+    # One group [1, 0] -> centred [0.5, -0.5]; no KL. Reward-to-go: row 0 [0.5, 0.5], row 1 [-0.5].
+    # Whitened over 3 tokens: mean 1/6, deviations [1/3, 1/3, -2/3], variance (1/9 + 1/9 + 4/9) / 2 = 1/3:
+    # [1/3, 1/3, -2/3] / sqrt(1/3) = [0.577350, 0.577350, -1.154701].
+    x = AdvantageInputs(rewards=t32([1, 0]), mask=t32([[1, 1], [1, 0]]), group_size=2)
+    close(ALGORITHMS.get("reinforce_pp_baseline").advantages(x).advantages, [[0.577350, 0.577350], [-1.154701, 0.0]])
+    # Without the baseline the constant part stays: rows [1, 1] and [0] -> mean 2/3, deviations [1/3, 1/3, -2/3]: the same
+    # numbers here; with a second group [1, 1] they differ: the baseline zeroes the constant group, plain REINFORCE++ does not.
+    x2 = AdvantageInputs(rewards=t32([1, 0, 1, 1]), mask=t32([[1], [1], [1], [1]]), group_size=2)
+    with_baseline = ALGORITHMS.get("reinforce_pp_baseline").advantages(x2).advantages
+    without = ALGORITHMS.get("reinforce_pp").advantages(x2).advantages
+    # with: centred [0.5, -0.5, 0, 0], mean 0, variance 0.5 / 3 -> [1.224745, -1.224745, 0, 0]
+    close(with_baseline, [[1.224745], [-1.224745], [0.0], [0.0]])
+    # without: [1, 0, 1, 1], mean 0.75, variance 0.75 / 3 = 0.25 -> [0.5, -1.5, 0.5, 0.5]
+    close(without, [[0.5], [-1.5], [0.5], [0.5]])
+
+
+def test_ppo_gae_three_tokens_with_kl_in_the_reward_by_hand():
+    # One completion of 3 tokens, outcome 1 on the last token, KL [0.1, 0.2, 0.3], beta = 0.5:
+    # token rewards [-0.05, -0.1, -0.15 + 1] = [-0.05, -0.1, 0.85]; values [0.5, 0.6, 0.7]; gamma 0.9, lam 0.8.
+    # t=2: delta = 0.85 - 0.7 = 0.15;                       A2 = 0.15
+    # t=1: delta = -0.1 + 0.9 * 0.7 - 0.6 = -0.07;          A1 = -0.07 + 0.72 * 0.15  = 0.038
+    # t=0: delta = -0.05 + 0.9 * 0.6 - 0.5 = -0.01;         A0 = -0.01 + 0.72 * 0.038 = 0.01736
+    # returns = A + V = [0.51736, 0.638, 0.85] (the critic's targets, unwhitened).
+    # Whitened advantages: mean 0.0684533, deviations [-0.0510933, -0.0304533, 0.0815467], variance 0.00509390
+    # -> [-0.715878, -0.426687, 1.142565].
+    # A second, unscorable completion (NaN reward) gets advantage 0 and keeps its own values as targets.
+    x = AdvantageInputs(rewards=t32([1, float("nan")]), mask=t32([[1, 1, 1], [1, 1, 0]]), group_size=1,
+                        kl=t32([[0.1, 0.2, 0.3], [0.4, 0.4, 0.0]]), kl_coef=0.5,
+                        values=t32([[0.5, 0.6, 0.7], [0.3, 0.2, 0.0]]), gamma=0.9, lam=0.8)
+    out = ALGORITHMS.get("ppo").advantages(x)
+    close(out.advantages, [[-0.715878, -0.426687, 1.142565], [0, 0, 0]])
+    close(out.returns, [[0.51736, 0.638, 0.85], [0.3, 0.2, 0.0]])
+
+
+def test_grpo_is_the_outcome_estimator_broadcast():
+    rewards, mask = t32([1, 0, 0, 0, 2, 2]), t32([[1, 1], [1, 0], [1, 1], [1, 1], [1, 0], [1, 1]])
+    for scale in ("group", "batch", "none"):
+        out = ALGORITHMS.get("grpo").advantages(AdvantageInputs(rewards=rewards, mask=mask, group_size=3, scale=scale))
+        expected = compute_advantages("grpo", rewards, 3, scale=scale)[:, None] * mask
+        torch.testing.assert_close(out.advantages, expected, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------- specs and config agree
+
+
+def test_specs_match_the_config():
+    names = set(typing.get_args(AlgorithmConfig.model_fields["name"].annotation))
+    assert names == set(ALGORITHMS.names())
+    assert ALGORITHM_MIN_GENERATIONS == {name: ALGORITHMS.get(name).min_group_size for name in ALGORITHMS.names()}
+    for name in ALGORITHMS.names():
+        spec = ALGORITHMS.get(name)
+        assert spec.kl_placement in ("loss", "reward") and spec.needs_critic == (name == "ppo")
+
+
+@pytest.mark.parametrize("overrides, loss_name, placement, estimator, old_logp", [
+    (["algorithm.name=grpo"], "ppo_clip", None, "k1", False),  # beta 0: no KL term anywhere
+    (["algorithm.name=grpo", "algorithm.beta=0.04"], "ppo_clip", "loss", "k3", False),  # TRL's GRPO
+    (["algorithm.name=grpo", "algorithm.importance_sampling_level=sequence"], "gspo", None, "k1", False),
+    (["algorithm.name=rloo", "algorithm.beta=0.05"], "seq_sum_clip", "reward", "k1", True),  # TRL's RLOO
+    (["algorithm.name=rloo", "algorithm.beta=0.05", "algorithm.kl_placement=loss"], "seq_sum_clip", "loss", "k3", False),
+    (["algorithm.name=rloo", "algorithm.beta=0.05", "algorithm.kl_placement=loss", "algorithm.kl_controller=adaptive"],
+     "seq_sum_clip", "loss", "k3", True),  # the controller measures the KL at generation time
+    (["algorithm.name=reinforce_pp", "algorithm.beta=0.01", "algorithm.kl_estimator=k2"], "ppo_clip", "reward", "k2", True),
+    (["algorithm.name=ppo"], "ppo_clip", None, "k1", False),
+    (["algorithm.name=ppo", "algorithm.num_iterations=2"], "ppo_clip", None, "k1", True),  # off-policy
+])
+def test_auto_fields_resolve_per_algorithm(overrides, loss_name, placement, estimator, old_logp):
+    cfg = load_config(None, overrides)
+    from cohort.config import batch_plan
+
+    choice = resolve(cfg, off_policy=batch_plan(cfg).off_policy)
+    assert (choice.loss_name, choice.kl_placement, choice.kl_estimator, choice.score_old_logp) == (
+        loss_name, placement, estimator, old_logp)
+    assert choice.loss_name in POLICY_LOSSES
+
+
+def test_config_checks_group_size_and_kl_controller():
+    from cohort.config import ConfigError, validate_config
+
+    validate_config(load_config(None, ["algorithm.name=ppo", "rollout.num_generations=1"]), check_files=False)
+    validate_config(load_config(None, ["algorithm.name=reinforce_pp", "rollout.num_generations=1"]), check_files=False)
+    with pytest.raises(ConfigError) as err:
+        validate_config(load_config(None, ["algorithm.name=rloo", "rollout.num_generations=1", "algorithm.kl_controller=adaptive",
+                                           "algorithm.lam=1.5", "critic.cliprange_value=0"]), check_files=False)
+    text = str(err.value)
+    assert "algorithm.name = rloo needs at least 2 completions per prompt" in text
+    assert "the controller multiplies beta, so it would stay 0" in text
+    assert "algorithm.lam = 1.5: must be in [0, 1]" in text and "critic.cliprange_value = 0.0: must be > 0" in text
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+SEVENS = textwrap.dedent('''
+    def sevens(prompts, completions, **kwargs):
+        return [c.count("7") / max(1, len(c)) for c in completions]
+''')
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    (tmp_path / "algo_rewards.py").write_text(SEVENS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(32)))
+    return tmp_path, data
+
+
+def _trainer(toy, model_dir, name, *extra, steps=30, engine=None):
+    from cohort.trainer.loop import Trainer
+
+    tmp_path, data = toy
+    cfg = load_config(None, [
+        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "rollout.engine=hf",
+        "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=4", "train.micro_batch_size=8",
+        f"train.max_steps={steps}", "train.learning_rate=3e-3", "rewards=[{name: 'algo_rewards:sevens'}]",
+        f"algorithm.name={name}", f"run.output_dir={tmp_path / ('run-' + name)}", "run.progress=false", "run.loggers=[jsonl]",
+        *extra,
+    ])
+    return Trainer(cfg, engine=engine)
+
+
+def test_switching_algorithm_changes_nothing_else_in_the_loop(toy, tiny_model_dir):
+    seen = {}
+    for name, extra in [("grpo", ()), ("rloo", ()), ("reinforce_pp", ()), ("reinforce_pp_baseline", ()), ("ppo", ()),
+                        ("rloo", ("algorithm.beta=0.05",)), ("ppo", ("algorithm.beta=0.05",))]:
+        trainer = _trainer(toy, tiny_model_dir, name, *extra)
+        # the parts match the algorithm: a critic only for ppo, a reference model only with a KL term
+        assert (trainer.critic is not None) == (name == "ppo")
+        assert (trainer.ref_model is not None) == bool(extra)
+        if trainer.critic is not None:
+            policy_storage = {p.data_ptr() for p in trainer.policy.parameters()}
+            assert not policy_storage & {p.data_ptr() for p in trainer.critic.model.parameters()}  # its own copy
+        first = trainer.step()
+        batch = trainer.batch
+        # old log-probs only when the KL is measured at generation time (on-policy otherwise)
+        assert (batch.old_logp is not None) == bool(extra)
+        assert (batch.values is not None) == (name == "ppo") and ("timing/critic_s" in first) == (name == "ppo")
+        trainer.step()
+        seen[(name, extra)] = (batch.row_indices, batch.prompt_ids, batch.completion_ids, batch.rewards.tolist(),
+                               first["reward"], trainer.batch.row_indices)
+        trainer.close()
+    reference = seen[("grpo", ())]
+    for key, value in seen.items():
+        assert value == reference, key  # same prompts, seeds, completions and rewards at step 1; same prompts at step 2
+
+
+def test_adaptive_kl_controller_moves_beta_once_per_generation_batch(toy, tiny_model_dir):
+    trainer = _trainer(toy, tiny_model_dir, "rloo", "algorithm.beta=0.1", "algorithm.kl_controller=adaptive",
+                       "algorithm.kl_target=0.01", "algorithm.kl_horizon=100")
+    first = trainer.step()
+    # Step 1: the policy is the reference, so the measured KL is 0: error -1, clipped to -0.2; 16 completions:
+    # beta = 0.1 * (1 - 0.2 * 16 / 100) = 0.0968.
+    assert first["kl"] == 0.0 and first["kl_coef"] == 0.1
+    with torch.no_grad():  # move the policy away from the reference (the toy reward alone barely moves it in one step)
+        torch.manual_seed(0)
+        for param in trainer.policy.parameters():
+            param.add_(0.02 * torch.randn_like(param))
+    second = trainer.step()
+    assert second["kl_coef"] == pytest.approx(0.0968, abs=1e-12)
+    assert second["kl"] > 0
+    # Step 2 measured KL k: beta *= 1 + clip(k / 0.01 - 1, -0.2, 0.2) * 16 / 100.
+    error = min(max(second["kl"] / 0.01 - 1, -0.2), 0.2)
+    assert trainer.kl_controller.value == pytest.approx(0.0968 * (1 + error * 0.16), rel=1e-12)
+    trainer.close()
+
+
+def test_critic_values_read_the_state_before_each_completion_token(toy, tiny_model_dir):
+    from cohort.trainer.batching import pack_right_padded
+
+    trainer = _trainer(toy, tiny_model_dir, "ppo")
+    critic = trainer.critic.model
+    assert all(float(v.detach().abs().max()) == 0.0 for v in [critic.head.weight, critic.head.bias])  # starts at V = 0
+    with torch.no_grad():
+        critic.head.weight.normal_()
+        critic.head.bias.fill_(0.3)
+    pb = pack_right_padded([[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]], trainer.pad_id)
+    with torch.no_grad():
+        values = critic(pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_mask)
+        hidden = critic.body(input_ids=pb.input_ids, attention_mask=pb.attention_mask).last_hidden_state
+    # row 0: prompt of 3, completion tokens at positions 3, 4: their states are the hidden states at 2 and 3;
+    # row 1: prompt of 2, completion at 2, 3, 4: states at 1, 2, 3. Padding (row 0, column 2) is 0.
+    head = lambda h: float(h @ critic.head.weight[0] + 0.3)  # noqa: E731
+    expected = [[head(hidden[0, 2]), head(hidden[0, 3]), 0.0], [head(hidden[1, 1]), head(hidden[1, 2]), head(hidden[1, 3])]]
+    torch.testing.assert_close(values, t32(expected), rtol=0, atol=1e-5)
+    trainer.close()
+
+
+def test_critic_and_kl_controller_are_checkpointed(toy, tiny_model_dir):
+    from cohort.trainer import checkpoint
+
+    trainer = _trainer(toy, tiny_model_dir, "ppo", "algorithm.beta=0.05", "algorithm.kl_controller=adaptive")
+    parts = checkpoint.stateful_parts(trainer)
+    assert "critic" in parts and "kl_controller" in parts
+    trainer.step()
+    state = {k: v for k, v in parts["critic"].state_dict().items()}
+    fresh = _trainer(toy, tiny_model_dir, "ppo", "algorithm.beta=0.05", "algorithm.kl_controller=adaptive")
+    fresh.critic.load_state_dict(state)
+    for a, b in zip(trainer.critic.model.parameters(), fresh.critic.model.parameters()):
+        assert torch.equal(a, b)
+    assert fresh.critic.scheduler.last_epoch == trainer.critic.scheduler.last_epoch == 1
+    trainer.close()
+    fresh.close()
+
+
+@pytest.mark.parametrize("name, extra", [
+    ("rloo", ()), ("reinforce_pp", ()), ("reinforce_pp_baseline", ()),
+    ("ppo", ("critic.learning_rate=1e-3",)),
+])
+def test_every_algorithm_learns_the_toy_reward(toy, tiny_model_dir, name, extra):
+    # The random tiny model starts near 0 (about 1 token in 259 is "7"); measured with these settings: every
+    # algorithm passes 0.9 by step ~20 (grpo, the control, is covered by test_train_e2e.py). A sign error, advantages
+    # that ignore the reward or a loop that skips the update leave it near 0.
+    trainer = _trainer(toy, tiny_model_dir, name, *extra)
+    rewards, critic_errors = [], []
+    for _ in range(30):
+        metrics = trainer.step()
+        rewards.append(metrics["reward"])
+        critic_errors.append(metrics.get("value/error"))
+    trainer.close()
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert first < 0.15 and last > 0.8, (first, last)
+    if name == "ppo":  # the critic learned the (now nearly constant) return: its error shrank
+        assert critic_errors[-1] < 0.05 < max(critic_errors), critic_errors
