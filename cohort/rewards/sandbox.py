@@ -105,24 +105,29 @@ class _UidSlot:
     LOCK_DIR = Path(tempfile.gettempdir()) / "cohort-sandbox-slots"
 
     def __init__(self, uid_base: int, slots: int, wait_s: float):
-        self.LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
         deadline = time.monotonic() + wait_s
         start = random.randrange(slots)
         while True:
             for k in range(slots):
-                slot = (start + k) % slots
-                handle = open(self.LOCK_DIR / f"slot-{uid_base + slot}.lock", "a+")
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    handle.close()
-                    continue
-                self.uid = uid_base + slot
-                self._handle = handle
-                return
+                handle = self.try_lock(uid_base + (start + k) % slots)
+                if handle is not None:
+                    self.uid, self._handle = uid_base + (start + k) % slots, handle
+                    return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"all {slots} sandbox uid slots stayed busy for {wait_s:g} s")
             time.sleep(0.01)
+
+    @classmethod
+    def try_lock(cls, uid: int):
+        """The open, locked slot file for ``uid``, or None when someone holds it."""
+        cls.LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+        handle = open(cls.LOCK_DIR / f"slot-{uid}.lock", "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return None
+        return handle
 
     def release(self) -> None:
         self._handle.close()  # closing drops the flock
@@ -194,6 +199,23 @@ class _RunCgroups:
                     break
                 except OSError:
                     time.sleep(0.01)  # processes still exiting
+
+
+def remove_stale_cgroups(bases: dict[str, Path]) -> None:
+    """Remove empty per-run cgroups whose slot is free (left by a trainer that was killed)."""
+    for base in bases.values():
+        for directory in base.glob("cohort-sandbox-*"):
+            uid = directory.name.rsplit("-", 1)[-1]
+            handle = _UidSlot.try_lock(int(uid)) if uid.isdigit() else None
+            if handle is None:
+                continue
+            try:
+                if not (directory / "cgroup.procs").read_text().split():
+                    directory.rmdir()
+            except OSError:
+                pass
+            finally:
+                handle.close()
 
 
 # -- finding and killing leftovers -----------------------------------------------------
@@ -314,6 +336,7 @@ class Sandbox:
         self.uid_base = uid_base
         self.uid_slots = uid_slots
         self._cgroup_bases = _cgroup_v1_dirs() if os.geteuid() == 0 else {}
+        remove_stale_cgroups(self._cgroup_bases)
         self.mode = self._choose_mode(isolation, allow_unisolated)
 
     def _choose_mode(self, isolation: str, allow_unisolated: bool) -> str:

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from cohort.rewards.sandbox import CHILD, Sandbox, SandboxLimits, SandboxUnavailable, processes_of_uid
+from cohort.rewards.sandbox import (
+    CHILD,
+    Sandbox,
+    SandboxLimits,
+    SandboxUnavailable,
+    _cgroup_v1_dirs,
+    processes_of_uid,
+)
 
 TIMEOUT_S = 2.0
 SLACK_S = 3.0  # interpreter start and clean-up on a loaded, shared 2-core machine
@@ -226,3 +233,9 @@ def test_a_killed_trainer_takes_its_sandboxes_with_it(tmp_path):
     while sandbox_processes() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sandbox_processes() == set()
+    # the killed trainer could not remove its run's cgroups; the next Sandbox does
+    bases = _cgroup_v1_dirs()
+    if bases:
+        assert any(list(base.glob("cohort-sandbox-*")) for base in bases.values())
+        Sandbox(SandboxLimits(timeout_s=TIMEOUT_S))
+        assert not any(list(base.glob("cohort-sandbox-*")) for base in bases.values())
