@@ -28,7 +28,9 @@ an **empty environment** in a **new session** (its own process group), that gets
   processes and memory of the run.
 - a wall-clock timeout enforced by the parent; afterwards, always, the run's
   process group is killed, then every process left in its cgroup, then every
-  process still owned by its uid (found by scanning /proc), until none remain.
+  process still owned by its uid (found by scanning /proc), until none remain;
+- death with the parent (``PR_SET_PDEATHSIG``) at every level, so a trainer killed
+  mid-run leaves nothing running (its empty cgroups are removed by the next Sandbox).
 
 What it does not protect against: see docs/rewards.md ("Sandbox"). In short: the
 code can read world-readable files; it can use all the CPU time and memory it is
