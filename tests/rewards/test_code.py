@@ -33,6 +33,9 @@ def test_split_tests():
     assert len(split_tests(humaneval)) == 1
     assert split_tests([]) is None and split_tests(None) is None and split_tests("") is None
     assert split_tests("assert (") is None and split_tests(["assert f(", "assert 1"]) is None
+    import numpy as np
+
+    assert split_tests(np.array(["assert 1", "assert 2"])) == ["assert 1", "assert 2"]  # from parquet
 
 
 # Three MBPP-style rows (task 2 of MBPP: similar elements of two tuples), as the model might answer.
