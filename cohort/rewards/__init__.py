@@ -8,7 +8,8 @@ TRL's: ``fn(prompts=, completions=, completion_ids=, **columns) -> list[float | 
   ``accuracy``, ``reasoning_accuracy``, ``think_format``, ``soft_overlong``,
   ``code_tests``, ``reward_model``, ``remote``) or your own by import path
   (``my_module.my_reward`` / ``my_module:my_reward``).
-- ``resolve(name, options=None)`` checks a name (and options) without building anything.
+- ``resolve(name, options=None)`` checks a name (and options) without building anything;
+  ``validate_spec(spec)`` checks a whole RewardSet spec the same way (config validation).
 - ``describe_builtins()`` / ``format_builtins()`` list the built-ins and their options.
 - ``RewardSet.from_specs(specs, ...)`` runs several functions concurrently, applies the
   failure policy, and aggregates them; see ``cohort.rewards.reward_set``.
@@ -33,6 +34,7 @@ from cohort.rewards.reward_set import (
     RewardRowError,
     RewardSet,
     aggregate,
+    validate_spec,
 )
 
 __all__ = [
@@ -50,4 +52,5 @@ __all__ = [
     "get",
     "register",
     "resolve",
+    "validate_spec",
 ]

@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from cohort.rewards.registry import SPEC_KEYS, RewardFunction, get, resolve
+from cohort.rewards.registry import SPEC_KEYS, Resolved, RewardFunction, get, resolve
 from cohort.rewards.text import completion_text, truncate
 
 AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
@@ -168,24 +168,47 @@ def _unique_names(names: Sequence[str]) -> list[str]:
     return unique
 
 
-def _entry_from_spec(spec: Mapping[str, Any] | str) -> tuple[str, RewardEntry]:
-    """A spec dict → (display name before de-duplication, entry)."""
+def validate_spec(spec: Mapping[str, Any] | str) -> Resolved:
+    """Check one spec (name, options, weight, on_error, timeout_s, alias); build nothing.
+
+    For config validation before any model loads; raises ``ValueError`` saying what to fix.
+    """
     if isinstance(spec, str):
         spec = {"name": spec}
     if "name" not in spec:
         raise ValueError(f"a reward spec needs a 'name'; got {dict(spec)}")
-    options = {k: v for k, v in spec.items() if k not in SPEC_KEYS}
-    name, alias = spec["name"], spec.get("alias")
-    weight = float(spec.get("weight", 1.0))
-    on_error, timeout_s = spec.get("on_error"), spec.get("timeout_s")
-    if on_error is not None and on_error not in ON_ERROR:
-        raise ValueError(f"reward {name!r}: on_error must be one of {ON_ERROR}, got {on_error!r}")
+    name = spec["name"]
+    try:
+        weight = float(spec.get("weight", 1.0))
+    except (TypeError, ValueError):
+        weight = math.nan
     if not math.isfinite(weight):
-        raise ValueError(f"reward {name!r}: weight must be a finite number, got {weight}")
-    display = alias or resolve(name, options).display_name
-    function = get(name, **options)
-    entry = RewardEntry(display, function, weight, on_error, None if timeout_s is None else float(timeout_s))
-    return display, entry
+        raise ValueError(f"reward {name!r}: weight must be a finite number, got {spec.get('weight')!r}")
+    if spec.get("on_error") not in (None, *ON_ERROR):
+        raise ValueError(f"reward {name!r}: on_error must be one of {ON_ERROR}, got {spec['on_error']!r}")
+    timeout_s = spec.get("timeout_s")
+    if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ValueError(f"reward {name!r}: timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    alias = spec.get("alias")
+    if alias is not None and (not isinstance(alias, str) or not alias):
+        raise ValueError(f"reward {name!r}: alias must be a non-empty string, got {alias!r}")
+    return resolve(name, {k: v for k, v in spec.items() if k not in SPEC_KEYS})
+
+
+def _entry_from_spec(spec: Mapping[str, Any] | str) -> RewardEntry:
+    """A spec dict → an entry (display name before de-duplication)."""
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    resolved = validate_spec(spec)
+    options = {k: v for k, v in spec.items() if k not in SPEC_KEYS}
+    timeout_s = spec.get("timeout_s")
+    return RewardEntry(
+        spec.get("alias") or resolved.display_name,
+        get(spec["name"], **options),
+        float(spec.get("weight", 1.0)),
+        spec.get("on_error"),
+        None if timeout_s is None else float(timeout_s),
+    )
 
 
 class RewardSet:
@@ -226,7 +249,7 @@ class RewardSet:
         built = []
         try:
             for spec in specs:
-                built.append(_entry_from_spec(spec)[1])
+                built.append(_entry_from_spec(spec))
         except BaseException:
             for entry in built:
                 _close_function(entry.function)

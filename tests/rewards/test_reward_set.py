@@ -263,6 +263,29 @@ def test_normalize_then_sum_through_the_set_and_group_check():
             rs.score(**batch(4), group_size=3)
 
 
+def test_validate_spec_builds_nothing_and_says_what_to_fix(monkeypatch):
+    from cohort.rewards import registry, validate_spec
+
+    built = []
+    monkeypatch.setitem(registry._FACTORIES, "numeric_match", lambda **kw: built.append(kw))
+    spec = {"name": "soft_overlong", "max_completion_length": 8, "cache_length": 2, "weight": 0.5,
+            "on_error": "none", "timeout_s": 5, "alias": "length"}
+    assert validate_spec(spec).name == "soft_overlong"
+    assert validate_spec("numeric_match").kind == "builtin" and built == []
+    cases = [
+        ({"weight": 1}, "needs a 'name'"),
+        ({"name": "numeric_match", "weight": "heavy"}, "weight must be a finite number"),
+        ({"name": "numeric_match", "on_error": "skip"}, "on_error must be one of"),
+        ({"name": "numeric_match", "timeout_s": 0}, "timeout_s must be a positive"),
+        ({"name": "numeric_match", "alias": ""}, "alias must be a non-empty string"),
+        ({"name": "soft_overlong", "max_completion_length": 8}, r"needs the option\(s\) \['cache_length'\]"),
+        ({"name": "code_tests", "timeout": 3}, r"no option\(s\) \['timeout'\]"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(ValueError, match=message):
+            validate_spec(bad)
+
+
 def test_bad_configuration():
     with pytest.raises(ValueError, match="aggregation"):
         RewardSet([RewardEntry("a", const(1.0))], aggregation="mean")
