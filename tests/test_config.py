@@ -65,7 +65,7 @@ BAD = [
     (["rollout.num_generations=8", "rollout.generation_batch_size=30"], "not divisible by rollout.num_generations = 8", "use a multiple of 8"),
     (["rollout.num_generations=6", "train.prompts_per_step=5", "train.micro_batch_size=8"],
      "train.prompts_per_step × rollout.num_generations = 5 × 6 = 30 is not divisible by train.micro_batch_size = 8", "use 6 or 10"),
-    (["rewards=[{name: no_such_reward}]"], "rewards[0].name = 'no_such_reward'", "numeric_match"),
+    (["rewards=[{name: no_such_reward}]"], "rewards[0] (name = 'no_such_reward')", "numeric_match"),
     (["data.train_files=[/nonexistent/train.jsonl]"], "data.train_files: '/nonexistent/train.jsonl' does not exist", "fix the path"),
     (["rollout.temperature=0"], "rollout.temperature = 0.0", "must be > 0"),
     (["model.path=/nonexistent/model"], "model.path = '/nonexistent/model'", "local transformers checkpoint"),
@@ -92,7 +92,7 @@ def test_cli_reports_all_problems_and_exits_2(capsys, no_model_loading, data_fil
     code = cli.main(["train", f"data.train_files=[{data_file}]", "rollout.num_generations=1", "rewards=[{name: nope}]"])
     err = capsys.readouterr().err
     assert code == 2
-    assert "2 problem(s)" in err and "rollout.num_generations" in err and "rewards[0].name" in err
+    assert "2 problem(s)" in err and "rollout.num_generations" in err and "rewards[0] (name" in err
 
 
 def test_config_show_prints_resolved(capsys):
