@@ -5,10 +5,16 @@ log-prob of completion token j of row b, which sits at position
 `prompt_len[b] + j`, is read from the hidden state at `prompt_len[b] + j - 1`.
 Only active completion tokens are scored: the hidden states of those positions
 are gathered into one (M, H) matrix and pushed through the LM head in chunks of
-`chunk_size` rows; with gradients on, each chunk is recomputed in the backward
-pass (activation checkpointing), so at most one chunk of (chunk_size, V) float32
-logits is alive at a time. Temperature divides the logits before the softmax,
-the same temperature the sampler used.
+at most `chunk_size` rows, and of at most `max_chunk_logits` logits (so a
+151,936-token vocabulary gets chunks of ~110 rows: 64 MiB of float32 logits).
+Each chunk goes through `LinearLogProb`, an autograd function that keeps only
+the chunk's hidden states and log-sum-exp for the backward and recomputes the
+logits there, writing the gradient `g · (onehot − softmax)` over the logits in
+place: at most about two (rows, V) float32 buffers are alive at a time, in the
+forward and the backward alike (plain activation checkpointing of the same
+maths held ~5: logits, their temperature-scaled copy, softmax, the product for
+the entropy, the logits' gradient). Temperature divides the logits before the
+softmax, the same temperature the sampler used.
 
 Left out: packing several sequences into one row (needs a varlen attention
 kernel); right padding within a micro-batch is used instead, and the trainer
@@ -18,7 +24,6 @@ sorts by length to keep it small.
 from __future__ import annotations
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 
 def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -30,18 +35,60 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
     return body, head
 
 
-def _chunk_logp_entropy(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                        temperature: float, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float,
+            softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Float32 (C, V) logits after softcap and temperature, and tanh(z / softcap) when capped (for the backward)."""
     logits = torch.nn.functional.linear(hidden, weight, bias).float()  # (C, V)
+    squashed = None
     if softcap:
-        logits = torch.tanh(logits / softcap) * softcap
-    logits = logits / temperature
-    lse = torch.logsumexp(logits, dim=-1)  # (C,)
-    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
-    with torch.no_grad():
-        probs = torch.softmax(logits, dim=-1)
-        entropy = lse - (probs * logits).sum(-1)
-    return logp, entropy
+        squashed = torch.tanh(logits / softcap)
+        logits = squashed * softcap
+    if temperature != 1.0:
+        logits.div_(temperature)
+    return logits, squashed
+
+
+class LinearLogProb(torch.autograd.Function):
+    """(hidden (C, H), LM head) -> log-prob of `targets` (C,) and entropy (C,), without saving the logits.
+
+    Forward: logits → log-sum-exp → log-prob of the target, and the entropy
+    lse − Σ p·logits from one more (C, V) buffer (p). Backward: the logits are
+    recomputed and turned in place into d logp / d logits = onehot − softmax,
+    scaled by the incoming gradient (and by the temperature and softcap
+    derivatives), then the two matmuls give the hidden-state and weight
+    gradients. The entropy carries no gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature: float, softcap: float | None):
+        logits, _ = _logits(hidden, weight, bias, temperature, softcap)
+        lse = torch.logsumexp(logits, dim=-1)  # (C,)
+        logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+        probs = (logits - lse[:, None]).exp_()
+        # H = lse − Σ p·logits (summing p·logits, not p·log p, keeps float32 error small over a large vocabulary);
+        # the batched dot product avoids a third (C, V) buffer for the elementwise product.
+        entropy = lse - (probs[:, None, :] @ logits[:, :, None]).reshape(-1)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.temperature, ctx.softcap = temperature, softcap
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        with torch.no_grad():
+            logits, squashed = _logits(hidden, weight, bias, ctx.temperature, ctx.softcap)
+            grad = logits.sub_(lse[:, None]).exp_().mul_(-grad_logp[:, None])  # −g · softmax
+            grad.scatter_add_(-1, targets[:, None], grad_logp[:, None].to(grad.dtype))  # + g · onehot
+            if ctx.temperature != 1.0:
+                grad.div_(ctx.temperature)
+            if squashed is not None:
+                grad.mul_(1.0 - squashed.square_())
+            grad = grad.to(weight.dtype)
+            grad_hidden = grad @ weight if ctx.needs_input_grad[0] else None
+            grad_weight = grad.t() @ hidden if ctx.needs_input_grad[1] else None
+            grad_bias = grad.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
 def completion_logprobs(
@@ -54,10 +101,12 @@ def completion_logprobs(
     *,
     temperature: float = 1.0,
     chunk_size: int = 1024,
+    max_chunk_logits: int = 2**24,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs and entropies of the completion tokens, (B, Tc) each, 0 at padding.
 
-    Log-probs carry gradients when grad is enabled; entropies never do.
+    Log-probs carry gradients when grad is enabled; entropies never do. A chunk
+    holds at most `chunk_size` tokens and at most `max_chunk_logits` logits.
     """
     body, head = decoder_and_head(model)
     hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
@@ -69,13 +118,11 @@ def completion_logprobs(
     targets = completion_ids[active]  # (M,)
     softcap = getattr(model.config, "final_logit_softcapping", None)
     weight, bias = head.weight, getattr(head, "bias", None)
+    rows_per_chunk = max(1, min(chunk_size, max_chunk_logits // weight.shape[0]))
     logps, entropies = [], []
-    for start in range(0, h.shape[0], chunk_size):
-        args = (h[start : start + chunk_size], targets[start : start + chunk_size], weight, bias, temperature, softcap)
-        if torch.is_grad_enabled():
-            lp, ent = checkpoint(_chunk_logp_entropy, *args, use_reentrant=False)
-        else:
-            lp, ent = _chunk_logp_entropy(*args)
+    for start in range(0, h.shape[0], rows_per_chunk):
+        end = start + rows_per_chunk
+        lp, ent = LinearLogProb.apply(h[start:end], weight, bias, targets[start:end], temperature, softcap)
         logps.append(lp)
         entropies.append(ent)
     out_logp = hidden.new_zeros((b, tc), dtype=torch.float32)

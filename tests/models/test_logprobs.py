@@ -56,3 +56,50 @@ def test_gradients_match_naive(policy):
     for g_chunk, p in zip(chunked, policy.parameters()):
         assert torch.allclose(g_chunk, p.grad, atol=1e-5)
     policy.zero_grad()
+
+
+def _plain_logp_entropy(hidden, weight, bias, targets, temperature, softcap):
+    """The same maths with ordinary autograd ops over the whole (C, V) logits."""
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    log_probs = torch.log_softmax(logits / temperature, dim=-1)
+    return log_probs.gather(-1, targets[:, None]).squeeze(-1), -(log_probs.exp() * log_probs).sum(-1)
+
+
+@pytest.mark.parametrize("temperature,softcap,with_bias", [(1.0, None, False), (0.7, None, True), (1.3, 5.0, True)])
+def test_linear_logprob_values_and_gradients(temperature, softcap, with_bias):
+    # LinearLogProb recomputes the logits in the backward and writes g·(onehot − softmax) in place, with the
+    # temperature (1/T) and softcap (1 − tanh²) factors; every input gradient must equal plain autograd's.
+    from cohort.models.logprobs import LinearLogProb
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(7, 16, generator=g, requires_grad=True)
+    weight = torch.randn(40, 16, generator=g, requires_grad=True)
+    bias = torch.randn(40, generator=g, requires_grad=True) if with_bias else None
+    targets = torch.randint(0, 40, (7,), generator=g)
+    upstream = torch.randn(7, generator=g)  # a non-uniform incoming gradient
+    logp, ent = LinearLogProb.apply(hidden, weight, bias, targets, temperature, softcap)
+    (logp * upstream).sum().backward()
+    fused = [t.grad.clone() for t in (hidden, weight, bias) if t is not None]
+    for t in (hidden, weight, bias):
+        if t is not None:
+            t.grad = None
+    ref_logp, ref_ent = _plain_logp_entropy(hidden, weight, bias, targets, temperature, softcap)
+    (ref_logp * upstream).sum().backward()
+    assert torch.allclose(logp, ref_logp, atol=1e-5)
+    assert torch.allclose(ent, ref_ent.detach(), atol=1e-5)
+    assert not ent.requires_grad
+    for got, t in zip(fused, [t for t in (hidden, weight, bias) if t is not None]):
+        assert torch.allclose(got, t.grad, atol=1e-5)
+
+
+def test_chunk_rows_capped_by_logit_budget(policy):
+    # max_chunk_logits = 2 × vocab forces 2-row chunks whatever chunk_size says; results must not change.
+    b = _batch()
+    args = (policy, b.input_ids, b.attention_mask, b.prompt_lengths, b.completion_ids, b.completion_mask)
+    vocab = policy.get_output_embeddings().weight.shape[0]
+    with torch.no_grad():
+        small, _ = completion_logprobs(*args, chunk_size=1024, max_chunk_logits=2 * vocab)
+        ref, _ = naive_completion_logprobs(*args)
+    assert torch.allclose(small, ref, atol=1e-5)
