@@ -45,19 +45,57 @@ def _load(args_list: list[str], *, check_files: bool = True):
     return cfg, plan
 
 
+def _resume_config(target: str, overrides: list[str]):
+    """The config of the run being resumed (RUN_DIR/config.yaml) with `overrides`; the run directory stays the same."""
+    from pathlib import Path
+
+    from cohort.config import ConfigError, load_config, validate_config
+
+    path = Path(target)
+    run_dir = path.parent.parent if (path / "meta.json").is_file() else path
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError([f"--resume {target}: no config.yaml in {run_dir}; give the run directory of an earlier `cohort train`"])
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError([f"--resume takes overrides only (section.field=value), got {', '.join(bad)}"])
+    cfg = load_config(run_dir / "config.yaml", overrides)
+    cfg.run.output_dir = str(run_dir)
+    validate_config(cfg)
+    return cfg
+
+
 def cmd_train(ns) -> int:
-    cfg, _ = _load(ns.config)
+    cfg = _resume_config(ns.resume, ns.config) if ns.resume else _load(ns.config)[0]
     from cohort.trainer.loop import Trainer
 
     trainer = Trainer(cfg)
     try:
-        summary = trainer.train()
+        summary = trainer.train(resume_from=ns.resume)
     finally:
         trainer.close()
+    if summary.get("stopped"):
+        print(summary["message"])
+        return 0
     before, after = summary.get("eval/accuracy_before"), summary.get("eval/accuracy_after")
     if before is not None and after is not None:
         print(f"held-out greedy accuracy: {before:.1%} before → {after:.1%} after ({(after - before) * 100:+.1f} points)")
     print(f"{summary['steps']} steps in {summary['wall_s']:.1f} s; run directory: {summary['run_dir']}")
+    return 0
+
+
+def cmd_report(ns) -> int:
+    from cohort.report import write_report
+
+    path = write_report(ns.run_dir, ns.out)
+    print(f"report: {path}")
+    return 0
+
+
+def cmd_compare(ns) -> int:
+    from cohort.report import write_comparison
+
+    path = write_comparison(ns.run_dirs, ns.out)
+    print(f"comparison: {path}")
     return 0
 
 
@@ -120,7 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a policy (no config: the embedded tiny:arith demo)",
                            formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_fields_help())
     train.add_argument("config", nargs="*", help="[CONFIG.yaml] [section.field=value ...]")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint (or from the "
+                       "checkpoint directory given), with RUN_DIR/config.yaml plus any overrides")
     train.set_defaults(func=cmd_train)
+    report = sub.add_parser("report", help="plots (PNG) and a self-contained HTML page for a run directory")
+    report.add_argument("run_dir", help="a run directory written by `cohort train`")
+    report.add_argument("--out", help="where to write (default: RUN_DIR/report)")
+    report.set_defaults(func=cmd_report)
+    compare = sub.add_parser("compare", help="overlay the curves of several runs (PNG + HTML)")
+    compare.add_argument("run_dirs", nargs="+", help="two or more run directories")
+    compare.add_argument("--out", default="compare-report", help="where to write (default: ./compare-report)")
+    compare.set_defaults(func=cmd_compare)
     config = sub.add_parser("config", help="inspect configurations")
     config_sub = config.add_subparsers(dest="config_command")
     show = config_sub.add_parser("show", help="print the resolved config")
@@ -158,12 +206,21 @@ def main(argv: list[str] | None = None) -> int:
     from cohort.config import ConfigError
     from cohort.data.datasets import DataError
     from cohort.models.loading import ModelLoadError
+    from cohort.trainer.checkpoint import CheckpointError
+    from cohort.trainer.stopping import RunHalted
 
     try:
         return ns.func(ns)
-    except (ConfigError, DataError, ModelLoadError) as exc:
+    except (ConfigError, DataError, ModelLoadError, CheckpointError) as exc:
         print(f"cohort: {exc}", file=sys.stderr)
         return 2
+    except RunHalted as exc:
+        print(f"cohort: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("cohort: aborted by a second signal; the newest checkpoint under RUN_DIR/checkpoints is the last saved state",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

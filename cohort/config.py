@@ -540,6 +540,9 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
+    from cohort.plan import plan_problems  # outputs, checkpoints, loggers, what the model's config.json forbids
+
+    problems += plan_problems(cfg, check_files=check_files)
     if problems:
         raise ConfigError(problems)
     return batch_plan(cfg)

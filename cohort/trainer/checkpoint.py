@@ -36,6 +36,7 @@ gradients (zero between optimizer steps).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -117,19 +118,35 @@ def mid_generation(trainer) -> bool:
     return trainer.step_count % trainer.plan.optimizer_steps_per_generation != 0
 
 
+def _holds_tensors(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_tensors(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensors(v) for v in value)
+    return False
+
+
 def snapshot(trainer) -> dict[str, Any]:
     """The cheap part of the state at the start of a step, to rewind to if the step turns out non-finite.
 
-    The weights and the optimizer need no copy: a non-finite step never reaches the optimizer.
+    Copied: counters, RNG, the batch reference, and every stateful part whose state holds no tensors
+    (the sampler, a KL controller, the LR schedule). Not copied: weights and optimizer moments, which a
+    non-finite step never changes (it stops before the optimizer step).
     """
+    small = {name: part.state_dict() for name, part in stateful_parts(trainer).items()}
     return {"step": trainer.step_count, "policy_version": trainer.policy_version, "generation_index": trainer.generation_index,
-            "rng": rng_state(), "sampler": dict(trainer.sampler.state_dict()), "batch": trainer.batch, "canary": trainer.canary}
+            "rng": rng_state(), "batch": trainer.batch, "canary": trainer.canary,
+            "parts": {name: copy.deepcopy(state) for name, state in small.items() if not _holds_tensors(state)}}
 
 
 def rewind(trainer, snap: dict[str, Any]) -> None:
     trainer.step_count, trainer.policy_version = snap["step"], snap["policy_version"]
     trainer.generation_index, trainer.batch, trainer.canary = snap["generation_index"], snap["batch"], snap["canary"]
-    trainer.sampler.load_state_dict(snap["sampler"])
+    parts = stateful_parts(trainer)
+    for name, state in snap["parts"].items():
+        parts[name].load_state_dict(state)
     set_rng_state(snap["rng"])
     trainer.optimizer.zero_grad(set_to_none=True)
 

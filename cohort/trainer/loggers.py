@@ -78,9 +78,10 @@ class MetricsLogger:
         return wandb.init(dir=str(run_dir), config=config, name=run_dir.name)
 
     def print(self, text: str) -> None:
+        """Notices (resume, warnings, stops) are always shown; `console` only governs the per-step metric lines."""
         if self.progress is not None:
-            self.progress.console.print(text)
-        elif self.console:
+            self.progress.console.print(text, markup=False, highlight=False)
+        else:
             print(text, flush=True)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:

@@ -82,7 +82,7 @@ def run_training(trainer, resume_from: str | Path | None = None) -> dict:
     try:
         with stop:
             while trainer.step_count < cfg.train.max_steps and not stop.requested:
-                metrics = _guarded_step(trainer, logger)
+                metrics = _guarded_step(trainer)
                 step = trainer.step_count
                 history.append({"step": step, **metrics})
                 logger.log(step, metrics)
@@ -119,7 +119,7 @@ def run_training(trainer, resume_from: str | Path | None = None) -> dict:
     return summary
 
 
-def _guarded_step(trainer, logger) -> dict:
+def _guarded_step(trainer) -> dict:
     """`trainer.step()`; on a non-finite loss or gradient: rewind to the step's start, save it, raise RunHalted."""
     snap = checkpoint.snapshot(trainer)
     try:
@@ -132,7 +132,6 @@ def _guarded_step(trainer, logger) -> dict:
                    f"Saved the last good state (after step {trainer.step_count}) to {path}. Common causes: a learning rate far "
                    "too high, rewards so large they overflow, fp16 overflow. Fix the cause, then resume with: "
                    f"cohort train --resume {trainer.run_dir}")
-        logger.print(message)
         raise RunHalted(message) from exc
 
 
