@@ -66,6 +66,11 @@ def _resume_config(target: str, overrides: list[str]):
 
 def cmd_train(ns) -> int:
     cfg = _resume_config(ns.resume, ns.config) if ns.resume else _load(ns.config)[0]
+    from cohort.distributed.launch import relaunch_under_torchrun
+
+    code = relaunch_under_torchrun(cfg, ["train", *ns.config] + (["--resume", ns.resume] if ns.resume else []))
+    if code is not None:  # train.num_processes > 1: the torchrun children did the work
+        return code
     from cohort.trainer.loop import Trainer
 
     trainer = Trainer(cfg)
@@ -73,6 +78,8 @@ def cmd_train(ns) -> int:
         summary = trainer.train(resume_from=ns.resume)
     finally:
         trainer.close()
+    if not trainer.dist.is_main:
+        return 0
     if summary.get("stopped"):
         print(summary["message"])
         return 0

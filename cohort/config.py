@@ -180,6 +180,10 @@ class TrainConfig(_Section):
     logprob_chunk_size: int = Field(
         1024, description="Completion tokens per chunk when computing log-probs and entropy (bounds the logits held at once)."
     )
+    num_processes: int = Field(
+        1,
+        description="Training processes on this machine: >1 re-launches `cohort train` under torchrun with that many, the policy sharded with FSDP2 (gloo on CPU); rank 0 runs rollout and rewards. Under torchrun, its WORLD_SIZE decides.",
+    )
 
 
 class CriticConfig(_Section):
@@ -528,9 +532,35 @@ def check_rollout_mode(cfg: CohortConfig) -> list[str]:
     return problems
 
 
+def training_world_size(cfg: CohortConfig) -> int:
+    """Processes training together: torchrun's WORLD_SIZE when launched by it, else train.num_processes."""
+    return int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else cfg.train.num_processes
+
+
+def check_processes(cfg: CohortConfig) -> list[str]:
+    """What multi-process training (FSDP2) needs today: whole groups per rank; no critic; no mid-run checkpoints."""
+    world, t = training_world_size(cfg), cfg.train
+    if t.num_processes < 1:
+        return [f"train.num_processes = {t.num_processes}: must be at least 1"]
+    if world == 1:
+        return []
+    problems = []
+    if t.prompts_per_step % world:
+        lower = t.prompts_per_step // world * world
+        fits = [k for k in (lower, lower + world) if k > 0]
+        problems.append(f"train.prompts_per_step = {t.prompts_per_step} must divide by the {world} training processes (each takes "
+                        f"whole groups); use {' or '.join(map(str, fits))}")
+    if cfg.algorithm.name == "ppo":
+        problems.append("algorithm.name = ppo: the critic is not sharded across processes yet; use train.num_processes=1 with ppo")
+    if cfg.run.save_every:
+        problems.append(f"run.save_every = {cfg.run.save_every}: checkpoints of a sharded optimizer are not written yet with "
+                        f"{world} processes; set run.save_every=0 (the final model is still saved) or train.num_processes=1")
+    return problems
+
+
 def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
     """All checks that need no model; raises ConfigError listing every problem."""
-    problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_rollout_mode(cfg)
+    problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
     if check_files:
         from cohort.data.datasets import check_data_config
 

@@ -162,9 +162,9 @@ class Trainer:
     def update(self, batch: RolloutBatch, indices: list[int]) -> dict[str, float]:
         """One optimizer step over `indices` of the batch, with gradient accumulation."""
         cfg, a = self.cfg, self.cfg.algorithm
-        micro = self._micro_batches(batch, indices)
+        micro = self._micro_batches(batch, self.dist.local_indices(indices, self.plan.num_generations))  # this rank's groups
         packed = [self._pack(batch, mb) for mb in micro]
-        num_items = sum(aggregation_count(p[1], self.aggregation) for p in packed)
+        num_items = self.dist.global_count(sum(aggregation_count(p[1], self.aggregation) for p in packed))
         sums: dict[str, float] = defaultdict(float)
         self.optimizer.zero_grad(set_to_none=True)
         for mb, (pb, mask) in zip(micro, packed):
@@ -191,6 +191,7 @@ class Trainer:
             self._accumulate_mismatch(sums, batch, mb, logp, mask)
             for key, value in metrics.items():
                 sums[key] += float(value) * tokens
+        sums = defaultdict(float, self.dist.reduce_metrics(sums))  # over ranks (identity in one process)
         grad_norm = self._clip_and_step(sums["loss"])
         return self._update_metrics(sums, grad_norm)
 
@@ -249,7 +250,7 @@ class Trainer:
     def _clip_and_step(self, loss: float) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grad_norm = self.dist.sync_and_clip_grads(params, max_norm)  # multi-process: replicated grads averaged first
         check_finite(self.step_count + 1, loss=loss, grad_norm=grad_norm)  # raises before the weights change
         self.optimizer.step()
         self.scheduler.step()
@@ -340,3 +341,4 @@ class Trainer:
         self.rewards.close()
         if self.owns_engine:
             self.engine.close()
+        self.dist.close()

@@ -54,8 +54,11 @@ def _log_completions(trainer, sink: JsonlWriter, step: int) -> None:
 
 
 def save_model(trainer, directory: Path) -> None:
+    state = trainer.dist.full_state_dict(trainer.policy)  # multi-process: gathered on rank 0 (collective); else None
+    if not trainer.dist.is_main:
+        return
     directory.mkdir(parents=True, exist_ok=True)
-    trainer.policy.save_pretrained(str(directory), safe_serialization=True)
+    trainer.policy.save_pretrained(str(directory), safe_serialization=True, state_dict=state)
     trainer.tokenizer.save_pretrained(str(directory))
 
 

@@ -24,11 +24,14 @@ def setup(trainer, external_engine=None) -> None:
     if cfg.train.num_threads:
         torch.set_num_threads(cfg.train.num_threads)
     torch.manual_seed(cfg.train.seed)
+    from cohort.distributed.fsdp import attach_context
+
+    attach_context(trainer)  # trainer.dist: one process, or one of W under torchrun (ranks > 0 log to run_dir/ranks/)
     _check_writable(trainer.run_dir)
     train_data, eval_data, reward_specs = load_data(cfg)
     from cohort.rewards import RewardSet
 
-    trainer.rewards = RewardSet.from_specs(reward_specs)
+    trainer.rewards = trainer.dist.main_only_rewards(RewardSet.from_specs(reward_specs))
     trainer.model_dir = resolve_model_dir(cfg.model.path)
     trainer.tokenizer = load_tokenizer(trainer.model_dir)
     trainer.pad_id = trainer.tokenizer.pad_token_id
@@ -49,6 +52,7 @@ def setup(trainer, external_engine=None) -> None:
 
     check_disk_space(trainer.run_dir, trainer.policy, cfg.run.keep_checkpoints, cfg.run.save_every)
     trainer.ref_model = _reference(trainer.policy) if cfg.algorithm.beta != 0 else None
+    trainer.policy = trainer.dist.shard(trainer.policy)  # FSDP2 when W > 1; the optimizer then holds this rank's shards
     trainer.optimizer, trainer.scheduler = build_optimizer(trainer.policy, cfg.train)
     from cohort.trainer import algorithms
     from cohort.trainer.loop import LOSS_AGGREGATION
@@ -116,10 +120,14 @@ def build_optimizer(policy: torch.nn.Module, train_cfg):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _engine(trainer, external):
+def _engine(trainer, external, *, split: bool = True):
     cfg = trainer.cfg
     if external is not None:
         return external, False
+    if split and trainer.dist.world_size > 1:  # rank 0 builds the engine below; every rank gets its results
+        from cohort.distributed.fsdp import rank0_engine
+
+        return rank0_engine(trainer, lambda: _engine(trainer, None, split=False)[0]), True
     if cfg.rollout.mode == "server":
         from cohort.rollout.remote_engine import RemoteEngine
 

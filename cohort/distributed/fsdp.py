@@ -1,0 +1,313 @@
+"""Multi-process training: the policy sharded with FSDP2, rollout and rewards on rank 0.
+
+`cohort train` under `torchrun --nproc_per_node N` (or with `train.num_processes=N`,
+which re-launches itself under torchrun) runs N copies of the same driver loop.
+`DistContext` is everything the loop needs to know about that; in a single
+process it is `LocalContext`, whose every method is the identity, so the loop
+has one code path.
+
+How the work is split:
+
+- rank 0 owns the rollout engine (colocated vLLM/transformers, or the client of
+  the rollout servers) and the reward functions; `MainOnlyEngine` and
+  `MainOnlyRewards` run them there and broadcast the results, so every rank holds
+  the same full generation batch;
+- advantages are computed from that full batch on every rank (identical by
+  construction, so group statistics equal the single-process ones);
+- each optimizer step's completions are cut into W contiguous blocks of whole
+  groups (train.prompts_per_step must divide by W); each rank does its
+  forward/backward on its block;
+- the loss is normalised by the *global* count divided by W (FSDP averages
+  gradients over ranks), so the gradient equals the single-process one;
+- the full weights are gathered only to push them to the engine (rank 0
+  receives them) and to save the final model.
+
+Choices and limits: gloo on CPU. The trainer keeps its tensors on the CPU today,
+so CUDA/NCCL multi-process waits for device support in the loop. Old/reference
+log-probs, when needed, are computed for the full batch on every rank (FSDP
+needs every rank in every forward; simple, redundant). A PPO critic and
+checkpoint/resume of a sharded optimizer are not supported multi-process yet
+(validation says so).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+
+class LocalContext:
+    """One process: nothing to split or gather."""
+
+    rank, world_size, is_main = 0, 1, True
+
+    def local_indices(self, indices: list[int], group_size: int) -> list[int]:
+        return indices
+
+    def global_count(self, count: torch.Tensor) -> torch.Tensor:
+        return count
+
+    def reduce_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        return sums
+
+    def broadcast_object(self, obj: Any) -> Any:
+        return obj
+
+    def sync_and_clip_grads(self, params: list[torch.Tensor], max_norm: float) -> float:
+        """Make the gradients global (a no-op here), clip their total norm to max_norm; returns the norm before clipping."""
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        return None  # the module's own state dict is already full
+
+    def shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def main_only_rewards(self, rewards):
+        return rewards
+
+    def close(self) -> None:
+        pass
+
+
+class DistContext(LocalContext):
+    """W processes in one torch.distributed group (gloo)."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group(backend="gloo")
+        self.dist = dist
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.is_main = self.rank == 0
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.mesh = init_device_mesh("cpu", (self.world_size,))
+
+    def local_indices(self, indices: list[int], group_size: int) -> list[int]:
+        """This rank's contiguous block of whole groups of `indices` (a step's completions, group after group)."""
+        groups = len(indices) // group_size
+        if groups % self.world_size or len(indices) % group_size:
+            raise ValueError(f"{groups} groups of {group_size} cannot be split evenly over {self.world_size} processes")
+        per_rank = len(indices) // self.world_size
+        return indices[self.rank * per_rank: (self.rank + 1) * per_rank]
+
+    def global_count(self, count: torch.Tensor) -> torch.Tensor:
+        """The step's global normaliser divided by W (FSDP averages gradients over the W ranks)."""
+        total = torch.as_tensor(count, dtype=torch.float64).clone()
+        self.dist.all_reduce(total)
+        return (total / self.world_size).to(torch.as_tensor(count).dtype)
+
+    def reduce_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        """Sum every accumulated metric over ranks; `loss` is averaged (each rank's loss is scaled by W), `*_max` maxed."""
+        gathered: list[Any] = [None] * self.world_size
+        self.dist.all_gather_object(gathered, sorted(sums))  # a metric may exist on some ranks only
+        keys = sorted(set().union(*gathered))
+        sums = {k: sums.get(k, 0.0) for k in keys}
+        maxed = [k for k in keys if k.endswith("_max")]
+        summed = [k for k in keys if k not in maxed]
+        values = torch.tensor([float(sums[k]) for k in summed], dtype=torch.float64)
+        self.dist.all_reduce(values)
+        out = dict(zip(summed, values.tolist()))
+        if maxed:
+            peaks = torch.tensor([float(sums[k]) for k in maxed], dtype=torch.float64)
+            self.dist.all_reduce(peaks, op=self.dist.ReduceOp.MAX)
+            out.update(zip(maxed, peaks.tolist()))
+        if "loss" in out:
+            out["loss"] /= self.world_size
+        return out
+
+    def broadcast_object(self, obj: Any) -> Any:
+        box = [obj if self.is_main else None]
+        self.dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def sync_and_clip_grads(self, params: list[torch.Tensor], max_norm: float) -> float:
+        """Average the replicated parameters' gradients over ranks (FSDP already reduce-scattered the sharded ones),
+        then clip the global norm exactly as `torch.nn.utils.clip_grad_norm_` does in one process."""
+        sharded = [p.grad for p in params if hasattr(p.grad, "to_local")]
+        replicated = [p.grad for p in params if not hasattr(p.grad, "to_local")]
+        if replicated:
+            flat = torch.cat([g.reshape(-1).double() for g in replicated])
+            self.dist.all_reduce(flat)
+            flat /= self.world_size
+            for g, part in zip(replicated, flat.split([g.numel() for g in replicated])):
+                g.copy_(part.view_as(g))
+        sq = torch.zeros((), dtype=torch.float64)
+        for g in sharded:
+            sq += g.to_local().double().pow(2).sum()
+        self.dist.all_reduce(sq)  # each shard is held by one rank: the sum is the sharded part of the norm²
+        for g in replicated:
+            sq += g.double().pow(2).sum()
+        total = sq.sqrt().float()
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in sharded:
+            g.to_local().mul_(coef)
+        for g in replicated:
+            g.mul_(coef)
+        return float(total)
+
+    def shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        """FSDP2 (`fully_shard`) on each decoder layer; the rest (embeddings, the possibly tied LM head, the final
+        norm) stays replicated, with gradients averaged in `sync_and_clip_grads`.
+
+        Why not shard the root too: the trainer's log-prob kernel calls the decoder body and reads the head's
+        weight directly (it never materialises the full logits), so a root FSDP unit would never be unsharded.
+        The decoder layers hold nearly all the weights of a large model.
+        """
+        from torch.distributed.fsdp import fully_shard
+
+        layers = getattr(getattr(model, getattr(model, "base_model_prefix", "model"), None), "layers", None)
+        if not layers:
+            raise TypeError(f"{type(model).__name__}: no decoder layers found to shard (expected model.<base>.layers)")
+        for layer in layers:
+            fully_shard(layer, mesh=self.mesh)
+        return model
+
+    def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        """Every parameter (tied ones once) and persistent buffer, gathered to full CPU tensors on rank 0 (collective)."""
+        out: dict[str, torch.Tensor] = {}
+        for name, tensor in gather_named_tensors(_named_state(model)):
+            if self.is_main:
+                out[name] = tensor
+        return out if self.is_main else None
+
+    def main_only_rewards(self, rewards):
+        return MainOnlyRewards(rewards, self)
+
+    def close(self) -> None:
+        if self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+
+def _named_state(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
+    yield from model.named_parameters()
+    non_persistent = {f"{prefix}.{b}".lstrip(".") for prefix, module in model.named_modules() for b in module._non_persistent_buffers_set}
+    for name, buf in model.named_buffers():
+        if name not in non_persistent:
+            yield name, buf
+
+
+def gather_named_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+    """(name, full tensor) for sharded (DTensor) or plain tensors; collective when sharded: every rank must iterate all."""
+    for name, tensor in named:
+        tensor = tensor.detach()
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()
+        yield name, tensor
+
+
+def context_from_env() -> LocalContext:
+    """A DistContext when launched by torchrun with more than one process, else LocalContext."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return DistContext()
+    return LocalContext()
+
+
+class MainOnlyEngine:
+    """Runs a rollout engine on rank 0 and broadcasts what it returns; the other ranks hold no engine.
+
+    `update_weights` is collective: every rank gathers the full tensors (FSDP
+    all-gathers in parameter order), rank 0 hands them to the engine.
+    """
+
+    def __init__(self, engine, ctx: DistContext):
+        self.engine, self.ctx = engine, ctx
+        self.policy_version = 0  # the version last pushed, known on every rank without a collective
+
+    def generate(self, prompts, sampling, seeds=None):
+        return self.ctx.broadcast_object(self.engine.generate(prompts, sampling, seeds) if self.ctx.is_main else None)
+
+    def update_weights(self, named_tensors, version: int):
+        full = list(gather_named_tensors(named_tensors))
+        sent = self.engine.update_weights(full, version) if self.ctx.is_main else None
+        self.policy_version = version
+        return self.ctx.broadcast_object(sent)
+
+    def score(self, prompt, completion, temperature: float = 1.0):
+        return self.ctx.broadcast_object(self.engine.score(prompt, completion, temperature) if self.ctx.is_main else None)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+
+class MainOnlyRewards:
+    """Scores on rank 0 only (a reward model or sandbox runs once), broadcasts the result to every rank."""
+
+    def __init__(self, rewards, ctx: DistContext):
+        self.rewards, self.ctx = rewards, ctx
+
+    def score(self, **kwargs):
+        return self.ctx.broadcast_object(self.rewards.score(**kwargs) if self.ctx.is_main else None)
+
+    def __getattr__(self, name):
+        return getattr(self.rewards, name)
+
+
+class DetachedHFEngine:
+    """transformers generation on rank 0's own unsharded copy of the policy, updated by weight pushes.
+
+    Under FSDP the trainer's module is sharded, and generating with it would need
+    every rank in every decoding step; rank 0 samples from a full copy instead.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_ids: list[int]):
+        from cohort.rollout.hf_engine import HFEngine
+
+        model.requires_grad_(False)
+        self.inner = HFEngine(model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids)
+        self.params = dict(model.named_parameters())
+        self.buffers = dict(model.named_buffers())
+
+    @property
+    def policy_version(self) -> int:
+        return self.inner.policy_version
+
+    def generate(self, prompts, sampling, seeds=None):
+        return self.inner.generate(prompts, sampling, seeds)
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors, version: int) -> None:
+        for name, tensor in named_tensors:
+            target = self.params.get(name, self.buffers.get(name))
+            if target is None:
+                raise KeyError(f"weight {name!r} is not in the rollout copy of the model")
+            target.copy_(tensor)
+        self.inner.policy_version = version
+        return None
+
+    def score(self, prompt, completion, temperature: float = 1.0):
+        return self.inner.score(prompt, completion, temperature)
+
+    def close(self) -> None:
+        pass
+
+
+def attach_context(trainer) -> None:
+    """Give the trainer its `dist`; ranks > 0 write their (duplicate) logs under run_dir/ranks/rank-N, quietly."""
+    trainer.dist = context_from_env()
+    trainer.run_dir = Path(trainer.dist.broadcast_object(str(trainer.run_dir)))  # rank 0's, even if the clocks differ
+    if not trainer.dist.is_main:
+        trainer.run_dir = trainer.run_dir / "ranks" / f"rank-{trainer.dist.rank}"
+        trainer.cfg.run.loggers = ["jsonl"]
+        trainer.cfg.run.progress = False
+
+
+def rank0_engine(trainer, build) -> MainOnlyEngine:
+    """Rank 0's rollout engine (built by `build`, or a detached transformers copy for rollout.engine=hf), wrapped."""
+    engine = None
+    if trainer.dist.is_main:
+        cfg = trainer.cfg
+        if cfg.rollout.mode == "colocate" and cfg.rollout.engine == "hf":
+            from cohort.models.loading import load_policy
+
+            engine = DetachedHFEngine(load_policy(trainer.model_dir, cfg.model.dtype), pad_token_id=trainer.pad_id,
+                                      eos_token_ids=[trainer.tokenizer.eos_token_id])
+        else:
+            engine = build()
+    return MainOnlyEngine(engine, trainer.dist)
