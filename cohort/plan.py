@@ -30,6 +30,7 @@ from pathlib import Path
 from cohort.config import BatchPlan, CohortConfig
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+MAX_CHUNK_LOGITS = 2**24  # cohort.models.logprobs.completion_logprobs: logits per LM-head chunk at most
 SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
@@ -49,7 +50,10 @@ class ModelFacts:
 
 
 def model_facts(path: str) -> ModelFacts | None:
-    """From `config.json` and the safetensors headers; None when `path` is not a readable checkpoint directory."""
+    """From `config.json` and the safetensors headers; None when `path` is not a checkpoint directory.
+
+    Raises `UnreadableWeights` when a weights file's header is broken (caught early: loading would fail later).
+    """
     directory = Path(path).expanduser()
     try:
         config = json.loads((directory / "config.json").read_text())
@@ -69,11 +73,22 @@ def model_facts(path: str) -> ModelFacts | None:
     )
 
 
+class UnreadableWeights(ValueError):
+    """A weights file whose safetensors header cannot be read: the checkpoint is truncated or corrupt."""
+
+
 def _safetensors_numel(path: Path) -> int:
     """Element count of every tensor in a safetensors file, from its JSON header only."""
+    size = path.stat().st_size
     with path.open("rb") as fh:
-        (length,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(length))
+        raw = fh.read(8)
+        length = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+        if not 0 < length <= size - 8:
+            raise UnreadableWeights(f"{path.name} has no valid safetensors header (truncated or not a safetensors file)")
+        try:
+            header = json.loads(fh.read(length))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise UnreadableWeights(f"{path.name} has a corrupt safetensors header ({exc})") from None
     total = 0
     for name, info in header.items():
         if name == "__metadata__":
@@ -93,7 +108,10 @@ def plan_problems(cfg: CohortConfig, *, check_files: bool = True) -> list[str]:
     problems = _check_run_section(cfg)
     if check_files:
         problems += _check_output_dir(cfg.run.output_dir)
-        facts = model_facts(cfg.model.path)
+        try:
+            facts = model_facts(cfg.model.path)
+        except UnreadableWeights as exc:
+            return problems + [f"model.path = {cfg.model.path!r}: {exc}; re-save or re-download the checkpoint"]
         if facts is not None:
             problems += _check_model_fit(cfg, facts)
     return problems
@@ -206,13 +224,13 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
     else:
         activations = tokens * b * facts.num_layers * per_layer
         act_how = f"{tokens:,} tokens (micro-batch × longest sequence) × {facts.num_layers} layers × (8·hidden + 4·intermediate)"
-    chunk = cfg.train.logprob_chunk_size
+    chunk = min(cfg.train.logprob_chunk_size, max(1, MAX_CHUNK_LOGITS // max(1, facts.vocab_size)))  # rows per LM-head chunk
     rows = [
         ("weights", p * b, f"{p:,} parameters × {b} B ({cfg.model.dtype})"),
         ("gradients", p * b, "same size as the weights"),
         ("AdamW moments", 2 * p * b, "two per parameter, in the weights' dtype"),
         ("activations", activations, act_how),
-        ("log-prob chunk", chunk * facts.vocab_size * 4 * 3, f"{chunk} tokens × vocab {facts.vocab_size:,} × fp32 (logits, log-softmax, grad)"),
+        ("log-prob chunk", chunk * facts.vocab_size * 4 * 2, f"two ({chunk} tokens × vocab {facts.vocab_size:,}) fp32 buffers (cohort.models.logprobs)"),
     ]
     if cfg.algorithm.beta:
         rows.append(("reference model", p * b, f"a frozen copy (algorithm.beta = {cfg.algorithm.beta:g})"))
@@ -249,7 +267,10 @@ def format_plan(cfg: CohortConfig, plan: BatchPlan) -> str:
         f"  rollout engine        {cfg.rollout.engine}",
         f"  checkpoints           {'every %d steps, newest %d kept' % (cfg.run.save_every, cfg.run.keep_checkpoints) if cfg.run.save_every else 'only on a stop (run.save_every = 0)'}",
     ]
-    facts = model_facts(cfg.model.path)
+    try:
+        facts = model_facts(cfg.model.path)
+    except UnreadableWeights:
+        facts = None
     if facts is None:
         lines.append("memory                not estimated (model.path is not a checkpoint directory with config.json and safetensors yet)")
         return "\n".join(lines)

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-CONSOLE_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "loss", "kl", "entropy", "grad_norm",
+CONSOLE_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "loss", "kl", "entropy", "grad_norm", "eval/accuracy",
                 "completions/mean_length", "timing/step_s")
 
 

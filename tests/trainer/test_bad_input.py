@@ -1,0 +1,141 @@
+"""Bad input fails before training with a clear message (or is handled as documented in docs/runs.md).
+
+Each case goes through `cohort train` (exit status 2 and a message on stderr)
+or through the part that handles it, and checks that no model was trained:
+no metrics.jsonl is written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from cohort import cli
+from cohort.config import ConfigError, load_config
+from cohort.data.datasets import DataError, PromptDataset
+from cohort.models.loading import load_tokenizer
+from cohort.trainer.rollout_batch import PromptRenderer
+
+
+def train_args(model_dir, data, run_dir, *extra):
+    return ["train", f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "rollout.engine=hf",
+            "rollout.num_generations=2", "rollout.max_completion_length=4", "train.prompts_per_step=2", "train.micro_batch_size=4",
+            "train.max_steps=2", "rewards=[{name: numeric_match}]", f"run.output_dir={run_dir}", "run.progress=false", *extra]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def fails_before_training(capsys, args, run_dir) -> str:
+    assert cli.main(args) == 2
+    assert not (run_dir / "metrics.jsonl").exists()
+    return capsys.readouterr().err
+
+
+def test_empty_prompt_names_file_and_line(tmp_path, tiny_model_dir, capsys):
+    data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"},
+                                                  {"prompt": "   ", "answer": "0"}])
+    err = fails_before_training(capsys, train_args(tiny_model_dir, data, tmp_path / "run"), tmp_path / "run")
+    assert f"{data}:3: column 'prompt' is empty" in err
+
+
+def test_unwritable_output_dir(tmp_path, tiny_model_dir, capsys):
+    data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "1+1=", "answer": "2"}])
+    # /proc accepts no new directories, even from root (a chmod 555 directory would not stop root)
+    err = fails_before_training(capsys, train_args(tiny_model_dir, data, "/proc/cohort-run"), tmp_path / "nothing")
+    assert "run.output_dir = '/proc/cohort-run' is not writable" in err and "choose another run.output_dir" in err
+
+
+def test_truncated_weights_fail_validation(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny_model_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"\x00" * 64)  # a file cut short: no header
+    data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "1+1=", "answer": "2"}])
+    import cohort.models.loading as loading
+
+    monkeypatch.setattr(loading, "load_tokenizer", lambda *a: pytest.fail("loaded before validation"))
+    err = fails_before_training(capsys, train_args(broken, data, tmp_path / "run"), tmp_path / "run")
+    assert (f"model.path = '{broken}': model.safetensors has no valid safetensors header (truncated or not a safetensors "
+            "file); re-save or re-download the checkpoint") in err
+
+
+def test_weights_that_do_not_fit_the_config(tmp_path, tiny_model_dir, capsys):
+    broken = tmp_path / "mismatched-model"
+    shutil.copytree(tiny_model_dir, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["intermediate_size"] = 64  # the weights have 256
+    (broken / "config.json").write_text(json.dumps(config))
+    data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "1+1=", "answer": "2"}])
+    err = fails_before_training(capsys, train_args(broken, data, tmp_path / "run"), tmp_path / "run")
+    assert f"cannot load a causal LM from {broken}" in err
+
+
+def test_chat_prompts_need_a_chat_template(tmp_path, tiny_model_dir, capsys):
+    plain = tmp_path / "no-template"
+    shutil.copytree(tiny_model_dir, plain)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    config.pop("chat_template")
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    for extra in plain.glob("chat_template*"):
+        extra.unlink()
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"}])
+    err = fails_before_training(capsys, train_args(plain, data, tmp_path / "run", "data.max_prompt_length=64"), tmp_path / "run")
+    assert "prompts are chat messages but the tokenizer has no chat template" in err
+
+
+# --------------------------------------------------------------------------- overlong prompts
+
+
+@pytest.fixture(scope="module")
+def char_tokenizer(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)  # one token per ASCII character
+
+
+def dataset(prompts):
+    return PromptDataset([{"prompt": p} for p in prompts], "prompt", [f"train.jsonl:{i + 1}" for i in range(len(prompts))])
+
+
+def test_overlong_prompts_are_filtered_and_counted(char_tokenizer):
+    kept, ids, dropped = PromptRenderer(char_tokenizer, 5, "filter").encode_dataset(dataset(["12+3=", "123+45=", "1+1="]), "train")
+    assert dropped == 1
+    assert [r["prompt"] for r in kept.rows] == ["12+3=", "1+1="] and kept.sources == ["train.jsonl:1", "train.jsonl:3"]
+    assert [len(i) for i in ids] == [5, 4]
+
+
+def test_overlong_prompts_error_names_the_row(char_tokenizer):
+    with pytest.raises(DataError) as err:
+        PromptRenderer(char_tokenizer, 5, "error").encode_dataset(dataset(["12+3=", "123+45="]), "train")
+    assert str(err.value) == ("train.jsonl:2: prompt has 7 tokens > data.max_prompt_length = 5; raise data.max_prompt_length, "
+                              "or set data.overlong_prompts to filter or truncate_left")
+
+
+def test_overlong_prompts_truncate_left_keeps_the_end(char_tokenizer):
+    _, ids, dropped = PromptRenderer(char_tokenizer, 5, "truncate_left").encode_dataset(dataset(["123+45="]), "train")
+    assert dropped == 0 and char_tokenizer.decode(ids[0]) == "3+45="
+
+
+def test_all_prompts_overlong_is_an_error(char_tokenizer):
+    with pytest.raises(DataError, match="every prompt is longer than data.max_prompt_length = 2; raise it"):
+        PromptRenderer(char_tokenizer, 2, "filter").encode_dataset(dataset(["1+1=", "2+2="]), "train")
+
+
+def test_the_filtered_count_is_reported_when_training_starts(tmp_path, tiny_model_dir, capsys):
+    data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(4)] +
+                       [{"prompt": "1" * 40 + "+1=", "answer": "0"}])
+    run_dir = tmp_path / "run"
+    assert cli.main(train_args(tiny_model_dir, data, run_dir, "train.max_steps=1", "run.loggers=[jsonl]")) == 0
+    assert "filtered 1 prompt(s) longer than data.max_prompt_length = 16" in capsys.readouterr().out
+
+
+def test_output_dir_problems_are_config_errors(tmp_path):
+    from cohort.trainer.setup import _check_writable
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="is not writable"):
+        _check_writable(blocker / "run")
+    assert load_config(None, []).run.output_dir is None

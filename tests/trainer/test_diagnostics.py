@@ -1,0 +1,63 @@
+"""Diagnostics on synthetic metric streams: each rule fires after `patience` bad observations, once, and re-arms."""
+
+from __future__ import annotations
+
+from cohort.trainer.diagnostics import Diagnostics
+
+
+def run(stream, patience=3):
+    diagnostics = Diagnostics(max_completion_length=256, patience=patience)
+    return [(w.step, w.kind, w.value) for step, metrics in enumerate(stream, 1) for w in diagnostics.observe(step, metrics)]
+
+
+def test_zero_std_groups_warn_after_three_batches_once_and_rearm():
+    stream = [{"frac_reward_zero_std": v, "reward": 0.98} for v in (0.95, 0.95, 0.95, 0.97, 0.5, 0.95, 0.95, 0.92)]
+    # steps 1-3 bad -> warn at 3; 4 still bad -> silent; 5 clears; 6, 7, 8 bad -> warn again at 8
+    assert run(stream) == [(3, "reward_zero_std", 0.95), (8, "reward_zero_std", 0.92)]
+
+
+def test_exactly_the_threshold_is_not_a_problem():
+    assert run([{"frac_reward_zero_std": 0.9}] * 5) == []
+
+
+def test_steps_without_the_metric_do_not_break_the_streak():
+    # steps_per_generation = 2: generation metrics appear every other step
+    stream = [{"frac_reward_zero_std": 1.0}, {"loss": 0.0}, {"frac_reward_zero_std": 1.0}, {}, {"frac_reward_zero_std": 1.0}]
+    assert run(stream) == [(5, "reward_zero_std", 1.0)]
+
+
+def test_zero_std_advice_names_the_metric_and_fixes():
+    diagnostics = Diagnostics(max_completion_length=256, patience=1)
+    (warning,) = diagnostics.observe(12, {"frac_reward_zero_std": 1.0, "reward": 0.0})
+    assert warning.text.startswith("warning at step 12 [reward_zero_std]: frac_reward_zero_std = 1.00 (> 0.9)")
+    assert "mean reward 0" in warning.message and "rollout.num_generations" in warning.message
+    assert warning.record() == {"step": 12, "kind": "reward_zero_std", "metric": "frac_reward_zero_std", "value": 1.0,
+                                "message": warning.message}
+
+
+def test_length_limit():
+    stream = [{"completions/clipped_ratio": v} for v in (0.6, 0.5, 0.7, 0.8, 0.9)]
+    # 0.5 is not above the 0.5 threshold: the streak restarts at step 3 and completes at step 5
+    warnings = Diagnostics(max_completion_length=64).observe
+    out = [w for step, m in enumerate(stream, 1) for w in warnings(step, m)]
+    assert [(w.step, w.kind) for w in out] == [(5, "length_limit")]
+    assert "rollout.max_completion_length = 64 tokens" in out[0].message
+
+
+def test_logprob_mismatch():
+    stream = [{"mismatch/logprob_abs_max": v, "mismatch/logprob_abs_mean": 0.02} for v in (1e-5, 2.5, 3.0, 1.5)]
+    assert run(stream) == [(4, "logprob_mismatch", 1.5)]
+    assert run([{"mismatch/logprob_abs_max": 0.9}] * 6) == []  # below 1 nat: float noise, bf16 rounding
+
+
+def test_slow_reward_phase():
+    fast = {"timing/generate_s": 2.0, "timing/reward_s": 0.3, "timing/update_s": 1.0, "timing/step_s": 3.3}
+    slow = {"timing/generate_s": 2.0, "timing/reward_s": 5.0, "timing/update_s": 1.0, "timing/step_s": 8.0}
+    assert run([fast, slow, slow, fast, slow, slow, slow]) == [(7, "slow_reward", 5.0)]
+
+
+def test_slow_reward_ignores_the_whole_step_and_per_function_timings():
+    # timing/step_s is the sum, timing/reward/<fn>_s are inside the reward phase: neither is a competing phase
+    metrics = {"timing/generate_s": 1.0, "timing/reward_s": 0.5, "timing/step_s": 9.0, "timing/reward/code_tests_s": 7.0}
+    assert run([metrics] * 4) == []
+    assert run([{"timing/reward_s": 3.0, "timing/step_s": 3.0}] * 4) == []  # one phase alone: nothing to compare with
