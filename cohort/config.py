@@ -166,6 +166,12 @@ class TrainConfig(_Section):
     micro_batch_size: int = Field(
         16, description="Completions per forward/backward pass; gradients accumulate over the optimizer step's micro-batches."
     )
+    max_tokens_per_microbatch: int | None = Field(
+        None,
+        description="Also cap each micro-batch at this many padded tokens (completions × longest prompt+completion in it), "
+        "over length-sorted completions, so long completions travel few to a micro-batch and short ones many (None: only "
+        "train.micro_batch_size counts). The padding_fraction metric shows what padding is left.",
+    )
     learning_rate: float = Field(1e-6, description="Peak learning rate (AdamW).")
     lr_scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Learning-rate schedule after warm-up.")
     warmup_steps: int = Field(0, description="Linear warm-up steps from 0 to learning_rate.")
@@ -487,6 +493,8 @@ def check_ranges(cfg: CohortConfig) -> list[str]:
         problems.append(f"train.warmup_steps = {t.warmup_steps}: must be between 0 and train.max_steps = {t.max_steps}")
     if t.logprob_chunk_size < 1:
         problems.append(f"train.logprob_chunk_size = {t.logprob_chunk_size}: must be >= 1")
+    if t.max_tokens_per_microbatch is not None and t.max_tokens_per_microbatch < 1:
+        problems.append(f"train.max_tokens_per_microbatch = {t.max_tokens_per_microbatch}: must be >= 1, or unset it (null) for no token cap")
     problems += _check_algorithm_ranges(cfg)
     return problems
 

@@ -4,7 +4,9 @@ Sequences are right-padded (prompt then completion, then padding), which a
 causal model tolerates without position-id tricks: padding only ever sits after
 the real tokens. Micro-batches are formed over length-sorted sequences so that
 sequences of similar length share a micro-batch and little compute goes to
-padding; the padding fraction is reported as a metric.
+padding; with a token budget (`train.max_tokens_per_microbatch`) a micro-batch
+also holds at most that many padded cells, so short sequences travel many to a
+micro-batch and long ones few. The padding fraction is reported as a metric.
 """
 
 from __future__ import annotations
@@ -45,10 +47,26 @@ def pack_right_padded(prompts: list[list[int]], completions: list[list[int]], pa
     return PackedBatch(input_ids, attention_mask, torch.tensor([len(p) for p in prompts]), completion_ids, completion_mask)
 
 
-def length_sorted_micro_batches(lengths: list[int], micro_batch_size: int) -> list[list[int]]:
-    """Indices split into micro-batches of at most `micro_batch_size`, longest first."""
+def length_sorted_micro_batches(lengths: list[int], micro_batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Indices split into micro-batches, longest first: at most `micro_batch_size` sequences each and, when
+    `max_tokens` is set, at most `max_tokens` padded cells (rows × longest row).
+
+    Greedy over the length-sorted order: a micro-batch closes when one more
+    sequence would break either limit, so sequences of similar length share a
+    micro-batch. A sequence longer than `max_tokens` gets a micro-batch of its own.
+    """
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [order[s : s + micro_batch_size] for s in range(0, len(order), micro_batch_size)]
+    if not max_tokens:
+        return [order[s : s + micro_batch_size] for s in range(0, len(order), micro_batch_size)]
+    batches: list[list[int]] = []
+    for i in order:
+        current = batches[-1] if batches else None
+        # sorted longest first, so the micro-batch's width is its first sequence's length
+        if current and len(current) < micro_batch_size and (len(current) + 1) * lengths[current[0]] <= max_tokens:
+            current.append(i)
+        else:
+            batches.append([i])
+    return batches
 
 
 def pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:

@@ -149,8 +149,7 @@ class Trainer:
     @torch.no_grad()
     def _score_all(self, model: torch.nn.Module, batch: RolloutBatch) -> list[torch.Tensor]:
         out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
-        lengths = [len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids)]
-        for idx in length_sorted_micro_batches(lengths, self.plan.micro_batch_size):
+        for idx in self._micro_batches(batch, list(range(len(batch)))):
             packed = pack_right_padded([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], self.pad_id)
             logp, _ = completion_logprobs(model, packed.input_ids, packed.attention_mask, packed.prompt_lengths,
                                           packed.completion_ids, packed.completion_mask,
@@ -196,9 +195,11 @@ class Trainer:
         return self._update_metrics(sums, grad_norm)
 
     def _micro_batches(self, batch: RolloutBatch, indices: list[int]) -> list[list[int]]:
-        """`indices` split into length-sorted micro-batches of at most train.micro_batch_size completions."""
+        """`indices` split into length-sorted micro-batches of at most train.micro_batch_size completions
+        and train.max_tokens_per_microbatch padded tokens."""
         lengths = [len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in indices]
-        return [[indices[j] for j in mb] for mb in length_sorted_micro_batches(lengths, self.plan.micro_batch_size)]
+        groups = length_sorted_micro_batches(lengths, self.plan.micro_batch_size, self.cfg.train.max_tokens_per_microbatch)
+        return [[indices[j] for j in mb] for mb in groups]
 
     def _pack(self, batch: RolloutBatch, mb: list[int]):
         pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.pad_id)

@@ -1,0 +1,147 @@
+"""The fast path: token-budget micro-batches, and no wasted forward passes.
+
+- Token-budget micro-batches are checked by hand, and the update's gradient with
+  them equals the gradient with one big micro-batch (token_mean aggregation:
+  the loss is a sum over tokens divided by the step's token count, so any
+  split of the rows gives the same gradient).
+- Pass counting: with beta = 0 and on-policy no extra scoring pass runs at
+  all; with beta > 0 and a generation batch serving 2 optimizer steps, the
+  reference and old log-probs are computed exactly once per generation batch;
+  the update runs exactly one policy forward per micro-batch.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from cohort.config import load_config
+from cohort.trainer.batching import length_sorted_micro_batches
+from cohort.trainer.loop import Trainer
+
+
+def test_token_budget_micro_batches_by_hand():
+    lengths = [10, 3, 8, 2, 9, 3]
+    # sorted longest first: 0 (10), 4 (9), 2 (8), 1 (3), 5 (3), 3 (2)
+    # budget 20 cells: [0, 4] is 2 × 10 = 20; adding 2 would be 3 × 10 = 30 > 20 → new batch [2] (8):
+    # [2, 1] = 2 × 8 = 16, [2, 1, 5] = 24 > 20 → new batch [5] (3): [5, 3] = 6.
+    assert length_sorted_micro_batches(lengths, 8, max_tokens=20) == [[0, 4], [2, 1], [5, 3]]
+    # the row cap still applies under a large budget
+    assert length_sorted_micro_batches(lengths, 4, max_tokens=1000) == [[0, 4, 2, 1], [5, 3]]
+    # a sequence longer than the budget travels alone
+    assert length_sorted_micro_batches([50, 4, 4], 8, max_tokens=10) == [[0], [1, 2]]
+    # no budget: the old behaviour
+    assert length_sorted_micro_batches(lengths, 4) == [[0, 4, 2, 1], [5, 3]]
+
+
+@pytest.fixture
+def data_file(tmp_path, monkeypatch):
+    # A reward with spread on a random model (the share of digits), so advantages and gradients are not all zero.
+    (tmp_path / "fast_path_rewards.py").write_text(
+        "def digit_share(completions, **kwargs):\n"
+        "    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(16)))
+    return path
+
+
+def _trainer(tmp_path, data_file, model_dir, *extra):
+    cfg = load_config(None, [
+        f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "rollout.engine=hf",
+        "rollout.num_generations=4", "rollout.max_completion_length=12", "train.prompts_per_step=4", "train.micro_batch_size=16",
+        "train.max_steps=4", "train.learning_rate=1e-3", "train.max_grad_norm=0", "algorithm.loss_type=dapo",
+        "rewards=[{name: 'fast_path_rewards:digit_share'}]", f"run.output_dir={tmp_path / 'run'}", "run.progress=false", "run.loggers=[jsonl]",
+        *extra,
+    ])
+    return Trainer(cfg, log=lambda *a, **k: None)
+
+
+def _gradients_of_update(trainer, batch, indices):
+    """The raw gradients one update leaves behind (no clipping: max_grad_norm = 0; the optimizer step is skipped)."""
+    trainer.optimizer.step = lambda *a, **k: None
+    trainer.update(batch, indices)
+    return {n: p.grad.clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
+
+
+def test_token_budget_update_equals_one_micro_batch(tmp_path, data_file, tiny_model_dir):
+    trainer = _trainer(tmp_path, data_file, tiny_model_dir)
+    batch = trainer.generate_batch()
+    indices = list(range(len(batch)))
+    assert len(set(len(c) for c in batch.completion_ids)) > 1  # ragged lengths, so the split matters
+    assert float(batch.advantages.abs().sum()) > 0
+    whole = _gradients_of_update(trainer, batch, indices)
+    trainer.cfg.train.max_tokens_per_microbatch = 40
+    micro = trainer._micro_batches(batch, indices)
+    assert len(micro) > 2
+    assert all(len(mb) * max(len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in mb) <= 40 or len(mb) == 1
+               for mb in micro)
+    split = _gradients_of_update(trainer, batch, indices)
+    assert whole.keys() == split.keys()
+    for name in whole:
+        assert torch.allclose(whole[name], split[name], atol=1e-6, rtol=1e-4), name
+    trainer.close()
+
+
+class PassCounter:
+    """Counts `_score_all` calls per model and policy-body forwards inside `update`."""
+
+    def __init__(self, trainer):
+        self.score_calls = {"policy": 0, "reference": 0}
+        self.update_forwards = 0
+        self.micro_batches = 0
+        self._in_update = False
+        original_score, original_update, original_micro = trainer._score_all, trainer.update, trainer._micro_batches
+
+        def score_all(model, batch):
+            self.score_calls["policy" if model is trainer.policy else "reference"] += 1
+            return original_score(model, batch)
+
+        def update(batch, indices):
+            self._in_update = True
+            try:
+                return original_update(batch, indices)
+            finally:
+                self._in_update = False
+
+        def micro_batches(batch, indices):
+            out = original_micro(batch, indices)
+            if self._in_update:
+                self.micro_batches += len(out)
+            return out
+
+        def count_forward(module, args, kwargs):
+            if self._in_update:
+                self.update_forwards += 1
+
+        trainer._score_all, trainer.update, trainer._micro_batches = score_all, update, micro_batches
+        body = getattr(trainer.policy, trainer.policy.base_model_prefix)
+        body.register_forward_pre_hook(count_forward, with_kwargs=True)
+
+
+def test_no_extra_passes_on_policy_without_kl(tmp_path, data_file, tiny_model_dir):
+    trainer = _trainer(tmp_path, data_file, tiny_model_dir, "algorithm.beta=0", "train.max_tokens_per_microbatch=64")
+    counter = PassCounter(trainer)
+    for _ in range(3):
+        trainer.step()
+    assert trainer.ref_model is None  # beta = 0: no reference model at all
+    assert counter.score_calls == {"policy": 0, "reference": 0}  # on-policy: old log-probs = current, detached
+    assert counter.micro_batches >= 3
+    assert counter.update_forwards == counter.micro_batches  # one forward per micro-batch, nothing else
+    trainer.close()
+
+
+def test_reference_and_old_logprobs_once_per_generation_batch(tmp_path, data_file, tiny_model_dir):
+    # 2 optimizer steps per generation batch (off-policy on the second), beta > 0 with the KL in the loss:
+    # 4 steps = 2 generation batches → exactly 2 reference passes and 2 old-log-prob passes.
+    trainer = _trainer(tmp_path, data_file, tiny_model_dir, "algorithm.beta=0.05", "train.steps_per_generation=2",
+                       "train.micro_batch_size=8")
+    counter = PassCounter(trainer)
+    for _ in range(4):
+        trainer.step()
+    assert trainer.generation_index == 2
+    assert counter.score_calls == {"policy": 2, "reference": 2}
+    assert counter.update_forwards == counter.micro_batches == 4 * 2  # 16 completions per step / 8 per micro-batch
+    trainer.close()
