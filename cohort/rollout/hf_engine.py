@@ -1,9 +1,14 @@
 """Rollout with transformers `generate` on the trainer's own model (the fallback engine).
 
 It shares the policy module with the trainer, so a weight update is free and the
-engine's log-probs are the trainer's own (recomputed by the chunked kernel under
-`no_grad`, with the sampling temperature). Sampling is seeded per generation
-batch (from the first completion's seed), so runs are reproducible.
+engine's log-probs are the trainer's own. They are read off the generation
+itself, not recomputed by a second forward pass: `SampledLogProbs`, a logits
+processor, keeps the log-softmax of the current step's logits (divided by the
+sampling temperature, before any top-k/top-p filtering, as the trainer scores
+them) and, one step later, picks the log-prob of the token that was sampled
+(it is then the last input id). Only one (B, V) buffer is held. Sampling is
+seeded per generation batch (from the first completion's seed), so runs are
+reproducible.
 """
 
 from __future__ import annotations
@@ -14,6 +19,27 @@ import torch
 
 from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import Completion, SamplingConfig
+
+
+class SampledLogProbs:
+    """Logits processor collecting the log-prob of each sampled token (module docstring); leaves the scores unchanged."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.previous: torch.Tensor | None = None  # (B, V) log-softmax of the last step's logits
+        self.picked: list[torch.Tensor] = []  # one (B,) per generated token but the last
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.previous is not None:
+            self.picked.append(self.previous.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """(B, steps) log-probs, given the tokens sampled at the last step."""
+        if self.previous is not None:
+            self.picked.append(self.previous.gather(-1, last_tokens[:, None]).squeeze(-1))
+        return torch.stack(self.picked, dim=1) if self.picked else torch.zeros((last_tokens.shape[0], 0))
 
 
 class HFEngine:
@@ -46,11 +72,17 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         self.model.config.use_cache = True
-        out = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=self._generation_config(sampling))
+        from transformers import LogitsProcessorList
+
+        collector = SampledLogProbs(sampling.temperature or 1.0)
+        out = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=self._generation_config(sampling),
+                                  logits_processor=LogitsProcessorList([collector]))
         self.model.config.use_cache = False
         self.model.train(was_training)
+        new_tokens = out[:, width:]  # (B, steps)
+        logprobs = collector.finish(new_tokens[:, -1]) if new_tokens.shape[1] else torch.zeros((len(prompts), 0))
         completions = []
-        for row in out[:, width:].tolist():
+        for b, row in enumerate(new_tokens.tolist()):
             toks, reason = [], "length"
             for t in row:
                 toks.append(t)
@@ -59,13 +91,8 @@ class HFEngine:
                     break
             if reason == "length" and len(toks) < sampling.max_tokens:
                 toks = toks[: len(toks)]
-            completions.append(Completion(toks, [], reason, self.policy_version))
-        self._fill_logprobs(prompts, completions, sampling.temperature or 1.0)
+            completions.append(Completion(toks, logprobs[b, : len(toks)].tolist(), reason, self.policy_version))
         return completions
-
-    def _fill_logprobs(self, prompts, completions, temperature: float) -> None:
-        for c, lp in zip(completions, self._logprobs(prompts, [c.token_ids for c in completions], temperature)):
-            c.logprobs = lp
 
     @torch.no_grad()
     def _logprobs(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:

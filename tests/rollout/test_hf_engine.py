@@ -1,0 +1,34 @@
+"""The transformers engine's log-probs, read off generation (no second forward), equal the trainer's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cohort.models.loading import load_policy
+from cohort.models.logprobs import completion_logprobs
+from cohort.rollout.base import SamplingConfig
+from cohort.rollout.hf_engine import HFEngine
+from cohort.trainer.batching import pack_right_padded
+
+EOS = 256
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir):
+    return load_policy(tiny_model_dir, "float32")
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_engine_logprobs_equal_trainer_logprobs(policy, temperature):
+    engine = HFEngine(policy, pad_token_id=EOS, eos_token_ids=[EOS])
+    prompts = [[49, 50, 43, 51, 61], [55, 45, 51, 61], [57, 61]] * 3  # ragged prompts: left padding in generate
+    outs = engine.generate(prompts, SamplingConfig(max_tokens=10, temperature=temperature), seeds=[3] * len(prompts))
+    completions = [o.token_ids for o in outs]
+    assert all(len(o.logprobs) == len(o.token_ids) > 0 for o in outs)
+    b = pack_right_padded(prompts, completions, EOS)
+    with torch.no_grad():
+        trainer, _ = completion_logprobs(policy, b.input_ids, b.attention_mask, b.prompt_lengths, b.completion_ids,
+                                         b.completion_mask, temperature=temperature or 1.0)
+    for i, o in enumerate(outs):
+        assert torch.allclose(torch.tensor(o.logprobs), trainer[i, : len(o.token_ids)], atol=1e-5), i
