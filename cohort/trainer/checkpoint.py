@@ -158,8 +158,18 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / CHECKPOINTS / f"{PREFIX}{step:06d}"
 
 
+def unsupported(trainer) -> str | None:
+    """Why this trainer's state cannot be checkpointed, or None when it can."""
+    dist = getattr(trainer, "dist", None)
+    if dist is not None and dist.world_size > 1:
+        return "checkpoints of a multi-process (sharded) run are not written yet"
+    return None
+
+
 def save_checkpoint(trainer, keep: int | None = None) -> Path:
     """Write the trainer's state for its current step atomically; keep the newest `keep` (default run.keep_checkpoints)."""
+    if (reason := unsupported(trainer)) is not None:
+        raise CheckpointError(reason)
     root = Path(trainer.run_dir) / CHECKPOINTS
     final = checkpoint_dir(trainer.run_dir, trainer.step_count)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"

@@ -80,11 +80,12 @@ def run_training(trainer, resume_from: str | Path | None = None) -> dict:
     before = _earlier_eval(run_dir, "before") if resumed else run_eval(trainer, "before", eval_sink)
     if before and not resumed:
         logger.print(f"eval before training: accuracy {before['accuracy']:.3f} on {before['num_prompts']} held-out prompts")
-    history, saved_step = [], (trainer.step_count if resumed else None)
+    history, saved_step, stopped = [], (trainer.step_count if resumed else None), None
     stop = GracefulStop(logger.print)
     try:
         with stop:
-            while trainer.step_count < cfg.train.max_steps and not stop.requested:
+            # every process follows rank 0's decision, so none starts a step the others skip
+            while trainer.step_count < cfg.train.max_steps and not (stopped := trainer.dist.broadcast_object(stop.requested)):
                 metrics = _guarded_step(trainer)
                 step = trainer.step_count
                 history.append({"step": step, **metrics})
@@ -103,12 +104,9 @@ def run_training(trainer, resume_from: str | Path | None = None) -> dict:
     finally:
         logger.close()
         warnings_sink.close()
-    if stop.requested:
-        path = checkpoint.save_checkpoint(trainer) if saved_step != trainer.step_count else checkpoint.latest_checkpoint(run_dir)
+    if stopped:
         summary = _summary(trainer, history, before, {}, time.perf_counter() - wall_start)
-        summary.update(stopped=stop.requested, checkpoint=str(path))
-        summary["message"] = (f"stopped by {stop.requested} after step {trainer.step_count}; checkpoint {path}. "
-                              f"Resume with: cohort train --resume {run_dir}")
+        summary.update(stopped=stopped, message=_stop_message(trainer, stopped, saved_step))
     else:
         after = run_eval(trainer, "after", eval_sink)
         save_model(trainer, run_dir / "final")
@@ -122,6 +120,15 @@ def run_training(trainer, resume_from: str | Path | None = None) -> dict:
     return summary
 
 
+def _stop_message(trainer, signal_name: str, saved_step: int | None) -> str:
+    """Save the state of a stopped run (unless just saved) and say how to resume it."""
+    done = f"stopped by {signal_name} after step {trainer.step_count}"
+    if (reason := checkpoint.unsupported(trainer)) is not None:
+        return f"{done}; no checkpoint: {reason}"
+    path = checkpoint.save_checkpoint(trainer) if saved_step != trainer.step_count else checkpoint.latest_checkpoint(trainer.run_dir)
+    return f"{done}; checkpoint {path}. Resume with: cohort train --resume {trainer.run_dir}"
+
+
 def _guarded_step(trainer) -> dict:
     """`trainer.step()`; on a non-finite loss or gradient: rewind to the step's start, save it, raise RunHalted."""
     snap = checkpoint.snapshot(trainer)
@@ -130,11 +137,11 @@ def _guarded_step(trainer) -> dict:
     except NonFiniteError as exc:
         checkpoint.rewind(trainer, snap)
         trainer.phases.pop()
-        path = checkpoint.save_checkpoint(trainer)
+        saved = (f"Saved the last good state (after step {trainer.step_count}) to {checkpoint.save_checkpoint(trainer)}"
+                 if checkpoint.unsupported(trainer) is None else f"Nothing saved: {checkpoint.unsupported(trainer)}")
         message = (f"stopped: {exc.metric} is {exc.value} at step {exc.step} (non-finite); the optimizer step was not taken. "
-                   f"Saved the last good state (after step {trainer.step_count}) to {path}. Common causes: a learning rate far "
-                   "too high, rewards so large they overflow, fp16 overflow. Fix the cause, then resume with: "
-                   f"cohort train --resume {trainer.run_dir}")
+                   f"{saved}. Common causes: a learning rate far too high, rewards so large they overflow, fp16 overflow. "
+                   f"Fix the cause, then resume with: cohort train --resume {trainer.run_dir}")
         raise RunHalted(message) from exc
 
 
