@@ -1,4 +1,4 @@
-"""The `cohort` command line: train, eval, plan, config show, tasks, rewards list.
+"""The `cohort` command line: train (and --resume), eval, plan, report, compare, config show, tasks, rewards list.
 
 Every command takes an optional YAML config file followed by dotted overrides
 (`rollout.num_generations=8`). Configuration problems are reported before any
