@@ -225,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cohort: {exc}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
-        print("cohort: aborted by a second signal; the newest checkpoint under RUN_DIR/checkpoints is the last saved state",
-              file=sys.stderr)
+        print("cohort: interrupted (a second signal, or one before training started); the newest checkpoint under "
+              "RUN_DIR/checkpoints, if any, is the last saved state", file=sys.stderr)
         return 130
 
 
