@@ -66,20 +66,23 @@ def _resume_config(target: str, overrides: list[str]):
 
 def cmd_train(ns) -> int:
     cfg = _resume_config(ns.resume, ns.config) if ns.resume else _load(ns.config)[0]
-    from cohort.distributed.launch import relaunch_under_torchrun
+    from cohort.distributed.launch import launch_elsewhere
 
-    code = relaunch_under_torchrun(cfg, ["train", *ns.config] + (["--resume", ns.resume] if ns.resume else []))
-    if code is not None:  # train.num_processes > 1: the torchrun children did the work
-        return code
-    from cohort.trainer.loop import Trainer
+    outcome = launch_elsewhere(cfg, ["train", *ns.config] + (["--resume", ns.resume] if ns.resume else []))
+    if isinstance(outcome, int):  # train.num_processes > 1: the torchrun children did the work
+        return outcome
+    if outcome is not None:  # distributed.backend=ray: rank 0's summary
+        summary = outcome
+    else:
+        from cohort.trainer.loop import Trainer
 
-    trainer = Trainer(cfg)
-    try:
-        summary = trainer.train(resume_from=ns.resume)
-    finally:
-        trainer.close()
-    if not trainer.dist.is_main:
-        return 0
+        trainer = Trainer(cfg)
+        try:
+            summary = trainer.train(resume_from=ns.resume)
+        finally:
+            trainer.close()
+        if not trainer.dist.is_main:
+            return 0
     if summary.get("stopped"):
         print(summary["message"])
         return 0

@@ -238,6 +238,25 @@ class RunConfig(_Section):
     progress: bool = Field(True, description="Show a progress bar with ETA and the live reward.")
 
 
+class DistributedConfig(_Section):
+    """Where the processes run: here (one process, or train.num_processes under torchrun) or on Ray actors."""
+
+    backend: Literal["none", "ray"] = Field(
+        "none",
+        description="`none`: train in this process (or train.num_processes local processes); `ray`: start or join a Ray cluster and run train.num_processes trainer actors (and rollout server actors, see num_rollout_servers) there.",
+    )
+    ray_address: str | None = Field(
+        None, description="backend=ray: cluster to join (`auto`, or the HOST:PORT that `ray start --head` printed); None starts a local Ray for this run."
+    )
+    num_rollout_servers: int = Field(
+        1, description="backend=ray with rollout.mode=server and no rollout.server_urls: vLLM rollout server actors to start; generation is split across them."
+    )
+    cpus_per_trainer: float = Field(1.0, description="backend=ray: CPUs each trainer actor reserves (also its torch threads).")
+    gpus_per_trainer: float = Field(0.0, description="backend=ray: GPUs each trainer actor reserves.")
+    cpus_per_rollout: float = Field(1.0, description="backend=ray: CPUs each rollout server actor reserves.")
+    gpus_per_rollout: float = Field(0.0, description="backend=ray: GPUs each rollout server actor reserves.")
+
+
 class CohortConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -247,12 +266,13 @@ class CohortConfig(_Section):
     critic: CriticConfig = Field(default_factory=CriticConfig)
     rewards: list[RewardSpec] | None = Field(None, description="Reward functions; None: the built-in task's rewards.")
     run: RunConfig = Field(default_factory=RunConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
 
-SECTIONS = ("model", "data", "rollout", "algorithm", "train", "critic", "rewards", "run")
+SECTIONS = ("model", "data", "rollout", "algorithm", "train", "critic", "rewards", "run", "distributed")
 
 # Completions per prompt each algorithm needs: a baseline computed within the group needs 2; PPO's critic and
 # REINFORCE++'s batch baseline need none. tests/trainer/test_algorithms.py checks this against the trainer's specs.
@@ -525,18 +545,30 @@ def check_rollout_mode(cfg: CohortConfig) -> list[str]:
     """rollout.mode=server needs server URLs, a timeout and the token the servers were started with."""
     r = cfg.rollout
     problems = []
+    spawned = cfg.distributed.backend == "ray"  # Ray starts the servers (when no URLs are given) and makes a token
     if r.mode == "server":
-        if not r.server_urls:
+        if not r.server_urls and not spawned:
             problems.append("rollout.mode = server but rollout.server_urls is empty; start `cohort serve MODEL_DIR --port 8400` "
                             "and set rollout.server_urls=[http://127.0.0.1:8400]")
         bad = [u for u in r.server_urls if not u.startswith(("http://", "https://"))]
         if bad:
             problems.append(f"rollout.server_urls = {bad}: each must start with http:// or https:// (e.g. http://127.0.0.1:8400)")
-        if not os.environ.get("COHORT_SERVER_TOKEN"):
+        if not os.environ.get("COHORT_SERVER_TOKEN") and not spawned:
             problems.append("rollout.mode = server needs the servers' token in the environment: export COHORT_SERVER_TOKEN=<the token "
                             "`cohort serve` was started with>")
     if r.server_timeout_s <= 0:
         problems.append(f"rollout.server_timeout_s = {r.server_timeout_s}: must be > 0 (seconds; 300 is the default)")
+    d = cfg.distributed
+    if d.num_rollout_servers < 1:
+        problems.append(f"distributed.num_rollout_servers = {d.num_rollout_servers}: must be at least 1")
+    for key in ("cpus_per_trainer", "gpus_per_trainer", "cpus_per_rollout", "gpus_per_rollout"):
+        if getattr(d, key) < 0:
+            problems.append(f"distributed.{key} = {getattr(d, key)}: must be >= 0")
+    if spawned:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            problems.append("distributed.backend = ray but Ray is not installed: pip install ray (or use backend none)")
     return problems
 
 

@@ -296,6 +296,7 @@ def attach_context(trainer) -> None:
         trainer.run_dir = trainer.run_dir / "ranks" / f"rank-{trainer.dist.rank}"
         trainer.cfg.run.loggers = ["jsonl"]
         trainer.cfg.run.progress = False
+        trainer.cfg.run.diagnostics = False  # rank 0 warns once for everyone
 
 
 def rank0_engine(trainer, build) -> MainOnlyEngine:

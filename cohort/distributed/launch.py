@@ -1,9 +1,11 @@
-"""`train.num_processes=N`: re-launch `cohort train` under torchrun with N local processes.
+"""Where `cohort train` runs its training processes, decided before any model loads.
 
-The same command line runs in every process (torchrun's `--standalone`
-rendezvous on a free local port), with `run.output_dir` pinned so that every
-rank agrees on the run directory. For several machines, run torchrun (or Ray,
-`distributed.backend=ray`) yourself; see docs/deployment.md.
+- `distributed.backend=ray`: this process becomes a Ray driver
+  (`cohort.distributed.ray_cluster`); trainer and rollout-server actors do the work.
+- `train.num_processes=N > 1`: re-launch `cohort train` under torchrun with N
+  local processes (`--standalone` rendezvous on a free local port), with
+  `run.output_dir` pinned so that every rank agrees on the run directory.
+- otherwise (or already under torchrun, WORLD_SIZE set): train here.
 """
 
 from __future__ import annotations
@@ -18,9 +20,15 @@ def torchrun_command(num_processes: int, cli_args: list[str], output_dir: str) -
             "-m", "cohort.cli", *cli_args, f"run.output_dir={output_dir}"]
 
 
-def relaunch_under_torchrun(cfg, cli_args: list[str]) -> int | None:
-    """The exit code of the torchrun child when this process should hand over to it; None to train here."""
-    if cfg.train.num_processes <= 1 or "WORLD_SIZE" in os.environ:
+def launch_elsewhere(cfg, cli_args: list[str]) -> dict | int | None:
+    """None: train in this process. Else rank 0's summary (Ray) or the torchrun child's exit code."""
+    if "WORLD_SIZE" in os.environ:
+        return None
+    if cfg.distributed.backend == "ray":
+        from cohort.distributed.ray_cluster import train_with_ray
+
+        return train_with_ray(cfg)
+    if cfg.train.num_processes <= 1:
         return None
     from cohort.config import default_output_dir
 

@@ -1,0 +1,196 @@
+"""`distributed.backend=ray`: the trainer worker group and the rollout servers as Ray actors.
+
+`cohort train ... distributed.backend=ray` makes this process a Ray driver:
+
+1. it joins the cluster at `distributed.ray_address` (`auto`, or the address
+   `ray start --head` printed), or starts a local Ray just for this run;
+2. when `rollout.mode=server` and no `rollout.server_urls` are given, it starts
+   `distributed.num_rollout_servers` actors, each a vLLM engine behind the
+   rollout server (`cohort.rollout.server`) bound to its node's address, with
+   `distributed.cpus_per_rollout` / `gpus_per_rollout` each;
+3. it starts `train.num_processes` trainer actors (`cpus_per_trainer` /
+   `gpus_per_trainer` each), which form one torch.distributed group (rank 0's
+   node address and a free port as the rendezvous), and each runs the ordinary
+   `Trainer` — FSDP2 across them exactly as under torchrun; rank 0 writes the run
+   directory on its node and drives the rollout servers (or a colocated engine);
+4. it waits for all of them, stops the run as soon as one fails (the others
+   would wait in a collective forever), kills the actors and returns rank 0's
+   summary.
+
+The servers' bearer token is `COHORT_SERVER_TOKEN` when set, else a fresh
+random one; it travels to the actors in their environment, never in the config.
+Every node must have the same Python environment, with cohort and any user
+reward module importable (this driver forwards its PYTHONPATH).
+
+A local Ray (no address) keeps every address on 127.0.0.1, declares at least
+as many logical CPUs as the actors ask for (so a laptop run is never left
+waiting for resources), and turns usage reporting off. Actors bind their
+servers to the address the cluster knows their node by.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from pathlib import Path
+from typing import Any
+
+from cohort.config import default_output_dir
+from cohort.rollout.server import TOKEN_ENV
+
+LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # the driver and actors pass configs and summaries, nothing large
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((_node_address(), 0))
+        return s.getsockname()[1]
+
+
+def _node_address() -> str:
+    """This actor's node address as the cluster knows it (127.0.0.1 on a local Ray), not a guess from the routes."""
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node["NodeID"] == node_id:
+            return node["NodeManagerAddress"]
+    raise RuntimeError(f"this actor's node {node_id} is not in ray.nodes()")
+
+
+def _enter(cwd: str) -> None:
+    """Run in the driver's directory when this node has it, so relative paths in the config mean the same."""
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+
+
+def _actor_env(token: str, cpus: float) -> dict[str, str]:
+    import cohort
+
+    root = str(Path(cohort.__file__).resolve().parent.parent)
+    paths = [root, os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {
+        TOKEN_ENV: token,
+        "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+        "OMP_NUM_THREADS": str(max(1, int(cpus))),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+    }
+
+
+class RolloutServerActor:
+    """A vLLM engine behind the rollout HTTP server, on this actor's node."""
+
+    def __init__(self, cwd: str, model_path: str, dtype: str, seed: int, kv_cache_gib: float, gpu_memory_utilization: float):
+        _enter(cwd)
+
+        from cohort.models.loading import resolve_model_dir
+        from cohort.rollout.server import RolloutService, serve_in_thread
+        from cohort.rollout.vllm_engine import VLLMEngine
+
+        model_dir = resolve_model_dir(model_path)
+        self.engine = VLLMEngine(model_dir, dtype=dtype, max_model_len=None, seed=seed, kv_cache_gib=kv_cache_gib,
+                                 gpu_memory_utilization=gpu_memory_utilization)
+        limit = self.engine.llm.llm_engine.model_config.max_model_len
+        service = RolloutService(self.engine, os.environ[TOKEN_ENV], model=str(model_dir), max_model_len=limit)
+        self.server, self.address = serve_in_thread(service, host=_node_address(), port=0)
+
+    def url(self) -> str:
+        return self.address
+
+
+class TrainerActor:
+    """One rank of the trainer worker group: sets torch.distributed's environment, runs `Trainer`."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+
+    def rendezvous(self) -> tuple[str, int]:
+        return _node_address(), _free_port()
+
+    def train(self, cwd: str, cfg_tree: dict[str, Any], master: tuple[str, int]) -> dict[str, Any]:
+        _enter(cwd)
+        if self.world_size > 1:
+            os.environ.update({"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]), "RANK": str(self.rank),
+                               "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": "0"})
+        from cohort.config import CohortConfig
+        from cohort.trainer.loop import Trainer
+
+        trainer = Trainer(CohortConfig.model_validate(cfg_tree))
+        try:
+            return trainer.train()
+        finally:
+            trainer.close()
+
+
+def _connect(cfg, needed_cpus: float, needed_gpus: float) -> bool:
+    """Join or start Ray; True when this call started a local cluster (then it is stopped at the end)."""
+    import ray
+
+    address = cfg.distributed.ray_address
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return False
+    ray.init(num_cpus=max(os.cpu_count() or 1, int(needed_cpus + 0.999)), num_gpus=int(needed_gpus + 0.999) or None,
+             include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES, log_to_driver=True)
+    return True
+
+
+def _wait_all(futures: list) -> list:
+    """Results of every future; the first failure is raised at once (its peers may be stuck in a collective)."""
+    import ray
+
+    pending, by_ref = list(futures), {}
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        by_ref[done[0]] = ray.get(done[0])
+    return [by_ref[f] for f in futures]
+
+
+def train_with_ray(cfg) -> dict[str, Any]:
+    """Run the configured training on Ray actors; returns rank 0's summary."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not cfg.distributed.ray_address:
+        # Ray reads this at import: with it off, a local Ray keeps every address on 127.0.0.1 (by default it
+        # advertises the machine's routed address even for a single-node run).
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    d, world = cfg.distributed, cfg.train.num_processes
+    spawn_servers = cfg.rollout.mode == "server" and not cfg.rollout.server_urls
+    servers_n = d.num_rollout_servers if spawn_servers else 0
+    started = _connect(cfg, world * d.cpus_per_trainer + servers_n * d.cpus_per_rollout,
+                       world * d.gpus_per_trainer + servers_n * d.gpus_per_rollout)
+    token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
+    actors: list = []
+    try:
+        urls = list(cfg.rollout.server_urls)
+        if servers_n:
+            remote = ray.remote(RolloutServerActor).options(
+                num_cpus=d.cpus_per_rollout, num_gpus=d.gpus_per_rollout,
+                runtime_env={"env_vars": _actor_env(token, d.cpus_per_rollout)})
+            dtype = cfg.model.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
+            servers = [remote.remote(os.getcwd(), cfg.model.path, dtype, cfg.rollout.seed + i, cfg.rollout.kv_cache_gib,
+                                     cfg.rollout.gpu_memory_utilization) for i in range(servers_n)]
+            actors += servers
+            urls = _wait_all([s.url.remote() for s in servers])
+            print(f"cohort: {servers_n} rollout server actor(s) at {', '.join(urls)}", flush=True)
+        tree = cfg.to_dict()
+        tree["distributed"]["backend"] = "none"  # the actors train; they must not launch further actors
+        tree["rollout"]["server_urls"] = urls
+        tree["run"]["output_dir"] = os.path.abspath(cfg.run.output_dir or default_output_dir())
+        remote = ray.remote(TrainerActor).options(num_cpus=d.cpus_per_trainer, num_gpus=d.gpus_per_trainer,
+                                                  runtime_env={"env_vars": _actor_env(token, d.cpus_per_trainer)})
+        trainers = [remote.remote(rank, world) for rank in range(world)]
+        actors += trainers
+        master = ray.get(trainers[0].rendezvous.remote())
+        print(f"cohort: {world} trainer actor(s); run directory {tree['run']['output_dir']} on rank 0's node", flush=True)
+        return _wait_all([t.train.remote(os.getcwd(), tree, master) for t in trainers])[0]
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+        if started:
+            ray.shutdown()
+
