@@ -19,8 +19,9 @@ slices 0..S−1, then again for the next iteration). The maths is in
 - new weights are pushed into the rollout engine lazily, just before the next
   generation, and checked with a canary log-prob.
 
-Out of scope here: multi-process training and the rollout server (distributed/),
-checkpoints and exact resume.
+Out of scope here: multi-process training and the rollout server (distributed/);
+checkpoints, exact resume and stopping (trainer/checkpoint.py, trainer/stopping.py,
+driven from trainer/run.py).
 """
 
 from __future__ import annotations
