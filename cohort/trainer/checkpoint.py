@@ -69,7 +69,8 @@ def stateful_parts(trainer) -> dict[str, Any]:
     for name, value in vars(trainer).items():
         if name.startswith("_") or isinstance(value, torch.nn.Module):
             continue
-        if callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None)):
+        kind = type(value)  # methods of the class, so a proxy's __getattr__ cannot fake them
+        if callable(getattr(kind, "state_dict", None)) and callable(getattr(kind, "load_state_dict", None)):
             parts[name] = value
     return parts
 
