@@ -109,6 +109,12 @@ class RolloutConfig(_Section):
     server_timeout_s: float = Field(
         300.0, description="rollout.mode=server: every request to a server fails after this many seconds without an answer (the run stops instead of hanging)."
     )
+    overlap: bool = Field(
+        False,
+        description="Generate the next batch in a background thread while this one trains (one step off-policy, corrected by "
+        "truncated importance weights, see algorithm.rollout_correction). Needs an engine with its own weights (vllm or "
+        "server mode) and one optimizer step per generation batch.",
+    )
 
 
 class AlgorithmConfig(_Section):
@@ -158,6 +164,13 @@ class AlgorithmConfig(_Section):
     )
     num_iterations: int = Field(1, description="Updates per generation batch (μ in the GRPO paper). >1 reuses completions off-policy.")
     mask_truncated_completions: bool = Field(False, description="Leave completions that hit max_completion_length out of the loss.")
+    rollout_correction: Literal["auto", "none", "truncate", "mask"] = Field(
+        "auto",
+        description="Importance weights pi_trainer / pi_sampler from the engine's log-probs, multiplied into the per-token loss: "
+        "`truncate` caps them at algorithm.rollout_correction_cap (TIS), `mask` drops tokens above it (MIS), `none` never; "
+        "`auto`: truncate for batches sampled by an older policy (rollout.overlap), none otherwise.",
+    )
+    rollout_correction_cap: float = Field(2.0, description="Cap of the rollout-correction importance weights (> 0).")
 
 
 class TrainConfig(_Section):
@@ -541,6 +554,28 @@ def _check_algorithm_ranges(cfg: CohortConfig) -> list[str]:
     return problems
 
 
+def check_overlap(cfg: CohortConfig) -> list[str]:
+    """rollout.overlap needs an engine with its own weights and one optimizer step per generation batch."""
+    r, t, problems = cfg.rollout, cfg.train, []
+    if cfg.algorithm.rollout_correction_cap <= 0:
+        problems.append(f"algorithm.rollout_correction_cap = {cfg.algorithm.rollout_correction_cap}: must be > 0 (2.0 is TRL's default)")
+    if not r.overlap:
+        return problems
+    if r.engine == "hf" and r.mode != "server":
+        problems.append("rollout.overlap = true with rollout.engine = hf: the transformers engine samples with the trainer's own "
+                        "module, which the update changes meanwhile; use rollout.engine=vllm or set rollout.overlap=false")
+    if t.steps_per_generation != 1 or cfg.algorithm.num_iterations != 1:
+        problems.append(f"rollout.overlap = true needs one optimizer step per generation batch (train.steps_per_generation = "
+                        f"{t.steps_per_generation}, algorithm.num_iterations = {cfg.algorithm.num_iterations}); set both to 1 or "
+                        "rollout.overlap=false")
+    if cfg.rollout.generation_batch_size not in (None, t.prompts_per_step * r.num_generations):
+        problems.append("rollout.overlap = true needs rollout.generation_batch_size unset (one optimizer step per generation batch)")
+    if getattr(t, "num_processes", 1) > 1:
+        problems.append(f"rollout.overlap = true runs in one training process; got train.num_processes = {t.num_processes}: "
+                        "set train.num_processes=1 or rollout.overlap=false")
+    return problems
+
+
 def check_rollout_mode(cfg: CohortConfig) -> list[str]:
     """rollout.mode=server needs server URLs, a timeout and the token the servers were started with."""
     r = cfg.rollout
@@ -600,7 +635,7 @@ def check_processes(cfg: CohortConfig) -> list[str]:
 
 def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
     """All checks that need no model; raises ConfigError listing every problem."""
-    problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
+    problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_overlap(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
     if check_files:
         from cohort.data.datasets import check_data_config
 

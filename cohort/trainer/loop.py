@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cohort.algorithms import aggregate_loss, aggregation_count, kl_penalty, masked_mean, policy_loss
+from cohort.algorithms import aggregate_loss, aggregation_count, kl_penalty, masked_mean, policy_loss, rollout_correction
 from cohort.algorithms import advantage_stats
 from cohort.config import CohortConfig, batch_plan, default_output_dir, validate_config
 from cohort.models.logprobs import completion_logprobs
@@ -46,6 +46,7 @@ from cohort.trainer import setup as build
 from cohort.trainer.algorithms import AdvantageInputs
 from cohort.trainer.batching import length_sorted_micro_batches, pack_right_padded, pad_rows
 from cohort.trainer.evaluate import evaluate
+from cohort.trainer.overlap import BackgroundRollout, PendingGeneration
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.trainer.stopping import check_finite
 
@@ -87,17 +88,30 @@ class Trainer:
         self.canary: tuple[list[int], list[int]] | None = None
         self.sync_bytes_sent = 0.0  # bytes the engine reports sending since the last step's metrics (server mode)
         build.setup(self, external_engine=engine)
+        self.pending: PendingGeneration | None = None  # the next generation batch, sampling in the background (rollout.overlap)
+        self.background = BackgroundRollout() if cfg.rollout.overlap else None
 
     # ------------------------------------------------------------------ phases
 
-    def generate_batch(self) -> RolloutBatch:
-        cfg, plan = self.cfg, self.plan
+    def _request_generation(self) -> PendingGeneration:
+        """The next generation batch's prompts and seeds, and the engine call (run later, or now in the background)."""
+        cfg = self.cfg
+        self.sync_weights()  # the engine samples from the current policy
         rows = self.sampler.next_batch()
         prompts = [self.train_ids[i] for i in rows]
         sampling = SamplingConfig(cfg.rollout.max_completion_length, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k)
-        with self.phases("generate"):
-            outs = self.engine.generate(prompts, sampling, completion_seeds(cfg.rollout.seed, self.generation_index, len(prompts)))
+        seeds = completion_seeds(cfg.rollout.seed, self.generation_index, len(prompts))
         self.generation_index += 1
+        return PendingGeneration(rows, prompts, self.policy_version, lambda: self.engine.generate(prompts, sampling, seeds))
+
+    def generate_batch(self) -> RolloutBatch:
+        cfg, plan = self.cfg, self.plan
+        pending, self.pending = self.pending or self._request_generation(), None
+        with self.phases("generate"):
+            outs = pending.result()  # with rollout.overlap: the wait for the batch generated behind the last update
+        rows, prompts = pending.rows, pending.prompts
+        if self.background is not None and self.step_count + plan.optimizer_steps_per_generation < plan.max_steps:
+            self.pending = self.background.start(self._request_generation())  # the next batch, behind this update
         texts = [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
         with self.phases("reward"):
             scored = self.rewards.score(
@@ -112,6 +126,7 @@ class Trainer:
             row_indices=rows, prompt_ids=prompts, completion_ids=[o.token_ids for o in outs],
             engine_logp=[o.logprobs for o in outs], truncated=[o.finish_reason == "length" for o in outs],
             completions_text=texts, rewards=scored.total, per_function=scored.per_function, advantages=torch.empty(0),
+            policy_version=pending.policy_version,
         )
         batch.metrics = self._batch_metrics(batch, rewards_t, scored.metrics)
         with self.phases("logprob"):
@@ -173,7 +188,9 @@ class Trainer:
             width = logp.shape[1]
             old = pad_rows([batch.old_logp[i] for i in mb], width) if batch.old_logp is not None else logp.detach()
             adv = batch.advantages[mb][:, :width].to(logp.dtype)  # (B, width) of the batch's (N, T)
+            weights = self._rollout_weights(batch, mb, logp, mask, sums)
             loss, metrics = policy_loss(self.loss_name, logp, old, adv, mask, eps_low=a.epsilon_low, eps_high=a.epsilon_high,
+                                        token_weights=weights,
                                         delta=a.delta, aggregation=self.aggregation, max_length=cfg.rollout.max_completion_length,
                                         num_items=num_items)
             if self.algorithm.kl_placement == "loss":
@@ -234,12 +251,30 @@ class Trainer:
             batch.metrics.update({"kl": float(kl_mean), "kl_coef": beta})
             self.kl_controller.update(kl_mean, len(batch))  # a no-op for the fixed controller
 
+    def _rollout_weights(self, batch: RolloutBatch, mb: list[int], logp: torch.Tensor, mask: torch.Tensor, sums) -> torch.Tensor | None:
+        """Importance weights pi_trainer / pi_sampler for `algorithm.rollout_correction` (None: no correction)."""
+        a = self.cfg.algorithm
+        stale = batch.policy_version != self.policy_version and not self.engine_shares_policy
+        if a.rollout_correction == "none" or (a.rollout_correction == "auto" and not stale):
+            return None
+        if not all(len(batch.engine_logp[i]) == len(batch.completion_ids[i]) for i in mb):
+            raise RuntimeError("algorithm.rollout_correction needs the engine's log-probs of every sampled token; this engine "
+                               "returned none. Set algorithm.rollout_correction=none (and rollout.overlap=false)")
+        engine = pad_rows([torch.tensor(batch.engine_logp[i], dtype=torch.float32) for i in mb], logp.shape[1])
+        mode = "truncate" if a.rollout_correction == "auto" else a.rollout_correction
+        weights, metrics = rollout_correction(logp.detach().float(), engine, mask, level="token", mode=mode,
+                                              cap=a.rollout_correction_cap)
+        tokens = float(mask.sum())
+        for key in ("mismatch/kl", "mismatch/ratio_mean", "mismatch/frac_capped", "mismatch/frac_masked"):
+            sums["correction/" + key.split("/", 1)[1]] += float(metrics[key]) * tokens
+        return weights.to(logp.dtype)
+
     def _accumulate_mismatch(self, sums, batch: RolloutBatch, mb: list[int], logp: torch.Tensor, mask: torch.Tensor) -> None:
         """|trainer − engine| log-prob gap, measured where the trainer still holds the sampling policy."""
         reference = None
         if batch.old_logp is not None:
             reference = pad_rows([batch.old_logp[i] for i in mb], logp.shape[1])
-        elif self.policy_version == self.synced_version or self.engine_shares_policy:
+        elif batch.policy_version == self.policy_version and (self.policy_version == self.synced_version or self.engine_shares_policy):
             reference = logp.detach()
         if reference is None or not batch.engine_logp[mb[0]]:
             return
@@ -278,9 +313,14 @@ class Trainer:
         return out
 
     def sync_weights(self) -> None:
-        """Push the policy into the engine if it changed since the last push, then check the canary."""
+        """Push the policy into the engine if it changed since the last push, then check the canary.
+
+        A generation running in the background is waited for first (its result is kept): weights never
+        change under a generation in flight."""
         if self.synced_version == self.policy_version:
             return
+        if self.pending is not None:
+            self.pending.wait()
         with self.phases("sync"):
             if not self.engine_shares_policy:
                 sent = self.engine.update_weights(self.policy.named_parameters(), self.policy_version)
@@ -314,8 +354,7 @@ class Trainer:
         step_start = time.perf_counter()
         slot = self.step_count % plan.optimizer_steps_per_generation
         if slot == 0 or self.batch is None:
-            self.sync_weights()
-            self.batch = self.generate_batch()
+            self.batch = self.generate_batch()  # (pushes the policy into the engine first, when it changed)
         per_step = plan.completions_per_step
         start = (slot % plan.steps_per_generation) * per_step
         indices = list(range(start, start + per_step))
@@ -325,8 +364,8 @@ class Trainer:
             with self.phases("critic"):
                 metrics.update(self.critic.update(self.batch, self._micro_batches(self.batch, indices)))
         self.step_count += 1
-        if (self.step_count % plan.optimizer_steps_per_generation == 0) and self.step_count < plan.max_steps:
-            self.sync_weights()
+        if self.background is None and self.step_count % plan.optimizer_steps_per_generation == 0 and self.step_count < plan.max_steps:
+            self.sync_weights()  # (with rollout.overlap the engine is busy: the sync happens before the next request)
         out = {**(self.batch.metrics if slot == 0 else {}), **metrics, **self.phases.pop()}
         out["timing/step_s"] = time.perf_counter() - step_start
         if self.sync_bytes_sent:
@@ -340,6 +379,8 @@ class Trainer:
         return run_training(self, resume_from=resume_from)
 
     def close(self) -> None:
+        if self.background is not None:
+            self.background.close()  # waits for a generation still in flight
         self.rewards.close()
         if self.owns_engine:
             self.engine.close()

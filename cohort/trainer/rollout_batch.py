@@ -81,6 +81,7 @@ class RolloutBatch:
     values: list[torch.Tensor] | None = None  # the critic's, at generation time (algorithms with a critic)
     returns: torch.Tensor | None = None  # (N, T) the critic's targets
     metrics: dict[str, float] = field(default_factory=dict)
+    policy_version: int = 0  # the policy version that sampled the batch (older than the trainer's under rollout.overlap)
 
     def __len__(self) -> int:
         return len(self.completion_ids)
