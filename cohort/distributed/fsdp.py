@@ -8,10 +8,13 @@ has one code path.
 
 How the work is split:
 
-- rank 0 owns the rollout engine (colocated vLLM/transformers, or the client of
-  the rollout servers) and the reward functions; `MainOnlyEngine` and
+- rank 0 owns the rollout engine and the reward functions; `MainOnlyEngine` and
   `MainOnlyRewards` run them there and broadcast the results, so every rank holds
-  the same full generation batch;
+  the same full generation batch. The engine is the client of the rollout
+  servers (rollout.mode=server), a transformers copy of the policy
+  (rollout.engine=hf), or, for rollout.engine=vllm, a private `cohort serve`
+  child on loopback (`LocalServerEngine`: vLLM builds torch.distributed groups
+  of its own, which cannot nest in a multi-rank process);
 - advantages are computed from that full batch on every rank (identical by
   construction, so group statistics equal the single-process ones);
 - each optimizer step's completions are cut into W contiguous blocks of whole
@@ -309,6 +312,52 @@ def rank0_engine(trainer, build) -> MainOnlyEngine:
 
             engine = DetachedHFEngine(load_policy(trainer.model_dir, cfg.model.dtype), pad_token_id=trainer.pad_id,
                                       eos_token_ids=[trainer.tokenizer.eos_token_id])
+        elif cfg.rollout.mode == "colocate":
+            engine = LocalServerEngine(trainer)
         else:
             engine = build()
     return MainOnlyEngine(engine, trainer.dist)
+
+
+class LocalServerEngine:
+    """rollout.engine=vllm with several processes: vLLM on rank 0's machine as a private loopback rollout server.
+
+    vLLM cannot live inside a rank of a multi-process group (it builds its own
+    torch.distributed groups, which would wait for every rank), so rank 0 starts
+    `cohort serve` as a child and talks to it like server mode; weights go over
+    loopback as safetensors.
+    """
+
+    def __init__(self, trainer):
+        from cohort.rollout.remote_engine import RemoteEngine
+        from cohort.rollout.server import LocalServer
+
+        cfg = trainer.cfg
+        longest = max(len(ids) for ids in trainer.train_ids + (getattr(trainer, "eval_ids", None) or []))
+        needed = longest + cfg.rollout.max_completion_length + 1
+        self.server = LocalServer(trainer.model_dir, dtype=cfg.model.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype,
+                                  max_model_len=needed, seed=cfg.rollout.seed, kv_cache_gib=cfg.rollout.kv_cache_gib,
+                                  gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)
+        try:
+            self.remote = RemoteEngine([self.server.url], token=self.server.token, timeout_s=cfg.rollout.server_timeout_s,
+                                       agreement_tolerance=cfg.rollout.sync_check_tolerance, min_model_len=needed)
+        except Exception:
+            self.server.close()
+            raise
+
+    @property
+    def policy_version(self) -> int:
+        return self.remote.policy_version
+
+    def generate(self, prompts, sampling, seeds=None):
+        return self.remote.generate(prompts, sampling, seeds)
+
+    def update_weights(self, named_tensors, version: int):
+        return self.remote.update_weights(named_tensors, version)
+
+    def score(self, prompt, completion, temperature: float = 1.0):
+        return self.remote.score(prompt, completion, temperature)
+
+    def close(self) -> None:
+        self.remote.close()
+        self.server.close()

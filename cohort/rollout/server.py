@@ -201,6 +201,61 @@ def serve_in_thread(service: RolloutService, host: str = "127.0.0.1", port: int 
     return server, f"http://{bound_host}:{bound_port}"
 
 
+class LocalServer:
+    """`cohort serve` in a child process on a free loopback port, with a fresh token; `close()` stops it.
+
+    For a process that cannot hold vLLM itself: rank 0 of a multi-process run
+    (vLLM builds its own torch.distributed groups, which would need every rank),
+    and benchmarks. The child gets none of torchrun's variables.
+    """
+
+    TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                    "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+
+    def __init__(self, model_dir, *, dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
+                 kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5, start_timeout_s: float = 600.0):
+        import secrets
+        import subprocess
+
+        self.token = secrets.token_hex(16)
+        env = {k: v for k, v in os.environ.items() if k not in self.TORCHRUN_ENV and not k.startswith("TORCHELASTIC")}
+        env[TOKEN_ENV] = self.token
+        cmd = [sys.executable, "-m", "cohort.cli", "serve", str(model_dir), "--port", "0", "--dtype", dtype, "--seed", str(seed),
+               "--kv-cache-gib", str(kv_cache_gib), "--gpu-memory-utilization", str(gpu_memory_utilization)]
+        if max_model_len:
+            cmd += ["--max-model-len", str(max_model_len)]
+        self.process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=None, text=True)
+        self.url = self._wait_ready(start_timeout_s)
+
+    def _wait_ready(self, timeout_s: float) -> str:
+        found: dict[str, str] = {}
+        ready = threading.Event()
+
+        def read():  # keeps draining stdout so the child never blocks on a full pipe
+            for line in self.process.stdout:
+                if "listening on " in line and not ready.is_set():
+                    found["url"] = line.rsplit("listening on ", 1)[1].strip()
+                    ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        while not ready.wait(0.5):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"the local rollout server did not start (exit code {self.process.returncode}; "
+                                   f"waited up to {timeout_s:.0f} s); its log is above")
+        return found["url"]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except Exception:
+                self.process.kill()
+
+
 # --------------------------------------------------------------------------- cohort serve
 
 

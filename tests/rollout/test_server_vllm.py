@@ -12,10 +12,6 @@ session's shared engine served on a thread (never a second engine in the pytest 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,12 +24,11 @@ from cohort.models.loading import load_policy, load_tokenizer
 from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import SamplingConfig
 from cohort.rollout.remote_engine import RemoteEngine
-from cohort.rollout.server import RolloutService, serve_in_thread
+from cohort.rollout.server import LocalServer, RolloutService, serve_in_thread
 from cohort.trainer.batching import pack_right_padded
 from cohort.trainer.loop import Trainer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-TOKEN = "loopback-test-token"
 
 
 def _trainer_logp(policy, prompt, completion, temperature=1.0):
@@ -46,37 +41,17 @@ def _trainer_logp(policy, prompt, completion, temperature=1.0):
 
 @pytest.fixture(scope="module")
 def cli_server(tiny_model_dir):
-    """`cohort serve` as a user runs it, on a free loopback port; yields its base URL."""
-    env = {**os.environ, "COHORT_SERVER_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "cohort.cli", "serve", str(tiny_model_dir), "--port", "0", "--max-model-len", "128"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines: list[str] = []
-    ready = threading.Event()
-    url = {}
-
-    def read():
-        for line in proc.stdout:
-            lines.append(line)
-            if "listening on " in line:
-                url["url"] = line.rsplit("listening on ", 1)[1].strip()
-                ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not ready.wait(300):
-        proc.kill()
-        pytest.fail("cohort serve did not start within 300 s:\n" + "".join(lines[-30:]))
-    yield url["url"]
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    """`cohort serve` as a user runs it, in a child process on a free loopback port, with a fresh token."""
+    server = LocalServer(tiny_model_dir, max_model_len=128, start_timeout_s=300)
+    yield server
+    server.close()
+    assert server.process.poll() is not None  # stopped
 
 
 @pytest.fixture
-def thread_server(vllm_engine, tiny_model_dir):
-    """The session engine behind HTTP on a thread; its initial weights are put back afterwards."""
-    server, url = serve_in_thread(RolloutService(vllm_engine, TOKEN, model=str(tiny_model_dir), max_model_len=128))
+def thread_server(cli_server, vllm_engine, tiny_model_dir):
+    """The session engine behind HTTP on a thread (same token); its initial weights are put back afterwards."""
+    server, url = serve_in_thread(RolloutService(vllm_engine, cli_server.token, model=str(tiny_model_dir), max_model_len=128))
     yield url
     server.shutdown()
     server.server_close()
@@ -86,7 +61,7 @@ def thread_server(vllm_engine, tiny_model_dir):
 def test_cli_server_refuses_without_token_then_generates_with_pushed_weights(cli_server, tiny_model_dir):
     body = json.dumps({"prompts": [[1, 2, 3]], "sampling": {"max_tokens": 4}, "seeds": [0]}).encode()
     for headers in ({}, {"Authorization": "Bearer nope"}):
-        request = urllib.request.Request(cli_server + "/generate", data=body, headers=headers, method="POST")
+        request = urllib.request.Request(cli_server.url + "/generate", data=body, headers=headers, method="POST")
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(request, timeout=30)
         assert info.value.code == 401
@@ -95,7 +70,7 @@ def test_cli_server_refuses_without_token_then_generates_with_pushed_weights(cli
     with torch.no_grad():  # a policy the server has never seen
         for p in policy.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
-    engine = RemoteEngine([cli_server], token=TOKEN, timeout_s=120)
+    engine = RemoteEngine([cli_server.url], token=cli_server.token, timeout_s=120)
     prompt = tok("12+34=", add_special_tokens=False)["input_ids"]
     before = engine.generate([prompt], SamplingConfig(8, 1.0), [3])[0]
     assert (torch.tensor(before.logprobs) - _trainer_logp(policy, prompt, before.token_ids)).abs().max() > 1e-2
@@ -105,7 +80,7 @@ def test_cli_server_refuses_without_token_then_generates_with_pushed_weights(cli
     assert [o.policy_version for o in outs] == [5, 5, 5]
     for o in outs:
         assert torch.allclose(torch.tensor(o.logprobs), _trainer_logp(policy, prompt, o.token_ids, 0.7), atol=1e-4)
-    health = json.loads(urllib.request.urlopen(cli_server + "/health", timeout=30).read())
+    health = json.loads(urllib.request.urlopen(cli_server.url + "/health", timeout=30).read())
     assert health["policy_version"] == 5 and health["max_model_len"] == 128
 
 
@@ -125,9 +100,9 @@ def _config(tmp_path, model_dir, urls, steps):
 
 def test_train_in_server_mode_pushes_weights_and_generates_with_the_new_version(
         cli_server, thread_server, tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("COHORT_SERVER_TOKEN", TOKEN)
+    monkeypatch.setenv("COHORT_SERVER_TOKEN", cli_server.token)
     monkeypatch.syspath_prepend(str(tmp_path))
-    trainer = Trainer(_config(tmp_path, tiny_model_dir, [cli_server, thread_server], steps=12))
+    trainer = Trainer(_config(tmp_path, tiny_model_dir, [cli_server.url, thread_server], steps=12))
     try:
         trainer.train()
         lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -160,10 +135,10 @@ class CorruptingEngine(RemoteEngine):
         return super().update_weights(corrupt(), version)
 
 
-def test_canary_catches_corrupted_weights_and_stops_the_run(thread_server, tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("COHORT_SERVER_TOKEN", TOKEN)
+def test_canary_catches_corrupted_weights_and_stops_the_run(cli_server, thread_server, tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("COHORT_SERVER_TOKEN", cli_server.token)
     monkeypatch.syspath_prepend(str(tmp_path))
-    engine = CorruptingEngine([thread_server], token=TOKEN, timeout_s=120)
+    engine = CorruptingEngine([thread_server], token=cli_server.token, timeout_s=120)
     trainer = Trainer(_config(tmp_path, tiny_model_dir, [thread_server], steps=5), engine=engine)
     start = time.perf_counter()
     try:
