@@ -57,7 +57,9 @@ class HFEngine:
             max_new_tokens=sampling.max_tokens, do_sample=not sampling.greedy,
             temperature=sampling.temperature if not sampling.greedy else None,
             top_p=sampling.top_p if not sampling.greedy else None,
-            top_k=sampling.top_k if (sampling.top_k > 0 and not sampling.greedy) else None,
+            # 0 switches top-k off; None would let transformers fall back to its default of 50, sampling from a
+            # truncated distribution the trainer does not score
+            top_k=sampling.top_k if not sampling.greedy else None,
             pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_ids,
         )
 

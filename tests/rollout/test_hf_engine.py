@@ -32,3 +32,15 @@ def test_engine_logprobs_equal_trainer_logprobs(policy, temperature):
                                          b.completion_mask, temperature=temperature or 1.0)
     for i, o in enumerate(outs):
         assert torch.allclose(torch.tensor(o.logprobs), trainer[i, : len(o.token_ids)], atol=1e-5), i
+
+
+def test_top_k_zero_samples_the_whole_vocabulary(tiny_model_dir):
+    # Zero output weights → all logits 0 → uniform over 259 tokens. 300 first tokens from one prompt then hit
+    # ~259·(1 − e^(−300/259)) ≈ 177 distinct ids; a hidden top-k of 50 (transformers' default when top_k is None)
+    # would allow at most 50.
+    model = load_policy(tiny_model_dir, "float32")
+    with torch.no_grad():
+        model.get_output_embeddings().weight.zero_()
+    engine = HFEngine(model, pad_token_id=EOS, eos_token_ids=[EOS])
+    outs = engine.generate([[49, 50, 61]] * 300, SamplingConfig(max_tokens=1, temperature=1.0, top_k=0), seeds=[0] * 300)
+    assert len({o.token_ids[0] for o in outs}) > 100
