@@ -24,7 +24,10 @@ def cohort_overrides(model_dir: Path, data_file: Path, *, prompts_per_step: int,
         f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16",
         f"rollout.engine={engine}", f"rollout.num_generations={num_generations}", f"rollout.max_completion_length={max_completion_length}",
         "rollout.temperature=1.0", "algorithm.beta=0.0", "algorithm.loss_type=dapo",
-        f"train.prompts_per_step={prompts_per_step}", f"train.micro_batch_size={per_step}", "train.learning_rate=1e-4",
+        # the whole step in one micro-batch as TRL does (per_device_train_batch_size = completions per step), split by
+        # the token budget where sequences are long: the fast path
+        f"train.prompts_per_step={prompts_per_step}", f"train.micro_batch_size={per_step}", "train.max_tokens_per_microbatch=2048",
+        "train.learning_rate=1e-4",
         f"train.max_steps={steps}", f"train.num_threads={threads}",
         "rewards=[{name: 'bench._common:addition_reward'}]",
         f"run.output_dir={run_dir}", "run.progress=false", "run.loggers=[jsonl]", "run.log_completions_every=0",
