@@ -5,9 +5,10 @@
   one server, where the prefix cache serves them); results come back in order.
   Every completion must report the policy version last pushed, else the run
   stops (a server that restarted would otherwise sample from its initial weights).
-- update_weights: the named tensors are serialised to safetensors in parts of
-  at most `PART_BYTES` and pushed to every server in parallel; returns the bytes
-  sent over the wire (all servers together).
+- update_weights: the named tensors are serialised to safetensors one part (at
+  most `PART_BYTES`) at a time, each pushed to every server in parallel, so the
+  serialised bytes held at once stay bounded; returns the bytes sent over the
+  wire (all servers together).
 - score: the canary. Server 0's log-probs are returned for the trainer to
   compare with its own; every other server must agree with server 0 to
   `agreement_tolerance`, so a single stale server also stops the run.
@@ -51,25 +52,33 @@ def split_evenly(n: int, k: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def weight_parts(named_tensors: Iterable[tuple[str, torch.Tensor]], part_bytes: int = PART_BYTES) -> Iterable[bytes]:
-    """Serialise tensors into safetensors blobs of at most ~part_bytes each (a larger single tensor gets its own part)."""
-    from safetensors.torch import save as save_safetensors
-
-    part: dict[str, torch.Tensor] = {}
-    size, seen = 0, set()
+def plan_weight_parts(named_tensors: Iterable[tuple[str, torch.Tensor]], part_bytes: int = PART_BYTES) -> list[list[tuple[str, torch.Tensor]]]:
+    """Group the tensors (in order, tied ones once) into parts of at most ~part_bytes; a larger tensor is a part alone."""
+    parts: list[list[tuple[str, torch.Tensor]]] = []
+    size, seen = part_bytes + 1, set()
     for name, tensor in named_tensors:
         tensor = tensor.detach()
-        if tensor.data_ptr() in seen and tensor.numel():  # a tied tensor listed twice: the receiver re-ties it
+        if tensor.numel() and tensor.data_ptr() in seen:  # a tied tensor listed twice: the receiver re-ties it
             continue
         seen.add(tensor.data_ptr())
         nbytes = tensor.numel() * tensor.element_size()
-        if part and size + nbytes > part_bytes:
-            yield save_safetensors(part)
-            part, size = {}, 0
-        part[name] = tensor.to("cpu").contiguous()
+        if size + nbytes > part_bytes:
+            parts.append([])
+            size = 0
+        parts[-1].append((name, tensor))
         size += nbytes
-    if part:
-        yield save_safetensors(part)
+    return parts
+
+
+def serialize_part(part: list[tuple[str, torch.Tensor]]) -> bytes:
+    from safetensors.torch import save as save_safetensors
+
+    return save_safetensors({name: tensor.to("cpu").contiguous() for name, tensor in part})
+
+
+def weight_parts(named_tensors: Iterable[tuple[str, torch.Tensor]], part_bytes: int = PART_BYTES) -> Iterable[bytes]:
+    """The safetensors blobs a push sends, one per part."""
+    return (serialize_part(part) for part in plan_weight_parts(named_tensors, part_bytes))
 
 
 class RemoteEngine:
@@ -147,18 +156,18 @@ class RemoteEngine:
         return out
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
-        parts = list(weight_parts(named_tensors, PART_BYTES))
-
-        def push(url):
-            for i, blob in enumerate(parts):
-                reply = self._request(url, f"/weights?version={version}&part={i}&parts={len(parts)}", body=blob,
-                                      content_type="application/octet-stream")
+        """Serialise one part at a time and send it to every server in parallel: at most one part is held as bytes."""
+        parts, sent = plan_weight_parts(named_tensors, PART_BYTES), 0
+        for i, part in enumerate(parts):
+            blob = serialize_part(part)
+            path = f"/weights?version={version}&part={i}&parts={len(parts)}"
+            replies = self._each(lambda url: self._request(url, path, body=blob, content_type="application/octet-stream"), self.urls)
+            sent += len(blob) * len(self.urls)
+        for url, reply in zip(self.urls, replies if parts else []):
             if reply["policy_version"] != version:
                 raise RemoteEngineError(f"rollout server {url} did not load weights version {version} (reports {reply['policy_version']})")
-
-        self._each(push, self.urls)
         self.policy_version = version
-        return sum(len(b) for b in parts) * len(self.urls)
+        return sent
 
     def score(self, prompt: list[int], completion: list[int], temperature: float = 1.0) -> list[float]:
         payload = {"prompt": list(map(int, prompt)), "completion": list(map(int, completion)), "temperature": temperature}
