@@ -53,7 +53,7 @@ class LocalContext:
     def global_count(self, count: torch.Tensor) -> torch.Tensor:
         return count
 
-    def reduce_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+    def reduce_metrics(self, sums: dict[str, float], max_keys: tuple[str, ...] = ("mismatch_max",)) -> dict[str, float]:
         return sums
 
     def broadcast_object(self, obj: Any) -> Any:
@@ -105,13 +105,14 @@ class DistContext(LocalContext):
         self.dist.all_reduce(total)
         return (total / self.world_size).to(torch.as_tensor(count).dtype)
 
-    def reduce_metrics(self, sums: dict[str, float]) -> dict[str, float]:
-        """Sum every accumulated metric over ranks; `loss` is averaged (each rank's loss is scaled by W), `*_max` maxed."""
+    def reduce_metrics(self, sums: dict[str, float], max_keys: tuple[str, ...] = ("mismatch_max",)) -> dict[str, float]:
+        """Sum every accumulated metric over ranks, except: `loss` is averaged (each rank's loss is scaled by W) and
+        `max_keys` (running maxima, not sums) take the maximum."""
         gathered: list[Any] = [None] * self.world_size
         self.dist.all_gather_object(gathered, sorted(sums))  # a metric may exist on some ranks only
         keys = sorted(set().union(*gathered))
         sums = {k: sums.get(k, 0.0) for k in keys}
-        maxed = [k for k in keys if k.endswith("_max")]
+        maxed = [k for k in keys if k in max_keys]
         summed = [k for k in keys if k not in maxed]
         values = torch.tensor([float(sums[k]) for k in summed], dtype=torch.float64)
         self.dist.all_reduce(values)

@@ -98,3 +98,60 @@ def test_validation_for_several_processes(monkeypatch):
     assert "run.save_every = 5" in text and "algorithm.name = ppo" in text
     monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun its world size decides
     validate_config(load_config(None, ["train.prompts_per_step=8"]), check_files=False)
+
+
+COLLECTIVES = r'''
+import json, os, sys
+import torch
+from torch.distributed.fsdp import fully_shard
+from cohort.distributed.fsdp import DistContext
+
+ctx = DistContext()
+r = ctx.rank
+out = {
+    "reduce": ctx.reduce_metrics({"loss": 1.0 + r, "tokens": 10.0 * (r + 1), "mismatch_max": 0.1 * (r + 1),
+                                  "correction/ratio_max": 2.0, **({"kl": 3.0} if r == 1 else {})}),
+    "count": float(ctx.global_count(torch.tensor(6.0 + 2 * r))),
+    "broadcast": ctx.broadcast_object({"from": r}),
+}
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 1))
+reference = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 1))
+reference.load_state_dict(model.state_dict())
+fully_shard(model[0], mesh=ctx.mesh)  # layer 0 sharded, layer 1 replicated (like the embeddings and head)
+inputs = [torch.randn(3, 4, generator=torch.Generator().manual_seed(10 + k)) * (k + 1) for k in range(2)]
+model(inputs[r]).sum().backward()
+norm = ctx.sync_and_clip_grads(list(model.parameters()), max_norm=0.5)
+# one process, the same two inputs: FSDP's average of the rank gradients is the gradient of the mean loss
+((reference(inputs[0]).sum() + reference(inputs[1]).sum()) / 2).backward()
+expected = torch.nn.utils.clip_grad_norm_(list(reference.parameters()), 0.5)
+grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad for p in model.parameters()]
+out["norm"], out["expected_norm"] = norm, float(expected)
+out["grad_gap"] = max(float((g - p.grad).abs().max()) for g, p in zip(grads, reference.parameters()))
+out["full_keys"] = sorted(ctx.full_state_dict(model) or {})
+json.dump(out, open(os.path.join(sys.argv[1], f"rank{r}.json"), "w"))
+ctx.close()
+'''
+
+
+@pytest.mark.slow
+def test_collectives_on_two_gloo_ranks(tmp_path):
+    """reduce_metrics, global_count, broadcast and sync_and_clip_grads with 2 real ranks, against one-process answers."""
+    script = tmp_path / "collectives.py"
+    script.write_text(COLLECTIVES)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for out in ranks:
+        # loss: mean of 1 and 2; tokens summed; the running max maxed; a token-weighted "..._max" metric summed, not maxed;
+        # a metric only rank 1 had still arrives (0 from rank 0)
+        assert out["reduce"] == {"loss": 1.5, "tokens": 30.0, "mismatch_max": pytest.approx(0.2), "correction/ratio_max": 4.0,
+                                 "kl": 3.0}
+        assert out["count"] == 7.0  # (6 + 8) / 2 ranks
+        assert out["broadcast"] == {"from": 0}
+        assert out["norm"] == pytest.approx(out["expected_norm"], rel=1e-6) and out["norm"] > 0.5  # clipping was active
+        assert out["grad_gap"] < 1e-6
+    assert ranks[0]["full_keys"] == ["0.bias", "0.weight", "1.bias", "1.weight"] and ranks[1]["full_keys"] == []
