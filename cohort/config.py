@@ -291,13 +291,15 @@ SECTIONS = ("model", "data", "rollout", "algorithm", "train", "critic", "rewards
 # REINFORCE++'s batch baseline need none. tests/trainer/test_algorithms.py checks this against the trainer's specs.
 ALGORITHM_MIN_GENERATIONS = {"grpo": 2, "rloo": 2, "reinforce_pp": 1, "reinforce_pp_baseline": 2, "ppo": 1}
 
-# The embedded default (`cohort train` with no config): tuned on the arith task.
+# The embedded default (`cohort train` with no config), tuned on the arith task by measurement
+# (held-out greedy accuracy after 300 steps from the 38.7% warm start, seed 0): lr 3e-5 +6, 1e-4 +7,
+# 3e-4 +18 (16 prompts/step) and +31 (32 prompts/step), 1e-3 -9 (collapse); cosine 5e-4 +22.
 DEFAULT_PRESET: dict[str, Any] = {
     "model": {"path": "tiny:arith"},
-    "data": {"task": "arith"},
+    "data": {"task": "arith", "max_prompt_length": 24},
     "rollout": {"num_generations": 8, "max_completion_length": 8, "temperature": 1.0},
     "algorithm": {"loss_type": "dapo", "beta": 0.0},
-    "train": {"prompts_per_step": 16, "micro_batch_size": 128, "learning_rate": 3e-5, "max_steps": 150, "lr_scheduler": "constant"},
+    "train": {"prompts_per_step": 32, "micro_batch_size": 256, "learning_rate": 3e-4, "max_steps": 300, "lr_scheduler": "constant"},
 }
 
 
@@ -665,9 +667,9 @@ def _check_rewards(cfg: CohortConfig) -> list[str]:
     problems = []
     for i, spec in enumerate(cfg.rewards):
         try:
-            reward_registry.resolve(spec.name)
-        except (ValueError, ImportError) as exc:
-            problems.append(f"rewards[{i}].name = {spec.name!r}: {exc}")
+            reward_registry.validate_spec({"name": spec.name, "weight": spec.weight, **spec.options()})
+        except (ValueError, ImportError, TypeError) as exc:
+            problems.append(f"rewards[{i}] (name = {spec.name!r}): {exc}")
     return problems
 
 
