@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -49,3 +50,14 @@ def test_local_ray_run_with_server_and_trainer_actors_learns(tmp_path, tiny_mode
     assert last > first + 0.1, (first, last)
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
     assert (tmp_path / "run" / "ranks" / "rank-1" / "metrics.jsonl").is_file()
+
+
+def test_a_failing_actor_fails_the_run_instead_of_hanging(tmp_path, tiny_model_dir):
+    """Rank 0's reward raises while rank 1 waits for the batch in a collective: the driver must stop both."""
+    (tmp_path / "ray_boom.py").write_text("def boom(prompts, completions, **kw):\n    raise RuntimeError('boom from the reward')\n")
+    start = time.perf_counter()
+    proc = _run(tmp_path, tiny_model_dir, tmp_path / "boom", "train.max_steps=3", "rollout.mode=colocate", "rollout.engine=hf",
+                "rewards=[{name: ray_boom.boom}]")
+    assert proc.returncode != 0
+    assert "boom from the reward" in proc.stdout + proc.stderr
+    assert time.perf_counter() - start < 300
