@@ -7,6 +7,7 @@ the sum of the weights it holds, so a lost part or a stale version shows up.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
 import threading
@@ -182,3 +183,21 @@ def test_concurrent_health_answers_during_a_slow_generation(served):
     finally:
         release.set()
         worker.join()
+
+
+def test_server_mode_config_problems_name_the_fix(monkeypatch):
+    from cohort.config import ConfigError, load_config, validate_config
+
+    monkeypatch.delenv("COHORT_SERVER_TOKEN", raising=False)
+    with pytest.raises(ConfigError) as info:
+        validate_config(load_config(None, ["rollout.mode=server", "rollout.server_timeout_s=0"]), check_files=False)
+    text = str(info.value)
+    assert "rollout.server_urls is empty; start `cohort serve MODEL_DIR --port 8400`" in text
+    assert "export COHORT_SERVER_TOKEN" in text and "rollout.server_timeout_s = 0" in text
+    monkeypatch.setenv("COHORT_SERVER_TOKEN", "t")
+    with pytest.raises(ConfigError, match=r"must start with http:// or https://"):
+        validate_config(load_config(None, ["rollout.mode=server", "rollout.server_urls=[127.0.0.1:8400]"]), check_files=False)
+    validate_config(load_config(None, ["rollout.mode=server", "rollout.server_urls=[http://127.0.0.1:8400]"]), check_files=False)
+    monkeypatch.delenv("COHORT_SERVER_TOKEN")  # under Ray the driver starts the servers and makes the token
+    if importlib.util.find_spec("ray") is not None:
+        validate_config(load_config(None, ["rollout.mode=server", "distributed.backend=ray"]), check_files=False)
