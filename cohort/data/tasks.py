@@ -20,9 +20,9 @@ number below 100, prompts like ``"47+8="`` with answer ``"55"``. Choices:
   many ``+`` as ``-`` rows, train is every remaining problem.
 - The held-out problems are the same for every seed (a fixed split key), so the
   tiny model's warm start, trained on seed 0's train rows, has never seen the
-  eval rows of any seed. The seed picks the train problems and both orders; the
-  same seed gives the same rows on every machine (``random.Random``, no global
-  state).
+  eval rows of any seed. The seed orders both splits (and picks the subset when
+  ``train_size`` is given); the same seed gives the same rows on every machine
+  (``random.Random``, no global state).
 
 Rows carry only ``prompt`` and ``answer``; the ``numeric_match`` reward compares
 the last number in a completion with ``answer``.

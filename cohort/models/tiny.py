@@ -1,0 +1,333 @@
+"""The offline tiny default model ``tiny:arith``, built once on the machine and cached.
+
+``cohort train`` with no config does GRPO on the built-in ``arith`` task with this
+model, so it must load like any user checkpoint (a transformers directory for
+``Qwen2ForCausalLM`` with the character tokenizer; vLLM serves it unchanged) and
+must leave headroom that RL can use: greedy held-out accuracy mid-way, with the
+right answer often sampled when it is not greedy's choice.
+
+Recipe (``TinyRecipe``): a ~1M-parameter Qwen2 (hidden 128, 4 layers, 4 heads,
+2 KV heads, MLP 512, tied embeddings, float32) warm-started by supervised
+teacher forcing on ``prompt + answer + eos`` (loss on the answer and eos only),
+AdamW at a constant rate after a short warm-up, one fixed seed, one CPU thread.
+
+Choices:
+- Early stop on a validation split, not a fixed step count. How many steps this
+  task needs varies a lot with the seed (from ~250 to ~500 to cross 30%: the
+  curve is a steep phase change), and float arithmetic differs across machines,
+  so a fixed count would land anywhere from 10% to 70%. Every ``check_every``
+  steps the builder measures greedy accuracy on ``validation_size`` train
+  problems held back from the supervised pass, and stops at the first check at or
+  above ``target_accuracy``. The held-out eval split is never used to stop; its
+  accuracy is measured once at the end and written to ``cohort_tiny.json``.
+- One thread while building (restored after), so a machine's thread count does not
+  change the weights; a ~1M-parameter model gains nothing from more threads.
+- Cached under ``$COHORT_CACHE`` (default ``~/.cache/cohort``) in
+  ``tiny-<name>-<hash of the recipe>``, so any recipe change rebuilds. Written to a
+  temporary directory and moved into place with ``os.replace`` under a file lock:
+  two concurrent builders build once, and a reader never sees half a checkpoint.
+
+Left out: tokenizers other than the character one, GPU builds (the tiny model
+trains in about a minute on one CPU core), and a hub upload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+
+from cohort.data.tasks import get_task
+from cohort.models.char_tokenizer import (
+    EOS_TOKEN_ID,
+    VOCAB_SIZE,
+    build_char_tokenizer,
+    save_char_tokenizer,
+)
+
+logger = logging.getLogger(__name__)
+
+TINY_PREFIX = "tiny:"
+METADATA_FILE = "cohort_tiny.json"
+RECIPE_VERSION = 1  # bump when the build code changes in a way the fields miss
+
+
+@dataclass(frozen=True)
+class TinyRecipe:
+    """Everything that determines a tiny checkpoint; its hash names the cache dir."""
+
+    task: str = "arith"
+    task_seed: int = 0
+    hidden_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 512
+    max_position_embeddings: int = 128
+    seed: int = 2
+    learning_rate: float = 2e-3
+    weight_decay: float = 0.0
+    batch_size: int = 64
+    warmup_steps: int = 20
+    max_steps: int = 3000
+    check_every: int = 10
+    target_accuracy: float = 0.33
+    validation_size: int = 200
+    max_new_tokens: int = 5
+    expected_build_s: int = 45
+
+    def digest(self) -> str:
+        fields = dataclasses.asdict(self) | {"recipe_version": RECIPE_VERSION}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
+TINY_RECIPES: dict[str, TinyRecipe] = {"arith": TinyRecipe()}
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """``cache_dir``, else ``$COHORT_CACHE``, else ``~/.cache/cohort``."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    return Path(os.environ.get("COHORT_CACHE") or Path.home() / ".cache" / "cohort")
+
+
+def resolve_model_path(path: str | Path) -> Path:
+    """``tiny:<name>`` builds (or finds) that tiny model; anything else must be a
+    local checkpoint directory."""
+    text = str(path)
+    if text.startswith(TINY_PREFIX):
+        return build_tiny_model(text[len(TINY_PREFIX) :])
+    local = Path(text).expanduser()
+    if not local.is_dir():
+        raise FileNotFoundError(
+            f"model path {text!r} is not a local directory; pass a checkpoint directory "
+            f"(config.json, weights, tokenizer files) or one of: "
+            f"{', '.join(TINY_PREFIX + name for name in sorted(TINY_RECIPES))}"
+        )
+    return local
+
+
+def build_tiny_model(name: str = "arith", *, cache_dir: str | Path | None = None, force: bool = False) -> Path:
+    """The checkpoint directory of tiny model ``name``, built on first use.
+
+    Returns at once when the cached build exists (unless ``force``). Concurrent
+    callers wait on a file lock and the second one finds the first one's build.
+    """
+    if name not in TINY_RECIPES:
+        raise ValueError(f"unknown tiny model {name!r}; available: {', '.join(sorted(TINY_RECIPES))}")
+    recipe = TINY_RECIPES[name]
+    root = cache_root(cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"tiny-{name}-{recipe.digest()}"
+    if (target / METADATA_FILE).is_file() and not force:
+        return target
+    with FileLock(str(target) + ".lock"):
+        if (target / METADATA_FILE).is_file() and not force:
+            return target  # another process built it while we waited
+        logger.warning("building %s%s (one-time, ~%d s) into %s", TINY_PREFIX, name, recipe.expected_build_s, target)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=root))
+        try:
+            _build_into(staging, name, recipe)
+            _make_readable(staging)
+            _replace_dir(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _make_readable(directory: Path) -> None:
+    """``mkdtemp`` makes a private (0700) directory; a shared cache needs 0755/0644."""
+    directory.chmod(0o755)
+    for path in directory.iterdir():
+        path.chmod(0o644)
+
+
+def _replace_dir(staging: Path, target: Path) -> None:
+    """Move ``staging`` to ``target`` atomically; an old ``target`` is set aside first
+    (``os.replace`` cannot overwrite a non-empty directory)."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+    os.replace(staging, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _build_into(out_dir: Path, name: str, recipe: TinyRecipe) -> None:
+    start = time.perf_counter()
+    task = get_task(recipe.task, seed=recipe.task_seed)
+    sft_rows = task.train_rows[: -recipe.validation_size]
+    validation_rows = task.train_rows[-recipe.validation_size :]
+    with _single_thread():
+        torch.manual_seed(recipe.seed)
+        model = new_tiny_model(recipe)
+        train_stats = warm_start(model, recipe, sft_rows, validation_rows)
+        eval_prompts = [row["prompt"] for row in task.eval_rows]
+        answers = [row["answer"] for row in task.eval_rows]
+        greedy = greedy_completions(model, eval_prompts, recipe.max_new_tokens)
+        samples = sampled_completions(model, eval_prompts, 8, recipe.max_new_tokens, seed=recipe.seed)
+    model.save_pretrained(out_dir)
+    save_char_tokenizer(out_dir, model_max_length=recipe.max_position_embeddings)
+    correct = [[text == answer for text in texts] for texts, answer in zip(samples, answers)]
+    metadata = {
+        "name": f"{TINY_PREFIX}{name}",
+        "recipe": dataclasses.asdict(recipe),
+        "recipe_digest": recipe.digest(),
+        "recipe_version": RECIPE_VERSION,
+        "task": task.name,
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        **train_stats,
+        "eval_size": len(answers),
+        "eval_greedy_accuracy": sum(g == a for g, a in zip(greedy, answers)) / len(answers),
+        "eval_sampled_accuracy_t1": sum(sum(c) / len(c) for c in correct) / len(correct),
+        "eval_pass_at_8_t1": sum(any(c) for c in correct) / len(correct),
+        "build_seconds": round(time.perf_counter() - start, 1),
+        "torch_version": torch.__version__,
+    }
+    (out_dir / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+    logger.warning(
+        "built %s%s in %.0f s: held-out greedy accuracy %.1f%% after %d steps",
+        TINY_PREFIX, name, metadata["build_seconds"], 100 * metadata["eval_greedy_accuracy"], train_stats["steps"],
+    )
+
+
+@contextmanager
+def _single_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def new_tiny_model(recipe: TinyRecipe) -> torch.nn.Module:
+    """A freshly initialised float32 ``Qwen2ForCausalLM`` of the recipe's shape."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=recipe.hidden_size,
+        num_hidden_layers=recipe.num_hidden_layers,
+        num_attention_heads=recipe.num_attention_heads,
+        num_key_value_heads=recipe.num_key_value_heads,
+        intermediate_size=recipe.intermediate_size,
+        max_position_embeddings=recipe.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=EOS_TOKEN_ID,
+        dtype="float32",
+    )
+    return Qwen2ForCausalLM(config).float()
+
+
+def encode_supervised(rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, labels)``, both (N, T): ``prompt + answer + eos`` right-padded
+    with eos; labels are -100 on the prompt and the padding."""
+    tokenizer = build_char_tokenizer()
+    sequences, labels = [], []
+    for row in rows:
+        prompt_ids = tokenizer.encode(row["prompt"]).ids
+        answer_ids = tokenizer.encode(row["answer"]).ids + [EOS_TOKEN_ID]
+        sequences.append(prompt_ids + answer_ids)
+        labels.append([-100] * len(prompt_ids) + answer_ids)
+    width = max(map(len, sequences))
+    input_ids = torch.tensor([s + [EOS_TOKEN_ID] * (width - len(s)) for s in sequences])  # (N, T)
+    label_ids = torch.tensor([l + [-100] * (width - len(l)) for l in labels])  # (N, T)
+    return input_ids, label_ids
+
+
+def warm_start(model: torch.nn.Module, recipe: TinyRecipe, sft_rows: list[dict], validation_rows: list[dict]) -> dict:
+    """Teacher-forced training until greedy validation accuracy reaches the target
+    (checked every ``check_every`` steps) or ``max_steps``; returns statistics."""
+    input_ids, labels = encode_supervised(sft_rows)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=recipe.learning_rate, betas=(0.9, 0.98), weight_decay=recipe.weight_decay
+    )
+    generator = torch.Generator().manual_seed(recipe.seed)
+    order, cursor = torch.randperm(len(input_ids), generator=generator), 0
+    validation_prompts = [row["prompt"] for row in validation_rows]
+    validation_answers = [row["answer"] for row in validation_rows]
+    history, validation_accuracy, loss, step = [], 0.0, torch.tensor(float("nan")), 0
+    model.train()
+    while step < recipe.max_steps and validation_accuracy < recipe.target_accuracy:
+        if cursor + recipe.batch_size > len(order):
+            order, cursor = torch.randperm(len(input_ids), generator=generator), 0
+        batch = order[cursor : cursor + recipe.batch_size]
+        cursor += recipe.batch_size
+        step += 1
+        for group in optimizer.param_groups:
+            group["lr"] = recipe.learning_rate * min(1.0, step / recipe.warmup_steps)
+        loss = model(input_ids=input_ids[batch], labels=labels[batch]).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % recipe.check_every == 0:
+            completions = greedy_completions(model, validation_prompts, recipe.max_new_tokens)
+            validation_accuracy = sum(c == a for c, a in zip(completions, validation_answers)) / len(completions)
+            history.append([step, round(loss.item(), 4), validation_accuracy])
+            logger.info("tiny warm start: step %d loss %.3f validation greedy %.3f", step, loss.item(), validation_accuracy)
+    if validation_accuracy < recipe.target_accuracy:
+        logger.warning("tiny warm start stopped at max_steps=%d below the target accuracy", recipe.max_steps)
+    return {"steps": step, "final_loss": loss.item(), "validation_greedy_accuracy": validation_accuracy, "history": history}
+
+
+@torch.no_grad()
+def _decode_loop(model, prompts: list[str], num_samples: int, max_new_tokens: int, generator) -> list[list[str]]:
+    """``num_samples`` completions per prompt: argmax when ``generator`` is None,
+    else sampling at temperature 1. Prompts are grouped by length, so no padding."""
+    tokenizer = build_char_tokenizer()
+    was_training = model.training
+    model.eval()
+    encoded = [tokenizer.encode(prompt).ids for prompt in prompts]
+    results: list[list[str]] = [[] for _ in prompts]
+    for length in sorted({len(ids) for ids in encoded}):
+        indices = [i for i, ids in enumerate(encoded) if len(ids) == length]
+        tokens = torch.tensor([encoded[i] for i in indices]).repeat_interleave(num_samples, dim=0)  # (B*S, L)
+        for _ in range(max_new_tokens):
+            logits = model(input_ids=tokens).logits[:, -1].float()  # (B*S, V)
+            if generator is None:
+                next_token = logits.argmax(dim=-1)
+            else:
+                next_token = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)[:, 0]
+            tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        for row, index in enumerate(indices):
+            for sample in range(num_samples):
+                completion = tokens[row * num_samples + sample, length:].tolist()
+                results[index].append(_text_until_eos(tokenizer, completion))
+    model.train(was_training)
+    return results
+
+
+def _text_until_eos(tokenizer, completion_ids: list[int]) -> str | None:
+    """The completion's text before eos; None when it never stopped (never correct)."""
+    if EOS_TOKEN_ID not in completion_ids:
+        return None
+    return tokenizer.decode(completion_ids[: completion_ids.index(EOS_TOKEN_ID)])
+
+
+def greedy_completions(model, prompts: list[str], max_new_tokens: int = 5) -> list[str | None]:
+    """Greedy completion text per prompt (None if no eos within ``max_new_tokens``)."""
+    return [texts[0] for texts in _decode_loop(model, prompts, 1, max_new_tokens, None)]
+
+
+def sampled_completions(
+    model, prompts: list[str], num_samples: int, max_new_tokens: int = 5, *, seed: int = 0
+) -> list[list[str | None]]:
+    """``num_samples`` temperature-1 completions per prompt, from a seeded generator."""
+    generator = torch.Generator().manual_seed(seed)
+    return _decode_loop(model, prompts, num_samples, max_new_tokens, generator)
