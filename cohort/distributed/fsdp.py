@@ -8,13 +8,9 @@ has one code path.
 
 How the work is split:
 
-- rank 0 owns the rollout engine and the reward functions; `MainOnlyEngine` and
-  `MainOnlyRewards` run them there and broadcast the results, so every rank holds
-  the same full generation batch. The engine is the client of the rollout
-  servers (rollout.mode=server), a transformers copy of the policy
-  (rollout.engine=hf), or, for rollout.engine=vllm, a private `cohort serve`
-  child on loopback (`LocalServerEngine`: vLLM builds torch.distributed groups
-  of its own, which cannot nest in a multi-rank process);
+- rank 0 owns the rollout engine and the reward functions and broadcasts
+  their results, so every rank holds the same full generation batch
+  (`cohort.distributed.rank0`);
 - advantages are computed from that full batch on every rank (identical by
   construction, so group statistics equal the single-process ones);
 - each optimizer step's completions are cut into W contiguous blocks of whole
@@ -181,6 +177,8 @@ class DistContext(LocalContext):
         return out if self.is_main else None
 
     def main_only_rewards(self, rewards):
+        from cohort.distributed.rank0 import MainOnlyRewards
+
         return MainOnlyRewards(rewards, self)
 
     def close(self) -> None:
@@ -212,86 +210,6 @@ def context_from_env() -> LocalContext:
     return LocalContext()
 
 
-class MainOnlyEngine:
-    """Runs a rollout engine on rank 0 and broadcasts what it returns; the other ranks hold no engine.
-
-    `update_weights` is collective: every rank gathers the full tensors (FSDP
-    all-gathers in parameter order), rank 0 hands them to the engine.
-    """
-
-    def __init__(self, engine, ctx: DistContext):
-        self.engine, self.ctx = engine, ctx
-        self.policy_version = 0  # the version last pushed, known on every rank without a collective
-
-    def generate(self, prompts, sampling, seeds=None):
-        return self.ctx.broadcast_object(self.engine.generate(prompts, sampling, seeds) if self.ctx.is_main else None)
-
-    def update_weights(self, named_tensors, version: int):
-        full = list(gather_named_tensors(named_tensors))
-        sent = self.engine.update_weights(full, version) if self.ctx.is_main else None
-        self.policy_version = version
-        return self.ctx.broadcast_object(sent)
-
-    def score(self, prompt, completion, temperature: float = 1.0):
-        return self.ctx.broadcast_object(self.engine.score(prompt, completion, temperature) if self.ctx.is_main else None)
-
-    def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-
-
-class MainOnlyRewards:
-    """Scores on rank 0 only (a reward model or sandbox runs once), broadcasts the result to every rank."""
-
-    def __init__(self, rewards, ctx: DistContext):
-        self.rewards, self.ctx = rewards, ctx
-
-    def score(self, **kwargs):
-        return self.ctx.broadcast_object(self.rewards.score(**kwargs) if self.ctx.is_main else None)
-
-    def __getattr__(self, name):
-        return getattr(self.rewards, name)
-
-
-class DetachedHFEngine:
-    """transformers generation on rank 0's own unsharded copy of the policy, updated by weight pushes.
-
-    Under FSDP the trainer's module is sharded, and generating with it would need
-    every rank in every decoding step; rank 0 samples from a full copy instead.
-    """
-
-    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_ids: list[int]):
-        from cohort.rollout.hf_engine import HFEngine
-
-        model.requires_grad_(False)
-        self.inner = HFEngine(model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids)
-        self.params = dict(model.named_parameters())
-        self.buffers = dict(model.named_buffers())
-
-    @property
-    def policy_version(self) -> int:
-        return self.inner.policy_version
-
-    def generate(self, prompts, sampling, seeds=None):
-        return self.inner.generate(prompts, sampling, seeds)
-
-    @torch.no_grad()
-    def update_weights(self, named_tensors, version: int) -> None:
-        for name, tensor in named_tensors:
-            target = self.params.get(name, self.buffers.get(name))
-            if target is None:
-                raise KeyError(f"weight {name!r} is not in the rollout copy of the model")
-            target.copy_(tensor)
-        self.inner.policy_version = version
-        return None
-
-    def score(self, prompt, completion, temperature: float = 1.0):
-        return self.inner.score(prompt, completion, temperature)
-
-    def close(self) -> None:
-        pass
-
-
 def attach_context(trainer) -> None:
     """Give the trainer its `dist`; ranks > 0 write their (duplicate) logs under run_dir/ranks/rank-N, quietly."""
     trainer.dist = context_from_env()
@@ -301,64 +219,3 @@ def attach_context(trainer) -> None:
         trainer.cfg.run.loggers = ["jsonl"]
         trainer.cfg.run.progress = False
         trainer.cfg.run.diagnostics = False  # rank 0 warns once for everyone
-
-
-def rank0_engine(trainer, build) -> MainOnlyEngine:
-    """Rank 0's rollout engine (built by `build`, or a detached transformers copy for rollout.engine=hf), wrapped."""
-    engine = None
-    if trainer.dist.is_main:
-        cfg = trainer.cfg
-        if cfg.rollout.mode == "colocate" and cfg.rollout.engine == "hf":
-            from cohort.models.loading import load_policy
-
-            engine = DetachedHFEngine(load_policy(trainer.model_dir, cfg.model.dtype), pad_token_id=trainer.pad_id,
-                                      eos_token_ids=[trainer.tokenizer.eos_token_id])
-        elif cfg.rollout.mode == "colocate":
-            engine = LocalServerEngine(trainer)
-        else:
-            engine = build()
-    return MainOnlyEngine(engine, trainer.dist)
-
-
-class LocalServerEngine:
-    """rollout.engine=vllm with several processes: vLLM on rank 0's machine as a private loopback rollout server.
-
-    vLLM cannot live inside a rank of a multi-process group (it builds its own
-    torch.distributed groups, which would wait for every rank), so rank 0 starts
-    `cohort serve` as a child and talks to it like server mode; weights go over
-    loopback as safetensors.
-    """
-
-    def __init__(self, trainer):
-        from cohort.rollout.remote_engine import RemoteEngine
-        from cohort.rollout.server import LocalServer
-
-        cfg = trainer.cfg
-        longest = max(len(ids) for ids in trainer.train_ids + (getattr(trainer, "eval_ids", None) or []))
-        needed = longest + cfg.rollout.max_completion_length + 1
-        self.server = LocalServer(trainer.model_dir, dtype=cfg.model.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype,
-                                  max_model_len=needed, seed=cfg.rollout.seed, kv_cache_gib=cfg.rollout.kv_cache_gib,
-                                  gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)
-        try:
-            self.remote = RemoteEngine([self.server.url], token=self.server.token, timeout_s=cfg.rollout.server_timeout_s,
-                                       agreement_tolerance=cfg.rollout.sync_check_tolerance, min_model_len=needed)
-        except Exception:
-            self.server.close()
-            raise
-
-    @property
-    def policy_version(self) -> int:
-        return self.remote.policy_version
-
-    def generate(self, prompts, sampling, seeds=None):
-        return self.remote.generate(prompts, sampling, seeds)
-
-    def update_weights(self, named_tensors, version: int):
-        return self.remote.update_weights(named_tensors, version)
-
-    def score(self, prompt, completion, temperature: float = 1.0):
-        return self.remote.score(prompt, completion, temperature)
-
-    def close(self) -> None:
-        self.remote.close()
-        self.server.close()

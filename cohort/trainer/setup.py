@@ -125,7 +125,7 @@ def _engine(trainer, external, *, split: bool = True):
     if external is not None:
         return external, False
     if split and trainer.dist.world_size > 1:  # rank 0 builds the engine below; every rank gets its results
-        from cohort.distributed.fsdp import rank0_engine
+        from cohort.distributed.rank0 import rank0_engine
 
         return rank0_engine(trainer, lambda: _engine(trainer, None, split=False)[0]), True
     if cfg.rollout.mode == "server":

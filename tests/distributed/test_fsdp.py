@@ -8,9 +8,13 @@ sharded, each rank training on half the groups of every step). Sampling is
 seeded per completion and rank 0 samples from a copy of the gathered weights,
 so the two runs see the same completions; the per-step loss, KL, entropy and
 gradient norm must agree to float32 reduction noise (measured: grad_norm
-6.043222 vs 6.043259; final weights within ~2e-5 while training moved
-them by ~4e-3). A wrong normaliser (global count not divided by W)
-doubles grad_norm; overlapping or missing shards change every number.
+7.851960 vs 7.851971, loss 0.3071943 vs 0.3071943; final weights within 1.6e-5
+while training moved them far more). A wrong normaliser (global count not
+divided by W) doubles grad_norm; overlapping or missing shards change every
+number. rollout_correction is off: with its `auto` default, rank 0's detached
+sampler counts as "stale" on the second slice while the one-process
+transformers engine (the policy itself) does not — a deliberate difference of
+that option, not of the sharding.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from cohort.config import ConfigError, load_config, validate_config
 from cohort.distributed.fsdp import DistContext, LocalContext
 from cohort.trainer.loop import Trainer
 
-REWARD = "def sevens(prompts, completions, **kw):\n    return [c.count('7') / max(1, len(c)) for c in completions]\n"
+# Dense and arbitrary, so every group has reward spread and every step a real gradient. (With an all-zero
+# gradient, one process takes no step while FSDP's 1e-7 rounding noise becomes a full lr-sized step under Adam.)
+REWARD = "def scrambled(prompts, completions, **kw):\n    return [(sum(map(ord, c)) % 7) / 7 for c in completions]\n"
 
 
 def _overrides(tmp_path, model_dir, out):
@@ -38,7 +44,7 @@ def _overrides(tmp_path, model_dir, out):
     return [f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "rollout.engine=hf",
             "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=4", "train.micro_batch_size=4",
             "train.steps_per_generation=2", "train.max_steps=4", "train.learning_rate=3e-3", "algorithm.beta=0.04",
-            "rewards=[{name: fsdp_rewards.sevens}]", "run.progress=false", "run.loggers=[jsonl]", "run.log_completions_every=0",
+            "algorithm.rollout_correction=none", "rewards=[{name: fsdp_rewards.scrambled}]", "run.progress=false", "run.loggers=[jsonl]", "run.log_completions_every=0",
             f"run.output_dir={out}"]
 
 

@@ -1,0 +1,163 @@
+"""Rank 0's side of multi-process training: the rollout engine and the rewards run there only.
+
+Every rank executes the same driver loop; the wrappers here make the engine and
+reward calls collective: rank 0 runs the real call and broadcasts the result,
+the other ranks receive it. Weight pushes are collective too (every rank takes
+part in gathering the sharded layers; rank 0 hands the full tensors over).
+
+Which engine rank 0 holds (`rank0_engine`):
+- rollout.mode=server: the client of the rollout servers (`RemoteEngine`);
+- rollout.engine=hf: `DetachedHFEngine`, transformers on an unsharded copy of
+  the policy (generating with the sharded module would need every rank in
+  every decoding step);
+- rollout.engine=vllm: `LocalServerEngine`, a private `cohort serve` child on
+  loopback — vLLM builds torch.distributed groups of its own, which cannot
+  nest inside a multi-rank process (it waits for ranks that never come).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cohort.distributed.fsdp import DistContext, gather_named_tensors
+
+
+class MainOnlyEngine:
+    """Runs a rollout engine on rank 0 and broadcasts what it returns; the other ranks hold no engine.
+
+    `update_weights` is collective: every rank gathers the full tensors (FSDP
+    all-gathers in parameter order), rank 0 hands them to the engine.
+    """
+
+    def __init__(self, engine, ctx: DistContext):
+        self.engine, self.ctx = engine, ctx
+        self.policy_version = 0  # the version last pushed, known on every rank without a collective
+
+    def generate(self, prompts, sampling, seeds=None):
+        return self.ctx.broadcast_object(self.engine.generate(prompts, sampling, seeds) if self.ctx.is_main else None)
+
+    def update_weights(self, named_tensors, version: int):
+        full = list(gather_named_tensors(named_tensors))
+        sent = self.engine.update_weights(full, version) if self.ctx.is_main else None
+        self.policy_version = version
+        return self.ctx.broadcast_object(sent)
+
+    def score(self, prompt, completion, temperature: float = 1.0):
+        return self.ctx.broadcast_object(self.engine.score(prompt, completion, temperature) if self.ctx.is_main else None)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+
+class MainOnlyRewards:
+    """Scores on rank 0 only (a reward model or sandbox runs once), broadcasts the result to every rank."""
+
+    def __init__(self, rewards, ctx: DistContext):
+        self.rewards, self.ctx = rewards, ctx
+
+    def score(self, **kwargs):
+        return self.ctx.broadcast_object(self.rewards.score(**kwargs) if self.ctx.is_main else None)
+
+    def __getattr__(self, name):
+        return getattr(self.rewards, name)
+
+
+class DetachedHFEngine:
+    """transformers generation on rank 0's own unsharded copy of the policy, updated by weight pushes.
+
+    Under FSDP the trainer's module is sharded, and generating with it would need
+    every rank in every decoding step; rank 0 samples from a full copy instead.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_ids: list[int]):
+        from cohort.rollout.hf_engine import HFEngine
+
+        model.requires_grad_(False)
+        self.inner = HFEngine(model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids)
+        self.params = dict(model.named_parameters())
+        self.buffers = dict(model.named_buffers())
+
+    @property
+    def policy_version(self) -> int:
+        return self.inner.policy_version
+
+    def generate(self, prompts, sampling, seeds=None):
+        return self.inner.generate(prompts, sampling, seeds)
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors, version: int) -> None:
+        for name, tensor in named_tensors:
+            target = self.params.get(name, self.buffers.get(name))
+            if target is None:
+                raise KeyError(f"weight {name!r} is not in the rollout copy of the model")
+            target.copy_(tensor)
+        self.inner.policy_version = version
+        return None
+
+    def score(self, prompt, completion, temperature: float = 1.0):
+        return self.inner.score(prompt, completion, temperature)
+
+    def close(self) -> None:
+        pass
+
+
+def rank0_engine(trainer, build) -> MainOnlyEngine:
+    """Rank 0's rollout engine (built by `build`, or a detached transformers copy for rollout.engine=hf), wrapped."""
+    engine = None
+    if trainer.dist.is_main:
+        cfg = trainer.cfg
+        if cfg.rollout.mode == "colocate" and cfg.rollout.engine == "hf":
+            from cohort.models.loading import load_policy
+
+            engine = DetachedHFEngine(load_policy(trainer.model_dir, cfg.model.dtype), pad_token_id=trainer.pad_id,
+                                      eos_token_ids=[trainer.tokenizer.eos_token_id])
+        elif cfg.rollout.mode == "colocate":
+            engine = LocalServerEngine(trainer)
+        else:
+            engine = build()
+    return MainOnlyEngine(engine, trainer.dist)
+
+
+class LocalServerEngine:
+    """rollout.engine=vllm with several processes: vLLM on rank 0's machine as a private loopback rollout server.
+
+    vLLM cannot live inside a rank of a multi-process group (it builds its own
+    torch.distributed groups, which would wait for every rank), so rank 0 starts
+    `cohort serve` as a child and talks to it like server mode; weights go over
+    loopback as safetensors.
+    """
+
+    def __init__(self, trainer):
+        from cohort.rollout.remote_engine import RemoteEngine
+        from cohort.rollout.server import LocalServer
+
+        cfg = trainer.cfg
+        longest = max(len(ids) for ids in trainer.train_ids + (getattr(trainer, "eval_ids", None) or []))
+        needed = longest + cfg.rollout.max_completion_length + 1
+        self.server = LocalServer(trainer.model_dir, dtype=cfg.model.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype,
+                                  max_model_len=needed, seed=cfg.rollout.seed, kv_cache_gib=cfg.rollout.kv_cache_gib,
+                                  gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)
+        try:
+            self.remote = RemoteEngine([self.server.url], token=self.server.token, timeout_s=cfg.rollout.server_timeout_s,
+                                       agreement_tolerance=cfg.rollout.sync_check_tolerance, min_model_len=needed)
+        except Exception:
+            self.server.close()
+            raise
+
+    @property
+    def policy_version(self) -> int:
+        return self.remote.policy_version
+
+    def generate(self, prompts, sampling, seeds=None):
+        return self.remote.generate(prompts, sampling, seeds)
+
+    def update_weights(self, named_tensors, version: int):
+        return self.remote.update_weights(named_tensors, version)
+
+    def score(self, prompt, completion, temperature: float = 1.0):
+        return self.remote.score(prompt, completion, temperature)
+
+    def close(self) -> None:
+        self.remote.close()
+        self.server.close()
