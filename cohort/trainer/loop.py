@@ -17,7 +17,10 @@ slices 0..S−1, then again for the next iteration). The maths is in
   updated after the policy, both timed as `timing/critic_s`); old log-probs are
   also computed when the KL to the reference is measured at generation time;
 - new weights are pushed into the rollout engine lazily, just before the next
-  generation, and checked with a canary log-prob.
+  generation, and checked with a canary log-prob;
+- with `rollout.overlap` the next batch is generated in a background thread
+  behind the update (cohort/trainer/overlap.py) and arrives one step stale; the
+  update then weights each token by `algorithm.rollout_correction`.
 
 Several training processes differ only through `self.dist` (cohort/distributed/fsdp.py:
 this rank's groups, the global loss normaliser, reduced metrics and gradients — all
