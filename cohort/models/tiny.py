@@ -12,14 +12,18 @@ teacher forcing on ``prompt + answer + eos`` (loss on the answer and eos only),
 AdamW at a constant rate after a short warm-up, one fixed seed, one CPU thread.
 
 Choices:
-- Early stop on a validation split, not a fixed step count. How many steps this
-  task needs varies a lot with the seed (from ~250 to ~500 to cross 30%: the
-  curve is a steep phase change), and float arithmetic differs across machines,
-  so a fixed count would land anywhere from 10% to 70%. Every ``check_every``
-  steps the builder measures greedy accuracy on ``validation_size`` train
-  problems held back from the supervised pass, and stops at the first check at or
-  above ``target_accuracy``. The held-out eval split is never used to stop; its
-  accuracy is measured once at the end and written to ``cohort_tiny.json``.
+- Early stop on a validation split, not a fixed step count. The steps this task
+  needs vary with the seed (360 to 640 to reach 33% in the runs behind this
+  recipe; at a fixed 400 steps, three seeds of a trial run gave 20%, 31%, ~80%),
+  because
+  the curve is a steep phase change, and float arithmetic differs across
+  machines. So every ``check_every`` steps the builder measures greedy accuracy
+  on ``validation_size`` train problems held back from the supervised pass and
+  stops at the first check at or above ``target_accuracy``. The held-out eval
+  split is never used to stop; its accuracy is measured once at the end and
+  written to ``cohort_tiny.json`` with temperature-1 sampled accuracy and pass@8.
+- lr 2e-3 and seed 2 were the steadiest of the tried settings (5e-3, and batch 32,
+  sometimes needed 1,300+ steps).
 - One thread while building (restored after), so a machine's thread count does not
   change the weights; a ~1M-parameter model gains nothing from more threads. Two
   builds on this machine gave bit-identical ``model.safetensors``. The build runs
@@ -30,6 +34,9 @@ Choices:
   ``tiny-<name>-<hash of the recipe>``, so any recipe change rebuilds. Written to a
   temporary directory and moved into place with ``os.replace`` under a file lock:
   two concurrent builders build once, and a reader never sees half a checkpoint.
+
+Measured (2 shared cores, other jobs running): 360 steps, 48–94 s depending on
+load; held-out greedy 37.7%, sampled 26.5%, pass@8 73%; vLLM greedy identical.
 
 Left out: tokenizers other than the character one, GPU builds (the tiny model
 trains in about a minute on one CPU core), and a hub upload.
