@@ -15,9 +15,8 @@ Choices:
 - Early stop on a validation split, not a fixed step count. The steps this task
   needs vary with the seed (360 to 640 to reach 33% in the runs behind this
   recipe; at a fixed 400 steps, three seeds of a trial run gave 20%, 31%, ~80%),
-  because
-  the curve is a steep phase change, and float arithmetic differs across
-  machines. So every ``check_every`` steps the builder measures greedy accuracy
+  because the curve is a steep phase change, and float arithmetic differs
+  across machines. So every ``check_every`` steps the builder measures greedy accuracy
   on ``validation_size`` train problems held back from the supervised pass and
   stops at the first check at or above ``target_accuracy``. The held-out eval
   split is never used to stop; its accuracy is measured once at the end and
