@@ -1,0 +1,35 @@
+"""The embedded default (`cohort train` with no config = `make demo`) visibly learns.
+
+This is the product's promise, tested the way a user runs it: a subprocess with
+no config, the real tiny:arith model (built once and cached), vLLM rollouts,
+numeric_match rewards. Measured on this 2-core machine (seed 0): held-out greedy
+accuracy 37.7% -> 72.0% in 300 steps (+34 points; 2.5 min wall under load 6).
+The issue's bar is +20 points; a broken advantage sign, a stale engine or a
+learning rate that collapses the model (1e-3 gave -9) fails it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+
+def test_default_run_raises_heldout_accuracy_by_20_points(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    run_dir = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "cohort.cli", "train", f"run.output_dir={run_dir}", "run.progress=false"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    before, after = summary["eval/accuracy_before"], summary["eval/accuracy_after"]
+    assert 0.2 < before < 0.6  # "well above 0 and well below 100"
+    assert after - before >= 0.20, (before, after)
+    assert "held-out greedy accuracy" in proc.stdout and (run_dir / "reward_curve.png").stat().st_size > 10_000
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 300 and json.loads(lines[-1])["step"] == 300
