@@ -316,3 +316,20 @@ def test_ppo_with_a_kl_term_learns_through_the_shared_vllm_engine(toy, tiny_mode
     assert all(m["mismatch/logprob_abs_max"] < 1e-3 for m in history)  # trainer vs engine on the sampled tokens
     assert trainer.last_canary_gap < 1e-4
     assert history[-1]["kl_coef"] != 0.01  # the controller moved beta
+
+
+def test_example_configs_are_the_demo_preset_with_the_algorithm_switched():
+    # Each example is `cohort train`'s preset with only its algorithm's own sections changed, so their before/after
+    # numbers compare the algorithms and nothing else.
+    from pathlib import Path
+
+    from cohort.config import validate_config
+
+    for name in ("grpo", "rloo", "reinforce_pp", "ppo"):
+        cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / f"{name}_arith.yaml")
+        validate_config(cfg, check_files=False)
+        assert cfg.algorithm.name == name
+        preset, example = load_config(None).to_dict(), cfg.to_dict()
+        for section in ("algorithm", "critic"):
+            preset.pop(section), example.pop(section)
+        assert example == preset, name
