@@ -54,3 +54,27 @@ def vllm_engine(tiny_model_dir):
     engine = VLLMEngine(tiny_model_dir, dtype="float32", max_model_len=128, seed=0)
     yield engine
     engine.close()
+
+
+REWARD_MODEL_WORDS = "the answer is one two three four five yes no user assistant : \n".split(" ")
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model_dir(tmp_path_factory):
+    """A 1-layer GPT-2 classifier with a word-level tokenizer, no pad token (EOS pads)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "[EOS]": 1, **{w: i + 2 for i, w in enumerate(sorted(set(REWARD_MODEL_WORDS)))}}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="[EOS]")
+    config = transformers.GPT2Config(
+        vocab_size=len(vocab), n_positions=64, n_embd=16, n_layer=1, n_head=2, num_labels=1, eos_token_id=1
+    )
+    torch.manual_seed(0)
+    model = transformers.GPT2ForSequenceClassification(config)
+    path = tmp_path_factory.mktemp("tiny_rm")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

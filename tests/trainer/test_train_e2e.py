@@ -88,3 +88,30 @@ def test_async_user_reward_learns_with_vllm(user_setup, tiny_model_dir, vllm_eng
     _check_run(tmp_path / "run-vllm", tiny_model_dir)
     # the engine ended on the trained policy: its canary agreed with the trainer after every sync
     assert trainer.last_canary_gap < 1e-4
+
+
+def test_reward_model_scores_reach_the_trainer(tmp_path, tiny_model_dir, tiny_reward_model_dir):
+    """A `reward_model` reward in cohort train: each logged reward equals a direct forward of the classifier."""
+    import transformers
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"the answer is {w}"}) + "\n" for w in ("one", "two", "three", "four")))
+    cfg = load_config(None, [
+        f"model.path={tiny_model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=32", "rollout.engine=hf",
+        "rollout.num_generations=2", "rollout.max_completion_length=4", "train.prompts_per_step=2", "train.micro_batch_size=4",
+        "train.max_steps=2", f"rewards=[{{name: reward_model, model: '{tiny_reward_model_dir}'}}]",
+        f"run.output_dir={tmp_path / 'run'}", "run.progress=false", "run.loggers=[jsonl]", "run.log_completions_every=1",
+    ])
+    trainer = Trainer(cfg)
+    trainer.train()
+    trainer.close()
+    tok = transformers.AutoTokenizer.from_pretrained(str(tiny_reward_model_dir))
+    rm = transformers.AutoModelForSequenceClassification.from_pretrained(str(tiny_reward_model_dir)).eval()
+    logged = [json.loads(l) for l in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert len(logged) == 8  # 4 per step, 2 steps
+    for row in logged:
+        with torch.inference_mode():
+            direct = rm(**tok(row["prompt"] + row["completion"], return_tensors="pt")).logits[0, 0].item()
+        assert abs(row["reward"] - direct) < 1e-5
+    metrics = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert "rewards/reward_model/mean" in metrics[0]
