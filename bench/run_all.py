@@ -32,9 +32,12 @@ TRL_HOWTO = "python3.11 -m venv bench/.trl-venv && bench/.trl-venv/bin/pip insta
 LONG_LENGTHS = (128, 256)
 
 
+IDLE_WAIT_S = 600
+
+
 def run_json(cmd: list[str], retries: int, timeout_s: float = 1800) -> dict:
     """Run a benchmark command (under when-idle when available) until it reports an idle run or retries run out."""
-    wrapped = [str(WHEN_IDLE), "--wait-s", "600", "--"] + cmd if WHEN_IDLE.is_file() else cmd
+    wrapped = [str(WHEN_IDLE), "--wait-s", str(IDLE_WAIT_S), "--"] + cmd if WHEN_IDLE.is_file() else cmd
     result: dict = {}
     for attempt in range(1, retries + 2):
         try:
@@ -42,16 +45,16 @@ def run_json(cmd: list[str], retries: int, timeout_s: float = 1800) -> dict:
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout_s} s", "attempts": attempt}
         lines = [l for l in proc.stdout.splitlines() if l.startswith("{\"")]
-        if not lines and proc.returncode == 75 and attempt <= retries:  # when-idle gave up waiting: try again later
-            print("  machine never idle; waiting again", file=sys.stderr)
-            continue
+        if not lines and proc.returncode == 75:  # when-idle gave up waiting
+            if attempt <= retries:
+                print("  machine never idle; waiting again", file=sys.stderr)
+                continue
+            return _run_plain(cmd, timeout_s)  # run once anyway; its own load record says it was not idle
         result = json.loads(lines[-1]) if lines else {"error": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-3000:]}
         result["attempts"] = attempt
         if result.get("idle", True) or "error" in result:
             return result
         print(f"  busy machine (load {result.get('load_before')} → {result.get('load_after')}); repeating", file=sys.stderr)
-    if not result and wrapped is not cmd:  # never idle: run once anyway, flagged (its `idle` is false)
-        return _run_plain(cmd, timeout_s)
     return result
 
 
@@ -123,9 +126,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="+", choices=["grpo_step", "long_completion", "large_vocab_logprob", "rollout", "overlap_learning"])
     ap.add_argument("--retries", type=int, default=2)
+    ap.add_argument("--idle-wait-s", type=int, default=IDLE_WAIT_S, help="how long to wait for an idle machine per attempt")
     ap.add_argument("--no-trl-vllm", action="store_true", help="skip TRL's vLLM path")
     ap.add_argument("--out", default=str(common.BENCH_DIR / "results.json"))
     args = ap.parse_args(argv)
+    global IDLE_WAIT_S
+    IDLE_WAIT_S = args.idle_wait_s
     wanted = set(args.only or ["grpo_step", "long_completion", "large_vocab_logprob", "rollout", "overlap_learning"])
     common.tiny_model_dir()
     common.addition_file(64)
