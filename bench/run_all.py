@@ -130,8 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-trl-vllm", action="store_true", help="skip TRL's vLLM path")
     ap.add_argument("--out", default=str(common.BENCH_DIR / "results.json"))
     args = ap.parse_args(argv)
-    global IDLE_WAIT_S
-    IDLE_WAIT_S = args.idle_wait_s
+    globals()["IDLE_WAIT_S"] = args.idle_wait_s
     wanted = set(args.only or ["grpo_step", "long_completion", "large_vocab_logprob", "rollout", "overlap_learning"])
     common.tiny_model_dir()
     common.addition_file(64)
