@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import _common as common
+import yaml
 
 ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo")
 
@@ -41,8 +42,12 @@ def run_one(name: str, overrides: list[str], work: Path) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     before, after = summary.get("eval/accuracy_before"), summary.get("eval/accuracy_after")
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())["algorithm"]
+    rewards = [s["reward"] for s in steps if "reward" in s]
     return {
-        "algorithm": name, "accuracy_before": before, "accuracy_after": after,
+        "algorithm": name, "ran": {k: resolved[k] for k in ("name", "beta", "kl_controller")},
+        "accuracy_before": before, "accuracy_after": after,
+        "train_reward_first_last_20": [round(sum(rewards[:20]) / 20, 3), round(sum(rewards[-20:]) / 20, 3)],
         "gain_points": None if before is None or after is None else round(100 * (after - before), 1),
         "wall_s": round(wall_s, 1), "train_s": round(sum(s["timing/step_s"] for s in steps), 1),
         "steps": summary["steps"], "median_step_s": round(summary["median_step_s"], 3),

@@ -14,8 +14,12 @@ configured algorithm for four things and never looks at the name:
 - `needs_critic`: whether a value model is built and trained (one more timed
   phase of the same loop, `timing/critic_s`).
 
-Whether a reference model exists is not per algorithm: it is loaded exactly
-when `algorithm.beta != 0`. `min_group_size` mirrors
+`resolve(cfg)` turns the config plus the spec into the `AlgorithmChoice` the
+loop reads (every `auto` filled in); `kl_controller(cfg)` builds beta's
+schedule. Whether a reference model exists is not per algorithm: it is loaded
+exactly when `algorithm.beta != 0`. The KL reaches the advantage functions
+already estimated per token (`AdvantageInputs.kl`, the configured estimator of
+the sampling policy's log-probs against the reference's, computed by the loop). `min_group_size` mirrors
 `cohort.config.ALGORITHM_MIN_GENERATIONS` (a test keeps the two equal; the
 config module may not import the trainer).
 
@@ -41,8 +45,8 @@ A completion no reward function could score (NaN) gets advantage 0 everywhere;
 for ppo its returns are set to its own values, so the critic is not pulled
 anywhere by it.
 
-Left out: process (per-step) rewards, and REINFORCE++'s k2-in-the-loss variant
-(set `algorithm.kl_placement=loss`, `kl_estimator=k2` to get it).
+Left out: process (per-step) rewards. (REINFORCE++'s k2-in-the-loss variant
+needs no code: `algorithm.kl_placement=loss`, `algorithm.kl_estimator=k2`.)
 """
 
 from __future__ import annotations
