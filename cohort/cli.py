@@ -163,7 +163,7 @@ def cmd_rewards_list(ns) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cohort", description="Online RL from verifiable rewards (GRPO) for language models.")
+    parser = argparse.ArgumentParser(prog="cohort", description="Online RL from verifiable rewards (GRPO, RLOO, REINFORCE++, PPO) for language models.")
     sub = parser.add_subparsers(dest="command")
     train = sub.add_parser("train", help="train a policy (no config: the embedded tiny:arith demo)",
                            formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_fields_help())

@@ -114,7 +114,8 @@ def run_training(trainer, resume_from: str | Path | None = None) -> dict:
             checkpoint.save_checkpoint(trainer)
         summary = _summary(trainer, history, before, after, time.perf_counter() - wall_start)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    _plot_rewards(_read_jsonl(run_dir / "metrics.jsonl"), run_dir / "reward_curve.png", before, summary.get("eval/accuracy_after"))
+    _plot_rewards(_read_jsonl(run_dir / "metrics.jsonl"), run_dir / "reward_curve.png", before, summary.get("eval/accuracy_after"),
+                  algorithm=cfg.algorithm.name)
     eval_sink.close()
     samples.close()
     return summary
@@ -186,7 +187,7 @@ def _summary(trainer, history, before, after, wall_s) -> dict:
     return summary
 
 
-def _plot_rewards(history, path: Path, before, after_accuracy) -> None:
+def _plot_rewards(history, path: Path, before, after_accuracy, *, algorithm: str = "grpo") -> None:
     history = [h for h in history if isinstance(h.get("reward"), (int, float))]  # generation steps only
     if not history:
         return
@@ -202,7 +203,7 @@ def _plot_rewards(history, path: Path, before, after_accuracy) -> None:
     window = max(1, len(rewards) // 15)
     smooth = [sum(rewards[max(0, i - window + 1): i + 1]) / len(rewards[max(0, i - window + 1): i + 1]) for i in range(len(rewards))]
     ax.plot(steps, smooth, label=f"reward (moving mean, {window} steps)")
-    title = "cohort GRPO"
+    title = f"cohort {algorithm.upper()}"
     if before and after_accuracy is not None:
         title += f" — held-out greedy accuracy {before['accuracy']:.1%} → {after_accuracy:.1%}"
     ax.set(xlabel="optimizer step", ylabel="mean reward", title=title)
