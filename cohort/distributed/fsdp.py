@@ -182,10 +182,7 @@ class DistContext(LocalContext):
         return MainOnlyRewards(rewards, self)
 
     def close(self) -> None:
-        # every rank reaches the barrier before any tears gloo down: a rank that destroys the group while
-        # its peer is still talking to it can abort the peer at exit ("terminate called without an active exception")
         if self.dist.is_initialized():
-            self.dist.barrier()
             self.dist.destroy_process_group()
 
 
