@@ -12,7 +12,7 @@ def code_tests():
     try:
         reward = get("code_tests", run_timeout_s=2.0, max_parallel=4)
     except SandboxUnavailable as exc:
-        pytest.skip(f"no sandbox here: {exc}")
+        pytest.fail(f"no sandbox here: {exc}; this project's machines (root, unshare, cgroups) must provide one — a skip would hide every hostile-program test")
     yield reward
     reward.close()
 
@@ -88,7 +88,7 @@ def test_through_from_specs():
     try:
         rs = RewardSet.from_specs([{"name": "code_tests", "tests_column": "test_list", "run_timeout_s": 2.0}])
     except SandboxUnavailable as exc:
-        pytest.skip(f"no sandbox here: {exc}")
+        pytest.fail(f"no sandbox here: {exc}; this project's machines (root, unshare, cgroups) must provide one — a skip would hide every hostile-program test")
     with rs:
         out = rs.score(
             prompts=["p", "p"],
