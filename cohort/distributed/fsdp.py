@@ -32,10 +32,14 @@ checkpoint/resume of a sharded optimizer are not supported multi-process yet
 from __future__ import annotations
 
 import os
+import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterable
 
 import torch
+
+CLOSE_TIMEOUT = timedelta(seconds=120)  # how long a rank that finished waits for the others before tearing down
 
 
 class LocalContext:
@@ -68,7 +72,7 @@ class LocalContext:
     def main_only_rewards(self, rewards):
         return rewards
 
-    def close(self) -> None:
+    def close(self, clean: bool = True) -> None:
         pass
 
 
@@ -181,9 +185,25 @@ class DistContext(LocalContext):
 
         return MainOnlyRewards(rewards, self)
 
-    def close(self) -> None:
-        if self.dist.is_initialized():
-            self.dist.destroy_process_group()
+    def close(self, clean: bool = True) -> None:
+        """Tear the process group down; after a clean finish, only once every rank has arrived.
+
+        Without the rendezvous a rank that finishes first destroys its gloo pairs
+        while its peer is still using them, which can abort the peer at exit
+        ("terminate called without an active exception") and fail a run that
+        succeeded. After a failure (`clean=False`) the peers may be stuck in a
+        collective the failed rank will never join, so it leaves at once; the
+        rendezvous itself also gives up after `CLOSE_TIMEOUT`.
+        """
+        if not self.dist.is_initialized():
+            return
+        if clean:
+            try:
+                self.dist.monitored_barrier(timeout=CLOSE_TIMEOUT)
+            except RuntimeError as err:  # a peer died or never came: tear down anyway, the error was reported there
+                print(f"rank {self.rank}: closing without the other ranks ({str(err).splitlines()[0]})", file=sys.stderr)
+        self.mesh = None  # the mesh holds the group: drop it so the group is really freed now, not at interpreter exit
+        self.dist.destroy_process_group()
 
 
 def _named_state(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -384,9 +385,11 @@ class Trainer:
         return run_training(self, resume_from=resume_from)
 
     def close(self) -> None:
+        """Release the engine, rewards and process group; call it from a `finally` (it sees whether a failure is unwinding)."""
+        clean = sys.exc_info()[0] is None  # in a `finally` reached by an exception, that exception is still current
         if self.background is not None:
             self.background.close()  # waits for a generation still in flight
         self.rewards.close()
         if self.owns_engine:
             self.engine.close()
-        self.dist.close()
+        self.dist.close(clean=clean)
