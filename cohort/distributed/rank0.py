@@ -10,8 +10,8 @@ Which engine rank 0 holds (`rank0_engine`):
 - rollout.engine=hf: `DetachedHFEngine`, transformers on an unsharded copy of
   the policy (generating with the sharded module would need every rank in
   every decoding step);
-- rollout.engine=vllm: `LocalServerEngine`, a private `cohort serve` child on
-  loopback — vLLM builds torch.distributed groups of its own, which cannot
+- rollout.engine=vllm (rollout.mode colocate or local_server): `LocalServerEngine`,
+  a private `cohort serve` child on loopback — vLLM builds torch.distributed groups of its own, which cannot
   nest inside a multi-rank process (it waits for ranks that never come).
 """
 
@@ -112,52 +112,10 @@ def rank0_engine(trainer, build) -> MainOnlyEngine:
 
             engine = DetachedHFEngine(load_policy(trainer.model_dir, cfg.model.dtype), pad_token_id=trainer.pad_id,
                                       eos_token_ids=[trainer.tokenizer.eos_token_id])
-        elif cfg.rollout.mode == "colocate":
+        elif cfg.rollout.mode in ("colocate", "local_server"):
+            from cohort.rollout.remote_engine import LocalServerEngine
+
             engine = LocalServerEngine(trainer)
         else:
             engine = build()
     return MainOnlyEngine(engine, trainer.dist)
-
-
-class LocalServerEngine:
-    """rollout.engine=vllm with several processes: vLLM on rank 0's machine as a private loopback rollout server.
-
-    vLLM cannot live inside a rank of a multi-process group (it builds its own
-    torch.distributed groups, which would wait for every rank), so rank 0 starts
-    `cohort serve` as a child and talks to it like server mode; weights go over
-    loopback as safetensors.
-    """
-
-    def __init__(self, trainer):
-        from cohort.rollout.remote_engine import RemoteEngine
-        from cohort.rollout.server import LocalServer
-
-        cfg = trainer.cfg
-        longest = max(len(ids) for ids in trainer.train_ids + (getattr(trainer, "eval_ids", None) or []))
-        needed = longest + cfg.rollout.max_completion_length + 1
-        self.server = LocalServer(trainer.model_dir, dtype=cfg.model.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype,
-                                  max_model_len=needed, seed=cfg.rollout.seed, kv_cache_gib=cfg.rollout.kv_cache_gib,
-                                  gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)
-        try:
-            self.remote = RemoteEngine([self.server.url], token=self.server.token, timeout_s=cfg.rollout.server_timeout_s,
-                                       agreement_tolerance=cfg.rollout.sync_check_tolerance, min_model_len=needed)
-        except Exception:
-            self.server.close()
-            raise
-
-    @property
-    def policy_version(self) -> int:
-        return self.remote.policy_version
-
-    def generate(self, prompts, sampling, seeds=None):
-        return self.remote.generate(prompts, sampling, seeds)
-
-    def update_weights(self, named_tensors, version: int):
-        return self.remote.update_weights(named_tensors, version)
-
-    def score(self, prompt, completion, temperature: float = 1.0):
-        return self.remote.score(prompt, completion, temperature)
-
-    def close(self) -> None:
-        self.remote.close()
-        self.server.close()

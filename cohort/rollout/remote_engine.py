@@ -31,7 +31,7 @@ from typing import Any, Iterable
 import torch
 
 from cohort.rollout.base import Completion, SamplingConfig
-from cohort.rollout.server import TOKEN_ENV, completion_from_json
+from cohort.rollout.server import TOKEN_ENV, LocalServer, completion_from_json, split_cores
 
 PART_BYTES = 512 * 2**20  # largest safetensors part per request
 
@@ -184,3 +184,51 @@ class RemoteEngine:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False)
+
+
+def engine_cores(cfg) -> tuple[list[int] | None, int | None]:
+    """(cores bound to a local server's engine, the trainer's default thread count) for this config (`split_cores`)."""
+    return split_cores(sorted(os.sched_getaffinity(0)), cfg.rollout.num_threads, cfg.rollout.overlap)
+
+
+class LocalServerEngine:
+    """vLLM as a private loopback rollout server (`LocalServer`), driven like server mode; weights go over loopback as safetensors.
+
+    Used by rollout.mode=local_server, where generation gets its own process
+    and cores (with rollout.overlap it runs while the trainer updates, free of
+    the trainer's GIL and OpenMP pool), and by rank 0 of a multi-process run,
+    since vLLM cannot live inside a rank of a multi-process group (it builds
+    its own torch.distributed groups, which would wait for every rank).
+    """
+
+    def __init__(self, trainer):
+        cfg = trainer.cfg
+        longest = max(len(ids) for ids in trainer.train_ids + (getattr(trainer, "eval_ids", None) or []))
+        needed = longest + cfg.rollout.max_completion_length + 1
+        self.server = LocalServer(trainer.model_dir, dtype=cfg.model.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype,
+                                  max_model_len=needed, seed=cfg.rollout.seed, kv_cache_gib=cfg.rollout.kv_cache_gib,
+                                  gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                                  cpu_cores=engine_cores(cfg)[0])
+        try:
+            self.remote = RemoteEngine([self.server.url], token=self.server.token, timeout_s=cfg.rollout.server_timeout_s,
+                                       agreement_tolerance=cfg.rollout.sync_check_tolerance, min_model_len=needed)
+        except Exception:
+            self.server.close()
+            raise
+
+    @property
+    def policy_version(self) -> int:
+        return self.remote.policy_version
+
+    def generate(self, prompts, sampling, seeds=None):
+        return self.remote.generate(prompts, sampling, seeds)
+
+    def update_weights(self, named_tensors, version: int):
+        return self.remote.update_weights(named_tensors, version)
+
+    def score(self, prompt, completion, temperature: float = 1.0):
+        return self.remote.score(prompt, completion, temperature)
+
+    def close(self) -> None:
+        self.remote.close()
+        self.server.close()

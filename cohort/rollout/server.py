@@ -201,12 +201,31 @@ def serve_in_thread(service: RolloutService, host: str = "127.0.0.1", port: int 
     return server, f"http://{bound_host}:{bound_port}"
 
 
+def split_cores(cores: list[int], engine_threads: int | None, overlap: bool) -> tuple[list[int] | None, int | None]:
+    """Share this process's CPUs between a local rollout server and the trainer.
+
+    Returns (the cores the engine's threads are bound to, or None for vLLM's own
+    binding; the trainer's thread count, or None for PyTorch's default). Without
+    overlap the two take turns, so each may use every core unless told
+    otherwise; with overlap they run at once, and two OpenMP pools spinning on
+    the same cores slow each other 10-40x, so the engine takes the last
+    `engine_threads` cores (default half, at least one) and the trainer the rest.
+    """
+    cores = sorted(cores)
+    if engine_threads is None and not overlap:
+        return None, None
+    k = max(1, min(len(cores), engine_threads if engine_threads is not None else len(cores) // 2))
+    return cores[-k:], (max(1, len(cores) - k) if overlap else None)
+
+
 class LocalServer:
     """`cohort serve` in a child process on a free loopback port, with a fresh token; `close()` stops it.
 
-    For a process that cannot hold vLLM itself: rank 0 of a multi-process run
-    (vLLM builds its own torch.distributed groups, which would need every rank),
-    and benchmarks. The child gets none of torchrun's variables.
+    For a process that cannot or should not hold vLLM itself: rollout.mode=local_server
+    (generation in its own process, on its own cores), rank 0 of a multi-process
+    run (vLLM builds its own torch.distributed groups, which would need every
+    rank), and benchmarks. The child gets none of torchrun's variables;
+    `cpu_cores` binds its OpenMP threads to those cores (vLLM's CPU backend).
     """
 
     TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
@@ -214,13 +233,17 @@ class LocalServer:
                     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
     def __init__(self, model_dir, *, dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
-                 kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5, start_timeout_s: float = 600.0):
+                 kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5, start_timeout_s: float = 600.0,
+                 cpu_cores: list[int] | None = None):
         import secrets
         import subprocess
 
         self.token = secrets.token_hex(16)
         env = {k: v for k, v in os.environ.items() if k not in self.TORCHRUN_ENV and not k.startswith("TORCHELASTIC")}
         env[TOKEN_ENV] = self.token
+        if cpu_cores:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cpu_cores)
+            env["OMP_NUM_THREADS"] = str(len(cpu_cores))
         cmd = [sys.executable, "-m", "cohort.cli", "serve", str(model_dir), "--port", "0", "--dtype", dtype, "--seed", str(seed),
                "--kv-cache-gib", str(kv_cache_gib), "--gpu-memory-utilization", str(gpu_memory_utilization)]
         if max_model_len:

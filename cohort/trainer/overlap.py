@@ -11,8 +11,16 @@ engine's own log-probs of the sampled tokens) passed to the policy loss as
 Only the engine call runs in the thread: the sampler, the seeds, rewards,
 advantages and every trainer-side pass stay on the main thread, and weights
 are pushed into the engine only while no generation is in flight (the loop
-waits for the pending batch first). On CPU the engine's forward and the
-update's kernels release the GIL, so the two overlap as far as the cores allow.
+waits for the pending batch first).
+
+Where the engine runs decides how much really overlaps. With vLLM in the
+trainer's process (rollout.mode=colocate) the two share one interpreter and
+one OpenMP pool: the kernels release the GIL, but vLLM's Python scheduling and
+the trainer's Python compete for it and both pools spin on the same cores, so
+the gain on a small CPU machine is small. With rollout.mode=local_server the
+engine is a child process bound to its own cores (`split_cores`) and the
+background thread only waits on a loopback HTTP call, so generation and the
+update run truly in parallel (measured in docs/performance.md).
 
 Left out: more than one batch in flight (staleness would grow with the queue),
 overlap with engines that share the trainer's module (`rollout.engine=hf`),

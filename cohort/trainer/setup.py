@@ -21,8 +21,13 @@ from cohort.trainer.rollout_batch import PromptRenderer
 
 def setup(trainer, external_engine=None) -> None:
     cfg = trainer.cfg
-    if cfg.train.num_threads:
-        torch.set_num_threads(cfg.train.num_threads)
+    threads = cfg.train.num_threads
+    if threads is None and cfg.rollout.mode == "local_server":
+        from cohort.rollout.remote_engine import engine_cores
+
+        threads = engine_cores(cfg)[1]  # with rollout.overlap: the cores the engine's process leaves free
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(cfg.train.seed)
     from cohort.distributed.fsdp import attach_context
 
@@ -128,6 +133,10 @@ def _engine(trainer, external, *, split: bool = True):
         from cohort.distributed.rank0 import rank0_engine
 
         return rank0_engine(trainer, lambda: _engine(trainer, None, split=False)[0]), True
+    if cfg.rollout.mode == "local_server":
+        from cohort.rollout.remote_engine import LocalServerEngine
+
+        return LocalServerEngine(trainer), True
     if cfg.rollout.mode == "server":
         from cohort.rollout.remote_engine import RemoteEngine
 

@@ -201,3 +201,19 @@ def test_server_mode_config_problems_name_the_fix(monkeypatch):
     monkeypatch.delenv("COHORT_SERVER_TOKEN")  # under Ray the driver starts the servers and makes the token
     if importlib.util.find_spec("ray") is not None:
         validate_config(load_config(None, ["rollout.mode=server", "distributed.backend=ray"]), check_files=False)
+
+
+def test_split_cores_between_a_local_server_and_the_trainer():
+    from cohort.rollout.server import split_cores
+
+    # no overlap, nothing asked: the two take turns, each keeps its default (every core)
+    assert split_cores([0, 1], None, False) == (None, None)
+    # overlap: the engine takes the last half (at least one core), the trainer's thread count is the rest
+    assert split_cores([0, 1], None, True) == ([1], 1)
+    assert split_cores([3, 1, 2, 0], None, True) == ([2, 3], 2)
+    assert split_cores([4, 5, 6], None, True) == ([6], 2)  # 3 // 2 = 1 core for the engine
+    assert split_cores([0], None, True) == ([0], 1)  # one core: shared, the trainer still gets a thread
+    # asked for: that many of the last cores (clamped to what exists); the trainer keeps its default without overlap
+    assert split_cores([3, 1, 2, 0], 3, True) == ([1, 2, 3], 1)
+    assert split_cores([0, 1, 2, 3], 1, False) == ([3], None)
+    assert split_cores([0, 1], 5, True) == ([0, 1], 1)

@@ -224,3 +224,50 @@ def test_overlap_is_one_step_stale_corrected_and_learns(tmp_path, data_file, tin
     assert all(h["correction/kl"] < 0.5 for h in history[1:])
     first, last = sum(h["reward"] for h in history[:5]) / 5, sum(h["reward"] for h in history[-5:]) / 5
     assert first < 0.3 and last > 0.8, (first, last)
+
+
+@pytest.mark.slow
+def test_local_server_overlap_runs_engine_and_trainer_on_separate_cores_and_learns(tmp_path, data_file, tiny_model_dir):
+    # rollout.mode=local_server: vLLM in a `cohort serve` child bound to the last core(s), the trainer on the rest, the next
+    # batch generated there while this one trains. Same workload and bar as the in-process overlap test above.
+    import os
+
+    from cohort.rollout.server import split_cores
+
+    cfg = load_config(None, [
+        f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "rollout.engine=vllm",
+        "rollout.mode=local_server", "rollout.overlap=true", "rollout.num_generations=4", "rollout.max_completion_length=6",
+        "train.prompts_per_step=4", "train.micro_batch_size=16", "train.max_steps=30", "train.learning_rate=3e-3",
+        "rewards=[{name: 'fast_path_rewards:digit_share'}]", f"run.output_dir={tmp_path / 'run'}", "run.progress=false",
+        "run.loggers=[jsonl]",
+    ])
+    cores = sorted(os.sched_getaffinity(0))
+    engine_cores, trainer_threads = split_cores(cores, None, True)
+    threads_before = torch.get_num_threads()
+    trainer = Trainer(cfg, log=lambda *a, **k: None)
+    try:
+        child = trainer.engine.server.process
+        env = dict(line.split("=", 1) for line in open(f"/proc/{child.pid}/environ").read().split("\0") if "=" in line)
+        assert engine_cores == cores[-max(1, len(cores) // 2):]  # on this 2-core machine: core 1 generates, core 0 trains
+        assert env["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, engine_cores))
+        assert env["OMP_NUM_THREADS"] == str(len(engine_cores))
+        assert torch.get_num_threads() == trainer_threads == max(1, len(cores) - len(engine_cores))
+        seen = []
+        original_update = trainer.update
+
+        def update(batch, indices):
+            seen.append((batch.policy_version, trainer.policy_version))
+            return original_update(batch, indices)
+
+        trainer.update = update
+        history = [trainer.step() for _ in range(30)]
+        assert seen[0] == (0, 0) and all(sampled == current - 1 for sampled, current in seen[1:])
+        assert all(h["sync/bytes_sent"] > 0 for h in history[:-1])  # new weights went to the child after every step
+        assert all(h["correction/kl"] < 0.5 for h in history[1:])
+        assert trainer.last_canary_gap < 1e-4  # the child samples from exactly the trainer's weights
+        first, last = sum(h["reward"] for h in history[:5]) / 5, sum(h["reward"] for h in history[-5:]) / 5
+        assert first < 0.3 and last > 0.8, (first, last)
+    finally:
+        trainer.close()
+        torch.set_num_threads(threads_before)
+    assert child.poll() is not None  # the child stops with the run
