@@ -227,7 +227,8 @@ def test_overlap_is_one_step_stale_corrected_and_learns(tmp_path, data_file, tin
 
 
 @pytest.mark.slow
-def test_local_server_overlap_runs_engine_and_trainer_on_separate_cores_and_learns(tmp_path, data_file, tiny_model_dir):
+def test_local_server_overlap_runs_engine_and_trainer_on_separate_cores_and_learns(tmp_path, data_file, tiny_model_dir,
+                                                                                    monkeypatch):
     # rollout.mode=local_server: vLLM in a `cohort serve` child bound to the last core(s), the trainer on the rest, the next
     # batch generated there while this one trains. Same workload and bar as the in-process overlap test above.
     import os
@@ -243,7 +244,10 @@ def test_local_server_overlap_runs_engine_and_trainer_on_separate_cores_and_lear
     ])
     cores = sorted(os.sched_getaffinity(0))
     engine_cores, trainer_threads = split_cores(cores, None, True)
-    threads_before = torch.get_num_threads()
+    # a spy, not a stand-in: once the session's in-process vLLM engine exists, vLLM has replaced torch.set_num_threads
+    # in this process with a no-op, so the trainer's choice is read from its call
+    asked = []
+    monkeypatch.setattr(torch, "set_num_threads", asked.append)
     trainer = Trainer(cfg, log=lambda *a, **k: None)
     try:
         child = trainer.engine.server.process
@@ -251,7 +255,7 @@ def test_local_server_overlap_runs_engine_and_trainer_on_separate_cores_and_lear
         assert engine_cores == cores[-max(1, len(cores) // 2):]  # on this 2-core machine: core 1 generates, core 0 trains
         assert env["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, engine_cores))
         assert env["OMP_NUM_THREADS"] == str(len(engine_cores))
-        assert torch.get_num_threads() == trainer_threads == max(1, len(cores) - len(engine_cores))
+        assert asked == [trainer_threads] and trainer_threads == max(1, len(cores) - len(engine_cores))
         seen = []
         original_update = trainer.update
 
@@ -269,5 +273,4 @@ def test_local_server_overlap_runs_engine_and_trainer_on_separate_cores_and_lear
         assert first < 0.3 and last > 0.8, (first, last)
     finally:
         trainer.close()
-        torch.set_num_threads(threads_before)
     assert child.poll() is not None  # the child stops with the run
