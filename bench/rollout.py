@@ -14,6 +14,8 @@ Variants (the vLLM settings the issue asks to choose by measurement):
 - `vllm_nobind`: VLLM_CPU_OMP_THREADS_BIND=nobind;
 - `vllm_no_prefix_cache`: enable_prefix_caching=False;
 - `vllm_kv4g`: a 4 GiB KV cache;
+- `vllm_one_core`: one thread bound to the last core (what rollout.mode=local_server
+  with rollout.overlap gives the engine on a 2-core machine);
 - `hf`: transformers `generate` on the policy (cohort's fallback engine).
 
     .venv/bin/python bench/rollout.py [--variants vllm hf ...] [--workloads tiny long] [--repeats 5]
@@ -38,6 +40,7 @@ VARIANTS = {
     "vllm_nobind": ({}, {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}),
     "vllm_no_prefix_cache": ({"enable_prefix_caching": False}, {}),
     "vllm_kv4g": ({"kv_cache_gib": 4.0}, {}),
+    "vllm_one_core": ({}, {"VLLM_CPU_OMP_THREADS_BIND": str(max(os.sched_getaffinity(0))), "OMP_NUM_THREADS": "1"}),
     "hf": (None, {}),
 }
 
