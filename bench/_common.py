@@ -1,9 +1,12 @@
 """Shared pieces of the benchmarks: the workloads, the idle check, peak memory, JSON output.
 
 Every benchmark prints one JSON object on stdout. Each records the 1-minute load
-average before and after the timed part and sets `"idle": false` when either was
-at or above `IDLE_LOAD` (timings on a busy 2-core machine are not comparable; the
-run is to be repeated, not reported). Peak RSS is the process's high-water mark
+average before and after the timed part and, because a benchmark's own threads
+raise that average too, the CPU that *other* processes used meanwhile
+(`foreign_cores`: the machine's busy time from /proc/stat minus this process
+tree's, per wall second). `"idle": false` when that reached `FOREIGN_MAX_CORES`
+(timings on a busy 2-core machine are not comparable; the run is to be repeated,
+not reported). Peak RSS is the process's high-water mark
 (`ru_maxrss`), so a benchmark that compares memory runs each variant in a fresh
 process.
 
@@ -29,6 +32,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 CACHE = BENCH_DIR / ".cache"
 IDLE_LOAD = 0.5
+FOREIGN_MAX_CORES = 0.2  # other processes' average CPU use during a measurement above which it is not idle
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -69,22 +73,57 @@ def median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
 
+def machine_busy_s() -> float:
+    """CPU seconds all processes have used since boot (every core; /proc/stat's first line, idle and iowait left out)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_busy_s(root: int | None = None) -> float:
+    """CPU seconds used by process `root` (default: this one), its live descendants and the children they reaped."""
+    parent, used = {}, {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # exited meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ..., utime at index 11
+        parent[int(entry.name)] = int(fields[1])
+        used[int(entry.name)] = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+    tree, frontier = set(), [root or os.getpid()]
+    while frontier:
+        pid = frontier.pop()
+        tree.add(pid)
+        frontier += [child for child, ppid in parent.items() if ppid == pid and child not in tree]
+    return sum(used.get(pid, 0) for pid in tree) / os.sysconf("SC_CLK_TCK")
+
+
 class LoadWatch:
-    """Load average before and after a measurement: `with LoadWatch() as load: ...; load.record()`."""
+    """How busy the machine was around a measurement: `with LoadWatch() as load: ...; load.record()`.
+
+    The 1-minute load average counts this benchmark's own threads, so it cannot
+    tell a clean run from a contended one; the CPU other processes used
+    meanwhile (`foreign_cores`) can.
+    """
 
     def __enter__(self):
         self.before = load_average()
         self.start = time.time()
+        self.machine0, self.tree0 = machine_busy_s(), tree_busy_s()
         return self
 
     def __exit__(self, *exc):
         self.after = load_average()
         self.wall_s = time.time() - self.start
+        self.machine1, self.tree1 = machine_busy_s(), tree_busy_s()
         return False
 
     def record(self) -> dict:
-        return {"load_before": self.before, "load_after": self.after,
-                "idle": self.before < IDLE_LOAD and self.after < IDLE_LOAD}
+        foreign = max(0.0, (self.machine1 - self.machine0) - (self.tree1 - self.tree0)) / max(self.wall_s, 1e-9)
+        return {"load_before": self.before, "load_after": self.after, "foreign_cores": round(foreign, 3),
+                "idle": foreign < FOREIGN_MAX_CORES}
 
 
 def emit(result: dict) -> None:

@@ -1,9 +1,9 @@
 """Run every benchmark, cohort and TRL side by side, and write bench/results.json (`make bench`).
 
 Each benchmark runs as its own process, under ../shared/tools/when-idle when
-that exists (it waits for the machine to be idle). A result whose load average
-before or after was at or above the idle threshold is re-run, up to
-`--retries` times; the last attempt is kept with its `idle` flag and the
+that exists (it waits for the 1-minute load to fall below 1.0). A result that
+is not `idle` (other processes used CPU during it, `_common.LoadWatch`) is
+re-run, up to `--retries` times; the last attempt is kept with its `idle` flag and the
 number of attempts, so a busy-machine number is never mistaken for a clean one.
 
 TRL runs from bench/.trl-venv (never a dependency of cohort); when that venv
@@ -35,11 +35,14 @@ LOCAL_OVERLAP = ["rollout.mode=local_server", "rollout.overlap=true", "train.num
 
 
 IDLE_WAIT_S = 600
+# when-idle's gate before each run: the previous benchmark's own threads keep the 1-minute load near 2 for a while, so
+# waiting for 0.5 would cost ~80 s a run; whether a run was really alone is judged afterwards by its foreign_cores
+START_MAX_LOAD = 1.0
 
 
 def run_json(cmd: list[str], retries: int, timeout_s: float = 1800) -> dict:
     """Run a benchmark command (under when-idle when available) until it reports an idle run or retries run out."""
-    wrapped = [str(WHEN_IDLE), "--wait-s", str(IDLE_WAIT_S), "--"] + cmd if WHEN_IDLE.is_file() else cmd
+    wrapped = [str(WHEN_IDLE), "--max-load", str(START_MAX_LOAD), "--wait-s", str(IDLE_WAIT_S), "--"] + cmd if WHEN_IDLE.is_file() else cmd
     result: dict = {}
     for attempt in range(1, retries + 2):
         try:

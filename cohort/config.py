@@ -654,8 +654,11 @@ def check_processes(cfg: CohortConfig) -> list[str]:
         fits = [k for k in (lower, lower + world) if k > 0]
         problems.append(f"train.prompts_per_step = {t.prompts_per_step} must divide by the {world} training processes (each takes "
                         f"whole groups); use {' or '.join(map(str, fits))}")
-    if cfg.algorithm.name == "ppo":
-        problems.append("algorithm.name = ppo: the critic is not sharded across processes yet; use train.num_processes=1 with ppo")
+    from cohort.trainer.algorithms import ALGORITHMS
+
+    if ALGORITHMS.get(cfg.algorithm.name).needs_critic:
+        problems.append(f"algorithm.name = {cfg.algorithm.name}: the critic is not sharded across processes yet; use "
+                        f"train.num_processes=1 with {cfg.algorithm.name}")
     if cfg.run.save_every:
         problems.append(f"run.save_every = {cfg.run.save_every}: checkpoints of a sharded optimizer are not written yet with "
                         f"{world} processes; set run.save_every=0 (the final model is still saved) or train.num_processes=1")

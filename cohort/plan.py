@@ -234,8 +234,10 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
     ]
     if cfg.algorithm.beta:
         rows.append(("reference model", p * b, f"a frozen copy (algorithm.beta = {cfg.algorithm.beta:g})"))
-    if cfg.algorithm.name == "ppo":
-        rows.append(("critic", 4 * p * b, "ppo: weights, gradients and moments of a policy-sized critic"))
+    from cohort.trainer.algorithms import ALGORITHMS
+
+    if ALGORITHMS.get(cfg.algorithm.name).needs_critic:
+        rows.append(("critic", 4 * p * b, f"{cfg.algorithm.name}: weights, gradients and moments of a policy-sized critic"))
     return rows
 
 

@@ -197,6 +197,19 @@ def test_rollout_correction_weights_by_hand(tmp_path, data_file, tiny_model_dir)
     trainer.close()
 
 
+def _steps_with_versions(trainer, steps: int) -> tuple[list[dict], list[tuple[int, int]]]:
+    """Run `steps` steps; also return, per update, (the policy version that sampled the batch, the current version)."""
+    seen = []
+    original_update = trainer.update
+
+    def update(batch, indices):
+        seen.append((batch.policy_version, trainer.policy_version))
+        return original_update(batch, indices)
+
+    trainer.update = update
+    return [trainer.step() for _ in range(steps)], seen
+
+
 def test_overlap_is_one_step_stale_corrected_and_learns(tmp_path, data_file, tiny_model_dir, vllm_engine):
     # Same workload as the end-to-end test (digit share; a working loop goes from ~0.1 to > 0.8 within 30 steps),
     # with the next batch generated behind each update.
@@ -208,15 +221,7 @@ def test_overlap_is_one_step_stale_corrected_and_learns(tmp_path, data_file, tin
         "run.loggers=[jsonl]",
     ])
     trainer = Trainer(cfg, engine=vllm_engine, log=lambda *a, **k: None)
-    seen = []
-    original_update = trainer.update
-
-    def update(batch, indices):
-        seen.append((batch.policy_version, trainer.policy_version))
-        return original_update(batch, indices)
-
-    trainer.update = update
-    history = [trainer.step() for _ in range(30)]
+    history, seen = _steps_with_versions(trainer, 30)
     trainer.close()
     assert seen[0] == (0, 0)  # the first batch is generated in the foreground, on-policy
     assert all(sampled == current - 1 for sampled, current in seen[1:])  # then always exactly one step stale
@@ -256,15 +261,7 @@ def test_local_server_overlap_runs_engine_and_trainer_on_separate_cores_and_lear
         assert env["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, engine_cores))
         assert env["OMP_NUM_THREADS"] == str(len(engine_cores))
         assert asked == [trainer_threads] and trainer_threads == max(1, len(cores) - len(engine_cores))
-        seen = []
-        original_update = trainer.update
-
-        def update(batch, indices):
-            seen.append((batch.policy_version, trainer.policy_version))
-            return original_update(batch, indices)
-
-        trainer.update = update
-        history = [trainer.step() for _ in range(30)]
+        history, seen = _steps_with_versions(trainer, 30)
         assert seen[0] == (0, 0) and all(sampled == current - 1 for sampled, current in seen[1:])
         assert all(h["sync/bytes_sent"] > 0 for h in history[:-1])  # new weights went to the child after every step
         assert all(h["correction/kl"] < 0.5 for h in history[1:])
