@@ -364,6 +364,7 @@ class Trainer:
         per_step = plan.completions_per_step
         start = (slot % plan.steps_per_generation) * per_step
         indices = list(range(start, start + per_step))
+        self.step_indices = indices  # this step's completions within self.batch (what the logs of the step show)
         with self.phases("update"):
             metrics = self.update(self.batch, indices)
         if self.critic is not None:

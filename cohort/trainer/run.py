@@ -44,9 +44,10 @@ def run_eval(trainer, label: str, sink: JsonlWriter) -> dict:
 
 
 def _log_completions(trainer, sink: JsonlWriter, step: int) -> None:
+    """The first run.num_completions_to_log completions this step trained on (a slice of the batch when it spans several steps)."""
     batch, n = trainer.batch, trainer.cfg.run.num_completions_to_log
     key = trainer.train_data.prompt_key
-    for i in range(min(n, len(batch))):
+    for i in trainer.step_indices[:n]:
         row = trainer.train_data.rows[batch.row_indices[i]]
         sink.write({"step": step, "prompt": row[key], "completion": batch.completions_text[i],
                     "reward": float(batch.rewards[i]), "advantage": batch.sequence_advantage(i),

@@ -99,7 +99,8 @@ def test_reward_model_scores_reach_the_trainer(tmp_path, tiny_model_dir, tiny_re
     cfg = load_config(None, [
         f"model.path={tiny_model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=32", "rollout.engine=hf",
         "rollout.num_generations=2", "rollout.max_completion_length=4", "train.prompts_per_step=2", "train.micro_batch_size=4",
-        "train.max_steps=2", f"rewards=[{{name: reward_model, model: '{tiny_reward_model_dir}'}}]",
+        "train.max_steps=2", "train.steps_per_generation=2", "data.shuffle=false",
+        f"rewards=[{{name: reward_model, model: '{tiny_reward_model_dir}'}}]",
         f"run.output_dir={tmp_path / 'run'}", "run.progress=false", "run.loggers=[jsonl]", "run.log_completions_every=1",
     ])
     trainer = Trainer(cfg)
@@ -109,6 +110,10 @@ def test_reward_model_scores_reach_the_trainer(tmp_path, tiny_model_dir, tiny_re
     rm = transformers.AutoModelForSequenceClassification.from_pretrained(str(tiny_reward_model_dir)).eval()
     logged = [json.loads(l) for l in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
     assert len(logged) == 8  # 4 per step, 2 steps
+    # one generation batch of 8 serves both steps (steps_per_generation 2, prompts in file order): each step logs the
+    # slice it trained on, so step 1 shows the first two prompts (each twice) and step 2 the last two
+    assert [(r["step"], r["prompt"].split()[-1]) for r in logged] == [
+        (1, "one"), (1, "one"), (1, "two"), (1, "two"), (2, "three"), (2, "three"), (2, "four"), (2, "four")]
     for row in logged:
         with torch.inference_mode():
             direct = rm(**tok(row["prompt"] + row["completion"], return_tensors="pt")).logits[0, 0].item()
