@@ -75,7 +75,9 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 def assert_same_run(a: Path, b: Path, model_dir: Path) -> None:
     completions_a = (a / "completions.jsonl").read_text().splitlines()
     completions_b = (b / "completions.jsonl").read_text().splitlines()
-    assert len(completions_a) == 6 * 16  # every completion of the generation batch (2 steps × 2 prompts × G=4), each step
+    # each step logs the 8 completions it trained on (2 prompts × G=4), so every generated completion appears once:
+    # 3 generation batches × 16
+    assert len(completions_a) == 6 * 8
     assert completions_a == completions_b
     steps = [json.loads(line)["step"] for line in (b / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]
