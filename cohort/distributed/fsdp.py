@@ -189,11 +189,10 @@ class DistContext(LocalContext):
         """Tear the process group down; after a clean finish, only once every rank has arrived.
 
         Without the rendezvous a rank that finishes first destroys its gloo pairs
-        while its peer is still using them, which can abort the peer at exit
-        ("terminate called without an active exception") and fail a run that
-        succeeded. After a failure (`clean=False`) the peers may be stuck in a
-        collective the failed rank will never join, so it leaves at once; the
-        rendezvous itself also gives up after `CLOSE_TIMEOUT`.
+        while its peer may still be talking to it. After a failure (`clean=False`)
+        the peers may be stuck in a collective the failed rank will never join,
+        so it leaves at once (a plain barrier there hung Ray's failing-actor run);
+        the rendezvous itself also gives up after `CLOSE_TIMEOUT`.
         """
         if not self.dist.is_initialized():
             return
