@@ -133,6 +133,17 @@ def completion_logprobs(
     return out_logp, out_ent
 
 
+@torch.no_grad()
+def sequence_logprobs(model, prompt: list[int], completion: list[int], *, pad_id: int = 0, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs of one completion's tokens after its prompt, as the trainer scores them (the weight-sync canary)."""
+    from cohort.trainer.batching import pack_right_padded
+
+    pb = pack_right_padded([prompt], [completion], pad_id)
+    logp, _ = completion_logprobs(model, pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_ids,
+                                  pb.completion_mask, temperature=temperature)
+    return logp[0, : len(completion)]
+
+
 def naive_completion_logprobs(model, input_ids, attention_mask, prompt_lengths, completion_ids, completion_mask, *, temperature=1.0):
     """Reference implementation over the full logits (tests and benchmarks only)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float() / temperature  # (B, L, V)

@@ -46,7 +46,7 @@ import torch
 from cohort.algorithms import aggregate_loss, aggregation_count, kl_penalty, masked_mean, policy_loss, rollout_correction
 from cohort.algorithms import advantage_stats
 from cohort.config import CohortConfig, batch_plan, default_output_dir, validate_config
-from cohort.models.logprobs import completion_logprobs
+from cohort.models.logprobs import completion_logprobs, sequence_logprobs
 from cohort.rollout.base import SamplingConfig, completion_seeds
 from cohort.trainer import setup as build
 from cohort.trainer.algorithms import AdvantageInputs
@@ -339,11 +339,8 @@ class Trainer:
             return
         prompt, completion = self.canary
         engine_lp = torch.tensor(self.engine.score(prompt, completion, 1.0))
-        with torch.no_grad():
-            pb = pack_right_padded([prompt], [completion], self.pad_id)
-            trainer_lp, _ = completion_logprobs(self.policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths,
-                                                pb.completion_ids, pb.completion_mask, temperature=1.0)
-        gap = float((trainer_lp[0, : len(completion)] - engine_lp).abs().max())
+        trainer_lp = sequence_logprobs(self.policy, prompt, completion, pad_id=self.pad_id)
+        gap = float((trainer_lp - engine_lp).abs().max())
         if not gap <= self.cfg.rollout.sync_check_tolerance:
             raise RuntimeError(
                 f"weight sync check failed at policy version {self.policy_version}: the rollout engine's log-probs of the canary "

@@ -21,22 +21,13 @@ import torch
 
 from cohort.config import load_config
 from cohort.models.loading import load_policy, load_tokenizer
-from cohort.models.logprobs import completion_logprobs
+from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import SamplingConfig
 from cohort.rollout.remote_engine import RemoteEngine
 from cohort.rollout.server import LocalServer, RolloutService, serve_in_thread
-from cohort.trainer.batching import pack_right_padded
 from cohort.trainer.loop import Trainer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-
-def _trainer_logp(policy, prompt, completion, temperature=1.0):
-    pb = pack_right_padded([prompt], [completion], 256)
-    with torch.no_grad():
-        lp, _ = completion_logprobs(policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_ids,
-                                    pb.completion_mask, temperature=temperature)
-    return lp[0, : len(completion)]
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +64,13 @@ def test_cli_server_refuses_without_token_then_generates_with_pushed_weights(cli
     engine = RemoteEngine([cli_server.url], token=cli_server.token, timeout_s=120)
     prompt = tok("12+34=", add_special_tokens=False)["input_ids"]
     before = engine.generate([prompt], SamplingConfig(8, 1.0), [3])[0]
-    assert (torch.tensor(before.logprobs) - _trainer_logp(policy, prompt, before.token_ids)).abs().max() > 1e-2
+    assert (torch.tensor(before.logprobs) - sequence_logprobs(policy, prompt, before.token_ids)).abs().max() > 1e-2
     sent = engine.update_weights(policy.named_parameters(), 5)
     assert sent > sum(p.numel() * 4 for p in policy.parameters())  # float32 weights plus safetensors headers
     outs = engine.generate([prompt] * 3, SamplingConfig(8, 0.7), [1, 2, 3])
     assert [o.policy_version for o in outs] == [5, 5, 5]
     for o in outs:
-        assert torch.allclose(torch.tensor(o.logprobs), _trainer_logp(policy, prompt, o.token_ids, 0.7), atol=1e-4)
+        assert torch.allclose(torch.tensor(o.logprobs), sequence_logprobs(policy, prompt, o.token_ids, temperature=0.7), atol=1e-4)
     health = json.loads(urllib.request.urlopen(cli_server.url + "/health", timeout=30).read())
     assert health["policy_version"] == 5 and health["max_model_len"] == 128
 
@@ -119,7 +110,7 @@ def test_train_in_server_mode_pushes_weights_and_generates_with_the_new_version(
         outs = trainer.engine.generate([prompt] * 4, SamplingConfig(6, 1.0), [1, 2, 3, 4])  # 2 on each server
         assert [o.policy_version for o in outs] == [12] * 4
         for o in outs:
-            assert torch.allclose(torch.tensor(o.logprobs), _trainer_logp(trainer.policy, prompt, o.token_ids), atol=1e-4)
+            assert torch.allclose(torch.tensor(o.logprobs), sequence_logprobs(trainer.policy, prompt, o.token_ids), atol=1e-4)
     finally:
         trainer.close()
 

@@ -6,19 +6,10 @@ import pytest
 import torch
 
 from cohort.models.loading import load_policy, load_tokenizer
-from cohort.models.logprobs import completion_logprobs
+from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import SamplingConfig
-from cohort.trainer.batching import pack_right_padded
 
 pytestmark = pytest.mark.vllm
-
-
-def _trainer_logp(policy, prompt, completion, temperature=1.0):
-    pb = pack_right_padded([prompt], [completion], 256)
-    with torch.no_grad():
-        lp, _ = completion_logprobs(policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_ids,
-                                    pb.completion_mask, temperature=temperature)
-    return lp[0, : len(completion)]
 
 
 def test_generation_logprobs_match_trainer_and_survive_weight_updates(vllm_engine, tiny_model_dir):
@@ -30,7 +21,7 @@ def test_generation_logprobs_match_trainer_and_survive_weight_updates(vllm_engin
     assert len(outs) == 4 and all(len(o.token_ids) == len(o.logprobs) > 0 for o in outs)
     # processed log-probs: temperature applied, as the trainer computes them
     for o in outs:
-        assert torch.allclose(torch.tensor(o.logprobs), _trainer_logp(policy, prompt, o.token_ids, 0.7), atol=1e-4)
+        assert torch.allclose(torch.tensor(o.logprobs), sequence_logprobs(policy, prompt, o.token_ids, temperature=0.7), atol=1e-4)
     canary = outs[0].token_ids
     generator = torch.Generator().manual_seed(0)
     for version in (1, 2, 3):
@@ -38,14 +29,14 @@ def test_generation_logprobs_match_trainer_and_survive_weight_updates(vllm_engin
             for p in policy.parameters():
                 p.add_(torch.randn(p.shape, generator=generator) * 0.05)
         stale = torch.tensor(vllm_engine.score(prompt, canary))
-        fresh = _trainer_logp(policy, prompt, canary)
+        fresh = sequence_logprobs(policy, prompt, canary)
         assert (stale - fresh).abs().max() > 1e-2  # the perturbation is visible ...
         vllm_engine.update_weights(policy.named_parameters(), version)
         # ... and after the in-place update the engine (tied LM head included) agrees to 1e-4 in float32
         assert torch.allclose(torch.tensor(vllm_engine.score(prompt, canary)), fresh, atol=1e-4)
         assert vllm_engine.policy_version == version
     regenerated = vllm_engine.generate([prompt], SamplingConfig(8, 1.0), [5])[0]
-    assert torch.allclose(torch.tensor(regenerated.logprobs), _trainer_logp(policy, prompt, regenerated.token_ids), atol=1e-4)
+    assert torch.allclose(torch.tensor(regenerated.logprobs), sequence_logprobs(policy, prompt, regenerated.token_ids), atol=1e-4)
 
 
 def test_seeded_generation_is_reproducible(vllm_engine, tiny_model_dir):
