@@ -300,6 +300,11 @@ class CohortConfig(_Section):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
+    @property
+    def generation_dtype(self) -> str:
+        """The dtype the rollout engine runs in: rollout.dtype, or model.dtype when that is `auto`."""
+        return self.model.dtype if self.rollout.dtype == "auto" else self.rollout.dtype
+
 
 SECTIONS = ("model", "data", "rollout", "algorithm", "train", "critic", "rewards", "run", "distributed")
 

@@ -205,8 +205,7 @@ def _cuda_available() -> bool:
 
 def kv_bytes_per_token(cfg: CohortConfig, facts: ModelFacts) -> int:
     """Keys and values of every layer for one token, in the generation dtype."""
-    dtype = cfg.model.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
-    return 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim * BYTES[dtype]
+    return 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim * BYTES[cfg.generation_dtype]
 
 
 # --------------------------------------------------------------------------- the printout

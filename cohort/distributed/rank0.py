@@ -113,9 +113,9 @@ def rank0_engine(trainer, build) -> MainOnlyEngine:
             engine = DetachedHFEngine(load_policy(trainer.model_dir, cfg.model.dtype), pad_token_id=trainer.pad_id,
                                       eos_token_ids=[trainer.tokenizer.eos_token_id])
         elif cfg.rollout.mode in ("colocate", "local_server"):
-            from cohort.rollout.remote_engine import LocalServerEngine
+            from cohort.trainer.setup import local_server_engine
 
-            engine = LocalServerEngine(trainer)
+            engine = local_server_engine(trainer)
         else:
             engine = build()
     return MainOnlyEngine(engine, trainer.dist)

@@ -171,8 +171,7 @@ def train_with_ray(cfg) -> dict[str, Any]:
             remote = ray.remote(RolloutServerActor).options(
                 num_cpus=d.cpus_per_rollout, num_gpus=d.gpus_per_rollout,
                 runtime_env={"env_vars": _actor_env(token, d.cpus_per_rollout)})
-            dtype = cfg.model.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
-            servers = [remote.remote(os.getcwd(), cfg.model.path, dtype, cfg.rollout.seed + i, cfg.rollout.kv_cache_gib,
+            servers = [remote.remote(os.getcwd(), cfg.model.path, cfg.generation_dtype, cfg.rollout.seed + i, cfg.rollout.kv_cache_gib,
                                      cfg.rollout.gpu_memory_utilization) for i in range(servers_n)]
             actors += servers
             urls = _wait_all([s.url.remote() for s in servers])

@@ -201,17 +201,13 @@ class LocalServerEngine:
     its own torch.distributed groups, which would wait for every rank).
     """
 
-    def __init__(self, trainer):
-        cfg = trainer.cfg
-        longest = max(len(ids) for ids in trainer.train_ids + (getattr(trainer, "eval_ids", None) or []))
-        needed = longest + cfg.rollout.max_completion_length + 1
-        self.server = LocalServer(trainer.model_dir, dtype=cfg.model.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype,
-                                  max_model_len=needed, seed=cfg.rollout.seed, kv_cache_gib=cfg.rollout.kv_cache_gib,
-                                  gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+    def __init__(self, model_dir, cfg, *, max_model_len: int, dtype: str):
+        self.server = LocalServer(model_dir, dtype=dtype, max_model_len=max_model_len, seed=cfg.rollout.seed,
+                                  kv_cache_gib=cfg.rollout.kv_cache_gib, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                                   cpu_cores=engine_cores(cfg)[0])
         try:
             self.remote = RemoteEngine([self.server.url], token=self.server.token, timeout_s=cfg.rollout.server_timeout_s,
-                                       agreement_tolerance=cfg.rollout.sync_check_tolerance, min_model_len=needed)
+                                       agreement_tolerance=cfg.rollout.sync_check_tolerance, min_model_len=max_model_len)
         except Exception:
             self.server.close()
             raise

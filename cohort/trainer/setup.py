@@ -125,6 +125,20 @@ def build_optimizer(policy: torch.nn.Module, train_cfg):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def _engine_length(trainer) -> int:
+    """The sequence length every engine of the run must fit: the longest prompt + rollout.max_completion_length + 1."""
+    longest = max(len(ids) for ids in trainer.train_ids + (getattr(trainer, "eval_ids", None) or []))
+    return longest + trainer.cfg.rollout.max_completion_length + 1
+
+
+def local_server_engine(trainer):
+    """vLLM in a private `cohort serve` child (rollout.mode=local_server, and rank 0's vLLM in multi-process runs)."""
+    from cohort.rollout.remote_engine import LocalServerEngine
+
+    return LocalServerEngine(trainer.model_dir, trainer.cfg, max_model_len=_engine_length(trainer),
+                             dtype=trainer.cfg.generation_dtype)
+
+
 def _engine(trainer, external, *, split: bool = True):
     cfg = trainer.cfg
     if external is not None:
@@ -134,16 +148,12 @@ def _engine(trainer, external, *, split: bool = True):
 
         return rank0_engine(trainer, lambda: _engine(trainer, None, split=False)[0]), True
     if cfg.rollout.mode == "local_server":
-        from cohort.rollout.remote_engine import LocalServerEngine
-
-        return LocalServerEngine(trainer), True
+        return local_server_engine(trainer), True
     if cfg.rollout.mode == "server":
         from cohort.rollout.remote_engine import RemoteEngine
 
-        longest = max(len(ids) for ids in trainer.train_ids + (getattr(trainer, "eval_ids", None) or []))
         return RemoteEngine(cfg.rollout.server_urls, timeout_s=cfg.rollout.server_timeout_s,
-                            agreement_tolerance=cfg.rollout.sync_check_tolerance,
-                            min_model_len=longest + cfg.rollout.max_completion_length + 1), True
+                            agreement_tolerance=cfg.rollout.sync_check_tolerance, min_model_len=_engine_length(trainer)), True
     if cfg.rollout.engine == "hf":
         from cohort.rollout.hf_engine import HFEngine
 
@@ -151,12 +161,9 @@ def _engine(trainer, external, *, split: bool = True):
         return HFEngine(trainer.policy, pad_token_id=trainer.pad_id, eos_token_ids=[eos]), True
     from cohort.rollout.vllm_engine import VLLMEngine
 
-    dtype = cfg.model.dtype if cfg.rollout.dtype == "auto" else cfg.rollout.dtype
-    longest = max(len(ids) for ids in trainer.train_ids + (getattr(trainer, "eval_ids", None) or []))
-    return VLLMEngine(trainer.model_dir, dtype=dtype, max_model_len=longest + cfg.rollout.max_completion_length + 1,
-                      seed=cfg.rollout.seed, enforce_eager=cfg.rollout.enforce_eager,
-                      enable_prefix_caching=cfg.rollout.enable_prefix_caching, kv_cache_gib=cfg.rollout.kv_cache_gib,
-                      gpu_memory_utilization=cfg.rollout.gpu_memory_utilization), True
+    return VLLMEngine(trainer.model_dir, dtype=cfg.generation_dtype, max_model_len=_engine_length(trainer), seed=cfg.rollout.seed,
+                      enforce_eager=cfg.rollout.enforce_eager, enable_prefix_caching=cfg.rollout.enable_prefix_caching,
+                      kv_cache_gib=cfg.rollout.kv_cache_gib, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization), True
 
 
 def _check_writable(run_dir) -> None:

@@ -218,7 +218,7 @@ def test_a_killed_trainer_takes_its_sandboxes_with_it(tmp_path):
     script = tmp_path / "trainer.py"
     script.write_text(
         "from cohort.rewards.sandbox import Sandbox, SandboxLimits\n"
-        "Sandbox(SandboxLimits(timeout_s=60)).run('import time\\ntime.sleep(600)', ['assert True'])\n"
+        "Sandbox(SandboxLimits(timeout_s=60)).run('import time\\ntime.sleep(600)', ['assert time.time() > 0'])\n"
     )
     trainer = subprocess.Popen([sys.executable, str(script)])
     try:
