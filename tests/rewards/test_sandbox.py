@@ -220,12 +220,16 @@ def test_a_killed_trainer_takes_its_sandboxes_with_it(tmp_path):
         "from cohort.rewards.sandbox import Sandbox, SandboxLimits\n"
         "Sandbox(SandboxLimits(timeout_s=60)).run('import time\\ntime.sleep(600)', ['assert time.time() > 0'])\n"
     )
-    trainer = subprocess.Popen([sys.executable, str(script)])
+    log = tmp_path / "trainer.log"
+    with open(log, "w") as out:
+        trainer = subprocess.Popen([sys.executable, str(script)], stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 20
         while not processes_of_uid(UIDS) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert processes_of_uid(UIDS), "the sandboxed program never started"
+        # (seen once in a full fresh-clone suite, never alone: say whether the trainer was alive and what it printed)
+        assert processes_of_uid(UIDS), (f"the sandboxed program never started; trainer exit code {trainer.poll()}, "
+                                        f"its output: {log.read_text()[-2000:]!r}")
     finally:
         trainer.send_signal(signal.SIGKILL)
         trainer.wait()
