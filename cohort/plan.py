@@ -13,7 +13,7 @@ Two jobs:
 The model is never loaded: the architecture comes from `config.json` and the
 parameter count from the safetensors headers (a few KB read). The memory figure
 is an estimate for planning (weights + gradients + AdamW's two moments in the
-weights' dtype, an optional reference model, activations of one micro-batch of
+weights' dtype — float32 under train.precision=mixed —, an optional reference model, activations of one micro-batch of
 the longest sequences, one log-prob chunk of logits); the allocator, CUDA
 context and fragmentation come on top.
 """
@@ -145,9 +145,9 @@ def _check_run_section(cfg: CohortConfig) -> list[str]:
     if t.num_threads is not None and t.num_threads < 1:
         problems.append(f"train.num_threads = {t.num_threads}: must be >= 1, or unset it to keep PyTorch's default")
     r = cfg.rollout
-    if r.sync_check_tolerance <= 0:
+    if r.sync_check_tolerance is not None and r.sync_check_tolerance <= 0:
         problems.append(f"rollout.sync_check_tolerance = {r.sync_check_tolerance}: must be > 0 (engines never agree to the last "
-                        "bit); 1e-3 suits float32, about 0.1 suits bfloat16")
+                        "bit); unset it (null) for the calibrated check, or use about 1e-3 for float32")
     if r.engine == "vllm" and r.kv_cache_gib <= 0:
         problems.append(f"rollout.kv_cache_gib = {r.kv_cache_gib}: must be > 0 (GiB of KV cache for vLLM on CPU); 1.0 is the default")
     if r.engine == "vllm" and not 0 < r.gpu_memory_utilization <= 1:
@@ -213,7 +213,10 @@ def kv_bytes_per_token(cfg: CohortConfig, facts: ModelFacts) -> int:
 
 def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> list[tuple[str, int, str]]:
     """(item, bytes, how it was counted) for the training process."""
-    b = BYTES[cfg.model.dtype]
+    b = BYTES[cfg.model.dtype]  # the compute dtype: activations
+    mixed = cfg.train.precision == "mixed" and b < 4
+    w = 4 if mixed else b  # the trained weights, their gradients and AdamW moments: float32 master copies when mixed
+    how_w = f"float32 master weights (train.precision = mixed, computing in {cfg.model.dtype})" if mixed else cfg.model.dtype
     p = facts.num_params
     tokens = plan.micro_batch_size * plan.max_tokens_per_sequence
     per_layer = 8 * facts.hidden_size + 4 * facts.intermediate_size  # values kept per token per layer for the backward
@@ -225,18 +228,20 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
         act_how = f"{tokens:,} tokens (micro-batch × longest sequence) × {facts.num_layers} layers × (8·hidden + 4·intermediate)"
     chunk = min(cfg.train.logprob_chunk_size, max(1, MAX_CHUNK_LOGITS // max(1, facts.vocab_size)))  # rows per LM-head chunk
     rows = [
-        ("weights", p * b, f"{p:,} parameters × {b} B ({cfg.model.dtype})"),
-        ("gradients", p * b, "same size as the weights"),
-        ("AdamW moments", 2 * p * b, "two per parameter, in the weights' dtype"),
+        ("weights", p * w, f"{p:,} parameters × {w} B ({how_w})"),
+        ("gradients", p * w, "same size as the weights"),
+        ("AdamW moments", 2 * p * w, "two per parameter, in the weights' dtype"),
         ("activations", activations, act_how),
         ("log-prob chunk", chunk * facts.vocab_size * 4 * 2, f"two ({chunk} tokens × vocab {facts.vocab_size:,}) fp32 buffers (cohort.models.logprobs)"),
     ]
+    if mixed:
+        rows.append(("autocast weight copies", p * b, f"each weight cast to {cfg.model.dtype} once per forward pass"))
     if cfg.algorithm.beta:
-        rows.append(("reference model", p * b, f"a frozen copy (algorithm.beta = {cfg.algorithm.beta:g})"))
+        rows.append(("reference model", p * w, f"a frozen copy (algorithm.beta = {cfg.algorithm.beta:g})"))
     from cohort.trainer.algorithms import ALGORITHMS
 
     if ALGORITHMS.get(cfg.algorithm.name).needs_critic:
-        rows.append(("critic", 4 * p * b, f"{cfg.algorithm.name}: weights, gradients and moments of a policy-sized critic"))
+        rows.append(("critic", 4 * p * w, f"{cfg.algorithm.name}: weights, gradients and moments of a policy-sized critic"))
     return rows
 
 

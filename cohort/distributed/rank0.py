@@ -42,8 +42,8 @@ class MainOnlyEngine:
         self.policy_version = version
         return self.ctx.broadcast_object(sent)
 
-    def score(self, prompt, completion, temperature: float = 1.0):
-        return self.ctx.broadcast_object(self.engine.score(prompt, completion, temperature) if self.ctx.is_main else None)
+    def score(self, prompts, completions, temperature: float = 1.0):
+        return self.ctx.broadcast_object(self.engine.score(prompts, completions, temperature) if self.ctx.is_main else None)
 
     def close(self) -> None:
         if self.engine is not None:
@@ -95,8 +95,8 @@ class DetachedHFEngine:
         self.inner.policy_version = version
         return None
 
-    def score(self, prompt, completion, temperature: float = 1.0):
-        return self.inner.score(prompt, completion, temperature)
+    def score(self, prompts, completions, temperature: float = 1.0):
+        return self.inner.score(prompts, completions, temperature)
 
     def close(self) -> None:
         pass

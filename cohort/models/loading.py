@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from cohort.models.precision import DTYPES
 
 
 class ModelLoadError(ValueError):
@@ -59,11 +59,12 @@ def load_tokenizer(model_dir: Path):
     return tok
 
 
-def load_policy(model_dir: Path, dtype: str) -> torch.nn.Module:
+def load_policy(model_dir: Path, dtype: str | torch.dtype) -> torch.nn.Module:
+    """The causal LM with its weights in `dtype` (a name or a torch dtype; float32 for mixed-precision master weights)."""
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=DTYPES[dtype], local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=DTYPES.get(dtype, dtype), local_files_only=True)
     except Exception as exc:
         raise ModelLoadError(f"cannot load a causal LM from {model_dir}: {exc}") from exc
     model.config.use_cache = False

@@ -3,7 +3,8 @@
 Every engine (vLLM in-process, transformers, and later a remote server) returns
 the same `Completion` records, so the trainer never asks which engine it has.
 Weights flow one way: the trainer calls `update_weights` after an optimizer step
-and `score` on a fixed canary to check the engine really holds the new policy.
+and `score` on fixed canary completions to check the engine really holds the new
+policy (cohort/trainer/sync_check.py).
 
 Seeds: one per completion, derived from (rollout.seed, generation index, slot),
 so a run is reproducible and a resumed run draws the same samples.
@@ -49,8 +50,8 @@ class RolloutEngine(Protocol):
         Returns the bytes sent over the network for it (remote engines), or None when nothing left the process.
         """
 
-    def score(self, prompt: list[int], completion: list[int], temperature: float = 1.0) -> list[float]:
-        """The engine's log-probs of a fixed completion (the canary check)."""
+    def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
+        """The engine's log-probs of fixed completions, one list per (prompt, completion) pair (the sync check's canaries)."""
 
     def close(self) -> None: ...
 

@@ -13,7 +13,8 @@ reproducible.
 
 from __future__ import annotations
 
-from typing import Iterable
+import contextlib
+from typing import Callable, Iterable
 
 import torch
 
@@ -43,8 +44,11 @@ class SampledLogProbs:
 
 
 class HFEngine:
-    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_ids: list[int], batch_size: int = 256):
+    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_ids: list[int], batch_size: int = 256,
+                 compute_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+        """`compute_context()` wraps every forward pass: the trainer's autocast when it keeps float32 master weights."""
         self.model = model
+        self.compute_context = compute_context
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)
         self.batch_size = batch_size
@@ -77,8 +81,9 @@ class HFEngine:
         from transformers import LogitsProcessorList
 
         collector = SampledLogProbs(sampling.temperature or 1.0)
-        out = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=self._generation_config(sampling),
-                                  logits_processor=LogitsProcessorList([collector]))
+        with self.compute_context():
+            out = self.model.generate(input_ids=ids, attention_mask=attn, generation_config=self._generation_config(sampling),
+                                      logits_processor=LogitsProcessorList([collector]))
         self.model.config.use_cache = False
         self.model.train(was_training)
         new_tokens = out[:, width:]  # (B, steps)
@@ -101,8 +106,9 @@ class HFEngine:
         from cohort.trainer.batching import pack_right_padded
 
         batch = pack_right_padded(prompts, completions, self.pad_token_id)
-        logp, _ = completion_logprobs(self.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
-                                      batch.completion_ids, batch.completion_mask, temperature=temperature)
+        with self.compute_context():
+            logp, _ = completion_logprobs(self.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
+                                          batch.completion_ids, batch.completion_mask, temperature=temperature)
         return [logp[i, : len(c)].tolist() for i, c in enumerate(completions)]
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Completion]:
@@ -116,8 +122,8 @@ class HFEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         self.policy_version = version  # the engine *is* the policy module: nothing to copy
 
-    def score(self, prompt: list[int], completion: list[int], temperature: float = 1.0) -> list[float]:
-        return self._logprobs([prompt], [completion], temperature)[0]
+    def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
+        return self._logprobs(prompts, completions, temperature)
 
     def close(self) -> None:
         pass

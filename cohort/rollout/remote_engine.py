@@ -169,12 +169,14 @@ class RemoteEngine:
         self.policy_version = version
         return sent
 
-    def score(self, prompt: list[int], completion: list[int], temperature: float = 1.0) -> list[float]:
-        payload = {"prompt": list(map(int, prompt)), "completion": list(map(int, completion)), "temperature": temperature}
+    def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
+        payload = {"prompts": [list(map(int, p)) for p in prompts], "completions": [list(map(int, c)) for c in completions],
+                   "temperature": temperature}
         replies = self._each(lambda url: self._post_json(url, "/score", payload), self.urls)
-        first = torch.tensor(replies[0]["logprobs"])
+        flat = lambda reply: torch.tensor([x for row in reply["logprobs"] for x in row])  # noqa: E731
+        first = flat(replies[0])
         for url, reply in zip(self.urls[1:], replies[1:]):
-            gap = float((torch.tensor(reply["logprobs"]) - first).abs().max()) if first.numel() else 0.0
+            gap = float((flat(reply) - first).abs().max()) if first.numel() else 0.0
             if not gap <= self.agreement_tolerance:
                 raise RemoteEngineError(
                     f"rollout server {url} disagrees with {self.urls[0]} on the canary by {gap:.3g} > {self.agreement_tolerance}: "
@@ -222,8 +224,8 @@ class LocalServerEngine:
     def update_weights(self, named_tensors, version: int):
         return self.remote.update_weights(named_tensors, version)
 
-    def score(self, prompt, completion, temperature: float = 1.0):
-        return self.remote.score(prompt, completion, temperature)
+    def score(self, prompts, completions, temperature: float = 1.0):
+        return self.remote.score(prompts, completions, temperature)
 
     def close(self) -> None:
         self.remote.close()

@@ -11,7 +11,7 @@ needs `Authorization: Bearer <token>`, the token being the server's
     GET  /health     -> {status, policy_version, model, max_model_len}
     POST /generate   {prompts: [[id]], sampling: {max_tokens, temperature, top_p, top_k}, seeds: [int] | null}
                      -> {policy_version, completions: [{token_ids, logprobs, finish_reason, policy_version}]}
-    POST /score      {prompt: [id], completion: [id], temperature} -> {policy_version, logprobs}
+    POST /score      {prompts: [[id]], completions: [[id]], temperature} -> {policy_version, logprobs: [[float]]}
     POST /weights?version=V&part=I&parts=K   body: safetensors bytes (one part of the full set)
                      -> {policy_version, parts_received}
 
@@ -116,7 +116,8 @@ class RolloutService:
 
     def score(self, body: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
-            logprobs = self.engine.score(list(body["prompt"]), list(body["completion"]), float(body.get("temperature", 1.0)))
+            logprobs = self.engine.score([[int(t) for t in p] for p in body["prompts"]],
+                                         [[int(t) for t in c] for c in body["completions"]], float(body.get("temperature", 1.0)))
             version = self.engine.policy_version
         return {"policy_version": version, "logprobs": logprobs}
 

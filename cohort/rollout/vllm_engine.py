@@ -96,15 +96,15 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
         self.policy_version = version
 
-    def score(self, prompt: list[int], completion: list[int], temperature: float = 1.0) -> list[float]:
+    def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        ids = list(prompt) + list(completion)
         params = SamplingParams(max_tokens=1, temperature=temperature, prompt_logprobs=0, detokenize=False)
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
-        entries = out.prompt_logprobs[len(prompt):]
-        return [float(entry[tok].logprob) for entry, tok in zip(entries, completion)]
+        requests = [TokensPrompt(prompt_token_ids=list(p) + list(c)) for p, c in zip(prompts, completions)]
+        outs = self.llm.generate(requests, params, use_tqdm=False)
+        return [[float(entry[tok].logprob) for entry, tok in zip(out.prompt_logprobs[len(p):], c)]
+                for out, p, c in zip(outs, prompts, completions)]
 
     def close(self) -> None:
         import gc

@@ -21,7 +21,11 @@ Layout, one directory per saved step (`RUN_DIR/checkpoints/step-000012/`):
 - the current generation batch when the checkpoint falls inside one
   (train.steps_per_generation × algorithm.num_iterations > 1), so the resumed run
   trains on the same completions, old and reference log-probs;
-- the canary completion the weight-sync check uses.
+- the weight-sync check's canaries, noise floor and last verified log-probs
+  (`trainer.sync_check`, a stateful part like the others).
+
+Under train.precision=mixed the weights saved here are the float32 master
+weights (final/ holds the model.dtype copy, cohort/trainer/run.py).
 
 Atomicity: everything is written into `checkpoints/.tmp-step-N-PID/`, every file
 and the directory are fsynced, then the directory is renamed to `step-N` and the
@@ -138,13 +142,13 @@ def snapshot(trainer) -> dict[str, Any]:
     """
     small = {name: part.state_dict() for name, part in stateful_parts(trainer).items()}
     return {"step": trainer.step_count, "policy_version": trainer.policy_version, "generation_index": trainer.generation_index,
-            "rng": rng_state(), "batch": trainer.batch, "canary": trainer.canary,
+            "rng": rng_state(), "batch": trainer.batch,
             "parts": {name: copy.deepcopy(state) for name, state in small.items() if not _holds_tensors(state)}}
 
 
 def rewind(trainer, snap: dict[str, Any]) -> None:
     trainer.step_count, trainer.policy_version = snap["step"], snap["policy_version"]
-    trainer.generation_index, trainer.batch, trainer.canary = snap["generation_index"], snap["batch"], snap["canary"]
+    trainer.generation_index, trainer.batch = snap["generation_index"], snap["batch"]
     parts = stateful_parts(trainer)
     for name, state in snap["parts"].items():
         parts[name].load_state_dict(state)
@@ -206,7 +210,6 @@ def _write_contents(trainer, directory: Path) -> None:
         "parts": {name: part.state_dict() for name, part in stateful_parts(trainer).items()},
         "modules": {name: module.state_dict() for name, module in extra_modules(trainer).items()},
         "batch": batch_to_state(trainer.batch) if trainer.batch is not None and mid_generation(trainer) else None,
-        "canary": trainer.canary,
     }
     torch.save(state, directory / "state.pt")
     meta = {"step": trainer.step_count, "policy_version": trainer.policy_version, "generation_index": trainer.generation_index,
@@ -283,7 +286,9 @@ def load_checkpoint(trainer, directory: Path) -> dict[str, Any]:
     for name, module_state in state["modules"].items():
         modules[name].load_state_dict(module_state)
     trainer.step_count, trainer.policy_version = state["step"], state["policy_version"]
-    trainer.generation_index, trainer.canary = state["generation_index"], state["canary"]
+    trainer.generation_index = state["generation_index"]
+    if "sync_check" not in state["parts"] and state.get("canary"):  # a checkpoint from before the calibrated check
+        trainer.sync_check.canaries = [tuple(state["canary"])]
     trainer.batch = batch_from_state(state["batch"]) if state["batch"] is not None else None
     trainer.synced_version = -1  # a fresh engine holds model.path's weights, not these
     set_rng_state(state["rng"])

@@ -26,6 +26,7 @@ import torch
 from cohort.algorithms import aggregation_count, value_loss
 from cohort.models.loading import load_policy
 from cohort.models.logprobs import decoder_and_head
+from cohort.models.precision import resolve_precision
 from cohort.trainer.batching import pad_rows
 
 
@@ -38,7 +39,7 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.bias)
 
     @classmethod
-    def from_checkpoint(cls, model_dir, dtype: str) -> "ValueModel":
+    def from_checkpoint(cls, model_dir, dtype) -> "ValueModel":
         lm = load_policy(model_dir, dtype)
         body, _ = decoder_and_head(lm)
         return cls(body, lm.config.hidden_size)
@@ -60,7 +61,8 @@ class Critic:
         from cohort.trainer.setup import build_optimizer
 
         self.cfg = cfg
-        self.model = ValueModel.from_checkpoint(model_dir, cfg.model.dtype)
+        self.precision = resolve_precision(cfg.model.dtype, cfg.train.precision)  # as the policy: float32 master when mixed
+        self.model = ValueModel.from_checkpoint(model_dir, self.precision.weights_dtype)
         if cfg.train.gradient_checkpointing:
             self.model.body.gradient_checkpointing_enable()
         self.model.train()
@@ -74,7 +76,8 @@ class Critic:
         out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
         for idx in micro_batches:
             pb, _ = self.pack(batch, idx)
-            values = self.model(pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_mask)
+            with self.precision.autocast():
+                values = self.model(pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_mask)
             for row, i in enumerate(idx):
                 out[i] = values[row, : len(batch.completion_ids[i])].clone()
         return out
@@ -86,7 +89,8 @@ class Critic:
         sums: dict[str, float] = defaultdict(float)
         self.optimizer.zero_grad(set_to_none=True)
         for mb, (pb, mask) in zip(micro_batches, packed):
-            values = self.model(pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_mask)
+            with self.precision.autocast():  # the backward runs outside it, as autocast asks
+                values = self.model(pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_mask).float()
             width = values.shape[1]
             old_values = pad_rows([batch.values[i] for i in mb], width)
             returns = batch.returns[mb][:, :width]

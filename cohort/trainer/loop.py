@@ -46,7 +46,8 @@ import torch
 from cohort.algorithms import aggregate_loss, aggregation_count, kl_penalty, masked_mean, policy_loss, rollout_correction
 from cohort.algorithms import advantage_stats
 from cohort.config import CohortConfig, batch_plan, default_output_dir, validate_config
-from cohort.models.logprobs import completion_logprobs, sequence_logprobs
+from cohort.models.logprobs import completion_logprobs
+from cohort.models.precision import DTYPES
 from cohort.rollout.base import SamplingConfig, completion_seeds
 from cohort.trainer import setup as build
 from cohort.trainer.algorithms import AdvantageInputs
@@ -55,6 +56,7 @@ from cohort.trainer.evaluate import evaluate
 from cohort.trainer.overlap import BackgroundRollout, PendingGeneration
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.trainer.stopping import check_finite
+from cohort.trainer.sync_check import SyncCheck
 
 LOSS_AGGREGATION = {"grpo": "seq_mean_token_mean", "dapo": "token_mean", "bnpo": "bnpo", "dr_grpo": "seq_mean_token_sum_norm"}
 
@@ -91,7 +93,9 @@ class Trainer:
         self.policy_version = 0
         self.synced_version = -1
         self.batch: RolloutBatch | None = None
-        self.canary: tuple[list[int], list[int]] | None = None
+        self.sync_check = SyncCheck(cfg.rollout.sync_check_tolerance)  # canaries + noise floor (trainer/sync_check.py)
+        self.sync_metrics: dict[str, float] = {}  # the last sync check's statistics, reported with the next step
+        self.last_canary_gap: float | None = None  # largest per-token canary gap at the last sync, nats
         self.sync_bytes_sent = 0.0  # bytes the engine reports sending since the last step's metrics (server mode)
         build.setup(self, external_engine=engine)
         self.pending: PendingGeneration | None = None  # the next generation batch, sampling in the background (rollout.overlap)
@@ -116,6 +120,7 @@ class Trainer:
         with self.phases("generate"):
             outs = pending.result()  # with rollout.overlap: the wait for the batch generated behind the last update
         rows, prompts = pending.rows, pending.prompts
+        self._calibrate_sync_check(pending, outs)  # (before the next batch starts: the engine must be idle)
         if self.background is not None and self.step_count + plan.optimizer_steps_per_generation < plan.max_steps:
             self.pending = self.background.start(self._request_generation())  # the next batch, behind this update
         texts = [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
@@ -144,8 +149,6 @@ class Trainer:
             with self.phases("critic"):
                 batch.values = self.critic.values(batch, self._micro_batches(batch, list(range(len(batch)))))
         self._advantages(batch, rewards_t)
-        if self.canary is None and outs:
-            self.canary = (prompts[0], outs[0].token_ids)
         return batch
 
     def _as_completion(self, prompt: Any, text: str) -> Any:
@@ -173,9 +176,10 @@ class Trainer:
         out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
         for idx in self._micro_batches(batch, list(range(len(batch)))):
             packed = pack_right_padded([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], self.pad_id)
-            logp, _ = completion_logprobs(model, packed.input_ids, packed.attention_mask, packed.prompt_lengths,
-                                          packed.completion_ids, packed.completion_mask,
-                                          temperature=self.cfg.rollout.temperature, chunk_size=self.cfg.train.logprob_chunk_size)
+            with self.precision.autocast():
+                logp, _ = completion_logprobs(model, packed.input_ids, packed.attention_mask, packed.prompt_lengths,
+                                              packed.completion_ids, packed.completion_mask,
+                                              temperature=self.cfg.rollout.temperature, chunk_size=self.cfg.train.logprob_chunk_size)
             for row, i in enumerate(idx):
                 out[i] = logp[row, : len(batch.completion_ids[i])].clone()
         return out
@@ -189,8 +193,10 @@ class Trainer:
         sums: dict[str, float] = defaultdict(float)
         self.optimizer.zero_grad(set_to_none=True)
         for mb, (pb, mask) in zip(micro, packed):
-            logp, entropy = completion_logprobs(self.policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_ids,
-                                                mask, temperature=cfg.rollout.temperature, chunk_size=cfg.train.logprob_chunk_size)
+            with self.precision.autocast():  # float32 master weights, low-precision maths when mixed; backward outside
+                logp, entropy = completion_logprobs(self.policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths,
+                                                    pb.completion_ids, mask, temperature=cfg.rollout.temperature,
+                                                    chunk_size=cfg.train.logprob_chunk_size)
             width = logp.shape[1]
             old = pad_rows([batch.old_logp[i] for i in mb], width) if batch.old_logp is not None else logp.detach()
             adv = batch.advantages[mb][:, :width].to(logp.dtype)  # (B, width) of the batch's (N, T)
@@ -329,25 +335,37 @@ class Trainer:
             self.pending.wait()
         with self.phases("sync"):
             if not self.engine_shares_policy:
-                sent = self.engine.update_weights(self.policy.named_parameters(), self.policy_version)
+                dtype = DTYPES[self.cfg.generation_dtype]  # the engine's copy: bfloat16 from float32 master weights, say
+                sent = self.engine.update_weights(((name, p.detach().to(dtype)) for name, p in self.policy.named_parameters()),
+                                                  self.policy_version)
                 self.sync_bytes_sent += float(sent or 0)
-                self._check_canary()
+                if self.sync_check.ready:
+                    engine_lp, trainer_lp = self._canary_logprobs()
+                    self.sync_metrics.update(self.sync_check.check(self.policy_version, engine_lp, trainer_lp))
+                    self.last_canary_gap = self.sync_metrics["sync/canary_gap_max"]
         self.synced_version = self.policy_version
 
-    def _check_canary(self) -> None:
-        if self.canary is None:
+    def _canary_logprobs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat (M,) log-probs of every canary token: the engine's and the trainer's (temperature 1)."""
+        canaries = self.sync_check.canaries
+        engine = self.engine.score([p for p, _ in canaries], [c for _, c in canaries], 1.0)
+        packed = pack_right_padded([p for p, _ in canaries], [c for _, c in canaries], self.pad_id)
+        with torch.no_grad(), self.precision.autocast():
+            logp, _ = completion_logprobs(self.policy, packed.input_ids, packed.attention_mask, packed.prompt_lengths,
+                                          packed.completion_ids, packed.completion_mask, temperature=1.0)
+        trainer = [logp[row, : len(completion)].float() for row, (_, completion) in enumerate(canaries)]
+        return torch.tensor([x for row in engine for x in row], dtype=torch.float32), torch.cat(trainer)
+
+    def _calibrate_sync_check(self, pending: PendingGeneration, outs) -> None:
+        """Pick the canaries from the first batch and measure the noise floor while engine and trainer provably agree."""
+        if self.engine_shares_policy or self.sync_check.floor is not None:
             return
-        prompt, completion = self.canary
-        engine_lp = torch.tensor(self.engine.score(prompt, completion, 1.0))
-        trainer_lp = sequence_logprobs(self.policy, prompt, completion, pad_id=self.pad_id)
-        gap = float((trainer_lp - engine_lp).abs().max())
-        if not gap <= self.cfg.rollout.sync_check_tolerance:
-            raise RuntimeError(
-                f"weight sync check failed at policy version {self.policy_version}: the rollout engine's log-probs of the canary "
-                f"differ from the trainer's by {gap:.3g} > rollout.sync_check_tolerance = {self.cfg.rollout.sync_check_tolerance}; "
-                "the engine would sample from a stale policy"
-            )
-        self.last_canary_gap = gap
+        if not self.sync_check.canaries:
+            self.sync_check.choose(pending.prompts, [o.token_ids for o in outs], self.plan.num_generations)
+        same_weights = pending.policy_version == self.policy_version == self.synced_version
+        if self.sync_check.canaries and same_weights and self.sync_check.fixed_tolerance is None:
+            with self.phases("sync"):
+                self.sync_metrics.update(self.sync_check.calibrate(*self._canary_logprobs()))
 
     # ------------------------------------------------------------------ loop
 
@@ -374,6 +392,8 @@ class Trainer:
         out["timing/step_s"] = time.perf_counter() - step_start
         if self.sync_bytes_sent:
             out["sync/bytes_sent"], self.sync_bytes_sent = self.sync_bytes_sent, 0.0
+        out.update(self.sync_metrics)
+        self.sync_metrics = {}
         return out
 
     def train(self, resume_from: str | Path | None = None) -> dict[str, Any]:

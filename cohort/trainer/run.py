@@ -21,6 +21,7 @@ import json
 import time
 from pathlib import Path
 
+import torch
 import yaml
 
 from cohort.trainer import checkpoint
@@ -55,12 +56,27 @@ def _log_completions(trainer, sink: JsonlWriter, step: int) -> None:
 
 
 def save_model(trainer, directory: Path) -> None:
+    """The trained model as a transformers checkpoint in model.dtype (float32 master weights cast down when mixed)."""
     state = trainer.dist.full_state_dict(trainer.policy)  # multi-process: gathered on rank 0 (collective); else None
     if not trainer.dist.is_main:
         return
     directory.mkdir(parents=True, exist_ok=True)
+    precision = trainer.precision
+    if precision.mixed:
+        state = cast_state_dict(state or trainer.policy.state_dict(), precision.compute_dtype)
     trainer.policy.save_pretrained(str(directory), safe_serialization=True, state_dict=state)
+    if precision.mixed:  # transformers writes the dtype of the module's (float32) parameters into config.json
+        config_path = directory / "config.json"
+        config = json.loads(config_path.read_text())
+        config["dtype"] = str(precision.compute_dtype).removeprefix("torch.")
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     trainer.tokenizer.save_pretrained(str(directory))
+
+
+def cast_state_dict(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every tensor cast to `dtype`; names that shared one tensor (tied embeddings) still share one, so it is saved once."""
+    cast: dict[int, torch.Tensor] = {}
+    return {name: cast.setdefault(tensor.data_ptr(), tensor.detach().to(dtype)) for name, tensor in state.items()}
 
 
 def run_training(trainer, resume_from: str | Path | None = None) -> dict:

@@ -16,6 +16,7 @@ import torch
 
 from cohort.data.datasets import RepeatSampler, load_prompt_dataset, rows_dataset
 from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir
+from cohort.models.precision import resolve_precision
 from cohort.trainer.rollout_batch import PromptRenderer
 
 
@@ -49,7 +50,8 @@ def setup(trainer, external_engine=None) -> None:
     trainer.eval_data = eval_data
     trainer.sampler = RepeatSampler(len(trainer.train_data), trainer.plan.prompts_per_generation, trainer.plan.num_generations,
                                     shuffle=cfg.data.shuffle, seed=cfg.train.seed)
-    trainer.policy = load_policy(trainer.model_dir, cfg.model.dtype)
+    trainer.precision = resolve_precision(cfg.model.dtype, cfg.train.precision)  # float32 master weights when mixed
+    trainer.policy = load_policy(trainer.model_dir, trainer.precision.weights_dtype)
     if cfg.train.gradient_checkpointing:
         trainer.policy.gradient_checkpointing_enable()
     trainer.policy.train()
@@ -158,7 +160,8 @@ def _engine(trainer, external, *, split: bool = True):
         from cohort.rollout.hf_engine import HFEngine
 
         eos = trainer.tokenizer.eos_token_id
-        return HFEngine(trainer.policy, pad_token_id=trainer.pad_id, eos_token_ids=[eos]), True
+        return HFEngine(trainer.policy, pad_token_id=trainer.pad_id, eos_token_ids=[eos],
+                        compute_context=trainer.precision.autocast), True
     from cohort.rollout.vllm_engine import VLLMEngine
 
     return VLLMEngine(trainer.model_dir, dtype=cfg.generation_dtype, max_model_len=_engine_length(trainer), seed=cfg.rollout.seed,

@@ -41,9 +41,9 @@ class FakeEngine:
         self.loads += 1
         self.policy_version = version
 
-    def score(self, prompt, completion, temperature=1.0):
+    def score(self, prompts, completions, temperature=1.0):
         total = float(sum(t.sum() for t in self.weights.values()))
-        return [total / temperature] * len(completion)
+        return [[total / temperature] * len(c) for c in completions]
 
     def close(self):
         pass
@@ -106,8 +106,8 @@ def test_generation_is_split_across_servers_in_order_and_reports_the_pushed_vers
     assert sent == 2 * sum(len(b) for b in weight_parts(named, 16)) and len(list(weight_parts(named, 16))) == 3
     for fake in (e0, e1):  # loaded once, whole: 3 + 6 + 5
         assert fake.loads == 1 and fake.policy_version == 7 and sorted(fake.weights) == ["a", "b", "c"]
-        assert fake.score([1], [2]) == [14.0]
-    assert engine.score([1], [2, 3]) == [14.0, 14.0]
+        assert fake.score([[1]], [[2]]) == [[14.0]]
+    assert engine.score([[1], [4]], [[2, 3], [5]]) == [[14.0, 14.0], [14.0]]
     assert {o.policy_version for o in engine.generate(prompts, SamplingConfig(2), None)} == {7}
 
 
@@ -117,7 +117,7 @@ def test_a_stale_server_stops_the_run(served):
     engine.update_weights([("w", torch.ones(2))], 1)
     e1.update_weights([("w", torch.zeros(2))], 1)  # server 1 silently lost its weights
     with pytest.raises(RemoteEngineError, match="disagrees .* on the canary by 2"):
-        engine.score([1], [2])
+        engine.score([[1]], [[2]])
     e1.policy_version = 0  # as after a restart
     with pytest.raises(RemoteEngineError, match="generated with policy version 0, but version 1 was pushed"):
         engine.generate([[1], [2]], SamplingConfig(2), [0, 1])

@@ -28,12 +28,12 @@ def test_generation_logprobs_match_trainer_and_survive_weight_updates(vllm_engin
         with torch.no_grad():
             for p in policy.parameters():
                 p.add_(torch.randn(p.shape, generator=generator) * 0.05)
-        stale = torch.tensor(vllm_engine.score(prompt, canary))
+        stale = torch.tensor(vllm_engine.score([prompt], [canary])[0])
         fresh = sequence_logprobs(policy, prompt, canary)
         assert (stale - fresh).abs().max() > 1e-2  # the perturbation is visible ...
         vllm_engine.update_weights(policy.named_parameters(), version)
         # ... and after the in-place update the engine (tied LM head included) agrees to 1e-4 in float32
-        assert torch.allclose(torch.tensor(vllm_engine.score(prompt, canary)), fresh, atol=1e-4)
+        assert torch.allclose(torch.tensor(vllm_engine.score([prompt], [canary])[0]), fresh, atol=1e-4)
         assert vllm_engine.policy_version == version
     regenerated = vllm_engine.generate([prompt], SamplingConfig(8, 1.0), [5])[0]
     assert torch.allclose(torch.tensor(regenerated.logprobs), sequence_logprobs(policy, prompt, regenerated.token_ids), atol=1e-4)
