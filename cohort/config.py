@@ -13,6 +13,10 @@ Choices:
   loads a model, so a config that cannot work fails in well under a second.
 - `BatchPlan` is the one place where the batch arithmetic lives; the trainer,
   `cohort plan` and the validation all read it.
+- `resolve_config` is the one place that decides whether the embedded demo's
+  preset applies (only to the embedded model on a built-in task, with no config
+  file); the CLI and the Python API both call it, and it returns the one line
+  `cohort train` prints about where the values came from.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ class _Section(BaseModel):
 class ModelConfig(_Section):
     path: str = Field(
         "tiny:arith",
-        description="A local transformers checkpoint directory, or `tiny:arith` (the embedded tiny model, built offline and cached on first use).",
+        description="A local transformers checkpoint directory, or `tiny:arith` (the embedded tiny model, built offline and cached on "
+        "first use). With a tiny model, a built-in task and no config file, `cohort train` applies the demo's preset "
+        "(examples/arith.yaml); anything of your own starts from these field defaults.",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Dtype of the trained weights (and of generation, unless rollout.dtype says otherwise)."

@@ -2,15 +2,17 @@
 
 Two jobs:
 - `plan_problems(cfg)`: the checks `validate_config` adds for runs (outputs,
-  checkpoints, loggers, and what the model's own config.json forbids: sequences
-  longer than its positions, a vLLM KV cache too small for one sequence). Each
-  names its fields and a fix. `cohort train` runs them too, before loading.
+  checkpoints, loggers, and what the model's own config.json forbids: the longest
+  prompt kept + the completion longer than its positions, a vLLM KV cache too
+  small for one sequence). Each names its fields and a fix. `cohort train` runs
+  them too, before loading. The prompts are measured as the trainer will keep
+  them (`measure_prompts`: the data and the model's tokenizer, no weights).
 - `format_plan(cfg, plan)`: the printed schedule: prompts and completions per
   generation batch and per optimizer step, micro-batches and accumulation,
   optimizer steps per generation (the off-policy lag), an upper bound on tokens
   per step, and a rough memory estimate of the training process.
 
-The model is never loaded: the architecture comes from `config.json` and the
+The model's weights are never loaded: the architecture comes from `config.json` and the
 parameter count from the safetensors headers (a few KB read). The memory figure
 is an estimate for planning (weights + gradients + AdamW's two moments in the
 weights' dtype, an optional reference model, activations of one micro-batch of
