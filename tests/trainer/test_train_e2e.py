@@ -165,3 +165,19 @@ def test_a_512_position_model_trains_with_the_default_config(tmp_path, model_512
     # the random model rarely ends early (EOS is 1 of 259 tokens): completions run far past the preset's 8 tokens
     assert all(8 < m["completions/mean_length"] <= 256 for m in metrics), [m["completions/mean_length"] for m in metrics]
     assert "filtered" not in out
+
+
+@pytest.mark.vllm
+def test_a_512_position_model_trains_with_the_default_config_through_vllm(tmp_path, model_512):
+    # the engine is sized by the data: the longest prompt kept (6) + the default completion (256) + 1 = 263 tokens
+    data = six_token_prompts(tmp_path)
+    cfg = load_config(None, [f"model.path={model_512}", f"data.train_files=[{data}]", "rewards=[{name: numeric_match}]",
+                             "train.max_steps=2", f"run.output_dir={tmp_path / 'run'}", "run.progress=false"])
+    assert (cfg.rollout.engine, cfg.data.max_prompt_length, cfg.rollout.max_completion_length) == ("vllm", None, 256)
+    trainer = Trainer(cfg)
+    try:
+        assert trainer.engine.llm.llm_engine.model_config.max_model_len == 6 + 256 + 1
+        summary = trainer.train()
+    finally:
+        trainer.close()
+    assert summary["steps"] == 2 and trainer.last_canary_gap < 1e-3  # step 2 sampled from the updated weights
