@@ -36,20 +36,23 @@ def _fields_help() -> str:
     return "\n".join(lines)
 
 
-def _load(args_list: list[str], *, check_files: bool = True):
-    from cohort.config import load_config, validate_config
+def _load(args_list: list[str], *, check_files: bool = True, say_source=None):
+    """(config, plan); with say_source (a stream), first write the one line that says where the values came from."""
+    from cohort.config import resolve_config, validate_config
 
     path, overrides = _split_config_args(args_list)
-    cfg = load_config(path, overrides)
-    plan = validate_config(cfg, check_files=check_files)
-    return cfg, plan
+    resolved = resolve_config(path, overrides)
+    if say_source is not None and "WORLD_SIZE" not in os.environ:  # torchrun children: their parent said it
+        print(f"config: {resolved.source}", file=say_source, flush=True)
+    plan = validate_config(resolved.config, check_files=check_files)
+    return resolved.config, plan
 
 
 def _resume_config(target: str, overrides: list[str]):
     """The config of the run being resumed (RUN_DIR/config.yaml) with `overrides`; the run directory stays the same."""
     from pathlib import Path
 
-    from cohort.config import ConfigError, load_config, validate_config
+    from cohort.config import ConfigError, resolve_config, validate_config
 
     path = Path(target)
     run_dir = path.parent.parent if (path / "meta.json").is_file() else path
@@ -58,14 +61,17 @@ def _resume_config(target: str, overrides: list[str]):
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError([f"--resume takes overrides only (section.field=value), got {', '.join(bad)}"])
-    cfg = load_config(run_dir / "config.yaml", overrides)
+    resolved = resolve_config(run_dir / "config.yaml", overrides)  # a config file: never re-preset
+    if "WORLD_SIZE" not in os.environ:
+        print(f"config: {resolved.source} (the run being resumed)", flush=True)
+    cfg = resolved.config
     cfg.run.output_dir = str(run_dir)
     validate_config(cfg)
     return cfg
 
 
 def cmd_train(ns) -> int:
-    cfg = _resume_config(ns.resume, ns.config) if ns.resume else _load(ns.config)[0]
+    cfg = _resume_config(ns.resume, ns.config) if ns.resume else _load(ns.config, say_source=sys.stdout)[0]
     from cohort.distributed.launch import launch_elsewhere
 
     outcome = launch_elsewhere(cfg, ["train", *ns.config] + (["--resume", ns.resume] if ns.resume else []))
@@ -118,7 +124,7 @@ def cmd_config_show(ns) -> int:
 
 
 def cmd_plan(ns) -> int:
-    cfg, plan = _load(ns.config)
+    cfg, plan = _load(ns.config, say_source=sys.stdout)
     from cohort.plan import format_plan
 
     print(format_plan(cfg, plan))
@@ -126,7 +132,7 @@ def cmd_plan(ns) -> int:
 
 
 def cmd_eval(ns) -> int:
-    cfg, _ = _load(ns.config)
+    cfg, _ = _load(ns.config, say_source=sys.stderr)  # stdout is the JSON result
     from cohort.trainer.loop import Trainer
 
     trainer = Trainer(cfg)
@@ -165,7 +171,8 @@ def cmd_rewards_list(ns) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cohort", description="Online RL from verifiable rewards (GRPO, RLOO, REINFORCE++, PPO) for language models.")
     sub = parser.add_subparsers(dest="command")
-    train = sub.add_parser("train", help="train a policy (no config: the embedded tiny:arith demo)",
+    train = sub.add_parser("train", help="train a policy (no model or data of your own: the embedded tiny:arith demo "
+                           "with its preset, examples/arith.yaml)",
                            formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_fields_help())
     train.add_argument("config", nargs="*", help="[CONFIG.yaml] [section.field=value ...]")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint (or from the "

@@ -13,6 +13,10 @@ Choices:
   loads a model, so a config that cannot work fails in well under a second.
 - `BatchPlan` is the one place where the batch arithmetic lives; the trainer,
   `cohort plan` and the validation all read it.
+- `resolve_config` is the one place that decides whether the embedded demo's
+  preset applies (only to the embedded model on a built-in task, with no config
+  file); the CLI and the Python API both call it, and it returns the one line
+  `cohort train` prints about where the values came from.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ class _Section(BaseModel):
 class ModelConfig(_Section):
     path: str = Field(
         "tiny:arith",
-        description="A local transformers checkpoint directory, or `tiny:arith` (the embedded tiny model, built offline and cached on first use).",
+        description="A local transformers checkpoint directory, or `tiny:arith` (the embedded tiny model, built offline and cached on "
+        "first use). With a tiny model, a built-in task and no config file, `cohort train` applies the demo's preset "
+        "(examples/arith.yaml); anything of your own starts from these field defaults.",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32",
@@ -70,10 +76,16 @@ class DataConfig(_Section):
     prompt_key: str = Field(
         "prompt", description="Column holding the prompt: a string, or a list of chat messages rendered with the tokenizer's chat template."
     )
-    max_prompt_length: int = Field(512, description="Longest prompt in tokens; see data.overlong_prompts for what happens to longer ones.")
+    max_prompt_length: int | None = Field(
+        None,
+        description="Longest prompt in tokens (after the chat template). None: whatever fits the model beside the completion "
+        "(max_position_embeddings − rollout.max_completion_length); sequence budgets then follow the longest prompt actually "
+        "kept. Longer prompts: see data.overlong_prompts. The check that prompt + completion fits the model uses the data.",
+    )
     overlong_prompts: Literal["error", "filter", "truncate_left"] = Field(
         "filter",
-        description="Prompts longer than max_prompt_length: `filter` drops them (and reports the count), `error` stops, `truncate_left` keeps the last tokens.",
+        description="Prompts longer than data.max_prompt_length (or, when that is None, than the model can hold beside "
+        "rollout.max_completion_length): `filter` drops them (and reports the count), `error` stops, `truncate_left` keeps the last tokens.",
     )
     shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by train.seed).")
     eval_max_samples: int | None = Field(None, description="Score at most this many eval rows (None: all).")
@@ -327,16 +339,18 @@ SECTIONS = ("model", "data", "rollout", "algorithm", "train", "critic", "rewards
 # REINFORCE++'s batch baseline need none. tests/trainer/test_algorithms.py checks this against the trainer's specs.
 ALGORITHM_MIN_GENERATIONS = {"grpo": 2, "rloo": 2, "reinforce_pp": 1, "reinforce_pp_baseline": 2, "ppo": 1}
 
-# The embedded default (`cohort train` with no config), tuned on the arith task by measurement
-# (held-out greedy accuracy after 300 steps from the 38.7% warm start, seed 0): lr 3e-5 +6, 1e-4 +7,
-# 3e-4 +18 (16 prompts/step) and +31 (32 prompts/step), 1e-3 -9 (collapse); cosine 5e-4 +22.
-DEFAULT_PRESET: dict[str, Any] = {
+# The embedded demo's preset (`cohort train` with no config file, no model and no data of one's own; written out as
+# examples/arith.yaml), tuned on the arith task by measurement (held-out greedy accuracy after 300 steps from the 38.7%
+# warm start, seed 0): lr 3e-5 +6, 1e-4 +7, 3e-4 +18 (16 prompts/step) and +31 (32 prompts/step), 1e-3 -9 (collapse);
+# cosine 5e-4 +22. Tuned for a 4-layer model and 3-token answers: never the defaults of a user's own model or data.
+DEMO_PRESET: dict[str, Any] = {
     "model": {"path": "tiny:arith"},
     "data": {"task": "arith", "max_prompt_length": 24},
     "rollout": {"num_generations": 8, "max_completion_length": 8, "temperature": 1.0},
     "algorithm": {"loss_type": "dapo", "beta": 0.0},
     "train": {"prompts_per_step": 32, "micro_batch_size": 256, "learning_rate": 3e-4, "max_steps": 300, "lr_scheduler": "constant"},
 }
+DEMO_PRESET_FILE = "examples/arith.yaml"  # the same values as a config file; tests/test_config.py keeps the two equal
 
 
 # --------------------------------------------------------------------------- loading
@@ -376,29 +390,73 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> CohortConfig:
-    """Build the config: defaults < (preset when no file) < YAML file < dotted overrides."""
-    tree: dict[str, Any] = {}
-    if path is None:
-        tree = copy.deepcopy(DEFAULT_PRESET)
+@dataclasses.dataclass(frozen=True)
+class ResolvedConfig:
+    """A validated-shape config and the one line that says where its values came from."""
+
+    config: CohortConfig
+    source: str  # e.g. "the embedded arith demo preset (examples/arith.yaml) + 1 override"
+    demo_preset: bool
+
+
+def _read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError([f"config file {str(p)!r} does not exist"])
+    try:
+        loaded = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"config file {str(p)!r} is not valid YAML: {exc}"]) from None
+    if not isinstance(loaded, dict):
+        raise ConfigError([f"config file {str(p)!r} must hold a mapping of sections ({', '.join(SECTIONS)})"])
+    return loaded
+
+
+def is_embedded_demo(tree: dict[str, Any]) -> bool:
+    """True when a config tree names no model and no data of its own: the embedded tiny model on a built-in task."""
+    model, data = tree.get("model") or {}, tree.get("data") or {}
+    path = model.get("path") if isinstance(model, dict) else None
+    files = data.get("train_files") if isinstance(data, dict) else None
+    return (path is None or str(path).startswith("tiny:")) and not files
+
+
+def resolve_config(source: str | os.PathLike | dict | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+                   own_data: bool = False) -> ResolvedConfig:
+    """The one place that decides whether the demo preset applies, for the CLI and the Python API alike.
+
+    Layers: field defaults < the demo preset < a YAML file or a dict < dotted overrides. The preset applies only
+    when no YAML file is given and nothing names a model or data of one's own (model.path unset or `tiny:*`,
+    data.train_files empty, and `own_data` False: the Python API passes True for a dataset given as an object).
+    A YAML file is complete on its own over the field defaults; `examples/arith.yaml` is the preset written out,
+    and a resumed run's config.yaml is never re-preset.
+    """
+    if isinstance(source, dict):
+        tree, named = copy.deepcopy(source), "a dict"
+    elif source is not None:
+        tree, named = _read_yaml(source), str(source)
     else:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError([f"config file {str(p)!r} does not exist"])
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError([f"config file {str(p)!r} is not valid YAML: {exc}"]) from None
-        if not isinstance(loaded, dict):
-            raise ConfigError([f"config file {str(p)!r} must hold a mapping of sections ({', '.join(SECTIONS)})"])
-        tree = _merge(tree, loaded)
+        tree, named = {}, None
     for item in overrides:
         key_path, value = parse_override(item)
         _set_path(tree, key_path, value)
+    demo = not isinstance(source, (str, os.PathLike)) and not own_data and is_embedded_demo(tree)
+    if demo:
+        tree = _merge(copy.deepcopy(DEMO_PRESET), tree)
     try:
-        return CohortConfig.model_validate(tree)
+        config = CohortConfig.model_validate(tree)
     except ValidationError as exc:
         raise ConfigError([_describe_pydantic_error(e) for e in exc.errors()]) from None
+    parts = [f"the embedded arith demo preset ({DEMO_PRESET_FILE})" if demo else "the field defaults"]
+    parts += [named] if named else []
+    parts += [f"{len(overrides)} override{'s' * (len(overrides) != 1)}"] if overrides else []
+    if not demo and not isinstance(source, (str, os.PathLike)):
+        parts[0] += " (a model or data of your own: the demo preset is only for the embedded model on a built-in task)"
+    return ResolvedConfig(config=config, source=" + ".join(parts), demo_preset=demo)
+
+
+def load_config(path: str | os.PathLike | dict | None = None, overrides: list[str] | tuple[str, ...] = ()) -> CohortConfig:
+    """Build the config (see `resolve_config` for the layers and when the demo preset applies)."""
+    return resolve_config(path, overrides).config
 
 
 def _describe_pydantic_error(err: dict) -> str:
@@ -454,8 +512,9 @@ class BatchPlan:
     prompts_per_generation: int
     micro_batch_size: int
     micro_batches_per_step: int
-    max_tokens_per_sequence: int
+    max_tokens_per_sequence: int | None  # longest prompt + rollout.max_completion_length; None: the data was not read
     max_steps: int
+    prompt_tokens_from: str = "data.max_prompt_length"  # what bounds the prompt in max_tokens_per_sequence
 
     @property
     def optimizer_steps_per_generation(self) -> int:
@@ -486,8 +545,9 @@ def batch_plan(cfg: CohortConfig) -> BatchPlan:
         prompts_per_generation=gen // g if g else 0,
         micro_batch_size=mb,
         micro_batches_per_step=math.ceil(per_step / mb) if mb else 0,
-        max_tokens_per_sequence=cfg.data.max_prompt_length + cfg.rollout.max_completion_length,
+        max_tokens_per_sequence=None if cfg.data.max_prompt_length is None else cfg.data.max_prompt_length + cfg.rollout.max_completion_length,
         max_steps=cfg.train.max_steps,
+        prompt_tokens_from="data.max_prompt_length" if cfg.data.max_prompt_length is not None else "not measured (data not read)",
     )
 
 
@@ -510,7 +570,7 @@ def check_batch_arithmetic(cfg: CohortConfig) -> list[str]:
                        ("train.micro_batch_size", t.micro_batch_size), ("train.max_steps", t.max_steps),
                        ("algorithm.num_iterations", cfg.algorithm.num_iterations),
                        ("rollout.max_completion_length", r.max_completion_length), ("data.max_prompt_length", cfg.data.max_prompt_length)):
-        if value < 1:
+        if value is not None and value < 1:
             problems.append(f"{key} = {value}: must be at least 1")
     if problems:
         return problems
@@ -701,12 +761,12 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
-    from cohort.plan import plan_problems  # outputs, checkpoints, loggers, what the model's config.json forbids
+    from cohort.plan import plan_problems, with_measured_prompts  # outputs, checkpoints, loggers, what the model forbids
 
-    problems += plan_problems(cfg, check_files=check_files)
+    problems += plan_problems(cfg, check_files=check_files)  # with check_files: prompts tokenized, fit checked (no weights)
     if problems:
         raise ConfigError(problems)
-    return batch_plan(cfg)
+    return with_measured_prompts(cfg, batch_plan(cfg)) if check_files else batch_plan(cfg)
 
 
 def _check_rewards(cfg: CohortConfig) -> list[str]:

@@ -2,15 +2,17 @@
 
 Two jobs:
 - `plan_problems(cfg)`: the checks `validate_config` adds for runs (outputs,
-  checkpoints, loggers, and what the model's own config.json forbids: sequences
-  longer than its positions, a vLLM KV cache too small for one sequence). Each
-  names its fields and a fix. `cohort train` runs them too, before loading.
+  checkpoints, loggers, and what the model's own config.json forbids: the longest
+  prompt kept + the completion longer than its positions, a vLLM KV cache too
+  small for one sequence). Each names its fields and a fix. `cohort train` runs
+  them too, before loading. The prompts are measured as the trainer will keep
+  them (`measure_prompts`: the data and the model's tokenizer, no weights).
 - `format_plan(cfg, plan)`: the printed schedule: prompts and completions per
   generation batch and per optimizer step, micro-batches and accumulation,
   optimizer steps per generation (the off-policy lag), an upper bound on tokens
   per step, and a rough memory estimate of the training process.
 
-The model is never loaded: the architecture comes from `config.json` and the
+The model's weights are never loaded: the architecture comes from `config.json` and the
 parameter count from the safetensors headers (a few KB read). The memory figure
 is an estimate for planning (weights + gradients + AdamW's two moments in the
 weights' dtype — float32 under train.precision=mixed —, an optional reference model, activations of one micro-batch of
@@ -20,6 +22,7 @@ context and fragmentation come on top.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -27,7 +30,11 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from cohort.config import BatchPlan, CohortConfig
+from cohort.config import BatchPlan, CohortConfig, ConfigError
+from cohort.data.datasets import DataError
+from cohort.models import loading
+from cohort.trainer.prompts import encode_prompts, fit_problems, max_positions_of
+from cohort.trainer.setup import load_data
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MAX_CHUNK_LOGITS = 2**24  # cohort.models.logprobs.completion_logprobs: logits per LM-head chunk at most
@@ -104,7 +111,12 @@ def _safetensors_numel(path: Path) -> int:
 
 
 def plan_problems(cfg: CohortConfig, *, check_files: bool = True) -> list[str]:
-    """Run, checkpoint and logger settings that cannot work, and what the model's config forbids."""
+    """Run, checkpoint and logger settings that cannot work, and what the model's config forbids.
+
+    With check_files, the prompts are read and tokenized with the model's tokenizer (no weights), so the fit check
+    uses the longest prompt actually kept; a `tiny:*` model is only checked against its positions (its tokenizer is
+    built with the model).
+    """
     problems = _check_run_section(cfg)
     if check_files:
         problems += _check_output_dir(cfg.run.output_dir)
@@ -112,9 +124,67 @@ def plan_problems(cfg: CohortConfig, *, check_files: bool = True) -> list[str]:
             facts = model_facts(cfg.model.path)
         except UnreadableWeights as exc:
             return problems + [f"model.path = {cfg.model.path!r}: {exc}; re-save or re-download the checkpoint"]
-        if facts is not None:
-            problems += _check_model_fit(cfg, facts)
+        measured = measure_prompts(cfg)
+        problems += measured.problems if measured else fit_problems(cfg, max_positions_of(cfg.model.path))
+        if facts is not None and not (measured and measured.problems):
+            problems += _check_kv_cache(cfg, facts, measured)
     return problems
+
+
+@dataclass(frozen=True)
+class MeasuredPrompts:
+    """The prompts of a run as the trainer will keep them, measured without loading weights."""
+
+    longest: int | None  # tokens of the longest prompt kept (None when a problem stopped the measurement)
+    where: str  # its row
+    filtered: int  # train prompts longer than the limit, dropped by data.overlong_prompts = filter
+    problems: list[str]
+
+
+_MEASURED: dict[tuple, MeasuredPrompts] = {}  # the last measurement: `cohort train` validates twice (CLI, then Trainer)
+
+
+def measure_prompts(cfg: CohortConfig) -> MeasuredPrompts | None:
+    """Read the data and the model's tokenizer and encode every prompt as the trainer will; None for a `tiny:*` model
+    or a model directory whose tokenizer cannot be read (loading reports that later)."""
+    if cfg.model.path.startswith("tiny:") or not (Path(cfg.model.path).expanduser() / "config.json").is_file():
+        return None
+    files = [Path(f) for f in cfg.data.train_files + cfg.data.eval_files]
+    stamps = tuple((str(f), f.stat().st_mtime_ns if f.exists() else None) for f in files)
+    key = (cfg.model.path, cfg.data.model_dump_json(), cfg.rollout.max_completion_length, cfg.train.seed, stamps)
+    if key not in _MEASURED:
+        _MEASURED.clear()
+        _MEASURED[key] = _measure(cfg)
+    return _MEASURED[key]
+
+
+def _measure(cfg: CohortConfig) -> MeasuredPrompts | None:
+    try:
+        tokenizer = loading.load_tokenizer(Path(cfg.model.path).expanduser())
+    except loading.ModelLoadError:
+        return None
+    try:
+        train, evals, _ = load_data(cfg)
+        encoded = encode_prompts(cfg, tokenizer, cfg.model.path, train, evals)
+    except DataError as exc:
+        return MeasuredPrompts(None, "", 0, [str(exc)])
+    except ConfigError as exc:
+        return MeasuredPrompts(None, "", 0, exc.problems)
+    longest, where = encoded.longest()
+    if longest == 0:  # a directory without tokenizer files: transformers builds an empty tokenizer; measure nothing
+        return None
+    return MeasuredPrompts(longest, where, encoded.filtered, [])
+
+
+def with_measured_prompts(cfg: CohortConfig, plan: BatchPlan) -> BatchPlan:
+    """The plan with its token bound taken from the longest prompt kept, when the prompts could be measured."""
+    measured = measure_prompts(cfg)
+    if measured is None or measured.longest is None:
+        if cfg.data.max_prompt_length is None:
+            return dataclasses.replace(plan, prompt_tokens_from="not measured (a tiny:* model's tokenizer is built with the model)")
+        return plan
+    return dataclasses.replace(plan, max_tokens_per_sequence=measured.longest + cfg.rollout.max_completion_length,
+                               prompt_tokens_from=f"the longest prompt kept, {measured.where}")
 
 
 def _check_run_section(cfg: CohortConfig) -> list[str]:
@@ -174,25 +244,21 @@ def _check_output_dir(output_dir: str | None) -> list[str]:
     return []
 
 
-def _check_model_fit(cfg: CohortConfig, facts: ModelFacts) -> list[str]:
-    problems = []
-    longest = cfg.data.max_prompt_length + cfg.rollout.max_completion_length
-    if facts.max_positions and longest > facts.max_positions:
-        problems.append(
-            f"data.max_prompt_length + rollout.max_completion_length = {cfg.data.max_prompt_length} + "
-            f"{cfg.rollout.max_completion_length} = {longest} exceeds the model's max_position_embeddings = {facts.max_positions}; "
-            f"lower one of them so the sum is <= {facts.max_positions}"
-        )
-    if cfg.rollout.engine == "vllm" and cfg.rollout.mode in ("colocate", "local_server") and not _cuda_available():
-        per_token = kv_bytes_per_token(cfg, facts)
-        gib = max(1, int(round(cfg.rollout.kv_cache_gib)))  # what VLLMEngine hands vLLM (whole GiB)
-        if per_token * longest > gib * 2**30:
-            problems.append(
-                f"rollout.kv_cache_gib = {cfg.rollout.kv_cache_gib} ({gib} GiB) cannot hold one sequence of {longest} tokens "
-                f"({per_token * longest / 2**30:.2f} GiB at {per_token:,} bytes per token); raise rollout.kv_cache_gib to at least "
-                f"{-(-per_token * longest // 2**30)} or shorten data.max_prompt_length / rollout.max_completion_length"
-            )
-    return problems
+def _check_kv_cache(cfg: CohortConfig, facts: ModelFacts, measured: MeasuredPrompts | None) -> list[str]:
+    """vLLM on CPU: the KV cache must hold one whole sequence (the longest prompt kept + the completion)."""
+    if cfg.rollout.engine != "vllm" or cfg.rollout.mode not in ("colocate", "local_server") or _cuda_available():
+        return []
+    prompt = measured.longest if measured and measured.longest is not None else cfg.data.max_prompt_length
+    if prompt is None:
+        return []
+    longest = prompt + cfg.rollout.max_completion_length
+    per_token = kv_bytes_per_token(cfg, facts)
+    gib = max(1, int(round(cfg.rollout.kv_cache_gib)))  # what VLLMEngine hands vLLM (whole GiB)
+    if per_token * longest <= gib * 2**30:
+        return []
+    return [f"rollout.kv_cache_gib = {cfg.rollout.kv_cache_gib} ({gib} GiB) cannot hold one sequence of {longest} tokens "
+            f"({per_token * longest / 2**30:.2f} GiB at {per_token:,} bytes per token); raise rollout.kv_cache_gib to at least "
+            f"{-(-per_token * longest // 2**30)} or shorten data.max_prompt_length / rollout.max_completion_length"]
 
 
 def _cuda_available() -> bool:
@@ -218,7 +284,8 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
     w = 4 if mixed else b  # the trained weights, their gradients and AdamW moments: float32 master copies when mixed
     how_w = f"float32 master weights (train.precision = mixed, computing in {cfg.model.dtype})" if mixed else cfg.model.dtype
     p = facts.num_params
-    tokens = plan.micro_batch_size * plan.max_tokens_per_sequence
+    # unmeasured prompts (data not read): bound the sequence by the model's positions
+    tokens = plan.micro_batch_size * (plan.max_tokens_per_sequence or facts.max_positions or 0)
     per_layer = 8 * facts.hidden_size + 4 * facts.intermediate_size  # values kept per token per layer for the backward
     if cfg.train.gradient_checkpointing:
         activations = tokens * b * (facts.num_layers * facts.hidden_size + per_layer)
@@ -253,8 +320,20 @@ def _human(n: float) -> str:
     return str(n)
 
 
+def _tokens_per_step_line(cfg: CohortConfig, plan: BatchPlan) -> str:
+    completion = cfg.rollout.max_completion_length
+    if plan.max_tokens_per_sequence is None:
+        return (f"  tokens per step       not bounded here: data.max_prompt_length is None and the prompts were "
+                f"{plan.prompt_tokens_from}; each sequence is at most the model's positions")
+    prompt = plan.max_tokens_per_sequence - completion
+    bound = (f"max_prompt_length {prompt}" if plan.prompt_tokens_from == "data.max_prompt_length"
+             else f"longest prompt {prompt}")
+    line = (f"  tokens per step       ≤ {plan.completions_per_step * plan.max_tokens_per_sequence:,} "
+            f"({plan.completions_per_step} × ({bound} + max_completion_length {completion}))")
+    return line if plan.prompt_tokens_from == "data.max_prompt_length" else f"{line}; {plan.prompt_tokens_from}"
+
+
 def format_plan(cfg: CohortConfig, plan: BatchPlan) -> str:
-    tokens_per_step = plan.completions_per_step * plan.max_tokens_per_sequence
     accumulation = plan.micro_batches_per_step
     lag = plan.optimizer_steps_per_generation - 1
     lines = [
@@ -267,7 +346,7 @@ def format_plan(cfg: CohortConfig, plan: BatchPlan) -> str:
         f"  off-policy lag        {lag} optimizer step(s): the last update of a generation batch uses completions sampled "
         f"{lag} policy version(s) earlier" if lag else "  off-policy lag        0: every update uses completions of the current policy",
         f"  generation batches    {plan.num_generation_batches} for {plan.max_steps} steps",
-        f"  tokens per step       ≤ {tokens_per_step:,} ({plan.completions_per_step} × (max_prompt_length {cfg.data.max_prompt_length} + max_completion_length {cfg.rollout.max_completion_length}))",
+        _tokens_per_step_line(cfg, plan),
         f"  tokens generated      ≤ {plan.generation_batch_size * cfg.rollout.max_completion_length:,} per generation batch",
         f"  reference model       {'yes (beta = %g)' % cfg.algorithm.beta if cfg.algorithm.beta else 'none (beta = 0)'}",
         f"  rollout engine        {cfg.rollout.engine}",

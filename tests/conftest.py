@@ -47,6 +47,12 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir_512(tmp_path_factory) -> Path:
+    """The same random tiny model with 512 positions: a small-context model with room for the default 256-token completion."""
+    return build_random_tiny(tmp_path_factory.mktemp("tiny-random-512"), max_positions=512)
+
+
+@pytest.fixture(scope="session")
 def vllm_engine(tiny_model_dir):
     pytest.importorskip("vllm")
     from cohort.rollout.vllm_engine import VLLMEngine

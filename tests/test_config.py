@@ -92,7 +92,8 @@ def test_missing_prompt_column(tmp_path, no_model_loading):
 
 
 def test_cli_reports_all_problems_and_exits_2(capsys, no_model_loading, data_file):
-    code = cli.main(["train", f"data.train_files=[{data_file}]", "rollout.num_generations=1", "rewards=[{name: nope}]"])
+    code = cli.main(["train", f"data.train_files=[{data_file}]", "rollout.num_generations=1", "rewards=[{name: nope}]",
+                     "rollout.max_completion_length=8"])  # the field default 256 does not fit tiny:arith's 128 positions
     err = capsys.readouterr().err
     assert code == 2
     assert "2 problem(s)" in err and "rollout.num_generations" in err and "rewards[0] (name" in err
@@ -102,3 +103,86 @@ def test_config_show_prints_resolved(capsys):
     assert cli.main(["config", "show", "rollout.num_generations=4"]) == 0
     out = capsys.readouterr().out
     assert "num_generations: 4" in out and "path: tiny:arith" in out
+
+
+# --------------------------------------------------------------------------- the demo preset belongs to the demo
+
+PRESET_VALUES = {"data.max_prompt_length": 24, "rollout.max_completion_length": 8, "train.prompts_per_step": 32,
+                 "train.micro_batch_size": 256, "train.learning_rate": 3e-4, "train.max_steps": 300}
+FIELD_DEFAULTS = {"data.max_prompt_length": None, "rollout.max_completion_length": 256, "train.prompts_per_step": 8,
+                  "train.micro_batch_size": 16, "train.learning_rate": 1e-6, "train.max_steps": 100}
+
+
+def values(cfg) -> dict:
+    tree = cfg.to_dict()
+    return {key: tree[key.split(".")[0]][key.split(".")[1]] for key in PRESET_VALUES}
+
+
+def test_no_config_at_all_is_the_demo_with_its_preset():
+    from cohort.config import resolve_config
+
+    resolved = resolve_config(None, [])
+    assert values(resolved.config) == PRESET_VALUES and resolved.demo_preset
+    assert resolved.source == "the embedded arith demo preset (examples/arith.yaml)"
+    # naming the embedded model, or overriding a field, is still the demo
+    resolved = resolve_config(None, ["model.path=tiny:arith", "train.max_steps=5"])
+    assert resolved.demo_preset and resolved.config.train.learning_rate == 3e-4 and resolved.config.train.max_steps == 5
+    assert resolved.source == "the embedded arith demo preset (examples/arith.yaml) + 2 overrides"
+
+
+@pytest.mark.parametrize("own", ["model", "data", "both"])
+def test_a_model_or_data_of_ones_own_gets_the_field_defaults(own, tmp_path, data_file, tiny_model_dir):
+    # before: `cohort train model.path=... data.train_files=[...]` silently trained at the demo's lr 3e-4 with
+    # 24-token prompts and 8-token completions
+    from cohort.config import resolve_config
+
+    args = {"model": [f"model.path={tiny_model_dir}"], "data": [f"data.train_files=[{data_file}]"],
+            "both": [f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]"]}[own]
+    resolved = resolve_config(None, args)
+    assert values(resolved.config) == FIELD_DEFAULTS and not resolved.demo_preset
+    assert resolved.source.startswith("the field defaults (a model or data of your own") and resolved.source.endswith(
+        f" + {len(args)} override" + "s" * (len(args) > 1))
+
+
+def test_a_config_file_starts_from_the_field_defaults(tmp_path):
+    # a YAML file is complete on its own (a resumed run's config.yaml included): never re-preset
+    path = tmp_path / "partial.yaml"
+    path.write_text("model: {path: 'tiny:arith'}\ntrain: {max_steps: 7}\n")
+    from cohort.config import resolve_config
+
+    resolved = resolve_config(path, ["rollout.max_completion_length=8"])
+    assert resolved.config.train.learning_rate == 1e-6 and resolved.config.data.max_prompt_length is None
+    assert resolved.source == f"the field defaults + {path} + 1 override"
+
+
+def test_the_python_api_decides_the_same_way():
+    from cohort.config import resolve_config
+
+    assert resolve_config({"train": {"max_steps": 5}}).config.train.learning_rate == 3e-4  # the embedded demo, as a dict
+    own = resolve_config({"train": {"max_steps": 5}}, own_data=True)  # a dataset given as an object
+    assert own.config.train.learning_rate == 1e-6 and not own.demo_preset
+
+
+def test_examples_arith_yaml_is_the_preset():
+    from pathlib import Path
+
+    from cohort.config import DEMO_PRESET, DEMO_PRESET_FILE
+
+    example = Path(__file__).resolve().parents[1] / DEMO_PRESET_FILE
+    assert yaml_load(example) == DEMO_PRESET
+    assert load_config(example).to_dict() == load_config(None).to_dict()
+
+
+def yaml_load(path):
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def test_cli_says_which_config_it_used(capsys, tiny_model_dir, data_file):
+    assert cli.main(["plan"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "config: the embedded arith demo preset (examples/arith.yaml)"
+    # (the random tiny model has 128 positions: the default 256-token completion would leave no room for a prompt)
+    assert cli.main(["plan", f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]", "rollout.max_completion_length=64"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("config: the field defaults (a model or data of your own") and first.endswith("+ 3 overrides")

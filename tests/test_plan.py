@@ -77,11 +77,35 @@ def test_zero_sync_tolerance():
     reject(["rollout.sync_check_tolerance=0"], "rollout.sync_check_tolerance = 0.0: must be > 0", "unset it (null) for the calibrated check")
 
 
-def test_sequence_longer_than_the_model_positions(tiny_model_dir):
-    # the random tiny model has max_position_embeddings = 128; 100 + 64 = 164
-    reject([f"model.path={tiny_model_dir}", "data.max_prompt_length=100", "rollout.max_completion_length=64"],
-           "data.max_prompt_length + rollout.max_completion_length = 100 + 64 = 164 exceeds the model's max_position_embeddings = 128",
-           "lower one of them so the sum is <= 128")
+def test_a_kept_prompt_longer_than_the_model_positions_is_refused_before_loading(tmp_path, tiny_model_dir, monkeypatch):
+    # the random tiny model has max_position_embeddings = 128 and one token per character: a 100-character prompt is
+    # kept whole under data.max_prompt_length = 100, and 100 + 64 = 164 > 128. Room for the prompt: 128 − 64 = 64;
+    # room for the completion beside it: 128 − 100 = 28.
+    import cohort.models.loading as loading
+
+    monkeypatch.setattr(loading, "load_policy", lambda *a, **k: pytest.fail("weights loaded before the check"))
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n" + json.dumps({"prompt": "9" * 96 + "+1=?", "answer": "x"}) + "\n")
+    reject([f"model.path={tiny_model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=100",
+            "rollout.max_completion_length=64"],
+           f"the longest prompt kept ({data}:2: 100 tokens) + rollout.max_completion_length = 100 + 64 = 164 exceeds the model's "
+           "max_position_embeddings = 128; lower data.max_prompt_length to 64 (longer prompts then follow data.overlong_prompts) "
+           "or unset it (None: what fits the model), or lower rollout.max_completion_length to 28")
+
+
+def test_the_fit_check_uses_the_data_not_the_configured_ceiling(data_file, tiny_model_dir):
+    # 100 + 64 > 128 positions was refused from the config alone; the longest prompt here is "0+1=" (4 tokens): 4 + 64 fits
+    plan = validate_config(load_config(None, [f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]",
+                                              "data.max_prompt_length=100", "rollout.max_completion_length=64"]))
+    assert plan.max_tokens_per_sequence == 4 + 64
+    assert plan.prompt_tokens_from == f"the longest prompt kept, {data_file}:1"
+
+
+def test_no_room_for_a_prompt_is_refused_even_without_the_data(data_file):
+    # tiny:arith's tokenizer is built with the model, so its prompts are not measured; its 128 positions are known
+    reject([f"data.train_files=[{data_file}]", "rollout.max_completion_length=128"],
+           "rollout.max_completion_length = 128 leaves no room for a prompt in the model's max_position_embeddings = 128",
+           "lower it (e.g. to 64)")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="rollout.kv_cache_gib is the CPU backend's KV cache")
@@ -132,8 +156,8 @@ def test_every_problem_is_reported_at_once():
 # --------------------------------------------------------------------------- the printout
 
 
-def test_plan_prints_the_schedule_and_memory(tiny_model_dir, capsys):
-    code = cli.main(["plan", f"model.path={tiny_model_dir}", "data.max_prompt_length=16", "rollout.max_completion_length=100",
+def test_plan_prints_the_schedule_and_memory(tiny_model_dir, data_file, capsys):
+    code = cli.main(["plan", f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]", "rollout.max_completion_length=100",
                      "rollout.num_generations=8", "train.prompts_per_step=16", "train.steps_per_generation=4",
                      "train.micro_batch_size=16", "algorithm.beta=0.01", "run.save_every=10"])
     out = capsys.readouterr().out
@@ -141,7 +165,9 @@ def test_plan_prints_the_schedule_and_memory(tiny_model_dir, capsys):
     for line in ("generation batch      64 prompts × G=8 = 512 completions",
                  "micro-batches         8 of ≤16 completions (gradient accumulation over 8)",
                  "off-policy lag        3 optimizer step(s)",
-                 "tokens per step       ≤ 14,848 (128 × (max_prompt_length 16 + max_completion_length 100))",
+                 # the longest prompt in data_file is "0+1=", 4 tokens: 128 completions × (4 + 100) = 13,312
+                 f"tokens per step       ≤ 13,312 (128 × (longest prompt 4 + max_completion_length 100)); the longest prompt "
+                 f"kept, {data_file}:1",
                  "checkpoints           every 10 steps, newest 2 kept",
                  "memory of the training process (rough estimate; 329,216 parameters)",
                  "weights                 1.26 MiB   329,216 parameters × 4 B (float32)",
@@ -149,6 +175,13 @@ def test_plan_prints_the_schedule_and_memory(tiny_model_dir, capsys):
                  "reference model         1.26 MiB",
                  "docs/algorithms.md#what-the-loss-value-means"):
         assert line in out, line
+
+
+def test_plan_says_when_it_did_not_read_the_prompts(data_file, capsys):
+    assert cli.main(["plan", f"data.train_files=[{data_file}]", "rollout.max_completion_length=8"]) == 0
+    out = capsys.readouterr().out
+    assert ("tokens per step       not bounded here: data.max_prompt_length is None and the prompts were not measured (a tiny:* model's "
+            "tokenizer is built with the model); each sequence is at most the model's positions") in out
 
 
 @pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)

@@ -19,10 +19,15 @@ from cohort.data.datasets import DataError, PromptDataset
 
 
 class PromptRenderer:
-    def __init__(self, tokenizer, max_prompt_length: int, overlong: str):
+    """`max_prompt_length` None keeps every prompt; `limit_name` and `fix` word the messages (cohort/trainer/prompts.py)."""
+
+    def __init__(self, tokenizer, max_prompt_length: int | None, overlong: str, *, limit_name: str = "data.max_prompt_length",
+                 fix: str = "raise data.max_prompt_length"):
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         self.overlong = overlong
+        self.limit_name = limit_name
+        self.fix = fix
 
     def is_chat(self, prompt: Any) -> bool:
         return isinstance(prompt, list)
@@ -45,11 +50,11 @@ class PromptRenderer:
         keep_rows, keep_ids, keep_src, dropped = [], [], [], 0
         for row, src in zip(dataset.rows, dataset.sources):
             ids = self.encode(row[dataset.prompt_key])
-            if len(ids) > self.max_prompt_length:
+            if self.max_prompt_length is not None and len(ids) > self.max_prompt_length:
                 if self.overlong == "error":
                     raise DataError(
-                        f"{src}: prompt has {len(ids)} tokens > data.max_prompt_length = {self.max_prompt_length}; "
-                        "raise data.max_prompt_length, or set data.overlong_prompts to filter or truncate_left"
+                        f"{src}: prompt has {len(ids)} tokens > {self.limit_name} = {self.max_prompt_length}; "
+                        f"{self.fix}, or set data.overlong_prompts to filter or truncate_left"
                     )
                 if self.overlong == "filter":
                     dropped += 1
@@ -59,7 +64,7 @@ class PromptRenderer:
             keep_ids.append(ids)
             keep_src.append(src)
         if not keep_rows:
-            raise DataError(f"{name}: every prompt is longer than data.max_prompt_length = {self.max_prompt_length}; raise it")
+            raise DataError(f"{name}: every prompt is longer than {self.limit_name} = {self.max_prompt_length}; {self.fix}")
         return PromptDataset(keep_rows, dataset.prompt_key, keep_src), keep_ids, dropped
 
 

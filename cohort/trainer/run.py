@@ -93,7 +93,8 @@ def run_training(trainer, resume_from: str | Path | None = None) -> dict:
     if resumed:
         logger.print(resumed)
     if trainer.prompts_filtered:
-        logger.print(f"filtered {trainer.prompts_filtered} prompt(s) longer than data.max_prompt_length = {cfg.data.max_prompt_length}")
+        renderer = trainer.renderer
+        logger.print(f"filtered {trainer.prompts_filtered} prompt(s) longer than {renderer.limit_name} = {renderer.max_prompt_length}")
     before = _earlier_eval(run_dir, "before") if resumed else run_eval(trainer, "before", eval_sink)
     if before and not resumed:
         logger.print(f"eval before training: accuracy {before['accuracy']:.3f} on {before['num_prompts']} held-out prompts")

@@ -17,7 +17,7 @@ import torch
 from cohort.data.datasets import RepeatSampler, load_prompt_dataset, rows_dataset
 from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir
 from cohort.models.precision import resolve_precision
-from cohort.trainer.rollout_batch import PromptRenderer
+from cohort.trainer.prompts import encode_prompts, max_positions_of
 
 
 def setup(trainer, external_engine=None) -> None:
@@ -41,13 +41,10 @@ def setup(trainer, external_engine=None) -> None:
     trainer.model_dir = resolve_model_dir(cfg.model.path)
     trainer.tokenizer = load_tokenizer(trainer.model_dir)
     trainer.pad_id = trainer.tokenizer.pad_token_id
-    renderer = PromptRenderer(trainer.tokenizer, cfg.data.max_prompt_length, cfg.data.overlong_prompts)
-    trainer.renderer = renderer
-    trainer.train_data, trainer.train_ids, dropped = renderer.encode_dataset(train_data, "train data")
-    trainer.prompts_filtered = dropped
-    if eval_data is not None:
-        eval_data, trainer.eval_ids, _ = renderer.encode_dataset(eval_data, "eval data")
-    trainer.eval_data = eval_data
+    prompts = encode_prompts(cfg, trainer.tokenizer, trainer.model_dir, train_data, eval_data)  # raises if one cannot fit
+    trainer.renderer, trainer.prompts_filtered = prompts.renderer, prompts.filtered
+    trainer.train_data, trainer.train_ids = prompts.train, prompts.train_ids
+    trainer.eval_data, trainer.eval_ids = prompts.eval, prompts.eval_ids
     trainer.sampler = RepeatSampler(len(trainer.train_data), trainer.plan.prompts_per_generation, trainer.plan.num_generations,
                                     shuffle=cfg.data.shuffle, seed=cfg.train.seed)
     trainer.precision = resolve_precision(cfg.model.dtype, cfg.train.precision)  # float32 master weights when mixed
@@ -128,9 +125,11 @@ def build_optimizer(policy: torch.nn.Module, train_cfg):
 
 
 def _engine_length(trainer) -> int:
-    """The sequence length every engine of the run must fit: the longest prompt + rollout.max_completion_length + 1."""
+    """The sequence length every engine of the run must fit: the longest prompt kept + rollout.max_completion_length + 1,
+    never more than the model's positions (encode_prompts checked that prompt + completion fits them)."""
     longest = max(len(ids) for ids in trainer.train_ids + (getattr(trainer, "eval_ids", None) or []))
-    return longest + trainer.cfg.rollout.max_completion_length + 1
+    length, positions = longest + trainer.cfg.rollout.max_completion_length + 1, max_positions_of(trainer.model_dir)
+    return min(length, positions) if positions else length
 
 
 def local_server_engine(trainer):

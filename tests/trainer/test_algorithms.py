@@ -329,7 +329,7 @@ def test_example_configs_are_the_demo_preset_with_the_algorithm_switched():
         cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / f"{name}_arith.yaml")
         validate_config(cfg, check_files=False)
         assert cfg.algorithm.name == name
-        preset, example = load_config(None).to_dict(), cfg.to_dict()
+        preset, example = load_config(None).to_dict(), cfg.to_dict()  # no config: the demo preset (examples/arith.yaml)
         for section in ("algorithm", "critic"):
             preset.pop(section), example.pop(section)
         assert example == preset, name

@@ -119,7 +119,7 @@ def test_overlong_prompts_truncate_left_keeps_the_end(char_tokenizer):
 
 
 def test_all_prompts_overlong_is_an_error(char_tokenizer):
-    with pytest.raises(DataError, match="every prompt is longer than data.max_prompt_length = 2; raise it"):
+    with pytest.raises(DataError, match="every prompt is longer than data.max_prompt_length = 2; raise data.max_prompt_length"):
         PromptRenderer(char_tokenizer, 2, "filter").encode_dataset(dataset(["1+1=", "2+2="]), "train")
 
 
@@ -129,6 +129,46 @@ def test_the_filtered_count_is_reported_when_training_starts(tmp_path, tiny_mode
     run_dir = tmp_path / "run"
     assert cli.main(train_args(tiny_model_dir, data, run_dir, "train.max_steps=1", "run.loggers=[jsonl]")) == 0
     assert "filtered 1 prompt(s) longer than data.max_prompt_length = 16" in capsys.readouterr().out
+
+
+def test_no_limit_keeps_every_prompt(char_tokenizer):
+    # data.max_prompt_length None on a model whose config states no positions: nothing to filter by
+    kept, ids, dropped = PromptRenderer(char_tokenizer, None, "error").encode_dataset(dataset(["1" * 300, "1+1="]), "train")
+    assert dropped == 0 and [len(i) for i in ids] == [300, 4]
+
+
+# a prompt of 200 characters (200 tokens) cannot fit the random tiny model's 128 positions beside a 4-token completion:
+# with data.max_prompt_length unset the limit is 128 − 4 = 124
+TOO_LONG = {"prompt": "1" * 197 + "+1=", "answer": "0"}
+LIMIT = "the model's max_position_embeddings − rollout.max_completion_length (128 − 4) = 124"
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    import cohort.trainer.setup as setup
+
+    monkeypatch.setattr(setup, "load_policy", lambda *a, **k: pytest.fail("weights loaded before the prompts were checked"))
+
+
+def test_a_prompt_the_model_cannot_hold_is_refused_before_loading(tmp_path, tiny_model_dir, capsys, no_weights):
+    data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "1+1=", "answer": "2"}, TOO_LONG])
+    args = train_args(tiny_model_dir, data, tmp_path / "run", "data.max_prompt_length=null", "data.overlong_prompts=error")
+    err = fails_before_training(capsys, args, tmp_path / "run")
+    assert (f"{data}:2: prompt has 200 tokens > {LIMIT}; lower rollout.max_completion_length (or use a model with more "
+            "positions), or set data.overlong_prompts to filter or truncate_left") in err
+    # filtered by default, but not when it is the only prompt
+    only = write_jsonl(tmp_path / "only.jsonl", [TOO_LONG])
+    err = fails_before_training(capsys, train_args(tiny_model_dir, only, tmp_path / "run", "data.max_prompt_length=null"),
+                                tmp_path / "run")
+    assert f"train data: every prompt is longer than {LIMIT}; lower rollout.max_completion_length" in err
+
+
+def test_prompts_the_model_cannot_hold_are_filtered_by_default(tmp_path, tiny_model_dir, capsys):
+    data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(4)] + [TOO_LONG])
+    run_dir = tmp_path / "run"
+    args = train_args(tiny_model_dir, data, run_dir, "data.max_prompt_length=null", "train.max_steps=1", "run.loggers=[jsonl]")
+    assert cli.main(args) == 0
+    assert f"filtered 1 prompt(s) longer than {LIMIT}" in capsys.readouterr().out
 
 
 def test_output_dir_problems_are_config_errors(tmp_path):

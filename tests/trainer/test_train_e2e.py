@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 import torch
+import yaml
 
 from cohort.config import load_config
 from cohort.trainer.loop import Trainer
@@ -120,3 +121,63 @@ def test_reward_model_scores_reach_the_trainer(tmp_path, tiny_model_dir, tiny_re
         assert abs(row["reward"] - direct) < 1e-5
     metrics = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert "rewards/reward_model/mean" in metrics[0]
+
+
+@pytest.fixture
+def model_512(tiny_model_dir_512):
+    return tiny_model_dir_512
+
+
+def six_token_prompts(tmp_path):
+    data = tmp_path / "six.jsonl"  # "12+34=": six characters, six tokens with the char tokenizer
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(10, 14) for b in range(30, 34)))
+    return data
+
+
+def test_a_512_position_model_with_short_prompts_validates_at_the_field_defaults(tmp_path, model_512):
+    # before: "data.max_prompt_length + rollout.max_completion_length = 512 + 8 = 520 exceeds the model's
+    # max_position_embeddings = 512" for data.max_prompt_length = 512 (its old default): the configured ceiling, not the data
+    from cohort.config import validate_config
+
+    data = six_token_prompts(tmp_path)
+    for extra in (["data.max_prompt_length=512", "rollout.max_completion_length=8"], []):
+        plan = validate_config(load_config(None, [f"model.path={model_512}", f"data.train_files=[{data}]", *extra]))
+        assert plan.max_tokens_per_sequence == 6 + (8 if extra else 256)  # the longest prompt kept + the completion
+
+
+def test_a_512_position_model_trains_with_the_default_config(tmp_path, model_512, capsys):
+    """`cohort train model.path=M data.train_files=[D]` and nothing else but the run's length and engine."""
+    from cohort import cli
+
+    data, run_dir = six_token_prompts(tmp_path), tmp_path / "run"
+    code = cli.main(["train", f"model.path={model_512}", f"data.train_files=[{data}]", "rewards=[{name: numeric_match}]",
+                     "train.max_steps=2", "rollout.engine=hf", f"run.output_dir={run_dir}", "run.progress=false"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.splitlines()[0] == ("config: the field defaults (a model or data of your own: the demo preset is only for the "
+                                   "embedded model on a built-in task) + 7 overrides")
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    # the documented field defaults, not the demo's preset (lr 3e-4, 24-token prompts, 8-token completions, 32 prompts)
+    assert saved["train"]["learning_rate"] == 1e-6 and saved["data"]["max_prompt_length"] is None
+    assert saved["rollout"]["max_completion_length"] == 256 and saved["train"]["prompts_per_step"] == 8
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    # the random model rarely ends early (EOS is 1 of 259 tokens): completions run far past the preset's 8 tokens
+    assert all(8 < m["completions/mean_length"] <= 256 for m in metrics), [m["completions/mean_length"] for m in metrics]
+    assert "filtered" not in out
+
+
+@pytest.mark.vllm
+def test_a_512_position_model_trains_with_the_default_config_through_vllm(tmp_path, model_512):
+    # the engine is sized by the data: the longest prompt kept (6) + the default completion (256) + 1 = 263 tokens
+    data = six_token_prompts(tmp_path)
+    cfg = load_config(None, [f"model.path={model_512}", f"data.train_files=[{data}]", "rewards=[{name: numeric_match}]",
+                             "train.max_steps=2", f"run.output_dir={tmp_path / 'run'}", "run.progress=false"])
+    assert (cfg.rollout.engine, cfg.data.max_prompt_length, cfg.rollout.max_completion_length) == ("vllm", None, 256)
+    trainer = Trainer(cfg)
+    try:
+        assert trainer.engine.llm.llm_engine.model_config.max_model_len == 6 + 256 + 1
+        summary = trainer.train()
+    finally:
+        trainer.close()
+    assert summary["steps"] == 2 and trainer.last_canary_gap < 1e-3  # step 2 sampled from the updated weights
