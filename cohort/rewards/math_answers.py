@@ -18,7 +18,9 @@ are checked in a pool of *spawned* worker processes shared by every math reward 
 the process (started at the first call, stopped when the last user closes). There
 math-verify's own timeouts work (they use ``signal.alarm``, which needs a main thread):
 10 s to parse, 5 s to verify, as in TRL. A worker that dies (say, out of memory) fails
-the call; the next call starts a fresh pool. The functions are ``async def``.
+the call; the next call starts a fresh pool. The work is ``async`` (``acall``, awaited by
+the RewardSet beside the other functions); calling the function from plain Python
+returns the scores, as TRL's ``accuracy_reward(completions=..., solution=...)`` does.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from cohort.rewards.calling import AsyncReward
 from cohort.rewards.registry import register
 from cohort.rewards.text import completion_texts, pick_column
 
@@ -118,7 +121,7 @@ def default_workers() -> int:
     return max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
-class MathAccuracy:
+class MathAccuracy(AsyncReward):
     """The callable behind ``accuracy`` and ``reasoning_accuracy``."""
 
     def __init__(self, name: str, gold_column: str | None, delimiters: Sequence[str] | None, num_workers: int | None):
@@ -137,7 +140,7 @@ class MathAccuracy:
                 return text.split(delimiter)[-1]
         return None
 
-    async def __call__(self, *, completions: list[Any], **columns: Any) -> list[float | None]:
+    async def acall(self, *, completions: list[Any], **columns: Any) -> list[float | None]:
         golds = pick_column(columns, self.gold_column, GOLD_FALLBACKS, reward=self.__name__)
         if len(golds) != len(completions):
             raise ValueError(f"{len(golds)} gold answers for {len(completions)} completions")

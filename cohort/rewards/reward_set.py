@@ -12,7 +12,9 @@ Choices:
   awaited on one event loop that lives in a background thread for the set's lifetime
   (so clients bound to a loop keep working across steps); plain functions run on
   daemon threads (one per call, so a hung function never blocks interpreter exit).
-  Each function gets its own shallow copies of the argument lists. CPU-heavy
+  Each function gets its own shallow copies of the argument lists. An object with an
+  ``async def acall`` (the asynchronous built-ins) is awaited through it
+  (``cohort.rewards.calling``), so calling the same object from plain Python is synchronous. CPU-heavy
   built-ins move their work into processes themselves.
 - Timeouts: each call gets ``timeout_s`` (per spec or set-wide). An async call is
   cancelled; a sync call cannot be interrupted, so its thread is abandoned and keeps
@@ -51,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from cohort.rewards.calling import async_implementation
 from cohort.rewards.registry import SPEC_KEYS, Resolved, RewardFunction, get, resolve
 from cohort.rewards.text import completion_text, truncate
 
@@ -149,12 +152,6 @@ def _column_metrics(name: str, column: np.ndarray) -> dict[str, float]:
         mean = float(values.mean())
         std = float(values.std(ddof=1)) if values.size > 1 else 0.0
     return {f"rewards/{name}/mean": mean, f"rewards/{name}/std": std}
-
-
-def _is_async(function: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
-        getattr(function, "__call__", None)
-    )
 
 
 def _unique_names(names: Sequence[str]) -> list[str]:
@@ -346,8 +343,9 @@ class RewardSet:
             return result
 
     async def _invoke(self, function: RewardFunction, kwargs: dict[str, Any]) -> Any:
-        if _is_async(function):
-            return await function(**kwargs)
+        awaitable = async_implementation(function)  # a built-in's acall, or an async def
+        if awaitable is not None:
+            return await awaitable(**kwargs)
         loop = asyncio.get_running_loop()
         values = await loop.run_in_executor(self._threads, lambda: function(**kwargs))
         if inspect.isawaitable(values):
