@@ -34,7 +34,7 @@ from typing import Any
 
 from cohort.rewards.calling import AsyncReward
 from cohort.rewards.registry import register
-from cohort.rewards.reward_set import RewardRowError
+from cohort.rewards.calling import RewardRowError
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 
