@@ -24,10 +24,10 @@ from typing import Any
 from cohort.data.datasets import SAMPLE_ROWS, file_columns
 from cohort.data.tasks import get_task
 from cohort.rewards import verl
-from cohort.rewards.registry import SPEC_KEYS, Needs, needed_columns
+from cohort.rewards.registry import SPEC_KEYS, ColumnNeed, needed_columns
 from cohort.rewards.reward_set import validate_spec
 
-VERL_NEEDS = [Needs("the ground truth", None, ("ground_truth",))]
+VERL_NEEDS = [ColumnNeed("the ground truth", None, ("ground_truth",))]
 
 
 def _specs(cfg: Any) -> list[tuple[str, dict[str, Any]]]:
@@ -39,7 +39,7 @@ def _specs(cfg: Any) -> list[tuple[str, dict[str, Any]]]:
     return []
 
 
-def _needs(spec: dict[str, Any]) -> list[Needs]:
+def _needs(spec: dict[str, Any]) -> list[ColumnNeed]:
     try:
         resolved = validate_spec(spec)
         if verl.contract_of(resolved, spec.get("contract")) == "verl":
@@ -69,8 +69,8 @@ def _row_columns(rows: list[dict]) -> list[str]:
     return [c for c in dict.fromkeys(k for row in rows for k in row) if c != "prompt"]
 
 
-def _message(label: str, need: Needs, source: str, columns: list[str]) -> str:
-    wanted = " or ".join(repr(c) for c in need.candidates)
+def _message(label: str, need: ColumnNeed, source: str, columns: list[str]) -> str:
+    wanted = " or ".join(repr(c) for c in need.columns)
     fix = (f"set its option {need.option} to the column that holds it, or add a column {wanted}" if need.option
            else f"add the column {wanted} (a verl parquet's reward_model.ground_truth is read as 'ground_truth')")
     return f"{label} reads {need.what} from the column {wanted}, but {source} has only the columns {columns}; {fix}"
@@ -90,9 +90,9 @@ def reward_column_problems(cfg: Any) -> list[str]:
             continue
         everything = None
         for label, need in needs:
-            if any(c in sample for c in need.candidates):
+            if any(c in sample for c in need.columns):
                 continue
             everything = everything if everything is not None else columns_of(None)  # read to the end only now
-            if not any(c in everything for c in need.candidates):
+            if not any(c in everything for c in need.columns):
                 problems.append(_message(label, need, source, everything))
     return problems

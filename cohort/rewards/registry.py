@@ -80,6 +80,14 @@ class Needs(NamedTuple):
         return (chosen,) if chosen else self.default
 
 
+class ColumnNeed(NamedTuple):
+    """A need resolved for given options: any one of ``columns`` will do; ``option`` (if any) can name another."""
+
+    what: str
+    option: str | None
+    columns: tuple[str, ...]
+
+
 class Resolved(NamedTuple):
     """What a name refers to: ``kind`` is "builtin", "class" or "function"."""
 
@@ -120,13 +128,12 @@ def builtin_names() -> list[str]:
     return sorted(_builtins())
 
 
-def needed_columns(name: str, options: Mapping[str, Any] | None = None) -> list[Needs]:
-    """The columns a built-in reads, each as ``Needs(what, option, candidates)`` (any one candidate will do,
-    the option names the column when set); [] for your own functions."""
+def needed_columns(name: str, options: Mapping[str, Any] | None = None) -> list[ColumnNeed]:
+    """The columns a built-in reads with these options; [] for your own functions."""
     if name not in _builtins():
         return []
     options = options or {}
-    return [Needs(n.what, n.option, n.candidates(options)) for n in _NEEDS[name] if n.candidates(options)]
+    return [ColumnNeed(n.what, n.option, n.candidates(options)) for n in _NEEDS[name] if n.candidates(options)]
 
 
 def _unknown_name_message(name: str, detail: str = "") -> str:

@@ -6,8 +6,6 @@ import asyncio
 import threading
 import time
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from cohort.data.datasets import load_prompt_dataset
@@ -79,19 +77,8 @@ def test_accuracy_reads_the_gold_from_ground_truth_as_a_boxed_answer():
         reasoning.close()
 
 
-def write_verl_parquet(path, rows):
-    """verl's layout: chat prompt, data_source, reward_model {style, ground_truth}, extra_info {split, index}."""
-    table = pa.Table.from_pylist([
-        {"data_source": source, "prompt": [{"role": "user", "content": question}], "ability": "math",
-         "reward_model": {"style": "rule", "ground_truth": truth}, "extra_info": {"split": "train", "index": i}}
-        for i, (source, question, truth) in enumerate(rows)
-    ])
-    pq.write_table(table, path)
-    return path
-
-
-def test_accuracy_scores_a_verl_parquet_as_training_reads_it(tmp_path):
-    path = write_verl_parquet(tmp_path / "train.parquet", [("lighteval/MATH", "1/2?", r"\frac{1}{2}"), ("openai/gsm8k", "6*12?", "72")])
+def test_accuracy_scores_a_verl_parquet_as_training_reads_it(verl_parquet):
+    path = verl_parquet([("lighteval/MATH", "1/2?", r"\frac{1}{2}"), ("openai/gsm8k", "6*12?", "72")])
     data = load_prompt_dataset([str(path)])
     assert data.rows[0]["prompt"] == [{"role": "user", "content": "1/2?"}]
     columns = {c: [row.get(c) for row in data.rows] for c in data.columns}
