@@ -20,6 +20,7 @@ from plain Python return their scores (``cohort.rewards.calling``).
 See docs/rewards.md for the full contract, each built-in, and the code sandbox.
 """
 
+from cohort.rewards.calling import AsyncReward, Scores
 from cohort.rewards.registry import (
     BuiltinInfo,
     Resolved,
@@ -41,6 +42,7 @@ from cohort.rewards.reward_set import (
 )
 
 __all__ = [
+    "AsyncReward",
     "BuiltinInfo",
     "Resolved",
     "RewardEntry",
@@ -48,6 +50,7 @@ __all__ = [
     "RewardOutput",
     "RewardRowError",
     "RewardSet",
+    "Scores",
     "aggregate",
     "builtin_names",
     "describe_builtins",

@@ -46,19 +46,18 @@ Choices:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import inspect
 import math
 import numbers
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from cohort.rewards.calling import DaemonThreads, RewardRowError, async_implementation
+from cohort.rewards.calling import DaemonThreads, RewardRowError, async_implementation  # noqa: F401 - RewardRowError re-exported
 from cohort.rewards import verl
 from cohort.rewards.registry import SPEC_KEYS, Resolved, RewardFunction, resolve
 from cohort.rewards.text import completion_text, truncate
