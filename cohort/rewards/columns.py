@@ -80,10 +80,11 @@ def reward_column_problems(cfg: Any) -> list[str]:
     """One message per reward need that no column of the training or eval data meets; [] when all are met."""
     try:
         needs = [(label, need) for label, spec in _specs(cfg) for need in _needs(spec)]
+        sources = _sources(cfg) if needs else []
     except ValueError:  # an unknown task: reported by the data checks
         return []
     problems = []
-    for source, columns_of in (_sources(cfg) if needs else []):
+    for source, columns_of in sources:
         try:
             sample = columns_of(SAMPLE_ROWS)
         except Exception:  # noqa: BLE001 - missing or unreadable data is reported by the data checks

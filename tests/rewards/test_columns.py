@@ -97,3 +97,11 @@ def test_the_task_rows_and_the_eval_files_are_checked(tmp_path):
     evals = jsonl(tmp_path / "eval.jsonl", [{"prompt": "2?", "label": "2"}])
     [problem] = reward_column_problems(config(train, "[{name: numeric_match}]", f"data.eval_files=[{evals}]"))
     assert f"but data.eval_files ({evals}) has only the columns ['label']" in problem
+
+
+def test_data_problems_are_left_to_the_data_checks(tmp_path):
+    assert reward_column_problems(load_config(None, ["data.task=nope", "rewards=[{name: accuracy}]"])) == []
+    assert reward_column_problems(config(tmp_path / "missing.jsonl", "[{name: accuracy}]")) == []
+    with pytest.raises(ConfigError) as info:  # one problem, from the data checks
+        validate_config(load_config(None, ["data.task=nope", "rewards=[{name: accuracy}]"]))
+    assert len(info.value.problems) == 1 and "data.task = 'nope' is not a built-in task" in info.value.problems[0]
