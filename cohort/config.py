@@ -761,6 +761,10 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
+    if check_files:
+        from cohort.rewards.columns import reward_column_problems  # the columns each reward reads, in the data
+
+        problems += reward_column_problems(cfg)
     from cohort.plan import plan_problems, with_measured_prompts  # outputs, checkpoints, loggers, what the model forbids
 
     problems += plan_problems(cfg, check_files=check_files)  # with check_files: prompts tokenized, fit checked (no weights)

@@ -16,6 +16,7 @@ small: tens of thousands of rows).
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from dataclasses import dataclass
@@ -108,9 +109,11 @@ def _iter_json(path: Path) -> Iterator[tuple[str, Any]]:
 def _iter_parquet(path: Path) -> Iterator[tuple[str, Any]]:
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
-    for i, row in enumerate(table.to_pylist()):
-        yield f"{path} row {i}", row
+    i = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):  # the first rows without reading the rest
+        for row in batch.to_pylist():
+            yield f"{path} row {i}", row
+            i += 1
 
 
 def _iter_saved_dataset(path: Path) -> Iterator[tuple[str, Any]]:
@@ -158,10 +161,25 @@ def load_prompt_dataset(files: list[str], prompt_key: str = "prompt") -> PromptD
 
 
 def rows_dataset(rows: list[dict], prompt_key: str, name: str) -> PromptDataset:
-    """A dataset from in-memory rows (built-in tasks), validated like a file."""
+    """A dataset from in-memory rows (built-in tasks), validated (and verl's layout read) like a file."""
+    rows = [_normalise_row(row, f"{name} row {i}") for i, row in enumerate(rows)]
     for i, row in enumerate(rows):
         check_prompt(row.get(prompt_key), f"{name} row {i}", prompt_key)
-    return PromptDataset(rows=[dict(r) for r in rows], prompt_key=prompt_key, sources=[f"{name} row {i}" for i in range(len(rows))])
+    return PromptDataset(rows=rows, prompt_key=prompt_key, sources=[f"{name} row {i}" for i in range(len(rows))])
+
+
+SAMPLE_ROWS = 16
+
+
+def file_columns(files: list[str], prompt_key: str, max_rows: int | None = SAMPLE_ROWS) -> list[str]:
+    """The columns the reward functions get from ``files``: every key of their first ``max_rows`` rows
+    (None: all rows), verl's layout read as ``load_prompt_dataset`` reads it, the prompt left out."""
+    names: dict[str, None] = {}
+    for f in files:
+        for where, row in itertools.islice(iter_rows(f), max_rows):
+            names.update(dict.fromkeys(row))
+    names.pop(prompt_key, None)
+    return list(names)
 
 
 def check_data_config(data) -> list[str]:

@@ -28,8 +28,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from cohort.rewards.registry import register
-from cohort.rewards.reward_set import RewardRowError
+from cohort.rewards.registry import Needs, register
+from cohort.rewards.calling import RewardRowError
 from cohort.rewards.sandbox import ExecutionResult, Sandbox, SandboxLimits
 from cohort.rewards.text import completion_texts
 
@@ -120,7 +120,7 @@ class CodeTests:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-@register("code_tests")
+@register("code_tests", needs=[Needs("the tests", "tests_column", ("tests",)), Needs("the setup code", "setup_column", ())])
 def code_tests(
     *,
     tests_column: str = "tests",

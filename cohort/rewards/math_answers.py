@@ -11,14 +11,21 @@ Behaviour follows TRL's ``accuracy_reward`` / ``reasoning_accuracy_reward``:
   splits the text and the part after its last occurrence is the answer; a completion
   with none of them scores 0.0 (incomplete reasoning is penalised, not skipped).
 
-The gold column defaults to ``solution`` and falls back to ``answer``.
+The gold column defaults to ``solution`` and falls back to ``answer``, then
+``ground_truth`` (verl's column: a verl parquet's ``reward_model.ground_truth`` is read
+as ``ground_truth``). A ``ground_truth`` holds the bare final answer (``\\frac{1}{2}``,
+``72``), not a worked solution, so it is read as ``\\boxed{answer}``, as verl's
+math-verify scorer does: bare, math-verify would miss ``\\sqrt{2}`` and read
+``3\\sqrt{3}`` as 3.
 
 Choices: math-verify is pure Python (sympy) and can be slow on long outputs, so rows
 are checked in a pool of *spawned* worker processes shared by every math reward in
 the process (started at the first call, stopped when the last user closes). There
 math-verify's own timeouts work (they use ``signal.alarm``, which needs a main thread):
 10 s to parse, 5 s to verify, as in TRL. A worker that dies (say, out of memory) fails
-the call; the next call starts a fresh pool. The functions are ``async def``.
+the call; the next call starts a fresh pool. The work is ``async`` (``acall``, awaited by
+the RewardSet beside the other functions); calling the function from plain Python
+returns the scores, as TRL's ``accuracy_reward(completions=..., solution=...)`` does.
 """
 
 from __future__ import annotations
@@ -32,12 +39,14 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from cohort.rewards.registry import register
-from cohort.rewards.text import completion_texts, pick_column
+from cohort.rewards.calling import AsyncReward
+from cohort.rewards.registry import Needs, register
+from cohort.rewards.text import completion_texts, pick_named_column
 
 PARSING_TIMEOUT_S = 10
 VERIFY_TIMEOUT_S = 5
-GOLD_FALLBACKS = ("solution", "answer")
+GOLD_FALLBACKS = ("solution", "answer", "ground_truth")
+BARE_ANSWER_COLUMNS = ("ground_truth",)  # verl's convention: the final answer alone
 
 
 def verify_answer(text: str, gold: str) -> float | None:
@@ -57,6 +66,14 @@ def verify_answer(text: str, gold: str) -> float | None:
         text, extraction_config=[answer_config], extraction_mode="first_match", parsing_timeout=PARSING_TIMEOUT_S
     )
     return float(verify(gold_parsed, answer_parsed, timeout_seconds=VERIFY_TIMEOUT_S))
+
+
+def gold_text(gold: Any, *, bare: bool) -> str:
+    """The text math-verify parses as the gold: a bare answer goes inside ``\\boxed{}`` (unless already boxed)."""
+    text = "" if gold is None else str(gold)
+    if bare and text.strip() and "\\boxed" not in text:
+        return "\\boxed{" + text.strip().strip("$") + "}"
+    return text
 
 
 def _verify_chunk(rows: Sequence[tuple[str, str]]) -> list[float | None]:
@@ -118,15 +135,40 @@ def default_workers() -> int:
     return max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
-class MathAccuracy:
+class PooledReward(AsyncReward):
+    """A reward whose checks run in the shared pool: ``await self.map(fn, items)`` is ``[fn([item])[0] ...]``."""
+
+    def __init__(self, num_workers: int | None):
+        self.num_workers = num_workers or default_workers()
+        self._acquired = False
+
+    async def map(self, function: Any, items: Sequence[Any]) -> list[Any]:
+        """``function(chunk) -> list`` over ``items`` in chunks, in the pool; results in order."""
+        if not items:
+            return []
+        if not self._acquired:
+            _POOL.acquire(self.num_workers)
+            self._acquired = True
+        chunk = max(1, -(-len(items) // (self.num_workers * 4)))
+        pieces = [items[k : k + chunk] for k in range(0, len(items), chunk)]
+        futures = [_POOL.submit(function, piece) for piece in pieces]
+        results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        return [value for scores in results for value in scores]
+
+    def close(self) -> None:
+        if self._acquired:
+            self._acquired = False
+            _POOL.release()
+
+
+class MathAccuracy(PooledReward):
     """The callable behind ``accuracy`` and ``reasoning_accuracy``."""
 
     def __init__(self, name: str, gold_column: str | None, delimiters: Sequence[str] | None, num_workers: int | None):
+        super().__init__(num_workers)
         self.__name__ = name
         self.gold_column = gold_column
         self.delimiters = list(delimiters) if delimiters is not None else None
-        self.num_workers = num_workers or default_workers()
-        self._acquired = False
 
     def answer_part(self, text: str) -> str | None:
         """The text after the reasoning block, or None when it never closed."""
@@ -137,8 +179,8 @@ class MathAccuracy:
                 return text.split(delimiter)[-1]
         return None
 
-    async def __call__(self, *, completions: list[Any], **columns: Any) -> list[float | None]:
-        golds = pick_column(columns, self.gold_column, GOLD_FALLBACKS, reward=self.__name__)
+    async def acall(self, *, completions: list[Any], **columns: Any) -> list[float | None]:
+        gold_name, golds = pick_named_column(columns, self.gold_column, GOLD_FALLBACKS, reward=self.__name__)
         if len(golds) != len(completions):
             raise ValueError(f"{len(golds)} gold answers for {len(completions)} completions")
         rewards: list[float | None] = [0.0] * len(completions)
@@ -146,39 +188,28 @@ class MathAccuracy:
         for i, (text, gold) in enumerate(zip(completion_texts(completions), golds)):
             answer = self.answer_part(text)
             if answer is not None:
-                todo.append((i, answer, "" if gold is None else str(gold)))
-        if not todo:
-            return rewards
-        if not self._acquired:
-            _POOL.acquire(self.num_workers)
-            self._acquired = True
-        chunk = max(1, -(-len(todo) // (self.num_workers * 4)))
-        pieces = [todo[k : k + chunk] for k in range(0, len(todo), chunk)]
-        futures = [_POOL.submit(_verify_chunk, [(a, g) for _, a, g in piece]) for piece in pieces]
-        results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
-        for piece, scores in zip(pieces, results):
-            for (i, _, _), score in zip(piece, scores):
-                rewards[i] = score
+                todo.append((i, answer, gold_text(gold, bare=gold_name in BARE_ANSWER_COLUMNS)))
+        scores = await self.map(_verify_chunk, [(a, g) for _, a, g in todo])
+        for (i, _, _), score in zip(todo, scores):
+            rewards[i] = score
         return rewards
 
-    def close(self) -> None:
-        if self._acquired:
-            self._acquired = False
-            _POOL.release()
+
+GOLD_NEEDS = [Needs("the gold answer", "gold_column", GOLD_FALLBACKS)]
 
 
-@register("accuracy")
+@register("accuracy", needs=GOLD_NEEDS)
 def accuracy(*, gold_column: str | None = None, num_workers: int | None = None) -> MathAccuracy:
     """1.0 when math-verify finds the completion's answer equal to the gold, 0.0 if not, None when the gold does not parse.
 
     As TRL's accuracy_reward: LaTeX answers, \\boxed{} first. The gold column defaults
-    to `solution`, then `answer`. Runs in a shared pool of num_workers processes
-    (default: half the CPUs, at most 4).
+    to `solution`, then `answer`, then `ground_truth` (verl's; read as \\boxed{answer}).
+    Runs in a shared pool of num_workers processes (default: half the CPUs, at most 4).
     """
     return MathAccuracy("accuracy", gold_column, None, num_workers)
 
 
-@register("reasoning_accuracy")
+@register("reasoning_accuracy", needs=GOLD_NEEDS)
 def reasoning_accuracy(
     *,
     reasoning_delimiters: Sequence[str] = ("</think>",),

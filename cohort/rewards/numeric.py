@@ -28,7 +28,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any
 
-from cohort.rewards.registry import register
+from cohort.rewards.registry import Needs, register
 from cohort.rewards.text import completion_texts, pick_column
 
 _NUMBER = re.compile(
@@ -121,7 +121,7 @@ class NumericMatch:
         return rewards
 
 
-@register("numeric_match")
+@register("numeric_match", needs=[Needs("the gold answer", "gold_column", GOLD_FALLBACKS)])
 def numeric_match(
     *,
     gold_column: str | None = None,

@@ -16,6 +16,10 @@ A *name* is either
     call (they must match the function's parameters, or it must take ``**kwargs``);
     with no options the function is used as is.
 
+A built-in declares the dataset columns it reads (``register(name, needs=[Needs(...)])``);
+``needed_columns(name, options)`` says which, so config validation can compare them with
+the data's columns before any model loads (``cohort.rewards.columns``).
+
 ``resolve(name)`` checks a name without building anything (config validation runs it
 before any model loads): built-in factories are not called; an import path is
 imported and its attribute looked up, nothing is instantiated.
@@ -29,7 +33,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 RewardFunction = Callable[..., Any]
@@ -42,13 +46,15 @@ _BUILTIN_MODULES = (
     "cohort.rewards.code",
     "cohort.rewards.reward_model",
     "cohort.rewards.remote",
+    "cohort.rewards.verl",
 )
 _FACTORIES: dict[str, Callable[..., RewardFunction]] = {}
+_NEEDS: dict[str, tuple[Needs, ...]] = {}
 _loaded = False
 
 REQUIRED = "<required>"
 # Keys of a RewardSet spec that the set itself reads; they never reach a reward's options.
-SPEC_KEYS = ("name", "weight", "on_error", "timeout_s", "alias")
+SPEC_KEYS = ("name", "weight", "on_error", "timeout_s", "alias", "contract")
 
 
 class BuiltinInfo(NamedTuple):
@@ -57,6 +63,29 @@ class BuiltinInfo(NamedTuple):
     name: str
     options: dict[str, Any]
     doc: str
+
+
+class Needs(NamedTuple):
+    """A column a built-in reads: the one named by its option ``option`` when set, else the first of ``default`` present.
+
+    ``default`` empty: needed only when the option is set (an optional column).
+    """
+
+    what: str
+    option: str | None
+    default: tuple[str, ...]
+
+    def candidates(self, options: Mapping[str, Any]) -> tuple[str, ...]:
+        chosen = options.get(self.option) if self.option else None
+        return (chosen,) if chosen else self.default
+
+
+class ColumnNeed(NamedTuple):
+    """A need resolved for given options: any one of ``columns`` will do; ``option`` (if any) can name another."""
+
+    what: str
+    option: str | None
+    columns: tuple[str, ...]
 
 
 class Resolved(NamedTuple):
@@ -68,8 +97,10 @@ class Resolved(NamedTuple):
     target: Any
 
 
-def register(name: str) -> Callable[[Callable[..., RewardFunction]], Callable[..., RewardFunction]]:
-    """Decorator: register ``factory(**options) -> reward function`` under ``name``."""
+def register(
+    name: str, *, needs: Sequence[Needs] = ()
+) -> Callable[[Callable[..., RewardFunction]], Callable[..., RewardFunction]]:
+    """Decorator: register ``factory(**options) -> reward function`` under ``name``, reading the columns ``needs``."""
 
     def decorate(factory: Callable[..., RewardFunction]) -> Callable[..., RewardFunction]:
         if name in _FACTORIES:
@@ -78,6 +109,7 @@ def register(name: str) -> Callable[[Callable[..., RewardFunction]], Callable[..
         if shadowed:
             raise ValueError(f"reward {name!r}: options {shadowed} would be taken by the RewardSet spec")
         _FACTORIES[name] = factory
+        _NEEDS[name] = tuple(needs)
         return factory
 
     return decorate
@@ -94,6 +126,14 @@ def _builtins() -> dict[str, Callable[..., RewardFunction]]:
 
 def builtin_names() -> list[str]:
     return sorted(_builtins())
+
+
+def needed_columns(name: str, options: Mapping[str, Any] | None = None) -> list[ColumnNeed]:
+    """The columns a built-in reads with these options; [] for your own functions."""
+    if name not in _builtins():
+        return []
+    options = options or {}
+    return [ColumnNeed(n.what, n.option, n.candidates(options)) for n in _NEEDS[name] if n.candidates(options)]
 
 
 def _unknown_name_message(name: str, detail: str = "") -> str:

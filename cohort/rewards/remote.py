@@ -17,7 +17,8 @@ Choices:
   RewardSet's policy applies (``on_error: none`` to tolerate an unreliable service).
 - Proxies from the environment are ignored (the service is addressed directly); a
   bearer token can come from the environment variable named by ``api_key_env``.
-- stdlib only (urllib in worker threads); the function is ``async def``.
+- stdlib only (urllib in worker threads); the work is ``async`` (``acall``); calling the
+  function from plain Python returns the scores.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from cohort.rewards.calling import AsyncReward
 from cohort.rewards.registry import register
-from cohort.rewards.reward_set import RewardRowError
+from cohort.rewards.calling import RewardRowError
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 
@@ -45,7 +47,7 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-class RemoteReward:
+class RemoteReward(AsyncReward):
     __name__ = "remote"
 
     def __init__(self, url, request_timeout_s, max_retries, backoff_s, batch_size, max_concurrency, headers, api_key_env):
@@ -100,7 +102,7 @@ class RemoteReward:
             raise RewardRowError(start, f"{self.url} must answer a list of {size} rewards, got {shown}")
         return rewards
 
-    async def __call__(self, **batch: Any) -> list[float | None]:
+    async def acall(self, **batch: Any) -> list[float | None]:
         n = len(batch["completions"])
         step = self.batch_size or max(n, 1)
         semaphore = asyncio.Semaphore(self.max_concurrency)

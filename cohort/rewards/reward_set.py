@@ -4,15 +4,22 @@
     out = rs.score(prompts=..., completions=..., completion_ids=..., columns={...}, group_size=8)
     out.per_function  # (N, F) float64, NaN where a function returned None (or failed, on_error="none")
     out.total         # (N,)   float64, weighted NaN-aware sum; NaN when every function gave None
-    out.metrics       # rewards/<name>/{mean,std,errors}, timing/reward/<name>_s
+    out.metrics       # rewards/<name>/{mean,std,errors}, timing/reward/<name>_s, and
+                      # rewards/<name>/<key> for the per-row metrics a function returns (calling.Scores)
 
 Choices:
+- Contracts: TRL's batch call for every built-in and for your own functions, except a
+  function with verl's ``compute_score(data_source, solution_str, ground_truth, ...)``
+  (recognised by its parameters, or ``contract: verl`` in the spec), which is called
+  once per completion (``cohort.rewards.verl``).
 - Concurrency: the functions of one batch run at the same time, at most
   ``max_concurrency`` at once (an asyncio semaphore). ``async def`` functions are
   awaited on one event loop that lives in a background thread for the set's lifetime
   (so clients bound to a loop keep working across steps); plain functions run on
   daemon threads (one per call, so a hung function never blocks interpreter exit).
-  Each function gets its own shallow copies of the argument lists. CPU-heavy
+  Each function gets its own shallow copies of the argument lists. An object with an
+  ``async def acall`` (the asynchronous built-ins) is awaited through it
+  (``cohort.rewards.calling``), so calling the same object from plain Python is synchronous. CPU-heavy
   built-ins move their work into processes themselves.
 - Timeouts: each call gets ``timeout_s`` (per spec or set-wide). An async call is
   cancelled; a sync call cannot be interrupted, so its thread is abandoned and keeps
@@ -39,19 +46,20 @@ Choices:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import inspect
 import math
 import numbers
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from cohort.rewards.registry import SPEC_KEYS, Resolved, RewardFunction, get, resolve
+from cohort.rewards.calling import DaemonThreads, RewardRowError, async_implementation  # noqa: F401 - RewardRowError re-exported
+from cohort.rewards import verl
+from cohort.rewards.registry import SPEC_KEYS, Resolved, RewardFunction, resolve
 from cohort.rewards.text import completion_text, truncate
 
 AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
@@ -60,34 +68,8 @@ NORMALIZE_EPS = 1e-4
 RESERVED = ("prompts", "completions", "completion_ids")
 
 
-class _DaemonThreads(concurrent.futures.Executor):
-    """Runs each call on a new daemon thread; the semaphore in ``RewardSet`` caps them."""
-
-    def submit(self, fn, /, *args, **kwargs):  # noqa: ANN001 - Executor's signature
-        future: concurrent.futures.Future = concurrent.futures.Future()
-
-        def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(fn(*args, **kwargs))
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiter
-                future.set_exception(exc)
-
-        threading.Thread(target=run, name="cohort-reward", daemon=True).start()
-        return future
-
-
 class RewardError(RuntimeError):
     """A reward function failed, timed out, or broke the contract."""
-
-
-class RewardRowError(Exception):
-    """Raised *by a reward function* to say which row failed (``RewardError`` shows it)."""
-
-    def __init__(self, index: int, message: str):
-        super().__init__(message)
-        self.index = index
 
 
 @dataclass
@@ -151,10 +133,14 @@ def _column_metrics(name: str, column: np.ndarray) -> dict[str, float]:
     return {f"rewards/{name}/mean": mean, f"rewards/{name}/std": std}
 
 
-def _is_async(function: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
-        getattr(function, "__call__", None)
-    )
+def _extra_metrics(name: str, values: Any) -> dict[str, float]:
+    """``rewards/<name>/<key>``: the mean of each per-row metric a function returned with its scores (``Scores``)."""
+    out = {}
+    for key, column in (getattr(values, "metrics", None) or {}).items():
+        reported = [float(v) for v in column if v is not None and math.isfinite(float(v))]
+        label = key if key not in ("mean", "std", "errors") else f"extra_{key}"
+        out[f"rewards/{name}/{label}"] = sum(reported) / len(reported) if reported else math.nan
+    return out
 
 
 def _unique_names(names: Sequence[str]) -> list[str]:
@@ -169,7 +155,7 @@ def _unique_names(names: Sequence[str]) -> list[str]:
 
 
 def validate_spec(spec: Mapping[str, Any] | str) -> Resolved:
-    """Check one spec (name, options, weight, on_error, timeout_s, alias); build nothing.
+    """Check one spec (name, options, weight, on_error, timeout_s, alias, contract); build nothing.
 
     For config validation before any model loads; raises ``ValueError`` saying what to fix.
     """
@@ -192,7 +178,9 @@ def validate_spec(spec: Mapping[str, Any] | str) -> Resolved:
     alias = spec.get("alias")
     if alias is not None and (not isinstance(alias, str) or not alias):
         raise ValueError(f"reward {name!r}: alias must be a non-empty string, got {alias!r}")
-    return resolve(name, {k: v for k, v in spec.items() if k not in SPEC_KEYS})
+    resolved = resolve(name, {k: v for k, v in spec.items() if k not in SPEC_KEYS})
+    verl.contract_of(resolved, spec.get("contract"))  # a bad contract, or a signature verl's cannot call
+    return resolved
 
 
 def _entry_from_spec(spec: Mapping[str, Any] | str) -> RewardEntry:
@@ -204,7 +192,7 @@ def _entry_from_spec(spec: Mapping[str, Any] | str) -> RewardEntry:
     timeout_s = spec.get("timeout_s")
     return RewardEntry(
         spec.get("alias") or resolved.display_name,
-        get(spec["name"], **options),
+        verl.build(resolved, options, spec.get("contract")),
         float(spec.get("weight", 1.0)),
         spec.get("on_error"),
         None if timeout_s is None else float(timeout_s),
@@ -238,14 +226,14 @@ class RewardSet:
         ]
         self.aggregation = aggregation
         self._max_concurrency = max_concurrency
-        self._threads = _DaemonThreads()
+        self._threads = DaemonThreads()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._closed = False
 
     @classmethod
     def from_specs(cls, specs: Sequence[Mapping[str, Any] | str], **kwargs: Any) -> RewardSet:
-        """Build from ``[{name, weight=1.0, on_error?, timeout_s?, alias?, **options}]``."""
+        """Build from ``[{name, weight=1.0, on_error?, timeout_s?, alias?, contract?, **options}]``."""
         built = []
         try:
             for spec in specs:
@@ -293,6 +281,7 @@ class RewardSet:
         for k, (entry, result) in enumerate(zip(self._entries, results)):
             errors = self._fill_column(entry, result, per_function[:, k], completions)
             metrics.update(_column_metrics(entry.name, per_function[:, k]))
+            metrics.update(_extra_metrics(entry.name, result.values))
             metrics[f"rewards/{entry.name}/errors"] = float(errors)
             metrics[f"timing/reward/{entry.name}_s"] = result.seconds
         total = aggregate(per_function, self.weights, self.aggregation, group_size)
@@ -346,8 +335,9 @@ class RewardSet:
             return result
 
     async def _invoke(self, function: RewardFunction, kwargs: dict[str, Any]) -> Any:
-        if _is_async(function):
-            return await function(**kwargs)
+        awaitable = async_implementation(function)  # a built-in's acall, or an async def
+        if awaitable is not None:
+            return await awaitable(**kwargs)
         loop = asyncio.get_running_loop()
         values = await loop.run_in_executor(self._threads, lambda: function(**kwargs))
         if inspect.isawaitable(values):

@@ -59,10 +59,17 @@ def pick_column(
     columns: Mapping[str, Any], name: str | None, fallbacks: Sequence[str], *, reward: str
 ) -> Sequence[Any]:
     """The gold column: ``name`` when given, else the first of ``fallbacks`` present."""
+    return pick_named_column(columns, name, fallbacks, reward=reward)[1]
+
+
+def pick_named_column(
+    columns: Mapping[str, Any], name: str | None, fallbacks: Sequence[str], *, reward: str
+) -> tuple[str, Sequence[Any]]:
+    """``(column name, values)`` of the gold column, as ``pick_column`` chooses it."""
     candidates = [name] if name is not None else list(fallbacks)
     for candidate in candidates:
         if candidate in columns and columns[candidate] is not None:
-            return columns[candidate]
+            return candidate, columns[candidate]
     available = sorted(k for k in columns if k not in ("prompts", "completions", "completion_ids"))
     wanted = " or ".join(repr(c) for c in candidates)
     raise KeyError(

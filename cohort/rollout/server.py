@@ -8,7 +8,7 @@ Endpoints (JSON bodies unless said otherwise). Every one except `/health`
 needs `Authorization: Bearer <token>`, the token being the server's
 `COHORT_SERVER_TOKEN`; a request without it gets 401.
 
-    GET  /health     -> {status, policy_version, model, max_model_len}
+    GET  /health     -> {status, policy_version, model, max_model_len, vocab_size}
     POST /generate   {prompts: [[id]], sampling: {max_tokens, temperature, top_p, top_k}, seeds: [int] | null}
                      -> {policy_version, completions: [{token_ids, logprobs, finish_reason, policy_version}]}
     POST /score      {prompts: [[id]], completions: [[id]], temperature} -> {policy_version, logprobs: [[float]]}
@@ -21,6 +21,12 @@ NCCL for this). A full set is sent in K parts of bounded size; the server
 stages parts 0..K−1 of one version and loads them together when the last one
 arrives (a partial set is never loaded), then reports version V in every
 generation that follows.
+
+A malformed request (a body that is not a JSON object, a missing or mistyped
+field, an unknown sampling key, a token id outside the vocabulary, a prompt
+longer than the model holds, a weights part that is not safetensors) gets 400
+with `{"error": "..."}` naming the field and what was expected; an unknown path
+gets 404; 500 is left for failures inside the engine.
 
 Choices: the standard library's threading HTTP server (no extra dependency);
 one lock serialises engine calls (vLLM's offline engine is not re-entrant), so
@@ -44,9 +50,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from cohort.rollout.base import Completion, SamplingConfig
+from cohort.rollout import server_requests
+from cohort.rollout.base import Completion
 
 TOKEN_ENV = "COHORT_SERVER_TOKEN"
+POST_PATHS = ("/generate", "/score", "/weights")
 MAX_BODY_BYTES = 4 * 2**30  # one request (a weights part is at most remote_engine.PART_BYTES)
 READ_TIMEOUT_S = 120.0  # a client that stops sending mid-request frees its thread after this
 
@@ -85,13 +93,16 @@ class WeightStager:
 class RolloutService:
     """The server's state: one engine, its lock, the weight stager, the token and a description."""
 
-    def __init__(self, engine, token: str, *, model: str = "", max_model_len: int | None = None):
+    def __init__(self, engine, token: str, *, model: str = "", max_model_len: int | None = None,
+                 vocab_size: int | None = None):
         if not token:
             raise ValueError(f"the rollout server needs a token: set {TOKEN_ENV} (e.g. `export {TOKEN_ENV}=$(openssl rand -hex 16)`)")
         self.engine = engine
         self.token = token
         self.model = model
         self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.limits = server_requests.Limits(vocab_size, max_model_len)
         self.lock = threading.Lock()
         self.stager = WeightStager()
 
@@ -103,28 +114,29 @@ class RolloutService:
 
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "policy_version": self.engine.policy_version, "model": self.model,
-                "max_model_len": self.max_model_len}
+                "max_model_len": self.max_model_len, "vocab_size": self.vocab_size}
 
     def generate(self, body: dict[str, Any]) -> dict[str, Any]:
-        prompts = [[int(t) for t in p] for p in body["prompts"]]
-        sampling = SamplingConfig(**body["sampling"])
-        seeds = body.get("seeds")
+        prompts, sampling, seeds = server_requests.generate_request(body, self.limits)
         with self.lock:
             outs = self.engine.generate(prompts, sampling, seeds)
             version = self.engine.policy_version
         return {"policy_version": version, "completions": [completion_to_json(c) for c in outs]}
 
     def score(self, body: dict[str, Any]) -> dict[str, Any]:
+        prompts, completions, temperature = server_requests.score_request(body, self.limits)
         with self.lock:
-            logprobs = self.engine.score([[int(t) for t in p] for p in body["prompts"]],
-                                         [[int(t) for t in c] for c in body["completions"]], float(body.get("temperature", 1.0)))
+            logprobs = self.engine.score(prompts, completions, temperature)
             version = self.engine.policy_version
         return {"policy_version": version, "logprobs": logprobs}
 
     def weights(self, version: int, part: int, parts: int, payload: bytes) -> dict[str, Any]:
         from safetensors.torch import load as load_safetensors
 
-        tensors = load_safetensors(payload)
+        try:
+            tensors = load_safetensors(payload)
+        except Exception as exc:  # safetensors raises its own error types for a bad header
+            raise server_requests.BadRequest(f"weights: the body is not a safetensors file ({type(exc).__name__}: {exc})") from None
         with self.lock:
             full = self.stager.add(version, part, parts, tensors)
             if full is not None:
@@ -149,7 +161,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _body(self) -> bytes:
-        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise server_requests.BadRequest(f"Content-Length must be an integer, got {self.headers.get('Content-Length')!r}") from None
         if length > MAX_BODY_BYTES:
             raise _HTTPError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {length} bytes exceeds {MAX_BODY_BYTES}")
         return self.rfile.read(length)
@@ -158,7 +173,7 @@ class _Handler(BaseHTTPRequestHandler):
         if urlparse(self.path).path == "/health":
             self._reply(200, self.service.health())
         else:
-            self._reply(404, {"error": f"no such endpoint: GET {self.path}"})
+            self._reply(404, {"error": f"no such endpoint: GET {urlparse(self.path).path}; GET /health, POST {', '.join(POST_PATHS)}"})
 
     def do_POST(self):
         url = urlparse(self.path)
@@ -166,16 +181,18 @@ class _Handler(BaseHTTPRequestHandler):
             if not self.service.authorized(self.headers.get("Authorization")):
                 raise _HTTPError(HTTPStatus.UNAUTHORIZED, f"missing or wrong bearer token (the server's {TOKEN_ENV})")
             if url.path == "/generate":
-                self._reply(200, self.service.generate(json.loads(self._body())))
+                self._reply(200, self.service.generate(server_requests.json_object(self._body(), "generate")))
             elif url.path == "/score":
-                self._reply(200, self.service.score(json.loads(self._body())))
+                self._reply(200, self.service.score(server_requests.json_object(self._body(), "score")))
             elif url.path == "/weights":
-                query = {k: int(v[0]) for k, v in parse_qs(url.query).items()}
-                self._reply(200, self.service.weights(query["version"], query.get("part", 0), query.get("parts", 1), self._body()))
+                version, part, parts = server_requests.weights_query(parse_qs(url.query))
+                self._reply(200, self.service.weights(version, part, parts, self._body()))
             else:
-                raise _HTTPError(HTTPStatus.NOT_FOUND, f"no such endpoint: POST {url.path}")
+                raise _HTTPError(HTTPStatus.NOT_FOUND, f"no such endpoint: POST {url.path}; POST {', '.join(POST_PATHS)}, GET /health")
         except _HTTPError as exc:
             self._reply(exc.status, {"error": exc.message})
+        except server_requests.BadRequest as exc:  # the client's mistake, said plainly
+            self._reply(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
         except Exception as exc:  # the trainer gets the reason, the server keeps serving
             self._reply(500, {"error": f"{type(exc).__name__}: {exc}"})
 
@@ -310,8 +327,9 @@ def cmd_serve(ns) -> int:
     start = time.perf_counter()
     engine = VLLMEngine(model_dir, dtype=ns.dtype, max_model_len=ns.max_model_len, seed=ns.seed,
                         kv_cache_gib=ns.kv_cache_gib, gpu_memory_utilization=ns.gpu_memory_utilization)
-    max_len = engine.llm.llm_engine.model_config.max_model_len
-    service = RolloutService(engine, token, model=str(model_dir), max_model_len=max_len)
+    model_config = engine.llm.llm_engine.model_config
+    service = RolloutService(engine, token, model=str(model_dir), max_model_len=model_config.max_model_len,
+                             vocab_size=model_config.get_vocab_size())
     server = make_server(service, ns.host, ns.port)
     host, port = server.server_address[:2]
     if host not in ("127.0.0.1", "::1", "localhost"):

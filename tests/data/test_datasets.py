@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cohort.data.datasets import DataError, RepeatSampler, load_prompt_dataset
+from cohort.data.datasets import DataError, RepeatSampler, load_prompt_dataset, rows_dataset
 
 
 def test_jsonl_malformed_row_names_file_and_line(tmp_path):
@@ -48,6 +48,18 @@ def test_verl_parquet_layout(tmp_path):
     row = ds.rows[0]
     assert row["prompt"] == [{"role": "user", "content": "What is 2+3?"}]
     assert row["ground_truth"] == "5" and row["reward_style"] == "rule" and row["data_source"] == "gsm8k"
+
+
+def test_in_memory_rows_read_verl_layout_and_parquet_rows_span_batches(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ds = rows_dataset([{"prompt": "2+3=", "reward_model": {"style": "rule", "ground_truth": "5"}}], "prompt", "memory")
+    assert ds.rows[0]["ground_truth"] == "5" and ds.columns == ["reward_model", "ground_truth", "reward_style"]
+    # 2,500 rows are read in batches of 1,024: every row once, numbered in order across the batch boundaries
+    pq.write_table(pa.Table.from_pylist([{"prompt": f"{i}=", "answer": i} for i in range(2500)]), tmp_path / "big.parquet")
+    big = load_prompt_dataset([str(tmp_path / "big.parquet")])
+    assert [r["answer"] for r in big.rows] == list(range(2500)) and big.sources[2499] == f"{tmp_path / 'big.parquet'} row 2499"
 
 
 def test_saved_dataset_directory(tmp_path):

@@ -6,8 +6,6 @@ through the search tool; TRL is not installed here), with TRL's stated outputs. 
 implementation calls math-verify with the same parse/verify settings as that source.
 """
 
-import asyncio
-
 import pytest
 
 from cohort.rewards import get
@@ -16,7 +14,7 @@ pytest.importorskip("math_verify")
 
 
 def run(reward, completions, **columns):
-    return asyncio.run(reward(prompts=[""] * len(completions), completions=completions, **columns))
+    return reward(prompts=[""] * len(completions), completions=completions, **columns)  # a plain call, as TRL users make
 
 
 @pytest.fixture(scope="module")

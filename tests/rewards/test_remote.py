@@ -1,6 +1,5 @@
 """remote: POST JSON to a loopback server started here; retries, timeouts, bad replies."""
 
-import asyncio
 import json
 import threading
 import time
@@ -60,7 +59,7 @@ def server():
 
 def call(reward, n=3, **columns):
     completions = ["a" * i for i in range(n)]
-    return asyncio.run(reward(prompts=["p"] * n, completions=completions, completion_ids=[[1] * i for i in range(n)], **columns))
+    return reward(prompts=["p"] * n, completions=completions, completion_ids=[[1] * i for i in range(n)], **columns)
 
 
 def test_posts_every_column_and_reads_a_list(server):

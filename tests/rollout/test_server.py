@@ -33,6 +33,8 @@ class FakeEngine:
         self.loads = 0
 
     def generate(self, prompts, sampling, seeds=None):
+        if sampling.max_tokens == 13:
+            raise RuntimeError("engine exploded")  # a failure inside the engine: the server's problem (500)
         seeds = seeds or [0] * len(prompts)
         return [Completion([s % 1000, len(p)], [-0.25, -0.5], "length", self.policy_version) for p, s in zip(prompts, seeds)]
 
@@ -55,7 +57,7 @@ def served():
     out, servers = [], []
     for _ in range(2):
         engine = FakeEngine()
-        server, url = serve_in_thread(RolloutService(engine, TOKEN, model="fake", max_model_len=64))
+        server, url = serve_in_thread(RolloutService(engine, TOKEN, model="fake", max_model_len=64, vocab_size=100))
         servers.append(server)
         out.append((engine, url))
     yield out
@@ -73,7 +75,7 @@ def _post(url, body=b"{}", headers=None):
 def test_requests_without_the_right_token_are_refused(served):
     _, url = served[0]
     health = json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())  # health needs no token
-    assert health == {"status": "ok", "policy_version": 0, "model": "fake", "max_model_len": 64}
+    assert health == {"status": "ok", "policy_version": 0, "model": "fake", "max_model_len": 64, "vocab_size": 100}
     body = json.dumps({"prompts": [[1, 2]], "sampling": {"max_tokens": 2}, "seeds": [1]}).encode()
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):  # none, wrong, not a bearer header
         for path, payload in (("/generate", body), ("/score", body), ("/weights?version=3", b"x")):
@@ -142,7 +144,9 @@ def test_a_silent_server_times_out_instead_of_hanging():
 def test_the_server_reports_engine_errors_and_keeps_serving(served):
     engine, url = served[0]
     remote = RemoteEngine([url], token=TOKEN, timeout_s=10)
-    with pytest.raises(RemoteEngineError, match="HTTP 500 TypeError"):
+    with pytest.raises(RemoteEngineError, match="HTTP 500 RuntimeError: engine exploded"):
+        remote._post_json(url, "/generate", {"prompts": [[1]], "sampling": {"max_tokens": 13}})
+    with pytest.raises(RemoteEngineError, match=r"HTTP 400 generate.sampling has unknown key\(s\) \['bogus'\]"):
         remote._post_json(url, "/generate", {"prompts": [[1]], "sampling": {"max_tokens": 2, "bogus": 1}})
     assert remote.generate([[1]], SamplingConfig(2), [5])[0].token_ids == [5, 1]
 
@@ -151,6 +155,50 @@ def test_too_short_server_is_reported_with_the_fix(served):
     _, url = served[0]
     with pytest.raises(RemoteEngineError, match="--max-model-len 100"):
         RemoteEngine([url], token=TOKEN, min_model_len=100)
+
+
+_GEN = {"prompts": [[1, 2]], "sampling": {"max_tokens": 2}}
+MALFORMED = [  # (method, path, body, status, what the message must say); the served model: vocab 100, max_model_len 64
+    ("POST", "/generate", b"not json", 400, "generate: the body is not valid JSON"),
+    ("POST", "/generate", b"[1, 2]", 400, "generate: the body must be a JSON object, got a list"),
+    ("POST", "/generate", {"sampling": {"max_tokens": 2}}, 400, "generate: missing key 'prompts' (the body has ['sampling'])"),
+    ("POST", "/generate", {"prompts": [[1]]}, 400, "generate: missing key 'sampling'"),
+    ("POST", "/generate", {**_GEN, "prompts": [[1, 2], [3, 100]]}, 400,
+     "generate.prompts[1][1] = 100 is outside the vocabulary (token ids are 0..99)"),  # vocab 100: ids 0..99
+    ("POST", "/generate", {**_GEN, "prompts": [[-1]]}, 400, "generate.prompts[0][0] = -1 is outside the vocabulary"),
+    ("POST", "/generate", {**_GEN, "prompts": [[1, "2"]]}, 400, 'generate.prompts[0][1] must be an integer token id, got "2"'),
+    ("POST", "/generate", {**_GEN, "prompts": [[1, True]]}, 400, "generate.prompts[0][1] must be an integer token id, got true"),
+    ("POST", "/generate", {**_GEN, "prompts": "12"}, 400, "generate.prompts must be a non-empty list of token-id lists"),
+    ("POST", "/generate", {**_GEN, "prompts": [[1] * 65]}, 400, "generate.prompts[0] is 65 tokens, more than the server's max_model_len = 64"),
+    ("POST", "/generate", {**_GEN, "sampling": {"max_tokens": "2"}}, 400, 'generate.sampling.max_tokens must be an integer >= 1, got "2"'),
+    ("POST", "/generate", {**_GEN, "sampling": {"max_tokens": 2, "top_p": 0}}, 400, "generate.sampling.top_p must be a number in (0, 1], got 0"),
+    ("POST", "/generate", {**_GEN, "seeds": [1, 2]}, 400, "generate.seeds must be null or a list of 1 integers"),
+    ("POST", "/score", {"prompts": [[1]], "completions": [[]]}, 400, "score.completions[0] must be a non-empty list of token ids, got []"),
+    ("POST", "/score", {"prompts": [[1]], "completions": [[2]], "temperature": 0}, 400, "score.temperature must be a number > 0, got 0"),
+    ("POST", "/score", {"completions": [[2]]}, 400, "score: missing key 'prompts'"),
+    ("POST", "/score", {"prompts": [[1], [1]], "completions": [[2]]}, 400, "score.prompts and score.completions must be non-empty lists of token-id lists of the same length"),
+    ("POST", "/weights", b"x", 400, "weights: missing query parameter 'version'"),
+    ("POST", "/weights?version=one", b"x", 400, "weights: query parameter version must be an integer, got 'one'"),
+    ("POST", "/weights?version=1&part=2&parts=2", b"x", 400, "weights: part 2 of parts=2 is out of range"),
+    ("POST", "/weights?version=1", b"garbage", 400, "weights: the body is not a safetensors file"),
+    ("POST", "/nope", b"{}", 404, "no such endpoint: POST /nope; POST /generate, /score, /weights, GET /health"),
+    ("GET", "/nope", None, 404, "no such endpoint: GET /nope"),
+]
+
+
+@pytest.mark.parametrize("method, path, body, status, message", MALFORMED, ids=[f"{m[1]}-{i}" for i, m in enumerate(MALFORMED)])
+def test_malformed_requests_get_a_client_error_that_says_what_was_wrong(served, method, path, body, status, message):
+    engine, url = served[0]
+    data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+    request = urllib.request.Request(url + path, data=data, method=method, headers={"Authorization": f"Bearer {TOKEN}"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)
+    assert info.value.code == status
+    assert info.value.headers["Content-Type"] == "application/json"
+    error = json.loads(info.value.read())["error"]
+    assert error.startswith(message) if status == 400 else message in error
+    assert engine.policy_version == 0 and engine.loads == 0  # nothing reached the engine
+    assert _post(url + "/generate", json.dumps(_GEN).encode(), {"Authorization": f"Bearer {TOKEN}"})["completions"]  # still serving
 
 
 def test_stager_loads_only_complete_sets():

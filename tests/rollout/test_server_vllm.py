@@ -73,6 +73,15 @@ def test_cli_server_refuses_without_token_then_generates_with_pushed_weights(cli
         assert torch.allclose(torch.tensor(o.logprobs), sequence_logprobs(policy, prompt, o.token_ids, temperature=0.7), atol=1e-4)
     health = json.loads(urllib.request.urlopen(cli_server.url + "/health", timeout=30).read())
     assert health["policy_version"] == 5 and health["max_model_len"] == 128
+    assert health["vocab_size"] == len(tok)  # the tiny model's lm_head has one row per tokenizer entry
+    outside = json.dumps({"prompts": [[1, len(tok)]], "sampling": {"max_tokens": 4}}).encode()  # one past the last id
+    request = urllib.request.Request(cli_server.url + "/generate", data=outside, method="POST",
+                                     headers={"Authorization": f"Bearer {cli_server.token}"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=30)
+    assert info.value.code == 400
+    assert json.loads(info.value.read())["error"] == (
+        f"generate.prompts[0][1] = {len(tok)} is outside the vocabulary (token ids are 0..{len(tok) - 1})")
 
 
 def _config(tmp_path, model_dir, urls, steps):

@@ -1,0 +1,158 @@
+"""Reading the rollout server's request bodies: every field checked before the engine sees it.
+
+A malformed request is the client's mistake, so it raises `BadRequest` (the
+server answers HTTP 400) with a message that names the field, what was
+expected, and what came instead: `generate.prompts[0][3] = 70000 is outside the
+vocabulary (token ids are 0..49151)`. Only a request that passes reaches the
+engine; whatever fails after that is the server's problem (HTTP 500).
+
+Checked: the body is a JSON object; required keys are present; token ids are
+integers (not booleans, not floats) inside the vocabulary when its size is
+known; sampling has only `SamplingConfig`'s keys, with `max_tokens >= 1`,
+`temperature >= 0`, `0 < top_p <= 1`, `top_k >= 0`; seeds are one per prompt;
+a prompt (plus, for /score, its completion) fits in `max_model_len`.
+Left out: limits on batch size (the engine queues whatever it is given).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from cohort.rollout.base import SamplingConfig
+
+SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingConfig))
+
+
+class BadRequest(ValueError):
+    """A malformed request; the message says which field is wrong and what was expected."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What the served model accepts; None where unknown (then unchecked)."""
+
+    vocab_size: int | None = None
+    max_model_len: int | None = None
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, bytes) else repr(value)
+    return text if len(text) <= 60 else text[:60] + "…"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def json_object(raw: bytes, endpoint: str) -> dict[str, Any]:
+    """The body as a JSON object, or BadRequest saying why it is not one."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"{endpoint}: the body is not valid JSON ({exc}); send a JSON object") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"{endpoint}: the body must be a JSON object, got a {type(body).__name__}")
+    return body
+
+
+def required(body: dict[str, Any], key: str, endpoint: str) -> Any:
+    if key not in body:
+        raise BadRequest(f"{endpoint}: missing key {key!r} (the body has {sorted(body)})")
+    return body[key]
+
+
+def token_ids(value: Any, field: str, limits: Limits) -> list[int]:
+    """A non-empty list of in-vocabulary token ids."""
+    if not isinstance(value, list) or not value:
+        raise BadRequest(f"{field} must be a non-empty list of token ids, got {_show(value)}")
+    for i, token in enumerate(value):
+        if not _is_int(token):
+            raise BadRequest(f"{field}[{i}] must be an integer token id, got {_show(token)}")
+        if token < 0 or (limits.vocab_size is not None and token >= limits.vocab_size):
+            bound = f"0..{limits.vocab_size - 1}" if limits.vocab_size is not None else "non-negative"
+            raise BadRequest(f"{field}[{i}] = {token} is outside the vocabulary (token ids are {bound})")
+    return value
+
+
+def _fits(length: int, field: str, limits: Limits) -> None:
+    if limits.max_model_len is not None and length > limits.max_model_len:
+        raise BadRequest(f"{field} is {length} tokens, more than the server's max_model_len = {limits.max_model_len} "
+                         f"(restart `cohort serve` with a larger --max-model-len)")
+
+
+def sampling_config(value: Any) -> SamplingConfig:
+    """`generate.sampling` as a SamplingConfig, each key checked."""
+    if not isinstance(value, dict):
+        raise BadRequest(f"generate.sampling must be a JSON object like {{\"max_tokens\": 16}}, got {_show(value)}")
+    unknown = sorted(set(value) - set(SAMPLING_KEYS))
+    if unknown:
+        raise BadRequest(f"generate.sampling has unknown key(s) {unknown}; the keys are {list(SAMPLING_KEYS)}")
+    required(value, "max_tokens", "generate.sampling")
+    checks = {
+        "max_tokens": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+        "temperature": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+        "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+        "top_k": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0: off)"),
+    }
+    for key, given in value.items():
+        ok, expected = checks[key]
+        if not ok(given):
+            raise BadRequest(f"generate.sampling.{key} must be {expected}, got {_show(given)}")
+    return SamplingConfig(**value)
+
+
+def generate_request(body: dict[str, Any], limits: Limits) -> tuple[list[list[int]], SamplingConfig, list | None]:
+    """(prompts, sampling, seeds) of a /generate body."""
+    prompts = required(body, "prompts", "generate")
+    if not isinstance(prompts, list) or not prompts:
+        raise BadRequest(f"generate.prompts must be a non-empty list of token-id lists, got {_show(prompts)}")
+    prompts = [token_ids(p, f"generate.prompts[{i}]", limits) for i, p in enumerate(prompts)]
+    for i, prompt in enumerate(prompts):
+        _fits(len(prompt), f"generate.prompts[{i}]", limits)
+    sampling = sampling_config(required(body, "sampling", "generate"))
+    seeds = body.get("seeds")
+    if seeds is not None:
+        if not isinstance(seeds, list) or len(seeds) != len(prompts):
+            raise BadRequest(f"generate.seeds must be null or a list of {len(prompts)} integers (one per prompt), got {_show(seeds)}")
+        for i, seed in enumerate(seeds):
+            if seed is not None and not _is_int(seed):
+                raise BadRequest(f"generate.seeds[{i}] must be an integer or null, got {_show(seed)}")
+    return prompts, sampling, seeds
+
+
+def score_request(body: dict[str, Any], limits: Limits) -> tuple[list[list[int]], list[list[int]], float]:
+    """(prompts, completions, temperature) of a /score body: pairs scored together."""
+    prompts, completions = required(body, "prompts", "score"), required(body, "completions", "score")
+    if not isinstance(prompts, list) or not isinstance(completions, list) or len(prompts) != len(completions) or not prompts:
+        raise BadRequest(f"score.prompts and score.completions must be non-empty lists of token-id lists of the same length, "
+                         f"got {_show(prompts)} and {_show(completions)}")
+    prompts = [token_ids(p, f"score.prompts[{i}]", limits) for i, p in enumerate(prompts)]
+    completions = [token_ids(c, f"score.completions[{i}]", limits) for i, c in enumerate(completions)]
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        _fits(len(prompt) + len(completion), f"score.prompts[{i}] + score.completions[{i}]", limits)
+    temperature = body.get("temperature", 1.0)
+    if not _is_number(temperature) or temperature <= 0:
+        raise BadRequest(f"score.temperature must be a number > 0, got {_show(temperature)}")
+    return prompts, completions, float(temperature)
+
+
+def weights_query(query: dict[str, list[str]]) -> tuple[int, int, int]:
+    """(version, part, parts) from /weights?version=V&part=I&parts=K; part and parts default to 0 and 1."""
+    values = {}
+    for key, default in (("version", None), ("part", "0"), ("parts", "1")):
+        given = query.get(key, [default])[0]
+        if given is None:
+            raise BadRequest("weights: missing query parameter 'version' (POST /weights?version=V&part=I&parts=K)")
+        try:
+            values[key] = int(given)
+        except ValueError:
+            raise BadRequest(f"weights: query parameter {key} must be an integer, got {given!r}") from None
+    if values["parts"] < 1 or not 0 <= values["part"] < values["parts"]:
+        raise BadRequest(f"weights: part {values['part']} of parts={values['parts']} is out of range (0 <= part < parts)")
+    return values["version"], values["part"], values["parts"]
