@@ -328,6 +328,14 @@ class CohortConfig(_Section):
         return self.model_dump(mode="json")
 
     @property
+    def server_agreement_tolerance(self) -> float:
+        """Largest per-token canary gap allowed between two rollout servers (same kernels, same weights): the user's
+        rollout.sync_check_tolerance, else 1e-3 nats in float32 and 0.1 in 16-bit dtypes (batch-shape noise)."""
+        if self.rollout.sync_check_tolerance is not None:
+            return self.rollout.sync_check_tolerance
+        return 1e-3 if self.generation_dtype == "float32" else 0.1
+
+    @property
     def generation_dtype(self) -> str:
         """The dtype the rollout engine runs in: rollout.dtype, or model.dtype when that is `auto`."""
         return self.model.dtype if self.rollout.dtype == "auto" else self.rollout.dtype

@@ -209,7 +209,7 @@ class LocalServerEngine:
                                   cpu_cores=engine_cores(cfg)[0])
         try:
             self.remote = RemoteEngine([self.server.url], token=self.server.token, timeout_s=cfg.rollout.server_timeout_s,
-                                       agreement_tolerance=cfg.rollout.sync_check_tolerance, min_model_len=max_model_len)
+                                       agreement_tolerance=cfg.server_agreement_tolerance, min_model_len=max_model_len)
         except Exception:
             self.server.close()
             raise

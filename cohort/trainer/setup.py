@@ -154,7 +154,7 @@ def _engine(trainer, external, *, split: bool = True):
         from cohort.rollout.remote_engine import RemoteEngine
 
         return RemoteEngine(cfg.rollout.server_urls, timeout_s=cfg.rollout.server_timeout_s,
-                            agreement_tolerance=cfg.rollout.sync_check_tolerance, min_model_len=_engine_length(trainer)), True
+                            agreement_tolerance=cfg.server_agreement_tolerance, min_model_len=_engine_length(trainer)), True
     if cfg.rollout.engine == "hf":
         from cohort.rollout.hf_engine import HFEngine
 
