@@ -36,14 +36,16 @@ def main() -> None:
     cfg = load_config(None, [f"train.max_steps={args.steps}", "run.progress=false", *args.set])
     load_before, start = load_average(), time.perf_counter()
     trainer = Trainer(cfg, run_dir=f"/tmp/sync-check-noise-{int(time.time())}", log=lambda *a: None)
-    ratios, followed, gaps = [], [], []
+    ratios, raw_ratios, scales, followed, gaps = [], [], [], [], []
     try:
         for _ in range(args.steps):
             metrics = trainer.step()
             if "sync/canary_gap_mean" in metrics:
-                floor = trainer.sync_check.floor[0]
+                floor, scale = trainer.sync_check.floor[0], metrics["sync/noise_scale"]
                 gaps.append(metrics["sync/canary_gap_mean"])
-                ratios.append(metrics["sync/canary_gap_mean"] / floor)
+                scales.append(scale)
+                raw_ratios.append(metrics["sync/canary_gap_mean"] / floor)
+                ratios.append(metrics["sync/canary_gap_mean"] / (floor * scale))
             if "sync/canary_followed" in metrics:
                 followed.append(metrics["sync/canary_followed"])
     finally:
@@ -53,7 +55,9 @@ def main() -> None:
         "config": args.set, "steps": args.steps, "syncs_checked": len(ratios),
         "canary_tokens": sum(len(c) for _, c in trainer.sync_check.canaries),
         "floor_mean_nats": trainer.sync_check.floor[0], "floor_rms_nats": trainer.sync_check.floor[1],
-        "gap_over_floor": {"median": statistics.median(ratios), "p99": q(ratios, 0.99), "max": max(ratios)},
+        "gap_over_stretched_floor": {"median": statistics.median(ratios), "p99": q(ratios, 0.99), "max": max(ratios)},
+        "gap_over_starting_floor": {"median": statistics.median(raw_ratios), "p99": q(raw_ratios, 0.99), "max": max(raw_ratios)},
+        "noise_scale": {"median": statistics.median(scales), "max": max(scales)},
         "bound_floor_multiple": bounds[0], "false_alarms_closeness": sum(r > bounds[0] for r in ratios),
         "followed": {"count": len(followed), "min": min(followed, default=None), "median": statistics.median(followed) if followed else None},
         "bound_follow_min": bounds[1], "false_alarms_following": sum(f < bounds[1] for f in followed),

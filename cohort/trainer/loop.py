@@ -17,7 +17,11 @@ slices 0..S−1, then again for the next iteration). The maths is in
   updated after the policy, both timed as `timing/critic_s`); old log-probs are
   also computed when the KL to the reference is measured at generation time;
 - new weights are pushed into the rollout engine lazily, just before the next
-  generation, and checked with a canary log-prob;
+  generation (cast to the engine's dtype), and checked against the canaries'
+  noise floor (cohort/trainer/sync_check.py);
+- every forward pass of a trained model runs under `self.precision.autocast()`:
+  bf16 maths over float32 master weights under train.precision=mixed, nothing
+  otherwise (cohort/models/precision.py); backward passes run outside it;
 - with `rollout.overlap` the next batch is generated in a background thread
   behind the update (cohort/trainer/overlap.py) and arrives one step stale; the
   update then weights each token by `algorithm.rollout_correction`.
@@ -340,21 +344,28 @@ class Trainer:
                                                   self.policy_version)
                 self.sync_bytes_sent += float(sent or 0)
                 if self.sync_check.ready:
-                    engine_lp, trainer_lp = self._canary_logprobs()
-                    self.sync_metrics.update(self.sync_check.check(self.policy_version, engine_lp, trainer_lp))
+                    self.sync_metrics.update(self.sync_check.check(self.policy_version, *self._canary_logprobs()))
                     self.last_canary_gap = self.sync_metrics["sync/canary_gap_max"]
         self.synced_version = self.policy_version
 
-    def _canary_logprobs(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Flat (M,) log-probs of every canary token: the engine's and the trainer's (temperature 1)."""
+    def _canary_logprobs(self) -> tuple[torch.Tensor, torch.Tensor, float | None]:
+        """Flat (M,) log-probs of every canary token, the engine's and the trainer's (temperature 1), and under mixed
+        precision the trainer's own rounding sensitivity: mean |its autocast log-probs − its float32 ones|."""
         canaries = self.sync_check.canaries
         engine = self.engine.score([p for p, _ in canaries], [c for _, c in canaries], 1.0)
         packed = pack_right_padded([p for p, _ in canaries], [c for _, c in canaries], self.pad_id)
-        with torch.no_grad(), self.precision.autocast():
-            logp, _ = completion_logprobs(self.policy, packed.input_ids, packed.attention_mask, packed.prompt_lengths,
-                                          packed.completion_ids, packed.completion_mask, temperature=1.0)
-        trainer = [logp[row, : len(completion)].float() for row, (_, completion) in enumerate(canaries)]
-        return torch.tensor([x for row in engine for x in row], dtype=torch.float32), torch.cat(trainer)
+
+        def trainer_logprobs(context) -> torch.Tensor:
+            with torch.no_grad(), context:
+                logp, _ = completion_logprobs(self.policy, packed.input_ids, packed.attention_mask, packed.prompt_lengths,
+                                              packed.completion_ids, packed.completion_mask, temperature=1.0)
+            return torch.cat([logp[row, : len(completion)].float() for row, (_, completion) in enumerate(canaries)])
+
+        trainer = trainer_logprobs(self.precision.autocast())
+        sensitivity = None
+        if self.precision.mixed:  # float32 masters: the same weights without autocast
+            sensitivity = float((trainer - trainer_logprobs(contextlib.nullcontext())).abs().mean())
+        return torch.tensor([x for row in engine for x in row], dtype=torch.float32), trainer, sensitivity
 
     def _calibrate_sync_check(self, pending: PendingGeneration, outs) -> None:
         """Pick the canaries from the first batch and measure the noise floor while engine and trainer provably agree."""

@@ -14,11 +14,17 @@ check calibrates itself:
 2. Noise floor: while the engine and the trainer provably hold the same weights
    (the first batch, sampled at the trainer's current version), both score the
    canaries; the mean and root-mean-square per-token gaps are the floor.
-3. After each push, `judge` applies two tests to the per-token vectors
+3. The floor moves: bf16 noise grows as training sharpens the model. Under
+   mixed precision the trainer also scores the canaries in float32; its own
+   bf16-vs-float32 gap (its "sensitivity" to rounding) grows with the
+   engine's noise, so the floor is stretched by sensitivity now / at
+   calibration (never shrunk). That needs no engine, so a stale engine cannot
+   stretch its own bound.
+4. After each push, `judge` applies two tests to the per-token vectors
    engine (e), trainer now (t) and trainer at the last verified sync (p):
-   - closeness: mean |e − t| ≤ max(FLOOR_MULTIPLE × floor mean, MIN_GAP_NATS).
-     Noise cannot trip it (its mean is stable: docs/runs.md has the measured
-     spread); an engine that missed a layer or the tied head drifts past it.
+   - closeness: mean |e − t| ≤ max(FLOOR_MULTIPLE × floor mean × stretch,
+     MIN_GAP_NATS). An engine that missed a layer or the tied head drifts
+     past it.
    - following: when the update moved the canaries clearly (rms |t − p| ≥
      FOLLOW_SIGNAL × floor rms), the engine must have moved with it: the
      projection of e − p on t − p, divided by |t − p|², is 1 for an engine that
@@ -65,25 +71,29 @@ class Verdict:
 
 
 def judge(engine: torch.Tensor, trainer: torch.Tensor, previous: torch.Tensor | None, *, floor_mean: float,
-          floor_rms: float, fixed_tolerance: float | None = None) -> Verdict:
-    """Decide one sync from flat (M,) per-token log-probs of the canaries (module docstring for the two tests)."""
+          floor_rms: float, noise_scale: float = 1.0, fixed_tolerance: float | None = None) -> Verdict:
+    """Decide one sync from flat (M,) per-token log-probs of the canaries (module docstring for the two tests).
+
+    `noise_scale` (>= 1) stretches the calibrated floor by how much more sensitive to rounding the weights have become
+    since calibration (`SyncCheck.check`)."""
     gap = (engine - trainer).abs()  # (M,)
     gap_mean, gap_max = float(gap.mean()), float(gap.max())
     if fixed_tolerance is not None:
         ok = gap_max <= fixed_tolerance
         return Verdict(ok, gap_mean, gap_max, fixed_tolerance, None,
                        "" if ok else f"the largest per-token gap {gap_max:.3g} > rollout.sync_check_tolerance = {fixed_tolerance:g}")
-    bound = max(FLOOR_MULTIPLE * floor_mean, MIN_GAP_NATS)
+    bound = max(FLOOR_MULTIPLE * floor_mean * noise_scale, MIN_GAP_NATS)
     followed = None
     if previous is not None:
         step = trainer - previous  # (M,) how the update moved the canaries
         signal = float(step.pow(2).mean().sqrt())
-        if signal >= FOLLOW_SIGNAL * max(floor_rms, FOLLOW_NOISE_MIN):
+        if signal >= FOLLOW_SIGNAL * max(floor_rms * noise_scale, FOLLOW_NOISE_MIN):
             followed = float(((engine - previous) * step).sum() / step.pow(2).sum())
     if not gap_mean <= bound:
         return Verdict(False, gap_mean, gap_max, bound, followed,
                        f"the mean per-token gap {gap_mean:.3g} > {bound:.3g} ({FLOOR_MULTIPLE:g} × the noise floor "
-                       f"{floor_mean:.3g} measured when both held the same weights)")
+                       f"{floor_mean:.3g} measured when both held the same weights, × {noise_scale:.2g} for the weights' "
+                       "sensitivity to rounding since)")
     if followed is not None and not followed >= FOLLOW_MIN:
         return Verdict(False, gap_mean, gap_max, bound, followed,
                        f"the engine took {followed:.0%} of the update's change to the canaries' log-probs (a fresh engine "
@@ -104,6 +114,7 @@ class SyncCheck:
         self.fixed_tolerance = fixed_tolerance  # rollout.sync_check_tolerance (None: calibrated)
         self.canaries: list[tuple[list[int], list[int]]] = []  # (prompt ids, completion ids)
         self.floor: tuple[float, float] | None = None  # (mean, rms) per-token gap at calibration
+        self.sensitivity: float | None = None  # the trainer's own low-precision vs float32 gap at calibration (mixed only)
         self.previous: list[float] | None = None  # trainer log-probs of the canary tokens at the last verified sync
 
     @property
@@ -125,17 +136,31 @@ class SyncCheck:
                 total += len(completions[i])
         self.canaries = picks
 
-    def calibrate(self, engine: torch.Tensor, trainer: torch.Tensor) -> dict[str, float]:
-        """Record the floor from a scoring under identical weights; flat (M,) tensors over every canary token."""
+    def calibrate(self, engine: torch.Tensor, trainer: torch.Tensor, sensitivity: float | None = None) -> dict[str, float]:
+        """Record the floor from a scoring under identical weights; flat (M,) tensors over every canary token.
+
+        `sensitivity`: mean |trainer in low precision − trainer in float32| over the same tokens (None when the
+        trainer computes in float32), the yardstick `check` uses to follow the floor as training moves the weights."""
         self.floor = noise_floor(engine, trainer)
+        self.sensitivity = sensitivity
         self.previous = trainer.tolist()
         return {"sync/canary_floor": self.floor[0]}
 
-    def check(self, version: int, engine: torch.Tensor, trainer: torch.Tensor) -> dict[str, float]:
+    def noise_scale(self, sensitivity: float | None) -> float:
+        """How much the floor has grown since calibration: the ratio of the trainer's own rounding sensitivity now to
+        then, never below 1. bf16 noise grows as training sharpens the model (measured over 1,000 demo syncs: the
+        engine/trainer gap 2.3× the starting floor at the median, 6.7× at worst), and the trainer's own
+        bf16-vs-float32 gap grows with it (their ratio stayed within 0.8–1.6 over 300 steps; docs/runs.md)."""
+        if not sensitivity or not self.sensitivity:
+            return 1.0
+        return max(1.0, sensitivity / self.sensitivity)
+
+    def check(self, version: int, engine: torch.Tensor, trainer: torch.Tensor, sensitivity: float | None = None) -> dict[str, float]:
         """Judge a push; raise SyncCheckError naming the statistic, else remember the trainer's log-probs."""
         floor_mean, floor_rms = self.floor or (math.nan, math.nan)
         previous = torch.tensor(self.previous) if self.previous is not None else None
-        verdict = judge(engine, trainer, previous, floor_mean=floor_mean, floor_rms=floor_rms,
+        scale = self.noise_scale(sensitivity)
+        verdict = judge(engine, trainer, previous, floor_mean=floor_mean, floor_rms=floor_rms, noise_scale=scale,
                         fixed_tolerance=self.fixed_tolerance)
         if not verdict.ok:
             raise SyncCheckError(
@@ -144,15 +169,16 @@ class SyncCheck:
                 "name). If this is noise from a change of kernels, set rollout.sync_check_tolerance to a fixed bound "
                 "on the largest per-token gap in nats")
         self.previous = trainer.tolist()
-        metrics = {"sync/canary_gap_mean": verdict.gap_mean, "sync/canary_gap_max": verdict.gap_max}
+        metrics = {"sync/canary_gap_mean": verdict.gap_mean, "sync/canary_gap_max": verdict.gap_max, "sync/noise_scale": scale}
         if verdict.followed is not None:
             metrics["sync/canary_followed"] = verdict.followed
         return metrics
 
     def state_dict(self) -> dict:
-        return {"canaries": self.canaries, "floor": self.floor, "previous": self.previous}
+        return {"canaries": self.canaries, "floor": self.floor, "sensitivity": self.sensitivity, "previous": self.previous}
 
     def load_state_dict(self, state: dict) -> None:
         self.canaries = [(list(p), list(c)) for p, c in state["canaries"]]
         self.floor = tuple(state["floor"]) if state["floor"] is not None else None
+        self.sensitivity = state.get("sensitivity")
         self.previous = state["previous"]

@@ -18,6 +18,7 @@ import torch
 from cohort.config import load_config
 from cohort.rollout import vllm_engine as vllm_engine_module
 from cohort.trainer.loop import Trainer
+from cohort.trainer import sync_check
 from cohort.trainer.sync_check import SyncCheck, SyncCheckError, judge
 
 T = torch.tensor
@@ -33,6 +34,19 @@ def test_closeness_bound_is_a_multiple_of_the_floor():
     # a float32 floor of 1e-9 would make the bound 4e-9; it is never below MIN_GAP_NATS = 1e-5
     v = judge(T([0.0, 2e-5]), T([0.0, 0.0]), None, floor_mean=1e-9, floor_rms=1e-9)
     assert v.ok and v.bound == pytest.approx(1e-5)  # mean gap 1e-5 <= 1e-5
+
+
+def test_the_floor_stretches_with_the_trainers_own_rounding_sensitivity_and_never_shrinks():
+    check = SyncCheck()
+    check.canaries = [([1], [2, 3])]
+    check.calibrate(T([-1.0, -2.0]), T([-1.01, -2.01]), sensitivity=0.002)  # floor mean 0.01
+    # the trainer's bf16-vs-float32 gap grew from 0.002 to 0.005: the floor is stretched 2.5×, bound 4 × 0.01 × 2.5 = 0.1
+    assert check.noise_scale(0.005) == pytest.approx(2.5) and check.noise_scale(0.001) == 1.0 and check.noise_scale(None) == 1.0
+    # a mean gap of 0.06 fails the unstretched bound 0.04 but passes the stretched one
+    assert not judge(T([0.0, 0.12]), T([0.0, 0.0]), None, floor_mean=0.01, floor_rms=0.01).ok
+    assert judge(T([0.0, 0.12]), T([0.0, 0.0]), None, floor_mean=0.01, floor_rms=0.01, noise_scale=2.5).ok
+    metrics = check.check(1, T([-1.0, -2.12]), T([-1.0, -2.0]), sensitivity=0.005)
+    assert metrics["sync/noise_scale"] == pytest.approx(2.5) and metrics["sync/canary_gap_mean"] == pytest.approx(0.06)
 
 
 def test_following_catches_an_engine_that_kept_the_old_weights():
@@ -164,7 +178,7 @@ def test_bfloat16_run_has_no_false_alarm_and_a_stale_bfloat16_engine_is_caught(t
         raise
     floor = trainer.sync_check.floor[0]
     assert 1e-4 < floor < 0.05, floor  # bf16 noise: ~1e-3 nats per token on average
-    assert all(m["sync/canary_gap_mean"] <= 4 * floor for m in metrics[:11])
+    assert all(m["sync/canary_gap_mean"] <= sync_check.FLOOR_MULTIPLE * floor for m in metrics[:11])
     version, message = _run_until_caught(trainer)
     engine.close()
     assert version == 14 and "would sample from a policy other than" in message
