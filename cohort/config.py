@@ -23,10 +23,11 @@ import math
 import os
 import time
 from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
 
 class ConfigError(ValueError):
@@ -240,11 +241,21 @@ class RewardSpec(BaseModel):
     """One reward function: a built-in name or a dotted path; extra keys are its options."""
 
     model_config = ConfigDict(extra="allow")
-    name: str = Field(..., description="Built-in reward (`cohort rewards list`) or dotted path `pkg.module.fn` / `pkg.module:fn`.")
+    name: str | Callable[..., Any] = Field(
+        ...,
+        description="Built-in reward (`cohort rewards list`) or dotted path `pkg.module.fn` / `pkg.module:fn`; from Python "
+        "(cohort.train) also the function itself, which the saved config.yaml records by its import path.",
+    )
     weight: float = Field(1.0, description="Weight in the sum of rewards.")
 
     def options(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
+
+    @field_serializer("name", when_used="json")
+    def _name_as_text(self, name: str | Callable[..., Any]) -> str:
+        from cohort.rewards.registry import reference  # light; the registry imports its built-ins lazily
+
+        return name if isinstance(name, str) else reference(name)
 
 
 class RunConfig(_Section):
@@ -351,6 +362,15 @@ def _set_path(tree: dict, path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
+def _copy_tree(node: Any) -> Any:
+    """A copy of nested dicts and lists; leaves (numbers, strings, reward callables) are shared, not deep-copied."""
+    if isinstance(node, Mapping):
+        return {key: _copy_tree(value) for key, value in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_copy_tree(value) for value in node]
+    return node
+
+
 def _merge(base: dict, extra: dict) -> dict:
     out = dict(base)
     for key, value in extra.items():
@@ -361,11 +381,17 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> CohortConfig:
-    """Build the config: defaults < (preset when no file) < YAML file < dotted overrides."""
+def load_config(path: str | os.PathLike | Mapping[str, Any] | None = None,
+                overrides: list[str] | tuple[str, ...] = ()) -> CohortConfig:
+    """Build the config: defaults < (preset when no file) < YAML file < dotted overrides.
+
+    `path` may also be the file's content as a mapping (the Python API's dict config); it counts as a file.
+    """
     tree: dict[str, Any] = {}
     if path is None:
         tree = copy.deepcopy(DEFAULT_PRESET)
+    elif isinstance(path, Mapping):
+        tree = _copy_tree(path)  # overrides must not write into the caller's dict
     else:
         p = Path(path)
         if not p.is_file():
