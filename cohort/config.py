@@ -27,10 +27,11 @@ import math
 import os
 import time
 from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
 
 class ConfigError(ValueError):
@@ -267,11 +268,21 @@ class RewardSpec(BaseModel):
     """One reward function: a built-in name or a dotted path; extra keys are its options."""
 
     model_config = ConfigDict(extra="allow")
-    name: str = Field(..., description="Built-in reward (`cohort rewards list`) or dotted path `pkg.module.fn` / `pkg.module:fn`.")
+    name: str | Callable[..., Any] = Field(
+        ...,
+        description="Built-in reward (`cohort rewards list`) or dotted path `pkg.module.fn` / `pkg.module:fn`; from Python "
+        "(cohort.train) also the function itself, which the saved config.yaml records by its import path.",
+    )
     weight: float = Field(1.0, description="Weight in the sum of rewards.")
 
     def options(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
+
+    @field_serializer("name", when_used="json")
+    def _name_as_text(self, name: str | Callable[..., Any]) -> str:
+        from cohort.rewards.registry import reference  # light; the registry imports its built-ins lazily
+
+        return name if isinstance(name, str) else reference(name)
 
 
 class RunConfig(_Section):
@@ -388,6 +399,15 @@ def _set_path(tree: dict, path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
+def _copy_tree(node: Any) -> Any:
+    """A copy of nested dicts and lists; leaves (numbers, strings, reward callables) are shared, not deep-copied."""
+    if isinstance(node, Mapping):
+        return {key: _copy_tree(value) for key, value in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_copy_tree(value) for value in node]
+    return node
+
+
 def _merge(base: dict, extra: dict) -> dict:
     out = dict(base)
     for key, value in extra.items():
@@ -428,7 +448,7 @@ def is_embedded_demo(tree: dict[str, Any]) -> bool:
     return (path is None or str(path).startswith("tiny:")) and not files
 
 
-def resolve_config(source: str | os.PathLike | dict | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+def resolve_config(source: str | os.PathLike | Mapping[str, Any] | None = None, overrides: list[str] | tuple[str, ...] = (), *,
                    own_data: bool = False) -> ResolvedConfig:
     """The one place that decides whether the demo preset applies, for the CLI and the Python API alike.
 
@@ -438,8 +458,8 @@ def resolve_config(source: str | os.PathLike | dict | None = None, overrides: li
     A YAML file is complete on its own over the field defaults; `examples/arith.yaml` is the preset written out,
     and a resumed run's config.yaml is never re-preset.
     """
-    if isinstance(source, dict):
-        tree, named = copy.deepcopy(source), "a dict"
+    if isinstance(source, Mapping):
+        tree, named = _copy_tree(source), "a dict"  # overrides must not write into the caller's dict
     elif source is not None:
         tree, named = _read_yaml(source), str(source)
     else:
@@ -462,7 +482,7 @@ def resolve_config(source: str | os.PathLike | dict | None = None, overrides: li
     return ResolvedConfig(config=config, source=" + ".join(parts), demo_preset=demo)
 
 
-def load_config(path: str | os.PathLike | dict | None = None, overrides: list[str] | tuple[str, ...] = ()) -> CohortConfig:
+def load_config(path: str | os.PathLike | Mapping[str, Any] | None = None, overrides: list[str] | tuple[str, ...] = ()) -> CohortConfig:
     """Build the config (see `resolve_config` for the layers and when the demo preset applies)."""
     return resolve_config(path, overrides).config
 

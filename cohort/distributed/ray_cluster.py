@@ -26,17 +26,29 @@ A local Ray (no address) keeps every address on 127.0.0.1, declares at least
 as many logical CPUs as the actors ask for (so a laptop run is never left
 waiting for resources), and turns usage reporting off. Actors bind their
 servers to the address the cluster knows their node by.
+
+Joining a cluster fails fast instead of waiting: before any actor is placed, the
+CPUs and GPUs the actors reserve (`distributed.*_per_trainer` × train.num_processes
++ `*_per_rollout` × the server actors) are compared with `ray.cluster_resources()`
+and with the largest node (an actor lives on one node); a cluster that can never
+hold them is refused with both numbers and the settings that would fit. A cluster
+that is big enough but busy (fewer free than needed) is only reported: Ray queues
+the actors until the other work ends. A cluster with token authentication that
+refuses this process's token (Ray 2.59+ `ray start --head` can turn it on) is
+reported with the variables that fix it. Memory is not checked: the actors
+reserve none (Ray schedules them by CPUs and GPUs only).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import socket
 from pathlib import Path
 from typing import Any
 
-from cohort.config import default_output_dir
+from cohort.config import ConfigError, default_output_dir
 from cohort.rollout.server import TOKEN_ENV
 
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # the driver and actors pass configs and summaries, nothing large
@@ -125,17 +137,94 @@ class TrainerActor:
             trainer.close()
 
 
-def _connect(cfg, needed_cpus: float, needed_gpus: float) -> bool:
-    """Join or start Ray; True when this call started a local cluster (then it is stopped at the end)."""
+AUTH_FAILURE = "Authentication token is missing or incorrect"  # what Ray's GCS answers a driver without the token
+
+
+def _connect(cfg, needed_cpus: float, needed_gpus: float) -> None:
+    """Join the cluster at distributed.ray_address, or start a local Ray for this run."""
     import ray
 
     address = cfg.distributed.ray_address
     if address:
-        ray.init(address=address, log_to_driver=True)
-        return False
+        try:
+            ray.init(address=address, log_to_driver=True)
+        except ConnectionError as exc:
+            raise ConfigError([_connection_problem(address, exc)]) from exc
+        return
     ray.init(num_cpus=max(os.cpu_count() or 1, int(needed_cpus + 0.999)), num_gpus=int(needed_gpus + 0.999) or None,
              include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES, log_to_driver=True)
-    return True
+
+
+def _connection_problem(address: str, exc: BaseException) -> str:
+    """Why `ray.init(address=...)` failed, and the fix; Ray wraps the authentication error in its traceback text."""
+    chain, cause = [], exc
+    while cause is not None and len(chain) < 10:
+        chain.append(f"{type(cause).__name__}: {cause}")
+        cause = cause.__cause__ or cause.__context__
+    if any(AUTH_FAILURE in text or "AuthenticationError" in text for text in chain):
+        return (f"distributed.ray_address = {address}: the Ray cluster refused this process ('{AUTH_FAILURE}'): it runs "
+                "with token authentication (Ray 2.59+ `ray start --head` may turn it on). Set RAY_AUTH_MODE=token in the "
+                "environment of `cohort train`, with the cluster's token in RAY_AUTH_TOKEN or in ~/.ray/auth_token "
+                "(`ray get-auth-token` on the head node prints it)")
+    return (f"distributed.ray_address = {address}: no Ray cluster answered there ({exc}); give the address `ray start "
+            "--head` printed (HOST:PORT), or `auto` on a node of the cluster, or unset it to start a local Ray for this run")
+
+
+def _fitting(share: float) -> float:
+    """The largest setting Ray accepts at or below `share`: a whole number from 1 up, hundredths below 1."""
+    return float(math.floor(share)) if share >= 1 else math.floor(share * 100) / 100
+
+
+def cluster_problems(cfg, total: dict[str, float], nodes: list[dict[str, float]], address: str) -> list[str]:
+    """What the actors reserve that the cluster (`total`, and `nodes`, one resource dict per live node) cannot hold."""
+    d, world, servers = cfg.distributed, cfg.train.num_processes, _servers_to_start(cfg)
+    problems = []
+    for resource, key, per_trainer, per_rollout in (("CPU", "cpus", d.cpus_per_trainer, d.cpus_per_rollout),
+                                                    ("GPU", "gpus", d.gpus_per_trainer, d.gpus_per_rollout)):
+        need, have = world * per_trainer + servers * per_rollout, float(total.get(resource, 0.0))
+        if need > have + 1e-9:
+            parts = f"{world} trainer actor(s) × {per_trainer:g}" + (f" + {servers} rollout server actor(s) × {per_rollout:g}"
+                                                                     if servers else "")
+            problems.append(f"the run needs {need:g} {resource}s ({parts}), the Ray cluster at {address} has {have:g}: "
+                            f"{_resource_fix(key, have, world, servers, per_rollout)}")
+            continue
+        largest = max((float(n.get(resource, 0.0)) for n in nodes), default=0.0)
+        for label, count, per in (("trainer", world, per_trainer), ("rollout", servers, per_rollout)):
+            if count and per > largest + 1e-9:
+                problems.append(f"distributed.{key}_per_{label} = {per:g}: an actor runs on one node and the largest node of "
+                                f"the Ray cluster at {address} has {largest:g} {resource}s; set distributed.{key}_per_{label}="
+                                f"{_fitting(largest):g} or less, or add a larger node")
+    return problems
+
+
+def _resource_fix(key: str, have: float, world: int, servers: int, per_rollout: float) -> str:
+    more = "add nodes to the cluster, or lower train.num_processes"
+    if have <= 0:
+        return f"set distributed.{key}_per_trainer=0 and distributed.{key}_per_rollout=0, or {more}"
+    left = have - servers * per_rollout  # keep the rollout servers' share, split the rest between the trainers
+    if left > 0 and _fitting(left / world) > 0:
+        return f"set distributed.{key}_per_trainer={_fitting(left / world):g}, or {more}"
+    share = _fitting(have / (world + servers))
+    return f"set distributed.{key}_per_trainer={share:g} and distributed.{key}_per_rollout={share:g}, or {more}"
+
+
+def _servers_to_start(cfg) -> int:
+    spawn = cfg.rollout.mode == "server" and not cfg.rollout.server_urls
+    return cfg.distributed.num_rollout_servers if spawn else 0
+
+
+def _check_cluster(cfg) -> None:
+    """Refuse a cluster that can never hold the actors; say so when it is busy (the actors then wait)."""
+    import ray
+
+    address = cfg.distributed.ray_address or "local"
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    problems = cluster_problems(cfg, ray.cluster_resources(), nodes, address)
+    if problems:
+        raise ConfigError(problems)
+    busy = cluster_problems(cfg, ray.available_resources(), nodes, address)
+    if busy:
+        print(f"cohort: the Ray cluster is busy, so the actors wait until its other work frees: {busy[0]}", flush=True)
 
 
 def _wait_all(futures: list) -> list:
@@ -158,14 +247,13 @@ def train_with_ray(cfg) -> dict[str, Any]:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
-    d, world = cfg.distributed, cfg.train.num_processes
-    spawn_servers = cfg.rollout.mode == "server" and not cfg.rollout.server_urls
-    servers_n = d.num_rollout_servers if spawn_servers else 0
-    started = _connect(cfg, world * d.cpus_per_trainer + servers_n * d.cpus_per_rollout,
-                       world * d.gpus_per_trainer + servers_n * d.gpus_per_rollout)
+    d, world, servers_n = cfg.distributed, cfg.train.num_processes, _servers_to_start(cfg)
+    _connect(cfg, world * d.cpus_per_trainer + servers_n * d.cpus_per_rollout,
+             world * d.gpus_per_trainer + servers_n * d.gpus_per_rollout)
     token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
     actors: list = []
     try:
+        _check_cluster(cfg)
         urls = list(cfg.rollout.server_urls)
         if servers_n:
             remote = ray.remote(RolloutServerActor).options(
@@ -190,6 +278,5 @@ def train_with_ray(cfg) -> dict[str, Any]:
     finally:
         for actor in actors:
             ray.kill(actor)
-        if started:
-            ray.shutdown()
+        ray.shutdown()  # stops a local Ray; leaves a joined cluster running, this driver disconnected
 

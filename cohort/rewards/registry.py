@@ -14,7 +14,12 @@ A *name* is either
     client);
   * a **function**: the options are forwarded as extra keyword arguments on every
     call (they must match the function's parameters, or it must take ``**kwargs``);
-    with no options the function is used as is.
+    with no options the function is used as is;
+- or the Python object itself (a function, a callable instance, or a class), as the
+  Python API (``cohort.train(reward_funcs=[fn])``) passes it: it resolves exactly as
+  if it had been imported from its path. ``reference(obj)`` is the string a config
+  file records for it: its import path when it has one, else ``<python ...>``, a
+  marker that resolving refuses with the fix (a lambda cannot be written to a file).
 
 A built-in declares the dataset columns it reads (``register(name, needs=[Needs(...)])``);
 ``needed_columns(name, options)`` says which, so config validation can compare them with
@@ -55,6 +60,8 @@ _loaded = False
 REQUIRED = "<required>"
 # Keys of a RewardSet spec that the set itself reads; they never reach a reward's options.
 SPEC_KEYS = ("name", "weight", "on_error", "timeout_s", "alias", "contract")
+# How a config file records a reward object that no import path finds (a lambda, a function in a notebook).
+IN_PROCESS_MARK = "<python "
 
 
 class BuiltinInfo(NamedTuple):
@@ -180,12 +187,20 @@ def _check_options(name: str, function: Callable[..., Any], options: Mapping[str
             raise ValueError(f"reward {name!r} needs the option(s) {missing}")
 
 
-def resolve(name: str, options: Mapping[str, Any] | None = None) -> Resolved:
+def resolve(name: str | Callable[..., Any], options: Mapping[str, Any] | None = None) -> Resolved:
     """Check that ``name`` (and, if given, ``options``) names a reward; build nothing.
 
-    Raises ``ValueError`` for an unknown name (listing the built-ins and the import-path
+    ``name`` may also be the callable itself (see the module docstring). Raises
+    ``ValueError`` for an unknown name (listing the built-ins and the import-path
     form) or for options the reward does not take.
     """
+    if callable(name):
+        return _resolve_object(name, options)
+    if isinstance(name, str) and name.startswith(IN_PROCESS_MARK):
+        raise ValueError(
+            f"reward {name!r} was a Python object given to cohort.train, which a config file cannot hold: give it again "
+            f"(cohort.train(config, reward_funcs=[...])), or define it in a module and name it by its import path"
+        )
     if not isinstance(name, str) or not name:
         raise ValueError(_unknown_name_message(str(name)))
     factories = _builtins()
@@ -204,12 +219,42 @@ def resolve(name: str, options: Mapping[str, Any] | None = None) -> Resolved:
     return Resolved(name, kind, display, target)
 
 
-def get(name: str, **options: Any) -> RewardFunction:
+def _resolve_object(target: Callable[..., Any], options: Mapping[str, Any] | None) -> Resolved:
+    """A reward given as the Python object: a class (instantiated with the options) or a function / callable instance."""
+    kind = "class" if inspect.isclass(target) else "function"
+    display = getattr(target, "__name__", None) or type(target).__name__
+    display = "lambda" if display == "<lambda>" else display
+    if options:
+        init = target.__init__ if kind == "class" else target
+        _check_options(display, init, options, strict=False)
+    return Resolved(reference(target), kind, display, target)
+
+
+def reference(target: Callable[..., Any]) -> str:
+    """What a config file records for a reward given as an object: ``module:qualname`` when that import finds this very
+    object again (so `--resume` and other processes can use it), else ``<python NAME>``."""
+    module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
+    if module and qualname and module != "__main__" and "<" not in qualname:
+        try:
+            found: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                found = getattr(found, part)
+        except (ImportError, AttributeError):
+            found = None
+        if found is target:
+            return f"{module}:{qualname}"
+    return f"{IN_PROCESS_MARK}{qualname or type(target).__name__}>"
+
+
+def get(name: str | Callable[..., Any], **options: Any) -> RewardFunction:
     """The reward function called ``name``, built with ``options`` (see module docstring)."""
-    resolved = resolve(name, options)
-    if resolved.kind == "builtin":
-        return resolved.target(**options)
-    if resolved.kind == "class":
+    return instantiate(resolve(name, options), options)
+
+
+def instantiate(resolved: Resolved, options: Mapping[str, Any]) -> RewardFunction:
+    """The reward function of an already resolved name: a factory or class called with the options, or a function
+    with the options bound."""
+    if resolved.kind in ("builtin", "class"):
         return resolved.target(**options)
     if not options:
         return resolved.target

@@ -154,16 +154,16 @@ def _unique_names(names: Sequence[str]) -> list[str]:
     return unique
 
 
-def validate_spec(spec: Mapping[str, Any] | str) -> Resolved:
+def validate_spec(spec: Mapping[str, Any] | str | Callable[..., Any]) -> Resolved:
     """Check one spec (name, options, weight, on_error, timeout_s, alias, contract); build nothing.
 
     For config validation before any model loads; raises ``ValueError`` saying what to fix.
     """
-    if isinstance(spec, str):
+    if isinstance(spec, str) or callable(spec):
         spec = {"name": spec}
     if "name" not in spec:
         raise ValueError(f"a reward spec needs a 'name'; got {dict(spec)}")
-    name = spec["name"]
+    name = spec["name"] if isinstance(spec["name"], str) else getattr(spec["name"], "__name__", type(spec["name"]).__name__)
     try:
         weight = float(spec.get("weight", 1.0))
     except (TypeError, ValueError):
@@ -178,14 +178,14 @@ def validate_spec(spec: Mapping[str, Any] | str) -> Resolved:
     alias = spec.get("alias")
     if alias is not None and (not isinstance(alias, str) or not alias):
         raise ValueError(f"reward {name!r}: alias must be a non-empty string, got {alias!r}")
-    resolved = resolve(name, {k: v for k, v in spec.items() if k not in SPEC_KEYS})
+    resolved = resolve(spec["name"], {k: v for k, v in spec.items() if k not in SPEC_KEYS})
     verl.contract_of(resolved, spec.get("contract"))  # a bad contract, or a signature verl's cannot call
     return resolved
 
 
-def _entry_from_spec(spec: Mapping[str, Any] | str) -> RewardEntry:
+def _entry_from_spec(spec: Mapping[str, Any] | str | Callable[..., Any]) -> RewardEntry:
     """A spec dict → an entry (display name before de-duplication)."""
-    if isinstance(spec, str):
+    if isinstance(spec, str) or callable(spec):
         spec = {"name": spec}
     resolved = validate_spec(spec)
     options = {k: v for k, v in spec.items() if k not in SPEC_KEYS}
@@ -232,8 +232,9 @@ class RewardSet:
         self._closed = False
 
     @classmethod
-    def from_specs(cls, specs: Sequence[Mapping[str, Any] | str], **kwargs: Any) -> RewardSet:
-        """Build from ``[{name, weight=1.0, on_error?, timeout_s?, alias?, contract?, **options}]``."""
+    def from_specs(cls, specs: Sequence[Mapping[str, Any] | str | Callable[..., Any]], **kwargs: Any) -> RewardSet:
+        """Build from ``[{name, weight=1.0, on_error?, timeout_s?, alias?, contract?, **options}]``; a name (or a whole
+        spec) may be the reward callable itself, which resolves like an import path (``cohort.rewards.registry``)."""
         built = []
         try:
             for spec in specs:

@@ -45,7 +45,7 @@ from typing import Any
 
 from cohort.rewards.calling import AsyncReward, DaemonThreads, RewardRowError, Scores, async_implementation
 from cohort.rewards.math_answers import PARSING_TIMEOUT_S, VERIFY_TIMEOUT_S, PooledReward
-from cohort.rewards.registry import Needs, Resolved, RewardFunction, get, register
+from cohort.rewards.registry import Needs, Resolved, RewardFunction, instantiate, register
 from cohort.rewards.text import completion_texts, pick_column
 
 CONTRACTS = ("trl", "verl")
@@ -92,7 +92,7 @@ def contract_of(resolved: Resolved, contract: str | None) -> str:
 def build(resolved: Resolved, options: Mapping[str, Any], contract: str | None) -> RewardFunction:
     """The reward function for a validated spec: as ``get`` builds it, or adapted from verl's contract."""
     if contract_of(resolved, contract) == "trl":
-        return get(resolved.name, **options)
+        return instantiate(resolved, options)
     if resolved.kind == "class":
         return VerlReward(resolved.target(**options), resolved.display_name, {})
     return VerlReward(resolved.target, resolved.display_name, options)

@@ -1,0 +1,143 @@
+"""Joining a Ray cluster (docs/deployment.md, "Several machines") fails fast and says how to fix it.
+
+Pure checks first (hand-computed resource sums), then the recipe against a real
+`ray start --head` on this machine: loopback only (node address 127.0.0.1, no
+dashboard), token authentication on, as Ray 2.59+ heads may have it. The head runs
+with `--block` and is stopped by signalling that process, which stops exactly the
+processes it started (`ray stop` would also stop other Ray sessions of this user).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from cohort.config import load_config
+from cohort.distributed.ray_cluster import AUTH_FAILURE, _connection_problem, cluster_problems
+
+TOKEN = "cohort-test-token-0123456789abcdef"
+
+
+def _cfg(*overrides):
+    return load_config(None, ["distributed.backend=ray", "rollout.mode=server", "train.num_processes=2", *overrides])
+
+
+def test_a_cluster_with_too_few_cpus_is_refused_with_both_numbers_and_a_fit():
+    # 2 trainers × 1 CPU + 1 rollout server × 1 CPU = 3 > 2; keeping the server's 1, the trainers share (2 − 1) / 2 = 0.5
+    problems = cluster_problems(_cfg(), {"CPU": 2.0}, [{"CPU": 2.0}], "127.0.0.1:6379")
+    assert problems == ["the run needs 3 CPUs (2 trainer actor(s) × 1 + 1 rollout server actor(s) × 1), the Ray cluster at "
+                        "127.0.0.1:6379 has 2: set distributed.cpus_per_trainer=0.5, or add nodes to the cluster, or lower "
+                        "train.num_processes"]
+    assert cluster_problems(_cfg("distributed.cpus_per_trainer=0.5"), {"CPU": 2.0}, [{"CPU": 2.0}], "a") == []  # 0.5×2+1 = 2
+
+
+def test_the_rollout_share_is_cut_too_when_it_alone_fills_the_cluster():
+    # 2 × 1 + 1 × 2 = 4 > 2; the server's 2 leave nothing, so all three actors share 2 / 3 = 0.666 → 0.66
+    problems = cluster_problems(_cfg("distributed.cpus_per_rollout=2"), {"CPU": 2.0}, [{"CPU": 2.0}], "h:1")
+    assert problems[0].endswith("set distributed.cpus_per_trainer=0.66 and distributed.cpus_per_rollout=0.66, or add nodes "
+                                "to the cluster, or lower train.num_processes")
+
+
+def test_gpus_and_node_sizes_are_checked():
+    # no GPU anywhere: 2 × 1 GPU asked for
+    problems = cluster_problems(_cfg("rollout.mode=colocate", "distributed.gpus_per_trainer=1"), {"CPU": 8.0}, [{"CPU": 8.0}], "h:1")
+    assert problems == ["the run needs 2 GPUs (2 trainer actor(s) × 1), the Ray cluster at h:1 has 0: set "
+                        "distributed.gpus_per_trainer=0 and distributed.gpus_per_rollout=0, or add nodes to the cluster, or "
+                        "lower train.num_processes"]
+    # 8 CPUs in total fit 2 × 3 + 1, but no single node holds a 3-CPU trainer
+    problems = cluster_problems(_cfg("distributed.cpus_per_trainer=3"), {"CPU": 8.0}, [{"CPU": 2.0}] * 4, "h:1")
+    assert problems == ["distributed.cpus_per_trainer = 3: an actor runs on one node and the largest node of the Ray cluster "
+                        "at h:1 has 2 CPUs; set distributed.cpus_per_trainer=2 or less, or add a larger node"]
+
+
+def test_an_authentication_failure_names_the_setting():
+    inner = RuntimeError(f"Failed to connect to GCS. Last connection error: ... AuthenticationError: RPC error: {AUTH_FAILURE}")
+    outer = ConnectionError("Failed to connect to Ray cluster at 127.0.0.1:6379")
+    outer.__cause__ = inner
+    assert "RAY_AUTH_MODE=token" in _connection_problem("127.0.0.1:6379", outer)
+    assert "no Ray cluster answered there" in _connection_problem("127.0.0.1:6379", ConnectionError("refused"))
+
+
+# --------------------------------------------------------------------------- a real `ray start --head` on loopback
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    pytest.importorskip("ray")
+    ray_bin = Path(sys.executable).with_name("ray")
+    port, temp_dir = _free_port(), tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a length limit
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN": TOKEN}
+    log = open(Path(temp_dir) / "head.log", "w")
+    head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
+                             "--num-cpus=2", "--num-gpus=0", "--include-dashboard=false", "--disable-usage-stats",
+                             f"--temp-dir={temp_dir}"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 120
+        while "Ray runtime started" not in (Path(temp_dir) / "head.log").read_text():
+            assert head.poll() is None and time.time() < deadline, (Path(temp_dir) / "head.log").read_text()[-3000:]
+            time.sleep(1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        head.send_signal(signal.SIGTERM)  # `ray start --block` drains and stops the processes it started
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+        log.close()
+
+
+def _train(tmp_path, tiny_model_dir, address, *extra, auth=True, timeout_s=120):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(16)))
+    (tmp_path / "cluster_rewards.py").write_text("def sevens(prompts, completions, **kw):\n    return [c.count('7') / max(1, len(c)) for c in completions]\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 on both sides keeps Ray on 127.0.0.1 (else the driver swaps it for the routed address)
+    env.update(PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]), RAY_USAGE_STATS_ENABLED="0",
+               OMP_NUM_THREADS="1", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    if auth:
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=TOKEN)
+    args = [f"model.path={tiny_model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "rollout.num_generations=4",
+            "rollout.max_completion_length=6", "train.prompts_per_step=4", "train.micro_batch_size=4", "train.learning_rate=3e-3",
+            "rewards=[{name: cluster_rewards.sevens}]", "run.progress=false", "run.loggers=[jsonl]", "run.log_completions_every=0",
+            "distributed.backend=ray", f"distributed.ray_address={address}", "train.num_processes=2",
+            f"run.output_dir={tmp_path / 'run'}", *extra]
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "cohort.cli", "train", *args], env=env, capture_output=True, text=True, timeout=timeout_s)
+    return proc, time.perf_counter() - start
+
+
+@pytest.mark.slow
+def test_the_recipe_on_a_real_head_refuses_fast_then_trains(tmp_path, tiny_model_dir, ray_head):
+    # without the cluster's token: refused, naming the setting (Ray retries the connection for about 20 s first)
+    proc, _ = _train(tmp_path, tiny_model_dir, ray_head, "rollout.mode=server", auth=False)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "RAY_AUTH_MODE=token" in proc.stderr and AUTH_FAILURE in proc.stderr
+    # the docs' recipe on a 2-CPU head: 2 trainers × 1 + 1 rollout server × 1 = 3 CPUs; refused before any actor starts
+    proc, seconds = _train(tmp_path, tiny_model_dir, ray_head, "rollout.mode=server")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"the run needs 3 CPUs (2 trainer actor(s) × 1 + 1 rollout server actor(s) × 1), the Ray cluster at {ray_head} has 2: " \
+           "set distributed.cpus_per_trainer=0.5" in proc.stderr
+    assert "rollout server actor(s) at" not in proc.stdout and seconds < 60, seconds  # measured: 13 s, mostly imports and connecting
+    # what fits: two 1-CPU trainer actors, rank 0 generating with transformers; three steps on the joined cluster
+    proc, _ = _train(tmp_path, tiny_model_dir, ray_head, "rollout.mode=colocate", "rollout.engine=hf", "train.max_steps=3",
+                      timeout_s=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2, 3]
+    assert (tmp_path / "run" / "ranks" / "rank-1" / "metrics.jsonl").is_file()  # the second actor trained beside rank 0
