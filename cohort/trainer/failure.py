@@ -8,7 +8,8 @@ raiser worded it (a `RewardError` names the function and the offending
 completion); the full traceback goes to RUN_DIR/logs/error.log and the message
 gives that path. The CLI prints it and exits 4.
 
-Which state is saved (`settle`, called with the snapshot taken at the step's start):
+Which state is saved (`settle`, given the snapshot taken at the step's start and
+whether `optimizer.step()` was entered during the step, seen by a step pre-hook):
 - the optimizer step was not taken (the failure came in generate, reward,
   log-probs or the backward pass; the weights and optimizer moments are those of
   the step's start): the counters, RNG, sampler and batch are rewound to the
@@ -50,9 +51,26 @@ class StepFailed(RuntimeError):
         super().__init__(f"step {step} failed in {phase or 'an unknown phase'}")
 
 
-def settle(trainer, snap: dict) -> str:
+class OptimizerWatch:
+    """`with OptimizerWatch(opt) as watch:` … `watch.stepped`: whether `opt.step()` was entered inside (even if it then raised)."""
+
+    def __init__(self, optimizer):
+        self.optimizer, self.stepped, self._handle = optimizer, False, None
+
+    def _mark(self, *args) -> None:
+        self.stepped = True
+
+    def __enter__(self) -> OptimizerWatch:
+        self._handle = self.optimizer.register_step_pre_hook(self._mark)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._handle.remove()
+
+
+def settle(trainer, snap: dict, optimizer_stepped: bool) -> str:
     """Put a trainer whose step raised into its newest consistent state; returns which: rewound | complete | inconsistent."""
-    if trainer.policy_version == snap["policy_version"]:  # no optimizer step yet: the weights are the step's start
+    if not optimizer_stepped:  # the weights and moments are still the step's start
         checkpoint.rewind(trainer, snap)
         trainer.phases.pop()
         return "rewound"

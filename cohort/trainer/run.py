@@ -147,8 +147,10 @@ def _guarded_step(trainer) -> dict:
     """`trainer.step()`; on a non-finite loss or gradient: rewind to the step's start, save it, raise RunHalted.
     On any other failure: settle the trainer in its newest consistent state and raise `StepFailed` from the error."""
     snap = checkpoint.snapshot(trainer)
+    watch = failure.OptimizerWatch(trainer.optimizer)
     try:
-        return trainer.step()
+        with watch:
+            return trainer.step()
     except NonFiniteError as exc:
         checkpoint.rewind(trainer, snap)
         trainer.phases.pop()
@@ -159,8 +161,8 @@ def _guarded_step(trainer) -> dict:
                    f"Fix the cause, then resume with: cohort train --resume {trainer.run_dir}")
         raise RunHalted(message) from exc
     except Exception as exc:
-        phase = trainer.phases.failed
-        raise failure.StepFailed(snap["step"] + 1, phase, failure.settle(trainer, snap)) from exc
+        phase = trainer.phases.failed  # read before settle() rewinds the phase timers
+        raise failure.StepFailed(snap["step"] + 1, phase, failure.settle(trainer, snap, watch.stepped)) from exc
 
 
 def _resume(trainer, resume_from: str | Path) -> str:
