@@ -176,3 +176,18 @@ def test_describe_keeps_cohort_messages_and_names_foreign_types():
     assert failure.describe(KeyError("x")) == "KeyError: 'x'"
     long = failure.describe(RuntimeError("\n".join(f"line {i}" for i in range(10))))
     assert long.splitlines() == ["RuntimeError: line 0", "line 1", "line 2", "line 3", "  ..."]
+
+
+def test_an_engine_that_cannot_start_is_one_message_and_exit_4(user_setup, tiny_model_dir, capsys, monkeypatch):
+    tmp_path, data = user_setup
+    run_dir = tmp_path / "noserver"
+    monkeypatch.setenv("COHORT_SERVER_TOKEN", "t")
+    # port 9 (discard) on loopback: nothing listens, the connection is refused at once
+    code = cli.main(["train", *overrides(tiny_model_dir, data, run_dir, "sevens", "rollout.mode=server",
+                                         "rollout.server_urls=[http://127.0.0.1:9]", "rollout.server_timeout_s=5")])
+    err = capsys.readouterr().err
+    err = err[err.index("cohort: "):]
+    assert code == 4
+    assert err.startswith("cohort: run failed before training started: rollout server http://127.0.0.1:9/health: ")
+    assert err.endswith(f"\nFull traceback: {run_dir}/logs/error.log\n") and err.count("\n") == 2
+    assert "RemoteEngineError" in (run_dir / "logs" / "error.log").read_text()
