@@ -191,3 +191,43 @@ def test_an_engine_that_cannot_start_is_one_message_and_exit_4(user_setup, tiny_
     assert err.startswith("cohort: run failed before training started: rollout server http://127.0.0.1:9/health: ")
     assert err.endswith(f"\nFull traceback: {run_dir}/logs/error.log\n") and err.count("\n") == 2
     assert "RemoteEngineError" in (run_dir / "logs" / "error.log").read_text()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_rollout_server_that_dies_mid_run_saves_the_state_before_the_failed_step(user_setup, tiny_model_dir, vllm_engine,
+                                                                                    monkeypatch):
+    # server mode against the session's vLLM engine behind HTTP on a thread; the server is shut down just before
+    # step 3's generation request, which then meets a closed port: the real client error, in the generate phase
+    from cohort.models.loading import load_policy
+    from cohort.rollout.server import RolloutService, serve_in_thread
+
+    tmp_path, data = user_setup
+    monkeypatch.setenv("COHORT_SERVER_TOKEN", "t")
+    server, url = serve_in_thread(RolloutService(vllm_engine, "t", model=str(tiny_model_dir), max_model_len=128))
+    run_dir = tmp_path / "dead"
+    trainer = Trainer(load_config(None, overrides(tiny_model_dir, data, run_dir, "sevens", "train.max_steps=5",
+                                                  "rollout.mode=server", f"rollout.server_urls=[{url}]",
+                                                  "rollout.server_timeout_s=30")))
+    real_generate, calls = trainer.engine.generate, []
+
+    def generate_on_a_dying_server(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            server.shutdown()
+            server.server_close()
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(trainer.engine, "generate", generate_on_a_dying_server)
+    try:
+        with pytest.raises(failure.RunFailed) as err:
+            trainer.train()
+    finally:
+        trainer.close()
+        vllm_engine.update_weights(load_policy(tiny_model_dir, "float32").named_parameters(), 0)
+    message = str(err.value)
+    assert message.startswith(f"run failed at step 3 (generate): rollout server {url}/generate: ")
+    assert f"Saved the last good state (after step 2) to {run_dir}/checkpoints/step-000002." in message
+    assert message.endswith(f"Full traceback: {run_dir}/logs/error.log")
+    meta = json.loads((checkpoint.latest_checkpoint(run_dir) / "meta.json").read_text())
+    assert (meta["step"], meta["policy_version"], meta["generation_index"]) == (2, 2, 2)  # rewound: step 3's batch not taken
