@@ -3,6 +3,8 @@
 Every command takes an optional YAML config file followed by dotted overrides
 (`rollout.num_generations=8`). Configuration problems are reported before any
 model loads, each with the fields involved and a fix, and exit with status 2.
+`cohort train` shows only cohort's own lines (the rest goes to RUN_DIR/logs/engine.log)
+and turns a run-time failure into one message and exit status 4 (docs/runs.md).
 """
 
 from __future__ import annotations
