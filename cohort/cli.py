@@ -3,6 +3,8 @@
 Every command takes an optional YAML config file followed by dotted overrides
 (`rollout.num_generations=8`). Configuration problems are reported before any
 model loads, each with the fields involved and a fix, and exit with status 2.
+`cohort train` shows only cohort's own lines (the rest goes to RUN_DIR/logs/engine.log)
+and turns a run-time failure into one message and exit status 4 (docs/runs.md).
 """
 
 from __future__ import annotations
@@ -79,16 +81,8 @@ def cmd_train(ns) -> int:
         return outcome
     if outcome is not None:  # distributed.backend=ray: rank 0's summary
         summary = outcome
-    else:
-        from cohort.trainer.loop import Trainer
-
-        trainer = Trainer(cfg)
-        try:
-            summary = trainer.train(resume_from=ns.resume)
-        finally:
-            trainer.close()
-        if not trainer.dist.is_main:
-            return 0
+    elif (summary := _train_here(cfg, ns.resume)) is None:  # a rank > 0 of a multi-process run
+        return 0
     if summary.get("stopped"):
         print(summary["message"])
         return 0
@@ -97,6 +91,34 @@ def cmd_train(ns) -> int:
         print(f"held-out greedy accuracy: {before:.1%} before → {after:.1%} after ({(after - before) * 100:+.1f} points)")
     print(f"{summary['steps']} steps in {summary['wall_s']:.1f} s; run directory: {summary['run_dir']}")
     return 0
+
+
+def _train_here(cfg, resume: str | None) -> dict | None:
+    """Train in this process, the engine's and libraries' output going to RUN_DIR/logs/engine.log (cohort/console.py).
+
+    Returns the summary (None on ranks > 0). A failure that is not a config, data, model or checkpoint problem
+    becomes `RunFailed`: one message, the traceback in RUN_DIR/logs/error.log."""
+    from pathlib import Path
+
+    from cohort.config import default_output_dir
+    from cohort.console import capture_output
+    from cohort.trainer.failure import setup_failed
+    from cohort.trainer.loop import Trainer
+
+    run_dir = Path(cfg.run.output_dir or default_output_dir())
+    rank = int(os.environ.get("RANK", "0"))
+    with capture_output(run_dir / "logs" / ("engine.log" if rank == 0 else f"engine-rank{rank}.log"), verbose=cfg.run.verbose):
+        try:
+            trainer = Trainer(cfg, run_dir=run_dir)
+        except _user_errors():
+            raise
+        except Exception as exc:  # loading, starting the engine: RunFailed from it
+            raise setup_failed(run_dir, exc) from exc
+        try:
+            summary = trainer.train(resume_from=resume)  # raises RunFailed itself, after saving what it can
+        finally:
+            trainer.close()
+    return summary if trainer.dist.is_main else None
 
 
 def cmd_report(ns) -> int:
@@ -211,6 +233,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Problems of the config, data, model or a checkpoint: reported as they are worded, exit 2."""
+    from cohort.config import ConfigError
+    from cohort.data.datasets import DataError
+    from cohort.models.loading import ModelLoadError
+    from cohort.trainer.checkpoint import CheckpointError
+
+    return ConfigError, DataError, ModelLoadError, CheckpointError
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -220,20 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(ns, "func"):
         parser.print_help()
         return 2
-    from cohort.config import ConfigError
-    from cohort.data.datasets import DataError
-    from cohort.models.loading import ModelLoadError
-    from cohort.trainer.checkpoint import CheckpointError
+    from cohort.trainer.failure import RunFailed
     from cohort.trainer.stopping import RunHalted
 
     try:
         return ns.func(ns)
-    except (ConfigError, DataError, ModelLoadError, CheckpointError) as exc:
+    except _user_errors() as exc:
         print(f"cohort: {exc}", file=sys.stderr)
         return 2
     except RunHalted as exc:
         print(f"cohort: {exc}", file=sys.stderr)
         return 3
+    except RunFailed as exc:
+        print(f"cohort: {exc}", file=sys.stderr)
+        return 4
     except KeyboardInterrupt:
         print("cohort: interrupted (a second signal, or one before training started); the newest checkpoint under "
               "RUN_DIR/checkpoints, if any, is the last saved state", file=sys.stderr)

@@ -303,6 +303,10 @@ class RunConfig(_Section):
     )
     eval_every: int = Field(0, description="Greedy eval every N steps (0: only before and after training).")
     progress: bool = Field(True, description="Show a progress bar with ETA and the live reward.")
+    verbose: bool = Field(
+        False, description="Also show on the console what the engine and libraries print (vLLM, transformers, torch); it always "
+        "goes to RUN_DIR/logs/engine.log. false: the console shows only cohort's own lines."
+    )
 
 
 class DistributedConfig(_Section):

@@ -273,8 +273,9 @@ class LocalServer:
         found: dict[str, str] = {}
         ready = threading.Event()
 
-        def read():  # keeps draining stdout so the child never blocks on a full pipe
-            for line in self.process.stdout:
+        def read():  # keeps draining stdout so the child never blocks on a full pipe; its lines join our stderr
+            for line in self.process.stdout:  # (under `cohort train`: RUN_DIR/logs/engine.log, like the child's stderr)
+                sys.stderr.write(line)
                 if "listening on " in line and not ready.is_set():
                     found["url"] = line.rsplit("listening on ", 1)[1].strip()
                     ready.set()
@@ -285,7 +286,8 @@ class LocalServer:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.close()
                 raise RuntimeError(f"the local rollout server did not start (exit code {self.process.returncode}; "
-                                   f"waited up to {timeout_s:.0f} s); its log is above")
+                                   f"waited up to {timeout_s:.0f} s); its output went to this process's stderr "
+                                   "(RUN_DIR/logs/engine.log under `cohort train`)")
         return found["url"]
 
     def close(self) -> None:

@@ -10,10 +10,18 @@ old weights.
 
 Log-probs are requested in `processed_logprobs` mode: the log-softmax of the
 logits after temperature (and top-k/top-p), which is what the trainer computes.
+
+Each reload makes vLLM warn "<layer>: Failed to load weights" for layers that get
+no tensor from the push and keep their old ones. Two are expected and are dropped
+(a logging filter, only around our reload): `RotaryEmbedding` (its cos/sin cache
+is derived from the config, not a weight) and, for a tied head, `ParallelLMHead`
+(re-tied by `_refresh_tied_lm_head`). Any other layer's warning still shows.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from pathlib import Path
 from typing import Iterable
@@ -45,6 +53,32 @@ def _refresh_tied_lm_head(model: torch.nn.Module) -> None:
     method = getattr(head, "quant_method", None)
     if method is not None and hasattr(method, "process_weights_after_loading"):
         method.process_weights_after_loading(head)
+
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class _ExpectedReloadWarnings(logging.Filter):
+    """Drops vLLM's "<layer>: Failed to load weights" for the given layer classes (see the module docstring)."""
+
+    def __init__(self, layers: tuple[str, ...]):
+        super().__init__()
+        self.layers = layers
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args and record.args[0] in self.layers)
+
+
+@contextlib.contextmanager
+def expected_reload_warnings_dropped(tied_head: bool):
+    """While reloading: no warning for RotaryEmbedding, nor for ParallelLMHead when the head is tied."""
+    quiet = _ExpectedReloadWarnings(("RotaryEmbedding", "ParallelLMHead") if tied_head else ("RotaryEmbedding",))
+    logger = logging.getLogger(RELOAD_LOGGER)
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 class VLLMEngine:
@@ -91,7 +125,9 @@ class VLLMEngine:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         runner = self._model_runner()
-        runner.reload_weights(weights_iterator=((n, t.detach()) for n, t in named_tensors))
+        tied = getattr(getattr(runner.get_model(), "config", None), "tie_word_embeddings", False)
+        with expected_reload_warnings_dropped(tied):
+            runner.reload_weights(weights_iterator=((n, t.detach()) for n, t in named_tensors))
         _refresh_tied_lm_head(runner.get_model())
         self.llm.reset_prefix_cache()
         self.policy_version = version

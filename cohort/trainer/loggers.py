@@ -5,7 +5,9 @@ nothing is lost on a crash; a resumed run appends to it). TensorBoard and wandb
 are optional sinks, created only when named in `run.loggers`; wandb runs offline
 when no API key is set.
 The console shows a rich progress bar with ETA and the live reward, and prints a
-compact line of key metrics every `every` steps.
+compact line of key metrics every `every` steps, wrapped at metric boundaries to
+80 columns. Both go to `cohort.console.terminal()`, the terminal even while the
+engine's output is captured into RUN_DIR/logs/engine.log.
 """
 
 from __future__ import annotations
@@ -16,8 +18,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-CONSOLE_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "loss", "kl", "entropy", "grad_norm", "eval/accuracy",
-                "completions/mean_length", "timing/step_s")
+from cohort.console import terminal
+
+CONSOLE_KEYS = {  # metric → its short name on the console step line (metrics.jsonl keeps the full names)
+    "reward": "reward", "reward_std": "reward_std", "frac_reward_zero_std": "zero_std", "loss": "loss", "kl": "kl",
+    "entropy": "entropy", "grad_norm": "grad_norm", "eval/accuracy": "accuracy", "completions/mean_length": "length",
+    "timing/step_s": "step_s",
+}
 
 
 def _jsonable(value: Any) -> Any:
@@ -51,10 +58,13 @@ class MetricsLogger:
         self.wandb = self._wandb(run_dir, config) if "wandb" in loggers else None
         self.progress = None
         if progress:
+            from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+            # no stdout/stderr redirection: what libraries print belongs in the engine log, not above the bar
             self.progress = Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                     TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"))
+                                     TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"),
+                                     console=Console(file=terminal()), redirect_stdout=False, redirect_stderr=False)
             self.task = self.progress.add_task("", total=total_steps, completed=start_step)
             self.progress.start()
 
@@ -82,7 +92,7 @@ class MetricsLogger:
         if self.progress is not None:
             self.progress.console.print(text, markup=False, highlight=False)
         else:
-            print(text, flush=True)
+            print(text, file=terminal(), flush=True)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
@@ -110,10 +120,19 @@ class MetricsLogger:
             self.wandb.finish()
 
 
-def format_metrics(record: dict[str, Any]) -> str:
+def format_metrics(record: dict[str, Any], width: int = 80) -> str:
+    """`step N | name value | ...` for the CONSOLE_KEYS present, wrapped between metrics into lines of at most `width`
+    columns (continuation lines indented), so an 80-column terminal never breaks a metric in two."""
     parts = [f"step {record.get('step')}"]
-    for key in CONSOLE_KEYS:
+    for key, label in CONSOLE_KEYS.items():
         value = record.get(key)
         if isinstance(value, (int, float)):
-            parts.append(f"{key.split('/')[-1]} {value:.4g}")
-    return " | ".join(parts)
+            parts.append(f"{label} {value:.3g}")
+    lines, line = [], parts[0]
+    for part in parts[1:]:
+        if len(line) + 3 + len(part) <= width:
+            line += " | " + part
+        else:
+            lines.append(line)
+            line = "  " + part
+    return "\n".join([*lines, line])

@@ -70,18 +70,23 @@ class Phases:
 
     def __init__(self):
         self.seconds: dict[str, float] = defaultdict(float)
+        self.failed: str | None = None  # the innermost phase an exception left since the last pop() (for error messages)
 
     @contextlib.contextmanager
     def __call__(self, name: str):
         start = time.perf_counter()
         try:
             yield
+        except BaseException:
+            self.failed = self.failed or name
+            raise
         finally:
             self.seconds[name] += time.perf_counter() - start
 
     def pop(self) -> dict[str, float]:
         out = {f"timing/{k}_s": v for k, v in self.seconds.items()}
         self.seconds.clear()
+        self.failed = None
         return out
 
 

@@ -10,7 +10,9 @@ and `reward_curve.png`.
 Stopping: the first SIGINT/SIGTERM finishes the current step, saves a checkpoint
 and returns (the CLI exits 0 and prints how to resume); a second one aborts. A
 non-finite loss or gradient norm rewinds to the start of that step (the weights
-never changed), saves that last good state and raises `RunHalted`.
+never changed), saves that last good state and raises `RunHalted`. Any other
+failure saves the last consistent state the same way where there is one and
+raises `RunFailed` (cohort/trainer/failure.py says which state that is).
 Resuming (`resume_from`) restores a checkpoint, drops log lines written after it
 by the interrupted process, skips the "before" eval and appends.
 """
@@ -24,7 +26,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from cohort.trainer import checkpoint
+from cohort.trainer import checkpoint, failure
 from cohort.trainer.diagnostics import Diagnostics
 from cohort.trainer.evaluate import evaluate
 from cohort.trainer.loggers import JsonlWriter, MetricsLogger
@@ -80,6 +82,16 @@ def cast_state_dict(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[
 
 
 def run_training(trainer, resume_from: str | Path | None = None) -> dict:
+    """The whole run (see the module docstring); a failure after setup raises `RunFailed` once the last good state is saved."""
+    try:
+        return _run(trainer, resume_from)
+    except (RunHalted, checkpoint.CheckpointError):
+        raise
+    except Exception as exc:
+        raise failure.run_failed(trainer, exc) from exc
+
+
+def _run(trainer, resume_from: str | Path | None) -> dict:
     cfg, run_dir = trainer.cfg, trainer.run_dir
     wall_start = time.perf_counter()
     resumed = _resume(trainer, resume_from) if resume_from is not None else None
@@ -149,10 +161,13 @@ def _stop_message(trainer, signal_name: str, saved_step: int | None) -> str:
 
 
 def _guarded_step(trainer) -> dict:
-    """`trainer.step()`; on a non-finite loss or gradient: rewind to the step's start, save it, raise RunHalted."""
+    """`trainer.step()`; on a non-finite loss or gradient: rewind to the step's start, save it, raise RunHalted.
+    On any other failure: settle the trainer in its newest consistent state and raise `StepFailed` from the error."""
     snap = checkpoint.snapshot(trainer)
+    watch = failure.OptimizerWatch(trainer.optimizer)
     try:
-        return trainer.step()
+        with watch:
+            return trainer.step()
     except NonFiniteError as exc:
         checkpoint.rewind(trainer, snap)
         trainer.phases.pop()
@@ -162,6 +177,9 @@ def _guarded_step(trainer) -> dict:
                    f"{saved}. Common causes: a learning rate far too high, rewards so large they overflow, fp16 overflow. "
                    f"Fix the cause, then resume with: cohort train --resume {trainer.run_dir}")
         raise RunHalted(message) from exc
+    except Exception as exc:
+        phase = trainer.phases.failed  # read before settle() rewinds the phase timers
+        raise failure.StepFailed(snap["step"] + 1, phase, failure.settle(trainer, snap, watch.stepped)) from exc
 
 
 def _resume(trainer, resume_from: str | Path) -> str:

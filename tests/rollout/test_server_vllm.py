@@ -6,7 +6,8 @@ session's shared engine served on a thread (never a second engine in the pytest 
 - `cohort train` logic in rollout.mode=server splits generation across both servers,
   pushes weights after every step (bytes and time reported) and ends with both
   servers holding exactly the trainer's policy;
-- deliberately corrupted weights are caught by the canary and stop the run.
+- deliberately corrupted weights are caught by the canary and stop the run;
+- a server that dies mid-run fails the run with the state before the failed step saved.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import SamplingConfig
 from cohort.rollout.remote_engine import RemoteEngine
 from cohort.rollout.server import LocalServer, RolloutService, serve_in_thread
+from cohort.trainer import checkpoint
+from cohort.trainer.failure import RunFailed
 from cohort.trainer.loop import Trainer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -148,3 +151,35 @@ def test_canary_catches_corrupted_weights_and_stops_the_run(cli_server, thread_s
         trainer.close()
     assert trainer.step_count == 2  # versions 0 and 1 synced fine; the push after step 2 was caught
     assert time.perf_counter() - start < 120
+
+
+def test_a_server_that_dies_mid_run_saves_the_state_before_the_failed_step(vllm_engine, tiny_model_dir, tmp_path, monkeypatch):
+    # the session engine behind HTTP on a thread, shut down just before step 3's generation request, which then
+    # meets a closed port: the real client error, in the generate phase, after two good steps
+    monkeypatch.setenv("COHORT_SERVER_TOKEN", "t")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    server, url = serve_in_thread(RolloutService(vllm_engine, "t", model=str(tiny_model_dir), max_model_len=128))
+    trainer = Trainer(_config(tmp_path, tiny_model_dir, [url], steps=5))
+    real_generate, calls = trainer.engine.generate, []
+
+    def generate_on_a_dying_server(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            server.shutdown()
+            server.server_close()
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(trainer.engine, "generate", generate_on_a_dying_server)
+    try:
+        with pytest.raises(RunFailed) as err:
+            trainer.train()
+    finally:
+        trainer.close()
+        vllm_engine.update_weights(load_policy(tiny_model_dir, "float32").named_parameters(), 0)
+    run_dir = tmp_path / "run"
+    message = str(err.value)
+    assert message.startswith(f"run failed at step 3 (generate): rollout server {url}/generate: "), message
+    assert f"Saved the last good state (after step 2) to {run_dir}/checkpoints/step-000002." in message
+    assert message.endswith(f"Full traceback: {run_dir}/logs/error.log")
+    meta = json.loads((checkpoint.latest_checkpoint(run_dir) / "meta.json").read_text())
+    assert (meta["step"], meta["policy_version"], meta["generation_index"]) == (2, 2, 2)  # rewound: step 3's batch not taken

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
 from cohort.models.loading import load_policy, load_tokenizer
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import SamplingConfig
+from cohort.rollout.vllm_engine import RELOAD_LOGGER, expected_reload_warnings_dropped
 
 pytestmark = pytest.mark.vllm
 
@@ -46,3 +49,34 @@ def test_seeded_generation_is_reproducible(vllm_engine, tiny_model_dir):
     again = vllm_engine.generate([prompt] * 3, SamplingConfig(6, 1.0), [1, 2, 3])
     assert [o.token_ids for o in first] == [o.token_ids for o in again]
     assert len({tuple(o.token_ids) for o in first}) > 1  # different seeds, different samples
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_expected_reload_warnings_are_dropped_and_others_kept(vllm_engine, tiny_model_dir):
+    records = _Records()
+    reload_logger = logging.getLogger(RELOAD_LOGGER)
+    reload_logger.addHandler(records)
+    policy = load_policy(tiny_model_dir, "float32")
+    try:
+        # a bare reload (what update_weights wraps) warns for the two layers that receive no tensor ...
+        vllm_engine._model_runner().reload_weights(weights_iterator=((n, t.detach()) for n, t in policy.named_parameters()))
+        assert sorted(records.messages) == ["ParallelLMHead: Failed to load weights", "RotaryEmbedding: Failed to load weights"]
+        records.messages.clear()
+        vllm_engine.update_weights(policy.named_parameters(), 0)  # ... update_weights (tied head) drops both
+        assert records.messages == []
+    finally:
+        reload_logger.removeHandler(records)
+        vllm_engine.update_weights(policy.named_parameters(), 0)  # re-tie the head after the bare reload
+    # an untied head that failed to load is a real problem: its warning passes
+    with expected_reload_warnings_dropped(tied_head=False):
+        kept = [logging.LogRecord(RELOAD_LOGGER, logging.WARNING, "layerwise.py", 1, "%s: Failed to load weights", (layer,), None)
+                for layer in ("ParallelLMHead", "RotaryEmbedding", "QKVParallelLinear")]
+        assert [reload_logger.filter(r) for r in kept] == [True, False, True]

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from cohort.trainer.loggers import MetricsLogger
+from cohort.trainer.loggers import MetricsLogger, format_metrics
 
 
 def log_steps(run_dir, loggers, steps, value, start_step=0):
@@ -41,3 +41,20 @@ def test_wandb_offline(tmp_path, monkeypatch):
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb")), "no offline run file written"
     assert wandb.run is None  # finished
+
+
+def test_step_line_fits_80_columns_and_breaks_only_between_metrics():
+    # every console metric present, with the widest values a run produces (negative, exponent, 3-digit step)
+    record = {"step": 120, "reward": 0.34375, "reward_std": 0.39901, "frac_reward_zero_std": 0.15625, "loss": -3.4281e-05,
+              "kl": 0.00123456, "entropy": 0.571834, "grad_norm": 1581.23, "eval/accuracy": 0.39333,
+              "completions/mean_length": 2.8671, "timing/step_s": 0.306291, "learning_rate": 1e-6}
+    text = format_metrics(record)
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    assert lines[0].startswith("step 120 | reward 0.344 | ")
+    assert all(line.startswith("  ") for line in lines[1:])  # continuation lines
+    # each metric whole on one line, in CONSOLE_KEYS order, 3 significant digits
+    items = [item.strip() for line in lines for item in line.split(" | ")]
+    assert items == ["step 120", "reward 0.344", "reward_std 0.399", "zero_std 0.156", "loss -3.43e-05", "kl 0.00123",
+                     "entropy 0.572", "grad_norm 1.58e+03", "accuracy 0.393", "length 2.87", "step_s 0.306"]
+    assert format_metrics({"step": 1, "reward": 0.5}) == "step 1 | reward 0.5"
