@@ -17,7 +17,7 @@ import yaml
 import cohort
 from cohort import api
 from cohort.config import ConfigError
-from cohort.rewards import RewardError
+from cohort.trainer.failure import RunFailed
 from cohort.rewards.registry import reference, resolve
 
 ROWS = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(32)]
@@ -70,7 +70,8 @@ def test_a_reward_returning_the_wrong_count_names_the_function(tmp_path, tiny_mo
     def two_values(prompts, completions, **kwargs):
         return [0.0, 1.0]
 
-    with pytest.raises(RewardError, match=r"reward function 'two_values' returned 2 values for 16 completions"):
+    # a failure inside the run is one RunFailed naming the step, the phase and the function (traceback in logs/error.log)
+    with pytest.raises(RunFailed, match=r"step 1 \(reward\): reward function 'two_values' returned 2 values for 16 completions"):
         cohort.train(_config(tiny_model_dir, tmp_path / "run", max_steps=1), reward_funcs=[two_values], train_dataset=ROWS)
 
 

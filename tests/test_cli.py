@@ -30,7 +30,7 @@ REWARD_MODULE = textwrap.dedent('''
             raise ValueError("the grader lost its answer key")
         return [float(c.strip() == a) for c, a in zip(completions, answer)]
 ''')
-COHORT_LINES = ("eval before training: ", "step ", "  ", "training ", "cohort: run failed at step 3 (reward): ",
+COHORT_LINES = ("config: ", "eval before training: ", "step ", "  ", "training ", "cohort: run failed at step 3 (reward): ",
                 "Saved the last good state (after step 2) to ", "Full traceback: ")
 
 
