@@ -41,6 +41,37 @@ def build_random_tiny(out_dir: Path, *, seed: int = 0, tie: bool = True, max_pos
     return out_dir
 
 
+ARCHITECTURES = ("llama", "qwen3", "gemma2", "mistral", "phi3")
+
+
+def build_random_arch(out_dir: Path, arch: str, *, seed: int = 0, generation_eos: list[int] | None = None) -> Path:
+    """A randomly initialised tiny `arch` checkpoint (hidden 128, 4 heads of dim 32, 2 KV heads, 2 layers) with the char
+    tokenizer; `generation_eos` writes generation_config.json's eos_token_id (a second stop id, as instruct checkpoints have)."""
+    import json
+
+    import transformers
+
+    from cohort.models.char_tokenizer import EOS_TOKEN_ID, VOCAB_SIZE, save_char_tokenizer
+
+    shape = dict(vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=128, eos_token_id=EOS_TOKEN_ID, pad_token_id=EOS_TOKEN_ID,
+                 bos_token_id=None, tie_word_embeddings=False)
+    extra = {"qwen3": dict(head_dim=32), "gemma2": dict(head_dim=32, query_pre_attn_scalar=32, tie_word_embeddings=True),
+             "mistral": dict(sliding_window=None)}.get(arch, {})
+    config = transformers.AutoConfig.for_model(arch, **(shape | extra))
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # larger weights than the default init: a peaked, non-uniform distribution
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    save_char_tokenizer(out_dir, model_max_length=128)
+    if generation_eos is not None:
+        (out_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": generation_eos, "pad_token_id": EOS_TOKEN_ID}))
+    return out_dir
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_random_tiny(tmp_path_factory.mktemp("tiny-random"))

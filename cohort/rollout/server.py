@@ -8,7 +8,7 @@ Endpoints (JSON bodies unless said otherwise). Every one except `/health`
 needs `Authorization: Bearer <token>`, the token being the server's
 `COHORT_SERVER_TOKEN`; a request without it gets 401.
 
-    GET  /health     -> {status, policy_version, model, max_model_len}
+    GET  /health     -> {status, policy_version, model, max_model_len, stop_token_ids}
     POST /generate   {prompts: [[id]], sampling: {max_tokens, temperature, top_p, top_k}, seeds: [int] | null}
                      -> {policy_version, completions: [{token_ids, logprobs, finish_reason, policy_version}]}
     POST /score      {prompt: [id], completion: [id], temperature} -> {policy_version, logprobs}
@@ -21,6 +21,13 @@ NCCL for this). A full set is sent in K parts of bounded size; the server
 stages parts 0..K−1 of one version and loads them together when the last one
 arrives (a partial set is never loaded), then reports version V in every
 generation that follows.
+
+Stop tokens are computed server-side: the engine reads the set from its own
+checkpoint directory with the function the trainer uses
+(`cohort.models.loading.stop_token_ids`), rather than taking it from each
+request, so any client of the server samples the checkpoint's stopping, and
+the trainer checks the set `/health` reports against its own at connect time
+(`RemoteEngine`), which catches a server started from another checkpoint.
 
 Choices: the standard library's threading HTTP server (no extra dependency);
 one lock serialises engine calls (vLLM's offline engine is not re-entrant), so
@@ -103,7 +110,7 @@ class RolloutService:
 
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "policy_version": self.engine.policy_version, "model": self.model,
-                "max_model_len": self.max_model_len}
+                "max_model_len": self.max_model_len, "stop_token_ids": list(self.engine.stop_token_ids)}
 
     def generate(self, body: dict[str, Any]) -> dict[str, Any]:
         prompts = [[int(t) for t in p] for p in body["prompts"]]
