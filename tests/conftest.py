@@ -73,6 +73,12 @@ def build_random_arch(out_dir: Path, arch: str, *, seed: int = 0, generation_eos
 
 
 @pytest.fixture(scope="session")
+def random_arch_builder(tmp_path_factory):
+    """`build(arch, **kwargs)` -> a fresh `build_random_arch` checkpoint directory."""
+    return lambda arch, **kwargs: build_random_arch(tmp_path_factory.mktemp(f"random-{arch}"), arch, **kwargs)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_random_tiny(tmp_path_factory.mktemp("tiny-random"))
 
