@@ -1,4 +1,8 @@
-"""Shared fixtures: a random tiny Qwen2 checkpoint (built offline in seconds) and one vLLM engine.
+"""Shared fixtures: random tiny checkpoints (built offline in seconds) and one vLLM engine.
+
+`tiny_model_dir` is a Qwen2 with the character tokenizer; `tiny_chat_model_dir` a Qwen2 with a
+trained byte-level BPE tokenizer and ChatML tokens, as real instruct checkpoints have;
+`random_arch_builder` builds Llama, Qwen3, Gemma2, Mistral or Phi3 ones (`build_random_arch`).
 
 vLLM takes 30-60 s to start on this machine, so every test that needs it shares
 the session-scoped `vllm_engine`; tests that change its weights must leave them
@@ -81,6 +85,15 @@ def random_arch_builder(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_random_tiny(tmp_path_factory.mktemp("tiny-random"))
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model_dir(tmp_path_factory) -> Path:
+    """The realistic tiny chat checkpoint (`cohort.models.tiny_chat`): byte-level BPE, ChatML special tokens,
+    `<|endoftext|>` pad distinct from the `<|im_end|>` EOS, two stop ids in generation_config.json; random weights."""
+    from cohort.models.tiny_chat import build_random_chat_model
+
+    return build_random_chat_model(tmp_path_factory.mktemp("tiny-chat"))
 
 
 @pytest.fixture(scope="session")
