@@ -87,6 +87,19 @@ def test_stop_set_is_generation_eos_list_plus_tokenizer_eos_plus_chat_end_of_tur
     assert stop_token_ids(path, tok) == [75, 256]
 
 
+def test_end_of_turn_is_whatever_special_token_the_template_writes_after_a_reply(tmp_path):
+    tok = load_tokenizer(_tokenizer_dir(tmp_path, {"eos_token_id": 256}, None))
+    # a Llama-2-style template that closes a reply with " " + EOS: the token after the space, 256
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% if m['role'] == 'assistant' %} {{ eos_token }}{% endif %}{% endfor %}"
+    assert chat_end_of_turn_id(tok) == 256
+    tok.chat_template = "{% for m in messages %}{{ m['content'] + '<|im_start|>' }}{% endfor %}"  # any special token
+    assert chat_end_of_turn_id(tok) == 257
+    tok.chat_template = "{% for m in messages %}{{ m['content'] + '\\n' }}{% endfor %}"  # plain text after a reply: none
+    assert chat_end_of_turn_id(tok) is None
+    tok.chat_template = "{{ raise_exception('user turns only') }}"  # a template that refuses the probe: none
+    assert chat_end_of_turn_id(tok) is None
+
+
 def test_stop_set_falls_back_to_config_json_and_accepts_an_int(tmp_path):
     path = _tokenizer_dir(tmp_path, {"eos_token_id": [256, 80]}, None)  # no generation_config.json: config.json's list
     tok = load_tokenizer(path)
