@@ -61,7 +61,7 @@ def child(variant: str, workload: str, repeats: int) -> dict:
         from cohort.models.loading import load_policy
         from cohort.rollout.hf_engine import HFEngine
 
-        engine = HFEngine(load_policy(model_dir, "float32"), pad_token_id=EOS_TOKEN_ID, eos_token_ids=[EOS_TOKEN_ID])
+        engine = HFEngine(load_policy(model_dir, "float32"), pad_token_id=EOS_TOKEN_ID, stop_token_ids=[EOS_TOKEN_ID])
     else:
         from cohort.rollout.vllm_engine import VLLMEngine
 

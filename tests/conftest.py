@@ -1,4 +1,8 @@
-"""Shared fixtures: a random tiny Qwen2 checkpoint (built offline in seconds) and one vLLM engine.
+"""Shared fixtures: random tiny checkpoints (built offline in seconds) and one vLLM engine.
+
+`tiny_model_dir` is a Qwen2 with the character tokenizer; `tiny_chat_model_dir` a Qwen2 with a
+trained byte-level BPE tokenizer and ChatML tokens, as real instruct checkpoints have;
+`random_arch_builder` builds Llama, Qwen3, Gemma2, Mistral or Phi3 ones (`build_random_arch`).
 
 vLLM takes 30-60 s to start on this machine, so every test that needs it shares
 the session-scoped `vllm_engine`; tests that change its weights must leave them
@@ -41,6 +45,44 @@ def build_random_tiny(out_dir: Path, *, seed: int = 0, tie: bool = True, max_pos
     return out_dir
 
 
+def build_random_arch(out_dir: Path, arch: str, *, seed: int = 0, generation_eos: list[int] | None = None,
+                      init_std: float | None = None, **config_overrides) -> Path:
+    """A randomly initialised tiny `arch` checkpoint (hidden 128, 4 heads of dim 32, 2 KV heads, 2 layers) with the char
+    tokenizer; `generation_eos` writes generation_config.json's eos_token_id (a second stop id, as instruct checkpoints have).
+
+    Weights are N(0, init_std): by default 0.2 (mean next-token entropy ~3.4 nats of ln 259 = 5.6: peaked, not
+    uniform), 0.1 for Gemma2, whose sqrt(hidden)-scaled tied embeddings make 0.2 one-hot (entropy 0.0; 0.1 gives 3.1)."""
+    import json
+
+    import transformers
+
+    from cohort.models.char_tokenizer import EOS_TOKEN_ID, VOCAB_SIZE, save_char_tokenizer
+
+    shape = dict(vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=128, eos_token_id=EOS_TOKEN_ID, pad_token_id=EOS_TOKEN_ID,
+                 bos_token_id=None, tie_word_embeddings=False)
+    extra = {"qwen3": dict(head_dim=32), "gemma2": dict(head_dim=32, query_pre_attn_scalar=32, tie_word_embeddings=True),
+             "mistral": dict(sliding_window=None)}.get(arch, {})
+    config = transformers.AutoConfig.for_model(arch, **(shape | extra | config_overrides))
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # larger weights than the default init: a peaked, non-uniform distribution
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, init_std or (0.1 if arch == "gemma2" else 0.2))
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    save_char_tokenizer(out_dir, model_max_length=128)
+    if generation_eos is not None:
+        (out_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": generation_eos, "pad_token_id": EOS_TOKEN_ID}))
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def random_arch_builder(tmp_path_factory):
+    """`build(arch, **kwargs)` -> a fresh `build_random_arch` checkpoint directory."""
+    return lambda arch, **kwargs: build_random_arch(tmp_path_factory.mktemp(f"random-{arch}"), arch, **kwargs)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_random_tiny(tmp_path_factory.mktemp("tiny-random"))
@@ -50,6 +92,15 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 def tiny_model_dir_512(tmp_path_factory) -> Path:
     """The same random tiny model with 512 positions: a small-context model with room for the default 256-token completion."""
     return build_random_tiny(tmp_path_factory.mktemp("tiny-random-512"), max_positions=512)
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model_dir(tmp_path_factory) -> Path:
+    """The realistic tiny chat checkpoint (`cohort.models.tiny_chat`): byte-level BPE, ChatML special tokens,
+    `<|endoftext|>` pad distinct from the `<|im_end|>` EOS, two stop ids in generation_config.json; random weights."""
+    from cohort.models.tiny_chat import build_random_chat_model
+
+    return build_random_chat_model(tmp_path_factory.mktemp("tiny-chat"))
 
 
 @pytest.fixture(scope="session")

@@ -70,11 +70,11 @@ class DetachedHFEngine:
     every rank in every decoding step; rank 0 samples from a full copy instead.
     """
 
-    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_ids: list[int]):
+    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, stop_token_ids: list[int]):
         from cohort.rollout.hf_engine import HFEngine
 
         model.requires_grad_(False)
-        self.inner = HFEngine(model, pad_token_id=pad_token_id, eos_token_ids=eos_token_ids)
+        self.inner = HFEngine(model, pad_token_id=pad_token_id, stop_token_ids=stop_token_ids)
         self.params = dict(model.named_parameters())
         self.buffers = dict(model.named_buffers())
 
@@ -108,10 +108,10 @@ def rank0_engine(trainer, build) -> MainOnlyEngine:
     if trainer.dist.is_main:
         cfg = trainer.cfg
         if cfg.rollout.mode == "colocate" and cfg.rollout.engine == "hf":
-            from cohort.models.loading import load_policy
+            from cohort.models.loading import load_policy, stop_token_ids
 
             engine = DetachedHFEngine(load_policy(trainer.model_dir, cfg.model.dtype), pad_token_id=trainer.pad_id,
-                                      eos_token_ids=[trainer.tokenizer.eos_token_id])
+                                      stop_token_ids=stop_token_ids(trainer.model_dir, trainer.tokenizer))
         elif cfg.rollout.mode in ("colocate", "local_server"):
             from cohort.trainer.setup import local_server_engine
 

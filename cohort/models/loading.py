@@ -3,10 +3,15 @@
 `tiny:<task>` names resolve to the embedded tiny models (built offline, cached);
 anything else must be a local directory with a transformers config. Nothing is
 fetched from a model hub: the loaders pass `local_files_only=True`.
+
+`stop_token_ids` is the one place that decides which sampled tokens end a
+completion; every engine (transformers, vLLM, the rollout server) stops at
+exactly that set, so they all train on the same text.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -69,3 +74,62 @@ def load_policy(model_dir: Path, dtype: str | torch.dtype) -> torch.nn.Module:
         raise ModelLoadError(f"cannot load a causal LM from {model_dir}: {exc}") from exc
     model.config.use_cache = False
     return model
+
+
+STOP_PROBE = "cohort-stop-probe"  # an assistant message's content, to find what the chat template writes after it
+
+
+def stop_token_ids(model_dir: Path, tokenizer) -> list[int]:
+    """The sorted token ids that end a completion for this checkpoint.
+
+    The union of: `eos_token_id` (an int or a list) of `generation_config.json`
+    (of `config.json` when there is none, as transformers and vLLM fall back),
+    the tokenizer's EOS, and the chat template's end-of-turn token
+    (`chat_end_of_turn_id`). The end-of-turn token is included for plain-text
+    prompts too: a special token that closes a turn never belongs inside an
+    answer, and a set that depends on the checkpoint alone lets a rollout server
+    compute the same set as the trainer from the same directory.
+    """
+    ids = set(_config_eos_ids(Path(model_dir)))
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    end_of_turn = chat_end_of_turn_id(tokenizer)
+    if end_of_turn is not None:
+        ids.add(end_of_turn)
+    if not ids:
+        raise ModelLoadError(f"{model_dir}: no stop token: generation_config.json and config.json have no eos_token_id and the "
+                             "tokenizer has no eos_token; set eos_token_id in generation_config.json")
+    return sorted(ids)
+
+
+def _config_eos_ids(model_dir: Path) -> list[int]:
+    """`eos_token_id` of generation_config.json, else of config.json, as a list (empty when unset)."""
+    for name in ("generation_config.json", "config.json"):
+        path = model_dir / name
+        if not path.is_file():
+            continue
+        value = json.loads(path.read_text()).get("eos_token_id")
+        values = value if isinstance(value, list) else [] if value is None else [value]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise ModelLoadError(f"{path}: eos_token_id = {value!r}; give a token id or a list of token ids")
+        return values
+    return []
+
+
+def chat_end_of_turn_id(tokenizer) -> int | None:
+    """The special token the chat template writes right after an assistant message (`<|im_end|>`, `<|eot_id|>`,
+    `<end_of_turn>`, `<|end|>`), found by rendering a probe conversation; None without a template or when the
+    first token after the message is not a special token."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": STOP_PROBE}]
+    try:
+        text = tokenizer.apply_chat_template(conversation, tokenize=False)
+    except Exception:  # a template that refuses this conversation shape names no end-of-turn token
+        return None
+    if STOP_PROBE not in text:
+        return None
+    after = text[text.rindex(STOP_PROBE) + len(STOP_PROBE):].lstrip(" ")
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    return int(ids[0]) if ids and ids[0] in special else None

@@ -34,12 +34,13 @@ class SamplingConfig:
 class Completion:
     token_ids: list[int]
     logprobs: list[float]  # the engine's log-prob of each sampled token (temperature applied)
-    finish_reason: str  # "stop" (EOS or stop token) or "length"
+    finish_reason: str  # "stop" (ends with a stop token, kept in token_ids) or "length" (see `finish_reason`)
     policy_version: int = 0
 
 
 class RolloutEngine(Protocol):
     policy_version: int
+    stop_token_ids: list[int]  # the ids that end a completion: the checkpoint's set (`cohort.models.loading.stop_token_ids`)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Completion]:
         """One completion per prompt entry (repeat a prompt G times for a group)."""
@@ -60,3 +61,22 @@ def completion_seeds(base_seed: int, generation_index: int, n: int) -> list[int]
     """Distinct, reproducible per-completion seeds for one generation batch."""
     start = (base_seed * 1_000_003 + generation_index * 65_537) % (2**31 - n - 1)
     return [start + i for i in range(n)]
+
+
+def finish_reason(token_ids: list[int], stop_token_ids) -> str:
+    """ "stop" when the completion ends with a stop token (also when it is the last token allowed, as vLLM decides),
+    else "length": the one rule every engine reports, so the trainer's `truncated` and `completions/clipped_ratio`
+    do not depend on the engine."""
+    return "stop" if token_ids and token_ids[-1] in stop_token_ids else "length"
+
+
+def completion_text(tokenizer, completion: Completion) -> str:
+    """The text reward functions see: the tokens without the final stop token, special tokens skipped.
+
+    The stop token is cut by position, not by being special: a checkpoint's second
+    stop id need not be a special token (e.g. `eos_token_id: [2, 75]` where 75 is a
+    plain word piece), and its text is not part of the answer. Special tokens inside
+    the completion are skipped as TRL does for rewards (`skip_special_tokens=True`).
+    """
+    ids = completion.token_ids[:-1] if completion.finish_reason == "stop" else completion.token_ids
+    return tokenizer.decode(ids, skip_special_tokens=True)

@@ -9,6 +9,13 @@ them) and, one step later, picks the log-prob of the token that was sampled
 (it is then the last input id). Only one (B, V) buffer is held. Sampling is
 seeded per generation batch (from the first completion's seed), so runs are
 reproducible.
+
+Stopping: generation stops at every id of `stop_token_ids` (the checkpoint's
+set, `cohort.models.loading.stop_token_ids`; vLLM gets the same set). A
+completion keeps its stop token and reports "stop"; transformers pads a row
+that finished before the others with `pad_token_id`, and those pads are cut
+off (everything after the first stop id). A stop id sampled as the last
+allowed token still reports "stop", as vLLM does.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import Callable, Iterable
 import torch
 
 from cohort.models.logprobs import completion_logprobs
-from cohort.rollout.base import Completion, SamplingConfig
+from cohort.rollout.base import Completion, SamplingConfig, finish_reason
 
 
 class SampledLogProbs:
@@ -43,14 +50,22 @@ class SampledLogProbs:
         return torch.stack(self.picked, dim=1) if self.picked else torch.zeros((last_tokens.shape[0], 0))
 
 
+def until_stop(tokens: list[int], stop_token_ids: list[int]) -> list[int]:
+    """`tokens` up to and including the first stop id (all of them when none); what follows it is padding."""
+    for i, t in enumerate(tokens):
+        if t in stop_token_ids:
+            return tokens[: i + 1]
+    return list(tokens)
+
+
 class HFEngine:
-    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_ids: list[int], batch_size: int = 256,
+    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, stop_token_ids: list[int], batch_size: int = 256,
                  compute_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
         """`compute_context()` wraps every forward pass: the trainer's autocast when it keeps float32 master weights."""
         self.model = model
         self.compute_context = compute_context
         self.pad_token_id = pad_token_id
-        self.eos_token_ids = list(eos_token_ids)
+        self.stop_token_ids = list(stop_token_ids)
         self.batch_size = batch_size
         self.policy_version = 0
 
@@ -64,7 +79,7 @@ class HFEngine:
             # 0 switches top-k off; None would let transformers fall back to its default of 50, sampling from a
             # truncated distribution the trainer does not score
             top_k=sampling.top_k if not sampling.greedy else None,
-            pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id, eos_token_id=self.stop_token_ids,
         )
 
     @torch.no_grad()
@@ -90,15 +105,9 @@ class HFEngine:
         logprobs = collector.finish(new_tokens[:, -1]) if new_tokens.shape[1] else torch.zeros((len(prompts), 0))
         completions = []
         for b, row in enumerate(new_tokens.tolist()):
-            toks, reason = [], "length"
-            for t in row:
-                toks.append(t)
-                if t in self.eos_token_ids:
-                    reason = "stop"
-                    break
-            if reason == "length" and len(toks) < sampling.max_tokens:
-                toks = toks[: len(toks)]
-            completions.append(Completion(toks, logprobs[b, : len(toks)].tolist(), reason, self.policy_version))
+            toks = until_stop(row, self.stop_token_ids)
+            completions.append(Completion(toks, logprobs[b, : len(toks)].tolist(), finish_reason(toks, self.stop_token_ids),
+                                          self.policy_version))
         return completions
 
     @torch.no_grad()

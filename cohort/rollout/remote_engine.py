@@ -13,6 +13,10 @@
   compare with its own; every other server must agree with server 0 to
   `agreement_tolerance`, so a single stale server also stops the run.
 
+Stop tokens: each server stops at the set its engine computed from its own
+checkpoint (`cohort.models.loading.stop_token_ids`); given the trainer's set,
+the constructor checks every server reports the same one.
+
 Every call has a timeout (`timeout_s`) and raises `RemoteEngineError` on any
 failure: the run fails, it never hangs. The token comes from
 `COHORT_SERVER_TOKEN` unless given.
@@ -83,7 +87,7 @@ def weight_parts(named_tensors: Iterable[tuple[str, torch.Tensor]], part_bytes: 
 
 class RemoteEngine:
     def __init__(self, urls: list[str], *, token: str | None = None, timeout_s: float = 300.0,
-                 agreement_tolerance: float = 1e-3, min_model_len: int | None = None):
+                 agreement_tolerance: float = 1e-3, min_model_len: int | None = None, stop_token_ids: list[int] | None = None):
         if not urls:
             raise ValueError("RemoteEngine needs at least one server url (rollout.server_urls)")
         self.urls = [u.rstrip("/") for u in urls]
@@ -93,7 +97,14 @@ class RemoteEngine:
         self.policy_version = 0
         self.pool = ThreadPoolExecutor(max_workers=len(self.urls), thread_name_prefix="cohort-remote")
         self.servers = [self._health(u) for u in self.urls]
+        self.stop_token_ids = list(self.servers[0]["stop_token_ids"])
         for url, info in zip(self.urls, self.servers):
+            if stop_token_ids is not None and sorted(info.get("stop_token_ids", [])) != sorted(stop_token_ids):
+                raise RemoteEngineError(
+                    f"rollout server {url} ({info.get('model')}) stops at token ids {info.get('stop_token_ids')} but the trainer's "
+                    f"checkpoint stops at {sorted(stop_token_ids)}: the two would end completions at different tokens; "
+                    "serve the checkpoint the trainer loads (model.path)"
+                )
             limit = info.get("max_model_len")
             if min_model_len and limit and limit < min_model_len:
                 raise RemoteEngineError(
@@ -217,6 +228,10 @@ class LocalServerEngine:
     @property
     def policy_version(self) -> int:
         return self.remote.policy_version
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return self.remote.stop_token_ids  # the server computed them from model_dir, as the trainer does
 
     def generate(self, prompts, sampling, seeds=None):
         return self.remote.generate(prompts, sampling, seeds)

@@ -8,7 +8,7 @@ Endpoints (JSON bodies unless said otherwise). Every one except `/health`
 needs `Authorization: Bearer <token>`, the token being the server's
 `COHORT_SERVER_TOKEN`; a request without it gets 401.
 
-    GET  /health     -> {status, policy_version, model, max_model_len, vocab_size}
+    GET  /health     -> {status, policy_version, model, max_model_len, vocab_size, stop_token_ids}
     POST /generate   {prompts: [[id]], sampling: {max_tokens, temperature, top_p, top_k}, seeds: [int] | null}
                      -> {policy_version, completions: [{token_ids, logprobs, finish_reason, policy_version}]}
     POST /score      {prompts: [[id]], completions: [[id]], temperature} -> {policy_version, logprobs: [[float]]}
@@ -27,6 +27,13 @@ field, an unknown sampling key, a token id outside the vocabulary, a prompt
 longer than the model holds, a weights part that is not safetensors) gets 400
 with `{"error": "..."}` naming the field and what was expected; an unknown path
 gets 404; 500 is left for failures inside the engine.
+
+Stop tokens are computed server-side: the engine reads the set from its own
+checkpoint directory with the function the trainer uses
+(`cohort.models.loading.stop_token_ids`), rather than taking it from each
+request, so any client of the server samples the checkpoint's stopping, and
+the trainer checks the set `/health` reports against its own at connect time
+(`RemoteEngine`), which catches a server started from another checkpoint.
 
 Choices: the standard library's threading HTTP server (no extra dependency);
 one lock serialises engine calls (vLLM's offline engine is not re-entrant), so
@@ -114,7 +121,8 @@ class RolloutService:
 
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "policy_version": self.engine.policy_version, "model": self.model,
-                "max_model_len": self.max_model_len, "vocab_size": self.vocab_size}
+                "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
+                "stop_token_ids": list(self.engine.stop_token_ids)}
 
     def generate(self, body: dict[str, Any]) -> dict[str, Any]:
         prompts, sampling, seeds = server_requests.generate_request(body, self.limits)

@@ -16,6 +16,13 @@ no tensor from the push and keep their old ones. Two are expected and are droppe
 (a logging filter, only around our reload): `RotaryEmbedding` (its cos/sin cache
 is derived from the config, not a weight) and, for a tied head, `ParallelLMHead`
 (re-tied by `_refresh_tied_lm_head`). Any other layer's warning still shows.
+
+Stop tokens: every request carries the checkpoint's stop set
+(`cohort.models.loading.stop_token_ids`, the set the transformers engine uses)
+as `stop_token_ids`, so stopping never depends on what vLLM itself reads from
+the checkpoint (it adds the tokenizer's EOS and generation_config.json's
+eos ids, both already in the set). The rollout server builds this engine from
+its own checkpoint directory, so it computes the same set; `/health` reports it.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from typing import Iterable
 
 import torch
 
-from cohort.rollout.base import Completion, SamplingConfig
+from cohort.models.loading import load_tokenizer, stop_token_ids
+from cohort.rollout.base import Completion, SamplingConfig, finish_reason
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -95,6 +103,7 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         self.llm = LLM(**kwargs)
         self.policy_version = 0
+        self.stop_token_ids = stop_token_ids(model_dir, load_tokenizer(model_dir))  # the checkpoint's set, as every engine's
 
     def _params(self, sampling: SamplingConfig, seed: int | None, logprobs: bool = True):
         from vllm import SamplingParams
@@ -102,6 +111,7 @@ class VLLMEngine:
         return SamplingParams(
             n=1, max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
             top_k=sampling.top_k if sampling.top_k > 0 else -1, seed=seed, logprobs=0 if logprobs else None,
+            stop_token_ids=list(self.stop_token_ids),
             detokenize=False,  # the trainer reads token ids; incremental detokenizing cost 20-30% of tokens/s (bench/rollout.py)
         )
 
@@ -116,8 +126,7 @@ class VLLMEngine:
             sample = out.outputs[0]
             ids = list(sample.token_ids)
             logps = [float(step[tok].logprob) for step, tok in zip(sample.logprobs or [], ids)]
-            reason = "length" if sample.finish_reason == "length" else "stop"
-            completions.append(Completion(ids, logps, reason, self.policy_version))
+            completions.append(Completion(ids, logps, finish_reason(ids, self.stop_token_ids), self.policy_version))
         return completions
 
     def _model_runner(self):

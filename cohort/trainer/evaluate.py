@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cohort.rollout.base import SamplingConfig, completion_seeds
+from cohort.rollout.base import SamplingConfig, completion_seeds, completion_text
 
 
 def evaluate(engine, tokenizer, dataset, prompt_ids, rewards, *, max_tokens: int, num_samples: int = 1,
@@ -26,7 +26,7 @@ def evaluate(engine, tokenizer, dataset, prompt_ids, rewards, *, max_tokens: int
     sampling = SamplingConfig(max_tokens, temperature)
     seeds = completion_seeds(seed, 10**6, len(prompts)) if temperature > 0 else None
     outs = engine.generate(prompts, sampling, seeds)
-    texts = [tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
+    texts = [completion_text(tokenizer, o) for o in outs]
     key = dataset.prompt_key
     completions = [[{"role": "assistant", "content": t}] if isinstance(r[key], list) else t for r, t in zip(rows, texts)]
     columns = {c: [r.get(c) for r in rows] for c in dataset.columns}

@@ -52,7 +52,7 @@ from cohort.algorithms import advantage_stats
 from cohort.config import CohortConfig, batch_plan, default_output_dir, validate_config
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES
-from cohort.rollout.base import SamplingConfig, completion_seeds
+from cohort.rollout.base import SamplingConfig, completion_seeds, completion_text
 from cohort.trainer import setup as build
 from cohort.trainer.algorithms import AdvantageInputs
 from cohort.trainer.batching import length_sorted_micro_batches, pack_right_padded, pad_rows
@@ -132,7 +132,7 @@ class Trainer:
         self._calibrate_sync_check(pending, outs)  # (before the next batch starts: the engine must be idle)
         if self.background is not None and self.step_count + plan.optimizer_steps_per_generation < plan.max_steps:
             self.pending = self.background.start(self._request_generation())  # the next batch, behind this update
-        texts = [self.tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
+        texts = [completion_text(self.tokenizer, o) for o in outs]
         with self.phases("reward"):
             scored = self.rewards.score(
                 prompts=[self.train_data.rows[i][self.train_data.prompt_key] for i in rows],

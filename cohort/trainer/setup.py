@@ -15,7 +15,7 @@ import math
 import torch
 
 from cohort.data.datasets import RepeatSampler, load_prompt_dataset, rows_dataset
-from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir
+from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir, stop_token_ids
 from cohort.models.precision import resolve_precision
 from cohort.trainer.prompts import encode_prompts, max_positions_of
 
@@ -154,12 +154,13 @@ def _engine(trainer, external, *, split: bool = True):
         from cohort.rollout.remote_engine import RemoteEngine
 
         return RemoteEngine(cfg.rollout.server_urls, timeout_s=cfg.rollout.server_timeout_s,
-                            agreement_tolerance=cfg.server_agreement_tolerance, min_model_len=_engine_length(trainer)), True
+                            agreement_tolerance=cfg.server_agreement_tolerance, min_model_len=_engine_length(trainer),
+                            stop_token_ids=stop_token_ids(trainer.model_dir, trainer.tokenizer)), True
     if cfg.rollout.engine == "hf":
         from cohort.rollout.hf_engine import HFEngine
 
-        eos = trainer.tokenizer.eos_token_id
-        return HFEngine(trainer.policy, pad_token_id=trainer.pad_id, eos_token_ids=[eos],
+        stops = stop_token_ids(trainer.model_dir, trainer.tokenizer)  # the set vLLM and the rollout server use too
+        return HFEngine(trainer.policy, pad_token_id=trainer.pad_id, stop_token_ids=stops,
                         compute_context=trainer.precision.autocast), True
     from cohort.rollout.vllm_engine import VLLMEngine
 

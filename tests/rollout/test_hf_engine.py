@@ -21,7 +21,7 @@ def policy(tiny_model_dir):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
 def test_engine_logprobs_equal_trainer_logprobs(policy, temperature):
-    engine = HFEngine(policy, pad_token_id=EOS, eos_token_ids=[EOS])
+    engine = HFEngine(policy, pad_token_id=EOS, stop_token_ids=[EOS])
     prompts = [[49, 50, 43, 51, 61], [55, 45, 51, 61], [57, 61]] * 3  # ragged prompts: left padding in generate
     outs = engine.generate(prompts, SamplingConfig(max_tokens=10, temperature=temperature), seeds=[3] * len(prompts))
     completions = [o.token_ids for o in outs]
@@ -41,6 +41,6 @@ def test_top_k_zero_samples_the_whole_vocabulary(tiny_model_dir):
     model = load_policy(tiny_model_dir, "float32")
     with torch.no_grad():
         model.get_output_embeddings().weight.zero_()
-    engine = HFEngine(model, pad_token_id=EOS, eos_token_ids=[EOS])
+    engine = HFEngine(model, pad_token_id=EOS, stop_token_ids=[EOS])
     outs = engine.generate([[49, 50, 61]] * 300, SamplingConfig(max_tokens=1, temperature=1.0, top_k=0), seeds=[0] * 300)
     assert len({o.token_ids[0] for o in outs}) > 100

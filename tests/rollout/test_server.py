@@ -29,6 +29,7 @@ TOKEN = "test-token-123"
 class FakeEngine:
     def __init__(self):
         self.policy_version = 0
+        self.stop_token_ids = [7, 9]
         self.weights = {"w": torch.zeros(3)}
         self.loads = 0
 
@@ -75,7 +76,8 @@ def _post(url, body=b"{}", headers=None):
 def test_requests_without_the_right_token_are_refused(served):
     _, url = served[0]
     health = json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())  # health needs no token
-    assert health == {"status": "ok", "policy_version": 0, "model": "fake", "max_model_len": 64, "vocab_size": 100}
+    assert health == {"status": "ok", "policy_version": 0, "model": "fake", "max_model_len": 64, "vocab_size": 100,
+                      "stop_token_ids": [7, 9]}
     body = json.dumps({"prompts": [[1, 2]], "sampling": {"max_tokens": 2}, "seeds": [1]}).encode()
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):  # none, wrong, not a bearer header
         for path, payload in (("/generate", body), ("/score", body), ("/weights?version=3", b"x")):
@@ -199,6 +201,14 @@ def test_malformed_requests_get_a_client_error_that_says_what_was_wrong(served, 
     assert error.startswith(message) if status == 400 else message in error
     assert engine.policy_version == 0 and engine.loads == 0  # nothing reached the engine
     assert _post(url + "/generate", json.dumps(_GEN).encode(), {"Authorization": f"Bearer {TOKEN}"})["completions"]  # still serving
+
+
+def test_a_server_with_other_stop_tokens_is_refused_at_connect(served):
+    urls = [url for _, url in served]
+    assert RemoteEngine(urls, token=TOKEN, stop_token_ids=[9, 7]).stop_token_ids == [7, 9]  # the same set, any order
+    served[1][0].stop_token_ids = [7]  # e.g. served from a checkpoint without the second eos id
+    with pytest.raises(RemoteEngineError, match=r"stops at token ids \[7\] but the trainer's checkpoint stops at \[7, 9\]"):
+        RemoteEngine(urls, token=TOKEN, stop_token_ids=[7, 9])
 
 
 def test_stager_loads_only_complete_sets():
