@@ -115,9 +115,30 @@ class VLLMEngine:
             detokenize=False,  # the trainer reads token ids; incremental detokenizing cost 20-30% of tokens/s (bench/rollout.py)
         )
 
+    def _ensure_parallel_state(self) -> None:
+        """Rebuild vLLM's process-wide parallel groups if another engine of this process was closed since.
+
+        vLLM keeps its (here one-process) parallel groups in module globals, and an engine's shutdown destroys them
+        for the whole process, so the engines still alive would fail on their next call ("pipeline model parallel
+        group is not initialized"). Re-running the worker's own distributed set-up restores them.
+        """
+        from vllm.config import set_current_vllm_config
+        from vllm.distributed import parallel_state
+        from vllm.platforms import current_platform
+        from vllm.utils.network_utils import get_open_port
+        from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
+
+        if parallel_state.model_parallel_is_initialized():
+            return
+        worker = self.llm.llm_engine.model_executor.driver_worker.worker
+        with set_current_vllm_config(worker.vllm_config):
+            init_worker_distributed_environment(worker.vllm_config, worker.rank, f"tcp://127.0.0.1:{get_open_port()}",
+                                                worker.local_rank, current_platform.dist_backend)
+
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Completion]:
         from vllm.inputs import TokensPrompt
 
+        self._ensure_parallel_state()
         seeds = seeds if seeds is not None else [None] * len(prompts)
         params = [self._params(sampling, s) for s in seeds]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
@@ -133,6 +154,7 @@ class VLLMEngine:
         return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        self._ensure_parallel_state()
         runner = self._model_runner()
         tied = getattr(getattr(runner.get_model(), "config", None), "tie_word_embeddings", False)
         with expected_reload_warnings_dropped(tied):
@@ -145,6 +167,7 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        self._ensure_parallel_state()
         params = SamplingParams(max_tokens=1, temperature=temperature, prompt_logprobs=0, detokenize=False)
         requests = [TokensPrompt(prompt_token_ids=list(p) + list(c)) for p, c in zip(prompts, completions)]
         outs = self.llm.generate(requests, params, use_tqdm=False)

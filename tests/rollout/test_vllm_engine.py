@@ -80,3 +80,17 @@ def test_expected_reload_warnings_are_dropped_and_others_kept(vllm_engine, tiny_
         kept = [logging.LogRecord(RELOAD_LOGGER, logging.WARNING, "layerwise.py", 1, "%s: Failed to load weights", (layer,), None)
                 for layer in ("ParallelLMHead", "RotaryEmbedding", "QKVParallelLinear")]
         assert [reload_logger.filter(r) for r in kept] == [True, False, True]
+
+
+def test_an_engine_survives_another_engine_of_the_process_being_closed(vllm_engine, tiny_model_dir):
+    # vLLM keeps its parallel groups in process globals and an engine's shutdown destroys them for the whole process:
+    # before VLLMEngine._ensure_parallel_state, the surviving engine failed with "pipeline model parallel group is not
+    # initialized" (a notebook that builds a second trainer, or this suite's own engines).
+    from cohort.rollout.vllm_engine import VLLMEngine
+
+    vllm_engine.update_weights(load_policy(tiny_model_dir, "float32").named_parameters(), 0)
+    before = vllm_engine.generate([[1, 2, 3]], SamplingConfig(4), [7])[0].token_ids
+    other = VLLMEngine(tiny_model_dir, dtype="float32", max_model_len=64, seed=0)
+    other.close()
+    assert vllm_engine.generate([[1, 2, 3]], SamplingConfig(4), [7])[0].token_ids == before  # same seed, same tokens
+    assert len(vllm_engine.score([[1, 2, 3]], [before])[0]) == len(before)
