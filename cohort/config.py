@@ -15,7 +15,9 @@ Choices:
 Left out, on purpose: every check across fields or against the outside world
 (`cohort.validation.validate_config`, which reports all problems at once with
 their fixes) and the batch arithmetic (`cohort.plan`). Both import this module;
-this module imports neither, and nothing else of cohort but one pure helper.
+this module imports no other module of cohort at its top, so `import cohort.config`
+loads neither torch nor the rewards package (a reward given as a Python function is
+named by `cohort.rewards.registry.reference`, imported only then).
 """
 
 from __future__ import annotations
