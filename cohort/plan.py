@@ -90,7 +90,6 @@ def batch_plan(cfg: CohortConfig) -> BatchPlan:
     )
 
 
-
 @dataclass(frozen=True)
 class MeasuredPrompts:
     """The prompts of a run as the trainer will keep them, measured without loading weights (`cohort.validation`)."""

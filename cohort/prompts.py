@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import Any
 
 from cohort.config import CohortConfig, ConfigError

@@ -256,7 +256,6 @@ def check_processes(cfg: CohortConfig) -> list[str]:
     return problems
 
 
-
 def _check_rewards(cfg: CohortConfig) -> list[str]:
     if cfg.rewards is None:
         if not cfg.data.train_files and cfg.data.task is None:
@@ -313,7 +312,6 @@ def _check_run_section(cfg: CohortConfig) -> list[str]:
     return problems
 
 
-
 # --------------------------------------------------------------------------- the outside world
 
 
@@ -352,7 +350,6 @@ def _check_output_dir(output_dir: str | None) -> list[str]:
     return []
 
 
-
 _MEASURED: dict[tuple, MeasuredPrompts] = {}  # the last measurement: `cohort train` validates twice (CLI, then Trainer)
 
 
@@ -388,10 +385,9 @@ def _measure(cfg: CohortConfig) -> MeasuredPrompts | None:
     return MeasuredPrompts(longest, where, encoded.filtered, [])
 
 
-
 def _check_kv_cache(cfg: CohortConfig, facts: ModelFacts, measured: MeasuredPrompts | None) -> list[str]:
     """vLLM on CPU: the KV cache must hold one whole sequence (the longest prompt kept + the completion)."""
-    if cfg.rollout.engine != "vllm" or cfg.rollout.mode not in ("colocate", "local_server") or _cuda_available():
+    if cfg.rollout.engine != "vllm" or cfg.rollout.mode not in ("colocate", "local_server") or torch.cuda.is_available():
         return []
     prompt = measured.longest if measured and measured.longest is not None else cfg.data.max_prompt_length
     if prompt is None:
@@ -404,8 +400,3 @@ def _check_kv_cache(cfg: CohortConfig, facts: ModelFacts, measured: MeasuredProm
     return [f"rollout.kv_cache_gib = {cfg.rollout.kv_cache_gib} ({gib} GiB) cannot hold one sequence of {longest} tokens "
             f"({per_token * longest / 2**30:.2f} GiB at {per_token:,} bytes per token); raise rollout.kv_cache_gib to at least "
             f"{-(-per_token * longest // 2**30)} or shorten data.max_prompt_length / rollout.max_completion_length"]
-
-
-
-def _cuda_available() -> bool:
-    return torch.cuda.is_available()
