@@ -42,10 +42,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from cohort.config import CohortConfig, ConfigError, default_output_dir, load_config, validate_config
+from cohort.config import CohortConfig, ConfigError, default_output_dir, load_config
 from cohort.distributed.launch import launch_elsewhere
 from cohort.rewards.registry import IN_PROCESS_MARK
 from cohort.trainer.loop import Trainer
+from cohort.validation import validate_config
 
 RewardLike = str | Mapping[str, Any] | Callable[..., Any]
 DATA_DIR = "data"  # under the run directory: the in-memory datasets, as files

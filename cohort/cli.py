@@ -40,7 +40,8 @@ def _fields_help() -> str:
 
 def _load(args_list: list[str], *, check_files: bool = True, say_source=None):
     """(config, plan); with say_source (a stream), first write the one line that says where the values came from."""
-    from cohort.config import resolve_config, validate_config
+    from cohort.config import resolve_config
+    from cohort.validation import validate_config
 
     path, overrides = _split_config_args(args_list)
     resolved = resolve_config(path, overrides)
@@ -54,7 +55,8 @@ def _resume_config(target: str, overrides: list[str]):
     """The config of the run being resumed (RUN_DIR/config.yaml) with `overrides`; the run directory stays the same."""
     from pathlib import Path
 
-    from cohort.config import ConfigError, resolve_config, validate_config
+    from cohort.config import ConfigError, resolve_config
+    from cohort.validation import validate_config
 
     path = Path(target)
     run_dir = path.parent.parent if (path / "meta.json").is_file() else path

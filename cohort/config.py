@@ -1,4 +1,4 @@
-"""Typed run configuration: eight sections, YAML plus dotted overrides, fix-it validation.
+"""Typed run configuration: nine sections, loaded from YAML or a dict plus dotted overrides.
 
 Every field is declared once, with its help text; `cohort train --help` and the
 configuration reference in the README are generated from these declarations.
@@ -7,23 +7,23 @@ Choices:
 - Two levels deep at most (`rollout.num_generations`), as the style guide asks.
 - Unknown keys are errors (a typo must not silently fall back to a default),
   except inside a reward spec, whose extra keys are the reward's own options.
-- `validate_config` runs every cross-field check and every cheap check on the
-  outside world (files exist, the prompt column is there, reward names resolve)
-  and reports *all* problems at once, each naming its fields and a fix. It never
-  loads a model, so a config that cannot work fails in well under a second.
-- `BatchPlan` is the one place where the batch arithmetic lives; the trainer,
-  `cohort plan` and the validation all read it.
 - `resolve_config` is the one place that decides whether the embedded demo's
   preset applies (only to the embedded model on a built-in task, with no config
   file); the CLI and the Python API both call it, and it returns the one line
   `cohort train` prints about where the values came from.
+
+Left out, on purpose: every check across fields or against the outside world
+(`cohort.validation.validate_config`, which reports all problems at once with
+their fixes) and the batch arithmetic (`cohort.plan`). Both import this module;
+this module imports no other module of cohort at its top, so `import cohort.config`
+loads neither torch nor the rewards package (a reward given as a Python function is
+named by `cohort.rewards.registry.reference`, imported only then).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import os
 import time
 from pathlib import Path
@@ -280,7 +280,8 @@ class RewardSpec(BaseModel):
 
     @field_serializer("name", when_used="json")
     def _name_as_text(self, name: str | Callable[..., Any]) -> str:
-        from cohort.rewards.registry import reference  # light; the registry imports its built-ins lazily
+        # here, not at the top: only a callable's name needs the rewards package, whose import (~60-95 ms) would double config's
+        from cohort.rewards.registry import reference
 
         return name if isinstance(name, str) else reference(name)
 
@@ -359,8 +360,10 @@ class CohortConfig(_Section):
 SECTIONS = ("model", "data", "rollout", "algorithm", "train", "critic", "rewards", "run", "distributed")
 
 # Completions per prompt each algorithm needs: a baseline computed within the group needs 2; PPO's critic and
-# REINFORCE++'s batch baseline need none. tests/trainer/test_algorithms.py checks this against the trainer's specs.
+# REINFORCE++'s batch baseline need none. And the algorithms that train a critic beside the policy.
+# tests/trainer/test_algorithms.py keeps both equal to the trainer's specs (cohort.trainer.algorithms).
 ALGORITHM_MIN_GENERATIONS = {"grpo": 2, "rloo": 2, "reinforce_pp": 1, "reinforce_pp_baseline": 2, "ppo": 1}
+ALGORITHMS_WITH_CRITIC = frozenset({"ppo"})
 
 # The embedded demo's preset (`cohort train` with no config file, no model and no data of one's own; written out as
 # examples/arith.yaml), tuned on the arith task by measurement (held-out greedy accuracy after 300 steps from the 38.7%
@@ -526,301 +529,6 @@ def describe_fields() -> list[tuple[str, str, str, str]]:
 def _type_name(ann: Any) -> str:
     text = str(ann).replace("typing.", "")
     return text.replace("<class '", "").replace("'>", "")
-
-
-# --------------------------------------------------------------------------- batch plan
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchPlan:
-    """The batch arithmetic of a run, derived once from the config."""
-
-    num_generations: int
-    prompts_per_step: int
-    completions_per_step: int
-    steps_per_generation: int
-    num_iterations: int
-    generation_batch_size: int  # completions per generation batch
-    prompts_per_generation: int
-    micro_batch_size: int
-    micro_batches_per_step: int
-    max_tokens_per_sequence: int | None  # longest prompt + rollout.max_completion_length; None: the data was not read
-    max_steps: int
-    prompt_tokens_from: str = "data.max_prompt_length"  # what bounds the prompt in max_tokens_per_sequence
-
-    @property
-    def optimizer_steps_per_generation(self) -> int:
-        return self.steps_per_generation * self.num_iterations
-
-    @property
-    def off_policy(self) -> bool:
-        """True when some update uses completions sampled by an older policy."""
-        return self.optimizer_steps_per_generation > 1
-
-    @property
-    def num_generation_batches(self) -> int:
-        return math.ceil(self.max_steps / self.optimizer_steps_per_generation)
-
-
-def batch_plan(cfg: CohortConfig) -> BatchPlan:
-    g = cfg.rollout.num_generations
-    per_step = cfg.train.prompts_per_step * g
-    gen = cfg.rollout.generation_batch_size or per_step * cfg.train.steps_per_generation
-    mb = min(cfg.train.micro_batch_size, per_step)
-    return BatchPlan(
-        num_generations=g,
-        prompts_per_step=cfg.train.prompts_per_step,
-        completions_per_step=per_step,
-        steps_per_generation=gen // per_step if per_step else 0,
-        num_iterations=cfg.algorithm.num_iterations,
-        generation_batch_size=gen,
-        prompts_per_generation=gen // g if g else 0,
-        micro_batch_size=mb,
-        micro_batches_per_step=math.ceil(per_step / mb) if mb else 0,
-        max_tokens_per_sequence=None if cfg.data.max_prompt_length is None else cfg.data.max_prompt_length + cfg.rollout.max_completion_length,
-        max_steps=cfg.train.max_steps,
-        prompt_tokens_from="data.max_prompt_length" if cfg.data.max_prompt_length is not None else "not measured (data not read)",
-    )
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def check_batch_arithmetic(cfg: CohortConfig) -> list[str]:
-    """Every impossible batch combination, each with the fields involved and a fix."""
-    problems = []
-    g, t, r = cfg.rollout.num_generations, cfg.train, cfg.rollout
-    min_g = ALGORITHM_MIN_GENERATIONS[cfg.algorithm.name]
-    if g < min_g:
-        problems.append(
-            f"rollout.num_generations = {g}: algorithm.name = {cfg.algorithm.name} needs at least {min_g} completions per prompt "
-            f"(its baseline is computed within each group); use 2 or more (8 is typical)"
-            if min_g > 1 else f"rollout.num_generations = {g}: must be at least 1"
-        )
-    for key, value in (("train.prompts_per_step", t.prompts_per_step), ("train.steps_per_generation", t.steps_per_generation),
-                       ("train.micro_batch_size", t.micro_batch_size), ("train.max_steps", t.max_steps),
-                       ("algorithm.num_iterations", cfg.algorithm.num_iterations),
-                       ("rollout.max_completion_length", r.max_completion_length), ("data.max_prompt_length", cfg.data.max_prompt_length)):
-        if value is not None and value < 1:
-            problems.append(f"{key} = {value}: must be at least 1")
-    if problems:
-        return problems
-    per_step = t.prompts_per_step * g
-    if r.generation_batch_size is not None:
-        gen = r.generation_batch_size
-        if gen % g:
-            ok = [k * g for k in range(max(1, gen // g), gen // g + 2)]
-            problems.append(
-                f"rollout.generation_batch_size = {gen} is not divisible by rollout.num_generations = {g}; use a multiple of {g} such as {ok[0]} or {ok[-1]}"
-            )
-        elif gen % per_step:
-            problems.append(
-                f"rollout.generation_batch_size = {gen} is not a multiple of the completions per optimizer step "
-                f"(train.prompts_per_step × rollout.num_generations = {t.prompts_per_step} × {g} = {per_step}); "
-                f"use {per_step * max(1, gen // per_step)}, or unset it and set train.steps_per_generation"
-            )
-    if t.micro_batch_size < per_step and per_step % t.micro_batch_size:
-        divisors = _divisors(per_step)
-        below = [d for d in divisors if d < t.micro_batch_size][-1:]
-        above = [d for d in divisors if d > t.micro_batch_size][:1]
-        fits = below + above
-        problems.append(
-            f"train.prompts_per_step × rollout.num_generations = {t.prompts_per_step} × {g} = {per_step} is not divisible by "
-            f"train.micro_batch_size = {t.micro_batch_size}; use {' or '.join(map(str, fits))}"
-        )
-    return problems
-
-
-def check_ranges(cfg: CohortConfig) -> list[str]:
-    problems = []
-    a, r, t = cfg.algorithm, cfg.rollout, cfg.train
-    if r.temperature <= 0:
-        problems.append(f"rollout.temperature = {r.temperature}: must be > 0 (the trainer divides logits by it); use 1.0 for plain sampling")
-    if not 0 < r.top_p <= 1:
-        problems.append(f"rollout.top_p = {r.top_p}: must be in (0, 1]; use 1.0 to turn nucleus sampling off")
-    if r.top_k < 0:
-        problems.append(f"rollout.top_k = {r.top_k}: must be >= 0 (0 turns it off)")
-    if a.beta < 0:
-        problems.append(f"algorithm.beta = {a.beta}: must be >= 0 (0 disables the KL term and the reference model)")
-    for key, value in (("algorithm.epsilon_low", a.epsilon_low), ("algorithm.epsilon_high", a.epsilon_high)):
-        if value < 0:
-            problems.append(f"{key} = {value}: must be >= 0 (0.2 is the PPO default)")
-    if a.epsilon_low >= 1:
-        problems.append(f"algorithm.epsilon_low = {a.epsilon_low}: must be < 1 or the lower clip bound 1 − ε is not positive; use 0.2")
-    if a.delta is not None and a.delta <= 1 + a.epsilon_high:
-        problems.append(f"algorithm.delta = {a.delta}: must exceed 1 + algorithm.epsilon_high = {1 + a.epsilon_high}; TRL suggests 1.5–2, or unset it")
-    if t.learning_rate <= 0:
-        problems.append(f"train.learning_rate = {t.learning_rate}: must be > 0")
-    if cfg.model.dtype == "float16" and t.precision == "mixed":
-        problems.append("model.dtype = float16 with train.precision = mixed: float16 mixed precision needs loss scaling, which "
-                        "cohort does not do; use model.dtype=bfloat16 (same memory, no loss scaling needed), or "
-                        "train.precision=pure to train the float16 weights directly (lossy)")
-    if t.warmup_steps < 0 or t.warmup_steps > t.max_steps:
-        problems.append(f"train.warmup_steps = {t.warmup_steps}: must be between 0 and train.max_steps = {t.max_steps}")
-    if t.logprob_chunk_size < 1:
-        problems.append(f"train.logprob_chunk_size = {t.logprob_chunk_size}: must be >= 1")
-    if t.max_tokens_per_microbatch is not None and t.max_tokens_per_microbatch < 1:
-        problems.append(f"train.max_tokens_per_microbatch = {t.max_tokens_per_microbatch}: must be >= 1, or unset it (null) for no token cap")
-    problems += _check_algorithm_ranges(cfg)
-    return problems
-
-
-def _check_algorithm_ranges(cfg: CohortConfig) -> list[str]:
-    """KL controller, discounting and critic fields."""
-    a, c, problems = cfg.algorithm, cfg.critic, []
-    if a.kl_controller == "adaptive" and a.beta == 0:
-        problems.append("algorithm.kl_controller = adaptive with algorithm.beta = 0: the controller multiplies beta, so it would stay 0; "
-                        "set algorithm.beta to its starting value (e.g. 0.01) or use kl_controller=fixed")
-    if a.kl_target <= 0:
-        problems.append(f"algorithm.kl_target = {a.kl_target}: must be > 0 (nats per token; 0.1 is verl's default)")
-    if a.kl_horizon < 1:
-        problems.append(f"algorithm.kl_horizon = {a.kl_horizon}: must be >= 1 (completions; 10000 is verl's default)")
-    for key, value in (("algorithm.gamma", a.gamma), ("algorithm.lam", a.lam)):
-        if not 0 <= value <= 1:
-            problems.append(f"{key} = {value}: must be in [0, 1] (1.0 and 0.95 are the usual values)")
-    if c.learning_rate <= 0:
-        problems.append(f"critic.learning_rate = {c.learning_rate}: must be > 0")
-    if c.warmup_steps < 0 or c.warmup_steps > cfg.train.max_steps:
-        problems.append(f"critic.warmup_steps = {c.warmup_steps}: must be between 0 and train.max_steps = {cfg.train.max_steps}")
-    if c.cliprange_value <= 0:
-        problems.append(f"critic.cliprange_value = {c.cliprange_value}: must be > 0 (0.2 is the usual value)")
-    return problems
-
-
-def check_overlap(cfg: CohortConfig) -> list[str]:
-    """rollout.overlap needs an engine with its own weights and one optimizer step per generation batch."""
-    r, t, problems = cfg.rollout, cfg.train, []
-    if cfg.algorithm.rollout_correction_cap <= 0:
-        problems.append(f"algorithm.rollout_correction_cap = {cfg.algorithm.rollout_correction_cap}: must be > 0 (2.0 is TRL's default)")
-    if not r.overlap:
-        return problems
-    if r.engine == "hf" and r.mode == "colocate":
-        problems.append("rollout.overlap = true with rollout.engine = hf: the transformers engine samples with the trainer's own "
-                        "module, which the update changes meanwhile; use rollout.engine=vllm or set rollout.overlap=false")
-    if t.steps_per_generation != 1 or cfg.algorithm.num_iterations != 1:
-        problems.append(f"rollout.overlap = true needs one optimizer step per generation batch (train.steps_per_generation = "
-                        f"{t.steps_per_generation}, algorithm.num_iterations = {cfg.algorithm.num_iterations}); set both to 1 or "
-                        "rollout.overlap=false")
-    if cfg.rollout.generation_batch_size not in (None, t.prompts_per_step * r.num_generations):
-        problems.append("rollout.overlap = true needs rollout.generation_batch_size unset (one optimizer step per generation batch)")
-    if getattr(t, "num_processes", 1) > 1:
-        problems.append(f"rollout.overlap = true runs in one training process; got train.num_processes = {t.num_processes}: "
-                        "set train.num_processes=1 or rollout.overlap=false")
-    return problems
-
-
-def check_rollout_mode(cfg: CohortConfig) -> list[str]:
-    """rollout.mode=server needs server URLs, a timeout and the token the servers were started with; local_server needs vLLM."""
-    r = cfg.rollout
-    problems = []
-    spawned = cfg.distributed.backend == "ray"  # Ray starts the servers (when no URLs are given) and makes a token
-    if r.mode == "server":
-        if not r.server_urls and not spawned:
-            problems.append("rollout.mode = server but rollout.server_urls is empty; start `cohort serve MODEL_DIR --port 8400` "
-                            "and set rollout.server_urls=[http://127.0.0.1:8400]")
-        bad = [u for u in r.server_urls if not u.startswith(("http://", "https://"))]
-        if bad:
-            problems.append(f"rollout.server_urls = {bad}: each must start with http:// or https:// (e.g. http://127.0.0.1:8400)")
-        if not os.environ.get("COHORT_SERVER_TOKEN") and not spawned:
-            problems.append("rollout.mode = server needs the servers' token in the environment: export COHORT_SERVER_TOKEN=<the token "
-                            "`cohort serve` was started with>")
-    if r.mode == "local_server" and r.engine != "vllm":
-        problems.append(f"rollout.mode = local_server runs vLLM in a child process; got rollout.engine = {r.engine}: set "
-                        "rollout.engine=vllm, or rollout.mode=colocate to generate with transformers in the trainer")
-    if r.num_threads is not None:
-        cores = len(os.sched_getaffinity(0))
-        if r.num_threads < 1 or r.num_threads > cores:
-            problems.append(f"rollout.num_threads = {r.num_threads}: must be between 1 and the {cores} core(s) this process "
-                            "may use, or unset it (half of them with rollout.overlap)")
-        elif r.mode != "local_server":
-            problems.append(f"rollout.num_threads = {r.num_threads} only applies with rollout.mode = local_server (got "
-                            f"{r.mode}); set rollout.mode=local_server or unset rollout.num_threads")
-    if r.server_timeout_s <= 0:
-        problems.append(f"rollout.server_timeout_s = {r.server_timeout_s}: must be > 0 (seconds; 300 is the default)")
-    d = cfg.distributed
-    if d.num_rollout_servers < 1:
-        problems.append(f"distributed.num_rollout_servers = {d.num_rollout_servers}: must be at least 1")
-    for key in ("cpus_per_trainer", "gpus_per_trainer", "cpus_per_rollout", "gpus_per_rollout"):
-        if getattr(d, key) < 0:
-            problems.append(f"distributed.{key} = {getattr(d, key)}: must be >= 0")
-    if spawned:
-        import importlib.util
-
-        if importlib.util.find_spec("ray") is None:
-            problems.append("distributed.backend = ray but Ray is not installed: pip install ray (or use backend none)")
-    return problems
-
-
-def training_world_size(cfg: CohortConfig) -> int:
-    """Processes training together: torchrun's WORLD_SIZE when launched by it, else train.num_processes."""
-    return int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else cfg.train.num_processes
-
-
-def check_processes(cfg: CohortConfig) -> list[str]:
-    """What multi-process training (FSDP2) needs today: whole groups per rank; no critic; no mid-run checkpoints."""
-    world, t = training_world_size(cfg), cfg.train
-    if t.num_processes < 1:
-        return [f"train.num_processes = {t.num_processes}: must be at least 1"]
-    if world == 1:
-        return []
-    problems = []
-    if t.prompts_per_step % world:
-        lower = t.prompts_per_step // world * world
-        fits = [k for k in (lower, lower + world) if k > 0]
-        problems.append(f"train.prompts_per_step = {t.prompts_per_step} must divide by the {world} training processes (each takes "
-                        f"whole groups); use {' or '.join(map(str, fits))}")
-    from cohort.trainer.algorithms import ALGORITHMS
-
-    if ALGORITHMS.get(cfg.algorithm.name).needs_critic:
-        problems.append(f"algorithm.name = {cfg.algorithm.name}: the critic is not sharded across processes yet; use "
-                        f"train.num_processes=1 with {cfg.algorithm.name}")
-    if cfg.run.save_every:
-        problems.append(f"run.save_every = {cfg.run.save_every}: checkpoints of a sharded optimizer are not written yet with "
-                        f"{world} processes; set run.save_every=0 (the final model is still saved) or train.num_processes=1")
-    return problems
-
-
-def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
-    """All checks that need no model; raises ConfigError listing every problem."""
-    problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_overlap(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
-    if check_files:
-        from cohort.data.datasets import check_data_config
-
-        from cohort.models.loading import check_model_dir
-
-        problems += check_data_config(cfg.data) + check_model_dir(cfg.model.path)
-        if cfg.critic.path:
-            problems += [p.replace("model.path", "critic.path", 1) for p in check_model_dir(cfg.critic.path)]
-    problems += _check_rewards(cfg)
-    if check_files:
-        from cohort.rewards.columns import reward_column_problems  # the columns each reward reads, in the data
-
-        problems += reward_column_problems(cfg)
-    from cohort.plan import plan_problems, with_measured_prompts  # outputs, checkpoints, loggers, what the model forbids
-
-    problems += plan_problems(cfg, check_files=check_files)  # with check_files: prompts tokenized, fit checked (no weights)
-    if problems:
-        raise ConfigError(problems)
-    return with_measured_prompts(cfg, batch_plan(cfg)) if check_files else batch_plan(cfg)
-
-
-def _check_rewards(cfg: CohortConfig) -> list[str]:
-    if cfg.rewards is None:
-        if not cfg.data.train_files and cfg.data.task is None:
-            return ["rewards is empty and data.task is None: set rewards (e.g. rewards=[{name: accuracy}]) or data.task"]
-        return []
-    if not cfg.rewards:
-        return ["rewards = []: at least one reward function is needed; e.g. rewards=[{name: accuracy}] (`cohort rewards list` shows the built-ins)"]
-    from cohort import rewards as reward_registry
-
-    problems = []
-    for i, spec in enumerate(cfg.rewards):
-        try:
-            reward_registry.validate_spec({"name": spec.name, "weight": spec.weight, **spec.options()})
-        except (ValueError, ImportError, TypeError) as exc:
-            problems.append(f"rewards[{i}] (name = {spec.name!r}): {exc}")
-    return problems
 
 
 def default_output_dir() -> str:

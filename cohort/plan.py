@@ -1,44 +1,116 @@
-"""`cohort plan`: the schedule, token bound and memory estimate of a config, before anything loads.
+"""The batch plan of a run and `cohort plan`'s printout: schedule, token bound and memory estimate.
 
-Two jobs:
-- `plan_problems(cfg)`: the checks `validate_config` adds for runs (outputs,
-  checkpoints, loggers, and what the model's own config.json forbids: the longest
-  prompt kept + the completion longer than its positions, a vLLM KV cache too
-  small for one sequence). Each names its fields and a fix. `cohort train` runs
-  them too, before loading. The prompts are measured as the trainer will keep
-  them (`measure_prompts`: the data and the model's tokenizer, no weights).
-- `format_plan(cfg, plan)`: the printed schedule: prompts and completions per
-  generation batch and per optimizer step, micro-batches and accumulation,
-  optimizer steps per generation (the off-policy lag), an upper bound on tokens
-  per step, and a rough memory estimate of the training process.
+- `batch_plan(cfg)`: the one place where the batch arithmetic lives (prompts and
+  completions per generation batch and per optimizer step, micro-batches,
+  optimizer steps per generation); the trainer, `cohort plan` and the validation
+  all read it. `with_measured_prompts` replaces its token bound by the longest
+  prompt actually kept, once `cohort.validation` has measured the prompts.
+- `model_facts(path)`: what the planner needs from a checkpoint directory, read
+  without loading weights (the architecture from `config.json`, the parameter
+  count from the safetensors headers, a few KB read).
+- `format_plan(cfg, plan)`: the printed schedule, an upper bound on tokens per
+  step, and a rough memory estimate of the training process (weights + gradients
+  + AdamW's two moments in the weights' dtype — float32 under
+  train.precision=mixed —, an optional reference model, activations of one
+  micro-batch of the longest sequences, one log-prob chunk of logits).
 
-The model's weights are never loaded: the architecture comes from `config.json` and the
-parameter count from the safetensors headers (a few KB read). The memory figure
-is an estimate for planning (weights + gradients + AdamW's two moments in the
-weights' dtype — float32 under train.precision=mixed —, an optional reference model, activations of one micro-batch of
-the longest sequences, one log-prob chunk of logits); the allocator, CUDA
-context and fragmentation come on top.
+Left out: checks (every check of a config, including what the model's
+config.json forbids, is in `cohort.validation`); the allocator, CUDA context and
+fragmentation, which come on top of the memory estimate. This module reads the
+config and never the reverse.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import os
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from cohort.config import BatchPlan, CohortConfig, ConfigError
-from cohort.data.datasets import DataError
-from cohort.models import loading
-from cohort.trainer.prompts import encode_prompts, fit_problems, max_positions_of
-from cohort.trainer.setup import load_data
+from cohort.config import ALGORITHMS_WITH_CRITIC, CohortConfig
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MAX_CHUNK_LOGITS = 2**24  # cohort.models.logprobs.completion_logprobs: logits per LM-head chunk at most
-SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+# --------------------------------------------------------------------------- the batch plan
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    """The batch arithmetic of a run, derived once from the config."""
+
+    num_generations: int
+    prompts_per_step: int
+    completions_per_step: int
+    steps_per_generation: int
+    num_iterations: int
+    generation_batch_size: int  # completions per generation batch
+    prompts_per_generation: int
+    micro_batch_size: int
+    micro_batches_per_step: int
+    max_tokens_per_sequence: int | None  # longest prompt + rollout.max_completion_length; None: the data was not read
+    max_steps: int
+    prompt_tokens_from: str = "data.max_prompt_length"  # what bounds the prompt in max_tokens_per_sequence
+
+    @property
+    def optimizer_steps_per_generation(self) -> int:
+        return self.steps_per_generation * self.num_iterations
+
+    @property
+    def off_policy(self) -> bool:
+        """True when some update uses completions sampled by an older policy."""
+        return self.optimizer_steps_per_generation > 1
+
+    @property
+    def num_generation_batches(self) -> int:
+        return math.ceil(self.max_steps / self.optimizer_steps_per_generation)
+
+
+def batch_plan(cfg: CohortConfig) -> BatchPlan:
+    g = cfg.rollout.num_generations
+    per_step = cfg.train.prompts_per_step * g
+    gen = cfg.rollout.generation_batch_size or per_step * cfg.train.steps_per_generation
+    mb = min(cfg.train.micro_batch_size, per_step)
+    return BatchPlan(
+        num_generations=g,
+        prompts_per_step=cfg.train.prompts_per_step,
+        completions_per_step=per_step,
+        steps_per_generation=gen // per_step if per_step else 0,
+        num_iterations=cfg.algorithm.num_iterations,
+        generation_batch_size=gen,
+        prompts_per_generation=gen // g if g else 0,
+        micro_batch_size=mb,
+        micro_batches_per_step=math.ceil(per_step / mb) if mb else 0,
+        max_tokens_per_sequence=None if cfg.data.max_prompt_length is None else cfg.data.max_prompt_length + cfg.rollout.max_completion_length,
+        max_steps=cfg.train.max_steps,
+        prompt_tokens_from="data.max_prompt_length" if cfg.data.max_prompt_length is not None else "not measured (data not read)",
+    )
+
+
+@dataclass(frozen=True)
+class MeasuredPrompts:
+    """The prompts of a run as the trainer will keep them, measured without loading weights (`cohort.validation`)."""
+
+    longest: int | None  # tokens of the longest prompt kept (None when a problem stopped the measurement)
+    where: str  # its row
+    filtered: int  # train prompts longer than the limit, dropped by data.overlong_prompts = filter
+    problems: list[str]
+
+
+def with_measured_prompts(cfg: CohortConfig, plan: BatchPlan, measured: MeasuredPrompts | None) -> BatchPlan:
+    """The plan with its token bound taken from the longest prompt kept, when the prompts could be measured."""
+    if measured is None or measured.longest is None:
+        if cfg.data.max_prompt_length is None:
+            return dataclasses.replace(plan, prompt_tokens_from="not measured (a tiny:* model's tokenizer is built with the model)")
+        return plan
+    return dataclasses.replace(plan, max_tokens_per_sequence=measured.longest + cfg.rollout.max_completion_length,
+                               prompt_tokens_from=f"the longest prompt kept, {measured.where}")
+
+
+# --------------------------------------------------------------------------- the model, without its weights
 
 
 @dataclass(frozen=True)
@@ -107,168 +179,6 @@ def _safetensors_numel(path: Path) -> int:
     return total
 
 
-# --------------------------------------------------------------------------- checks
-
-
-def plan_problems(cfg: CohortConfig, *, check_files: bool = True) -> list[str]:
-    """Run, checkpoint and logger settings that cannot work, and what the model's config forbids.
-
-    With check_files, the prompts are read and tokenized with the model's tokenizer (no weights), so the fit check
-    uses the longest prompt actually kept; a `tiny:*` model is only checked against its positions (its tokenizer is
-    built with the model).
-    """
-    problems = _check_run_section(cfg)
-    if check_files:
-        problems += _check_output_dir(cfg.run.output_dir)
-        try:
-            facts = model_facts(cfg.model.path)
-        except UnreadableWeights as exc:
-            return problems + [f"model.path = {cfg.model.path!r}: {exc}; re-save or re-download the checkpoint"]
-        measured = measure_prompts(cfg)
-        problems += measured.problems if measured else fit_problems(cfg, max_positions_of(cfg.model.path))
-        if facts is not None and not (measured and measured.problems):
-            problems += _check_kv_cache(cfg, facts, measured)
-    return problems
-
-
-@dataclass(frozen=True)
-class MeasuredPrompts:
-    """The prompts of a run as the trainer will keep them, measured without loading weights."""
-
-    longest: int | None  # tokens of the longest prompt kept (None when a problem stopped the measurement)
-    where: str  # its row
-    filtered: int  # train prompts longer than the limit, dropped by data.overlong_prompts = filter
-    problems: list[str]
-
-
-_MEASURED: dict[tuple, MeasuredPrompts] = {}  # the last measurement: `cohort train` validates twice (CLI, then Trainer)
-
-
-def measure_prompts(cfg: CohortConfig) -> MeasuredPrompts | None:
-    """Read the data and the model's tokenizer and encode every prompt as the trainer will; None for a `tiny:*` model
-    or a model directory whose tokenizer cannot be read (loading reports that later)."""
-    if cfg.model.path.startswith("tiny:") or not (Path(cfg.model.path).expanduser() / "config.json").is_file():
-        return None
-    files = [Path(f) for f in cfg.data.train_files + cfg.data.eval_files]
-    stamps = tuple((str(f), f.stat().st_mtime_ns if f.exists() else None) for f in files)
-    key = (cfg.model.path, cfg.data.model_dump_json(), cfg.rollout.max_completion_length, cfg.train.seed, stamps)
-    if key not in _MEASURED:
-        _MEASURED.clear()
-        _MEASURED[key] = _measure(cfg)
-    return _MEASURED[key]
-
-
-def _measure(cfg: CohortConfig) -> MeasuredPrompts | None:
-    try:
-        tokenizer = loading.load_tokenizer(Path(cfg.model.path).expanduser())
-    except loading.ModelLoadError:
-        return None
-    try:
-        train, evals, _ = load_data(cfg)
-        encoded = encode_prompts(cfg, tokenizer, cfg.model.path, train, evals)
-    except DataError as exc:
-        return MeasuredPrompts(None, "", 0, [str(exc)])
-    except ConfigError as exc:
-        return MeasuredPrompts(None, "", 0, exc.problems)
-    longest, where = encoded.longest()
-    if longest == 0:  # a directory without tokenizer files: transformers builds an empty tokenizer; measure nothing
-        return None
-    return MeasuredPrompts(longest, where, encoded.filtered, [])
-
-
-def with_measured_prompts(cfg: CohortConfig, plan: BatchPlan) -> BatchPlan:
-    """The plan with its token bound taken from the longest prompt kept, when the prompts could be measured."""
-    measured = measure_prompts(cfg)
-    if measured is None or measured.longest is None:
-        if cfg.data.max_prompt_length is None:
-            return dataclasses.replace(plan, prompt_tokens_from="not measured (a tiny:* model's tokenizer is built with the model)")
-        return plan
-    return dataclasses.replace(plan, max_tokens_per_sequence=measured.longest + cfg.rollout.max_completion_length,
-                               prompt_tokens_from=f"the longest prompt kept, {measured.where}")
-
-
-def _check_run_section(cfg: CohortConfig) -> list[str]:
-    run, t, problems = cfg.run, cfg.train, []
-    for key, value in (("run.save_every", run.save_every), ("run.eval_every", run.eval_every),
-                       ("run.log_completions_every", run.log_completions_every)):
-        if value < 0:
-            problems.append(f"{key} = {value}: must be >= 0 (0 turns it off)")
-    if run.save_every > t.max_steps:
-        problems.append(f"run.save_every = {run.save_every} > train.max_steps = {t.max_steps}: no checkpoint would be written "
-                        f"before the run ends; use a value <= {t.max_steps} (e.g. {max(1, t.max_steps // 10)}) or 0")
-    if run.keep_checkpoints < 1:
-        problems.append(f"run.keep_checkpoints = {run.keep_checkpoints}: must be >= 1, or resuming has nothing to start from; use 2")
-    if run.eval_every and cfg.data.train_files and not cfg.data.eval_files:
-        problems.append(f"run.eval_every = {run.eval_every} but there is no eval data (data.train_files is set and data.eval_files "
-                        "is empty); set data.eval_files or run.eval_every=0")
-    for name, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
-        if name in run.loggers and importlib.util.find_spec(package) is None:
-            problems.append(f"run.loggers includes {name!r} but the {package} package is not installed; `pip install {package}` "
-                            f"or remove {name} from run.loggers")
-    for key, value in (("train.adam_beta1", t.adam_beta1), ("train.adam_beta2", t.adam_beta2)):
-        if not 0 <= value < 1:
-            problems.append(f"{key} = {value}: must be in [0, 1) (AdamW divides by 1 − β^step); 0.9 and 0.999 are the defaults")
-    if t.weight_decay < 0:
-        problems.append(f"train.weight_decay = {t.weight_decay}: must be >= 0 (0.0 turns it off)")
-    if t.max_grad_norm < 0:
-        problems.append(f"train.max_grad_norm = {t.max_grad_norm}: must be >= 0 (0 turns clipping off; 1.0 is usual)")
-    if t.num_threads is not None and t.num_threads < 1:
-        problems.append(f"train.num_threads = {t.num_threads}: must be >= 1, or unset it to keep PyTorch's default")
-    r = cfg.rollout
-    if r.sync_check_tolerance is not None and r.sync_check_tolerance <= 0:
-        problems.append(f"rollout.sync_check_tolerance = {r.sync_check_tolerance}: must be > 0 (engines never agree to the last "
-                        "bit); unset it (null) for the calibrated check, or use about 1e-3 for float32")
-    if r.engine == "vllm" and r.kv_cache_gib <= 0:
-        problems.append(f"rollout.kv_cache_gib = {r.kv_cache_gib}: must be > 0 (GiB of KV cache for vLLM on CPU); 1.0 is the default")
-    if r.engine == "vllm" and not 0 < r.gpu_memory_utilization <= 1:
-        problems.append(f"rollout.gpu_memory_utilization = {r.gpu_memory_utilization}: must be in (0, 1] (a fraction of GPU memory)")
-    if cfg.data.eval_max_samples is not None and cfg.data.eval_max_samples < 1:
-        problems.append(f"data.eval_max_samples = {cfg.data.eval_max_samples}: must be >= 1, or None for all eval rows")
-    return problems
-
-
-def _check_output_dir(output_dir: str | None) -> list[str]:
-    if output_dir is None:
-        return []
-    path = Path(output_dir).expanduser()
-    if path.exists() and not path.is_dir():
-        return [f"run.output_dir = {output_dir!r} is a file, not a directory; choose another run.output_dir"]
-    ancestor = path
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        return [f"run.output_dir = {output_dir!r}: {str(ancestor)!r} is a file, so the directory cannot be created; "
-                "choose another run.output_dir"]
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return [f"run.output_dir = {output_dir!r}: {str(ancestor)!r} is not writable; choose another run.output_dir"]
-    return []
-
-
-def _check_kv_cache(cfg: CohortConfig, facts: ModelFacts, measured: MeasuredPrompts | None) -> list[str]:
-    """vLLM on CPU: the KV cache must hold one whole sequence (the longest prompt kept + the completion)."""
-    if cfg.rollout.engine != "vllm" or cfg.rollout.mode not in ("colocate", "local_server") or _cuda_available():
-        return []
-    prompt = measured.longest if measured and measured.longest is not None else cfg.data.max_prompt_length
-    if prompt is None:
-        return []
-    longest = prompt + cfg.rollout.max_completion_length
-    per_token = kv_bytes_per_token(cfg, facts)
-    gib = max(1, int(round(cfg.rollout.kv_cache_gib)))  # what VLLMEngine hands vLLM (whole GiB)
-    if per_token * longest <= gib * 2**30:
-        return []
-    return [f"rollout.kv_cache_gib = {cfg.rollout.kv_cache_gib} ({gib} GiB) cannot hold one sequence of {longest} tokens "
-            f"({per_token * longest / 2**30:.2f} GiB at {per_token:,} bytes per token); raise rollout.kv_cache_gib to at least "
-            f"{-(-per_token * longest // 2**30)} or shorten data.max_prompt_length / rollout.max_completion_length"]
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
 def kv_bytes_per_token(cfg: CohortConfig, facts: ModelFacts) -> int:
     """Keys and values of every layer for one token, in the generation dtype."""
     return 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim * BYTES[cfg.generation_dtype]
@@ -305,9 +215,7 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
         rows.append(("autocast weight copies", p * b, f"each weight cast to {cfg.model.dtype} once per forward pass"))
     if cfg.algorithm.beta:
         rows.append(("reference model", p * w, f"a frozen copy (algorithm.beta = {cfg.algorithm.beta:g})"))
-    from cohort.trainer.algorithms import ALGORITHMS
-
-    if ALGORITHMS.get(cfg.algorithm.name).needs_critic:
+    if cfg.algorithm.name in ALGORITHMS_WITH_CRITIC:
         rows.append(("critic", 4 * p * w, f"{cfg.algorithm.name}: weights, gradients and moments of a policy-sized critic"))
     return rows
 

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from cohort import cli
-from cohort.config import ConfigError, batch_plan, describe_fields, load_config, validate_config
+from cohort.config import ConfigError, describe_fields, load_config
+from cohort.plan import batch_plan
+from cohort.validation import validate_config
 
 
 @pytest.fixture

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from cohort import cli
-from cohort.config import ConfigError, batch_plan, load_config, validate_config
-from cohort.plan import format_plan, memory_estimate, model_facts
+from cohort.config import ConfigError, load_config
+from cohort.plan import batch_plan, format_plan, memory_estimate, model_facts
+from cohort.validation import validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

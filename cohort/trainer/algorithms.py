@@ -20,8 +20,8 @@ schedule. Whether a reference model exists is not per algorithm: it is loaded
 exactly when `algorithm.beta != 0`. The KL reaches the advantage functions
 already estimated per token (`AdvantageInputs.kl`, the configured estimator of
 the sampling policy's log-probs against the reference's, computed by the loop). `min_group_size` mirrors
-`cohort.config.ALGORITHM_MIN_GENERATIONS` (a test keeps the two equal; the
-config module may not import the trainer).
+`cohort.config.ALGORITHM_MIN_GENERATIONS` and `needs_critic` mirrors `cohort.config.ALGORITHMS_WITH_CRITIC`
+(a test keeps them equal; the config module may not import the trainer).
 
 The advantage functions (shapes: N completions, T = the batch's longest
 completion; `mask` (N, T) is 1 on completion tokens that enter the loss):

@@ -49,7 +49,7 @@ import torch
 
 from cohort.algorithms import aggregate_loss, aggregation_count, kl_penalty, masked_mean, policy_loss, rollout_correction
 from cohort.algorithms import advantage_stats
-from cohort.config import CohortConfig, batch_plan, default_output_dir, validate_config
+from cohort.config import CohortConfig, default_output_dir
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES
 from cohort.rollout.base import SamplingConfig, completion_seeds, completion_text
@@ -61,6 +61,7 @@ from cohort.trainer.overlap import BackgroundRollout, PendingGeneration
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.trainer.stopping import check_finite
 from cohort.trainer.sync_check import SyncCheck
+from cohort.validation import validate_config
 
 LOSS_AGGREGATION = {"grpo": "seq_mean_token_mean", "dapo": "token_mean", "bnpo": "bnpo", "dr_grpo": "seq_mean_token_sum_norm"}
 

@@ -14,10 +14,10 @@ import math
 
 import torch
 
-from cohort.data.datasets import RepeatSampler, load_prompt_dataset, rows_dataset
+from cohort.data.datasets import RepeatSampler
 from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir, stop_token_ids
 from cohort.models.precision import resolve_precision
-from cohort.trainer.prompts import encode_prompts, max_positions_of
+from cohort.prompts import encode_prompts, load_data, max_positions_of
 
 
 def setup(trainer, external_engine=None) -> None:
@@ -68,25 +68,6 @@ def setup(trainer, external_engine=None) -> None:
     trainer.critic = _critic(trainer) if trainer.algorithm.spec.needs_critic else None
     trainer.engine, trainer.owns_engine = _engine(trainer, external_engine)
     trainer.engine_shares_policy = getattr(trainer.engine, "model", None) is trainer.policy
-
-
-def load_data(cfg):
-    """(train dataset, eval dataset or None, reward specs) from files or the built-in task."""
-    specs = [s.model_dump() for s in cfg.rewards] if cfg.rewards is not None else None
-    if cfg.data.train_files:
-        train = load_prompt_dataset(cfg.data.train_files, cfg.data.prompt_key)
-        evals = load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None
-    else:
-        from cohort.data.tasks import get_task
-
-        task = get_task(cfg.data.task, seed=cfg.train.seed)
-        train = rows_dataset(task.train_rows, "prompt", f"task {task.name} (train)")
-        evals = (load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files
-                 else rows_dataset(task.eval_rows, "prompt", f"task {task.name} (eval)"))
-        specs = specs if specs is not None else task.reward_specs
-    if evals is not None and cfg.data.eval_max_samples:
-        evals.rows, evals.sources = evals.rows[: cfg.data.eval_max_samples], evals.sources[: cfg.data.eval_max_samples]
-    return train, evals, specs
 
 
 def _reference(policy: torch.nn.Module) -> torch.nn.Module:

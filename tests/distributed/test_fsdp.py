@@ -28,7 +28,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cohort.config import ConfigError, load_config, validate_config
+from cohort.config import ConfigError, load_config
+from cohort.validation import validate_config
 from cohort.distributed.fsdp import DistContext, LocalContext
 from cohort.trainer.loop import Trainer
 

@@ -7,9 +7,10 @@ import json
 import pytest
 
 from cohort import cli
-from cohort.config import ConfigError, load_config, validate_config
+from cohort.config import ConfigError, load_config
 from cohort.data.datasets import file_columns
 from cohort.rewards.columns import reward_column_problems
+from cohort.validation import validate_config
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):  # verl's contract: reads ground_truth

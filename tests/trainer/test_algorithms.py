@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from cohort.algorithms import POLICY_LOSSES, compute_advantages
-from cohort.config import ALGORITHM_MIN_GENERATIONS, AlgorithmConfig, load_config
+from cohort.config import ALGORITHM_MIN_GENERATIONS, ALGORITHMS_WITH_CRITIC, AlgorithmConfig, load_config
 from cohort.trainer.algorithms import ALGORITHMS, AdvantageInputs, resolve
 
 
@@ -122,6 +122,7 @@ def test_specs_match_the_config():
     names = set(typing.get_args(AlgorithmConfig.model_fields["name"].annotation))
     assert names == set(ALGORITHMS.names())
     assert ALGORITHM_MIN_GENERATIONS == {name: ALGORITHMS.get(name).min_group_size for name in ALGORITHMS.names()}
+    assert ALGORITHMS_WITH_CRITIC == {name for name in ALGORITHMS.names() if ALGORITHMS.get(name).needs_critic}
     for name in ALGORITHMS.names():
         spec = ALGORITHMS.get(name)
         assert spec.kl_placement in ("loss", "reward") and spec.needs_critic == (name == "ppo")
@@ -141,7 +142,7 @@ def test_specs_match_the_config():
 ])
 def test_auto_fields_resolve_per_algorithm(overrides, loss_name, placement, estimator, old_logp):
     cfg = load_config(None, overrides)
-    from cohort.config import batch_plan
+    from cohort.plan import batch_plan
 
     choice = resolve(cfg, off_policy=batch_plan(cfg).off_policy)
     assert (choice.loss_name, choice.kl_placement, choice.kl_estimator, choice.score_old_logp) == (
@@ -150,7 +151,8 @@ def test_auto_fields_resolve_per_algorithm(overrides, loss_name, placement, esti
 
 
 def test_config_checks_group_size_and_kl_controller():
-    from cohort.config import ConfigError, validate_config
+    from cohort.config import ConfigError
+    from cohort.validation import validate_config
 
     validate_config(load_config(None, ["algorithm.name=ppo", "rollout.num_generations=1"]), check_files=False)
     validate_config(load_config(None, ["algorithm.name=reinforce_pp", "rollout.num_generations=1"]), check_files=False)
@@ -323,7 +325,7 @@ def test_example_configs_are_the_demo_preset_with_the_algorithm_switched():
     # numbers compare the algorithms and nothing else.
     from pathlib import Path
 
-    from cohort.config import validate_config
+    from cohort.validation import validate_config
 
     for name in ("grpo", "rloo", "reinforce_pp", "ppo"):
         cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / f"{name}_arith.yaml")

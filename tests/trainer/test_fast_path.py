@@ -153,7 +153,8 @@ def test_reference_and_old_logprobs_once_per_generation_batch(tmp_path, data_fil
 
 
 def test_overlap_config_checks(tmp_path, data_file, tiny_model_dir):
-    from cohort.config import ConfigError, validate_config
+    from cohort.config import ConfigError
+    from cohort.validation import validate_config
 
     base = [f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]", "rollout.overlap=true", "data.max_prompt_length=16",
             "rollout.max_completion_length=8",

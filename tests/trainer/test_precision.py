@@ -13,10 +13,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from cohort.config import ConfigError, load_config, validate_config
+from cohort.config import ConfigError, load_config
 from cohort.models.precision import resolve_precision
 from cohort.plan import memory_estimate, model_facts
 from cohort.trainer.loop import Trainer
+from cohort.validation import validate_config
 
 
 @pytest.fixture

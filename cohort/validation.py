@@ -1,0 +1,402 @@
+"""Every check of a config, with fix-it messages, before anything loads: one entry point, `validate_config`.
+
+`validate_config(cfg, check_files=True)` reports *all* problems at once as one
+`ConfigError`, each naming its fields and a fix, and returns the run's
+`BatchPlan`. It runs, in this order:
+
+- the config alone: batch arithmetic, value ranges, rollout.overlap, the rollout
+  mode and the distributed settings, training processes, the run/logger/optimizer
+  fields, and that every reward spec resolves;
+- with check_files, the outside world, cheaply: the data files and their columns
+  (each reward's columns too), the model directory (`tiny:*` names are only
+  looked up, never built), the output directory, the weights' headers, the
+  prompts measured as the trainer will keep them (the data and the model's
+  tokenizer, no weights; skipped for `tiny:*` models, whose tokenizer is built
+  with the model) against the model's positions, and the vLLM CPU KV cache.
+
+It builds nothing: no model, no tokenizer of a `tiny:*` model, no engine, and
+writes nothing. `cohort train` validates twice (the CLI, then the Trainer); the
+last prompt measurement is kept so the second costs nothing.
+
+Left out: whatever needs the weights (a checkpoint whose tensors do not fit its
+config fails at load, naming the directory).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+from cohort import rewards as reward_registry
+from cohort.config import ALGORITHM_MIN_GENERATIONS, ALGORITHMS_WITH_CRITIC, CohortConfig, ConfigError
+from cohort.data.datasets import DataError, check_data_config
+from cohort.models import loading
+from cohort.plan import (BatchPlan, MeasuredPrompts, ModelFacts, UnreadableWeights, batch_plan, kv_bytes_per_token,
+                         model_facts, with_measured_prompts)
+from cohort.prompts import encode_prompts, fit_problems, load_data, max_positions_of
+from cohort.rewards.columns import reward_column_problems
+
+
+def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
+    """All checks that need no model; raises ConfigError listing every problem, else returns the batch plan
+    (with check_files, its token bound taken from the longest prompt kept)."""
+    problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_overlap(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
+    if check_files:
+        problems += check_data_config(cfg.data) + loading.check_model_dir(cfg.model.path)
+        if cfg.critic.path:
+            problems += [p.replace("model.path", "critic.path", 1) for p in loading.check_model_dir(cfg.critic.path)]
+    problems += _check_rewards(cfg)
+    if check_files:
+        problems += reward_column_problems(cfg)  # the columns each reward reads, in the data
+    problems += _check_run_section(cfg)
+    measured = None
+    if check_files:
+        outside, measured = _check_outside(cfg)
+        problems += outside
+    if problems:
+        raise ConfigError(problems)
+    return with_measured_prompts(cfg, batch_plan(cfg), measured) if check_files else batch_plan(cfg)
+
+
+# --------------------------------------------------------------------------- the config alone
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_batch_arithmetic(cfg: CohortConfig) -> list[str]:
+    """Every impossible batch combination, each with the fields involved and a fix."""
+    problems = []
+    g, t, r = cfg.rollout.num_generations, cfg.train, cfg.rollout
+    min_g = ALGORITHM_MIN_GENERATIONS[cfg.algorithm.name]
+    if g < min_g:
+        problems.append(
+            f"rollout.num_generations = {g}: algorithm.name = {cfg.algorithm.name} needs at least {min_g} completions per prompt "
+            f"(its baseline is computed within each group); use 2 or more (8 is typical)"
+            if min_g > 1 else f"rollout.num_generations = {g}: must be at least 1"
+        )
+    for key, value in (("train.prompts_per_step", t.prompts_per_step), ("train.steps_per_generation", t.steps_per_generation),
+                       ("train.micro_batch_size", t.micro_batch_size), ("train.max_steps", t.max_steps),
+                       ("algorithm.num_iterations", cfg.algorithm.num_iterations),
+                       ("rollout.max_completion_length", r.max_completion_length), ("data.max_prompt_length", cfg.data.max_prompt_length)):
+        if value is not None and value < 1:
+            problems.append(f"{key} = {value}: must be at least 1")
+    if problems:
+        return problems
+    per_step = t.prompts_per_step * g
+    if r.generation_batch_size is not None:
+        gen = r.generation_batch_size
+        if gen % g:
+            ok = [k * g for k in range(max(1, gen // g), gen // g + 2)]
+            problems.append(
+                f"rollout.generation_batch_size = {gen} is not divisible by rollout.num_generations = {g}; use a multiple of {g} such as {ok[0]} or {ok[-1]}"
+            )
+        elif gen % per_step:
+            problems.append(
+                f"rollout.generation_batch_size = {gen} is not a multiple of the completions per optimizer step "
+                f"(train.prompts_per_step × rollout.num_generations = {t.prompts_per_step} × {g} = {per_step}); "
+                f"use {per_step * max(1, gen // per_step)}, or unset it and set train.steps_per_generation"
+            )
+    if t.micro_batch_size < per_step and per_step % t.micro_batch_size:
+        divisors = _divisors(per_step)
+        below = [d for d in divisors if d < t.micro_batch_size][-1:]
+        above = [d for d in divisors if d > t.micro_batch_size][:1]
+        fits = below + above
+        problems.append(
+            f"train.prompts_per_step × rollout.num_generations = {t.prompts_per_step} × {g} = {per_step} is not divisible by "
+            f"train.micro_batch_size = {t.micro_batch_size}; use {' or '.join(map(str, fits))}"
+        )
+    return problems
+
+
+def check_ranges(cfg: CohortConfig) -> list[str]:
+    problems = []
+    a, r, t = cfg.algorithm, cfg.rollout, cfg.train
+    if r.temperature <= 0:
+        problems.append(f"rollout.temperature = {r.temperature}: must be > 0 (the trainer divides logits by it); use 1.0 for plain sampling")
+    if not 0 < r.top_p <= 1:
+        problems.append(f"rollout.top_p = {r.top_p}: must be in (0, 1]; use 1.0 to turn nucleus sampling off")
+    if r.top_k < 0:
+        problems.append(f"rollout.top_k = {r.top_k}: must be >= 0 (0 turns it off)")
+    if a.beta < 0:
+        problems.append(f"algorithm.beta = {a.beta}: must be >= 0 (0 disables the KL term and the reference model)")
+    for key, value in (("algorithm.epsilon_low", a.epsilon_low), ("algorithm.epsilon_high", a.epsilon_high)):
+        if value < 0:
+            problems.append(f"{key} = {value}: must be >= 0 (0.2 is the PPO default)")
+    if a.epsilon_low >= 1:
+        problems.append(f"algorithm.epsilon_low = {a.epsilon_low}: must be < 1 or the lower clip bound 1 − ε is not positive; use 0.2")
+    if a.delta is not None and a.delta <= 1 + a.epsilon_high:
+        problems.append(f"algorithm.delta = {a.delta}: must exceed 1 + algorithm.epsilon_high = {1 + a.epsilon_high}; TRL suggests 1.5–2, or unset it")
+    if t.learning_rate <= 0:
+        problems.append(f"train.learning_rate = {t.learning_rate}: must be > 0")
+    if cfg.model.dtype == "float16" and t.precision == "mixed":
+        problems.append("model.dtype = float16 with train.precision = mixed: float16 mixed precision needs loss scaling, which "
+                        "cohort does not do; use model.dtype=bfloat16 (same memory, no loss scaling needed), or "
+                        "train.precision=pure to train the float16 weights directly (lossy)")
+    if t.warmup_steps < 0 or t.warmup_steps > t.max_steps:
+        problems.append(f"train.warmup_steps = {t.warmup_steps}: must be between 0 and train.max_steps = {t.max_steps}")
+    if t.logprob_chunk_size < 1:
+        problems.append(f"train.logprob_chunk_size = {t.logprob_chunk_size}: must be >= 1")
+    if t.max_tokens_per_microbatch is not None and t.max_tokens_per_microbatch < 1:
+        problems.append(f"train.max_tokens_per_microbatch = {t.max_tokens_per_microbatch}: must be >= 1, or unset it (null) for no token cap")
+    problems += _check_algorithm_ranges(cfg)
+    return problems
+
+
+def _check_algorithm_ranges(cfg: CohortConfig) -> list[str]:
+    """KL controller, discounting and critic fields."""
+    a, c, problems = cfg.algorithm, cfg.critic, []
+    if a.kl_controller == "adaptive" and a.beta == 0:
+        problems.append("algorithm.kl_controller = adaptive with algorithm.beta = 0: the controller multiplies beta, so it would stay 0; "
+                        "set algorithm.beta to its starting value (e.g. 0.01) or use kl_controller=fixed")
+    if a.kl_target <= 0:
+        problems.append(f"algorithm.kl_target = {a.kl_target}: must be > 0 (nats per token; 0.1 is verl's default)")
+    if a.kl_horizon < 1:
+        problems.append(f"algorithm.kl_horizon = {a.kl_horizon}: must be >= 1 (completions; 10000 is verl's default)")
+    for key, value in (("algorithm.gamma", a.gamma), ("algorithm.lam", a.lam)):
+        if not 0 <= value <= 1:
+            problems.append(f"{key} = {value}: must be in [0, 1] (1.0 and 0.95 are the usual values)")
+    if c.learning_rate <= 0:
+        problems.append(f"critic.learning_rate = {c.learning_rate}: must be > 0")
+    if c.warmup_steps < 0 or c.warmup_steps > cfg.train.max_steps:
+        problems.append(f"critic.warmup_steps = {c.warmup_steps}: must be between 0 and train.max_steps = {cfg.train.max_steps}")
+    if c.cliprange_value <= 0:
+        problems.append(f"critic.cliprange_value = {c.cliprange_value}: must be > 0 (0.2 is the usual value)")
+    return problems
+
+
+def check_overlap(cfg: CohortConfig) -> list[str]:
+    """rollout.overlap needs an engine with its own weights and one optimizer step per generation batch."""
+    r, t, problems = cfg.rollout, cfg.train, []
+    if cfg.algorithm.rollout_correction_cap <= 0:
+        problems.append(f"algorithm.rollout_correction_cap = {cfg.algorithm.rollout_correction_cap}: must be > 0 (2.0 is TRL's default)")
+    if not r.overlap:
+        return problems
+    if r.engine == "hf" and r.mode == "colocate":
+        problems.append("rollout.overlap = true with rollout.engine = hf: the transformers engine samples with the trainer's own "
+                        "module, which the update changes meanwhile; use rollout.engine=vllm or set rollout.overlap=false")
+    if t.steps_per_generation != 1 or cfg.algorithm.num_iterations != 1:
+        problems.append(f"rollout.overlap = true needs one optimizer step per generation batch (train.steps_per_generation = "
+                        f"{t.steps_per_generation}, algorithm.num_iterations = {cfg.algorithm.num_iterations}); set both to 1 or "
+                        "rollout.overlap=false")
+    if cfg.rollout.generation_batch_size not in (None, t.prompts_per_step * r.num_generations):
+        problems.append("rollout.overlap = true needs rollout.generation_batch_size unset (one optimizer step per generation batch)")
+    if getattr(t, "num_processes", 1) > 1:
+        problems.append(f"rollout.overlap = true runs in one training process; got train.num_processes = {t.num_processes}: "
+                        "set train.num_processes=1 or rollout.overlap=false")
+    return problems
+
+
+def check_rollout_mode(cfg: CohortConfig) -> list[str]:
+    """rollout.mode=server needs server URLs, a timeout and the token the servers were started with; local_server needs vLLM."""
+    r = cfg.rollout
+    problems = []
+    spawned = cfg.distributed.backend == "ray"  # Ray starts the servers (when no URLs are given) and makes a token
+    if r.mode == "server":
+        if not r.server_urls and not spawned:
+            problems.append("rollout.mode = server but rollout.server_urls is empty; start `cohort serve MODEL_DIR --port 8400` "
+                            "and set rollout.server_urls=[http://127.0.0.1:8400]")
+        bad = [u for u in r.server_urls if not u.startswith(("http://", "https://"))]
+        if bad:
+            problems.append(f"rollout.server_urls = {bad}: each must start with http:// or https:// (e.g. http://127.0.0.1:8400)")
+        if not os.environ.get("COHORT_SERVER_TOKEN") and not spawned:
+            problems.append("rollout.mode = server needs the servers' token in the environment: export COHORT_SERVER_TOKEN=<the token "
+                            "`cohort serve` was started with>")
+    if r.mode == "local_server" and r.engine != "vllm":
+        problems.append(f"rollout.mode = local_server runs vLLM in a child process; got rollout.engine = {r.engine}: set "
+                        "rollout.engine=vllm, or rollout.mode=colocate to generate with transformers in the trainer")
+    if r.num_threads is not None:
+        cores = len(os.sched_getaffinity(0))
+        if r.num_threads < 1 or r.num_threads > cores:
+            problems.append(f"rollout.num_threads = {r.num_threads}: must be between 1 and the {cores} core(s) this process "
+                            "may use, or unset it (half of them with rollout.overlap)")
+        elif r.mode != "local_server":
+            problems.append(f"rollout.num_threads = {r.num_threads} only applies with rollout.mode = local_server (got "
+                            f"{r.mode}); set rollout.mode=local_server or unset rollout.num_threads")
+    if r.server_timeout_s <= 0:
+        problems.append(f"rollout.server_timeout_s = {r.server_timeout_s}: must be > 0 (seconds; 300 is the default)")
+    d = cfg.distributed
+    if d.num_rollout_servers < 1:
+        problems.append(f"distributed.num_rollout_servers = {d.num_rollout_servers}: must be at least 1")
+    for key in ("cpus_per_trainer", "gpus_per_trainer", "cpus_per_rollout", "gpus_per_rollout"):
+        if getattr(d, key) < 0:
+            problems.append(f"distributed.{key} = {getattr(d, key)}: must be >= 0")
+    if spawned and importlib.util.find_spec("ray") is None:
+        problems.append("distributed.backend = ray but Ray is not installed: pip install ray (or use backend none)")
+    return problems
+
+def training_world_size(cfg: CohortConfig) -> int:
+    """Processes training together: torchrun's WORLD_SIZE when launched by it, else train.num_processes."""
+    return int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else cfg.train.num_processes
+
+
+def check_processes(cfg: CohortConfig) -> list[str]:
+    """What multi-process training (FSDP2) needs today: whole groups per rank; no critic; no mid-run checkpoints."""
+    world, t = training_world_size(cfg), cfg.train
+    if t.num_processes < 1:
+        return [f"train.num_processes = {t.num_processes}: must be at least 1"]
+    if world == 1:
+        return []
+    problems = []
+    if t.prompts_per_step % world:
+        lower = t.prompts_per_step // world * world
+        fits = [k for k in (lower, lower + world) if k > 0]
+        problems.append(f"train.prompts_per_step = {t.prompts_per_step} must divide by the {world} training processes (each takes "
+                        f"whole groups); use {' or '.join(map(str, fits))}")
+    if cfg.algorithm.name in ALGORITHMS_WITH_CRITIC:
+        problems.append(f"algorithm.name = {cfg.algorithm.name}: the critic is not sharded across processes yet; use "
+                        f"train.num_processes=1 with {cfg.algorithm.name}")
+    if cfg.run.save_every:
+        problems.append(f"run.save_every = {cfg.run.save_every}: checkpoints of a sharded optimizer are not written yet with "
+                        f"{world} processes; set run.save_every=0 (the final model is still saved) or train.num_processes=1")
+    return problems
+
+
+def _check_rewards(cfg: CohortConfig) -> list[str]:
+    if cfg.rewards is None:
+        if not cfg.data.train_files and cfg.data.task is None:
+            return ["rewards is empty and data.task is None: set rewards (e.g. rewards=[{name: accuracy}]) or data.task"]
+        return []
+    if not cfg.rewards:
+        return ["rewards = []: at least one reward function is needed; e.g. rewards=[{name: accuracy}] (`cohort rewards list` shows the built-ins)"]
+    problems = []
+    for i, spec in enumerate(cfg.rewards):
+        try:
+            reward_registry.validate_spec({"name": spec.name, "weight": spec.weight, **spec.options()})
+        except (ValueError, ImportError, TypeError) as exc:
+            problems.append(f"rewards[{i}] (name = {spec.name!r}): {exc}")
+    return problems
+
+
+def _check_run_section(cfg: CohortConfig) -> list[str]:
+    run, t, problems = cfg.run, cfg.train, []
+    for key, value in (("run.save_every", run.save_every), ("run.eval_every", run.eval_every),
+                       ("run.log_completions_every", run.log_completions_every)):
+        if value < 0:
+            problems.append(f"{key} = {value}: must be >= 0 (0 turns it off)")
+    if run.save_every > t.max_steps:
+        problems.append(f"run.save_every = {run.save_every} > train.max_steps = {t.max_steps}: no checkpoint would be written "
+                        f"before the run ends; use a value <= {t.max_steps} (e.g. {max(1, t.max_steps // 10)}) or 0")
+    if run.keep_checkpoints < 1:
+        problems.append(f"run.keep_checkpoints = {run.keep_checkpoints}: must be >= 1, or resuming has nothing to start from; use 2")
+    if run.eval_every and cfg.data.train_files and not cfg.data.eval_files:
+        problems.append(f"run.eval_every = {run.eval_every} but there is no eval data (data.train_files is set and data.eval_files "
+                        "is empty); set data.eval_files or run.eval_every=0")
+    for name, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+        if name in run.loggers and importlib.util.find_spec(package) is None:
+            problems.append(f"run.loggers includes {name!r} but the {package} package is not installed; `pip install {package}` "
+                            f"or remove {name} from run.loggers")
+    for key, value in (("train.adam_beta1", t.adam_beta1), ("train.adam_beta2", t.adam_beta2)):
+        if not 0 <= value < 1:
+            problems.append(f"{key} = {value}: must be in [0, 1) (AdamW divides by 1 − β^step); 0.9 and 0.999 are the defaults")
+    if t.weight_decay < 0:
+        problems.append(f"train.weight_decay = {t.weight_decay}: must be >= 0 (0.0 turns it off)")
+    if t.max_grad_norm < 0:
+        problems.append(f"train.max_grad_norm = {t.max_grad_norm}: must be >= 0 (0 turns clipping off; 1.0 is usual)")
+    if t.num_threads is not None and t.num_threads < 1:
+        problems.append(f"train.num_threads = {t.num_threads}: must be >= 1, or unset it to keep PyTorch's default")
+    r = cfg.rollout
+    if r.sync_check_tolerance is not None and r.sync_check_tolerance <= 0:
+        problems.append(f"rollout.sync_check_tolerance = {r.sync_check_tolerance}: must be > 0 (engines never agree to the last "
+                        "bit); unset it (null) for the calibrated check, or use about 1e-3 for float32")
+    if r.engine == "vllm" and r.kv_cache_gib <= 0:
+        problems.append(f"rollout.kv_cache_gib = {r.kv_cache_gib}: must be > 0 (GiB of KV cache for vLLM on CPU); 1.0 is the default")
+    if r.engine == "vllm" and not 0 < r.gpu_memory_utilization <= 1:
+        problems.append(f"rollout.gpu_memory_utilization = {r.gpu_memory_utilization}: must be in (0, 1] (a fraction of GPU memory)")
+    if cfg.data.eval_max_samples is not None and cfg.data.eval_max_samples < 1:
+        problems.append(f"data.eval_max_samples = {cfg.data.eval_max_samples}: must be >= 1, or None for all eval rows")
+    return problems
+
+
+# --------------------------------------------------------------------------- the outside world
+
+
+def _check_outside(cfg: CohortConfig) -> tuple[list[str], MeasuredPrompts | None]:
+    """The output directory, the weights' headers, the prompts against the model's positions, the vLLM CPU KV cache.
+
+    The prompts are read and tokenized with the model's tokenizer (no weights), so the fit check uses the longest prompt
+    actually kept; a `tiny:*` model is only checked against its recipe's positions (its tokenizer is built with the model).
+    """
+    problems = _check_output_dir(cfg.run.output_dir)
+    try:
+        facts = model_facts(cfg.model.path)
+    except UnreadableWeights as exc:
+        return problems + [f"model.path = {cfg.model.path!r}: {exc}; re-save or re-download the checkpoint"], None
+    measured = measure_prompts(cfg)
+    problems += measured.problems if measured else fit_problems(cfg, max_positions_of(cfg.model.path))
+    if facts is not None and not (measured and measured.problems):
+        problems += _check_kv_cache(cfg, facts, measured)
+    return problems, measured
+
+
+def _check_output_dir(output_dir: str | None) -> list[str]:
+    if output_dir is None:
+        return []
+    path = Path(output_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        return [f"run.output_dir = {output_dir!r} is a file, not a directory; choose another run.output_dir"]
+    ancestor = path
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return [f"run.output_dir = {output_dir!r}: {str(ancestor)!r} is a file, so the directory cannot be created; "
+                "choose another run.output_dir"]
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return [f"run.output_dir = {output_dir!r}: {str(ancestor)!r} is not writable; choose another run.output_dir"]
+    return []
+
+
+_MEASURED: dict[tuple, MeasuredPrompts] = {}  # the last measurement: `cohort train` validates twice (CLI, then Trainer)
+
+
+def measure_prompts(cfg: CohortConfig) -> MeasuredPrompts | None:
+    """Read the data and the model's tokenizer and encode every prompt as the trainer will; None for a `tiny:*` model
+    or a model directory whose tokenizer cannot be read (loading reports that later)."""
+    if cfg.model.path.startswith("tiny:") or not (Path(cfg.model.path).expanduser() / "config.json").is_file():
+        return None
+    files = [Path(f) for f in cfg.data.train_files + cfg.data.eval_files]
+    stamps = tuple((str(f), f.stat().st_mtime_ns if f.exists() else None) for f in files)
+    key = (cfg.model.path, cfg.data.model_dump_json(), cfg.rollout.max_completion_length, cfg.train.seed, stamps)
+    if key not in _MEASURED:
+        _MEASURED.clear()
+        _MEASURED[key] = _measure(cfg)
+    return _MEASURED[key]
+
+
+def _measure(cfg: CohortConfig) -> MeasuredPrompts | None:
+    try:
+        tokenizer = loading.load_tokenizer(Path(cfg.model.path).expanduser())
+    except loading.ModelLoadError:
+        return None
+    try:
+        train, evals, _ = load_data(cfg)
+        encoded = encode_prompts(cfg, tokenizer, cfg.model.path, train, evals)
+    except DataError as exc:
+        return MeasuredPrompts(None, "", 0, [str(exc)])
+    except ConfigError as exc:
+        return MeasuredPrompts(None, "", 0, exc.problems)
+    longest, where = encoded.longest()
+    if longest == 0:  # a directory without tokenizer files: transformers builds an empty tokenizer; measure nothing
+        return None
+    return MeasuredPrompts(longest, where, encoded.filtered, [])
+
+
+def _check_kv_cache(cfg: CohortConfig, facts: ModelFacts, measured: MeasuredPrompts | None) -> list[str]:
+    """vLLM on CPU: the KV cache must hold one whole sequence (the longest prompt kept + the completion)."""
+    if cfg.rollout.engine != "vllm" or cfg.rollout.mode not in ("colocate", "local_server") or torch.cuda.is_available():
+        return []
+    prompt = measured.longest if measured and measured.longest is not None else cfg.data.max_prompt_length
+    if prompt is None:
+        return []
+    longest = prompt + cfg.rollout.max_completion_length
+    per_token = kv_bytes_per_token(cfg, facts)
+    gib = max(1, int(round(cfg.rollout.kv_cache_gib)))  # what VLLMEngine hands vLLM (whole GiB)
+    if per_token * longest <= gib * 2**30:
+        return []
+    return [f"rollout.kv_cache_gib = {cfg.rollout.kv_cache_gib} ({gib} GiB) cannot hold one sequence of {longest} tokens "
+            f"({per_token * longest / 2**30:.2f} GiB at {per_token:,} bytes per token); raise rollout.kv_cache_gib to at least "
+            f"{-(-per_token * longest // 2**30)} or shorten data.max_prompt_length / rollout.max_completion_length"]
