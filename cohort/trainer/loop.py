@@ -57,7 +57,7 @@ from cohort.trainer import setup as build
 from cohort.trainer.algorithms import AdvantageInputs
 from cohort.trainer.batching import length_sorted_micro_batches, pack_right_padded, pad_rows
 from cohort.trainer.evaluate import evaluate
-from cohort.trainer.lora_sync import check_adapter_effect
+from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.overlap import BackgroundRollout, PendingGeneration
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.trainer.stopping import check_finite
@@ -103,7 +103,8 @@ class Trainer:
         self.policy_version = 0
         self.synced_version = -1
         self.batch: RolloutBatch | None = None
-        self.sync_check = SyncCheck(cfg.rollout.sync_check_tolerance)  # canaries + noise floor (trainer/sync_check.py)
+        self.sync_check = SyncCheck(cfg.rollout.sync_check_tolerance,  # canaries + noise floor (trainer/sync_check.py)
+                                    **({"min_gap": LORA_MIN_GAP_NATS} if cfg.model.lora_rank else {}))  # LoRA: lora_sync.py
         self.sync_metrics: dict[str, float] = {}  # the last sync check's statistics, reported with the next step
         self.last_canary_gap: float | None = None  # largest per-token canary gap at the last sync, nats
         self.sync_bytes_sent = 0.0  # bytes the engine reports sending since the last step's metrics (server mode)
