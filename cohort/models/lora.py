@@ -175,6 +175,12 @@ class LoraPolicy:
         tokenizer.save_pretrained(str(directory))
 
 
+def adapter_parameters_bound(hidden: int, intermediate: int, layers: int, rank: int) -> int:
+    """An upper bound on all-linear adapter parameters of a decoder (for `cohort plan`): rank × (in + out) per layer for
+    q, k, v, o (hidden → hidden; grouped-query k/v are smaller) and gate, up, down (hidden ↔ intermediate)."""
+    return layers * rank * (4 * 2 * hidden + 3 * (hidden + intermediate))
+
+
 # --------------------------------------------------------------------------- validation (no weights read)
 
 
