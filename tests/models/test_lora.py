@@ -165,3 +165,36 @@ def test_validation_refuses_combinations_not_served(tiny_model_dir):
     assert "rollout.mode = local_server: LoRA runs push merged weights into an in-process engine only" in text
     validate_config(load_config({"model": {"path": str(tiny_model_dir), "lora_rank": 8, "lora_target_modules": ["q_proj", "v_proj"]},
                                  "rollout": {"max_completion_length": 16}}))  # a valid one passes
+
+
+def test_plan_memory_counts_the_adapter_and_no_reference_copy(tiny_model_dir):
+    from cohort.config import batch_plan
+    from cohort.plan import memory_estimate, model_facts
+
+    def rows(rank):
+        cfg = load_config({"model": {"path": str(tiny_model_dir), "lora_rank": rank}, "algorithm": {"beta": 0.04},
+                           "rollout": {"max_completion_length": 16}})
+        return {name: size for name, size, _ in memory_estimate(cfg, batch_plan(cfg), model_facts(cfg.model.path))}
+
+    full, lora = rows(0), rows(8)
+    assert "reference model" in full and "reference model" not in lora
+    # hidden 128, intermediate 256, 2 layers, rank 8: 2 x 8 x (4 x 2 x 128 + 3 x (128 + 256)) = 34,816 params x 4 B
+    assert lora["gradients"] == 34_816 * 4 and lora["AdamW moments"] == 2 * 34_816 * 4
+    assert lora["weights"] == full["weights"]
+
+
+def test_gradient_checkpointing_gives_the_adapter_the_same_grads(tiny_model_dir):
+    grads = []
+    for checkpointing in (False, True):
+        cfg = load_config({"model": {"path": str(tiny_model_dir), "lora_rank": 4}})
+        model = load_policy(tiny_model_dir, "float32")
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        lora = attach_lora(model, cfg.model, gradient_checkpointing=checkpointing)
+        _randomize_adapter(lora)
+        model.train()
+        model(input_ids=torch.tensor([[5, 6, 7, 8, 9]])).logits.logsumexp(-1).sum().backward()
+        grads.append({n: p.grad for n, p in lora.trainable_parameters()})
+    plain, checkpointed = grads
+    assert all(checkpointed[n] is not None for n in plain)  # frozen embeddings: grads still reach every adapter
+    assert max(float((plain[n] - checkpointed[n]).abs().max()) for n in plain) <= 1e-5
