@@ -30,7 +30,8 @@ config.json: no weights are read), and the combinations not served yet.
 
 Left out: loading the adapter into vLLM as a LoRA adapter (not measured here),
 DoRA/rsLoRA, LoRA on embeddings or the LM head (only linear layers), several
-adapters at once, and sharded (multi-process) training.
+adapters at once, sharded (multi-process) training and PPO's critic (both
+refused by `lora_problems`).
 """
 
 from __future__ import annotations
@@ -249,10 +250,7 @@ def _combination_problems(cfg, needs_critic: bool, world_size: int) -> list[str]
     if world_size > 1:
         problems.append(f"model.lora_rank = {cfg.model.lora_rank} with {world_size} training processes: sharded "
                         "LoRA training is not supported yet; use train.num_processes=1 or model.lora_rank=0")
-    if cfg.rollout.mode != "colocate":
-        problems.append(f"model.lora_rank = {cfg.model.lora_rank} with rollout.mode = {cfg.rollout.mode}: LoRA runs push "
-                        "merged weights into an in-process engine only so far; use rollout.mode=colocate or model.lora_rank=0")
-    return problems
+    return problems  # every rollout.mode serves LoRA: the engine receives merged weights under the base names
 
 
 def _target_problems(model_dir: Path, targets: list[str]) -> list[str]:

@@ -136,3 +136,21 @@ def test_lora_resume_is_exact(user_setup, tiny_model_dir):
     b = load_file(str(copy / "final" / "adapter" / "adapter_model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit-exact
     assert max(float(a[k].abs().max()) for k in a if "lora_B" in k) > 1e-3  # and the adapter did train (B starts at 0)
+
+
+@pytest.mark.vllm
+def test_lora_learns_with_a_local_server(user_setup, tiny_model_dir):
+    """rollout.mode=local_server: the merged weights travel over HTTP to a `cohort serve` child under the base names."""
+    tmp_path, data = user_setup
+    run_dir = tmp_path / "run-local-server"
+    trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, run_dir, "vllm", "rollout.mode=local_server")))
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first, last = sum(l["reward"] for l in lines[:5]) / 5, sum(l["reward"] for l in lines[-5:]) / 5
+    assert first < 0.15 and last > 0.6, (first, last)
+    followed = [l["sync/adapter_followed"] for l in lines if "sync/adapter_followed" in l]
+    assert followed and all(0.9 < f < 1.1 for f in followed)
+    assert all(l.get("sync/bytes_sent", 0) > 0 for l in lines[:-1])  # a push after every step but the last
