@@ -154,3 +154,21 @@ def test_lora_learns_with_a_local_server(user_setup, tiny_model_dir):
     followed = [l["sync/adapter_followed"] for l in lines if "sync/adapter_followed" in l]
     assert followed and all(0.9 < f < 1.1 for f in followed)
     assert all(l.get("sync/bytes_sent", 0) > 0 for l in lines[:-1])  # a push after every step but the last
+
+
+@pytest.mark.parametrize("precision", ["mixed", "pure"])
+def test_lora_in_bfloat16_trains_float32_adapters_and_leaves_the_base(user_setup, tiny_model_dir, precision):
+    """model.dtype=bfloat16: mixed keeps float32 masters (base and adapter); pure keeps a bf16 base, and peft keeps the
+    adapter in float32 either way. Four steps on the transformers engine; the base is untouched and the adapter moved."""
+    tmp_path, data = user_setup
+    trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, tmp_path / precision, "hf", "train.max_steps=4",
+                                                   "model.dtype=bfloat16", f"train.precision={precision}")))
+    base_before = _base_tensors(trainer.policy)
+    assert {p.dtype for _, p in trainer.lora.trainable_parameters()} == {torch.float32}
+    assert {t.dtype for t in base_before.values()} == {torch.float32 if precision == "mixed" else torch.bfloat16}
+    trainer.train()
+    trainer.close()
+    assert all(torch.equal(base_before[n], p) for n, p in trainer.policy.named_parameters() if n in base_before)
+    assert max(float(p.abs().max()) for n, p in trainer.lora.trainable_parameters() if "lora_B" in n) > 0
+    config = json.loads((tmp_path / precision / "final" / "config.json").read_text())
+    assert config["dtype"] == "bfloat16"  # the merged final/ in model.dtype
