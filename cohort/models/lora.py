@@ -28,7 +28,8 @@ swapped for `TrainOnlyDropout`.
 that the architecture has (read by building the model on the meta device from
 config.json: no weights are read), and the combinations not served yet.
 
-Left out: loading the adapter into vLLM as a LoRA adapter (not measured here),
+Left out: loading the adapter into vLLM as a LoRA adapter (bench/lora_sync.py:
+it agrees with merged pushes, but vLLM's CPU backend generated 4.8x slower),
 DoRA/rsLoRA, LoRA on embeddings or the LM head (only linear layers), several
 adapters at once, sharded (multi-process) training and PPO's critic (both
 refused by `lora_problems`).
