@@ -220,10 +220,11 @@ def lora_problems(cfg, model_dir: Path | None = None, *, needs_critic: bool = Fa
     `needs_critic` (the algorithm trains a critic) and `world_size` (training processes) come from the caller, which
     sits above this module."""
     m = cfg.model
-    if m.lora_rank == 0:
-        set_fields = [f for f in ("lora_alpha",) if getattr(m, f) is not None]
+    if m.lora_rank == 0:  # LoRA off: a LoRA field changed from its default would be silently ignored
+        fields = ("lora_alpha", "lora_dropout", "lora_target_modules", "lora_save_merged")
+        changed = [f for f in fields if getattr(m, f) != type(m).model_fields[f].default]
         return [f"model.{f} is set but model.lora_rank = 0 (LoRA off): set model.lora_rank (e.g. 16) or drop model.{f}"
-                for f in set_fields]
+                for f in changed]
     problems = []
     if m.lora_rank < 0:
         problems.append(f"model.lora_rank = {m.lora_rank}: must be >= 1 for LoRA (e.g. 16), or 0 to train every weight")

@@ -150,7 +150,10 @@ def test_validation_errors_name_the_field_and_the_fix(tiny_model_dir):
     assert len(problems) == 2
     assert "'c_attn' is not a module of this model" in problems[0] and "down_proj, gate_proj" in problems[0]
     assert "'embed_tokens' is not a linear layer" in problems[1]
-    assert any("model.lora_alpha is set but model.lora_rank = 0" in p for p in _problems(tiny_model_dir, lora_alpha=16))
+    off = _problems(tiny_model_dir, lora_alpha=16, lora_dropout=0.1, lora_target_modules=["q_proj"], lora_save_merged=False)
+    assert [p.split(" is set")[0] for p in off] == ["model.lora_alpha", "model.lora_dropout", "model.lora_target_modules",
+                                                    "model.lora_save_merged"]
+    assert "but model.lora_rank = 0 (LoRA off): set model.lora_rank (e.g. 16) or drop model.lora_alpha" in off[0]
     assert lora_alpha(load_config({"model": {"lora_rank": 8}}).model) == 16.0
 
 
