@@ -201,3 +201,21 @@ def test_gradient_checkpointing_gives_the_adapter_the_same_grads(tiny_model_dir)
     plain, checkpointed = grads
     assert all(checkpointed[n] is not None for n in plain)  # frozen embeddings: grads still reach every adapter
     assert max(float((plain[n] - checkpointed[n]).abs().max()) for n in plain) <= 1e-5
+
+
+def test_gpt2_conv1d_layers_merge_like_peft(tmp_path):
+    """GPT-2's Conv1D stores weights as (in, out): peft marks them fan_in_fan_out and the merged delta is transposed."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
+    linear, _ = linear_module_names(tmp_path)
+    assert linear == {"c_attn", "c_proj", "c_fc"}  # (lm_head excluded)
+    model = load_policy(tmp_path, "float32")
+    lora = attach_lora(model, load_config({"model": {"lora_rank": 4, "lora_target_modules": ["c_attn", "c_fc"]}}).model)
+    _randomize_adapter(lora)
+    merged = dict(lora.merged_weights())
+    expected = dict(copy.deepcopy(lora.peft_model).merge_and_unload().named_parameters())
+    assert set(merged) == set(expected)
+    assert max(float((merged[n] - expected[n]).abs().max()) for n in expected) <= 1e-6
