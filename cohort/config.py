@@ -60,6 +60,31 @@ class ModelConfig(_Section):
         "(unless rollout.dtype says otherwise). With bfloat16, train.precision decides whether float32 master weights are "
         "kept (mixed, the default) or the bfloat16 weights are trained directly (pure).",
     )
+    # LoRA (cohort/models/lora.py, docs/lora.md): flat fields, as the config stays two levels deep.
+    lora_rank: int = Field(
+        0,
+        description="LoRA rank: > 0 trains a peft LoRA adapter of this rank instead of every weight (only the adapter is in "
+        "the optimizer and the checkpoints; the reference for algorithm.beta != 0 is the policy with its adapter off, so no "
+        "reference copy is held). 0: full fine-tuning. LoRA usually wants a ~10x higher train.learning_rate.",
+    )
+    lora_alpha: float | None = Field(
+        None, description="LoRA scaling numerator: the adapter's update is scaled by lora_alpha / lora_rank. None: 2 x lora_rank.",
+    )
+    lora_dropout: float = Field(
+        0.0, description="Dropout on the LoRA adapter's input, in [0, 1); applied in the update's forward passes only "
+        "(scoring and sampling are deterministic).",
+    )
+    lora_target_modules: str | list[str] = Field(
+        "all-linear",
+        description="Layers that get an adapter: `all-linear` (every linear layer but the LM head, as peft names it) or a "
+        "list of module names such as [q_proj, k_proj, v_proj, o_proj]; names are checked against the model's architecture "
+        "before it loads.",
+    )
+    lora_save_merged: bool = Field(
+        True,
+        description="With LoRA: also write final/ as a merged transformers checkpoint (base + adapter, in model.dtype) that "
+        "from_pretrained and vLLM load. The adapter alone is always in final/adapter/.",
+    )
 
 
 class DataConfig(_Section):

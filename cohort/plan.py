@@ -204,20 +204,32 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
         activations = tokens * b * facts.num_layers * per_layer
         act_how = f"{tokens:,} tokens (micro-batch × longest sequence) × {facts.num_layers} layers × (8·hidden + 4·intermediate)"
     chunk = min(cfg.train.logprob_chunk_size, max(1, MAX_CHUNK_LOGITS // max(1, facts.vocab_size)))  # rows per LM-head chunk
+    trained, what = p, "the weights"
+    if cfg.model.lora_rank:  # LoRA: gradients and moments of the adapter only, no reference copy (cohort/models/lora.py)
+        from cohort.models.lora import adapter_parameters_bound
+
+        trained = adapter_parameters_bound(facts.hidden_size, facts.intermediate_size, facts.num_layers, cfg.model.lora_rank)
+        what = f"the LoRA adapter's ≤ {trained:,} parameters (rank {cfg.model.lora_rank}, every linear layer)"
     rows = [
         ("weights", p * w, f"{p:,} parameters × {w} B ({how_w})"),
-        ("gradients", p * w, "same size as the weights"),
-        ("AdamW moments", 2 * p * w, "two per parameter, in the weights' dtype"),
+        ("gradients", trained * w, "same size as " + what),
+        ("AdamW moments", 2 * trained * w, f"two per parameter of {what}, in the weights' dtype"),
         ("activations", activations, act_how),
         ("log-prob chunk", chunk * facts.vocab_size * 4 * 2, f"two ({chunk} tokens × vocab {facts.vocab_size:,}) fp32 buffers (cohort.models.logprobs)"),
     ]
     if mixed:
         rows.append(("autocast weight copies", p * b, f"each weight cast to {cfg.model.dtype} once per forward pass"))
-    if cfg.algorithm.beta:
+    if cfg.algorithm.beta and not cfg.model.lora_rank:  # (LoRA: the reference is the adapter disabled)
         rows.append(("reference model", p * w, f"a frozen copy (algorithm.beta = {cfg.algorithm.beta:g})"))
     if cfg.algorithm.name in ALGORITHMS_WITH_CRITIC:
         rows.append(("critic", 4 * p * w, f"{cfg.algorithm.name}: weights, gradients and moments of a policy-sized critic"))
     return rows
+
+
+def _reference_line(cfg: CohortConfig) -> str:
+    if not cfg.algorithm.beta:
+        return "none (beta = 0)"
+    return f"the policy with its LoRA adapter disabled (beta = {cfg.algorithm.beta:g})" if cfg.model.lora_rank else f"yes (beta = {cfg.algorithm.beta:g})"
 
 
 def _human(n: float) -> str:
@@ -256,7 +268,7 @@ def format_plan(cfg: CohortConfig, plan: BatchPlan) -> str:
         f"  generation batches    {plan.num_generation_batches} for {plan.max_steps} steps",
         _tokens_per_step_line(cfg, plan),
         f"  tokens generated      ≤ {plan.generation_batch_size * cfg.rollout.max_completion_length:,} per generation batch",
-        f"  reference model       {'yes (beta = %g)' % cfg.algorithm.beta if cfg.algorithm.beta else 'none (beta = 0)'}",
+        f"  reference model       {_reference_line(cfg)}",
         f"  rollout engine        {cfg.rollout.engine}",
         f"  checkpoints           {'every %d steps, newest %d kept' % (cfg.run.save_every, cfg.run.keep_checkpoints) if cfg.run.save_every else 'only on a stop (run.save_every = 0)'}",
     ]

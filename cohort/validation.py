@@ -34,6 +34,7 @@ from cohort import rewards as reward_registry
 from cohort.config import ALGORITHM_MIN_GENERATIONS, ALGORITHMS_WITH_CRITIC, CohortConfig, ConfigError
 from cohort.data.datasets import DataError, check_data_config
 from cohort.models import loading
+from cohort.models.lora import lora_problems
 from cohort.plan import (BatchPlan, MeasuredPrompts, ModelFacts, UnreadableWeights, batch_plan, kv_bytes_per_token,
                          model_facts, with_measured_prompts)
 from cohort.prompts import encode_prompts, fit_problems, load_data, max_positions_of
@@ -49,6 +50,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in loading.check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
+    problems += _check_lora(cfg, check_files)
     if check_files:
         problems += reward_column_problems(cfg)  # the columns each reward reads, in the data
     problems += _check_run_section(cfg)
@@ -254,6 +256,15 @@ def check_processes(cfg: CohortConfig) -> list[str]:
         problems.append(f"run.save_every = {cfg.run.save_every}: checkpoints of a sharded optimizer are not written yet with "
                         f"{world} processes; set run.save_every=0 (the final model is still saved) or train.num_processes=1")
     return problems
+
+
+def _check_lora(cfg: CohortConfig, check_files: bool) -> list[str]:
+    """model.lora_* ranges, the combinations LoRA serves, and (with files) target modules the architecture has."""
+    lora_dir = None
+    if check_files and cfg.model.lora_rank > 0 and not cfg.model.path.startswith("tiny:") and not loading.check_model_dir(cfg.model.path):
+        lora_dir = loading.resolve_model_dir(cfg.model.path)  # (an embedded tiny model is built on first use: not for a check)
+    return lora_problems(cfg, lora_dir, needs_critic=cfg.algorithm.name in ALGORITHMS_WITH_CRITIC,
+                         world_size=training_world_size(cfg))
 
 
 def _check_rewards(cfg: CohortConfig) -> list[str]:

@@ -33,6 +33,11 @@ parent fsynced. A crash at any moment leaves every earlier checkpoint intact;
 half-written `.tmp-*` directories are ignored and swept at the next save. Only
 the newest `run.keep_checkpoints` survive a save.
 
+With LoRA (model.lora_rank > 0) `model/` holds the adapter alone (peft's
+adapter_config.json + adapter_model.safetensors, float32) and the optimizer
+state holds the adapter's moments only: the base weights are model.path's,
+never changed, and are read from there on resume.
+
 Not saved: the reference model (it is the initial model.path, rebuilt from it),
 the rollout engine (a fresh engine receives the weights at the first sync) and
 gradients (zero between optimizer steps).
@@ -202,7 +207,10 @@ def save_checkpoint(trainer, keep: int | None = None) -> Path:
 
 def _write_contents(trainer, directory: Path) -> None:
     model_dir = directory / "model"
-    trainer.policy.save_pretrained(str(model_dir), safe_serialization=True)
+    if getattr(trainer, "lora", None) is not None:  # LoRA: the adapter only, float32 as trained (cohort/models/lora.py)
+        trainer.lora.save_adapter(model_dir)
+    else:
+        trainer.policy.save_pretrained(str(model_dir), safe_serialization=True)
     trainer.tokenizer.save_pretrained(str(model_dir))
     state = {
         "step": trainer.step_count, "policy_version": trainer.policy_version, "generation_index": trainer.generation_index,
@@ -276,7 +284,13 @@ def load_checkpoint(trainer, directory: Path) -> dict[str, Any]:
             f"{directory} was saved inside a generation batch of {meta.get('generation_batch_size')} completions but the "
             f"config now plans {trainer.plan.generation_batch_size}; resume with the batch settings of the original run"
         )
-    load_weights(trainer.policy, directory / "model")
+    if getattr(trainer, "lora", None) is not None:  # LoRA: the base is model.path's; the adapter is read back
+        try:
+            trainer.lora.load_adapter(directory / "model")
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(str(exc)) from exc
+    else:
+        load_weights(trainer.policy, directory / "model")
     parts = stateful_parts(trainer)
     for name, part_state in state["parts"].items():
         if name not in parts:

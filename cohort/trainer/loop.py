@@ -57,6 +57,7 @@ from cohort.trainer import setup as build
 from cohort.trainer.algorithms import AdvantageInputs
 from cohort.trainer.batching import length_sorted_micro_batches, pack_right_padded, pad_rows
 from cohort.trainer.evaluate import evaluate
+from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.overlap import BackgroundRollout, PendingGeneration
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.trainer.stopping import check_finite
@@ -103,7 +104,8 @@ class Trainer:
         self.policy_version = 0
         self.synced_version = -1
         self.batch: RolloutBatch | None = None
-        self.sync_check = SyncCheck(cfg.rollout.sync_check_tolerance)  # canaries + noise floor (trainer/sync_check.py)
+        self.sync_check = SyncCheck(cfg.rollout.sync_check_tolerance,  # canaries + noise floor (trainer/sync_check.py)
+                                    **({"min_gap": LORA_MIN_GAP_NATS} if cfg.model.lora_rank else {}))  # LoRA: lora_sync.py
         self.sync_metrics: dict[str, float] = {}  # the last sync check's statistics, reported with the next step
         self.last_canary_gap: float | None = None  # largest per-token canary gap at the last sync, nats
         self.sync_bytes_sent = 0.0  # bytes the engine reports sending since the last step's metrics (server mode)
@@ -155,6 +157,9 @@ class Trainer:
                 batch.old_logp = self._score_all(self.policy, batch)
             if self.ref_model is not None:
                 batch.ref_logp = self._score_all(self.ref_model, batch)
+            elif self.lora is not None and self.cfg.algorithm.beta != 0:  # LoRA: the reference is the adapter disabled
+                with self.lora.adapter_disabled():
+                    batch.ref_logp = self._score_all(self.policy, batch)
         if self.critic is not None:
             with self.phases("critic"):
                 batch.values = self.critic.values(batch, self._micro_batches(batch, list(range(len(batch)))))
@@ -346,12 +351,15 @@ class Trainer:
         with self.phases("sync"):
             if not self.engine_shares_policy:
                 dtype = DTYPES[self.cfg.generation_dtype]  # the engine's copy: bfloat16 from float32 master weights, say
-                sent = self.engine.update_weights(((name, p.detach().to(dtype)) for name, p in self.policy.named_parameters()),
-                                                  self.policy_version)
+                weights = self.lora.merged_weights() if self.lora is not None else self.policy.named_parameters()  # LoRA: merged
+                sent = self.engine.update_weights(((name, p.detach().to(dtype)) for name, p in weights), self.policy_version)
                 self.sync_bytes_sent += float(sent or 0)
                 if self.sync_check.ready:
-                    self.sync_metrics.update(self.sync_check.check(self.policy_version, *self._canary_logprobs()))
+                    canary = self._canary_logprobs()
+                    self.sync_metrics.update(self.sync_check.check(self.policy_version, *canary))
                     self.last_canary_gap = self.sync_metrics["sync/canary_gap_max"]
+                    if self.lora is not None:  # LoRA: the engine must hold the adapter, not the base (trainer/lora_sync.py)
+                        self.sync_metrics.update(check_adapter_effect(self, *canary[:2]))
         self.synced_version = self.policy_version
 
     def _canary_logprobs(self) -> tuple[torch.Tensor, torch.Tensor, float | None]:

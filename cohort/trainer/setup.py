@@ -51,11 +51,13 @@ def setup(trainer, external_engine=None) -> None:
     trainer.policy = load_policy(trainer.model_dir, trainer.precision.weights_dtype)
     if cfg.train.gradient_checkpointing:
         trainer.policy.gradient_checkpointing_enable()
+    trainer.lora = _lora(trainer.policy, cfg)  # LoRA: the adapter injected into the policy in place (cohort/models/lora.py)
     trainer.policy.train()
     from cohort.trainer.checkpoint import check_disk_space
 
     check_disk_space(trainer.run_dir, trainer.policy, cfg.run.keep_checkpoints, cfg.run.save_every)
-    trainer.ref_model = _reference(trainer.policy) if cfg.algorithm.beta != 0 else None
+    # the reference (beta != 0) is a frozen copy; under LoRA it is the policy with its adapter disabled (no copy)
+    trainer.ref_model = _reference(trainer.policy) if cfg.algorithm.beta != 0 and trainer.lora is None else None
     trainer.policy = trainer.dist.shard(trainer.policy)  # FSDP2 when W > 1; the optimizer then holds this rank's shards
     trainer.optimizer, trainer.scheduler = build_optimizer(trainer.policy, cfg.train)
     from cohort.trainer import algorithms
@@ -68,6 +70,15 @@ def setup(trainer, external_engine=None) -> None:
     trainer.critic = _critic(trainer) if trainer.algorithm.spec.needs_critic else None
     trainer.engine, trainer.owns_engine = _engine(trainer, external_engine)
     trainer.engine_shares_policy = getattr(trainer.engine, "model", None) is trainer.policy
+
+
+def _lora(policy: torch.nn.Module, cfg):
+    """A `LoraPolicy` when model.lora_rank > 0 (only the adapter then requires grad), else None."""
+    if not cfg.model.lora_rank:
+        return None
+    from cohort.models.lora import attach_lora
+
+    return attach_lora(policy, cfg.model, gradient_checkpointing=cfg.train.gradient_checkpointing)
 
 
 def _reference(policy: torch.nn.Module) -> torch.nn.Module:

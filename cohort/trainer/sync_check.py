@@ -71,7 +71,8 @@ class Verdict:
 
 
 def judge(engine: torch.Tensor, trainer: torch.Tensor, previous: torch.Tensor | None, *, floor_mean: float,
-          floor_rms: float, noise_scale: float = 1.0, fixed_tolerance: float | None = None) -> Verdict:
+          floor_rms: float, noise_scale: float = 1.0, fixed_tolerance: float | None = None,
+          min_gap: float = MIN_GAP_NATS) -> Verdict:
     """Decide one sync from flat (M,) per-token log-probs of the canaries (module docstring for the two tests).
 
     `noise_scale` (>= 1) stretches the calibrated floor by how much more sensitive to rounding the weights have become
@@ -82,7 +83,7 @@ def judge(engine: torch.Tensor, trainer: torch.Tensor, previous: torch.Tensor | 
         ok = gap_max <= fixed_tolerance
         return Verdict(ok, gap_mean, gap_max, fixed_tolerance, None,
                        "" if ok else f"the largest per-token gap {gap_max:.3g} > rollout.sync_check_tolerance = {fixed_tolerance:g}")
-    bound = max(FLOOR_MULTIPLE * floor_mean * noise_scale, MIN_GAP_NATS)
+    bound = max(FLOOR_MULTIPLE * floor_mean * noise_scale, min_gap)
     followed = None
     if previous is not None:
         step = trainer - previous  # (M,) how the update moved the canaries
@@ -110,7 +111,8 @@ def noise_floor(engine: torch.Tensor, trainer: torch.Tensor) -> tuple[float, flo
 class SyncCheck:
     """The canaries, their noise floor and the trainer's log-probs at the last verified sync (saved in checkpoints)."""
 
-    def __init__(self, fixed_tolerance: float | None = None):
+    def __init__(self, fixed_tolerance: float | None = None, min_gap: float = MIN_GAP_NATS):
+        self.min_gap = min_gap  # the closeness bound's floor in nats (LoRA runs pass a larger one: trainer/lora_sync.py)
         self.fixed_tolerance = fixed_tolerance  # rollout.sync_check_tolerance (None: calibrated)
         self.canaries: list[tuple[list[int], list[int]]] = []  # (prompt ids, completion ids)
         self.floor: tuple[float, float] | None = None  # (mean, rms) per-token gap at calibration
@@ -161,7 +163,7 @@ class SyncCheck:
         previous = torch.tensor(self.previous) if self.previous is not None else None
         scale = self.noise_scale(sensitivity)
         verdict = judge(engine, trainer, previous, floor_mean=floor_mean, floor_rms=floor_rms, noise_scale=scale,
-                        fixed_tolerance=self.fixed_tolerance)
+                        fixed_tolerance=self.fixed_tolerance, min_gap=self.min_gap)
         if not verdict.ok:
             raise SyncCheckError(
                 f"weight sync check failed at policy version {version}: {verdict.reason}. The rollout engine would sample "

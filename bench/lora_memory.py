@@ -1,0 +1,106 @@
+"""Trainer peak RSS: LoRA rank 16 vs full fine-tuning, beta > 0, on a ~34M-parameter random Qwen2 (prints JSON).
+
+Each mode runs in its own process (a clean peak): build a Trainer with the transformers engine (it shares the
+policy, so no engine copy is counted), run a few GRPO steps, report ru_maxrss. Full fine-tuning holds the policy,
+a reference copy (beta > 0), gradients and AdamW's two moments; LoRA holds the policy, the adapter and its moments.
+`baseline_mib` is the RSS of a process that imported torch/transformers/peft/cohort and built the config but loaded
+no model: the fixed cost both modes pay; `above_baseline_ratio` compares what each mode adds on top of it.
+
+Left out: the vLLM engine's memory (a colocated engine adds the same for both modes: the base weights plus its KV
+cache, rollout.kv_cache_gib); a GPU (torch.cuda.max_memory_allocated would be the number there).
+
+    PYTHONPATH=. python bench/lora_memory.py [--steps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HIDDEN, LAYERS, INTERMEDIATE = 512, 8, 2048  # 8 x (attn 0.79M + mlp 3.1M) + embeddings 0.13M ~ 31M parameters
+
+
+def build_model(out_dir: Path) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from cohort.models.char_tokenizer import EOS_TOKEN_ID, VOCAB_SIZE, save_char_tokenizer
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
+                         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=False,
+                         eos_token_id=EOS_TOKEN_ID, pad_token_id=EOS_TOKEN_ID, bos_token_id=None)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    save_char_tokenizer(out_dir, model_max_length=256)
+    return out_dir
+
+
+def child(model_dir: str, data: str, run_dir: str, lora_rank: int, steps: int, load: bool, micro: int) -> None:
+    from cohort.config import load_config
+    from cohort.trainer.loop import Trainer
+
+    cfg = load_config(None, [
+        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "rollout.engine=hf",
+        "rollout.num_generations=8", "rollout.max_completion_length=32", "train.prompts_per_step=8", f"train.micro_batch_size={micro}",
+        f"train.max_steps={steps}", "algorithm.beta=0.04", f"model.lora_rank={lora_rank}", "train.num_threads=2",
+        "rewards=[{name: 'bench._common:addition_reward'}]", f"run.output_dir={run_dir}", "run.progress=false",
+        "run.loggers=[jsonl]", "run.save_every=0", "run.log_completions_every=0"])
+    import peft  # noqa: F401  (the baseline pays every import the LoRA run pays)
+
+    params = trainable = 0
+    setup_mib = None
+    if load:
+        trainer = Trainer(cfg)
+        setup_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the peak up to here: loading
+        params = sum(p.numel() for p in trainer.policy.parameters())
+        trainable = sum(p.numel() for group in trainer.optimizer.param_groups for p in group["params"])
+        for _ in range(steps):
+            trainer.step()
+        trainer.close()
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    print(json.dumps({"peak_rss_mib": peak_mib, "setup_peak_mib": setup_mib, "parameters": params, "trainable": trainable}))
+
+
+def measure(model_dir: Path, data: Path, tmp: Path, lora_rank: int, steps: int, load: bool, micro: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    args = [sys.executable, __file__, "--child", str(model_dir), str(data), str(tmp / f"run-{lora_rank}-{load}"),
+            str(lora_rank), str(steps), str(int(load)), str(micro)]
+    out = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--micro-batch", type=int, default=8, help="completions per forward/backward (64 per step)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        model_dir = build_model(tmp / "model")
+        data = tmp / "train.jsonl"
+        data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(8) for b in range(8)))
+        baseline = measure(model_dir, data, tmp, 0, args.steps, False, args.micro_batch)["peak_rss_mib"]
+        full = measure(model_dir, data, tmp, 0, args.steps, True, args.micro_batch)
+        lora = measure(model_dir, data, tmp, 16, args.steps, True, args.micro_batch)
+    print(json.dumps({
+        "model_parameters": full["parameters"], "lora_trainable": lora["trainable"], "steps": args.steps, "beta": 0.04,
+        "micro_batch": args.micro_batch,
+        "baseline_mib": round(baseline, 1), "full_peak_mib": round(full["peak_rss_mib"], 1),
+        "lora_peak_mib": round(lora["peak_rss_mib"], 1),
+        "full_setup_peak_mib": round(full["setup_peak_mib"], 1), "lora_setup_peak_mib": round(lora["setup_peak_mib"], 1), "ratio": round(lora["peak_rss_mib"] / full["peak_rss_mib"], 3),
+        "above_baseline_ratio": round((lora["peak_rss_mib"] - baseline) / (full["peak_rss_mib"] - baseline), 3),
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), bool(int(sys.argv[7])), int(sys.argv[8]))
+    else:
+        main()
