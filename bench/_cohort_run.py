@@ -82,7 +82,7 @@ def phase_limits(trainer, batch, repeats: int = 3) -> dict:
     import torch
 
     from cohort.rollout.base import SamplingConfig
-    from cohort.trainer.batching import pack_right_padded
+    from cohort.models.batching import pack_right_padded
 
     cfg = trainer.cfg
     sampling = SamplingConfig(cfg.rollout.max_completion_length, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k)

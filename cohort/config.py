@@ -770,7 +770,7 @@ def check_processes(cfg: CohortConfig) -> list[str]:
         fits = [k for k in (lower, lower + world) if k > 0]
         problems.append(f"train.prompts_per_step = {t.prompts_per_step} must divide by the {world} training processes (each takes "
                         f"whole groups); use {' or '.join(map(str, fits))}")
-    from cohort.trainer.algorithms import ALGORITHMS
+    from cohort.algorithms.specs import ALGORITHMS
 
     if ALGORITHMS.get(cfg.algorithm.name).needs_critic:
         problems.append(f"algorithm.name = {cfg.algorithm.name}: the critic is not sharded across processes yet; use "

@@ -305,7 +305,7 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
         rows.append(("autocast weight copies", p * b, f"each weight cast to {cfg.model.dtype} once per forward pass"))
     if cfg.algorithm.beta:
         rows.append(("reference model", p * w, f"a frozen copy (algorithm.beta = {cfg.algorithm.beta:g})"))
-    from cohort.trainer.algorithms import ALGORITHMS
+    from cohort.algorithms.specs import ALGORITHMS
 
     if ALGORITHMS.get(cfg.algorithm.name).needs_critic:
         rows.append(("critic", 4 * p * w, f"{cfg.algorithm.name}: weights, gradients and moments of a policy-sized critic"))

@@ -27,7 +27,7 @@ from cohort.algorithms import aggregation_count, value_loss
 from cohort.models.loading import load_policy
 from cohort.models.logprobs import decoder_and_head
 from cohort.models.precision import resolve_precision
-from cohort.trainer.batching import pad_rows
+from cohort.models.batching import pad_rows
 
 
 class ValueModel(torch.nn.Module):

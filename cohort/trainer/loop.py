@@ -11,7 +11,7 @@ slices 0..S−1, then again for the next iteration). The maths is in
 - reference log-probs are computed once per generation batch, and only when
   `algorithm.beta != 0` (the reference model is not even loaded otherwise);
 - what differs between algorithms (grpo, rloo, reinforce_pp*, ppo) is read from
-  `self.algorithm`, resolved from the spec in `cohort.trainer.algorithms`: the
+  `self.algorithm`, resolved from its spec (`cohort.algorithms.specs`) by `cohort.trainer.algorithms`: the
   advantage function, the policy-loss entry, where the KL goes, and whether a
   critic exists (then its values are computed at generation time and it is
   updated after the policy, both timed as `timing/critic_s`); old log-probs are
@@ -54,8 +54,8 @@ from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES
 from cohort.rollout.base import SamplingConfig, completion_seeds, completion_text
 from cohort.trainer import setup as build
-from cohort.trainer.algorithms import AdvantageInputs
-from cohort.trainer.batching import length_sorted_micro_batches, pack_right_padded, pad_rows
+from cohort.algorithms.specs import AdvantageInputs
+from cohort.models.batching import length_sorted_micro_batches, pack_right_padded, pad_rows
 from cohort.trainer.evaluate import evaluate
 from cohort.trainer.overlap import BackgroundRollout, PendingGeneration
 from cohort.trainer.rollout_batch import RolloutBatch
