@@ -32,9 +32,9 @@ from pathlib import Path
 
 from cohort.config import BatchPlan, CohortConfig, ConfigError
 from cohort.data.datasets import DataError
+from cohort.data.loading import load_data
 from cohort.models import loading
-from cohort.trainer.prompts import encode_prompts, fit_problems, max_positions_of
-from cohort.trainer.setup import load_data
+from cohort.prompts import encode_prompts, fit_problems, max_positions_of
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MAX_CHUNK_LOGITS = 2**24  # cohort.models.logprobs.completion_logprobs: logits per LM-head chunk at most

@@ -16,7 +16,7 @@ from cohort import cli
 from cohort.config import ConfigError, load_config
 from cohort.data.datasets import DataError, PromptDataset
 from cohort.models.loading import load_tokenizer
-from cohort.trainer.rollout_batch import PromptRenderer
+from cohort.prompts import PromptRenderer
 
 
 def train_args(model_dir, data, run_dir, *extra):

@@ -7,11 +7,16 @@ length, the planner's token bound, the fit check) follows the longest prompt
 actually kept after tokenizing with the model's own tokenizer, not the ceiling:
 a 512-position model with 6-token prompts trains with the default config.
 
+- `PromptRenderer`: a dataset prompt (a string, or chat messages rendered with the
+  tokenizer's chat template) as token ids, applying `data.overlong_prompts`.
 - `prompt_limit(cfg, max_positions)`: the ceiling, and how messages name it and fix it.
 - `encode_prompts(...)`: token ids of the train and eval prompts under that ceiling
   (`data.overlong_prompts` decides what happens to longer ones), then `fit_problems`:
   a kept prompt + `rollout.max_completion_length` must fit the model's positions.
   Raised as a ConfigError, before the policy's weights load.
+
+It sits above the config and the models (it reads both) and below the planner and
+the trainer, which both encode prompts before any weights load.
 
 Left out: the tokenizer's `model_max_length` (often a placeholder such as 1e30);
 the model's positions decide.
@@ -22,10 +27,61 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cohort.config import CohortConfig, ConfigError
-from cohort.data.datasets import PromptDataset
-from cohort.trainer.rollout_batch import PromptRenderer
+from cohort.data.datasets import DataError, PromptDataset
+from cohort.models.tiny import TINY_RECIPES
+
+
+class PromptRenderer:
+    """`max_prompt_length` None keeps every prompt; `limit_name` and `fix` word the messages (`prompt_limit`)."""
+
+    def __init__(self, tokenizer, max_prompt_length: int | None, overlong: str, *, limit_name: str = "data.max_prompt_length",
+                 fix: str = "raise data.max_prompt_length"):
+        self.tokenizer = tokenizer
+        self.max_prompt_length = max_prompt_length
+        self.overlong = overlong
+        self.limit_name = limit_name
+        self.fix = fix
+
+    def is_chat(self, prompt: Any) -> bool:
+        return isinstance(prompt, list)
+
+    def text(self, prompt: Any) -> str:
+        if not self.is_chat(prompt):
+            return prompt
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise DataError(
+                "prompts are chat messages but the tokenizer has no chat template; give plain-text prompts or a tokenizer "
+                "whose tokenizer_config.json has a chat_template"
+            )
+        return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+    def encode(self, prompt: Any) -> list[int]:
+        return list(self.tokenizer(self.text(prompt), add_special_tokens=False)["input_ids"])
+
+    def encode_dataset(self, dataset: PromptDataset, name: str) -> tuple[PromptDataset, list[list[int]], int]:
+        """Token ids for every row, with overlong prompts handled; returns (dataset, ids, number filtered)."""
+        keep_rows, keep_ids, keep_src, dropped = [], [], [], 0
+        for row, src in zip(dataset.rows, dataset.sources):
+            ids = self.encode(row[dataset.prompt_key])
+            if self.max_prompt_length is not None and len(ids) > self.max_prompt_length:
+                if self.overlong == "error":
+                    raise DataError(
+                        f"{src}: prompt has {len(ids)} tokens > {self.limit_name} = {self.max_prompt_length}; "
+                        f"{self.fix}, or set data.overlong_prompts to filter or truncate_left"
+                    )
+                if self.overlong == "filter":
+                    dropped += 1
+                    continue
+                ids = ids[-self.max_prompt_length:]
+            keep_rows.append(row)
+            keep_ids.append(ids)
+            keep_src.append(src)
+        if not keep_rows:
+            raise DataError(f"{name}: every prompt is longer than {self.limit_name} = {self.max_prompt_length}; {self.fix}")
+        return PromptDataset(keep_rows, dataset.prompt_key, keep_src), keep_ids, dropped
 
 
 @dataclass(frozen=True)
@@ -52,8 +108,6 @@ def max_positions_of(model_path: str | Path) -> int | None:
     """The model's max_position_embeddings (n_positions for GPT-2-style configs), from config.json or a tiny recipe."""
     text = str(model_path)
     if text.startswith("tiny:"):
-        from cohort.models.tiny import TINY_RECIPES  # builds nothing: the recipe states the size
-
         recipe = TINY_RECIPES.get(text.split(":", 1)[1])
         return recipe.max_position_embeddings if recipe else None
     try:
