@@ -5,6 +5,9 @@ Every command takes an optional YAML config file followed by dotted overrides
 model loads, each with the fields involved and a fix, and exit with status 2.
 `cohort train` shows only cohort's own lines (the rest goes to RUN_DIR/logs/engine.log)
 and turns a run-time failure into one message and exit status 4 (docs/runs.md).
+
+Each command imports what it needs inside its own function, on purpose: `cohort --help`,
+`cohort plan` and `cohort config show` answer without loading the trainer, vLLM or Ray.
 """
 
 from __future__ import annotations
