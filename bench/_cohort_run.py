@@ -82,7 +82,7 @@ def phase_limits(trainer, batch, repeats: int = 3) -> dict:
     import torch
 
     from cohort.rollout.base import SamplingConfig
-    from cohort.trainer.batching import pack_right_padded
+    from cohort.models.batching import pack_right_padded
 
     cfg = trainer.cfg
     sampling = SamplingConfig(cfg.rollout.max_completion_length, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k)
@@ -114,7 +114,7 @@ def phase_limits(trainer, batch, repeats: int = 3) -> dict:
 
 def trainer_micro_batches(trainer, batch) -> list[list[int]]:
     """The micro-batches (indices) the trainer's update forms for this batch."""
-    from cohort.trainer import batching
+    from cohort.models import batching
 
     lengths = [len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids)]
     budget = getattr(trainer.cfg.train, "max_tokens_per_microbatch", None)

@@ -43,7 +43,7 @@ import yaml
 from pydantic import ValidationError
 
 from cohort.config import CohortConfig, ConfigError, default_output_dir, load_config
-from cohort.distributed.launch import launch_elsewhere
+from cohort.launch.launch import launch_elsewhere
 from cohort.rewards.registry import IN_PROCESS_MARK
 from cohort.trainer.loop import Trainer
 from cohort.validation import validate_config

@@ -5,6 +5,9 @@ Every command takes an optional YAML config file followed by dotted overrides
 model loads, each with the fields involved and a fix, and exit with status 2.
 `cohort train` shows only cohort's own lines (the rest goes to RUN_DIR/logs/engine.log)
 and turns a run-time failure into one message and exit status 4 (docs/runs.md).
+
+Each command imports what it needs inside its own function, on purpose: `cohort --help`,
+`cohort plan` and `cohort config show` answer without loading the trainer, vLLM or Ray.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def _resume_config(target: str, overrides: list[str]):
 
 def cmd_train(ns) -> int:
     cfg = _resume_config(ns.resume, ns.config) if ns.resume else _load(ns.config, say_source=sys.stdout)[0]
-    from cohort.distributed.launch import launch_elsewhere
+    from cohort.launch.launch import launch_elsewhere
 
     outcome = launch_elsewhere(cfg, ["train", *ns.config] + (["--resume", ns.resume] if ns.resume else []))
     if isinstance(outcome, int):  # train.num_processes > 1: the torchrun children did the work
@@ -157,20 +160,12 @@ def cmd_plan(ns) -> int:
 
 def cmd_eval(ns) -> int:
     cfg, _ = _load(ns.config, say_source=sys.stderr)  # stdout is the JSON result
-    from cohort.trainer.loop import Trainer
+    from cohort.trainer.evaluate import evaluate_model
 
-    trainer = Trainer(cfg)
-    try:
-        from cohort.trainer.evaluate import evaluate
-
-        if trainer.eval_data is None:
-            print("no eval data: set data.eval_files (or use a built-in task)", file=sys.stderr)
-            return 2
-        result = evaluate(trainer.engine, trainer.tokenizer, trainer.eval_data, trainer.eval_ids, trainer.rewards,
-                          max_tokens=cfg.rollout.max_completion_length, num_samples=ns.num_samples,
-                          temperature=ns.temperature or (1.0 if ns.num_samples > 1 else 0.0), seed=cfg.rollout.seed)
-    finally:
-        trainer.close()
+    result = evaluate_model(cfg, num_samples=ns.num_samples, temperature=ns.temperature or (1.0 if ns.num_samples > 1 else 0.0))
+    if result is None:
+        print("no eval data: set data.eval_files (or use a built-in task)", file=sys.stderr)
+        return 2
     result.pop("completions")
     print(json.dumps(result, indent=2))
     return 0

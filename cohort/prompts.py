@@ -1,8 +1,4 @@
-"""A run's prompts: read from its data, rendered, tokenized and held to what the model fits, before any weights load.
-
-The trainer (`cohort.trainer.setup`) and the validation (`cohort.validation`,
-which measures the prompts to check the fit and to bound the plan's tokens) both
-read the prompts through this module, so they keep exactly the same ones.
+"""How long a prompt may be, decided by the model and the data before any weights load.
 
 `data.max_prompt_length = None` (the default) means: as long as the model can hold
 beside the completion (its `max_position_embeddings` − `rollout.max_completion_length`).
@@ -11,14 +7,16 @@ length, the planner's token bound, the fit check) follows the longest prompt
 actually kept after tokenizing with the model's own tokenizer, not the ceiling:
 a 512-position model with 6-token prompts trains with the default config.
 
-- `load_data(cfg)`: the train and eval datasets (files, or the built-in task) and the reward specs.
 - `PromptRenderer`: a dataset prompt (a string, or chat messages rendered with the
-  tokenizer's chat template) to token ids, applying `data.overlong_prompts`.
+  tokenizer's chat template) as token ids, applying `data.overlong_prompts`.
 - `prompt_limit(cfg, max_positions)`: the ceiling, and how messages name it and fix it.
 - `encode_prompts(...)`: token ids of the train and eval prompts under that ceiling
   (`data.overlong_prompts` decides what happens to longer ones), then `fit_problems`:
   a kept prompt + `rollout.max_completion_length` must fit the model's positions.
   Raised as a ConfigError, before the policy's weights load.
+
+It sits above the config and the models (it reads both) and below the planner and
+the trainer, which both encode prompts before any weights load.
 
 Left out: the tokenizer's `model_max_length` (often a placeholder such as 1e30);
 the model's positions decide.
@@ -32,26 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from cohort.config import CohortConfig, ConfigError
-from cohort.data.datasets import DataError, PromptDataset, load_prompt_dataset, rows_dataset
-from cohort.data.tasks import get_task
+from cohort.data.datasets import DataError, PromptDataset
 from cohort.models.tiny import TINY_RECIPES
-
-
-def load_data(cfg: CohortConfig) -> tuple[PromptDataset, PromptDataset | None, list[dict] | None]:
-    """(train dataset, eval dataset or None, reward specs) from files or the built-in task."""
-    specs = [s.model_dump() for s in cfg.rewards] if cfg.rewards is not None else None
-    if cfg.data.train_files:
-        train = load_prompt_dataset(cfg.data.train_files, cfg.data.prompt_key)
-        evals = load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None
-    else:
-        task = get_task(cfg.data.task, seed=cfg.train.seed)
-        train = rows_dataset(task.train_rows, "prompt", f"task {task.name} (train)")
-        evals = (load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files
-                 else rows_dataset(task.eval_rows, "prompt", f"task {task.name} (eval)"))
-        specs = specs if specs is not None else task.reward_specs
-    if evals is not None and cfg.data.eval_max_samples:
-        evals.rows, evals.sources = evals.rows[: cfg.data.eval_max_samples], evals.sources[: cfg.data.eval_max_samples]
-    return train, evals, specs
 
 
 class PromptRenderer:

@@ -37,7 +37,8 @@ from cohort.models import loading
 from cohort.models.lora import lora_problems
 from cohort.plan import (BatchPlan, MeasuredPrompts, ModelFacts, UnreadableWeights, batch_plan, kv_bytes_per_token,
                          model_facts, with_measured_prompts)
-from cohort.prompts import encode_prompts, fit_problems, load_data, max_positions_of
+from cohort.data.loading import load_data
+from cohort.prompts import encode_prompts, fit_problems, max_positions_of
 from cohort.rewards.columns import reward_column_problems
 
 

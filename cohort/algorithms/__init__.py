@@ -11,7 +11,9 @@ entries share a signature, so the trainer picks them by name:
 - aggregations (`aggregation.py`): token_mean, seq_mean_token_mean,
   seq_mean_token_sum, seq_mean_token_sum_norm, bnpo via `aggregate_loss`;
 - rollout correction (`correction.py`), entropies (`entropy.py`), PPO's GAE,
-  value loss and KL controllers (`ppo.py`), masked statistics (`stats.py`).
+  value loss and KL controllers (`ppo.py`), masked statistics (`stats.py`);
+- what each algorithm (grpo, rloo, reinforce_pp, ppo, ...) changes in the driver loop,
+  as data (`specs.py`: `ALGORITHMS`, `AdvantageInputs`), imported from there.
 
 The conventions (which std, where epsilon sits, NaN rewards, what "sequence
 level" means) are in each module's docstring and in docs/algorithms.md.

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from cohort.data.tasks import list_tasks
+
 PromptType = str | list[dict[str, str]]
 
 
@@ -188,8 +190,6 @@ def check_data_config(data) -> list[str]:
     if not data.train_files and not data.task:
         problems.append("data.train_files is empty and data.task is None: give training files or a built-in task (`cohort tasks`)")
     if not data.train_files and data.task:
-        from cohort.data.tasks import list_tasks
-
         if data.task not in list_tasks():
             problems.append(f"data.task = {data.task!r} is not a built-in task; choose one of {', '.join(list_tasks())}")
     for key in ("train_files", "eval_files"):

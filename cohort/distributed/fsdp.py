@@ -38,6 +38,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 CLOSE_TIMEOUT = timedelta(seconds=120)  # how long a rank that finished waits for the others before tearing down
 
@@ -69,9 +72,6 @@ class LocalContext:
     def shard(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
 
-    def main_only_rewards(self, rewards):
-        return rewards
-
     def close(self, clean: bool = True) -> None:
         pass
 
@@ -80,15 +80,11 @@ class DistContext(LocalContext):
     """W processes in one torch.distributed group (gloo)."""
 
     def __init__(self):
-        import torch.distributed as dist
-
         if not dist.is_initialized():
             dist.init_process_group(backend="gloo")
         self.dist = dist
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.is_main = self.rank == 0
-        from torch.distributed.device_mesh import init_device_mesh
-
         self.mesh = init_device_mesh("cpu", (self.world_size,))
 
     def local_indices(self, indices: list[int], group_size: int) -> list[int]:
@@ -163,8 +159,6 @@ class DistContext(LocalContext):
         weight directly (it never materialises the full logits), so a root FSDP unit would never be unsharded.
         The decoder layers hold nearly all the weights of a large model.
         """
-        from torch.distributed.fsdp import fully_shard
-
         layers = getattr(getattr(model, getattr(model, "base_model_prefix", "model"), None), "layers", None)
         if not layers:
             raise TypeError(f"{type(model).__name__}: no decoder layers found to shard (expected model.<base>.layers)")
@@ -179,11 +173,6 @@ class DistContext(LocalContext):
             if self.is_main:
                 out[name] = tensor
         return out if self.is_main else None
-
-    def main_only_rewards(self, rewards):
-        from cohort.distributed.rank0 import MainOnlyRewards
-
-        return MainOnlyRewards(rewards, self)
 
     def close(self, clean: bool = True) -> None:
         """Tear the process group down; after a clean finish, only once every rank has arrived.
@@ -229,12 +218,13 @@ def context_from_env() -> LocalContext:
     return LocalContext()
 
 
-def attach_context(trainer) -> None:
-    """Give the trainer its `dist`; ranks > 0 write their (duplicate) logs under run_dir/ranks/rank-N, quietly."""
-    trainer.dist = context_from_env()
-    trainer.run_dir = Path(trainer.dist.broadcast_object(str(trainer.run_dir)))  # rank 0's, even if the clocks differ
-    if not trainer.dist.is_main:
-        trainer.run_dir = trainer.run_dir / "ranks" / f"rank-{trainer.dist.rank}"
-        trainer.cfg.run.loggers = ["jsonl"]
-        trainer.cfg.run.progress = False
-        trainer.cfg.run.diagnostics = False  # rank 0 warns once for everyone
+def rank_run_dir(ctx: LocalContext, cfg, run_dir: Path) -> Path:
+    """This rank's run directory: rank 0's everywhere (even if the clocks differ); ranks > 0 write their (duplicate)
+    logs under run_dir/ranks/rank-N, quietly (their `cfg.run` loggers, progress bar and diagnostics turned off)."""
+    run_dir = Path(ctx.broadcast_object(str(run_dir)))
+    if ctx.is_main:
+        return run_dir
+    cfg.run.loggers = ["jsonl"]
+    cfg.run.progress = False
+    cfg.run.diagnostics = False  # rank 0 warns once for everyone
+    return run_dir / "ranks" / f"rank-{ctx.rank}"

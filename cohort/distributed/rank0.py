@@ -5,7 +5,7 @@ reward calls collective: rank 0 runs the real call and broadcasts the result,
 the other ranks receive it. Weight pushes are collective too (every rank takes
 part in gathering the sharded layers; rank 0 hands the full tensors over).
 
-Which engine rank 0 holds (`rank0_engine`):
+Which engine rank 0 holds (chosen by `cohort.trainer.engines.rank0_engine`):
 - rollout.mode=server: the client of the rollout servers (`RemoteEngine`);
 - rollout.engine=hf: `DetachedHFEngine`, transformers on an unsharded copy of
   the policy (generating with the sharded module would need every rank in
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from cohort.distributed.fsdp import DistContext, gather_named_tensors
+from cohort.distributed.fsdp import LocalContext, gather_named_tensors
+from cohort.rollout.hf_engine import HFEngine
 
 
 class MainOnlyEngine:
@@ -29,7 +30,7 @@ class MainOnlyEngine:
     all-gathers in parameter order), rank 0 hands them to the engine.
     """
 
-    def __init__(self, engine, ctx: DistContext):
+    def __init__(self, engine, ctx: LocalContext):
         self.engine, self.ctx = engine, ctx
         self.policy_version = 0  # the version last pushed, known on every rank without a collective
 
@@ -53,7 +54,7 @@ class MainOnlyEngine:
 class MainOnlyRewards:
     """Scores on rank 0 only (a reward model or sandbox runs once), broadcasts the result to every rank."""
 
-    def __init__(self, rewards, ctx: DistContext):
+    def __init__(self, rewards, ctx: LocalContext):
         self.rewards, self.ctx = rewards, ctx
 
     def score(self, **kwargs):
@@ -71,8 +72,6 @@ class DetachedHFEngine:
     """
 
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, stop_token_ids: list[int]):
-        from cohort.rollout.hf_engine import HFEngine
-
         model.requires_grad_(False)
         self.inner = HFEngine(model, pad_token_id=pad_token_id, stop_token_ids=stop_token_ids)
         self.params = dict(model.named_parameters())
@@ -102,20 +101,6 @@ class DetachedHFEngine:
         pass
 
 
-def rank0_engine(trainer, build) -> MainOnlyEngine:
-    """Rank 0's rollout engine (built by `build`, or a detached transformers copy for rollout.engine=hf), wrapped."""
-    engine = None
-    if trainer.dist.is_main:
-        cfg = trainer.cfg
-        if cfg.rollout.mode == "colocate" and cfg.rollout.engine == "hf":
-            from cohort.models.loading import load_policy, stop_token_ids
-
-            engine = DetachedHFEngine(load_policy(trainer.model_dir, cfg.model.dtype), pad_token_id=trainer.pad_id,
-                                      stop_token_ids=stop_token_ids(trainer.model_dir, trainer.tokenizer))
-        elif cfg.rollout.mode in ("colocate", "local_server"):
-            from cohort.trainer.setup import local_server_engine
-
-            engine = local_server_engine(trainer)
-        else:
-            engine = build()
-    return MainOnlyEngine(engine, trainer.dist)
+def main_only_rewards(rewards, ctx: LocalContext):
+    """`rewards` itself in one process; under several, a wrapper that scores on rank 0 and broadcasts."""
+    return rewards if ctx.world_size == 1 else MainOnlyRewards(rewards, ctx)

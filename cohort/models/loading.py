@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 
+from cohort.data.tasks import list_tasks
 from cohort.models.precision import DTYPES
+from cohort.models.tiny import build_tiny_model
 
 
 class ModelLoadError(ValueError):
@@ -26,8 +28,6 @@ class ModelLoadError(ValueError):
 def resolve_model_dir(path: str) -> Path:
     """`tiny:arith` -> the cached embedded checkpoint (built on first use); else a checked local dir."""
     if path.startswith("tiny:"):
-        from cohort.models.tiny import build_tiny_model
-
         return build_tiny_model(path.split(":", 1)[1])
     p = Path(path).expanduser()
     if not p.is_dir():
@@ -40,8 +40,6 @@ def resolve_model_dir(path: str) -> Path:
 def check_model_dir(path: str) -> list[str]:
     """Cheap pre-flight check (no weights read) for config validation."""
     if path.startswith("tiny:"):
-        from cohort.data.tasks import list_tasks
-
         name = path.split(":", 1)[1]
         known = list_tasks()
         return [] if name in known else [f"model.path = {path!r}: unknown tiny model; choose one of {', '.join('tiny:' + n for n in known)}"]

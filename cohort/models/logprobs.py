@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from cohort.models.batching import pack_right_padded
+
 
 def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The transformer body (returns hidden states) and the LM head of a causal LM."""
@@ -136,8 +138,6 @@ def completion_logprobs(
 @torch.no_grad()
 def sequence_logprobs(model, prompt: list[int], completion: list[int], *, pad_id: int = 0, temperature: float = 1.0) -> torch.Tensor:
     """Log-probs of one completion's tokens after its prompt, as the trainer scores them (the weight-sync canary)."""
-    from cohort.trainer.batching import pack_right_padded
-
     pb = pack_right_padded([prompt], [completion], pad_id)
     logp, _ = completion_logprobs(model, pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_ids,
                                   pb.completion_mask, temperature=temperature)

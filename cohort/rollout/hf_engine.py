@@ -25,6 +25,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from cohort.models.batching import pack_right_padded
 from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import Completion, SamplingConfig, finish_reason
 
@@ -112,8 +113,6 @@ class HFEngine:
 
     @torch.no_grad()
     def _logprobs(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
-        from cohort.trainer.batching import pack_right_padded
-
         batch = pack_right_padded(prompts, completions, self.pad_token_id)
         with self.compute_context():
             logp, _ = completion_logprobs(self.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,

@@ -57,8 +57,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from cohort.models.loading import resolve_model_dir
 from cohort.rollout import server_requests
 from cohort.rollout.base import Completion
+from cohort.rollout.vllm_engine import VLLMEngine
 
 TOKEN_ENV = "COHORT_SERVER_TOKEN"
 POST_PATHS = ("/generate", "/score", "/weights")
@@ -330,9 +332,6 @@ def cmd_serve(ns) -> int:
         print(f"cohort serve: set {TOKEN_ENV} first (the trainer sends the same token), e.g. "
               f"`export {TOKEN_ENV}=$(openssl rand -hex 16)`", file=sys.stderr)
         return 2
-    from cohort.models.loading import resolve_model_dir
-    from cohort.rollout.vllm_engine import VLLMEngine
-
     model_dir = resolve_model_dir(ns.model)
     start = time.perf_counter()
     engine = VLLMEngine(model_dir, dtype=ns.dtype, max_model_len=ns.max_model_len, seed=ns.seed,

@@ -12,7 +12,8 @@ Layout, one directory per saved step (`RUN_DIR/checkpoints/step-000012/`):
   completion's sampling seed derives from rollout.seed and the generation index
   (`cohort.rollout.base.completion_seeds`), so restoring it restores the samples;
 - the RNG states of python, numpy and torch (CPU, and CUDA when present);
-- every trainer attribute that has `state_dict()` and `load_state_dict()` and is
+- every trainer attribute (its declared parts, `trainer.parts`, and its own
+  attributes, by name) that has `state_dict()` and `load_state_dict()` and is
   not a torch module: today the optimizer, the LR schedule and the prompt sampler;
   an adaptive KL controller or a critic's optimizer added later is picked up with
   no change here (that is the hook);
@@ -57,6 +58,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from cohort.trainer.rollout_batch import RolloutBatch
 
@@ -72,10 +74,18 @@ class CheckpointError(RuntimeError):
 # --------------------------------------------------------------------------- what is saved
 
 
+def attributes(trainer) -> dict[str, Any]:
+    """The trainer's attributes by name: each field of `trainer.parts` (cohort/trainer/parts.py), then its own."""
+    parts = getattr(trainer, "parts", None)
+    named = {f.name: getattr(parts, f.name) for f in dataclasses.fields(parts)} if parts is not None else {}
+    named.update((name, value) for name, value in vars(trainer).items() if name != "parts")
+    return named
+
+
 def stateful_parts(trainer) -> dict[str, Any]:
     """Trainer attributes with state_dict/load_state_dict that are not torch modules (optimizer, scheduler, sampler, …)."""
     parts = {}
-    for name, value in vars(trainer).items():
+    for name, value in attributes(trainer).items():
         if name.startswith("_") or isinstance(value, torch.nn.Module):
             continue
         kind = type(value)  # methods of the class, so a proxy's __getattr__ cannot fake them
@@ -86,7 +96,7 @@ def stateful_parts(trainer) -> dict[str, Any]:
 
 def extra_modules(trainer) -> dict[str, torch.nn.Module]:
     """Trainable torch modules besides the policy (a critic); the frozen reference model is left out."""
-    return {name: value for name, value in vars(trainer).items()
+    return {name: value for name, value in attributes(trainer).items()
             if isinstance(value, torch.nn.Module) and name != "policy" and not name.startswith("_")
             and any(p.requires_grad for p in value.parameters())}
 
@@ -311,8 +321,6 @@ def load_checkpoint(trainer, directory: Path) -> dict[str, Any]:
 
 def load_weights(model: torch.nn.Module, directory: Path) -> None:
     """Load every *.safetensors file of a transformers checkpoint into `model` in place; tied weights may be absent."""
-    from safetensors.torch import load_file
-
     files = sorted(Path(directory).glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{directory}: no .safetensors weights")

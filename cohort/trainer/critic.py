@@ -24,10 +24,11 @@ from collections import defaultdict
 import torch
 
 from cohort.algorithms import aggregation_count, value_loss
+from cohort.models.batching import pad_rows
 from cohort.models.loading import load_policy
 from cohort.models.logprobs import decoder_and_head
 from cohort.models.precision import resolve_precision
-from cohort.trainer.batching import pad_rows
+from cohort.trainer.optim import build_optimizer
 
 
 class ValueModel(torch.nn.Module):
@@ -58,8 +59,6 @@ class ValueModel(torch.nn.Module):
 class Critic:
     def __init__(self, model_dir, cfg, pack):
         """`pack(batch, indices) -> (PackedBatch, loss mask)` is the trainer's, so both models see the same tokens."""
-        from cohort.trainer.setup import build_optimizer
-
         self.cfg = cfg
         self.precision = resolve_precision(cfg.model.dtype, cfg.train.precision)  # as the policy: float32 master when mixed
         self.model = ValueModel.from_checkpoint(model_dir, self.precision.weights_dtype)

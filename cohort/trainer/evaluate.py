@@ -1,5 +1,9 @@
 """Greedy (or sampled, pass@k) evaluation of the current policy on held-out prompts.
 
+`evaluate` scores with any engine (the trainer's, before and after training);
+`evaluate_model` is `cohort eval`: model.path scored with an engine and the
+rewards only, no optimizer and no trainer.
+
 Accuracy is the mean score of the *first* reward function, counting a score
 >= 0.5 as correct: the first reward is taken to be the task's correctness check
 (numeric_match, accuracy, code_tests ...). Rows it cannot score (None) are left
@@ -9,8 +13,15 @@ out. `eval/reward` is the mean weighted total of all functions.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
+from cohort.data.loading import load_data
+from cohort.models.loading import load_tokenizer, resolve_model_dir
+from cohort.models.precision import resolve_precision
+from cohort.prompts import encode_prompts
+from cohort.rewards import RewardSet
 from cohort.rollout.base import SamplingConfig, completion_seeds, completion_text
+from cohort.trainer.engines import build_engine, engine_length, set_torch_threads
 
 
 def evaluate(engine, tokenizer, dataset, prompt_ids, rewards, *, max_tokens: int, num_samples: int = 1,
@@ -40,3 +51,28 @@ def evaluate(engine, tokenizer, dataset, prompt_ids, rewards, *, max_tokens: int
     total = scored.total[np.isfinite(scored.total)]
     return {"accuracy": accuracy, f"pass@{k}": pass_k, "reward": float(total.mean()) if total.size else float("nan"),
             "num_prompts": len(dataset.rows), "completions": texts}
+
+
+def evaluate_model(cfg, *, num_samples: int = 1, temperature: float = 0.0) -> dict | None:
+    """`cohort eval`: model.path on the eval data with the configured rewards and engine; None when there is no eval data.
+
+    The prompts are encoded and the engine sized exactly as the trainer does (train and eval prompts both), so a
+    model scores the same here as in a run's "before" eval."""
+    train, evals, specs = load_data(cfg)
+    if evals is None:
+        return None
+    set_torch_threads(cfg)
+    torch.manual_seed(cfg.train.seed)
+    rewards, engine = RewardSet.from_specs(specs), None
+    try:
+        model_dir = resolve_model_dir(cfg.model.path)
+        tokenizer = load_tokenizer(model_dir)
+        prompts = encode_prompts(cfg, tokenizer, model_dir, train, evals)  # raises if one cannot fit
+        engine = build_engine(cfg, model_dir, tokenizer, precision=resolve_precision(cfg.model.dtype, cfg.train.precision),
+                              max_model_len=engine_length(cfg, model_dir, prompts.train_ids + prompts.eval_ids))
+        return evaluate(engine, tokenizer, prompts.eval, prompts.eval_ids, rewards, max_tokens=cfg.rollout.max_completion_length,
+                        num_samples=num_samples, temperature=temperature, seed=cfg.rollout.seed)
+    finally:
+        if engine is not None:
+            engine.close()
+        rewards.close()

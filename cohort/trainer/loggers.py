@@ -18,6 +18,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
 from cohort.console import terminal
 
 CONSOLE_KEYS = {  # metric → its short name on the console step line (metrics.jsonl keeps the full names)
@@ -58,9 +61,6 @@ class MetricsLogger:
         self.wandb = self._wandb(run_dir, config) if "wandb" in loggers else None
         self.progress = None
         if progress:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
             # no stdout/stderr redirection: what libraries print belongs in the engine log, not above the bar
             self.progress = Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                      TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.description}"),
@@ -70,7 +70,7 @@ class MetricsLogger:
 
     @staticmethod
     def _tensorboard(run_dir: Path, start_step: int):
-        try:
+        try:  # here, not at the top: it loads tensorboard and protobuf (about a second), for runs that log to it only
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:  # tensorboard not installed
             raise RuntimeError("run.loggers has 'tensorboard' but the tensorboard package is missing; pip install tensorboard") from exc
@@ -79,7 +79,7 @@ class MetricsLogger:
 
     @staticmethod
     def _wandb(run_dir: Path, config: dict):
-        try:
+        try:  # optional dependency
             import wandb
         except ImportError as exc:
             raise RuntimeError("run.loggers has 'wandb' but wandb is not installed; pip install wandb") from exc

@@ -11,7 +11,7 @@ slices 0..S−1, then again for the next iteration). The maths is in
 - reference log-probs are computed once per generation batch, and only when
   `algorithm.beta != 0` (the reference model is not even loaded otherwise);
 - what differs between algorithms (grpo, rloo, reinforce_pp*, ppo) is read from
-  `self.algorithm`, resolved from the spec in `cohort.trainer.algorithms`: the
+  `self.algorithm`, resolved from its spec (`cohort.algorithms.specs`) by `cohort.trainer.algorithms`: the
   advantage function, the policy-loss entry, where the KL goes, and whether a
   critic exists (then its values are computed at generation time and it is
   updated after the policy, both timed as `timing/critic_s`); old log-probs are
@@ -36,8 +36,6 @@ the identity in one process); a rollout server is just another engine
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import sys
 import time
 from collections import defaultdict
@@ -49,23 +47,21 @@ import torch
 
 from cohort.algorithms import aggregate_loss, aggregation_count, kl_penalty, masked_mean, policy_loss, rollout_correction
 from cohort.algorithms import advantage_stats
+from cohort.algorithms.specs import AdvantageInputs
 from cohort.config import CohortConfig, default_output_dir
+from cohort.models.batching import length_sorted_micro_batches, pack_right_padded, pad_rows
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES
 from cohort.rollout.base import SamplingConfig, completion_seeds, completion_text
-from cohort.trainer import setup as build
-from cohort.trainer.algorithms import AdvantageInputs
-from cohort.trainer.batching import length_sorted_micro_batches, pack_right_padded, pad_rows
-from cohort.trainer.evaluate import evaluate
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.overlap import BackgroundRollout, PendingGeneration
+from cohort.trainer.parts import PART_NAMES, TrainerParts
 from cohort.trainer.rollout_batch import RolloutBatch
+from cohort.trainer.run import run_training
+from cohort.trainer.setup import setup
 from cohort.trainer.stopping import check_finite
 from cohort.trainer.sync_check import SyncCheck
 from cohort.validation import validate_config
-
-LOSS_AGGREGATION = {"grpo": "seq_mean_token_mean", "dapo": "token_mean", "bnpo": "bnpo", "dr_grpo": "seq_mean_token_sum_norm"}
-
 
 class Phases:
     """Wall-clock timing of named phases: `with phases("generate"): ...` adds to timing/generate_s."""
@@ -93,25 +89,44 @@ class Phases:
 
 
 class Trainer:
+    """The driver loop over its parts. Its whole state: what `__init__` declares below, plus `self.parts`
+    (`TrainerParts`, cohort/trainer/parts.py: policy, engine, rewards, optimizer, ...), each part read and
+    written as an attribute of the trainer (`self.policy`)."""
+
     def __init__(self, cfg: CohortConfig, *, run_dir: str | Path | None = None, engine=None, log=print):
         self.cfg = cfg
         self.plan = validate_config(cfg)  # fails before any model loads
-        self.run_dir = Path(run_dir or cfg.run.output_dir or default_output_dir())
         self.log = log
         self.phases = Phases()
-        self.step_count = 0
-        self.generation_index = 0
-        self.policy_version = 0
-        self.synced_version = -1
-        self.batch: RolloutBatch | None = None
+        self.step_count = 0  # optimizer steps taken
+        self.generation_index = 0  # generation batches requested (seeds every completion's sampling)
+        self.policy_version = 0  # bumped by each optimizer step
+        self.synced_version = -1  # the policy version the engine holds (-1: not pushed yet)
+        self.batch: RolloutBatch | None = None  # the generation batch the current steps train on
+        self.step_indices: list[int] = []  # this step's completions within self.batch (what the step's logs show)
         self.sync_check = SyncCheck(cfg.rollout.sync_check_tolerance,  # canaries + noise floor (trainer/sync_check.py)
                                     **({"min_gap": LORA_MIN_GAP_NATS} if cfg.model.lora_rank else {}))  # LoRA: lora_sync.py
         self.sync_metrics: dict[str, float] = {}  # the last sync check's statistics, reported with the next step
         self.last_canary_gap: float | None = None  # largest per-token canary gap at the last sync, nats
         self.sync_bytes_sent = 0.0  # bytes the engine reports sending since the last step's metrics (server mode)
-        build.setup(self, external_engine=engine)
+        run_dir = Path(run_dir or cfg.run.output_dir or default_output_dir())
+        self.parts: TrainerParts = setup(cfg, self.plan, run_dir, pack=self._pack, external_engine=engine)
         self.pending: PendingGeneration | None = None  # the next generation batch, sampling in the background (rollout.overlap)
         self.background = BackgroundRollout() if cfg.rollout.overlap else None
+
+    def __getattr__(self, name: str):
+        """`self.policy` and every other part: read from `self.parts` (only called when normal lookup fails)."""
+        parts = self.__dict__.get("parts")
+        if parts is not None and name in PART_NAMES:
+            return getattr(parts, name)
+        raise AttributeError(f"'Trainer' object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value) -> None:
+        """A part assigned on the trainer (`trainer.engine = wrapped`) replaces it in `self.parts`, never shadows it."""
+        if name in PART_NAMES and "parts" in self.__dict__:
+            setattr(self.parts, name, value)
+        else:
+            object.__setattr__(self, name, value)
 
     # ------------------------------------------------------------------ phases
 
@@ -404,7 +419,7 @@ class Trainer:
         per_step = plan.completions_per_step
         start = (slot % plan.steps_per_generation) * per_step
         indices = list(range(start, start + per_step))
-        self.step_indices = indices  # this step's completions within self.batch (what the logs of the step show)
+        self.step_indices = indices
         with self.phases("update"):
             metrics = self.update(self.batch, indices)
         if self.critic is not None:
@@ -423,8 +438,6 @@ class Trainer:
 
     def train(self, resume_from: str | Path | None = None) -> dict[str, Any]:
         """Run to train.max_steps. `resume_from`: a run directory (its newest checkpoint) or one checkpoint directory."""
-        from cohort.trainer.run import run_training
-
         return run_training(self, resume_from=resume_from)
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from cohort.models.logprobs import completion_logprobs
-from cohort.trainer.batching import pack_right_padded
+from cohort.models.batching import pack_right_padded
 from cohort.trainer.sync_check import FOLLOW_MIN, FOLLOW_NOISE_MIN, FOLLOW_SIGNAL, SyncCheckError
 
 LORA_MIN_GAP_NATS = 5e-5  # closeness bound's floor under LoRA: 4x the largest merged-vs-factorized mean gap measured

@@ -231,7 +231,7 @@ def _plot_rewards(history, path: Path, before, after_accuracy, *, algorithm: str
     history = [h for h in history if isinstance(h.get("reward"), (int, float))]  # generation steps only
     if not history:
         return
-    import matplotlib
+    import matplotlib  # here: choosing the Agg backend at import would change a notebook's backend on `import cohort.api`
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

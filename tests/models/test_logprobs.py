@@ -7,7 +7,7 @@ import torch
 
 from cohort.models.loading import load_policy
 from cohort.models.logprobs import completion_logprobs, naive_completion_logprobs
-from cohort.trainer.batching import pack_right_padded
+from cohort.models.batching import pack_right_padded
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from cohort.validation import validate_config  # noqa: E402
 from cohort.models.loading import load_policy  # noqa: E402
 from cohort.models.logprobs import completion_logprobs  # noqa: E402
 from cohort.models.lora import TrainOnlyDropout, attach_lora, base_name, linear_module_names, lora_alpha  # noqa: E402
-from cohort.trainer.batching import pack_right_padded  # noqa: E402
+from cohort.models.batching import pack_right_padded  # noqa: E402
 
 
 def _lora(model_dir, rank=4, dropout=0.0, targets="all-linear", dtype="float32"):

@@ -9,7 +9,7 @@ from cohort.models.loading import load_policy
 from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import SamplingConfig
 from cohort.rollout.hf_engine import HFEngine
-from cohort.trainer.batching import pack_right_padded
+from cohort.models.batching import pack_right_padded
 
 EOS = 256
 

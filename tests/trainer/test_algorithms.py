@@ -1,7 +1,7 @@
 """grpo, rloo, reinforce_pp(_baseline) and ppo through the one driver loop.
 
 Three kinds of test:
-- the advantage functions of `cohort.trainer.algorithms`, on small batches worked by hand
+- the advantage functions of `cohort.algorithms.specs`, on small batches worked by hand
   (RLOO's leave-one-out baseline with and without the KL in the reward, REINFORCE++'s
   whitened reward-to-go, PPO's GAE on three tokens with the KL in the reward);
 - the resolution of the `auto` fields and the parts each algorithm builds (no critic
@@ -24,8 +24,9 @@ import pytest
 import torch
 
 from cohort.algorithms import POLICY_LOSSES, compute_advantages
+from cohort.algorithms.specs import ALGORITHMS, AdvantageInputs
 from cohort.config import ALGORITHM_MIN_GENERATIONS, ALGORITHMS_WITH_CRITIC, AlgorithmConfig, load_config
-from cohort.trainer.algorithms import ALGORITHMS, AdvantageInputs, resolve
+from cohort.trainer.algorithms import resolve
 
 
 def t32(values):
@@ -243,7 +244,7 @@ def test_adaptive_kl_controller_moves_beta_once_per_generation_batch(toy, tiny_m
 
 
 def test_critic_values_read_the_state_before_each_completion_token(toy, tiny_model_dir):
-    from cohort.trainer.batching import pack_right_padded
+    from cohort.models.batching import pack_right_padded
 
     trainer = _trainer(toy, tiny_model_dir, "ppo")
     critic = trainer.critic.model

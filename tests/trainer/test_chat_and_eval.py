@@ -60,3 +60,18 @@ def test_cli_eval_reports_accuracy_and_pass_at_k(tmp_path, tiny_model_dir, capsy
     assert out["num_prompts"] == 6 and "pass@3" in out
     # pass@k >= mean accuracy always (any of k correct vs the average of k)
     assert 0.0 <= out["accuracy"] <= out["pass@3"] <= 1.0
+
+
+def test_cli_eval_builds_no_trainer_and_no_optimizer(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("cohort eval built a Trainer or an optimizer")
+
+    monkeypatch.setattr(Trainer, "__init__", forbidden)
+    monkeypatch.setattr("torch.optim.AdamW", forbidden)
+    path = tmp_path / "eval.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}+0=", "answer": str(i)}) + "\n" for i in range(4)))
+    code = cli.main(["eval", f"model.path={tiny_model_dir}", f"data.train_files=[{path}]", f"data.eval_files=[{path}]",
+                     "rollout.engine=hf", "rollout.max_completion_length=2", "data.max_prompt_length=16",
+                     "rewards=[{name: numeric_match}]", f"run.output_dir={tmp_path / 'run'}"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["num_prompts"] == 4 and "pass@1" in out

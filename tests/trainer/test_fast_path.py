@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from cohort.config import load_config
-from cohort.trainer.batching import length_sorted_micro_batches
+from cohort.models.batching import length_sorted_micro_batches
 from cohort.trainer.loop import Trainer
 
 

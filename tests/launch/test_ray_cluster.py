@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from cohort.config import load_config
-from cohort.distributed.ray_cluster import AUTH_FAILURE, _connection_problem, cluster_problems
+from cohort.launch.ray_cluster import AUTH_FAILURE, _connection_problem, cluster_problems
 
 TOKEN = "cohort-test-token-0123456789abcdef"
 

@@ -1,6 +1,6 @@
 """Right padding and length-sorted micro-batches."""
 
-from cohort.trainer.batching import length_sorted_micro_batches, pack_right_padded
+from cohort.models.batching import length_sorted_micro_batches, pack_right_padded
 
 
 def test_pack_right_padded_layout():

@@ -48,8 +48,12 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from cohort.config import ConfigError, default_output_dir
-from cohort.rollout.server import TOKEN_ENV
+import cohort
+from cohort.config import CohortConfig, ConfigError, default_output_dir
+from cohort.models.loading import resolve_model_dir
+from cohort.rollout.server import TOKEN_ENV, RolloutService, serve_in_thread
+from cohort.rollout.vllm_engine import VLLMEngine
+from cohort.trainer.loop import Trainer
 
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # the driver and actors pass configs and summaries, nothing large
 
@@ -62,7 +66,7 @@ def _free_port() -> int:
 
 def _node_address() -> str:
     """This actor's node address as the cluster knows it (127.0.0.1 on a local Ray), not a guess from the routes."""
-    import ray
+    import ray  # optional dependency (pip install cohort[ray]): imported by Ray runs only
 
     node_id = ray.get_runtime_context().get_node_id()
     for node in ray.nodes():
@@ -78,8 +82,6 @@ def _enter(cwd: str) -> None:
 
 
 def _actor_env(token: str, cpus: float) -> dict[str, str]:
-    import cohort
-
     root = str(Path(cohort.__file__).resolve().parent.parent)
     paths = [root, os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {
@@ -97,11 +99,6 @@ class RolloutServerActor:
 
     def __init__(self, cwd: str, model_path: str, dtype: str, seed: int, kv_cache_gib: float, gpu_memory_utilization: float):
         _enter(cwd)
-
-        from cohort.models.loading import resolve_model_dir
-        from cohort.rollout.server import RolloutService, serve_in_thread
-        from cohort.rollout.vllm_engine import VLLMEngine
-
         model_dir = resolve_model_dir(model_path)
         self.engine = VLLMEngine(model_dir, dtype=dtype, max_model_len=None, seed=seed, kv_cache_gib=kv_cache_gib,
                                  gpu_memory_utilization=gpu_memory_utilization)
@@ -127,9 +124,6 @@ class TrainerActor:
         if self.world_size > 1:
             os.environ.update({"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]), "RANK": str(self.rank),
                                "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": "0"})
-        from cohort.config import CohortConfig
-        from cohort.trainer.loop import Trainer
-
         trainer = Trainer(CohortConfig.model_validate(cfg_tree))
         try:
             return trainer.train()
@@ -142,7 +136,7 @@ AUTH_FAILURE = "Authentication token is missing or incorrect"  # what Ray's GCS 
 
 def _connect(cfg, needed_cpus: float, needed_gpus: float) -> None:
     """Join the cluster at distributed.ray_address, or start a local Ray for this run."""
-    import ray
+    import ray  # optional dependency (pip install cohort[ray]): imported by Ray runs only
 
     address = cfg.distributed.ray_address
     if address:
@@ -215,7 +209,7 @@ def _servers_to_start(cfg) -> int:
 
 def _check_cluster(cfg) -> None:
     """Refuse a cluster that can never hold the actors; say so when it is busy (the actors then wait)."""
-    import ray
+    import ray  # optional dependency (pip install cohort[ray]): imported by Ray runs only
 
     address = cfg.distributed.ray_address or "local"
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
@@ -229,7 +223,7 @@ def _check_cluster(cfg) -> None:
 
 def _wait_all(futures: list) -> list:
     """Results of every future; the first failure is raised at once (its peers may be stuck in a collective)."""
-    import ray
+    import ray  # optional dependency (pip install cohort[ray]): imported by Ray runs only
 
     pending, by_ref = list(futures), {}
     while pending:
@@ -245,7 +239,7 @@ def train_with_ray(cfg) -> dict[str, Any]:
         # Ray reads this at import: with it off, a local Ray keeps every address on 127.0.0.1 (by default it
         # advertises the machine's routed address even for a single-node run).
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    import ray
+    import ray  # optional dependency (pip install cohort[ray]): imported by Ray runs only
 
     d, world, servers_n = cfg.distributed, cfg.train.num_processes, _servers_to_start(cfg)
     _connect(cfg, world * d.cpus_per_trainer + servers_n * d.cpus_per_rollout,

@@ -1,0 +1,31 @@
+"""The datasets and reward specs a config names, loaded (no tokenizer, no model).
+
+`load_data(cfg)` reads `data.train_files` / `data.eval_files`, or the built-in
+`data.task` (whose reward specs apply when `rewards` is unset), and caps the
+eval set at `data.eval_max_samples`. The trainer, `cohort eval` and the planner
+all start from it, so they see the same rows.
+
+Left out: tokenizing (cohort/prompts.py) and checking the files (check_data_config).
+"""
+
+from __future__ import annotations
+
+from cohort.data.datasets import PromptDataset, load_prompt_dataset, rows_dataset
+from cohort.data.tasks import get_task
+
+
+def load_data(cfg) -> tuple[PromptDataset, PromptDataset | None, list[dict] | None]:
+    """(train dataset, eval dataset or None, reward specs) from files or the built-in task."""
+    specs = [s.model_dump() for s in cfg.rewards] if cfg.rewards is not None else None
+    if cfg.data.train_files:
+        train = load_prompt_dataset(cfg.data.train_files, cfg.data.prompt_key)
+        evals = load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None
+    else:
+        task = get_task(cfg.data.task, seed=cfg.train.seed)
+        train = rows_dataset(task.train_rows, "prompt", f"task {task.name} (train)")
+        evals = (load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files
+                 else rows_dataset(task.eval_rows, "prompt", f"task {task.name} (eval)"))
+        specs = specs if specs is not None else task.reward_specs
+    if evals is not None and cfg.data.eval_max_samples:
+        evals.rows, evals.sources = evals.rows[: cfg.data.eval_max_samples], evals.sources[: cfg.data.eval_max_samples]
+    return train, evals, specs

@@ -1,0 +1,89 @@
+"""The rollout engine a config asks for, built for the trainer or for `cohort eval`.
+
+`build_engine` picks by `rollout.mode` and `rollout.engine`, in this process:
+- `server`: the client of the running rollout servers (`RemoteEngine`);
+- `local_server`: vLLM in a private `cohort serve` child (`LocalServerEngine`);
+- `colocate` + `hf`: transformers generation with the given model (the trainer's
+  own policy, so no weight push is needed) or, without one, a copy loaded from
+  model.path;
+- `colocate` + `vllm`: vLLM in this process (`VLLMEngine`).
+
+`rank0_engine` is the multi-process case: rank 0 holds the engine and every rank
+gets its results (`cohort.distributed.rank0`); vLLM then always runs as a local
+server child, and transformers on rank 0's own unsharded copy of the policy.
+
+`set_torch_threads` gives the trainer (or `cohort eval`) the cores a local
+server's engine leaves free. Every engine is sized by `engine_length`: the longest prompt kept +
+rollout.max_completion_length + 1, capped at the model's positions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from cohort.distributed.fsdp import LocalContext
+from cohort.distributed.rank0 import DetachedHFEngine, MainOnlyEngine
+from cohort.models.loading import load_policy, stop_token_ids
+from cohort.models.precision import Precision
+from cohort.prompts import max_positions_of
+from cohort.rollout.hf_engine import HFEngine
+from cohort.rollout.remote_engine import LocalServerEngine, RemoteEngine, engine_cores
+from cohort.rollout.vllm_engine import VLLMEngine
+
+
+def set_torch_threads(cfg) -> None:
+    """train.num_threads; unset with rollout.mode=local_server: the cores the engine's process leaves free."""
+    threads = cfg.train.num_threads
+    if threads is None and cfg.rollout.mode == "local_server":
+        threads = engine_cores(cfg)[1]  # with rollout.overlap: the cores the engine's process leaves free
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def engine_length(cfg, model_dir: Path, prompt_ids: list[list[int]]) -> int:
+    """The sequence length every engine of the run must fit: the longest prompt kept + rollout.max_completion_length + 1,
+    never more than the model's positions (encode_prompts checked that prompt + completion fits them)."""
+    longest = max(len(ids) for ids in prompt_ids)
+    length, positions = longest + cfg.rollout.max_completion_length + 1, max_positions_of(model_dir)
+    return min(length, positions) if positions else length
+
+
+def local_server_engine(cfg, model_dir: Path, max_model_len: int) -> LocalServerEngine:
+    """vLLM in a private `cohort serve` child (rollout.mode=local_server, and rank 0's vLLM in multi-process runs)."""
+    return LocalServerEngine(model_dir, cfg, max_model_len=max_model_len, dtype=cfg.generation_dtype)
+
+
+def build_engine(cfg, model_dir: Path, tokenizer, *, max_model_len: int, precision: Precision,
+                 policy: torch.nn.Module | None = None):
+    """The engine of rollout.mode / rollout.engine in this process (see the module docstring)."""
+    if cfg.rollout.mode == "local_server":
+        return local_server_engine(cfg, model_dir, max_model_len)
+    if cfg.rollout.mode == "server":
+        return RemoteEngine(cfg.rollout.server_urls, timeout_s=cfg.rollout.server_timeout_s,
+                            agreement_tolerance=cfg.server_agreement_tolerance, min_model_len=max_model_len,
+                            stop_token_ids=stop_token_ids(model_dir, tokenizer))
+    if cfg.rollout.engine == "hf":
+        if policy is None:  # `cohort eval`: no trainer, so a copy of model.path to generate with
+            policy = load_policy(model_dir, precision.weights_dtype).eval()
+        stops = stop_token_ids(model_dir, tokenizer)  # the set vLLM and the rollout server use too
+        return HFEngine(policy, pad_token_id=tokenizer.pad_token_id, stop_token_ids=stops, compute_context=precision.autocast)
+    return VLLMEngine(model_dir, dtype=cfg.generation_dtype, max_model_len=max_model_len, seed=cfg.rollout.seed,
+                      enforce_eager=cfg.rollout.enforce_eager, enable_prefix_caching=cfg.rollout.enable_prefix_caching,
+                      kv_cache_gib=cfg.rollout.kv_cache_gib, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)
+
+
+def rank0_engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, *, max_model_len: int,
+                 precision: Precision) -> MainOnlyEngine:
+    """Several training processes: rank 0's engine (none on the other ranks), wrapped so every rank gets its results."""
+    engine = None
+    if dist.is_main:
+        if cfg.rollout.mode == "colocate" and cfg.rollout.engine == "hf":
+            engine = DetachedHFEngine(load_policy(model_dir, cfg.model.dtype), pad_token_id=tokenizer.pad_token_id,
+                                      stop_token_ids=stop_token_ids(model_dir, tokenizer))
+        elif cfg.rollout.mode in ("colocate", "local_server"):  # vLLM cannot nest in a multi-rank process group
+            engine = local_server_engine(cfg, model_dir, max_model_len)
+        else:
+            engine = build_engine(cfg, model_dir, tokenizer, max_model_len=max_model_len, precision=precision)
+    return MainOnlyEngine(engine, dist)
