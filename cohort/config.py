@@ -140,7 +140,7 @@ class RolloutConfig(_Section):
         None,
         description="After each weight sync the engine's and the trainer's log-probs of a few canary completions are compared, "
         "or the run stops. None (default): calibrated — the gap is measured once while both hold identical weights (the noise "
-        "floor of two sets of kernels: ~1e-6 nats in float32, ~1e-3 in bfloat16), and each sync must keep the mean gap "
+        "floor of two sets of kernels: ~5e-7 nats in float32, ~4e-3 in bfloat16), and each sync must keep the mean gap "
         "within a multiple of that floor and follow the update (docs/runs.md). A number: the old fixed rule, the largest "
         "per-token gap must be at most this many nats.",
     )
