@@ -131,3 +131,12 @@ def chat_end_of_turn_id(tokenizer) -> int | None:
     ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
     special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     return int(ids[0]) if ids and ids[0] in special else None
+
+
+def write_config_dtype(directory: Path, dtype: torch.dtype) -> None:
+    """Name `dtype` in a saved checkpoint's config.json: transformers writes the dtype of the module's own parameters
+    there (float32 for float32 master weights), so a state dict saved in another dtype would load back as float32."""
+    config_path = Path(directory) / "config.json"
+    config = json.loads(config_path.read_text())
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

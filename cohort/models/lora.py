@@ -38,11 +38,12 @@ refused by `lora_problems`).
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+
+from cohort.models.loading import write_config_dtype
 
 ADAPTER_DIR = "adapter"  # final/adapter/: the trained adapter in peft's format
 
@@ -170,10 +171,7 @@ class LoraPolicy:
         if not merged:
             return
         self.model.save_pretrained(str(directory), safe_serialization=True, state_dict=self.merged_state_dict(dtype))
-        config_path = directory / "config.json"
-        config = json.loads(config_path.read_text())
-        config["dtype"] = str(dtype).removeprefix("torch.")
-        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_config_dtype(directory, dtype)
         tokenizer.save_pretrained(str(directory))
 
 

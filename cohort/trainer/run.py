@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from cohort.models.loading import write_config_dtype
 from cohort.trainer import checkpoint, failure
 from cohort.trainer.diagnostics import Diagnostics
 from cohort.trainer.evaluate import evaluate
@@ -71,18 +72,20 @@ def save_model(trainer, directory: Path) -> None:
     if precision.mixed:
         state = cast_state_dict(state or trainer.policy.state_dict(), precision.compute_dtype)
     trainer.policy.save_pretrained(str(directory), safe_serialization=True, state_dict=state)
-    if precision.mixed:  # transformers writes the dtype of the module's (float32) parameters into config.json
-        config_path = directory / "config.json"
-        config = json.loads(config_path.read_text())
-        config["dtype"] = str(precision.compute_dtype).removeprefix("torch.")
-        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if precision.mixed:
+        write_config_dtype(directory, precision.compute_dtype)
     trainer.tokenizer.save_pretrained(str(directory))
 
 
 def cast_state_dict(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Every tensor cast to `dtype`; names that shared one tensor (tied embeddings) still share one, so it is saved once."""
-    cast: dict[int, torch.Tensor] = {}
-    return {name: cast.setdefault(tensor.data_ptr(), tensor.detach().to(dtype)) for name, tensor in state.items()}
+    cast: dict[int, torch.Tensor] = {}  # data pointer -> its cast copy (every original stays alive in `state`)
+    out = {}
+    for name, tensor in state.items():
+        if tensor.data_ptr() not in cast:
+            cast[tensor.data_ptr()] = tensor.detach().to(dtype)
+        out[name] = cast[tensor.data_ptr()]
+    return out
 
 
 def run_training(trainer, resume_from: str | Path | None = None) -> dict:
