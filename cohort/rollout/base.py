@@ -1,10 +1,23 @@
-"""The rollout engine protocol: prompts in, sampled completions with the engine's log-probs out.
+"""The rollout engine protocol: requests in, `Trajectory` records streamed back as they finish.
 
-Every engine (vLLM in-process, transformers, and later a remote server) returns
-the same `Completion` records, so the trainer never asks which engine it has.
-Weights flow one way: the trainer calls `update_weights` after an optimizer step
-and `score` on fixed canary completions to check the engine really holds the new
-policy (cohort/trainer/sync_check.py).
+Every engine (vLLM in-process, transformers, a `cohort serve` server) speaks the
+same two levels, so the trainer never asks which engine it has:
+
+- **requests** (the foundation): `submit` a list of `Request`s (prompt token
+  ids, sampling parameters, a seed, an id), `poll` for the trajectories that
+  finished since the last poll (in-process engines make progress inside
+  `poll`), `abort` requests and get back what each had generated so far
+  (status "aborted"), and continue an aborted request by submitting it again
+  with `resume=` its partial trajectory: the engine samples from prompt +
+  the tokens already sampled, never re-tokenizing them, and returns the whole
+  trajectory (the old tokens with their old log-probs and versions, then the
+  new ones).
+- **batch**: `generate(prompts, sampling, seeds)`, one trajectory per prompt entry in order,
+  is the drain of the request level (`generate_requests`); every engine gets it from `RequestEngineMixin`.
+
+Weights flow one way: the trainer calls `update_weights` after an optimizer
+step and `score` on fixed canary completions to check the engine really holds
+the new policy (cohort/trainer/sync_check.py).
 
 Seeds: one per completion, derived from (rollout.seed, generation index, slot),
 so a run is reproducible and a resumed run draws the same samples.
@@ -12,10 +25,14 @@ so a run is reproducible and a resumed run draws the same samples.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable, Protocol
+import itertools
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Protocol, Sequence
 
 import torch
+
+STATUSES = ("stop", "length", "aborted", "error")
+FINISHED = ("stop", "length")  # a completion that ended by itself; "aborted" ones may be continued, "error" ones not
 
 
 @dataclass(frozen=True)
@@ -31,19 +48,106 @@ class SamplingConfig:
 
 
 @dataclass
-class Completion:
+class Trajectory:
+    """One completion as the engine sampled it; what every later phase (rewards, advantages, the update) reads.
+
+    `token_ids` are exactly the sampled tokens (never decoded and re-encoded), the stop token kept last when
+    status is "stop"; `logprobs[i]` is the engine's log-prob of token i (temperature applied), `versions[i]` the
+    policy version the engine held when it sampled token i, `loss_mask[i]` 1 when token i is trained on (0 will
+    mark tool-output tokens). `policy_version`: the version the engine held when the request started (the
+    oldest any of its tokens can be). `status`: "stop" (ended by a stop token), "length" (hit max_tokens),
+    "aborted" (stopped by `abort`; may be continued), "error" (the engine failed on it; `error` says why).
+    """
+
     token_ids: list[int]
-    logprobs: list[float]  # the engine's log-prob of each sampled token (temperature applied)
-    finish_reason: str  # "stop" (ends with a stop token, kept in token_ids) or "length" (see `finish_reason`)
+    logprobs: list[float]
+    status: str
     policy_version: int = 0
+    versions: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    request_id: str = ""
+    error: str | None = None
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"Trajectory status {self.status!r} is not one of {STATUSES}")
+        n = len(self.token_ids)
+        if not self.versions:
+            self.versions = [self.policy_version] * n
+        if not self.loss_mask:
+            self.loss_mask = [1] * n
+        if not (len(self.versions) == len(self.loss_mask) == n) or len(self.logprobs) not in (0, n):
+            raise ValueError(f"Trajectory {self.request_id!r}: {n} tokens but {len(self.logprobs)} log-probs, "
+                             f"{len(self.versions)} versions and {len(self.loss_mask)} mask entries")
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+    @classmethod
+    def sampled(cls, token_ids: Sequence[int], logprobs: Sequence[float], stop_token_ids, policy_version: int, *,
+                prompt_ids: Sequence[int] = (), request_id: str = "") -> Trajectory:
+        """A finished sample: its status from `finish_reason`'s rule, every token stamped with `policy_version`."""
+        return cls(list(token_ids), [float(x) for x in logprobs], finish_reason(list(token_ids), stop_token_ids),
+                   policy_version, prompt_ids=list(prompt_ids), request_id=request_id)
+
+    def then(self, piece: Trajectory) -> Trajectory:
+        """This (aborted) trajectory continued by `piece`, which was sampled from prompt + self.token_ids: the
+        tokens, log-probs, versions and masks concatenated; status, error and id from the piece."""
+        return Trajectory(self.token_ids + piece.token_ids, self.logprobs + piece.logprobs, piece.status,
+                          self.policy_version, self.versions + piece.versions, self.loss_mask + piece.loss_mask,
+                          self.prompt_ids, piece.request_id or self.request_id, piece.error)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One completion to sample. `resume`: a partial trajectory of this request (aborted earlier) to continue."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingConfig
+    seed: int | None = None
+    resume: Trajectory | None = None
+
+    @property
+    def engine_prompt(self) -> list[int]:
+        """What the engine conditions on: the prompt, then the tokens already sampled (as they were sampled)."""
+        return list(self.prompt_ids) + (list(self.resume.token_ids) if self.resume is not None else [])
+
+    @property
+    def remaining(self) -> SamplingConfig:
+        """The sampling parameters for the rest: max_tokens less the tokens already sampled."""
+        done = len(self.resume.token_ids) if self.resume is not None else 0
+        return replace(self.sampling, max_tokens=max(0, self.sampling.max_tokens - done))
+
+    def complete(self, piece: Trajectory) -> Trajectory:
+        """The request's whole trajectory from what the engine sampled for `engine_prompt` (the resumed tokens first)."""
+        piece = replace(piece, prompt_ids=list(self.prompt_ids), request_id=self.request_id)
+        return self.resume.then(piece) if self.resume is not None else piece
 
 
 class RolloutEngine(Protocol):
     policy_version: int
     stop_token_ids: list[int]  # the ids that end a completion: the checkpoint's set (`cohort.models.loading.stop_token_ids`)
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Completion]:
-        """One completion per prompt entry (repeat a prompt G times for a group)."""
+    def submit(self, requests: Sequence[Request]) -> None:
+        """Start sampling these requests (ids unique among those in flight); returns at once."""
+
+    def poll(self, timeout: float | None = None) -> list[Trajectory]:
+        """The trajectories finished since the last poll, in any order; waits (in-process engines: generate) until at
+        least one is, or nothing is in flight ([]), or `timeout` seconds passed ([])."""
+
+    def abort(self, request_ids: Iterable[str] | None = None) -> list[Trajectory]:
+        """Stop these requests (None: every one in flight) and return each one's trajectory so far, status "aborted"
+        (a request that had already finished but was not polled yet comes back finished). Unknown ids are ignored."""
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet returned by poll or abort."""
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Trajectory]:
+        """One trajectory per prompt entry, in order (repeat a prompt G times for a group): `generate_requests`."""
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int | None:
         """Load a full set of new weights in place; later generations report `version`.
@@ -55,6 +159,86 @@ class RolloutEngine(Protocol):
         """The engine's log-probs of fixed completions, one list per (prompt, completion) pair (the sync check's canaries)."""
 
     def close(self) -> None: ...
+
+
+_batch_ids = itertools.count()
+
+
+def batch_requests(prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None,
+                   prefix: str | None = None) -> list[Request]:
+    """One request per prompt entry, ids `<prefix>/<index>` (a fresh prefix per call unless given)."""
+    prefix = prefix if prefix is not None else f"b{next(_batch_ids)}"
+    seeds = seeds if seeds is not None else [None] * len(prompts)
+    return [Request(f"{prefix}/{i}", tuple(int(t) for t in p), sampling, s) for i, (p, s) in enumerate(zip(prompts, seeds))]
+
+
+def generate_requests(engine, requests: Sequence[Request]) -> list[Trajectory]:
+    """Submit `requests` and poll until every one is back; their trajectories in the requests' order.
+
+    A trajectory with status "error" raises (the batch caller has no use for a hole)."""
+    engine.submit(requests)
+    index = {r.request_id: i for i, r in enumerate(requests)}
+    out: list[Trajectory | None] = [None] * len(requests)
+    missing = len(requests)
+    while missing:
+        got = engine.poll()
+        if not got and not engine.in_flight:
+            raise RuntimeError(f"the rollout engine stopped with {missing} of {len(requests)} requests unanswered")
+        for t in got:
+            i = index.get(t.request_id)
+            if i is None or out[i] is not None:
+                continue  # not one of ours (another caller's stream)
+            if t.status == "error":
+                raise RuntimeError(f"the rollout engine failed on request {t.request_id}: {t.error}")
+            out[i] = t
+            missing -= 1
+    return out  # type: ignore[return-value]
+
+
+class RequestEngineMixin:
+    """`generate` for every engine: the drain of its request level."""
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Trajectory]:
+        return generate_requests(self, batch_requests(prompts, sampling, seeds))
+
+
+class BatchRequests(RequestEngineMixin):
+    """The request level for an engine that can only sample whole batches (`_sample(requests) -> trajectories`).
+
+    `submit` queues; `poll` samples everything queued in one call and returns it all (so nothing streams: the
+    batch's slowest completion decides when any comes back); `abort` drops queued requests, returning them with no
+    new tokens (status "aborted", their resumed tokens kept). Engines that stream implement the three themselves.
+    """
+
+    def _sample(self, requests: list[Request]) -> list[Trajectory]:
+        raise NotImplementedError
+
+    @property
+    def _queue(self) -> list[Request]:
+        queue = self.__dict__.get("_request_queue")
+        if queue is None:
+            queue = self.__dict__["_request_queue"] = []
+        return queue
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        self._queue.extend(requests)
+
+    def poll(self, timeout: float | None = None) -> list[Trajectory]:
+        requests, self._queue[:] = list(self._queue), []
+        if not requests:
+            return []
+        pieces = self._sample(requests)
+        return [r.complete(p) for r, p in zip(requests, pieces)]
+
+    def abort(self, request_ids: Iterable[str] | None = None) -> list[Trajectory]:
+        ids = None if request_ids is None else set(request_ids)
+        dropped = [r for r in self._queue if ids is None or r.request_id in ids]
+        self._queue[:] = [r for r in self._queue if not (ids is None or r.request_id in ids)]
+        return [r.complete(Trajectory([], [], "aborted", getattr(self, "policy_version", 0))) for r in dropped]
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._queue)
 
 
 def completion_seeds(base_seed: int, generation_index: int, n: int) -> list[int]:
@@ -70,7 +254,7 @@ def finish_reason(token_ids: list[int], stop_token_ids) -> str:
     return "stop" if token_ids and token_ids[-1] in stop_token_ids else "length"
 
 
-def completion_text(tokenizer, completion: Completion) -> str:
+def completion_text(tokenizer, completion: Trajectory) -> str:
     """The text reward functions see: the tokens without the final stop token, special tokens skipped.
 
     The stop token is cut by position, not by being special: a checkpoint's second
@@ -78,5 +262,5 @@ def completion_text(tokenizer, completion: Completion) -> str:
     plain word piece), and its text is not part of the answer. Special tokens inside
     the completion are skipped as TRL does for rewards (`skip_special_tokens=True`).
     """
-    ids = completion.token_ids[:-1] if completion.finish_reason == "stop" else completion.token_ids
+    ids = completion.token_ids[:-1] if completion.status == "stop" else completion.token_ids
     return tokenizer.decode(ids, skip_special_tokens=True)

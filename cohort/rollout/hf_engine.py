@@ -27,7 +27,7 @@ import torch
 
 from cohort.models.batching import pack_right_padded
 from cohort.models.logprobs import completion_logprobs
-from cohort.rollout.base import Completion, SamplingConfig, finish_reason
+from cohort.rollout.base import BatchRequests, Request, SamplingConfig, Trajectory
 
 
 class SampledLogProbs:
@@ -59,7 +59,7 @@ def until_stop(tokens: list[int], stop_token_ids: list[int]) -> list[int]:
     return list(tokens)
 
 
-class HFEngine:
+class HFEngine(BatchRequests):
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, stop_token_ids: list[int], batch_size: int = 256,
                  compute_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
         """`compute_context()` wraps every forward pass: the trainer's autocast when it keeps float32 master weights."""
@@ -84,7 +84,7 @@ class HFEngine:
         )
 
     @torch.no_grad()
-    def _generate_chunk(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Completion]:
+    def _generate_chunk(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Trajectory]:
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         attn = torch.zeros_like(ids)
@@ -107,8 +107,7 @@ class HFEngine:
         completions = []
         for b, row in enumerate(new_tokens.tolist()):
             toks = until_stop(row, self.stop_token_ids)
-            completions.append(Completion(toks, logprobs[b, : len(toks)].tolist(), finish_reason(toks, self.stop_token_ids),
-                                          self.policy_version))
+            completions.append(Trajectory.sampled(toks, logprobs[b, : len(toks)].tolist(), self.stop_token_ids, self.policy_version))
         return completions
 
     @torch.no_grad()
@@ -119,13 +118,26 @@ class HFEngine:
                                           batch.completion_ids, batch.completion_mask, temperature=temperature)
         return [logp[i, : len(c)].tolist() for i, c in enumerate(completions)]
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Completion]:
+    def _sample(self, requests: list[Request]) -> list[Trajectory]:
+        """The request level's one batch (`BatchRequests`): requests sharing sampling parameters generate together, in
+        chunks of batch_size; seeded once per call from the first request's seed."""
+        seeds = [r.seed for r in requests if r.seed is not None]
         if seeds:
             torch.manual_seed(seeds[0])
-        out: list[Completion] = []
-        for start in range(0, len(prompts), self.batch_size):
-            out += self._generate_chunk(prompts[start : start + self.batch_size], sampling)
-        return out
+        out: list[Trajectory | None] = [None] * len(requests)
+        by_sampling: dict[SamplingConfig, list[int]] = {}
+        for i, r in enumerate(requests):
+            by_sampling.setdefault(r.remaining, []).append(i)
+        for sampling, idx in by_sampling.items():
+            for start in range(0, len(idx), self.batch_size):
+                chunk = idx[start : start + self.batch_size]
+                if sampling.max_tokens == 0:  # a resumed request with nothing left to sample
+                    pieces = [Trajectory([], [], "length", self.policy_version) for _ in chunk]
+                else:
+                    pieces = self._generate_chunk([requests[i].engine_prompt for i in chunk], sampling)
+                for i, piece in zip(chunk, pieces):
+                    out[i] = piece
+        return out  # type: ignore[return-value]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         self.policy_version = version  # the engine *is* the policy module: nothing to copy

@@ -34,7 +34,7 @@ from typing import Any, Iterable
 
 import torch
 
-from cohort.rollout.base import Completion, SamplingConfig
+from cohort.rollout.base import BatchRequests, RequestEngineMixin, Request, SamplingConfig, Trajectory
 from cohort.rollout.server import TOKEN_ENV, LocalServer, completion_from_json, split_cores
 
 PART_BYTES = 512 * 2**20  # largest safetensors part per request
@@ -85,7 +85,7 @@ def weight_parts(named_tensors: Iterable[tuple[str, torch.Tensor]], part_bytes: 
     return (serialize_part(part) for part in plan_weight_parts(named_tensors, part_bytes))
 
 
-class RemoteEngine:
+class RemoteEngine(BatchRequests):
     def __init__(self, urls: list[str], *, token: str | None = None, timeout_s: float = 300.0,
                  agreement_tolerance: float = 1e-3, min_model_len: int | None = None, stop_token_ids: list[int] | None = None):
         if not urls:
@@ -147,7 +147,19 @@ class RemoteEngine:
 
     # ------------------------------------------------------------------ protocol
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Completion]:
+    def _sample(self, requests: list[Request]) -> list[Trajectory]:
+        out: list[Trajectory | None] = [None] * len(requests)
+        by_sampling: dict[SamplingConfig, list[int]] = {}
+        for i, r in enumerate(requests):
+            by_sampling.setdefault(r.remaining, []).append(i)
+        for sampling, idx in by_sampling.items():
+            seeds = [requests[i].seed for i in idx]
+            for i, piece in zip(idx, self._generate_batch([requests[i].engine_prompt for i in idx], sampling,
+                                                          None if all(s is None for s in seeds) else seeds)):
+                out[i] = piece
+        return out  # type: ignore[return-value]
+
+    def _generate_batch(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int | None] | None) -> list[Trajectory]:
         slices = split_evenly(len(prompts), len(self.urls))
 
         def run(job):
@@ -156,7 +168,7 @@ class RemoteEngine:
                        "seeds": seeds[start:end] if seeds is not None else None}
             return url, self._post_json(url, "/generate", payload)
 
-        out: list[Completion] = []
+        out: list[Trajectory] = []
         for url, reply in self._each(run, list(zip(self.urls, slices))):
             if reply["policy_version"] != self.policy_version:
                 raise RemoteEngineError(
@@ -204,7 +216,7 @@ def engine_cores(cfg) -> tuple[list[int] | None, int | None]:
     return split_cores(sorted(os.sched_getaffinity(0)), cfg.rollout.num_threads, cfg.rollout.overlap)
 
 
-class LocalServerEngine:
+class LocalServerEngine(RequestEngineMixin):
     """vLLM as a private loopback rollout server (`LocalServer`), driven like server mode; weights go over loopback as safetensors.
 
     Used by rollout.mode=local_server, where generation gets its own process
@@ -233,8 +245,18 @@ class LocalServerEngine:
     def stop_token_ids(self) -> list[int]:
         return self.remote.stop_token_ids  # the server computed them from model_dir, as the trainer does
 
-    def generate(self, prompts, sampling, seeds=None):
-        return self.remote.generate(prompts, sampling, seeds)
+    def submit(self, requests) -> None:
+        self.remote.submit(requests)
+
+    def poll(self, timeout: float | None = None):
+        return self.remote.poll(timeout)
+
+    def abort(self, request_ids=None):
+        return self.remote.abort(request_ids)
+
+    @property
+    def in_flight(self) -> int:
+        return self.remote.in_flight
 
     def update_weights(self, named_tensors, version: int):
         return self.remote.update_weights(named_tensors, version)

@@ -36,7 +36,7 @@ from typing import Iterable
 import torch
 
 from cohort.models.loading import load_tokenizer, stop_token_ids
-from cohort.rollout.base import Completion, SamplingConfig, finish_reason
+from cohort.rollout.base import BatchRequests, Request, SamplingConfig, Trajectory
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -89,7 +89,7 @@ def expected_reload_warnings_dropped(tied_head: bool):
         logger.removeFilter(quiet)
 
 
-class VLLMEngine:
+class VLLMEngine(BatchRequests):
     def __init__(self, model_dir: Path, *, dtype: str, max_model_len: int, seed: int = 0, enforce_eager: bool = True,
                  enable_prefix_caching: bool = True, kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
@@ -135,20 +135,23 @@ class VLLMEngine:
             init_worker_distributed_environment(worker.vllm_config, worker.rank, f"tcp://127.0.0.1:{get_open_port()}",
                                                 worker.local_rank, current_platform.dist_backend)
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Completion]:
+    def _sample(self, requests: list[Request]) -> list[Trajectory]:
         from vllm.inputs import TokensPrompt
 
         self._ensure_parallel_state()
-        seeds = seeds if seeds is not None else [None] * len(prompts)
-        params = [self._params(sampling, s) for s in seeds]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
-        completions = []
-        for out in outputs:
-            sample = out.outputs[0]
+        live = [i for i, r in enumerate(requests) if r.remaining.max_tokens > 0]
+        out = [Trajectory([], [], "length", self.policy_version) for _ in requests]  # nothing left to sample
+        if not live:
+            return out
+        params = [self._params(requests[i].remaining, requests[i].seed) for i in live]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=requests[i].engine_prompt) for i in live], params,
+                                    use_tqdm=False)
+        for i, result in zip(live, outputs):
+            sample = result.outputs[0]
             ids = list(sample.token_ids)
             logps = [float(step[tok].logprob) for step, tok in zip(sample.logprobs or [], ids)]
-            completions.append(Completion(ids, logps, finish_reason(ids, self.stop_token_ids), self.policy_version))
-        return completions
+            out[i] = Trajectory.sampled(ids, logps, self.stop_token_ids, self.policy_version)
+        return out
 
     def _model_runner(self):
         return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner

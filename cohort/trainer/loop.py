@@ -162,7 +162,7 @@ class Trainer:
         rewards_t = torch.tensor(scored.total, dtype=torch.float32)
         batch = RolloutBatch(
             row_indices=rows, prompt_ids=prompts, completion_ids=[o.token_ids for o in outs],
-            engine_logp=[o.logprobs for o in outs], truncated=[o.finish_reason == "length" for o in outs],
+            engine_logp=[o.logprobs for o in outs], truncated=[o.status == "length" for o in outs],
             completions_text=texts, rewards=scored.total, per_function=scored.per_function, advantages=torch.empty(0),
             policy_version=pending.policy_version,
         )

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from cohort.rollout import remote_engine
-from cohort.rollout.base import Completion, SamplingConfig
+from cohort.rollout.base import SamplingConfig, Trajectory
 from cohort.rollout.remote_engine import RemoteEngine, RemoteEngineError, split_evenly, weight_parts
 from cohort.rollout.server import RolloutService, WeightStager, serve_in_thread
 
@@ -37,7 +37,7 @@ class FakeEngine:
         if sampling.max_tokens == 13:
             raise RuntimeError("engine exploded")  # a failure inside the engine: the server's problem (500)
         seeds = seeds or [0] * len(prompts)
-        return [Completion([s % 1000, len(p)], [-0.25, -0.5], "length", self.policy_version) for p, s in zip(prompts, seeds)]
+        return [Trajectory([s % 1000, len(p)], [-0.25, -0.5], "length", self.policy_version) for p, s in zip(prompts, seeds)]
 
     def update_weights(self, named_tensors, version):
         self.weights = {n: t.clone() for n, t in named_tensors}
@@ -102,7 +102,7 @@ def test_generation_is_split_across_servers_in_order_and_reports_the_pushed_vers
     prompts = [[7] * n for n in range(1, 6)]  # 5 prompts: server 0 gets 3, server 1 gets 2
     outs = engine.generate(prompts, SamplingConfig(2), seeds=[100, 101, 102, 103, 104])
     assert [o.token_ids for o in outs] == [[100, 1], [101, 2], [102, 3], [103, 4], [104, 5]]
-    assert [o.logprobs for o in outs] == [[-0.25, -0.5]] * 5 and all(o.finish_reason == "length" for o in outs)
+    assert [o.logprobs for o in outs] == [[-0.25, -0.5]] * 5 and all(o.status == "length" for o in outs)
     # push in parts of at most 16 bytes: 3 tensors of 12, 12 and 40 bytes -> 3 parts per server
     monkeypatch.setattr(remote_engine, "PART_BYTES", 16)
     named = [("a", torch.ones(3)), ("b", torch.full((3,), 2.0)), ("c", torch.full((10,), 0.5))]

@@ -18,7 +18,7 @@ import torch
 from cohort.models.char_tokenizer import EOS_TOKEN_ID, save_char_tokenizer
 from cohort.models.loading import ModelLoadError, chat_end_of_turn_id, load_policy, load_tokenizer, stop_token_ids
 from cohort.models.logprobs import sequence_logprobs
-from cohort.rollout.base import Completion, SamplingConfig, completion_text, finish_reason
+from cohort.rollout.base import SamplingConfig, Trajectory, completion_text, finish_reason
 from cohort.rollout.hf_engine import HFEngine, until_stop
 
 SECOND_STOP = 75  # "K"
@@ -60,7 +60,7 @@ def _check_stops(outs, max_tokens: int) -> int:
     for o in outs:
         assert not set(o.token_ids[:-1]) & set(STOPS), o.token_ids  # never sampled on past a stop id
         ends_in_stop = bool(o.token_ids) and o.token_ids[-1] in STOPS
-        assert o.finish_reason == ("stop" if ends_in_stop else "length"), o
+        assert o.status == ("stop" if ends_in_stop else "length"), o
         assert ends_in_stop or len(o.token_ids) == max_tokens  # no stop id: only the length limit ends it
         assert len(o.logprobs) == len(o.token_ids)
     return sum(o.token_ids[-1] == SECOND_STOP for o in outs)
@@ -118,9 +118,9 @@ def test_until_stop_finish_reason_and_reward_text():
     assert finish_reason([], STOPS) == "length"
     tok = build_tokenizer_for_text()
     # "12K" where K (75) is the stop: rewards see "12"; a truncated "12K..." keeps its text; special tokens are skipped
-    assert completion_text(tok, Completion([49, 50, 75], [0.0] * 3, "stop")) == "12"
-    assert completion_text(tok, Completion([49, 50, 75], [0.0] * 3, "length")) == "12K"
-    assert completion_text(tok, Completion([49, IM_END, 50, 256], [0.0] * 4, "stop")) == "12"
+    assert completion_text(tok, Trajectory([49, 50, 75], [0.0] * 3, "stop")) == "12"
+    assert completion_text(tok, Trajectory([49, 50, 75], [0.0] * 3, "length")) == "12K"
+    assert completion_text(tok, Trajectory([49, IM_END, 50, 256], [0.0] * 4, "stop")) == "12"
 
 
 def build_tokenizer_for_text():
