@@ -23,6 +23,28 @@ as `stop_token_ids`, so stopping never depends on what vLLM itself reads from
 the checkpoint (it adds the tokenizer's EOS and generation_config.json's
 eos ids, both already in the set). The rollout server builds this engine from
 its own checkpoint directory, so it computes the same set; `/health` reports it.
+
+Requests stream (cohort/rollout/base.py's protocol): `submit` adds each request
+to vLLM's scheduler (`LLMEngine.add_request`, DELTA outputs: each step hands
+back only the new tokens and their log-probs), `poll` runs `LLMEngine.step`
+until at least one request finishes and returns the finished ones whole, in the
+order they finished, so a short completion comes back before a long one of the
+same submit. Every new token is stamped with the policy version the engine
+held at the step it arrived (`versions`). `abort` drops requests from vLLM and
+returns what each had streamed back so far ("aborted"); submitting it again
+with `resume=` continues from prompt + those tokens. `generate` is the drain
+of the same stream (`RequestEngineMixin`): seeded, it samples exactly the
+tokens `llm.generate` sampled, since vLLM draws each seeded request from its
+own generator, whatever else is in the batch.
+An exception inside `step` is not re-raised by `poll`: every request in flight
+comes back with status "error" and the message (the trainer's drain raises it
+with the request id); vLLM is told to drop them.
+
+Left out: updating weights while requests are in flight. `update_weights` and
+`score` (which run vLLM's own `generate` loop and would step, and swallow, the
+requests in flight) raise RuntimeError then; the trainer syncs between
+rollouts. Asynchronous training will need a pause (stop scheduling, reload,
+resume) here, and per-token versions are already kept for it.
 """
 
 from __future__ import annotations
@@ -30,13 +52,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 
 from cohort.models.loading import load_tokenizer, stop_token_ids
-from cohort.rollout.base import BatchRequests, Request, SamplingConfig, Trajectory
+from cohort.rollout.base import Request, RequestEngineMixin, SamplingConfig, Trajectory, finish_reason
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -89,7 +112,24 @@ def expected_reload_warnings_dropped(tied_head: bool):
         logger.removeFilter(quiet)
 
 
-class VLLMEngine(BatchRequests):
+class _Live:
+    """A request inside vLLM: what it has streamed back so far (token ids, log-probs, the version of each token)."""
+
+    def __init__(self, request: Request, policy_version: int):
+        self.request = request
+        self.policy_version = policy_version  # the version held when this piece started
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+
+    def trajectory(self, status: str, error: str | None = None) -> Trajectory:
+        """The request's whole trajectory (its resumed tokens first) from what this piece has so far."""
+        piece = Trajectory(list(self.token_ids), list(self.logprobs), status, self.policy_version, list(self.versions),
+                           error=error)
+        return self.request.complete(piece)
+
+
+class VLLMEngine(RequestEngineMixin):
     def __init__(self, model_dir: Path, *, dtype: str, max_model_len: int, seed: int = 0, enforce_eager: bool = True,
                  enable_prefix_caching: bool = True, kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
@@ -104,15 +144,19 @@ class VLLMEngine(BatchRequests):
         self.llm = LLM(**kwargs)
         self.policy_version = 0
         self.stop_token_ids = stop_token_ids(model_dir, load_tokenizer(model_dir))  # the checkpoint's set, as every engine's
+        self._live: dict[str, _Live] = {}  # request id -> its progress, for the requests inside vLLM
+        self._done: list[Trajectory] = []  # finished, not yet returned by poll
 
-    def _params(self, sampling: SamplingConfig, seed: int | None, logprobs: bool = True):
+    def _params(self, sampling: SamplingConfig, seed: int | None):
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         return SamplingParams(
             n=1, max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else -1, seed=seed, logprobs=0 if logprobs else None,
+            top_k=sampling.top_k if sampling.top_k > 0 else -1, seed=seed, logprobs=0,
             stop_token_ids=list(self.stop_token_ids),
             detokenize=False,  # the trainer reads token ids; incremental detokenizing cost 20-30% of tokens/s (bench/rollout.py)
+            output_kind=RequestOutputKind.DELTA,  # each step returns only the new tokens: appended, never re-copied
         )
 
     def _ensure_parallel_state(self) -> None:
@@ -135,28 +179,95 @@ class VLLMEngine(BatchRequests):
             init_worker_distributed_environment(worker.vllm_config, worker.rank, f"tcp://127.0.0.1:{get_open_port()}",
                                                 worker.local_rank, current_platform.dist_backend)
 
-    def _sample(self, requests: list[Request]) -> list[Trajectory]:
+    def submit(self, requests: Sequence[Request]) -> None:
+        """Add each request to vLLM's scheduler (prompt + resumed tokens, as sampled); one with no tokens left to
+        sample (`remaining.max_tokens == 0`) is finished at once ("length")."""
         from vllm.inputs import TokensPrompt
 
         self._ensure_parallel_state()
-        live = [i for i, r in enumerate(requests) if r.remaining.max_tokens > 0]
-        out = [Trajectory([], [], "length", self.policy_version) for _ in requests]  # nothing left to sample
-        if not live:
-            return out
-        params = [self._params(requests[i].remaining, requests[i].seed) for i in live]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=requests[i].engine_prompt) for i in live], params,
-                                    use_tqdm=False)
-        for i, result in zip(live, outputs):
-            sample = result.outputs[0]
-            ids = list(sample.token_ids)
-            logps = [float(step[tok].logprob) for step, tok in zip(sample.logprobs or [], ids)]
-            out[i] = Trajectory.sampled(ids, logps, self.stop_token_ids, self.policy_version)
-        return out
+        added: list[str] = []
+        current = None
+        try:
+            for r in requests:
+                current = r.request_id
+                if r.request_id in self._live or any(t.request_id == r.request_id for t in self._done):
+                    raise ValueError(f"request id {r.request_id!r} is already in flight; ids must be unique until poll "
+                                     "or abort returns them")
+                added.append(r.request_id)
+                if r.remaining.max_tokens == 0:
+                    self._done.append(_Live(r, self.policy_version).trajectory("length"))
+                    continue
+                # the LLM's own renderer step, as llm.generate takes it (a raw prompt in add_request is deprecated)
+                prompt = self.llm._preprocess_cmpl_one(TokensPrompt(prompt_token_ids=r.engine_prompt))
+                self.llm.llm_engine.add_request(r.request_id, prompt, self._params(r.remaining, r.seed))
+                self._live[r.request_id] = _Live(r, self.policy_version)
+        except Exception as exc:  # e.g. a prompt longer than max_model_len: none of this call's requests stays
+            self.abort(added)
+            raise ValueError(f"VLLMEngine.submit: request {current!r} was refused: {exc}") from exc
+
+    def poll(self, timeout: float | None = None) -> list[Trajectory]:
+        """Step vLLM until a request finishes (or none is left, or `timeout` s passed); the finished ones, whole."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._ensure_parallel_state()
+        while self._live and not self._done and (deadline is None or time.monotonic() < deadline):
+            self._step()
+        done, self._done = self._done, []
+        return done
+
+    def _step(self) -> None:
+        """One vLLM step: new tokens appended (stamped with the version held now), finished requests moved to _done."""
+        try:
+            outputs = self.llm.llm_engine.step()
+        except Exception as exc:
+            self._fail(exc)
+            return
+        for out in outputs:
+            live = self._live.get(out.request_id)
+            if live is None:
+                continue  # aborted since it was scheduled
+            sample = out.outputs[0]
+            new = list(sample.token_ids)
+            live.token_ids += new
+            live.logprobs += [float(step[tok].logprob) for step, tok in zip(sample.logprobs or [], new)]
+            live.versions += [self.policy_version] * len(new)
+            if out.finished:
+                del self._live[out.request_id]
+                self._done.append(live.trajectory(finish_reason(live.token_ids, self.stop_token_ids)))
+
+    def _fail(self, exc: Exception) -> None:
+        """vLLM raised inside a step: every request in flight comes back with status "error" and the message (the
+        drain, `generate`, raises it); what each had sampled is kept, and vLLM is told to drop them."""
+        message = f"vLLM raised in LLMEngine.step: {type(exc).__name__}: {exc}"
+        failed, self._live = self._live, {}
+        with contextlib.suppress(Exception):
+            self.llm.llm_engine.abort_request(list(failed))
+        self._done += [live.trajectory("error", message) for live in failed.values()]
+
+    def abort(self, request_ids: Iterable[str] | None = None) -> list[Trajectory]:
+        """Stop these requests (None: all); each one's trajectory so far, "aborted" (finished ones come back finished)."""
+        ids = set(self._live) | {t.request_id for t in self._done} if request_ids is None else set(request_ids)
+        finished = [t for t in self._done if t.request_id in ids]
+        self._done = [t for t in self._done if t.request_id not in ids]
+        stopped = [self._live.pop(i) for i in list(self._live) if i in ids]
+        if stopped:
+            self.llm.llm_engine.abort_request([live.request.request_id for live in stopped])
+        return finished + [live.trajectory("aborted") for live in stopped]
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._live) + len(self._done)
+
+    def _refuse_while_sampling(self, what: str) -> None:
+        if self._live:
+            raise RuntimeError(f"VLLMEngine.{what} while {len(self._live)} requests are being sampled: it would run "
+                               "vLLM under them (and mix weights inside a completion). Poll them to the end or abort "
+                               "them first; the trainer syncs weights only between rollouts.")
 
     def _model_runner(self):
         return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        self._refuse_while_sampling("update_weights")
         self._ensure_parallel_state()
         runner = self._model_runner()
         tied = getattr(getattr(runner.get_model(), "config", None), "tie_word_embeddings", False)
@@ -170,6 +281,7 @@ class VLLMEngine(BatchRequests):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        self._refuse_while_sampling("score")
         self._ensure_parallel_state()
         params = SamplingParams(max_tokens=1, temperature=temperature, prompt_logprobs=0, detokenize=False)
         requests = [TokensPrompt(prompt_token_ids=list(p) + list(c)) for p, c in zip(prompts, completions)]
