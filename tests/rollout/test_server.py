@@ -19,25 +19,32 @@ import pytest
 import torch
 
 from cohort.rollout import remote_engine
-from cohort.rollout.base import SamplingConfig, Trajectory
+from cohort.rollout.base import BatchRequests, SamplingConfig, Trajectory
 from cohort.rollout.remote_engine import RemoteEngine, RemoteEngineError, split_evenly, weight_parts
 from cohort.rollout.server import RolloutService, WeightStager, serve_in_thread
 
 TOKEN = "test-token-123"
 
 
-class FakeEngine:
+class FakeEngine(BatchRequests):
+    """Samples whole batches (as every engine does through `BatchRequests` until it streams): two tokens per request."""
+
     def __init__(self):
         self.policy_version = 0
         self.stop_token_ids = [7, 9]
         self.weights = {"w": torch.zeros(3)}
         self.loads = 0
+        self.submitted: list[str] = []  # request ids in the order they reached the engine
 
-    def generate(self, prompts, sampling, seeds=None):
-        if sampling.max_tokens == 13:
+    def submit(self, requests):
+        self.submitted += [r.request_id for r in requests]
+        super().submit(requests)
+
+    def _sample(self, requests):
+        if any(r.sampling.max_tokens == 13 for r in requests):
             raise RuntimeError("engine exploded")  # a failure inside the engine: the server's problem (500)
-        seeds = seeds or [0] * len(prompts)
-        return [Trajectory([s % 1000, len(p)], [-0.25, -0.5], "length", self.policy_version) for p, s in zip(prompts, seeds)]
+        return [Trajectory([(r.seed or 0) % 1000, len(r.engine_prompt)], [-0.25, -0.5], "length", self.policy_version)
+                for r in requests]
 
     def update_weights(self, named_tensors, version):
         self.weights = {n: t.clone() for n, t in named_tensors}
@@ -183,7 +190,7 @@ MALFORMED = [  # (method, path, body, status, what the message must say); the se
     ("POST", "/weights?version=one", b"x", 400, "weights: query parameter version must be an integer, got 'one'"),
     ("POST", "/weights?version=1&part=2&parts=2", b"x", 400, "weights: part 2 of parts=2 is out of range"),
     ("POST", "/weights?version=1", b"garbage", 400, "weights: the body is not a safetensors file"),
-    ("POST", "/nope", b"{}", 404, "no such endpoint: POST /nope; POST /generate, /score, /weights, GET /health"),
+    ("POST", "/nope", b"{}", 404, "no such endpoint: POST /nope; POST /generate, /score, /weights, /submit, /poll, /abort, GET /health"),
     ("GET", "/nope", None, 404, "no such endpoint: GET /nope"),
 ]
 
@@ -230,8 +237,8 @@ def test_split_evenly():
 def test_concurrent_health_answers_during_a_slow_generation(served):
     engine, url = served[0]
     release = threading.Event()
-    slow = engine.generate
-    engine.generate = lambda *a, **k: (release.wait(5), slow(*a, **k))[1]
+    slow = engine._sample
+    engine._sample = lambda *a, **k: (release.wait(5), slow(*a, **k))[1]
     remote = RemoteEngine([url], token=TOKEN, timeout_s=10)
     worker = threading.Thread(target=remote.generate, args=([[1]], SamplingConfig(2), [0]))
     worker.start()
