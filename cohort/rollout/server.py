@@ -10,7 +10,7 @@ needs `Authorization: Bearer <token>`, the token being the server's
 
     GET  /health     -> {status, policy_version, model, max_model_len, vocab_size, stop_token_ids}
     POST /generate   {prompts: [[id]], sampling: {max_tokens, temperature, top_p, top_k}, seeds: [int] | null}
-                     -> {policy_version, completions: [{token_ids, logprobs, status, policy_version, versions, loss_mask, request_id, error}]}
+                     -> {policy_version, completions: [{token_ids, logprobs, status, policy_version, versions, loss_mask, prompt_ids, request_id, error}]}
     POST /score      {prompts: [[id]], completions: [[id]], temperature} -> {policy_version, logprobs: [[float]]}
     POST /weights?version=V&part=I&parts=K   body: safetensors bytes (one part of the full set)
                      -> {policy_version, parts_received}
@@ -93,13 +93,13 @@ READ_TIMEOUT_S = 120.0  # a client that stops sending mid-request frees its thre
 def completion_to_json(c: Trajectory) -> dict[str, Any]:
     return {"token_ids": list(c.token_ids), "logprobs": list(c.logprobs), "status": c.status,
             "policy_version": c.policy_version, "versions": list(c.versions), "loss_mask": list(c.loss_mask),
-            "request_id": c.request_id, "error": c.error}
+            "prompt_ids": list(c.prompt_ids), "request_id": c.request_id, "error": c.error}
 
 
 def completion_from_json(d: dict[str, Any]) -> Trajectory:
     return Trajectory(list(d["token_ids"]), [float(x) for x in d["logprobs"]], d["status"], int(d["policy_version"]),
                       [int(v) for v in d.get("versions") or []], [int(m) for m in d.get("loss_mask") or []],
-                      request_id=str(d.get("request_id") or ""), error=d.get("error"))
+                      [int(t) for t in d.get("prompt_ids") or []], str(d.get("request_id") or ""), d.get("error"))
 
 
 def request_to_json(r: Request) -> dict[str, Any]:
