@@ -191,7 +191,8 @@ def request(value: Any, field: str, limits: Limits) -> Request:
     if seed is not None and not _is_int(seed):
         raise BadRequest(f"{field}.seed must be an integer or null, got {_show(seed)}")
     resume = value.get("resume")
-    resume = resumed_trajectory(resume, f"{field}.resume", limits) if resume is not None else None
+    if resume is not None:  # the resumed part belongs to this prompt (its trajectory's prompt_ids, whatever was sent)
+        resume = dataclasses.replace(resumed_trajectory(resume, f"{field}.resume", limits), prompt_ids=list(prompt))
     done = len(resume.token_ids) if resume is not None else 0
     _fits(len(prompt) + done, f"{field}.prompt_ids" + (" + resume.token_ids" if resume is not None else ""), limits)
     return Request(request_id, tuple(prompt), sampling, seed, resume)

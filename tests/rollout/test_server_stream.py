@@ -9,6 +9,7 @@ batches through `BatchRequests` (as every engine does until it streams). Tokens 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import threading
 import time
 import urllib.error
@@ -137,7 +138,8 @@ def _drain(engine, timeout_s=10.0):
 def test_request_json_round_trip():
     part = Trajectory([11, 12], [-0.5, -0.25], "aborted", 2, [2, 3], [1, 0], request_id="q")
     r = Request("q", (1, 2, 3), SamplingConfig(8, 0.7, 0.9, 5), 42, part)
-    assert request_from_json(json.loads(json.dumps(request_to_json(r)))) == r
+    back = request_from_json(json.loads(json.dumps(request_to_json(r))))
+    assert back == Request("q", (1, 2, 3), SamplingConfig(8, 0.7, 0.9, 5), 42, replace(part, prompt_ids=[1, 2, 3]))
     assert request_from_json(request_to_json(Request("p", (4,), SamplingConfig(3)))) == Request("p", (4,), SamplingConfig(3))
 
 
@@ -163,6 +165,7 @@ def test_requests_stream_back_one_by_one_and_an_aborted_one_resumes_to_the_unint
     (resumed,) = _drain(engine)
     assert resumed.status == "length" and len(resumed.token_ids) == total
     assert resumed.token_ids[:k] == partial.token_ids and resumed.logprobs[:k] == partial.logprobs  # the old tokens kept as sent
+    assert resumed.prompt_ids == list(prompt) and resumed.request_id == "long"
     (whole,) = engine.generate([list(prompt)], SamplingConfig(total), [seed])  # the same request, never interrupted
     assert (resumed.token_ids, resumed.logprobs) == (whole.token_ids, whole.logprobs)
 
