@@ -253,3 +253,15 @@ def test_a_new_client_takes_the_server_over_and_a_silent_engine_fails_the_run(se
     with pytest.raises(RemoteEngineError, match=r"1 request\(s\) in flight and none finished within rollout.server_timeout_s = 0.5 s"):
         slow.poll()
     assert time.monotonic() - start < 3
+
+
+def test_abort_returns_a_request_that_already_finished_as_finished(serve):
+    batch = BatchFake()
+    engine = RemoteEngine([serve(batch)], token=TOKEN, timeout_s=10)
+    engine.submit([Request("done", (1, 2), SamplingConfig(2), 3)])
+    deadline = time.monotonic() + 5
+    while batch.in_flight and time.monotonic() < deadline:  # the driver sampled it (the adapter's queue is empty)
+        time.sleep(0.01)
+    time.sleep(0.05)  # and put it in the outbox: never polled, it waits there
+    (t,) = engine.abort(None)
+    assert (t.request_id, t.status, t.token_ids) == ("done", "length", [3, 2]) and engine.in_flight == 0
