@@ -163,7 +163,7 @@ class RolloutConfig(_Section):
         description="rollout.mode=server: base URLs of the rollout servers, e.g. [http://127.0.0.1:8400]; each generation batch is split evenly across them.",
     )
     server_timeout_s: float = Field(
-        300.0, description="rollout.mode=server: every request to a server fails after this many seconds without an answer (the run stops instead of hanging)."
+        300.0, description="rollout.mode=server: every request to a server fails after this many seconds without an answer, and so does a server that finishes none of its requests in flight for this long (the run stops instead of hanging)."
     )
     overlap: bool = Field(
         False,

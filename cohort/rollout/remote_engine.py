@@ -1,10 +1,21 @@
 """`RemoteEngine`: the rollout protocol over HTTP to one or more `cohort serve` servers.
 
-- generate: the prompt list is cut into contiguous, near-equal slices, one per
-  server, sent in parallel (contiguous keeps a group's G copies of a prompt on
-  one server, where the prefix cache serves them); results come back in order.
-  Every completion must report the policy version last pushed, else the run
-  stops (a server that restarted would otherwise sample from its initial weights).
+- submit / poll / abort / in_flight (the request level of cohort/rollout/base.py,
+  over the server's /submit, /poll, /abort): each submit call is cut into
+  contiguous, near-equal slices, one per server, only between runs of equal
+  prompts (a group's G requests land on one server, where the prefix cache
+  serves them), the least loaded server taking the first slice; poll asks every
+  server with requests in flight, in parallel, and returns what any returned;
+  abort asks the servers holding the ids. Every reply must report the policy
+  version last pushed, every newly sampled token a version between the one
+  pushed at submit and that one, and each server must hold exactly the requests
+  sent to it and not yet returned; else the run stops (a server that restarted
+  would otherwise sample from its initial weights, or lose requests).
+  A new client takes its servers over: it aborts whatever an earlier client
+  left in flight there (one trainer drives a server).
+- generate: the drain of the request level (`generate_requests`): one
+  trajectory per prompt, in order; the same results for the same seeds as the
+  former one-call /generate, which the server still answers for other clients.
 - update_weights: the named tensors are serialised to safetensors one part (at
   most `PART_BYTES`) at a time, each pushed to every server in parallel, so the
   serialised bytes held at once stay bounded; returns the bytes sent over the
@@ -17,27 +28,35 @@ Stop tokens: each server stops at the set its engine computed from its own
 checkpoint (`cohort.models.loading.stop_token_ids`); given the trainer's set,
 the constructor checks every server reports the same one.
 
-Every call has a timeout (`timeout_s`) and raises `RemoteEngineError` on any
-failure: the run fails, it never hangs. The token comes from
+Every call has a timeout (`timeout_s`), a server with requests in flight that
+finishes none of them for `timeout_s` counts as failed, and any failure raises
+`RemoteEngineError`: the run fails, it never hangs. One thread drives the
+request level at a time (the trainer's rollout thread). The token comes from
 `COHORT_SERVER_TOKEN` unless given.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
-from typing import Any, Iterable
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
 
 import torch
 
-from cohort.rollout.base import BatchRequests, RequestEngineMixin, Request, SamplingConfig, Trajectory
-from cohort.rollout.server import TOKEN_ENV, LocalServer, completion_from_json, split_cores
+from cohort.rollout.base import Request, RequestEngineMixin, Trajectory
+from cohort.rollout.server import TOKEN_ENV, LocalServer, completion_from_json, request_to_json, split_cores
+from cohort.rollout.server_stream import MAX_POLL_WAIT_S
 
 PART_BYTES = 512 * 2**20  # largest safetensors part per request
+LONG_POLL_S = MAX_POLL_WAIT_S - 5.0  # server-side wait of one /poll when one server is busy (it answers at the first result)
+POLL_SLICE_S = 0.05  # server-side wait of one /poll round when several are: a finished server waits at most this for the rest
 
 
 class RemoteEngineError(RuntimeError):
@@ -85,7 +104,16 @@ def weight_parts(named_tensors: Iterable[tuple[str, torch.Tensor]], part_bytes: 
     return (serialize_part(part) for part in plan_weight_parts(named_tensors, part_bytes))
 
 
-class RemoteEngine(BatchRequests):
+@dataclass(frozen=True)
+class _Sent:
+    """A request in flight on a server: where it went and the policy version pushed when it did."""
+
+    server: int
+    request: Request
+    version: int
+
+
+class RemoteEngine(RequestEngineMixin):
     def __init__(self, urls: list[str], *, token: str | None = None, timeout_s: float = 300.0,
                  agreement_tolerance: float = 1e-3, min_model_len: int | None = None, stop_token_ids: list[int] | None = None):
         if not urls:
@@ -96,6 +124,8 @@ class RemoteEngine(BatchRequests):
         self.agreement_tolerance = agreement_tolerance
         self.policy_version = 0
         self.pool = ThreadPoolExecutor(max_workers=len(self.urls), thread_name_prefix="cohort-remote")
+        self._sent: dict[str, _Sent] = {}
+        self._quiet_since = [time.monotonic()] * len(self.urls)  # per server: the last time it returned a trajectory
         self.servers = [self._health(u) for u in self.urls]
         self.stop_token_ids = list(self.servers[0]["stop_token_ids"])
         for url, info in zip(self.urls, self.servers):
@@ -111,6 +141,8 @@ class RemoteEngine(BatchRequests):
                     f"rollout server {url} serves at most {limit} tokens per sequence but this run needs {min_model_len} "
                     f"(longest prompt + rollout.max_completion_length + 1); restart it with `cohort serve ... --max-model-len {min_model_len}`"
                 )
+        self._each(lambda url: self._post_json(url, "/abort", {"request_ids": None}), self.urls)  # take the servers over: drop
+        # whatever an earlier client (a crashed run) left in flight, so its ids and its busy engine do not block this one
 
     # ------------------------------------------------------------------ http
 
@@ -145,38 +177,120 @@ class RemoteEngine(BatchRequests):
     def _each(self, fn, items):
         return list(self.pool.map(fn, items))
 
-    # ------------------------------------------------------------------ protocol
+    # ------------------------------------------------------------------ requests
 
-    def _sample(self, requests: list[Request]) -> list[Trajectory]:
-        out: list[Trajectory | None] = [None] * len(requests)
-        by_sampling: dict[SamplingConfig, list[int]] = {}
-        for i, r in enumerate(requests):
-            by_sampling.setdefault(r.remaining, []).append(i)
-        for sampling, idx in by_sampling.items():
-            seeds = [requests[i].seed for i in idx]
-            for i, piece in zip(idx, self._generate_batch([requests[i].engine_prompt for i in idx], sampling,
-                                                          None if all(s is None for s in seeds) else seeds)):
-                out[i] = piece
-        return out  # type: ignore[return-value]
+    def _load(self) -> list[int]:
+        """Requests in flight per server."""
+        load = [0] * len(self.urls)
+        for sent in self._sent.values():
+            load[sent.server] += 1
+        return load
 
-    def _generate_batch(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int | None] | None) -> list[Trajectory]:
-        slices = split_evenly(len(prompts), len(self.urls))
+    def _route(self, requests: list[Request]) -> list[tuple[int, list[Request]]]:
+        """Contiguous slices of `requests`, one per server, cut only between runs of equal prompts (a group's G
+        requests land on one server, where the prefix cache serves them); the least loaded servers take the first."""
+        runs, start = [], 0
+        for i in range(1, len(requests) + 1):
+            if i == len(requests) or requests[i].prompt_ids != requests[start].prompt_ids:
+                runs.append((start, i))
+                start = i
+        load = self._load()
+        order = sorted(range(len(self.urls)), key=lambda i: (load[i], i))
+        return [(server, requests[runs[a][0]:runs[b - 1][1]]) for server, (a, b) in zip(order, split_evenly(len(runs), len(self.urls)))]
 
-        def run(job):
-            url, (start, end) = job
-            payload = {"prompts": [list(map(int, p)) for p in prompts[start:end]], "sampling": asdict(sampling),
-                       "seeds": seeds[start:end] if seeds is not None else None}
-            return url, self._post_json(url, "/generate", payload)
+    def submit(self, requests: Sequence[Request]) -> None:
+        requests = list(requests)
+        ids = [r.request_id for r in requests]
+        taken = [i for i in ids if i in self._sent] or [i for i, n in Counter(ids).items() if n > 1]
+        if taken:
+            raise ValueError(f"RemoteEngine.submit: request id(s) {taken[:5]} are already in flight or repeated; ids must be unique")
+        plan = self._route(requests) if requests else []
+        load, now = self._load(), time.monotonic()
+        for server, _ in plan:
+            if not load[server]:
+                self._quiet_since[server] = now
+        replies = self._each(lambda job: self._post_json(self.urls[job[0]], "/submit", {"requests": [request_to_json(r) for r in job[1]]}), plan)
+        for (server, batch), reply in zip(plan, replies):
+            self._check_version(server, reply)
+            for r in batch:
+                self._sent[r.request_id] = _Sent(server, r, self.policy_version)
 
-        out: list[Trajectory] = []
-        for url, reply in self._each(run, list(zip(self.urls, slices))):
-            if reply["policy_version"] != self.policy_version:
+    def poll(self, timeout: float | None = None) -> list[Trajectory]:
+        """Polls every server with requests in flight, in parallel, until one returned something or `timeout` passed.
+
+        One busy server is long-polled (it answers as soon as a trajectory is done); several are polled in rounds of
+        `POLL_SLICE_S`, so one that finished first is not held up by the others for long."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            busy = [i for i, n in enumerate(self._load()) if n]
+            if not busy:
+                return []
+            wait = min(LONG_POLL_S if len(busy) == 1 else POLL_SLICE_S, self.timeout_s / 2)
+            if deadline is not None:
+                wait = max(0.0, min(wait, deadline - time.monotonic()))
+            replies = self._each(lambda i: self._post_json(self.urls[i], "/poll", {"timeout_s": wait}), busy)
+            out = [t for i, reply in zip(busy, replies) for t in self._received(i, reply)]
+            if out or (deadline is not None and time.monotonic() >= deadline):
+                return out
+            self._check_progress(busy)
+
+    def abort(self, request_ids: Iterable[str] | None = None) -> list[Trajectory]:
+        targets: dict[int, list[str] | None] = {}
+        if request_ids is None:
+            targets = {i: None for i, n in enumerate(self._load()) if n}
+        else:
+            for rid in request_ids:
+                if rid in self._sent:
+                    targets.setdefault(self._sent[rid].server, []).append(rid)
+        jobs = list(targets.items())
+        replies = self._each(lambda job: self._post_json(self.urls[job[0]], "/abort", {"request_ids": job[1]}), jobs)
+        return [t for (i, _), reply in zip(jobs, replies) for t in self._received(i, reply)]
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._sent)
+
+    def _check_version(self, server: int, reply: dict[str, Any]) -> None:
+        if reply["policy_version"] != self.policy_version:
+            raise RemoteEngineError(
+                f"rollout server {self.urls[server]} generated with policy version {reply['policy_version']}, but version "
+                f"{self.policy_version} was pushed; did it restart? restart the run (or the server) so they agree"
+            )
+
+    def _received(self, server: int, reply: dict[str, Any]) -> list[Trajectory]:
+        """The trajectories of a /poll or /abort reply, each checked against what was sent and the pushed version."""
+        url = self.urls[server]
+        self._check_version(server, reply)
+        out = []
+        for data in reply["completions"]:
+            t = completion_from_json(data)
+            sent = self._sent.pop(t.request_id, None)
+            if sent is None or sent.server != server:
+                raise RemoteEngineError(f"rollout server {url} returned request {t.request_id!r}, which this trainer did not send "
+                                        "there; is another client using the server? (one trainer drives a server)")
+            resumed = len(sent.request.resume.token_ids) if sent.request.resume is not None else 0
+            stale = [v for v in t.versions[resumed:] if not sent.version <= v <= self.policy_version]
+            if stale:
                 raise RemoteEngineError(
-                    f"rollout server {url} generated with policy version {reply['policy_version']}, but version "
-                    f"{self.policy_version} was pushed; did it restart? restart the run (or the server) so they agree"
-                )
-            out += [completion_from_json(c) for c in reply["completions"]]
+                    f"rollout server {url} sampled request {t.request_id!r} with policy version {stale[0]}, but version "
+                    f"{self.policy_version} was pushed; did it restart? restart the run (or the server) so they agree")
+            out.append(t)
+        if out:
+            self._quiet_since[server] = time.monotonic()
+        expected = self._load()[server]
+        if reply["in_flight"] != expected:
+            raise RemoteEngineError(f"rollout server {url} holds {reply['in_flight']} requests in flight, but this trainer sent it "
+                                    f"{expected} not yet returned; did it restart, or is another client using it?")
         return out
+
+    def _check_progress(self, busy: list[int]) -> None:
+        """A server with requests in flight that finished none for timeout_s stops the run (it never hangs it)."""
+        now, load = time.monotonic(), self._load()
+        for i in busy:
+            if now - self._quiet_since[i] > self.timeout_s:
+                raise RemoteEngineError(
+                    f"rollout server {self.urls[i]}: {load[i]} request(s) in flight and none finished within "
+                    f"rollout.server_timeout_s = {self.timeout_s} s; is its engine stuck?")
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
         """Serialise one part at a time and send it to every server in parallel: at most one part is held as bytes."""
@@ -208,6 +322,9 @@ class RemoteEngine(BatchRequests):
         return replies[0]["logprobs"]
 
     def close(self) -> None:
+        if self._sent:  # leave the servers idle for the next client; a dead one is no reason to fail a close
+            with contextlib.suppress(RemoteEngineError):
+                self.abort(None)
         self.pool.shutdown(wait=False)
 
 

@@ -10,10 +10,28 @@ needs `Authorization: Bearer <token>`, the token being the server's
 
     GET  /health     -> {status, policy_version, model, max_model_len, vocab_size, stop_token_ids}
     POST /generate   {prompts: [[id]], sampling: {max_tokens, temperature, top_p, top_k}, seeds: [int] | null}
-                     -> {policy_version, completions: [{token_ids, logprobs, status, policy_version, versions, loss_mask, request_id, error}]}
+                     -> {policy_version, completions: [{token_ids, logprobs, status, policy_version, versions, loss_mask, prompt_ids, request_id, error}]}
     POST /score      {prompts: [[id]], completions: [[id]], temperature} -> {policy_version, logprobs: [[float]]}
     POST /weights?version=V&part=I&parts=K   body: safetensors bytes (one part of the full set)
                      -> {policy_version, parts_received}
+
+The request level (cohort/rollout/base.py's submit / poll / abort / resume), which
+`RemoteEngine` uses; `trajectory` is the object /generate's completions hold:
+
+    POST /submit     {requests: [{request_id, prompt_ids: [id], sampling: {...}, seed: int | null,
+                                  resume: trajectory | null}]} -> {accepted, policy_version}
+    POST /poll       {timeout_s} -> {completions: [trajectory], in_flight, policy_version}
+                     waits up to timeout_s (at most 30 s) until a trajectory is finished, then returns
+                     every finished one; in_flight counts the requests not handed back yet
+    POST /abort      {request_ids: [id] | null (all)} -> {completions: [trajectory], in_flight, policy_version}
+                     each request's trajectory so far (status "aborted"; one that had finished comes
+                     back finished); submit it again as `resume` to continue it
+
+One driver thread moves the engine forward while requests are in flight
+(cohort/rollout/server_stream.py). A request id must be unique among the
+requests in flight (400 otherwise). While requests are generating, /generate,
+/score and /weights get 409: the trainer syncs weights only when idle, and a
+batch call would take the streamed requests' results.
 
 Weights travel as safetensors over HTTP, so a push needs no CUDA, no NCCL and
 no shared filesystem: it works between CPU machines (TRL's server mode needs
@@ -26,7 +44,8 @@ A malformed request (a body that is not a JSON object, a missing or mistyped
 field, an unknown sampling key, a token id outside the vocabulary, a prompt
 longer than the model holds, a weights part that is not safetensors) gets 400
 with `{"error": "..."}` naming the field and what was expected; an unknown path
-gets 404; 500 is left for failures inside the engine.
+gets 404; 500 is left for failures inside the engine (a failure while
+streaming comes back as trajectories with status "error" and the reason).
 
 Stop tokens are computed server-side: the engine reads the set from its own
 checkpoint directory with the function the trainer uses
@@ -37,15 +56,17 @@ the trainer checks the set `/health` reports against its own at connect time
 
 Choices: the standard library's threading HTTP server (no extra dependency);
 one lock serialises engine calls (vLLM's offline engine is not re-entrant), so
-`/health` still answers during a long generation. The server binds loopback
+`/health` still answers during a long generation; results stream by long
+polling (no chunked responses or websockets to maintain). The server binds loopback
 by default and refuses to start without a token. Left out: TLS (put a reverse
 proxy in front for untrusted networks), request queues across trainers (one
-trainer drives a server), streaming.
+trainer drives a server).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hmac
 import json
 import os
@@ -59,11 +80,12 @@ from urllib.parse import parse_qs, urlparse
 
 from cohort.models.loading import resolve_model_dir
 from cohort.rollout import server_requests
-from cohort.rollout.base import Trajectory
+from cohort.rollout.base import Request, Trajectory
+from cohort.rollout.server_stream import Conflict, EngineLock, RequestStream
 from cohort.rollout.vllm_engine import VLLMEngine
 
 TOKEN_ENV = "COHORT_SERVER_TOKEN"
-POST_PATHS = ("/generate", "/score", "/weights")
+POST_PATHS = ("/generate", "/score", "/weights", "/submit", "/poll", "/abort")
 MAX_BODY_BYTES = 4 * 2**30  # one request (a weights part is at most remote_engine.PART_BYTES)
 READ_TIMEOUT_S = 120.0  # a client that stops sending mid-request frees its thread after this
 
@@ -71,13 +93,23 @@ READ_TIMEOUT_S = 120.0  # a client that stops sending mid-request frees its thre
 def completion_to_json(c: Trajectory) -> dict[str, Any]:
     return {"token_ids": list(c.token_ids), "logprobs": list(c.logprobs), "status": c.status,
             "policy_version": c.policy_version, "versions": list(c.versions), "loss_mask": list(c.loss_mask),
-            "request_id": c.request_id, "error": c.error}
+            "prompt_ids": list(c.prompt_ids), "request_id": c.request_id, "error": c.error}
 
 
 def completion_from_json(d: dict[str, Any]) -> Trajectory:
     return Trajectory(list(d["token_ids"]), [float(x) for x in d["logprobs"]], d["status"], int(d["policy_version"]),
                       [int(v) for v in d.get("versions") or []], [int(m) for m in d.get("loss_mask") or []],
-                      request_id=str(d.get("request_id") or ""), error=d.get("error"))
+                      [int(t) for t in d.get("prompt_ids") or []], str(d.get("request_id") or ""), d.get("error"))
+
+
+def request_to_json(r: Request) -> dict[str, Any]:
+    return {"request_id": r.request_id, "prompt_ids": [int(t) for t in r.prompt_ids], "sampling": dataclasses.asdict(r.sampling),
+            "seed": r.seed, "resume": completion_to_json(r.resume) if r.resume is not None else None}
+
+
+def request_from_json(d: Any, limits: server_requests.Limits = server_requests.Limits()) -> Request:
+    """A Request from its JSON, every field checked (BadRequest naming the field otherwise)."""
+    return server_requests.request(d, "request", limits)
 
 
 class WeightStager:
@@ -115,7 +147,8 @@ class RolloutService:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.limits = server_requests.Limits(vocab_size, max_model_len)
-        self.lock = threading.Lock()
+        self.lock = EngineLock()
+        self.stream = RequestStream(engine, self.lock)
         self.stager = WeightStager()
 
     def authorized(self, header: str | None) -> bool:
@@ -132,6 +165,7 @@ class RolloutService:
     def generate(self, body: dict[str, Any]) -> dict[str, Any]:
         prompts, sampling, seeds = server_requests.generate_request(body, self.limits)
         with self.lock:
+            self.stream.refuse_while_generating("generate")
             outs = self.engine.generate(prompts, sampling, seeds)
             version = self.engine.policy_version
         return {"policy_version": version, "completions": [completion_to_json(c) for c in outs]}
@@ -139,6 +173,7 @@ class RolloutService:
     def score(self, body: dict[str, Any]) -> dict[str, Any]:
         prompts, completions, temperature = server_requests.score_request(body, self.limits)
         with self.lock:
+            self.stream.refuse_while_generating("score")
             logprobs = self.engine.score(prompts, completions, temperature)
             version = self.engine.policy_version
         return {"policy_version": version, "logprobs": logprobs}
@@ -151,10 +186,31 @@ class RolloutService:
         except Exception as exc:  # safetensors raises its own error types for a bad header
             raise server_requests.BadRequest(f"weights: the body is not a safetensors file ({type(exc).__name__}: {exc})") from None
         with self.lock:
+            self.stream.refuse_while_generating("weights")
             full = self.stager.add(version, part, parts, tensors)
             if full is not None:
                 self.engine.update_weights(full.items(), version)
             return {"policy_version": self.engine.policy_version, "parts_received": part + 1}
+
+    def submit(self, body: dict[str, Any]) -> dict[str, Any]:
+        requests = server_requests.submit_request(body, self.limits)
+        self.stream.submit(requests)
+        return {"accepted": len(requests), "policy_version": self.engine.policy_version}
+
+    def poll(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._handed_back(self.stream.poll(server_requests.poll_request(body)))
+
+    def abort(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._handed_back(self.stream.abort(server_requests.abort_request(body)))
+
+    def _handed_back(self, trajectories: list[Trajectory]) -> dict[str, Any]:
+        with self.stream.ready:
+            in_flight = len(self.stream.pending)
+        return {"completions": [completion_to_json(t) for t in trajectories], "in_flight": in_flight,
+                "policy_version": self.engine.policy_version}
+
+    def close(self) -> None:
+        self.stream.close()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -197,6 +253,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._reply(200, self.service.generate(server_requests.json_object(self._body(), "generate")))
             elif url.path == "/score":
                 self._reply(200, self.service.score(server_requests.json_object(self._body(), "score")))
+            elif url.path in ("/submit", "/poll", "/abort"):
+                handler = getattr(self.service, url.path[1:])
+                self._reply(200, handler(server_requests.json_object(self._body(), url.path[1:])))
             elif url.path == "/weights":
                 version, part, parts = server_requests.weights_query(parse_qs(url.query))
                 self._reply(200, self.service.weights(version, part, parts, self._body()))
@@ -204,6 +263,8 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _HTTPError(HTTPStatus.NOT_FOUND, f"no such endpoint: POST {url.path}; POST {', '.join(POST_PATHS)}, GET /health")
         except _HTTPError as exc:
             self._reply(exc.status, {"error": exc.message})
+        except Conflict as exc:  # the right request at the wrong time: the message says what to do first
+            self._reply(HTTPStatus.CONFLICT, {"error": str(exc)})
         except server_requests.BadRequest as exc:  # the client's mistake, said plainly
             self._reply(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
         except Exception as exc:  # the trainer gets the reason, the server keeps serving
@@ -354,5 +415,6 @@ def cmd_serve(ns) -> int:
         pass
     finally:
         server.server_close()
+        service.close()
         engine.close()
     return 0

@@ -19,25 +19,32 @@ import pytest
 import torch
 
 from cohort.rollout import remote_engine
-from cohort.rollout.base import SamplingConfig, Trajectory
+from cohort.rollout.base import BatchRequests, SamplingConfig, Trajectory
 from cohort.rollout.remote_engine import RemoteEngine, RemoteEngineError, split_evenly, weight_parts
 from cohort.rollout.server import RolloutService, WeightStager, serve_in_thread
 
 TOKEN = "test-token-123"
 
 
-class FakeEngine:
+class FakeEngine(BatchRequests):
+    """Samples whole batches (as every engine does through `BatchRequests` until it streams): two tokens per request."""
+
     def __init__(self):
         self.policy_version = 0
         self.stop_token_ids = [7, 9]
         self.weights = {"w": torch.zeros(3)}
         self.loads = 0
+        self.submitted: list[str] = []  # request ids in the order they reached the engine
 
-    def generate(self, prompts, sampling, seeds=None):
-        if sampling.max_tokens == 13:
+    def submit(self, requests):
+        self.submitted += [r.request_id for r in requests]
+        super().submit(requests)
+
+    def _sample(self, requests):
+        if any(r.sampling.max_tokens == 13 for r in requests):
             raise RuntimeError("engine exploded")  # a failure inside the engine: the server's problem (500)
-        seeds = seeds or [0] * len(prompts)
-        return [Trajectory([s % 1000, len(p)], [-0.25, -0.5], "length", self.policy_version) for p, s in zip(prompts, seeds)]
+        return [Trajectory([(r.seed or 0) % 1000, len(r.engine_prompt)], [-0.25, -0.5], "length", self.policy_version)
+                for r in requests]
 
     def update_weights(self, named_tensors, version):
         self.weights = {n: t.clone() for n, t in named_tensors}
@@ -80,11 +87,13 @@ def test_requests_without_the_right_token_are_refused(served):
                       "stop_token_ids": [7, 9]}
     body = json.dumps({"prompts": [[1, 2]], "sampling": {"max_tokens": 2}, "seeds": [1]}).encode()
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):  # none, wrong, not a bearer header
-        for path, payload in (("/generate", body), ("/score", body), ("/weights?version=3", b"x")):
+        submit = json.dumps({"requests": [{"request_id": "r", "prompt_ids": [1], "sampling": {"max_tokens": 2}}]}).encode()
+        for path, payload in (("/generate", body), ("/score", body), ("/weights?version=3", b"x"), ("/submit", submit),
+                              ("/poll", b"{}"), ("/abort", b'{"request_ids": null}')):
             with pytest.raises(urllib.error.HTTPError) as info:
                 _post(url + path, payload, headers)
             assert info.value.code == 401
-    assert served[0][0].policy_version == 0 and served[0][0].loads == 0  # nothing reached the engine
+    assert served[0][0].policy_version == 0 and served[0][0].loads == 0 and not served[0][0].submitted  # nothing reached the engine
     ok = _post(url + "/generate", body, {"Authorization": f"Bearer {TOKEN}"})
     assert ok["completions"][0]["token_ids"] == [1, 2]
     with pytest.raises(RemoteEngineError, match="HTTP 401"):
@@ -160,6 +169,8 @@ def test_too_short_server_is_reported_with_the_fix(served):
 
 
 _GEN = {"prompts": [[1, 2]], "sampling": {"max_tokens": 2}}
+_REQ = {"request_id": "r0", "prompt_ids": [1, 2], "sampling": {"max_tokens": 4}, "seed": 1}
+_PART = {"token_ids": [3, 4], "logprobs": [-1.0, -2.0], "status": "aborted", "policy_version": 0}  # as /abort returns one
 MALFORMED = [  # (method, path, body, status, what the message must say); the served model: vocab 100, max_model_len 64
     ("POST", "/generate", b"not json", 400, "generate: the body is not valid JSON"),
     ("POST", "/generate", b"[1, 2]", 400, "generate: the body must be a JSON object, got a list"),
@@ -179,11 +190,35 @@ MALFORMED = [  # (method, path, body, status, what the message must say); the se
     ("POST", "/score", {"prompts": [[1]], "completions": [[2]], "temperature": 0}, 400, "score.temperature must be a number > 0, got 0"),
     ("POST", "/score", {"completions": [[2]]}, 400, "score: missing key 'prompts'"),
     ("POST", "/score", {"prompts": [[1], [1]], "completions": [[2]]}, 400, "score.prompts and score.completions must be non-empty lists of token-id lists of the same length"),
+    ("POST", "/submit", {}, 400, "submit: missing key 'requests'"),
+    ("POST", "/submit", {"requests": []}, 400, "submit.requests must be a non-empty list of request objects"),
+    ("POST", "/submit", {"requests": [{**_REQ, "request_id": ""}]}, 400, 'submit.requests[0].request_id must be a non-empty string, got ""'),
+    ("POST", "/submit", {"requests": [_REQ, {**_REQ, "seed": 2}]}, 400, "submit.requests[1].request_id 'r0' repeats submit.requests[0]'s"),
+    ("POST", "/submit", {"requests": [{**_REQ, "prompt_ids": [1, 100]}]}, 400,
+     "submit.requests[0].prompt_ids[1] = 100 is outside the vocabulary (token ids are 0..99)"),
+    ("POST", "/submit", {"requests": [{**_REQ, "sampling": {"max_tokens": 2, "top_k": -1}}]}, 400,
+     "submit.requests[0].sampling.top_k must be an integer >= 0 (0: off), got -1"),
+    ("POST", "/submit", {"requests": [{**_REQ, "seed": 1.5}]}, 400, "submit.requests[0].seed must be an integer or null, got 1.5"),
+    ("POST", "/submit", {"requests": [{**_REQ, "n": 2}]}, 400, "submit.requests[0] has unknown key(s) ['n']"),
+    ("POST", "/submit", {"requests": [{**_REQ, "resume": {**_PART, "status": "length"}}]}, 400,
+     'submit.requests[0].resume.status must be "aborted" (only an aborted trajectory is continued), got "length"'),
+    ("POST", "/submit", {"requests": [{**_REQ, "resume": {**_PART, "token_ids": [3, 100]}}]}, 400,
+     "submit.requests[0].resume.token_ids[1] = 100 is outside the vocabulary"),
+    ("POST", "/submit", {"requests": [{**_REQ, "resume": {**_PART, "logprobs": [-1.0]}}]}, 400,
+     "submit.requests[0].resume.logprobs must be a list of 2 numbers (one per token), got [-1.0]"),
+    ("POST", "/submit", {"requests": [{**_REQ, "resume": {**_PART, "loss_mask": [1, 2]}}]}, 400,
+     "submit.requests[0].resume.loss_mask[1] must be one of the 0/1 integers, got 2"),
+    # 63 prompt tokens fit max_model_len 64; with the 2 resumed tokens they are 65
+    ("POST", "/submit", {"requests": [{**_REQ, "prompt_ids": [1] * 63, "resume": _PART}]}, 400,
+     "submit.requests[0].prompt_ids + resume.token_ids is 65 tokens, more than the server's max_model_len = 64"),
+    ("POST", "/poll", {"timeout_s": -1}, 400, "poll.timeout_s must be a number >= 0"),
+    ("POST", "/abort", {}, 400, "abort: missing key 'request_ids'"),
+    ("POST", "/abort", {"request_ids": "r0"}, 400, 'abort.request_ids must be a list of request id strings, or null for all, got "r0"'),
     ("POST", "/weights", b"x", 400, "weights: missing query parameter 'version'"),
     ("POST", "/weights?version=one", b"x", 400, "weights: query parameter version must be an integer, got 'one'"),
     ("POST", "/weights?version=1&part=2&parts=2", b"x", 400, "weights: part 2 of parts=2 is out of range"),
     ("POST", "/weights?version=1", b"garbage", 400, "weights: the body is not a safetensors file"),
-    ("POST", "/nope", b"{}", 404, "no such endpoint: POST /nope; POST /generate, /score, /weights, GET /health"),
+    ("POST", "/nope", b"{}", 404, "no such endpoint: POST /nope; POST /generate, /score, /weights, /submit, /poll, /abort, GET /health"),
     ("GET", "/nope", None, 404, "no such endpoint: GET /nope"),
 ]
 
@@ -199,7 +234,7 @@ def test_malformed_requests_get_a_client_error_that_says_what_was_wrong(served, 
     assert info.value.headers["Content-Type"] == "application/json"
     error = json.loads(info.value.read())["error"]
     assert error.startswith(message) if status == 400 else message in error
-    assert engine.policy_version == 0 and engine.loads == 0  # nothing reached the engine
+    assert engine.policy_version == 0 and engine.loads == 0 and not engine.submitted  # nothing reached the engine
     assert _post(url + "/generate", json.dumps(_GEN).encode(), {"Authorization": f"Bearer {TOKEN}"})["completions"]  # still serving
 
 
@@ -230,8 +265,8 @@ def test_split_evenly():
 def test_concurrent_health_answers_during_a_slow_generation(served):
     engine, url = served[0]
     release = threading.Event()
-    slow = engine.generate
-    engine.generate = lambda *a, **k: (release.wait(5), slow(*a, **k))[1]
+    slow = engine._sample
+    engine._sample = lambda *a, **k: (release.wait(5), slow(*a, **k))[1]
     remote = RemoteEngine([url], token=TOKEN, timeout_s=10)
     worker = threading.Thread(target=remote.generate, args=([[1]], SamplingConfig(2), [0]))
     worker.start()

@@ -7,7 +7,10 @@ session's shared engine served on a thread (never a second engine in the pytest 
   pushes weights after every step (bytes and time reported) and ends with both
   servers holding exactly the trainer's policy;
 - deliberately corrupted weights are caught by the canary and stop the run;
-- a server that dies mid-run fails the run with the state before the failed step saved.
+- a server that dies mid-run fails the run with the state before the failed step saved;
+- the request level over HTTP: a request aborted after a shorter one came back and then resumed
+  starts with exactly its partial tokens, and its whole trajectory's log-probs equal the trainer's;
+  `generate` through the server equals the engine's own.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 from cohort.config import load_config
 from cohort.models.loading import load_policy, load_tokenizer
 from cohort.models.logprobs import sequence_logprobs
-from cohort.rollout.base import SamplingConfig
+from cohort.rollout.base import FINISHED, Request, SamplingConfig, Trajectory
 from cohort.rollout.remote_engine import RemoteEngine
 from cohort.rollout.server import LocalServer, RolloutService, serve_in_thread
 from cohort.trainer import checkpoint
@@ -178,8 +181,60 @@ def test_a_server_that_dies_mid_run_saves_the_state_before_the_failed_step(vllm_
         vllm_engine.update_weights(load_policy(tiny_model_dir, "float32").named_parameters(), 0)
     run_dir = tmp_path / "run"
     message = str(err.value)
-    assert message.startswith(f"run failed at step 3 (generate): rollout server {url}/generate: "), message
+    assert message.startswith(f"run failed at step 3 (generate): rollout server {url}/submit: "), message
     assert f"Saved the last good state (after step 2) to {run_dir}/checkpoints/step-000002." in message
     assert message.endswith(f"Full traceback: {run_dir}/logs/error.log")
     meta = json.loads((checkpoint.latest_checkpoint(run_dir) / "meta.json").read_text())
     assert (meta["step"], meta["policy_version"], meta["generation_index"]) == (2, 2, 2)  # rewound: step 3's batch not taken
+
+
+def _take(engine, request_id: str, got: list[Trajectory]) -> Trajectory:
+    """The trajectory of `request_id` among `got`, polling for it if it is not there yet."""
+    while not any(t.request_id == request_id for t in got):
+        got += engine.poll(30.0)
+    return next(t for t in got if t.request_id == request_id)
+
+
+def test_requests_over_http_abort_and_resume_match_the_trainer(vllm_engine, tiny_model_dir):
+    service = RolloutService(vllm_engine, "t", model=str(tiny_model_dir), max_model_len=128)
+    server, url = serve_in_thread(service)
+    engine = RemoteEngine([url], token="t", timeout_s=120)
+    tok = load_tokenizer(tiny_model_dir)
+    policy = load_policy(tiny_model_dir, "float32")
+    with torch.no_grad():  # a policy the engine has never seen
+        for p in policy.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(2)) * 0.05)
+    prompt = tok("12+34=", add_special_tokens=False)["input_ids"]
+    try:
+        engine.update_weights(policy.named_parameters(), 3)
+        engine.submit([Request("short", tuple(prompt), SamplingConfig(4), 11), Request("long", tuple(prompt), SamplingConfig(96), 12)])
+        got = engine.poll(60.0)
+        short = _take(engine, "short", got)
+        got += engine.abort(["long"])  # a streaming engine returns what it has; the batch adapter already finished it
+        long = _take(engine, "long", got)
+        assert engine.in_flight == 0 and short.status in FINISHED and len(long.token_ids) >= 8, (short, long)
+        if long.status == "aborted":
+            partial = long
+        else:  # the batch adapter: cut the finished one where a streaming abort could have left it
+            k = len(long.token_ids) // 2
+            partial = Trajectory(long.token_ids[:k], long.logprobs[:k], "aborted", long.policy_version, long.versions[:k],
+                                 long.loss_mask[:k], list(prompt), "long")
+        k = len(partial.token_ids)
+        engine.submit([Request("long", tuple(prompt), SamplingConfig(96), 12, resume=partial)])
+        resumed = _take(engine, "long", [])
+        assert resumed.status in FINISHED and len(resumed.token_ids) > k
+        assert resumed.token_ids[:k] == partial.token_ids and resumed.logprobs[:k] == partial.logprobs
+        assert resumed.versions == [3] * len(resumed.token_ids) and resumed.prompt_ids == prompt
+        for t in (short, resumed):
+            assert torch.allclose(torch.tensor(t.logprobs), sequence_logprobs(policy, prompt, t.token_ids), atol=1e-4)
+        over_http = engine.generate([prompt] * 3, SamplingConfig(8, 0.7), [1, 2, 3])
+        in_process = vllm_engine.generate([prompt] * 3, SamplingConfig(8, 0.7), [1, 2, 3])
+        assert [t.token_ids for t in over_http] == [t.token_ids for t in in_process]
+        assert torch.allclose(torch.tensor([x for t in over_http for x in t.logprobs]),
+                              torch.tensor([x for t in in_process for x in t.logprobs]), atol=1e-6)
+    finally:
+        engine.close()
+        server.shutdown()
+        server.server_close()
+        service.close()
+        vllm_engine.update_weights(load_policy(tiny_model_dir, "float32").named_parameters(), 0)

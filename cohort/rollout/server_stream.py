@@ -1,0 +1,191 @@
+"""The rollout server's request stream: requests submitted over HTTP, driven by one thread, finished ones in an outbox.
+
+`RequestStream` keeps the server's side of the request-level protocol
+(cohort/rollout/base.py): `/submit` hands requests to the engine, one
+background driver thread calls `engine.poll(timeout=DRIVER_POLL_S)` while any
+of them is still generating and moves what finished into an outbox, `/poll`
+long-polls the outbox (returns as soon as one trajectory is there), `/abort`
+stops requests and returns what each had so far. A request counts as in
+flight from its `/submit` until a `/poll` or `/abort` has handed it back.
+
+Every engine call (the driver's polls, /submit, /abort, /generate, /score,
+/weights) holds `EngineLock`: vLLM's engine is not re-entrant. The driver
+takes the lock only when no HTTP handler is waiting for it, so an /abort gets
+in between two engine polls instead of racing the driver for it. With an
+engine that samples whole batches (`BatchRequests`) one engine poll samples
+everything queued, so an /abort waits for that batch and gets its requests back
+finished; with a streaming engine each poll is one short slice of generation.
+
+An engine failure inside a poll turns every request still generating into a
+trajectory with status "error" and the reason (the client decides what to do);
+requests the engine silently dropped are reported the same way, so a client
+never waits for a request that no longer exists. Left out: more than one client
+per server (request ids are the client's; one trainer drives a server).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Iterable, Sequence
+
+from cohort.rollout.base import Request, Trajectory
+from cohort.rollout.server_requests import BadRequest
+
+DRIVER_POLL_S = 0.05  # the longest one engine poll may run while HTTP handlers wait for the lock
+MAX_POLL_WAIT_S = 30.0  # the longest one /poll holds its connection open; the client polls again
+
+
+class EngineLock:
+    """A lock whose `driver()` holder yields to every waiting `with lock:` holder (HTTP handlers go first)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._held = False
+        self._waiting = 0
+
+    def __enter__(self):
+        with self._cond:
+            self._waiting += 1
+            try:
+                self._cond.wait_for(lambda: not self._held)
+            finally:
+                self._waiting -= 1
+            self._held = True
+        return self
+
+    def __exit__(self, *exc):
+        with self._cond:
+            self._held = False
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def driver(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._held and self._waiting == 0)
+            self._held = True
+        try:
+            yield
+        finally:
+            self.__exit__()
+
+
+class Conflict(RuntimeError):
+    """A call the server cannot serve in its current state (HTTP 409); the message says what to do first."""
+
+
+class RequestStream:
+    """The server's in-flight requests, the outbox of finished trajectories and the driver thread."""
+
+    def __init__(self, engine, lock: EngineLock):
+        self.engine = engine
+        self.lock = lock
+        self.pending: dict[str, Request] = {}  # submitted, not yet handed back by /poll or /abort
+        self.outbox: dict[str, Trajectory] = {}  # finished, not yet handed back
+        self.ready = threading.Condition()  # guards pending and outbox
+        self.stopped = False
+        self.thread = threading.Thread(target=self._drive, name="cohort-rollout-driver", daemon=True)
+        self.thread.start()
+
+    @property
+    def generating(self) -> int:
+        """Requests the engine is still working on (in flight, not in the outbox)."""
+        return len(self.pending) - len(self.outbox)
+
+    def refuse_while_generating(self, what: str) -> None:
+        """Conflict when requests are generating (call with the engine lock held)."""
+        with self.ready:
+            busy = self.generating
+        if busy:
+            raise Conflict(f"{what}: {busy} request(s) submitted through /submit are still generating; "
+                           "poll them to the end or /abort them first (the trainer syncs weights only when idle)")
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        with self.lock:
+            with self.ready:
+                taken = [r.request_id for r in requests if r.request_id in self.pending]
+                if taken:
+                    raise BadRequest(f"submit: request id(s) {taken[:5]} are already in flight on this server; "
+                                     "ids must be unique among requests not yet returned by /poll or /abort")
+                self.pending.update((r.request_id, r) for r in requests)
+            try:
+                self.engine.submit(list(requests))
+            except BaseException:
+                with self.ready:
+                    for r in requests:
+                        self.pending.pop(r.request_id, None)
+                raise
+            with self.ready:
+                self.ready.notify_all()
+
+    def poll(self, timeout_s: float) -> list[Trajectory]:
+        """The finished trajectories, waiting up to timeout_s (capped) for one; [] when nothing is in flight."""
+        with self.ready:
+            self.ready.wait_for(lambda: self.outbox or not self.pending, timeout=min(timeout_s, MAX_POLL_WAIT_S))
+            return self._hand_back(list(self.outbox))
+
+    def abort(self, request_ids: Iterable[str] | None) -> list[Trajectory]:
+        """Stop these requests (None: all in flight); each one's trajectory so far, finished ones as they finished."""
+        with self.lock:
+            with self.ready:
+                ids = list(self.pending) if request_ids is None else [i for i in dict.fromkeys(request_ids) if i in self.pending]
+                running = [i for i in ids if i not in self.outbox]
+            partial = self.engine.abort(running) if running else []
+            with self.ready:
+                self._collect(partial)
+                self._lost(running)
+                return self._hand_back([i for i in ids if i in self.outbox])
+
+    def close(self) -> None:
+        with self.ready:
+            self.stopped = True
+            self.ready.notify_all()
+
+    # ------------------------------------------------------------------ internals (self.ready held)
+
+    def _hand_back(self, ids: list[str]) -> list[Trajectory]:
+        out = [self.outbox.pop(i) for i in ids]
+        for i in ids:
+            del self.pending[i]
+        self.ready.notify_all()
+        return out
+
+    def _collect(self, trajectories: Iterable[Trajectory]) -> None:
+        for t in trajectories:
+            if t.request_id in self.pending and t.request_id not in self.outbox:
+                self.outbox[t.request_id] = t
+        self.ready.notify_all()
+
+    def _lost(self, ids: Iterable[str], reason: str = "the engine dropped this request without an answer") -> None:
+        """An "error" trajectory (resumed tokens kept) for each of `ids` the engine gave nothing back for."""
+        version = self.engine.policy_version
+        for i in ids:
+            if i in self.pending and i not in self.outbox:
+                self.outbox[i] = self.pending[i].complete(Trajectory([], [], "error", version, error=reason))
+        self.ready.notify_all()
+
+    # ------------------------------------------------------------------ the driver thread
+
+    def _drive(self) -> None:
+        while True:
+            with self.ready:
+                self.ready.wait_for(lambda: self.stopped or self.generating > 0)
+                if self.stopped:
+                    return
+            with self.lock.driver():
+                with self.ready:
+                    if self.generating == 0:
+                        continue  # aborted while we waited for the lock
+                try:
+                    got, failure = self.engine.poll(timeout=DRIVER_POLL_S), None
+                except Exception as exc:  # the engine failed: every request still generating gets the reason
+                    got, failure = [], f"{type(exc).__name__}: {exc}"
+                    with contextlib.suppress(Exception):
+                        self.engine.abort(None)
+                with self.ready:
+                    self._collect(got)
+                    running = [i for i in self.pending if i not in self.outbox]
+                    if failure is not None:
+                        self._lost(running, failure)
+                    elif running and not got and not self.engine.in_flight:
+                        self._lost(running)
