@@ -65,15 +65,21 @@ class ContinuousRequests:
     """submit / poll / abort / in_flight on transformers' continuous batching (module docstring)."""
 
     def __init__(self, model: torch.nn.Module, *, stop_token_ids: list[int], pad_token_id: int,
-                 max_requests_per_batch: int = 256, cache_tokens: int = 65536, page_size: int = 64):
+                 max_requests_per_batch: int = 256, cache_tokens: int = 32768, page_size: int = 64,
+                 max_batch_tokens: int = 512):
         """`cache_tokens`: the KV cache's capacity in tokens, over all requests (bytes per token: 2 x layers x KV heads
-        x head dim x dtype size); `page_size` tokens per block, the least one request holds."""
+        x head dim x dtype size); requests that do not fit wait. `page_size` tokens per block, the least one request
+        holds. `max_batch_tokens`: the tokens of one forward pass (longer prefills are split). Both are set here
+        because transformers sizes them from free memory otherwise, which on a CPU is the machine's RAM: its
+        attention mask alone (max_batch_tokens x (cache + max_batch_tokens) floats, cache.py
+        `attention_mask_bytes`) took 2.4 GB for the tiny model."""
         self.model = model
         self.stop_token_ids = list(stop_token_ids)
         self.pad_token_id = pad_token_id
         self.max_requests_per_batch = max_requests_per_batch
         self.num_blocks = max(1, cache_tokens // page_size)
         self.page_size = page_size
+        self.max_batch_tokens = max_batch_tokens
         self._managers: dict[float, object] = {}  # by temperature
         self._pauses: dict[float, contextlib.AbstractContextManager] = {}  # the pause each one is held in
         self._streams: dict[str, _Stream] = {}  # by internal id
@@ -98,6 +104,7 @@ class ContinuousRequests:
                                       top_k=0 if temperature > 0 else None, top_p=None, eos_token_id=self.stop_token_ids,
                                       pad_token_id=self.pad_token_id)
         cb = ContinuousBatchingConfig(return_logprobs=True, num_blocks=self.num_blocks, page_size=self.page_size,
+                                      max_batch_tokens=self.max_batch_tokens,
                                       max_requests_per_batch=self.max_requests_per_batch, auto_switch_to_flash=False,
                                       use_async_batching=False, allow_block_sharing=False, seed=0)
         rng = torch.get_rng_state()
