@@ -107,14 +107,15 @@ class ContinuousRequests:
                                       max_batch_tokens=self.max_batch_tokens,
                                       max_requests_per_batch=self.max_requests_per_batch, auto_switch_to_flash=False,
                                       use_async_batching=False, allow_block_sharing=False, seed=0)
-        rng = torch.get_rng_state()
+        rng, was_training = torch.get_rng_state(), self.model.training
         try:
             manager = self.model.init_continuous_batching(generation_config=generation, continuous_batching_config=cb)
             manager.warmup()  # builds the batch processor here, in this thread (it calls torch.manual_seed)
         except Exception as e:  # an attention implementation or cache layout it does not support
             raise RuntimeError(f"transformers continuous batching refused this model: {e}") from e
-        finally:
+        finally:  # the manager also switched the shared module to eval mode: the trainer's dropout would stay off
             torch.set_rng_state(rng)
+            self.model.train(was_training)
         # the generation thread inherits daemon-ness from the thread that starts it: a daemon, so a process that
         # never calls close() still exits
         starter = threading.Thread(target=manager.start, daemon=True)

@@ -144,12 +144,15 @@ def test_resumed_requests_with_different_remaining_lengths_in_one_poll(policy, c
     engine.close()
 
 
-def test_a_drain_is_reproducible_from_its_seeds_and_building_a_manager_keeps_the_trainer_rng(engine):
+def test_a_drain_is_reproducible_from_its_seeds_and_building_a_manager_keeps_the_trainer_rng_and_mode(engine):
     torch.manual_seed(5)
-    engine.continuous.start(0.7)  # builds the manager (transformers seeds torch there) and probes one token
+    engine.model.train()
+    engine.continuous.start(0.7)  # builds the manager (transformers seeds torch and calls model.eval() there) and probes
     after_build = torch.rand(3)
     torch.manual_seed(5)
     assert torch.equal(after_build, torch.rand(3))
+    assert engine.model.training  # else the trainer's dropout (LoRA's) would silently stay off after the first rollout
+    engine.model.eval()
     prompts = [list(P1), list(P2), list(P3)] * 2
     runs = [[t.token_ids for t in engine.generate(prompts, sampling(16), seeds=[s] * 6)] for s in (11, 11, 12)]
     assert runs[0] == runs[1] and runs[0] != runs[2]
