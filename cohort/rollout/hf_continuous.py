@@ -86,11 +86,15 @@ class ContinuousRequests:
         self._done: list[Trajectory] = []  # finished, not yet returned by poll
         self._seed: int | None = None  # the first seed submitted since the last poll
         self._ids = itertools.count()
+        self._cb_attention: dict[float, str] = {}  # the attention implementation each manager runs with
 
     @staticmethod
     def accepts(sampling: SamplingConfig) -> bool:
         """Whether transformers' log-probs are the trainer's for these parameters (no top-k / top-p filtering)."""
         return sampling.top_k == 0 and sampling.top_p >= 1.0
+
+    def _attention(self) -> str:
+        return self.model.config._attn_implementation
 
     @property
     def in_flight(self) -> int:
@@ -107,11 +111,13 @@ class ContinuousRequests:
                                       max_batch_tokens=self.max_batch_tokens,
                                       max_requests_per_batch=self.max_requests_per_batch, auto_switch_to_flash=False,
                                       use_async_batching=False, allow_block_sharing=False, seed=0)
-        rng, was_training = torch.get_rng_state(), self.model.training
+        rng, was_training, attention = torch.get_rng_state(), self.model.training, self._attention()
         try:
             manager = self.model.init_continuous_batching(generation_config=generation, continuous_batching_config=cb)
             manager.warmup()  # builds the batch processor here, in this thread (it calls torch.manual_seed)
         except Exception as e:  # an attention implementation or cache layout it does not support
+            if self._attention() != attention:
+                self.model.set_attn_implementation(attention)
             raise RuntimeError(f"transformers continuous batching refused this model: {e}") from e
         finally:  # the manager also switched the shared module to eval mode: the trainer's dropout would stay off
             torch.set_rng_state(rng)
@@ -124,6 +130,10 @@ class ContinuousRequests:
         error = self._probe(manager)
         self._managers[temperature] = manager
         self._hold(temperature)
+        # the manager also switched "eager" attention to "paged|eager" (continuous_api.py
+        # `switch_to_cb_friendly_attn`): the trainer gets its own back between polls
+        self._cb_attention[temperature] = self._attention()
+        self.model.set_attn_implementation(attention)
         if error is not None:
             self._stop(temperature)
             raise RuntimeError(f"transformers continuous batching failed on this model: {error}")
@@ -165,14 +175,16 @@ class ContinuousRequests:
             if self._seed is not None:
                 torch.manual_seed(self._seed)
                 self._seed = None
-            was_training = self.model.training
+            was_training, attention = self.model.training, self._attention()
             self.model.eval()
+            self.model.set_attn_implementation(self._cb_attention[temperature])
             self._release(temperature)
             try:
                 self._read(manager, policy_version, timeout)
             finally:
                 self._hold(temperature)
                 self.model.train(was_training)
+                self.model.set_attn_implementation(attention)
             self._read(manager, policy_version, 0)  # what the last step delivered before the loop parked
         done, self._done = self._done, []
         return done

@@ -179,3 +179,31 @@ def test_weights_changed_between_polls_are_the_ones_the_next_tokens_see(tiny_mod
     (t,) = generate_requests(engine, [Request("a", P1, sampling(30), seed=2, resume=partial)])
     assert_trainer_logprobs(model, P1, t, 0.7, start=len(partial.token_ids))
     engine.close()
+
+
+def test_an_eager_attention_model_streams_and_the_trainer_keeps_eager_between_polls(tiny_model_dir):
+    # transformers switches "eager" to "paged|eager" for its manager; the engine hands "eager" back after each poll,
+    # so the trainer's forward passes never run the paged variant outside generation.
+    model = load_policy(tiny_model_dir, "float32")
+    model.set_attn_implementation("eager")
+    engine = HFEngine(model, pad_token_id=EOS, stop_token_ids=[NEVER])
+    (t,) = engine.generate([list(P1)], sampling(12), seeds=[1])
+    assert model.config._attn_implementation == "eager" and len(t.token_ids) == 12
+    assert_trainer_logprobs(model, P1, t, 0.7)
+    engine.close()
+
+
+def test_a_model_continuous_batching_refuses_falls_back_to_generate_with_a_warning(tiny_model_dir, monkeypatch):
+    # Stands in for an architecture transformers' manager rejects (ValueError from `switch_to_cb_friendly_attn` for
+    # an attention implementation it cannot page): the engine says so once and samples with plain generate.
+    model = load_policy(tiny_model_dir, "float32")
+
+    def refuse(**kwargs):
+        raise ValueError("Implementation flex_attention is not supported for continuous batching")
+
+    monkeypatch.setattr(model, "init_continuous_batching", refuse)
+    engine = HFEngine(model, pad_token_id=EOS, stop_token_ids=[NEVER])
+    with pytest.warns(UserWarning, match="flex_attention is not supported.*falls back to plain generate"):
+        (t,) = engine.generate([list(P1)], sampling(8), seeds=[1])
+    assert engine.continuous is None and len(t.token_ids) == 8
+    assert_trainer_logprobs(model, P1, t, 0.7)
