@@ -118,7 +118,7 @@ class DataConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    engine: Literal["vllm", "hf"] = Field("vllm", description="Generation engine: vLLM in-process (default) or transformers `generate` (fallback).")
+    engine: Literal["vllm", "hf"] = Field("vllm", description="Generation engine: vLLM in-process (default) or transformers on the policy itself (fallback: its continuous batching, plain `generate` for top-k/top-p or mixed precision).")
     num_generations: int = Field(8, description="Completions per prompt (G); the group for group-relative advantages.")
     generation_batch_size: int | None = Field(
         None,

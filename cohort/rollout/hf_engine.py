@@ -1,7 +1,18 @@
-"""Rollout with transformers `generate` on the trainer's own model (the fallback engine).
+"""Rollout with transformers on the trainer's own model (the fallback engine): continuous batching, else `generate`.
 
-It shares the policy module with the trainer, so a weight update is free and the
-engine's log-probs are the trainer's own. They are read off the generation
+The request level (`submit` / `poll` / `abort`) runs on transformers' continuous batching when it can
+(`cohort.rollout.hf_continuous`): requests stream back one by one as they finish, abort returns each one's
+tokens so far, and requests of any remaining length share one running batch. That is automatic: on unless
+the trainer computes under autocast (the generation thread would not see it), and per request unless it uses
+top-k / top-p (transformers would report the filtered distribution's log-probs); a model transformers refuses
+or fails on (checked once with a one-token probe) falls back with a warning. `continuous_batching=False`
+forces the fallback.
+
+The fallback is plain `generate` behind `BatchRequests`: `poll` samples everything queued as one batch (nothing
+streams; the slowest completion decides when any comes back), `abort` only drops requests still queued.
+
+Both share the policy module with the trainer, so a weight update is free and the
+engine's log-probs are the trainer's own. In the fallback they are read off the generation
 itself, not recomputed by a second forward pass: `SampledLogProbs`, a logits
 processor, keeps the log-softmax of the current step's logits (divided by the
 sampling temperature, before any top-k/top-p filtering, as the trainer scores
@@ -21,13 +32,15 @@ allowed token still reports "stop", as vLLM does.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterable
+import warnings
+from typing import Callable, Iterable, Sequence
 
 import torch
 
 from cohort.models.batching import pack_right_padded
 from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import BatchRequests, Request, SamplingConfig, Trajectory
+from cohort.rollout.hf_continuous import ContinuousRequests
 
 
 class SampledLogProbs:
@@ -61,14 +74,56 @@ def until_stop(tokens: list[int], stop_token_ids: list[int]) -> list[int]:
 
 class HFEngine(BatchRequests):
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, stop_token_ids: list[int], batch_size: int = 256,
-                 compute_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
-        """`compute_context()` wraps every forward pass: the trainer's autocast when it keeps float32 master weights."""
+                 compute_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                 continuous_batching: bool = True):
+        """`compute_context()` wraps every forward pass: the trainer's autocast when it keeps float32 master weights.
+        `continuous_batching`: use transformers' continuous batching where it can (module docstring); False: always
+        plain `generate`."""
         self.model = model
         self.compute_context = compute_context
         self.pad_token_id = pad_token_id
         self.stop_token_ids = list(stop_token_ids)
         self.batch_size = batch_size
         self.policy_version = 0
+        autocast = not isinstance(compute_context(), contextlib.nullcontext)
+        self.continuous = (ContinuousRequests(model, stop_token_ids=self.stop_token_ids, pad_token_id=pad_token_id,
+                                              max_requests_per_batch=batch_size)
+                           if continuous_batching and not autocast else None)
+
+    def _streams(self, request: Request) -> bool:
+        """Whether `request` goes to continuous batching (starting it for its temperature; a failure to start turns
+        continuous batching off for good, with a warning)."""
+        if self.continuous is None or not self.continuous.accepts(request.sampling):
+            return False
+        try:
+            self.continuous.start(request.remaining.temperature)
+        except RuntimeError as e:
+            warnings.warn(f"{e}; the transformers engine falls back to plain generate", stacklevel=3)
+            self.continuous.close()
+            self.continuous = None
+            return False
+        return True
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        streams = [self._streams(r) for r in requests]
+        if any(streams):
+            self.continuous.submit([r for r, s in zip(requests, streams) if s], self.policy_version)
+        super().submit([r for r, s in zip(requests, streams) if not s])
+
+    def poll(self, timeout: float | None = None) -> list[Trajectory]:
+        """The queued plain-generate batch if there is one, else what continuous batching finished."""
+        if self._queue or self.continuous is None:
+            return super().poll(timeout)
+        return self.continuous.poll(timeout, self.policy_version)
+
+    def abort(self, request_ids: Iterable[str] | None = None) -> list[Trajectory]:
+        ids = None if request_ids is None else list(request_ids)
+        dropped = super().abort(ids)
+        return dropped + (self.continuous.abort(ids, self.policy_version) if self.continuous is not None else [])
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._queue) + (self.continuous.in_flight if self.continuous is not None else 0)
 
     def _generation_config(self, sampling: SamplingConfig):
         from transformers import GenerationConfig
@@ -146,4 +201,5 @@ class HFEngine(BatchRequests):
         return self._logprobs(prompts, completions, temperature)
 
     def close(self) -> None:
-        pass
+        if self.continuous is not None:
+            self.continuous.close()
