@@ -7,11 +7,13 @@ there with a toy recipe; here the checkpoint's tokens, stop ids and accuracy.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from cohort.config import load_config
 from cohort.data.tasks import get_task
 from cohort.models import tiny
 from cohort.models.loading import check_model_dir, load_tokenizer, stop_token_ids
@@ -56,7 +58,8 @@ def test_tokenizer_has_the_chat_specials_and_two_stop_ids(chat_dir, chat_tok):
 
 
 def test_the_chat_task_renders_one_turn_with_single_digit_tokens(chat_tok):
-    row = next(r for r in get_task("arith_chat").train_rows if r["prompt"][0]["content"] == "47+8=")
+    task = get_task("arith_chat")
+    row = next(r for r in task.train_rows + task.eval_rows if r["prompt"][0]["content"] == "47+8=")
     text = chat_tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
     assert text == ONE_TURN
     # Qwen's split regex isolates every digit, so "47+8=" is 5 tokens whatever the BPE merged
@@ -101,3 +104,14 @@ def test_metadata_records_the_build_and_rl_headroom(chat_dir, chat_metadata):
     assert chat_metadata["recipe_digest"] in chat_dir.name
     assert chat_metadata["validation_greedy_accuracy"] >= tiny.TINY_RECIPES["arith_chat"].target_accuracy
     assert chat_metadata["eval_pass_at_8_t1"] >= chat_metadata["eval_greedy_accuracy"] + 0.2
+
+
+def test_the_chat_example_is_the_demo_preset_on_the_chat_model_in_bf16():
+    """examples/arith_chat.yaml changes only the model, its dtype and the task, so its gains compare with the demo's."""
+    example = load_config(Path(__file__).resolve().parents[2] / "examples" / "arith_chat.yaml").to_dict()
+    preset = load_config(None).to_dict()  # no config: the demo preset (examples/arith.yaml)
+    assert (example["model"]["path"], example["model"]["dtype"], example["train"]["precision"]) == ("tiny:arith_chat", "bfloat16", "mixed")
+    assert example["data"]["task"] == "arith_chat"
+    for tree in (example, preset):
+        del tree["model"]["path"], tree["model"]["dtype"], tree["data"]["task"]
+    assert example == preset
