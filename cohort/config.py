@@ -51,7 +51,7 @@ class ModelConfig(_Section):
     path: str = Field(
         "tiny:arith",
         description="A local transformers checkpoint directory, or `tiny:arith` (the embedded tiny model, built offline and cached on "
-        "first use). With a tiny model, a built-in task and no config file, `cohort train` applies the demo's preset "
+        "first use; `tiny:arith_chat` is its chat twin for the arith_chat task: BPE, ChatML, two stop ids). With a tiny model, a built-in task and no config file, `cohort train` applies the demo's preset "
         "(examples/arith.yaml); anything of your own starts from these field defaults.",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(

@@ -26,6 +26,12 @@ number below 100, prompts like ``"47+8="`` with answer ``"55"``. Choices:
 
 Rows carry only ``prompt`` and ``answer``; the ``numeric_match`` reward compares
 the last number in a completion with ``answer``.
+
+``arith_chat``: the same problems and splits as chat messages, one user turn
+(``[{"role": "user", "content": "47+8="}]``), rendered by the model's chat template
+(for the ``tiny:arith_chat`` model, whose tokenizer is a byte-level BPE with
+ChatML special tokens: ``cohort.models.tiny_chat``). No system message: the
+template decides whether to add one.
 """
 
 from __future__ import annotations
@@ -138,6 +144,24 @@ def _build_arith(seed: int) -> Task:
         description=(
             f"Addition/subtraction of a one-digit number ('47+8=' -> '55', '47-8=' -> '39'); "
             f"{len(train_rows)} train / {len(eval_rows)} held-out prompts, answers >= 0."
+        ),
+        metadata={"max_first": ARITH_MAX_FIRST, "max_second": ARITH_MAX_SECOND, "max_answer_chars": 3},
+    )
+
+
+@register_task("arith_chat")
+def _build_arith_chat(seed: int) -> Task:
+    train_rows, eval_rows = arith_rows(seed)
+    chat = [[{"prompt": [{"role": "user", "content": row["prompt"]}], "answer": row["answer"]} for row in rows]
+            for rows in (train_rows, eval_rows)]
+    return Task(
+        name="arith_chat",
+        train_rows=chat[0],
+        eval_rows=chat[1],
+        reward_specs=[{"name": "numeric_match", "weight": 1.0}],
+        description=(
+            f"arith as one chat user turn ([{{'role': 'user', 'content': '47+8='}}] -> '55'); "
+            f"{len(chat[0])} train / {len(chat[1])} held-out prompts."
         ),
         metadata={"max_first": ARITH_MAX_FIRST, "max_second": ARITH_MAX_SECOND, "max_answer_chars": 3},
     )

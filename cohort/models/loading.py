@@ -16,9 +16,8 @@ from pathlib import Path
 
 import torch
 
-from cohort.data.tasks import list_tasks
 from cohort.models.precision import DTYPES
-from cohort.models.tiny import build_tiny_model
+from cohort.models.tiny import TINY_RECIPES, build_tiny_model
 
 
 class ModelLoadError(ValueError):
@@ -26,7 +25,7 @@ class ModelLoadError(ValueError):
 
 
 def resolve_model_dir(path: str) -> Path:
-    """`tiny:arith` -> the cached embedded checkpoint (built on first use); else a checked local dir."""
+    """`tiny:arith` (or `tiny:arith_chat`) -> the cached embedded checkpoint (built on first use); else a checked local dir."""
     if path.startswith("tiny:"):
         return build_tiny_model(path.split(":", 1)[1])
     p = Path(path).expanduser()
@@ -41,7 +40,7 @@ def check_model_dir(path: str) -> list[str]:
     """Cheap pre-flight check (no weights read) for config validation."""
     if path.startswith("tiny:"):
         name = path.split(":", 1)[1]
-        known = list_tasks()
+        known = sorted(TINY_RECIPES)
         return [] if name in known else [f"model.path = {path!r}: unknown tiny model; choose one of {', '.join('tiny:' + n for n in known)}"]
     try:
         resolve_model_dir(path)

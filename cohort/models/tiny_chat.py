@@ -17,19 +17,28 @@ builds a Qwen2.5-Instruct-shaped checkpoint with all of them:
   ``<|im_start|>``, ``<|im_end|>`` (EOS);
 - a Qwen2.5-style chat template (default system message, tools block,
   ``<tool_call>`` rendering of assistant tool calls, ``tool`` turns wrapped in
-  ``<tool_response>``);
+  ``<tool_response>``); ``chat_template(None)`` is the same without the default
+  system turn (a system turn only when the messages give one, as Qwen3's,
+  Llama-3's and Mistral's templates do);
 - ``generation_config.json`` with ``eos_token_id: [<|im_end|>, <|endoftext|>]``
   (as Qwen2.5-Instruct ships) and config.json's ``eos_token_id`` = ``<|im_end|>``;
 - a random-initialised ~0.1M-parameter Qwen2 (hidden 64, 2 layers) with tied
   embeddings (head dim 32, the smallest vLLM's CPU attention accepts).
 
-Left out: a supervised warm start (the weights are random: a fixture for
-generation, scoring, stopping and chat-rendering tests, not a model that can
-learn arithmetic in a few RL steps). Tried: tiny:arith's recipe (hidden 128,
-4 layers, lr 2e-3, batch 64) on the chat-rendered task reached only 7-10%
-greedy validation accuracy after 600 steps (prompts are ~24 tokens here, 6 in
-tiny:arith), so a `tiny:arith_chat` warm start needs a longer recipe. Also
-left out: a cache (a build takes ~2.5 s, mostly training the BPE).
+The warm-started chat model is ``tiny:arith_chat`` (``cohort.models.tiny.ChatRecipe``):
+this tokenizer, the template without a default system turn, tiny:arith's recipe
+(hidden 128, 4 layers, lr 2e-3, batch 64, early stop at 33% greedy validation
+accuracy), trained on the ``arith_chat`` task rendered by the template, loss on
+the answer and ``<|im_end|>`` only; cached like tiny:arith. Why no default system
+turn: with Qwen2.5's "You are a helpful assistant." a one-turn prompt is 24 tokens
+(13 without) and the same recipe learnt far slower — 5% validation accuracy after
+300 steps (7–10% after 600 in an earlier trial), against 30% after 400 steps
+without it (one seed each). Digits are single tokens either way (the
+split regex isolates each digit), as in the character tokenizer.
+
+Left out: a cache for the random checkpoint (a build takes ~2.5 s, mostly training
+the BPE); a vocabulary learnt from real text (the corpus is the arith task and
+tool-call scaffolding, so the BPE merges little beyond those words).
 """
 
 from __future__ import annotations
@@ -50,41 +59,49 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 # transformers' Qwen2Tokenizer split regex (models/qwen2/tokenization_qwen2.py), which that class always installs
 QWEN2_SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
-CHAT_TEMPLATE = (
-    "{%- if tools %}"
-    "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}{%- else %}{{- '" + DEFAULT_SYSTEM + "' }}{%- endif %}"
-    "{{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
-    "\\n</tool_call><|im_end|>\\n' }}"
-    "{%- else %}"
-    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
-    "{%- else %}{{- '<|im_start|>system\\n" + DEFAULT_SYSTEM + "<|im_end|>\\n' }}{%- endif %}"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or "
-    "(message.role == 'assistant' and not message.tool_calls) %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
-    "{%- elif message.role == 'assistant' %}"
-    "{{- '<|im_start|>' + message.role }}"
-    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
-    "{%- for tool_call in message.tool_calls %}"
-    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
-    "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}"
-    "{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- elif message.role == 'tool' %}"
-    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
-    "{%- if loop.last or (messages[loop.index0 + 1].role != 'tool') %}{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+def chat_template(default_system: str | None = DEFAULT_SYSTEM) -> str:
+    """A Qwen2.5-style template; with `default_system` None no system turn is added unless the messages give one
+    (as Qwen3's, Llama-3's and Mistral's templates do), so a one-turn prompt is ~13 tokens instead of ~24."""
+    system_else = "{%- else %}{{- '<|im_start|>system\\n" + default_system + "<|im_end|>\\n' }}" if default_system else ""
+    tools_else = "{{- '" + default_system + "\\n\\n' }}" if default_system else ""
+    return (
+        "{%- if tools %}"
+        "{{- '<|im_start|>system\\n' }}"
+        "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- else %}" + tools_else + "{%- endif %}"
+        "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+        "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+        "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
+        "\\n</tool_call><|im_end|>\\n' }}"
+        "{%- else %}"
+        "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+        + system_else + "{%- endif %}"
+        "{%- endif %}"
+        "{%- for message in messages %}"
+        "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) or "
+        "(message.role == 'assistant' and not message.tool_calls) %}"
+        "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+        "{%- elif message.role == 'assistant' %}"
+        "{{- '<|im_start|>' + message.role }}"
+        "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+        "{%- for tool_call in message.tool_calls %}"
+        "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
+        "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
+        "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}"
+        "{%- endfor %}"
+        "{{- '<|im_end|>\\n' }}"
+        "{%- elif message.role == 'tool' %}"
+        "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}{{- '<|im_start|>user' }}{%- endif %}"
+        "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
+        "{%- if loop.last or (messages[loop.index0 + 1].role != 'tool') %}{{- '<|im_end|>\\n' }}{%- endif %}"
+        "{%- endif %}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+
+
+CHAT_TEMPLATE = chat_template()
 
 
 def chat_corpus(task: str = "arith", seed: int = 0) -> list[str]:
@@ -115,7 +132,8 @@ def build_chat_tokenizer(texts: list[str], vocab_size: int = 512) -> Tokenizer:
     return tokenizer
 
 
-def save_chat_tokenizer(out_dir: Path, tokenizer: Tokenizer, *, model_max_length: int) -> dict[str, int]:
+def save_chat_tokenizer(out_dir: Path, tokenizer: Tokenizer, *, model_max_length: int,
+                        template: str = CHAT_TEMPLATE) -> dict[str, int]:
     """tokenizer.json, tokenizer_config.json and special_tokens_map.json, written by hand (as `save_char_tokenizer`
     does, so the files do not depend on the transformers version); returns the special tokens' ids."""
     tokenizer.save(str(out_dir / "tokenizer.json"))
@@ -125,7 +143,7 @@ def save_chat_tokenizer(out_dir: Path, tokenizer: Tokenizer, *, model_max_length
     config = {"tokenizer_class": "Qwen2Tokenizer", "added_tokens_decoder": added, "additional_special_tokens": [IM_START, IM_END],
               "bos_token": None, "eos_token": IM_END, "pad_token": PAD_TOKEN, "unk_token": None, "errors": "replace",
               "clean_up_tokenization_spaces": False, "split_special_tokens": False, "model_max_length": model_max_length,
-              "chat_template": CHAT_TEMPLATE}
+              "chat_template": template}
     special_map = {"eos_token": IM_END, "pad_token": PAD_TOKEN, "additional_special_tokens": [IM_START, IM_END]}
     for name, payload in (("tokenizer_config.json", config), ("special_tokens_map.json", special_map)):
         (out_dir / name).write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
@@ -153,6 +171,11 @@ def build_random_chat_model(out_dir: str | Path, *, seed: int = 0, vocab_size: i
                 if p.dim() > 1:
                     p.normal_(0.0, init_std)
     model.save_pretrained(str(out_dir), safe_serialization=True)
-    generation = {"eos_token_id": [ids[IM_END], ids[PAD_TOKEN]], "pad_token_id": ids[PAD_TOKEN], "bos_token_id": None}
-    (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    write_generation_config(out_dir, eos_id=ids[IM_END], pad_id=ids[PAD_TOKEN])
     return out_dir
+
+
+def write_generation_config(out_dir: Path, *, eos_id: int, pad_id: int) -> None:
+    """Two stop ids, end-of-turn first, as Qwen2.5-Instruct ships them (the pad token is `<|endoftext|>`)."""
+    generation = {"eos_token_id": [eos_id, pad_id], "pad_token_id": pad_id, "bos_token_id": None}
+    (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

@@ -70,3 +70,10 @@ def test_arith_rows_sizes_and_errors():
         arith_rows(0, eval_size=7)
     with pytest.raises(ValueError, match="train_size"):
         arith_rows(0, train_size=10_000)
+
+
+def test_arith_chat_is_arith_as_one_user_turn():
+    plain, chat = get_task("arith", seed=3), get_task("arith_chat", seed=3)
+    assert chat.name == "arith_chat" and chat.reward_specs == plain.reward_specs
+    for mine, theirs in ((chat.train_rows, plain.train_rows), (chat.eval_rows, plain.eval_rows)):
+        assert mine == [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in theirs]
