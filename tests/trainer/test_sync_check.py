@@ -63,6 +63,27 @@ def test_following_catches_an_engine_that_kept_the_old_weights():
     assert v.ok and v.followed is None
 
 
+def test_following_ignores_a_few_bf16_outlier_tokens_but_not_a_stale_engine():
+    # 40 canary tokens; the update moved every one by +0.3 (t - p = 0.3), floor rms 0.01 (signal 0.3 >= 5 x 0.01).
+    previous = torch.full((40,), -2.0)
+    trainer = previous + 0.3
+    # a fresh engine: equal to the trainer except 2 outlier tokens 3.7 nats below it (bf16 noise as measured).
+    # Untrimmed: <e - p, step> = 38 x 0.3 x 0.3 + 2 x (0.3 - 3.7) x 0.3 = 3.42 - 2.04 = 1.38, |step|^2 = 40 x 0.09
+    # = 3.6, followed 0.383 < 0.5: a false alarm. FOLLOW_TRIM = 0.05 drops int(0.05 x 40) = 2 tokens, the two with
+    # the largest gap: the other 38 followed exactly, 1.0.
+    fresh = trainer.clone()
+    fresh[[3, 17]] -= 3.7
+    v = judge(fresh, trainer, previous, floor_mean=0.2, floor_rms=0.01)
+    assert v.ok and v.followed == pytest.approx(1.0, abs=1e-6)
+    # a stale engine (e = p) with the same 2 outliers: those two have the largest gaps (|p - 3.7 - t| = 4.0 > 0.3),
+    # the other 38 took 0% of the update; the mean gap (38 x 0.3 + 2 x 4.0) / 40 = 0.485 passes the loose closeness
+    # bound 4 x 0.2 = 0.8, so only following can catch it.
+    stale = previous.clone()
+    stale[[3, 17]] -= 3.7
+    v = judge(stale, trainer, previous, floor_mean=0.2, floor_rms=0.01)
+    assert not v.ok and v.followed == pytest.approx(0.0, abs=1e-6) and "took 0% of the update" in v.reason
+
+
 def test_a_fixed_tolerance_keeps_its_old_meaning():
     # largest per-token gap 0.002 > 1e-3 fails; no calibration is needed
     v = judge(T([0.0, 0.002]), T([0.0, 0.0]), None, floor_mean=float("nan"), floor_rms=float("nan"), fixed_tolerance=1e-3)
