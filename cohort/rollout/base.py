@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 import torch
 
@@ -152,13 +152,27 @@ class RolloutEngine(Protocol):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int | None:
         """Load a full set of new weights in place; later generations report `version`.
 
-        Returns the bytes sent over the network for it (remote engines), or None when nothing left the process.
+        `named_tensors` is walked once, except a `WeightStream`, which an engine that must know the sizes before it
+        sends anything (RemoteEngine) walks twice instead of holding every tensor. Returns the bytes sent over the network for it (remote engines), or None when nothing left the process.
         """
 
     def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
         """The engine's log-probs of fixed completions, one list per (prompt, completion) pair (the sync check's canaries)."""
 
     def close(self) -> None: ...
+
+
+class WeightStream:
+    """Named tensors that can be walked more than once without being held: each walk calls `make()` afresh.
+
+    A sync's tensors are often made on the fly (LoRA's merged weights, a bfloat16 cast of float32 masters), so a
+    list of them is a whole extra copy of the model; walking a stream holds one tensor at a time."""
+
+    def __init__(self, make: Callable[[], Iterable[tuple[str, torch.Tensor]]]):
+        self.make = make
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.make())
 
 
 _batch_ids = itertools.count()

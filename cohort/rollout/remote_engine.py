@@ -17,9 +17,11 @@
   trajectory per prompt, in order; the same results for the same seeds as the
   former one-call /generate, which the server still answers for other clients.
 - update_weights: the named tensors are serialised to safetensors one part (at
-  most `PART_BYTES`) at a time, each pushed to every server in parallel, so the
-  serialised bytes held at once stay bounded; returns the bytes sent over the
-  wire (all servers together).
+  most `PART_BYTES`) at a time, each pushed to every server in parallel; a
+  re-iterable source (`WeightStream`) is walked twice (sizes, then tensors), so
+  the trainer holds one part as tensors and as bytes, never a whole copy of the
+  model (LoRA's merged weights and bfloat16 casts are made per part); returns
+  the bytes sent over the wire (all servers together).
 - score: the canary. Server 0's log-probs are returned for the trainer to
   compare with its own; every other server must agree with server 0 to
   `agreement_tolerance`, so a single stale server also stops the run.
@@ -38,15 +40,17 @@ request level at a time (the trainer's rollout thread). The token comes from
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+import weakref
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -54,7 +58,7 @@ from cohort.rollout.base import Request, RequestEngineMixin, Trajectory
 from cohort.rollout.server import TOKEN_ENV, LocalServer, completion_from_json, request_to_json, split_cores
 from cohort.rollout.server_stream import MAX_POLL_WAIT_S
 
-PART_BYTES = 512 * 2**20  # largest safetensors part per request
+PART_BYTES = 64 * 2**20  # largest safetensors part per request: what a push holds at once, as tensors and as bytes
 LONG_POLL_S = MAX_POLL_WAIT_S - 5.0  # server-side wait of one /poll when one server is busy (it answers at the first result)
 POLL_SLICE_S = 0.05  # server-side wait of one /poll round when several are: a finished server waits at most this for the rest
 
@@ -75,22 +79,66 @@ def split_evenly(n: int, k: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def plan_weight_parts(named_tensors: Iterable[tuple[str, torch.Tensor]], part_bytes: int = PART_BYTES) -> list[list[tuple[str, torch.Tensor]]]:
-    """Group the tensors (in order, tied ones once) into parts of at most ~part_bytes; a larger tensor is a part alone."""
-    parts: list[list[tuple[str, torch.Tensor]]] = []
-    size, seen = part_bytes + 1, set()
+def _unique(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor, int]]:
+    """(name, tensor, bytes) in order, a tied tensor (one whose storage was already listed and is still alive) once.
+
+    Liveness, not just the address, decides: a tensor made on the fly and already freed may leave its address to the
+    next one, which is not a twin (a weak reference to the storage dies with it)."""
+    seen: dict[int, weakref.ref] = {}
     for name, tensor in named_tensors:
         tensor = tensor.detach()
-        if tensor.numel() and tensor.data_ptr() in seen:  # a tied tensor listed twice: the receiver re-ties it
-            continue
-        seen.add(tensor.data_ptr())
-        nbytes = tensor.numel() * tensor.element_size()
-        if size + nbytes > part_bytes:
-            parts.append([])
-            size = 0
-        parts[-1].append((name, tensor))
+        if tensor.numel():
+            ptr, earlier = tensor.data_ptr(), seen.get(tensor.data_ptr())
+            if earlier is not None and earlier() is not None:  # a tied tensor listed twice: the receiver re-ties it
+                continue
+            seen[ptr] = weakref.ref(tensor.untyped_storage())
+        yield name, tensor, tensor.numel() * tensor.element_size()
+
+
+def _group(sized: Iterable[tuple[str, torch.Tensor, int]], part_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Consecutive parts of at most ~part_bytes; a larger tensor is a part alone. Each part is yielded once complete."""
+    part: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor, nbytes in sized:
+        if part and size + nbytes > part_bytes:
+            yield part
+            part, size = [], 0
+        part.append((name, tensor))
         size += nbytes
-    return parts
+    if part:
+        yield part
+
+
+def plan_weight_parts(named_tensors: Iterable[tuple[str, torch.Tensor]], part_bytes: int = PART_BYTES) -> list[list[tuple[str, torch.Tensor]]]:
+    """Group the tensors (in order, tied ones once) into parts of at most ~part_bytes; a larger tensor is a part alone."""
+    return list(_group(_unique(named_tensors), part_bytes))
+
+
+def stream_weight_parts(named_tensors: Iterable[tuple[str, torch.Tensor]], part_bytes: int = PART_BYTES
+                        ) -> tuple[int, Iterator[list[tuple[str, torch.Tensor]]]]:
+    """(number of parts, the parts one at a time), the same parts as `plan_weight_parts`.
+
+    A re-iterable source (a `WeightStream`, a list) is walked twice: once for the names and sizes (each tensor
+    dropped once measured), once for the tensors, so only the part being sent is held; a one-shot iterator is
+    grouped whole first. The second walk must list the same names in the same order."""
+    if isinstance(named_tensors, Iterator):
+        parts = plan_weight_parts(named_tensors, part_bytes)
+        return len(parts), iter(parts)
+    plan = [[name for name, _ in part] for part in
+            _group(((name, torch.empty(0), nbytes) for name, _, nbytes in _unique(named_tensors)), part_bytes)]
+
+    def walk() -> Iterator[list[tuple[str, torch.Tensor]]]:
+        sized = _unique(named_tensors)
+        for names in plan:
+            part = [(name, tensor) for name, tensor, _ in itertools.islice(sized, len(names))]
+            if [name for name, _ in part] != names:
+                raise RuntimeError(f"the weights changed between the two walks of one push (part of {names[:2]}...)")
+            yield part
+            del part  # freed before the next part is made
+        if next(sized, None) is not None:
+            raise RuntimeError("the weights changed between the two walks of one push (more tensors the second time)")
+
+    return len(plan), walk()
 
 
 def serialize_part(part: list[tuple[str, torch.Tensor]]) -> bytes:
@@ -293,14 +341,18 @@ class RemoteEngine(RequestEngineMixin):
                     f"rollout.server_timeout_s = {self.timeout_s} s; is its engine stuck?")
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
-        """Serialise one part at a time and send it to every server in parallel: at most one part is held as bytes."""
-        parts, sent = plan_weight_parts(named_tensors, PART_BYTES), 0
+        """Serialise one part at a time and send it to every server in parallel: at most one part is held, as tensors
+        and as bytes, when `named_tensors` is re-iterable (`stream_weight_parts`)."""
+        count, parts = stream_weight_parts(named_tensors, PART_BYTES)
+        sent, replies = 0, []
         for i, part in enumerate(parts):
             blob = serialize_part(part)
-            path = f"/weights?version={version}&part={i}&parts={len(parts)}"
+            del part  # the tensors: only the bytes are needed from here
+            path = f"/weights?version={version}&part={i}&parts={count}"
             replies = self._each(lambda url: self._request(url, path, body=blob, content_type="application/octet-stream"), self.urls)
             sent += len(blob) * len(self.urls)
-        for url, reply in zip(self.urls, replies if parts else []):
+            del blob  # before the next part is made
+        for url, reply in zip(self.urls, replies):
             if reply["policy_version"] != version:
                 raise RemoteEngineError(f"rollout server {url} did not load weights version {version} (reports {reply['policy_version']})")
         self.policy_version = version

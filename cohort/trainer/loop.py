@@ -52,7 +52,7 @@ from cohort.config import CohortConfig, default_output_dir
 from cohort.models.batching import length_sorted_micro_batches, pack_right_padded, pad_rows
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES
-from cohort.rollout.base import SamplingConfig, completion_seeds, completion_text
+from cohort.rollout.base import SamplingConfig, WeightStream, completion_seeds, completion_text
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.overlap import BackgroundRollout, PendingGeneration
 from cohort.trainer.parts import PART_NAMES, TrainerParts
@@ -366,8 +366,10 @@ class Trainer:
         with self.phases("sync"):
             if not self.engine_shares_policy:
                 dtype = DTYPES[self.cfg.generation_dtype]  # the engine's copy: bfloat16 from float32 master weights, say
-                weights = self.lora.merged_weights() if self.lora is not None else self.policy.named_parameters()  # LoRA: merged
-                sent = self.engine.update_weights(((name, p.detach().to(dtype)) for name, p in weights), self.policy_version)
+                weights = self.lora.merged_weights if self.lora is not None else self.policy.named_parameters  # LoRA: merged
+                # a stream: each tensor is made (merged, cast) when the engine reads it, never a whole copy at once
+                stream = WeightStream(lambda: ((name, p.detach().to(dtype)) for name, p in weights()))
+                sent = self.engine.update_weights(stream, self.policy_version)
                 self.sync_bytes_sent += float(sent or 0)
                 if self.sync_check.ready:
                     canary = self._canary_logprobs()
