@@ -4,7 +4,9 @@
 `Request` per member, ids `<prefix>/g<group>/<slot>` (the group and the slot are read back from the id, so
 nothing depends on the order in which the engine returns them). Iterating the stream yields a `FinishedGroup`
 (its G trajectories in slot order, and the caller's `key`) the moment its last member is polled; groups may be
-submitted while iterating (a refill), and iteration ends when no submitted group is left. `abort()` stops
+submitted while iterating (a refill), and iteration ends when no submitted group is left (`next_group()` is one
+step of it: None then; `ready` counts groups complete but not handed out, so a caller can take every group of
+one poll before it decides anything). `abort()` stops
 every member still in flight and forgets their groups.
 
 Choices: the order in which groups are yielded is the order in which they finish, not the order of
@@ -52,6 +54,7 @@ class GroupStream:
         self.prefix = prefix
         self._open: dict[int, _OpenGroup] = {}
         self._submitted = 0  # groups submitted so far (the next group's index)
+        self._ready: list[int] = []  # complete groups not yet handed out, in the order they will be
 
     @property
     def submitted(self) -> int:
@@ -59,7 +62,7 @@ class GroupStream:
 
     @property
     def pending(self) -> int:
-        """Groups submitted and not yet yielded."""
+        """Groups submitted and not yet handed out (complete or not)."""
         return len(self._open)
 
     def submit_group(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig, seeds: Sequence[int | None],
@@ -74,16 +77,28 @@ class GroupStream:
                             for slot, (prompt, seed) in enumerate(zip(prompt_ids, seeds))])
         return index
 
-    def __iter__(self) -> Iterator[FinishedGroup]:
-        while self._open:
+    @property
+    def ready(self) -> int:
+        """Groups already complete (from the last poll) and not yet handed out: `next_group` returns them without polling."""
+        return len(self._ready)
+
+    def next_group(self) -> FinishedGroup | None:
+        """The next complete group (polling the engine until one is); None when no submitted group is left."""
+        while not self._ready and self._open:
             got = self.engine.poll()
             if not got and not self.engine.in_flight:
                 raise RuntimeError(f"the rollout engine stopped with {len(self._open)} group(s) of stream "
                                    f"{self.prefix!r} unanswered")
-            done = [group for t in got if (group := self._place(t)) is not None]
-            for index in sorted(done):  # (several groups finished in one poll: the lower index first)
-                group = self._open.pop(index)
-                yield FinishedGroup(index, group.key, group.slots)  # type: ignore[arg-type]
+            self._ready += sorted(index for t in got if (index := self._place(t)) is not None)  # lower index first
+        if not self._ready:
+            return None
+        index = self._ready.pop(0)
+        group = self._open.pop(index)
+        return FinishedGroup(index, group.key, group.slots)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[FinishedGroup]:
+        while (group := self.next_group()) is not None:
+            yield group
 
     def _place(self, trajectory: Trajectory) -> int | None:
         """Put a polled trajectory into its group's slot; the group's index when that completed it."""
@@ -109,4 +124,5 @@ class GroupStream:
         ids = [f"{self.prefix}/g{index}/{slot}" for index, group in self._open.items()
                for slot, t in enumerate(group.slots) if t is None]
         self._open.clear()
+        self._ready.clear()
         return self.engine.abort(ids) if ids else []

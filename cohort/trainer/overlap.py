@@ -42,7 +42,10 @@ class PendingGeneration:
     rows: list[int]  # dataset rows, each repeated G times
     prompts: list[list[int]]  # token ids, one entry per completion
     policy_version: int  # the policy version the engine held when sampling started
-    run: Callable[[], list[Any]]  # the engine call
+    seeds: list[int]  # one per completion
+    sampling: Any  # the SamplingConfig of every request
+    generation_index: int  # which generation batch (names its requests)
+    run: Callable[[], list[Any]] | None = None  # the engine call, for a background generation
     future: Future | None = None
     _outs: list[Any] | None = field(default=None, repr=False)
 
