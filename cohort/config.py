@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator
 
 
 class ConfigError(ValueError):
@@ -192,11 +192,17 @@ class RolloutConfig(_Section):
     )
     max_refill_rounds: int = Field(
         10,
-        description="rollout.dynamic_sampling: how many generations of replacement groups one batch may need (a "
-        "group requested to replace a dropped group of round k is in round k+1). A dropped group of the last round "
-        "stops the run with an error: the rewards are (nearly) always equal within a group, so check the reward "
-        "function, use harder/easier prompts, or raise this bound.",
+        description="rollout.dynamic_sampling: how many rounds of replacement groups one batch may take (round 0: "
+        "the batch's own groups; round k+1: the replacements of the groups round k dropped). A batch that would need "
+        "one more round stops the run with an error: its groups' rewards are (nearly) always all equal, so check the "
+        "reward function, use prompts that are neither always nor never solved, or raise this bound. 0: no refills.",
     )
+
+    @field_validator("stream_update", mode="before")
+    @classmethod
+    def _on_off(cls, value):
+        """YAML reads a bare on/off as true/false: take them back."""
+        return {True: "on", False: "off"}[value] if isinstance(value, bool) else value
 
 
 class AlgorithmConfig(_Section):

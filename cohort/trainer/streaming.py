@@ -152,11 +152,16 @@ def _drive(trainer, stream: GroupStream, pending, ledger: RefillLedger | None) -
                 continue  # more groups from the same poll: take them all before deciding
         with trainer.phases("reward"):
             scored, waiting = _read_rewards(waiting, wait=not stream.pending)
+        dropped = 0
         for group in scored:
             if ledger is not None and _drop(ledger, group):
-                _refill(trainer, stream, pending)
+                dropped += 1
             else:
                 kept.append(group)
+        if ledger is not None:
+            ledger.check_bound()  # (before refilling: a round known to be the last asks for nothing more)
+        for _ in range(dropped):
+            _refill(trainer, stream, pending)
         if trainer.streamed is not None:
             _train(trainer, [grp for grp in kept if not grp.trained])
         if finished is None and not waiting and not stream.pending:
@@ -164,10 +169,9 @@ def _drive(trainer, stream: GroupStream, pending, ledger: RefillLedger | None) -
 
 
 def _drop(ledger: RefillLedger, group: _Group) -> bool:
-    """Dynamic sampling's decision for a scored group (recorded; raises when the refill bound is passed)."""
+    """Dynamic sampling's decision for a scored group, recorded in the ledger."""
     dropped = all_equal(group.scored.total)
     ledger.record(group.finished.index, dropped)
-    ledger.check_bound()
     return dropped
 
 
