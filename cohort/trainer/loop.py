@@ -24,7 +24,12 @@ slices 0..S−1, then again for the next iteration). The maths is in
   otherwise (cohort/models/precision.py); backward passes run outside it;
 - with `rollout.overlap` the next batch is generated in a background thread
   behind the update (cohort/trainer/overlap.py) and arrives one step stale; the
-  update then weights each token by `algorithm.rollout_correction`.
+  update then weights each token by `algorithm.rollout_correction`;
+- generation goes through the group stream (cohort/trainer/streaming.py): rewards
+  per group as groups finish, dynamic sampling's refills, and with
+  `rollout.stream_update` the forward/backward passes of finished groups while
+  the rest generate (`finish_streamed_update` then divides by the normaliser and
+  steps).
 
 Several training processes differ only through `self.dist` (cohort/distributed/fsdp.py:
 this rank's groups, the global loss normaliser, reduced metrics and gradients — all
