@@ -166,7 +166,7 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.streamed = StreamedGradients()
             collected = collect_batch(self, pending)
-        self._calibrate_sync_check(pending, collected.outs)  # (before the next batch starts: the engine must be idle)
+        self._calibrate_sync_check(pending.policy_version, collected.prompts, collected.outs)  # (the engine must be idle)
         if self.background is not None and self.step_count + plan.optimizer_steps_per_generation < plan.max_steps:
             self.pending = self.background.start(self._request_generation())  # the next batch, behind this update
         outs, scored = collected.outs, collected.scored
@@ -431,13 +431,13 @@ class Trainer:
             sensitivity = float((trainer - trainer_logprobs(contextlib.nullcontext())).abs().mean())
         return torch.tensor([x for row in engine for x in row], dtype=torch.float32), trainer, sensitivity
 
-    def _calibrate_sync_check(self, pending: PendingGeneration, outs) -> None:
+    def _calibrate_sync_check(self, sampled_version: int, prompts: list[list[int]], outs) -> None:
         """Pick the canaries from the first batch and measure the noise floor while engine and trainer provably agree."""
         if self.engine_shares_policy or self.sync_check.floor is not None:
             return
         if not self.sync_check.canaries:
-            self.sync_check.choose(pending.prompts, [o.token_ids for o in outs], self.plan.num_generations)
-        same_weights = pending.policy_version == self.policy_version == self.synced_version
+            self.sync_check.choose(prompts, [o.token_ids for o in outs], self.plan.num_generations)
+        same_weights = sampled_version == self.policy_version == self.synced_version
         if self.sync_check.canaries and same_weights and self.sync_check.fixed_tolerance is None:
             with self.phases("sync"):
                 self.sync_metrics.update(self.sync_check.calibrate(*self._canary_logprobs()))

@@ -135,6 +135,7 @@ def collect_batch(trainer, pending) -> Collected:
         kept = _drive(trainer, stream, pending, ledger)
     except BaseException:
         stream.abort()  # nothing of this batch stays in the engine (a reward error, the refill bound, an interrupt)
+        trainer.streamed = None  # and no half-accumulated gradient stands in for the next update
         raise
     return _assemble(trainer, sorted(kept, key=lambda grp: grp.finished.index), ledger)
 
@@ -250,10 +251,9 @@ def _train(trainer, groups: list[_Group]) -> None:
                         per_function=np.empty((len(rows), 0)), advantages=torch.empty(0),
                         policy_version=trainer.policy_version)
     with trainer.phases("update"):
-        if trainer.ref_model is not None or (trainer.lora is not None and trainer.cfg.algorithm.beta != 0):
-            part.ref_logp = trainer.reference_logprobs(part)
-            for k, grp in enumerate(groups):
-                grp.ref_logp = part.ref_logp[k * g:(k + 1) * g]
+        part.ref_logp = trainer.reference_logprobs(part)  # None without a reference (beta = 0)
+        for k, grp in enumerate(groups if part.ref_logp is not None else []):
+            grp.ref_logp = part.ref_logp[k * g:(k + 1) * g]
         part.advantages = group_advantages(trainer, part)
         indices = list(range(len(part)))
         micro = trainer._micro_batches(part, indices)

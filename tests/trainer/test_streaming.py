@@ -122,15 +122,22 @@ def _gradients(trainer: Trainer, order_per_poll: int | None) -> dict[str, torch.
     return {n: p.grad.clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
-def test_streamed_update_gradient_equals_the_batch_update(tmp_path, data_file, tiny_model_dir, loss_type):
+@pytest.mark.parametrize("loss_type,beta", [("dapo", 0.0), ("grpo", 0.0), ("dr_grpo", 0.0), ("dapo", 0.5)])
+def test_streamed_update_gradient_equals_the_batch_update(tmp_path, data_file, tiny_model_dir, loss_type, beta):
     # dapo: token_mean (the step's token count), grpo: seq_mean_token_mean (rows), dr_grpo: sums / max_length (rows):
     # every normaliser is a sum over rows or tokens, so the sum of unnormalised group losses / that count is the
     # batch loss. Groups come back one poll per 4 completions, newest first: each group trained on its own.
+    # beta 0.5: a reference model, its log-probs per group, k3 KL in the loss (the same normaliser); the policy is
+    # moved off the reference first (the same noise in both), else the k3 gradient is 0 at the first step.
     cfg = lambda name: _config(tmp_path, data_file, tiny_model_dir, f"algorithm.loss_type={loss_type}",
-                               "train.prompts_per_step=4", name=name)
+                               f"algorithm.beta={beta}", "train.prompts_per_step=4", name=name)
     streamed, plain = Trainer(cfg("s"), log=lambda *a, **k: None), Trainer(cfg("p"), log=lambda *a, **k: None)
     try:
+        for trainer in (streamed, plain) if beta else ():
+            generator = torch.Generator().manual_seed(0)
+            with torch.no_grad():
+                for p in trainer.policy.parameters():
+                    p.add_(0.02 * torch.randn(p.shape, generator=generator))
         assert not streamed.stream_update  # colocate: `auto` leaves it off...
         streamed.stream_update = True  # ...so this function-level switch (tests only) runs the streamed path here
         calls = []
@@ -143,7 +150,7 @@ def test_streamed_update_gradient_equals_the_batch_update(tmp_path, data_file, t
     assert calls == [1]
     scale = max(float(g.abs().max()) for g in want.values())
     worst = max(float((got[n] - want[n]).abs().max()) for n in want)
-    # Measured: dapo 8.6e-7 of 0.50 (the 1/token-count scaling applied after backward rather than before: roundings
+    # Measured (beta 0): dapo 8.6e-7 of 0.50 (the 1/token-count scaling applied after backward rather than before: roundings
     # differ through every layer); grpo and dr_grpo 0.0 (16 rows: dividing by a power of two is exact).
     assert scale > 1e-3 and worst <= 1e-5 * scale, (worst, scale)
 
