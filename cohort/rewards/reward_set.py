@@ -7,12 +7,12 @@
     out.metrics       # rewards/<name>/{mean,std,errors}, timing/reward/<name>_s, and
                       # rewards/<name>/<key> for the per-row metrics a function returns (calling.Scores)
     pending = rs.submit(...same arguments...)  # the functions start on the event loop; the caller goes on
-    out = rs.merge([pending.result(), ...])    # several groups' outputs as one: the metrics of the concatenation
+    out = rs.merge([pending.result(), ...])    # several calls' outputs as one: the metrics of the concatenation
 
-Scoring group by group (the trainer's stream) calls each function once per group instead of once per batch; a
-function whose score of a row depends on the other rows of the batch (not of its group) would see less. `merge`
-gives the same per_function, total and mean/std/extra metrics as one call over the concatenation (errors and
-timings are summed).
+The trainer scores the groups that one poll of the engine returned in one call (with today's engines: the whole
+batch; with streaming engines: the groups that finished together), so a function whose score of a row depends on
+other rows sees only those. `merge` gives the same per_function, total and mean/std/extra metrics as one call
+over the concatenation (errors and timings are summed).
 
 Choices:
 - Contracts: TRL's batch call for every built-in and for your own functions, except a
@@ -330,11 +330,15 @@ class RewardSet:
         total = aggregate(per_function, self.weights, self.aggregation, group_size)
         return RewardOutput(per_function, total, metrics, reported)
 
-    def merge(self, outputs: Sequence[RewardOutput]) -> RewardOutput:
-        """Outputs of consecutive pieces (whole groups each) as the output of one call over their concatenation:
-        per_function and total concatenated, mean/std and extra metrics recomputed, errors and timings summed."""
-        per_function = np.concatenate([o.per_function for o in outputs])
-        total = np.concatenate([o.total for o in outputs])
+    def merge(self, outputs: Sequence[RewardOutput], rows: Sequence[tuple[int, int]] | None = None) -> RewardOutput:
+        """Several calls' outputs as one: `rows` picks the result's rows in order, each `(output, row)` (default: every
+        row of every output, concatenated). per_function and total are those rows; mean/std are recomputed over them,
+        so the metrics equal one call over exactly those completions; errors, timings and the extra per-row metrics
+        (means of every value reported) are over all of `outputs`."""
+        if rows is None:
+            rows = [(k, i) for k, o in enumerate(outputs) for i in range(len(o.total))]
+        per_function = np.stack([outputs[k].per_function[i] for k, i in rows]) if rows else np.empty((0, len(self._entries)))
+        total = np.array([outputs[k].total[i] for k, i in rows], dtype=np.float64)
         reported: dict[str, list[float]] = {}
         for o in outputs:
             for key, values in o.reported.items():

@@ -1,11 +1,13 @@
 """One generation batch through the group stream: rewards per group as groups finish, dynamic sampling's refills,
 and (where exact) the update's forward/backward passes on finished groups while the rest still generate.
 
-`collect_batch(trainer, pending)` submits the batch's groups to a `GroupStream` (cohort/rollout/stream.py). As each
-group's G completions come back, its reward functions start (`RewardSet.submit`, on the reward event loop, while
-the engine keeps generating); a group's rewards are read once they are done, or when the stream has nothing else to
-wait for. The groups are then put back in submission order and their reward outputs merged (`RewardSet.merge`), so
-the batch's completions, rewards and reward metrics are the batch path's, whatever order the engine finished in.
+`collect_batch(trainer, pending)` submits the batch's groups to a `GroupStream` (cohort/rollout/stream.py). The
+groups that one poll of the engine completes are scored in one reward call, started at once (`RewardSet.submit`,
+on the reward event loop, while the engine keeps generating); a call's rewards are read once they are done, or
+when the stream has nothing else to wait for. With today's engines (`BatchRequests`: one poll returns the whole
+batch) that is one call per batch, as before. The groups are then put back in submission order and the calls'
+outputs merged over exactly the kept rows (`RewardSet.merge`), so the batch's completions, rewards and reward
+metrics are the batch path's, whatever order the engine finished in.
 
 Dynamic sampling (`rollout.dynamic_sampling`, DAPO): a group whose rewards are all equal (the rule of
 `frac_reward_zero_std`, NaN rows included: `advantage_stats`) is dropped, and one new prompt group is submitted in
@@ -66,14 +68,26 @@ class StreamedGradients:
 
 
 @dataclass
+class _Call:
+    """One RewardSet call over the groups one poll returned (in index order)."""
+
+    pending: PendingScores
+    output: RewardOutput | None = None
+
+
+@dataclass
 class _Group:
     finished: FinishedGroup
-    rows: list[int]
+    rows: list[int]  # dataset rows, G of them
     texts: list[str]
-    pending: PendingScores
-    scored: RewardOutput | None = None
+    call: _Call
+    offset: int  # its first row in the call's output
     trained: bool = False  # its forward/backward ran (streamed update)
     ref_logp: list[torch.Tensor] | None = None  # the reference's log-probs (streamed update with beta != 0)
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.call.output.total[self.offset: self.offset + len(self.rows)]
 
 
 class RefillLedger:
@@ -131,26 +145,32 @@ def collect_batch(trainer, pending) -> Collected:
         part = slice(k * g, (k + 1) * g)
         stream.submit_group(pending.prompts[part], pending.sampling, pending.seeds[part], key=pending.rows[part])
     ledger = RefillLedger(len(pending.rows) // g, cfg.rollout.max_refill_rounds) if cfg.rollout.dynamic_sampling else None
+    calls: list[_Call] = []
     try:
-        kept = _drive(trainer, stream, pending, ledger)
+        kept = _drive(trainer, stream, pending, ledger, calls)
     except BaseException:
         stream.abort()  # nothing of this batch stays in the engine (a reward error, the refill bound, an interrupt)
         trainer.streamed = None  # and no half-accumulated gradient stands in for the next update
         raise
-    return _assemble(trainer, sorted(kept, key=lambda grp: grp.finished.index), ledger)
+    return _assemble(trainer, sorted(kept, key=lambda grp: grp.finished.index), calls, ledger)
 
 
-def _drive(trainer, stream: GroupStream, pending, ledger: RefillLedger | None) -> list[_Group]:
-    """Take groups as they finish until none is left: rewards, dynamic sampling's decision, the streamed update."""
-    waiting: list[_Group] = []  # reward functions running
+def _drive(trainer, stream: GroupStream, pending, ledger: RefillLedger | None, calls: list[_Call]) -> list[_Group]:
+    """Take groups as they finish until none is left: rewards (one call per poll's groups), dynamic sampling's
+    decision, the streamed update. Every reward call made is appended to `calls`."""
+    arrived: list[FinishedGroup] = []  # complete groups of the current poll
+    waiting: list[_Group] = []  # their reward functions running
     kept: list[_Group] = []
     while True:
         with trainer.phases("generate"):
             finished = stream.next_group()  # None: no group left in flight
         if finished is not None:
-            waiting.append(_start_rewards(trainer, finished))
+            arrived.append(finished)
             if stream.ready:
-                continue  # more groups from the same poll: take them all before deciding
+                continue  # more groups from the same poll: score them in one call
+        if arrived:
+            waiting += _start_rewards(trainer, arrived, calls)
+            arrived = []
         with trainer.phases("reward"):
             scored, waiting = _read_rewards(waiting, wait=not stream.pending)
         dropped = 0
@@ -171,31 +191,34 @@ def _drive(trainer, stream: GroupStream, pending, ledger: RefillLedger | None) -
 
 def _drop(ledger: RefillLedger, group: _Group) -> bool:
     """Dynamic sampling's decision for a scored group, recorded in the ledger."""
-    dropped = all_equal(group.scored.total)
+    dropped = all_equal(group.total)
     ledger.record(group.finished.index, dropped)
     return dropped
 
 
-def _start_rewards(trainer, finished: FinishedGroup) -> _Group:
-    data, rows = trainer.train_data, finished.key
-    texts = [completion_text(trainer.tokenizer, t) for t in finished.trajectories]
+def _start_rewards(trainer, finished: list[FinishedGroup], calls: list[_Call]) -> list[_Group]:
+    """One RewardSet call over these groups' completions, started on the reward event loop."""
+    data = trainer.train_data
+    rows = [i for group in finished for i in group.key]
+    trajectories = [t for group in finished for t in group.trajectories]
+    texts = [completion_text(trainer.tokenizer, t) for t in trajectories]
     prompts = [data.rows[i][data.prompt_key] for i in rows]
-    pending = trainer.rewards.submit(
+    call = _Call(trainer.rewards.submit(
         prompts=prompts, completions=[trainer._as_completion(p, t) for p, t in zip(prompts, texts)],
-        completion_ids=[t.token_ids for t in finished.trajectories],
-        columns={c: [data.rows[i].get(c) for i in rows] for c in data.columns}, group_size=len(rows))
-    return _Group(finished, rows, texts, pending)
+        completion_ids=[t.token_ids for t in trajectories],
+        columns={c: [data.rows[i].get(c) for i in rows] for c in data.columns}, group_size=trainer.plan.num_generations))
+    calls.append(call)
+    g = trainer.plan.num_generations
+    return [_Group(group, group.key, texts[k * g:(k + 1) * g], call, k * g) for k, group in enumerate(finished)]
 
 
 def _read_rewards(waiting: list[_Group], wait: bool) -> tuple[list[_Group], list[_Group]]:
-    """Read the reward outputs that are done (all of them when `wait`): (the groups scored now, those still running)."""
+    """The groups whose reward call is done (every one when `wait`), in index order; and those still running."""
     scored, still = [], []
     for group in waiting:
-        if wait or group.pending.done():
-            group.scored = group.pending.result()
-            scored.append(group)
-        else:
-            still.append(group)
+        if group.call.output is None and (wait or group.call.pending.done()):
+            group.call.output = group.call.pending.result()
+        (scored if group.call.output is not None else still).append(group)
     return sorted(scored, key=lambda grp: grp.finished.index), still
 
 
@@ -207,12 +230,16 @@ def _refill(trainer, stream: GroupStream, pending) -> None:
     stream.submit_group([trainer.train_ids[i] for i in rows], pending.sampling, list(range(first, first + g)), key=rows)
 
 
-def _assemble(trainer, kept: list[_Group], ledger: RefillLedger | None) -> Collected:
+def _assemble(trainer, kept: list[_Group], calls: list[_Call], ledger: RefillLedger | None) -> Collected:
+    """The kept groups (in submission order) as one batch; the reward outputs merged over exactly their rows."""
     outs = [t for grp in kept for t in grp.finished.trajectories]
     rows = [i for grp in kept for i in grp.rows]
     ref = [x for grp in kept for x in grp.ref_logp] if kept and kept[0].ref_logp is not None else None
-    return Collected(rows, [trainer.train_ids[i] for i in rows], outs, [x for grp in kept for x in grp.texts],
-                     trainer.rewards.merge([grp.scored for grp in kept]), ledger.metrics() if ledger else {}, ref)
+    position = {id(call): k for k, call in enumerate(calls)}
+    picks = [(position[id(grp.call)], grp.offset + j) for grp in kept for j in range(len(grp.rows))]
+    scored = trainer.rewards.merge([call.output for call in calls], picks)
+    return Collected(rows, [trainer.train_ids[i] for i in rows], outs, [x for grp in kept for x in grp.texts], scored,
+                     ledger.metrics() if ledger else {}, ref)
 
 
 def drain_batch(engine, pending, g: int) -> list[Trajectory]:
@@ -227,12 +254,12 @@ def drain_batch(engine, pending, g: int) -> list[Trajectory]:
 
 def score_drained(trainer, pending, outs: list[Trajectory]) -> Collected:
     """Rewards per group for a batch drained in the background (rollout.overlap): all groups at once, merged."""
-    g = trainer.plan.num_generations
-    groups = [_start_rewards(trainer, FinishedGroup(k, pending.rows[k * g:(k + 1) * g], outs[k * g:(k + 1) * g]))
-              for k in range(len(outs) // g)]
+    g, calls = trainer.plan.num_generations, []
+    finished = [FinishedGroup(k, pending.rows[k * g:(k + 1) * g], outs[k * g:(k + 1) * g]) for k in range(len(outs) // g)]
+    groups = _start_rewards(trainer, finished, calls)  # one call over the batch
     with trainer.phases("reward"):
         groups, _ = _read_rewards(groups, wait=True)
-    return _assemble(trainer, groups, None)
+    return _assemble(trainer, groups, calls, None)
 
 
 # ------------------------------------------------------------------ the streamed update
@@ -244,7 +271,7 @@ def _train(trainer, groups: list[_Group]) -> None:
     g = trainer.plan.num_generations
     outs = [t for grp in groups for t in grp.finished.trajectories]
     rows = [i for grp in groups for i in grp.rows]
-    total = np.concatenate([grp.scored.total for grp in groups])
+    total = np.concatenate([grp.total for grp in groups])
     part = RolloutBatch(row_indices=rows, prompt_ids=[trainer.train_ids[i] for i in rows],
                         completion_ids=[t.token_ids for t in outs], engine_logp=[t.logprobs for t in outs],
                         truncated=[t.status == "length" for t in outs], completions_text=[], rewards=total,

@@ -28,8 +28,8 @@ from cohort.trainer.streaming import RefillLedger
 
 @pytest.fixture
 def data_file(tmp_path, monkeypatch):
-    # digit_share has spread on a random model; by_kind is constant (1.0) on rows of kind "const" and 0, 1, 2, ... over
-    # the completions of any other call (one call per group under the stream), so those groups are never constant.
+    # digit_share has spread on a random model; by_kind is constant (1.0) on rows of kind "const" and 0, 1, 2, ... by
+    # position in the call on the others, so their groups are never constant.
     (tmp_path / "stream_rewards.py").write_text(
         "def digit_share(completions, **kwargs):\n"
         "    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]\n"
