@@ -1,7 +1,8 @@
 """Groups of G requests over the request-level engine protocol, each handed on as soon as its G members are done.
 
 `GroupStream(engine, prefix)` submits a group with `submit_group(prompt_ids, sampling, seeds, key=...)`: one
-`Request` per member, ids `<prefix>/g<group>/<slot>` (the group and the slot are read back from the id, so
+`Request` per member, ids `<prefix>.<n>/g<group>/<slot>` (n unique in the process: an engine shared by several
+trainers never mixes their requests) (the group and the slot are read back from the id, so
 nothing depends on the order in which the engine returns them). Iterating the stream yields a `FinishedGroup`
 (its G trajectories in slot order, and the caller's `key`) the moment its last member is polled; groups may be
 submitted while iterating (a refill), and iteration ends when no submitted group is left (`next_group()` is one
@@ -21,10 +22,14 @@ staleness; they will keep these ids and this group record.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from cohort.rollout.base import Request, SamplingConfig, Trajectory
+
+
+_stream_ids = itertools.count()  # makes every stream's prefix unique in this process (engines outlive trainers)
 
 
 @dataclass
@@ -51,7 +56,7 @@ class GroupStream:
 
     def __init__(self, engine, prefix: str):
         self.engine = engine
-        self.prefix = prefix
+        self.prefix = f"{prefix}.{next(_stream_ids)}"  # e.g. "gen3.17": request ids "gen3.17/g<group>/<slot>"
         self._open: dict[int, _OpenGroup] = {}
         self._submitted = 0  # groups submitted so far (the next group's index)
         self._ready: list[int] = []  # complete groups not yet handed out, in the order they will be
