@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator
 
 
 class ConfigError(ValueError):
@@ -172,6 +172,37 @@ class RolloutConfig(_Section):
         "server) and one optimizer step per generation batch. Fastest with rollout.mode=local_server, where generation runs on "
         "its own cores.",
     )
+    stream_update: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Run the update's forward/backward passes on each finished group while the rest still generate, "
+        "summing the loss unnormalised and applying the loss normaliser once the batch is known: the same on-policy "
+        "gradient as the batch update. Exact only with group-local advantages (grpo, rloo, algorithm.scale_rewards "
+        "group or none), one optimizer step per generation batch, algorithm.loss_type other than bnpo, beta 0 or the KL "
+        "in the loss with a fixed coefficient, rollout.overlap off and one training process. `auto`: on exactly there "
+        "and when the engine has its own cores (rollout.mode local_server or server); `on`: wherever it is exact (a "
+        "config where it is not is refused, naming the fields); `off`: the batch update. `cohort plan` says which.",
+    )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO's dynamic sampling: a group whose rewards are all equal (zero advantage; the rule of "
+        "frac_reward_zero_std) is dropped and a new prompt is requested in its place, until the batch holds its full "
+        "number of groups; every trained batch then has frac_reward_zero_std 0. Metrics dynamic_sampling/"
+        "groups_generated|kept|dropped|refill_rounds. For group-relative algorithms (grpo, rloo, "
+        "reinforce_pp_baseline), one training process, rollout.overlap off.",
+    )
+    max_refill_rounds: int = Field(
+        10,
+        description="rollout.dynamic_sampling: how many rounds of replacement groups one batch may take (round 0: "
+        "the batch's own groups; round k+1: the replacements of the groups round k dropped). A batch that would need "
+        "one more round stops the run with an error: its groups' rewards are (nearly) always all equal, so check the "
+        "reward function, use prompts that are neither always nor never solved, or raise this bound. 0: no refills.",
+    )
+
+    @field_validator("stream_update", mode="before")
+    @classmethod
+    def _on_off(cls, value):
+        """YAML reads a bare on/off as true/false: take them back."""
+        return {True: "on", False: "off"}[value] if isinstance(value, bool) else value
 
 
 class AlgorithmConfig(_Section):

@@ -69,6 +69,48 @@ class BatchPlan:
         return math.ceil(self.max_steps / self.optimizer_steps_per_generation)
 
 
+GROUP_LOCAL_ADVANTAGES = ("grpo", "rloo")  # algorithms whose advantages of a group read only that group's rewards
+GROUP_RELATIVE = ("grpo", "rloo", "reinforce_pp_baseline")  # a group whose rewards are all equal gets advantage 0
+
+
+def stream_update_blockers(cfg: CohortConfig, world_size: int = 1) -> list[str]:
+    """Why the per-group (streamed) update would not equal the batch update for this config; [] when it would.
+
+    The streamed update sums each finished group's unnormalised loss and divides by the loss normaliser once the
+    batch is known, so it needs advantages that read only their own group, a normaliser that is a sum over rows
+    (not bnpo's per-micro-batch mean), the batch trained in exactly one optimizer step, and nothing measured over
+    the whole batch before the update (a KL in the reward, an adaptive beta, a critic, batch whitening)."""
+    a, r, t, out = cfg.algorithm, cfg.rollout, cfg.train, []
+    if a.name not in GROUP_LOCAL_ADVANTAGES:
+        out.append(f"algorithm.name = {a.name}: its advantages need the whole batch (whitening or a critic); "
+                   f"use {' or '.join(GROUP_LOCAL_ADVANTAGES)}")
+    elif a.scale_rewards == "batch" and a.name == "grpo":
+        out.append("algorithm.scale_rewards = batch: the std is the whole batch's; use group or none")
+    if a.loss_type == "bnpo":
+        out.append("algorithm.loss_type = bnpo: a token mean per micro-batch depends on how the batch is split; "
+                   "use dapo (the whole step's token mean), grpo or dr_grpo")
+    placement = a.kl_placement if a.kl_placement != "auto" else ("loss" if a.name == "grpo" else "reward")
+    if a.beta != 0 and (placement == "reward" or a.kl_controller == "adaptive"):
+        out.append(f"algorithm.beta = {a.beta} with the KL in the reward or an adaptive coefficient: measured over the "
+                   "whole batch first; set algorithm.kl_placement=loss with kl_controller=fixed, or beta=0")
+    if t.steps_per_generation != 1 or a.num_iterations != 1 or r.generation_batch_size not in (None, t.prompts_per_step * r.num_generations):
+        out.append(f"train.steps_per_generation = {t.steps_per_generation}, algorithm.num_iterations = {a.num_iterations}, "
+                   "rollout.generation_batch_size: one optimizer step per generation batch is needed (set the first two "
+                   "to 1, leave generation_batch_size unset)")
+    if r.overlap:
+        out.append("rollout.overlap = true: the batch is generated behind the previous update; set rollout.overlap=false")
+    if world_size > 1:
+        out.append(f"{world_size} training processes: the streamed update runs in one; set train.num_processes=1")
+    return out
+
+
+def stream_update_active(cfg: CohortConfig, world_size: int = 1) -> bool:
+    """Whether the trainer runs the update group by group (rollout.stream_update; see `stream_update_blockers`)."""
+    if cfg.rollout.stream_update == "off" or stream_update_blockers(cfg, world_size):
+        return False
+    return cfg.rollout.stream_update == "on" or cfg.rollout.mode in ("local_server", "server")
+
+
 def batch_plan(cfg: CohortConfig) -> BatchPlan:
     g = cfg.rollout.num_generations
     per_step = cfg.train.prompts_per_step * g
@@ -253,6 +295,23 @@ def _tokens_per_step_line(cfg: CohortConfig, plan: BatchPlan) -> str:
     return line if plan.prompt_tokens_from == "data.max_prompt_length" else f"{line}; {plan.prompt_tokens_from}"
 
 
+def _stream_line(cfg: CohortConfig) -> str:
+    """Whether groups are trained as they finish, and if not, what waits for the whole batch."""
+    r = cfg.rollout
+    head = "  streamed update       "
+    if stream_update_active(cfg):
+        line = head + "on: each finished group's forward/backward runs while the rest generate; one optimizer step after the last"
+    else:
+        blockers = stream_update_blockers(cfg)
+        why = ("rollout.stream_update = off" if r.stream_update == "off" else "; ".join(b.split(":")[0] for b in blockers)
+               or f"rollout.mode = {r.mode}: the engine shares the trainer's cores")
+        line = head + f"off ({why}): rewards per group as groups finish, the update after the whole batch"
+    if r.dynamic_sampling:
+        line += (f"\n  dynamic sampling      on: groups with all-equal rewards are replaced, at most "
+                 f"{r.max_refill_rounds} refill rounds (rollout.max_refill_rounds)")
+    return line
+
+
 def format_plan(cfg: CohortConfig, plan: BatchPlan) -> str:
     accumulation = plan.micro_batches_per_step
     lag = plan.optimizer_steps_per_generation - 1
@@ -270,6 +329,7 @@ def format_plan(cfg: CohortConfig, plan: BatchPlan) -> str:
         f"  tokens generated      ≤ {plan.generation_batch_size * cfg.rollout.max_completion_length:,} per generation batch",
         f"  reference model       {_reference_line(cfg)}",
         f"  rollout engine        {cfg.rollout.engine}",
+        _stream_line(cfg),
         f"  checkpoints           {'every %d steps, newest %d kept' % (cfg.run.save_every, cfg.run.keep_checkpoints) if cfg.run.save_every else 'only on a stop (run.save_every = 0)'}",
     ]
     try:

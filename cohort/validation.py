@@ -35,8 +35,8 @@ from cohort.config import ALGORITHM_MIN_GENERATIONS, ALGORITHMS_WITH_CRITIC, Coh
 from cohort.data.datasets import DataError, check_data_config
 from cohort.models import loading
 from cohort.models.lora import lora_problems
-from cohort.plan import (BatchPlan, MeasuredPrompts, ModelFacts, UnreadableWeights, batch_plan, kv_bytes_per_token,
-                         model_facts, with_measured_prompts)
+from cohort.plan import (GROUP_RELATIVE, BatchPlan, MeasuredPrompts, ModelFacts, UnreadableWeights, batch_plan,
+                         kv_bytes_per_token, model_facts, stream_update_blockers, with_measured_prompts)
 from cohort.data.loading import load_data
 from cohort.prompts import encode_prompts, fit_problems, max_positions_of
 from cohort.rewards.columns import reward_column_problems
@@ -45,7 +45,7 @@ from cohort.rewards.columns import reward_column_problems
 def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
     """All checks that need no model; raises ConfigError listing every problem, else returns the batch plan
     (with check_files, its token bound taken from the longest prompt kept)."""
-    problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_overlap(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
+    problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_overlap(cfg) + check_streaming(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
     if check_files:
         problems += check_data_config(cfg.data) + loading.check_model_dir(cfg.model.path)
         if cfg.critic.path:
@@ -191,6 +191,30 @@ def check_overlap(cfg: CohortConfig) -> list[str]:
     if getattr(t, "num_processes", 1) > 1:
         problems.append(f"rollout.overlap = true runs in one training process; got train.num_processes = {t.num_processes}: "
                         "set train.num_processes=1 or rollout.overlap=false")
+    return problems
+
+
+def check_streaming(cfg: CohortConfig) -> list[str]:
+    """rollout.stream_update=on only where the streamed update is exact; rollout.dynamic_sampling where it is served."""
+    r, problems = cfg.rollout, []
+    world = training_world_size(cfg)
+    if r.stream_update == "on":
+        problems += [f"rollout.stream_update = on, but the per-group update would not equal the batch update: {b} "
+                     "(or set rollout.stream_update=auto/off)" for b in stream_update_blockers(cfg, world)]
+    if r.max_refill_rounds < 0:
+        problems.append(f"rollout.max_refill_rounds = {r.max_refill_rounds}: must be >= 0 (0: no replacement groups)")
+    if not r.dynamic_sampling:
+        return problems
+    if cfg.algorithm.name not in GROUP_RELATIVE:
+        problems.append(f"rollout.dynamic_sampling = true with algorithm.name = {cfg.algorithm.name}: under it a group whose "
+                        "rewards are all equal still has non-zero advantages (batch whitening or a critic), so dropping it "
+                        f"throws signal away; use one of {list(GROUP_RELATIVE)} or set rollout.dynamic_sampling=false")
+    if r.overlap:
+        problems.append("rollout.dynamic_sampling = true with rollout.overlap = true: refills are not served behind an update "
+                        "yet; set one of them to false")
+    if world > 1:
+        problems.append(f"rollout.dynamic_sampling = true with {world} training processes: served in one process only; "
+                        "set train.num_processes=1 or rollout.dynamic_sampling=false")
     return problems
 
 

@@ -228,3 +228,36 @@ def test_activation_estimate_is_close_to_what_autograd_saves(tiny_model_dir):
         body(input_ids=torch.randint(0, 256, (16, 116))).last_hidden_state.sum()
     measured = sum(saved.values())
     assert 0.75 < estimate["activations"] / measured < 1.25, (estimate["activations"], measured)
+
+
+# --------------------------------------------------------------------------- streaming and dynamic sampling
+
+
+def test_stream_update_on_names_every_field_that_makes_it_inexact():
+    reject(["rollout.stream_update=on", "algorithm.name=reinforce_pp", "algorithm.loss_type=bnpo", "train.steps_per_generation=2",
+            "train.prompts_per_step=2", "rollout.num_generations=4"],
+           "rollout.stream_update = on, but", "algorithm.name = reinforce_pp", "algorithm.loss_type = bnpo",
+           "train.steps_per_generation = 2", "(or set rollout.stream_update=auto/off)")
+    reject(["rollout.stream_update=on", "algorithm.beta=0.1", "algorithm.kl_controller=adaptive"], "algorithm.beta = 0.1")
+    validate_config(load_config(None, ["rollout.stream_update=on", "algorithm.beta=0.1"]))  # KL in the loss, fixed: exact
+
+
+def test_dynamic_sampling_is_refused_where_a_constant_group_still_has_advantages():
+    reject(["rollout.dynamic_sampling=true", "algorithm.name=reinforce_pp"],
+           "rollout.dynamic_sampling = true with algorithm.name = reinforce_pp")
+    reject(["rollout.dynamic_sampling=true", "rollout.overlap=true"], "rollout.dynamic_sampling = true with rollout.overlap")
+    reject(["rollout.dynamic_sampling=true", "rollout.max_refill_rounds=-1"], "rollout.max_refill_rounds = -1")
+    validate_config(load_config(None, ["rollout.dynamic_sampling=true", "algorithm.name=rloo"]))
+
+
+def test_plan_says_whether_the_update_streams_and_what_waits_for_the_batch(data_file, capsys):
+    base = [f"data.train_files=[{data_file}]", "rollout.max_completion_length=8"]
+    cli.main(["plan", *base, "rollout.mode=local_server"])
+    assert "streamed update       on: each finished group's forward/backward runs while the rest generate" in capsys.readouterr().out
+    cli.main(["plan", *base])
+    assert ("streamed update       off (rollout.mode = colocate: the engine shares the trainer's cores): rewards per group"
+            in capsys.readouterr().out)
+    cli.main(["plan", *base, "rollout.mode=local_server", "algorithm.scale_rewards=batch", "rollout.dynamic_sampling=true"])
+    out = capsys.readouterr().out
+    assert "streamed update       off (algorithm.scale_rewards = batch)" in out
+    assert "dynamic sampling      on: groups with all-equal rewards are replaced, at most 10 refill rounds" in out

@@ -246,10 +246,10 @@ class RepeatSampler:
             random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         return order
 
-    def next_prompts(self) -> list[int]:
-        """The next generation batch's distinct prompt indices (length prompts_per_generation)."""
+    def next_prompts(self, count: int | None = None) -> list[int]:
+        """The next `count` prompt indices (default: a generation batch's, prompts_per_generation), in the stream's order."""
         out = []
-        while len(out) < self.prompts_per_generation:
+        while len(out) < (self.prompts_per_generation if count is None else count):
             if self.position >= self.num_rows:
                 self.epoch += 1
                 self.position = 0
@@ -261,6 +261,11 @@ class RepeatSampler:
     def next_batch(self) -> list[int]:
         """Prompt indices with each repeated G times in a row."""
         return [i for i in self.next_prompts() for _ in range(self.num_generations)]
+
+    def next_group(self) -> list[int]:
+        """One more prompt, repeated G times: a refill group (rollout.dynamic_sampling). It is the prompt the next
+        batch would have started with, so the state (epoch, position) stays all there is to checkpoint."""
+        return [i for i in self.next_prompts(1) for _ in range(self.num_generations)]
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed}

@@ -6,6 +6,13 @@
     out.total         # (N,)   float64, weighted NaN-aware sum; NaN when every function gave None
     out.metrics       # rewards/<name>/{mean,std,errors}, timing/reward/<name>_s, and
                       # rewards/<name>/<key> for the per-row metrics a function returns (calling.Scores)
+    pending = rs.submit(...same arguments...)  # the functions start on the event loop; the caller goes on
+    out = rs.merge([pending.result(), ...])    # several calls' outputs as one: the metrics of the concatenation
+
+The trainer scores the groups that one poll of the engine returned in one call (with today's engines: the whole
+batch; with streaming engines: the groups that finished together), so a function whose score of a row depends on
+other rows sees only those. `merge` gives the same per_function, total and mean/std/extra metrics as one call
+over the concatenation (errors and timings are summed).
 
 Choices:
 - Contracts: TRL's batch call for every built-in and for your own functions, except a
@@ -88,6 +95,20 @@ class RewardOutput:
     per_function: np.ndarray  # (N, F) float64
     total: np.ndarray  # (N,) float64
     metrics: dict[str, float] = field(default_factory=dict)
+    reported: dict[str, list[float]] = field(default_factory=dict)  # each rewards/<name>/<key> extra: its finite values
+
+
+class PendingScores:
+    """A `RewardSet.submit` in progress: the functions run on the set's event loop; `result()` waits and checks."""
+
+    def __init__(self, future, finish):
+        self._future, self._finish = future, finish
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self) -> RewardOutput:
+        return self._finish(self._future.result())
 
 
 @dataclass
@@ -133,14 +154,18 @@ def _column_metrics(name: str, column: np.ndarray) -> dict[str, float]:
     return {f"rewards/{name}/mean": mean, f"rewards/{name}/std": std}
 
 
-def _extra_metrics(name: str, values: Any) -> dict[str, float]:
-    """``rewards/<name>/<key>``: the mean of each per-row metric a function returned with its scores (``Scores``)."""
+def _extra_values(name: str, values: Any) -> dict[str, list[float]]:
+    """``rewards/<name>/<key>`` -> the finite values of each per-row metric a function returned with its scores (``Scores``)."""
     out = {}
     for key, column in (getattr(values, "metrics", None) or {}).items():
-        reported = [float(v) for v in column if v is not None and math.isfinite(float(v))]
         label = key if key not in ("mean", "std", "errors") else f"extra_{key}"
-        out[f"rewards/{name}/{label}"] = sum(reported) / len(reported) if reported else math.nan
+        out[f"rewards/{name}/{label}"] = [float(v) for v in column if v is not None and math.isfinite(float(v))]
     return out
+
+
+def _extra_metrics(reported: Mapping[str, list[float]]) -> dict[str, float]:
+    """The mean of each extra metric's values (NaN when none was reported)."""
+    return {key: sum(values) / len(values) if values else math.nan for key, values in reported.items()}
 
 
 def _unique_names(names: Sequence[str]) -> list[str]:
@@ -269,6 +294,19 @@ class RewardSet:
         group_size: int = 1,
     ) -> RewardOutput:
         """Score ``N`` completions with every function; shapes in the module docstring."""
+        return self.submit(prompts=prompts, completions=completions, completion_ids=completion_ids, columns=columns,
+                           group_size=group_size).result()
+
+    def submit(
+        self,
+        *,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]],
+        columns: Mapping[str, Sequence[Any]] | None = None,
+        group_size: int = 1,
+    ) -> PendingScores:
+        """`score`, started on the event loop and returned at once: `.result()` waits for it (and raises its errors)."""
         if self._closed:
             raise RuntimeError("this RewardSet is closed")
         n = len(completions)
@@ -276,17 +314,42 @@ class RewardSet:
         if group_size < 1 or n % group_size:
             raise ValueError(f"{n} completions do not split into groups of group_size={group_size}")
         future = asyncio.run_coroutine_threadsafe(self._score_all(kwargs), self._event_loop())
-        results = future.result()
-        per_function = np.full((n, len(self._entries)), np.nan)  # (N, F)
+        return PendingScores(future, lambda results: self._output(results, list(completions), group_size))
+
+    def _output(self, results: list[_CallResult], completions: list[Any], group_size: int) -> RewardOutput:
+        per_function = np.full((len(completions), len(self._entries)), np.nan)  # (N, F)
         metrics: dict[str, float] = {}
+        reported: dict[str, list[float]] = {}
         for k, (entry, result) in enumerate(zip(self._entries, results)):
             errors = self._fill_column(entry, result, per_function[:, k], completions)
             metrics.update(_column_metrics(entry.name, per_function[:, k]))
-            metrics.update(_extra_metrics(entry.name, result.values))
+            reported.update(_extra_values(entry.name, result.values))
             metrics[f"rewards/{entry.name}/errors"] = float(errors)
             metrics[f"timing/reward/{entry.name}_s"] = result.seconds
+        metrics.update(_extra_metrics(reported))
         total = aggregate(per_function, self.weights, self.aggregation, group_size)
-        return RewardOutput(per_function, total, metrics)
+        return RewardOutput(per_function, total, metrics, reported)
+
+    def merge(self, outputs: Sequence[RewardOutput], rows: Sequence[tuple[int, int]] | None = None) -> RewardOutput:
+        """Several calls' outputs as one: `rows` picks the result's rows in order, each `(output, row)` (default: every
+        row of every output, concatenated). per_function and total are those rows; mean/std are recomputed over them,
+        so the metrics equal one call over exactly those completions; errors, timings and the extra per-row metrics
+        (means of every value reported) are over all of `outputs`."""
+        if rows is None:
+            rows = [(k, i) for k, o in enumerate(outputs) for i in range(len(o.total))]
+        per_function = np.stack([outputs[k].per_function[i] for k, i in rows]) if rows else np.empty((0, len(self._entries)))
+        total = np.array([outputs[k].total[i] for k, i in rows], dtype=np.float64)
+        reported: dict[str, list[float]] = {}
+        for o in outputs:
+            for key, values in o.reported.items():
+                reported.setdefault(key, []).extend(values)
+        metrics: dict[str, float] = {}
+        for k, entry in enumerate(self._entries):
+            metrics.update(_column_metrics(entry.name, per_function[:, k]))
+            for key in (f"rewards/{entry.name}/errors", f"timing/reward/{entry.name}_s"):
+                metrics[key] = float(sum(o.metrics[key] for o in outputs))
+        metrics.update(_extra_metrics(reported))
+        return RewardOutput(per_function, total, metrics, reported)
 
     @staticmethod
     def _call_kwargs(prompts, completions, completion_ids, columns) -> dict[str, Any]:

@@ -24,7 +24,12 @@ slices 0..S−1, then again for the next iteration). The maths is in
   otherwise (cohort/models/precision.py); backward passes run outside it;
 - with `rollout.overlap` the next batch is generated in a background thread
   behind the update (cohort/trainer/overlap.py) and arrives one step stale; the
-  update then weights each token by `algorithm.rollout_correction`.
+  update then weights each token by `algorithm.rollout_correction`;
+- generation goes through the group stream (cohort/trainer/streaming.py): rewards
+  per group as groups finish, dynamic sampling's refills, and with
+  `rollout.stream_update` the forward/backward passes of finished groups while
+  the rest generate (`finish_streamed_update` then divides by the normaliser and
+  steps).
 
 Several training processes differ only through `self.dist` (cohort/distributed/fsdp.py:
 this rank's groups, the global loss normaliser, reduced metrics and gradients — all
@@ -52,7 +57,7 @@ from cohort.config import CohortConfig, default_output_dir
 from cohort.models.batching import length_sorted_micro_batches, pack_right_padded, pad_rows
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES
-from cohort.rollout.base import SamplingConfig, WeightStream, completion_seeds, completion_text
+from cohort.rollout.base import SamplingConfig, WeightStream, completion_seeds
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.overlap import BackgroundRollout, PendingGeneration
 from cohort.trainer.parts import PART_NAMES, TrainerParts
@@ -60,8 +65,10 @@ from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.trainer.run import run_training
 from cohort.trainer.setup import setup
 from cohort.trainer.stopping import check_finite
+from cohort.trainer.streaming import StreamedGradients, collect_batch, drain_batch, score_drained
 from cohort.trainer.sync_check import SyncCheck
-from cohort.validation import validate_config
+from cohort.plan import stream_update_active
+from cohort.validation import training_world_size, validate_config
 
 class Phases:
     """Wall-clock timing of named phases: `with phases("generate"): ...` adds to timing/generate_s."""
@@ -113,6 +120,8 @@ class Trainer:
         self.parts: TrainerParts = setup(cfg, self.plan, run_dir, pack=self._pack, external_engine=engine)
         self.pending: PendingGeneration | None = None  # the next generation batch, sampling in the background (rollout.overlap)
         self.background = BackgroundRollout() if cfg.rollout.overlap else None
+        self.stream_update = stream_update_active(cfg, training_world_size(cfg))  # train groups as they finish (streaming.py)
+        self.streamed: StreamedGradients | None = None  # the streamed update's sums while its batch generates
 
     def __getattr__(self, name: str):
         """`self.policy` and every other part: read from `self.parts` (only called when normal lookup fails)."""
@@ -131,55 +140,62 @@ class Trainer:
     # ------------------------------------------------------------------ phases
 
     def _request_generation(self) -> PendingGeneration:
-        """The next generation batch's prompts and seeds, and the engine call (run later, or now in the background)."""
+        """The next generation batch's prompts and seeds; with rollout.overlap, the engine call run in the background."""
         cfg = self.cfg
         self.sync_weights()  # the engine samples from the current policy
         rows = self.sampler.next_batch()
         prompts = [self.train_ids[i] for i in rows]
         sampling = SamplingConfig(cfg.rollout.max_completion_length, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k)
         seeds = completion_seeds(cfg.rollout.seed, self.generation_index, len(prompts))
+        pending = PendingGeneration(rows, prompts, self.policy_version, seeds, sampling, self.generation_index)
+        pending.run = lambda: drain_batch(self.engine, pending, self.plan.num_generations)
         self.generation_index += 1
-        return PendingGeneration(rows, prompts, self.policy_version, lambda: self.engine.generate(prompts, sampling, seeds))
+        return pending
 
     def generate_batch(self) -> RolloutBatch:
+        """The next generation batch through the group stream (trainer/streaming.py), in submission order: rewards
+        per group as groups finish; with the streamed update, the forward/backward passes too."""
         cfg, plan = self.cfg, self.plan
         pending, self.pending = self.pending or self._request_generation(), None
-        with self.phases("generate"):
-            outs = pending.result()  # with rollout.overlap: the wait for the batch generated behind the last update
-        rows, prompts = pending.rows, pending.prompts
-        self._calibrate_sync_check(pending, outs)  # (before the next batch starts: the engine must be idle)
+        if pending.future is not None:  # rollout.overlap: generated behind the last update, scored now
+            with self.phases("generate"):
+                pending.wait()
+            collected = score_drained(self, pending, pending.result())
+        else:
+            if self.stream_update:
+                self.optimizer.zero_grad(set_to_none=True)
+                self.streamed = StreamedGradients()
+            collected = collect_batch(self, pending)
+        self._calibrate_sync_check(pending.policy_version, collected.prompts, collected.outs)  # (the engine must be idle)
         if self.background is not None and self.step_count + plan.optimizer_steps_per_generation < plan.max_steps:
             self.pending = self.background.start(self._request_generation())  # the next batch, behind this update
-        texts = [completion_text(self.tokenizer, o) for o in outs]
-        with self.phases("reward"):
-            scored = self.rewards.score(
-                prompts=[self.train_data.rows[i][self.train_data.prompt_key] for i in rows],
-                completions=[self._as_completion(self.train_data.rows[i][self.train_data.prompt_key], t) for i, t in zip(rows, texts)],
-                completion_ids=[o.token_ids for o in outs],
-                columns={c: [self.train_data.rows[i].get(c) for i in rows] for c in self.train_data.columns},
-                group_size=plan.num_generations,
-            )
+        outs, scored = collected.outs, collected.scored
         rewards_t = torch.tensor(scored.total, dtype=torch.float32)
         batch = RolloutBatch(
-            row_indices=rows, prompt_ids=prompts, completion_ids=[o.token_ids for o in outs],
+            row_indices=collected.rows, prompt_ids=collected.prompts, completion_ids=[o.token_ids for o in outs],
             engine_logp=[o.logprobs for o in outs], truncated=[o.status == "length" for o in outs],
-            completions_text=texts, rewards=scored.total, per_function=scored.per_function, advantages=torch.empty(0),
-            policy_version=pending.policy_version,
+            completions_text=collected.texts, rewards=scored.total, per_function=scored.per_function,
+            advantages=torch.empty(0), policy_version=pending.policy_version,
         )
-        batch.metrics = self._batch_metrics(batch, rewards_t, scored.metrics)
+        batch.metrics = {**self._batch_metrics(batch, rewards_t, scored.metrics), **collected.metrics}
         with self.phases("logprob"):
             if self.algorithm.score_old_logp:
                 batch.old_logp = self._score_all(self.policy, batch)
-            if self.ref_model is not None:
-                batch.ref_logp = self._score_all(self.ref_model, batch)
-            elif self.lora is not None and self.cfg.algorithm.beta != 0:  # LoRA: the reference is the adapter disabled
-                with self.lora.adapter_disabled():
-                    batch.ref_logp = self._score_all(self.policy, batch)
+            batch.ref_logp = collected.ref_logp if self.streamed is not None else self.reference_logprobs(batch)
         if self.critic is not None:
             with self.phases("critic"):
                 batch.values = self.critic.values(batch, self._micro_batches(batch, list(range(len(batch)))))
         self._advantages(batch, rewards_t)
         return batch
+
+    def reference_logprobs(self, batch: RolloutBatch) -> list[torch.Tensor] | None:
+        """The reference policy's log-probs of every completion; None when beta = 0 (no reference)."""
+        if self.ref_model is not None:
+            return self._score_all(self.ref_model, batch)
+        if self.lora is not None and self.cfg.algorithm.beta != 0:  # LoRA: the reference is the adapter disabled
+            with self.lora.adapter_disabled():
+                return self._score_all(self.policy, batch)
+        return None
 
     def _as_completion(self, prompt: Any, text: str) -> Any:
         return [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
@@ -215,13 +231,35 @@ class Trainer:
         return out
 
     def update(self, batch: RolloutBatch, indices: list[int]) -> dict[str, float]:
-        """One optimizer step over `indices` of the batch, with gradient accumulation."""
-        cfg, a = self.cfg, self.cfg.algorithm
+        """One optimizer step over `indices` of the batch, with gradient accumulation (or the streamed update's end)."""
+        if self.streamed is not None:
+            return self.finish_streamed_update()
         micro = self._micro_batches(batch, self.dist.local_indices(indices, self.plan.num_generations))  # this rank's groups
         packed = [self._pack(batch, mb) for mb in micro]
         num_items = self.dist.global_count(sum(aggregation_count(p[1], self.aggregation) for p in packed))
         sums: dict[str, float] = defaultdict(float)
         self.optimizer.zero_grad(set_to_none=True)
+        self.backward_micro_batches(batch, micro, packed, num_items, sums)
+        sums = defaultdict(float, self.dist.reduce_metrics(sums))  # over ranks (identity in one process)
+        grad_norm = self._clip_and_step(sums["loss"])
+        return self._update_metrics(sums, grad_norm)
+
+    def finish_streamed_update(self) -> dict[str, float]:
+        """The streamed update's optimizer step: every group's gradients are in, each micro-batch's loss summed
+        unnormalised; divide by the loss normaliser (the same count the batch update divides by), then clip and step."""
+        streamed, self.streamed = self.streamed, None
+        count = streamed.count if streamed.count > 0 else 1.0  # (aggregate_loss: a zero count divides by 1)
+        for p in self.policy.parameters():
+            if p.grad is not None:
+                p.grad.div_(count)
+        sums = streamed.sums
+        sums["loss"] /= count
+        grad_norm = self._clip_and_step(sums["loss"])
+        return self._update_metrics(sums, grad_norm)
+
+    def backward_micro_batches(self, batch: RolloutBatch, micro: list[list[int]], packed, num_items, sums) -> None:
+        """Forward and backward over each micro-batch (gradients accumulate), the loss divided by `num_items`."""
+        cfg, a = self.cfg, self.cfg.algorithm
         for mb, (pb, mask) in zip(micro, packed):
             with self.precision.autocast():  # float32 master weights, low-precision maths when mixed; backward outside
                 logp, entropy = completion_logprobs(self.policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths,
@@ -250,9 +288,6 @@ class Trainer:
             self._accumulate_mismatch(sums, batch, mb, logp, mask)
             for key, value in metrics.items():
                 sums[key] += float(value) * tokens
-        sums = defaultdict(float, self.dist.reduce_metrics(sums))  # over ranks (identity in one process)
-        grad_norm = self._clip_and_step(sums["loss"])
-        return self._update_metrics(sums, grad_norm)
 
     def _micro_batches(self, batch: RolloutBatch, indices: list[int]) -> list[list[int]]:
         """`indices` split into length-sorted micro-batches of at most train.micro_batch_size completions
@@ -398,13 +433,13 @@ class Trainer:
             sensitivity = float((trainer - trainer_logprobs(contextlib.nullcontext())).abs().mean())
         return torch.tensor([x for row in engine for x in row], dtype=torch.float32), trainer, sensitivity
 
-    def _calibrate_sync_check(self, pending: PendingGeneration, outs) -> None:
+    def _calibrate_sync_check(self, sampled_version: int, prompts: list[list[int]], outs) -> None:
         """Pick the canaries from the first batch and measure the noise floor while engine and trainer provably agree."""
         if self.engine_shares_policy or self.sync_check.floor is not None:
             return
         if not self.sync_check.canaries:
-            self.sync_check.choose(pending.prompts, [o.token_ids for o in outs], self.plan.num_generations)
-        same_weights = pending.policy_version == self.policy_version == self.synced_version
+            self.sync_check.choose(prompts, [o.token_ids for o in outs], self.plan.num_generations)
+        same_weights = sampled_version == self.policy_version == self.synced_version
         if self.sync_check.canaries and same_weights and self.sync_check.fixed_tolerance is None:
             with self.phases("sync"):
                 self.sync_metrics.update(self.sync_check.calibrate(*self._canary_logprobs()))

@@ -8,7 +8,8 @@ weights pi_current / pi_sampler (cohort.algorithms.rollout_correction, fed the
 engine's own log-probs of the sampled tokens) passed to the policy loss as
 `token_weights`; the PPO ratio's denominator stays the current policy, detached.
 
-Only the engine call runs in the thread: the sampler, the seeds, rewards,
+Only the engine call runs in the thread (the batch's groups drained through the group stream,
+`cohort.trainer.streaming.drain_batch`; they are scored group by group when the batch is taken): the sampler, the seeds, rewards,
 advantages and every trainer-side pass stay on the main thread, and weights
 are pushed into the engine only while no generation is in flight (the loop
 waits for the pending batch first).
@@ -42,7 +43,10 @@ class PendingGeneration:
     rows: list[int]  # dataset rows, each repeated G times
     prompts: list[list[int]]  # token ids, one entry per completion
     policy_version: int  # the policy version the engine held when sampling started
-    run: Callable[[], list[Any]]  # the engine call
+    seeds: list[int]  # one per completion
+    sampling: Any  # the SamplingConfig of every request
+    generation_index: int  # which generation batch (names its requests)
+    run: Callable[[], list[Any]] | None = None  # the engine call, for a background generation
     future: Future | None = None
     _outs: list[Any] | None = field(default=None, repr=False)
 

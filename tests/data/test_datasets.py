@@ -88,3 +88,13 @@ def test_repeat_sampler_state_round_trip():
     # each epoch is a permutation of all rows
     c = RepeatSampler(7, 7, 1, shuffle=True, seed=1)
     assert sorted(c.next_prompts()) == list(range(7))
+
+
+def test_repeat_sampler_refill_groups_continue_the_stream_and_round_trip():
+    sampler = RepeatSampler(5, prompts_per_generation=2, num_generations=3, shuffle=False)
+    assert sampler.next_batch() == [0, 0, 0, 1, 1, 1]
+    assert sampler.next_group() == [2, 2, 2]  # the prompt the next batch would have started with
+    assert sampler.next_group() == [3, 3, 3]
+    copy = RepeatSampler(5, 2, 3, shuffle=False)
+    copy.load_state_dict(sampler.state_dict())
+    assert sampler.next_batch() == copy.next_batch() == [4, 4, 4, 0, 0, 0]  # then into the next epoch
