@@ -4,8 +4,9 @@ and (where exact) the update's forward/backward passes on finished groups while 
 `collect_batch(trainer, pending)` submits the batch's groups to a `GroupStream` (cohort/rollout/stream.py). The
 groups that one poll of the engine completes are scored in one reward call, started at once (`RewardSet.submit`,
 on the reward event loop, while the engine keeps generating); a call's rewards are read once they are done, or
-when the stream has nothing else to wait for. With today's engines (`BatchRequests`: one poll returns the whole
-batch) that is one call per batch, as before. The groups are then put back in submission order and the calls'
+when the stream has nothing else to wait for. A streaming engine (vLLM in-process, a rollout server, transformers'
+continuous batching) returns groups as they finish, so several calls overlap generation; an engine that samples
+whole batches (`BatchRequests`) returns everything in one poll: one call per batch. The groups are then put back in submission order and the calls'
 outputs merged over exactly the kept rows (`RewardSet.merge`), so the batch's completions, rewards and reward
 metrics are the batch path's, whatever order the engine finished in.
 
