@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=10, help="profiled steps")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--stats-out", default=None, help="also dump the raw cProfile stats here (for pstats / snakeviz)")
     args = ap.parse_args(argv)
 
     from cohort.config import load_config
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> dict:
             total = time.perf_counter() - start
         finally:
             trainer.close()
+    if args.stats_out:
+        profile.dump_stats(args.stats_out)
     stats = pstats.Stats(profile).stats  # (file, line, name) → (calls, primitive, tottime, cumtime, callers)
     steps = args.steps
 
