@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: install demo test bench bench-env bench-env-vllm clean
+.PHONY: install demo test bench bench-compare bench-env bench-env-vllm clean
 
 install: $(STAMP)
 
@@ -37,6 +37,12 @@ test: install
 
 bench: install
 	$(PY) bench/run_all.py
+
+# cohort against TRL, each as its users run it (bench/compare.py drops the OpenMP variables exported above from its
+# children and sets only each variant's own); the default candidates ranked in bench/compare.md.
+bench-compare: install bench-env
+	$(PY) bench/compare.py --out bench/compare.json
+	$(PY) bench/compare_table.py bench/compare.json > bench/compare.md
 
 # TRL for the side-by-side benchmarks (bench/compare.py), in its own venv: never a dependency of cohort, never part of
 # `make install`. A plain `pip install trl`, as its users get it (its own transformers); torch is the CPU wheel.
