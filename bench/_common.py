@@ -110,6 +110,22 @@ def affinity_cores(pid: int) -> int:
     return len(cores)
 
 
+def bound_cores(pid: int) -> int:
+    """CPUs the process's compute threads may use: the list in its VLLM_CPU_OMP_THREADS_BIND ("1", "0-1", "0,2") when
+    it has one (a local_server engine child binds its OpenMP threads there; its HTTP and Python threads keep the whole
+    mask but do no compute), else `affinity_cores`."""
+    try:
+        environ = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
+    except OSError:
+        return affinity_cores(pid)
+    cores: set[int] = set()
+    for part in environ.get("VLLM_CPU_OMP_THREADS_BIND", "").split(","):
+        low, _, high = part.partition("-")
+        if low.strip().isdigit() and (not high or high.strip().isdigit()):
+            cores |= set(range(int(low), int(high or low) + 1))
+    return len(cores) or affinity_cores(pid)
+
+
 def load_average() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 

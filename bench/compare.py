@@ -29,9 +29,10 @@ phase its median and share of the median step, and idle fractions over the same 
   /proc/<pid>/stat utime+stime) and of its descendants (rollout.mode=local_server: the `cohort serve` engine child;
   colocate: none, the engine is inside the trainer);
 - `trainer_idle_fraction` = 1 − trainer_cpu_cores / trainer_cores and `engine_idle_fraction` = 1 − engine_cpu_cores /
-  engine_cores, where *_cores is the number of CPUs in the union of that process's threads' affinity masks (the engine
-  child binds its OpenMP threads to its cores; an unbound process may use all). A spinning OpenMP thread counts as
-  busy, so under OMP_WAIT_POLICY=ACTIVE these understate the waiting;
+  engine_cores: trainer_cores is the number of CPUs in the union of the trainer's threads' affinity masks (all of
+  them: it is never bound), engine_cores the cores in the engine child's VLLM_CPU_OMP_THREADS_BIND (its compute
+  threads are bound there), else its affinity. A spinning OpenMP thread counts as busy, so under
+  OMP_WAIT_POLICY=ACTIVE these understate the waiting;
 - `engine_idle_fraction_phase` = 1 − (generate + sync) / step: the share of the step the engine has no work, from the
   timing phases (the only definition for colocate, where engine and trainer share a process; with overlap meaningless).
 
@@ -199,7 +200,7 @@ class Sampler:
 
     def snapshot(self, lines: int) -> dict:
         engines = [p for p in self.engine_cpu if common.process_cpu_s(p) is not None]
-        self.engine_cores = max([common.affinity_cores(p) for p in engines] or [self.engine_cores])
+        self.engine_cores = max([common.bound_cores(p) for p in engines] or [self.engine_cores])
         return {"t": time.perf_counter(), "lines": lines, "trainer": common.process_cpu_s(self.pid) or 0.0,
                 "engine": sum(self.engine_cpu.values()), "machine": common.machine_busy_s(),
                 "spinner": common.process_cpu_s(self.spinner) if self.spinner else 0.0,
