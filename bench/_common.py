@@ -37,11 +37,21 @@ FOREIGN_MAX_CORES = 0.2  # other processes' average CPU use during a measurement
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-# Before anything imports vLLM: in-process engine, its logs on stderr (stdout carries only the JSON).
-for _key, _value in (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"), ("VLLM_LOGGING_STREAM", "ext://sys.stderr"),
-                     ("TOKENIZERS_PARALLELISM", "false"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
-                     ("OMP_WAIT_POLICY", "PASSIVE")):
+# Plumbing only, for both sides: nothing here changes how fast either tool runs. vLLM's logs go to stderr (stdout
+# carries only the JSON); no model hub lookups (this machine has none to reach; every model is a local directory).
+# Deliberately NOT set here: OMP_WAIT_POLICY, GOMP_SPINCOUNT, OMP_NUM_THREADS, TOKENIZERS_PARALLELISM: a TRL user sets
+# none of them, and cohort's side gets exactly what its CLI sets (`cohort_cli_environment`). Setting PASSIVE here for
+# both sides is what made the withdrawn 1.56-2.63x of docs/performance.md (it roughly halves TRL's speed).
+for _key, _value in (("VLLM_LOGGING_STREAM", "ext://sys.stderr"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")):
     os.environ.setdefault(_key, _value)
+
+
+def cohort_cli_environment() -> None:
+    """The environment `cohort train` runs in: whatever cohort/cli.py sets at import (today VLLM_ENABLE_V1_MULTIPROCESSING=0,
+    TOKENIZERS_PARALLELISM=false, HF_HUB_OFFLINE=1, OMP_WAIT_POLICY=PASSIVE, each only when unset). Call before torch loads
+    (the OpenMP runtime reads its variables once, when it loads). Scripts that drive cohort's Trainer in-process call this
+    so they measure what the CLI would run; a variable given in the environment still wins, as it does for the CLI."""
+    import cohort.cli  # noqa: F401  (its import sets the defaults; it imports no torch)
 
 
 # --------------------------------------------------------------------------- environment
@@ -53,6 +63,67 @@ def set_threads(n: int) -> None:
 
     torch.set_num_threads(n)
     os.environ.setdefault("OMP_NUM_THREADS", str(n))
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system, all its threads, not its children) process `pid` has used; None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ..., utime at index 11
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid: int) -> list[int]:
+    """Live descendant processes of `pid` (children of every thread, recursively)."""
+    found, frontier = [], [pid]
+    while frontier:
+        current = frontier.pop()
+        try:
+            tasks = list(Path(f"/proc/{current}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += children
+            frontier += children
+    return found
+
+
+def affinity_cores(pid: int) -> int:
+    """CPUs in the union of the affinity masks of `pid`'s threads (an engine child binds its OpenMP threads to its cores;
+    an unbound process may use every core). 0 once it is gone."""
+    cores: set[int] = set()
+    try:
+        tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        return 0
+    for tid in tids:
+        try:
+            cores |= os.sched_getaffinity(tid)
+        except OSError:
+            continue
+    return len(cores)
+
+
+def bound_cores(pid: int) -> int:
+    """CPUs the process's compute threads may use: the list in its VLLM_CPU_OMP_THREADS_BIND ("1", "0-1", "0,2") when
+    it has one (a local_server engine child binds its OpenMP threads there; its HTTP and Python threads keep the whole
+    mask but do no compute), else `affinity_cores`."""
+    try:
+        environ = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
+    except OSError:
+        return affinity_cores(pid)
+    cores: set[int] = set()
+    for part in environ.get("VLLM_CPU_OMP_THREADS_BIND", "").split(","):
+        low, _, high = part.partition("-")
+        if low.strip().isdigit() and (not high or high.strip().isdigit()):
+            cores |= set(range(int(low), int(high or low) + 1))
+    return len(cores) or affinity_cores(pid)
 
 
 def load_average() -> float:
@@ -170,6 +241,15 @@ def build_model(out_dir: Path, *, hidden_size: int = 128, num_hidden_layers: int
     save_char_tokenizer(tmp, model_max_length=max_positions)
     tmp.rename(out_dir)
     return out_dir
+
+
+MODEL_31M = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                 intermediate_size=2048, tie_word_embeddings=True)  # 31.5M parameters besides the 0.13M embedding
+
+
+def model_31m_dir() -> Path:
+    """The 31.5M-parameter Qwen2 of issue 13 (hidden 512, 8 layers, 8 heads, 4 KV heads, intermediate 2048, tied)."""
+    return build_model(CACHE / "qwen2-h512-l8", **MODEL_31M)
 
 
 def tiny_model_dir() -> Path:

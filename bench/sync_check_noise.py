@@ -19,9 +19,12 @@ import json
 import statistics
 import time
 
-from _common import load_average  # noqa: F401  (sets the environment vLLM needs first)
+import _common
+from _common import load_average
 
-from cohort.config import load_config
+_common.cohort_cli_environment()  # the environment `cohort train` runs in, before torch and vLLM load
+
+from cohort.config import load_config  # noqa: E402  (after the environment above)
 from cohort.trainer import sync_check
 from cohort.trainer.loop import Trainer
 

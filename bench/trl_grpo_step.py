@@ -1,25 +1,40 @@
-"""TRL's GRPOTrainer on the same workloads as grpo_step.py / long_completion.py, for the side-by-side.
+"""TRL's GRPOTrainer on the same workloads as cohort's side of bench/compare.py, run as a TRL user runs it.
 
-Runs inside bench/.trl-venv (TRL pins its own transformers; TRL is never a
-dependency of cohort):
+Runs inside bench/.trl-venv (`make bench-env`: a plain `pip install trl==1.16.0` with the CPU torch; TRL is never a
+dependency of cohort) or, for TRL's vLLM path, bench/.trl-vllm-venv (`make bench-env-vllm`):
 
-    python3.11 -m venv bench/.trl-venv
-    bench/.trl-venv/bin/pip install torch==2.13.0 trl==1.16.0
-    bench/.trl-venv/bin/python bench/trl_grpo_step.py [--max-completion-length 16] [--prompts-per-step 4] [--vllm]
+    bench/.trl-venv/bin/python bench/trl_grpo_step.py [--max-completion-length 16] [--prompts-per-step 4] [--metrics-file F]
 
-Same model directory, same prompts, same reward function (bench/_common.py), same
-batch shape (one generation per optimizer step, no gradient accumulation),
-fp32, no gradient checkpointing, beta 0, lr 1e-4, 2 threads. Step time is the
-wall time between the trainer's on_step_begin and on_step_end callbacks; the
-phases are measured by wrapping TRL's own methods on the instance
-(`_generate` → generate (with the vLLM weight sync when --vllm), `_calculate_rewards`
-→ reward, `_get_per_token_logps_and_entropies` outside the loss → logprob, the
-rest of the step → update).
+What this script sets, and why each is what a TRL user sets:
+- the workload, identical on both sides: the model directory, the prompts, the reward function (bench/_common.py),
+  `num_generations`, `max_completion_length`, `learning_rate`, `max_steps`, and one generation batch per optimizer
+  step (`per_device_train_batch_size` = prompts × G, as a plain GRPO script sets to train on-policy);
+- `bf16=False`: the workload's precision. TRL defaults to bf16 autocast; cohort trains these float32 checkpoints in
+  float32 by default, so both sides do the same float32 arithmetic;
+- `use_cpu=True` (there is no GPU), `report_to="none"`, `save_strategy="no"` (no checkpoint inside the timed steps:
+  cohort's run saves only after its last step).
+Everything else is TRL's default: `gradient_checkpointing=True`, `loss_type="dapo"`, `beta=0.0`, `temperature=1.0`,
+`logging_steps=10`, the progress bar, transformers `generate`. No environment variable that changes speed is set
+(bench/_common.py sets only log routing and offline hub flags): no OMP_WAIT_POLICY, no thread count. PyTorch's default
+thread count is the number of physical cores (2 on the 2-core machine), so the `torch.set_num_threads(2)` of the
+script the issue quotes changes nothing there.
+
+The best-settings variants are flags, each named in the output: `--threads N` (torch.set_num_threads),
+`--no-gradient-checkpointing` (TRL's fastest setting for a model this small), `--vllm` (TRL's colocated vLLM path,
+with the same 1 GiB KV cache as cohort's engine and the CPU weight-sync fix below), and whatever the driver puts in the
+environment (OMP_WAIT_POLICY=ACTIVE, say).
+
+Step time is the wall time between the trainer's on_step_begin and on_step_end callbacks; the phases are measured by
+wrapping TRL's own methods on the instance (`_generate` → generate (with the vLLM weight sync when --vllm),
+`_calculate_rewards` → reward, the rest of `_generate_and_score_completions` → logprob, the rest of the step → update).
+`--metrics-file` gets one JSON line per step (`timing/step_s`, `timing/<phase>_s`), written as each step ends, the
+way cohort writes metrics.jsonl, so bench/compare.py reads both sides the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 
@@ -66,40 +81,54 @@ def patch_cpu_weight_sync(trainer) -> None:
     generation.sync_weights = sync_weights
 
 
+def grpo_config(args, out_dir) -> "GRPOConfig":
+    """TRL's config: the workload's fields and the flags named in the module docstring; every other field TRL's default."""
+    from trl import GRPOConfig
+
+    per_step = args.prompts_per_step * args.num_generations
+    extra = {}
+    if args.no_gradient_checkpointing:
+        extra["gradient_checkpointing"] = False
+    if args.vllm:
+        extra |= dict(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=64 + args.max_completion_length,
+                      vllm_gpu_memory_utilization=0.3)
+    return GRPOConfig(
+        output_dir=str(out_dir), use_cpu=True, report_to="none", save_strategy="no", bf16=False,
+        per_device_train_batch_size=per_step, num_generations=args.num_generations,
+        max_completion_length=args.max_completion_length, learning_rate=args.learning_rate, max_steps=args.steps, **extra,
+    )
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: PyTorch's own)")
     ap.add_argument("--prompts-per-step", type=int, default=4)
     ap.add_argument("--num-generations", type=int, default=8)
     ap.add_argument("--max-completion-length", type=int, default=16)
     ap.add_argument("--learning-rate", type=float, default=1e-4)
+    ap.add_argument("--no-gradient-checkpointing", action="store_true", help="a best-settings variant (TRL's default is on)")
     ap.add_argument("--vllm", action="store_true", help="TRL's colocated vLLM path instead of transformers generate")
     ap.add_argument("--model-dir", default=None)
+    ap.add_argument("--metrics-file", default=None, help="one JSON line per step, written as the step ends")
     args = ap.parse_args(argv)
-    common.set_threads(args.threads)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # the same 1 GiB KV cache as cohort's engine
+    if args.threads:
+        common.set_threads(args.threads)
+    if args.vllm:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: the weight-sync fix reaches it
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # the same 1 GiB KV cache as cohort's engine
 
     import torch
     import trl
     import transformers
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     model_dir = args.model_dir or str(common.tiny_model_dir())
     rows = common.read_rows(common.addition_file(64))
     per_step = args.prompts_per_step * args.num_generations
-    out_dir = common.CACHE / "runs" / f"trl-{os.getpid()}"
-    config = GRPOConfig(
-        output_dir=str(out_dir), use_cpu=True, per_device_train_batch_size=per_step, gradient_accumulation_steps=1,
-        num_generations=args.num_generations, max_completion_length=args.max_completion_length, temperature=1.0,
-        beta=0.0, learning_rate=args.learning_rate, max_steps=args.steps,
-        logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, bf16=False, fp16=False,
-        gradient_checkpointing=False, dataloader_num_workers=0, seed=0, loss_type="dapo",
-        use_vllm=args.vllm, vllm_mode="colocate", vllm_max_model_length=64 + args.max_completion_length,
-        vllm_gpu_memory_utilization=0.3,
-    )
+    config = grpo_config(args, common.CACHE / "runs" / f"trl-{os.getpid()}")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
 
@@ -109,6 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     steps: list[dict] = []
     phases: dict[str, float] = {}
     counts = {"completion_tokens": 0, "train_tokens": 0}
+    sink = open(args.metrics_file, "a") if args.metrics_file else None
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, *a, **k):
@@ -116,7 +146,11 @@ def main(argv: list[str] | None = None) -> dict:
             self.start = time.perf_counter()
 
         def on_step_end(self, *a, **k):
-            steps.append({"step_s": time.perf_counter() - self.start, **phases, **counts})
+            record = {"step_s": time.perf_counter() - self.start, **phases, **counts}
+            steps.append(record)
+            if sink is not None:
+                sink.write(json.dumps(step_metrics(record, len(steps))) + "\n")
+                sink.flush()
 
     trainer = GRPOTrainer(model=model, reward_funcs=[addition_reward], args=config,
                           train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=[StepTimer()])
@@ -137,28 +171,38 @@ def main(argv: list[str] | None = None) -> dict:
 
     with common.LoadWatch() as load:
         trainer.train()
-    steady = steps[1:] or steps
-    for s in steady:
-        s["update"] = s["step_s"] - s.get("prepare", 0.0)
-        s["logprob"] = s.get("prepare", 0.0) - s.get("generate", 0.0) - s.get("reward", 0.0)
-    step_s = common.median([s["step_s"] for s in steady])
-    phase = {p: common.median([s.get(p, 0.0) for s in steady]) for p in ("generate", "reward", "logprob", "update")}
-    gen_s = sum(s.get("generate", 0.0) for s in steady)
-    upd_s = sum(s["update"] for s in steady)
+    steady = [step_metrics(s, i) for i, s in enumerate(steps[1:] or steps, start=2)]
+    step_s = common.median([s["timing/step_s"] for s in steady])
+    phase = {p: common.median([s[f"timing/{p}_s"] for s in steady]) for p in TRL_PHASES}
+    gen_s = sum(s["timing/generate_s"] for s in steady)
+    upd_s = sum(s["timing/update_s"] for s in steady)
+    completion_tokens = sum(s["completion_tokens"] for s in steps[1:] or steps)
     result = {
         "benchmark": "grpo_step", "trainer": "trl", "trl_version": trl.__version__, "transformers_version": transformers.__version__,
-        "engine": "vllm" if args.vllm else "transformers", "threads": args.threads, "prompts_per_step": args.prompts_per_step,
+        "engine": "vllm" if args.vllm else "transformers", "threads": torch.get_num_threads(),
+        "gradient_checkpointing": config.gradient_checkpointing, "prompts_per_step": args.prompts_per_step,
         "num_generations": args.num_generations, "max_completion_length": args.max_completion_length,
         "median_step_s": step_s, "step_s_all": [round(s["step_s"], 4) for s in steps],
         "phases_median_s": phase, "phases_share": {p: v / step_s for p, v in phase.items()},
-        "rollout_tokens_per_s": sum(s["completion_tokens"] for s in steady) / gen_s if gen_s else None,
-        "train_tokens_per_s": sum(s["train_tokens"] for s in steady) / upd_s if upd_s else None,
-        "train_completion_tokens_per_s": sum(s["completion_tokens"] for s in steady) / upd_s if upd_s else None,
-        "mean_completion_length": sum(s["completion_tokens"] for s in steady) / (len(steady) * per_step),
+        "rollout_tokens_per_s": completion_tokens / gen_s if gen_s else None,
+        "train_completion_tokens_per_s": completion_tokens / upd_s if upd_s else None,
+        "mean_completion_length": completion_tokens / (len(steady) * per_step),
         "steps": len(steps), **load.record(), "peak_rss_mib": common.peak_rss_mib(),
     }
     common.emit(result)
     return result
+
+
+TRL_PHASES = ("generate", "reward", "logprob", "update")
+
+
+def step_metrics(record: dict, step: int) -> dict:
+    """One step's record in cohort's metric names: timing/step_s and timing/<phase>_s (update = the rest of the step)."""
+    prepare = record.get("prepare", 0.0)
+    generate, reward = record.get("generate", 0.0), record.get("reward", 0.0)
+    return {"step": step, "timing/step_s": record["step_s"], "timing/generate_s": generate, "timing/reward_s": reward,
+            "timing/logprob_s": prepare - generate - reward, "timing/update_s": record["step_s"] - prepare,
+            "completion_tokens": record.get("completion_tokens", 0)}
 
 
 if __name__ == "__main__":
