@@ -1,8 +1,10 @@
 """`cohort train` as a user runs it, with vLLM: a quiet console, and a failure that reads as one message.
 
-The embedded demo (tiny:arith on vLLM) with a reward that raises on its 4th call: call 1
-is the "before" eval (one call for the whole eval set), calls 2 and 3 are steps 1 and 2,
-so the run fails in step 3 after two good steps. Before this, such a run printed
+The embedded demo (tiny:arith on vLLM) with a reward that raises in step 3: call 1 is the
+"before" eval (one call for the whole eval set); training then scores groups as they finish, in
+as many calls as the engine's polls make, so the reward counts completions, not calls: it raises
+on the first call past the 2 × 256 completions of steps 1 and 2 (32 prompts × G=8 per step, the
+demo preset), so the run fails in step 3 after two good steps. Before this, such a run printed
 about 25 start-up warnings, two vLLM "Failed to load weights" lines per step and a
 30-line traceback with every line prefixed `[rank0]:`.
 """
@@ -16,6 +18,7 @@ import textwrap
 
 import pytest
 
+from cohort.config import DEMO_PRESET
 from cohort.trainer import checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -23,13 +26,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 REWARD_MODULE = textwrap.dedent('''
     import os
     CALLS = [0]
+    TRAINED = [0]  # completions scored after the "before" eval (call 1)
 
     def exact_or_raise(prompts, completions, answer, **kwargs):
         CALLS[0] += 1
-        if CALLS[0] == int(os.environ["COHORT_TEST_FAIL_AT_CALL"]):
-            raise ValueError("the grader lost its answer key")
+        if CALLS[0] > 1:
+            TRAINED[0] += len(completions)
+            if TRAINED[0] > int(os.environ["COHORT_TEST_FAIL_AFTER"]):
+                raise ValueError("the grader lost its answer key")
         return [float(c.strip() == a) for c, a in zip(completions, answer)]
 ''')
+STEP_COMPLETIONS = DEMO_PRESET["train"]["prompts_per_step"] * DEMO_PRESET["rollout"]["num_generations"]  # 32 × 8
 COHORT_LINES = ("config: ", "eval before training: ", "step ", "  ", "training ", "cohort: run failed at step 3 (reward): ",
                 "Saved the last good state (after step 2) to ", "Full traceback: ")
 
@@ -39,7 +46,7 @@ def test_vllm_run_console_has_only_cohort_lines_and_a_failure_is_one_message(tmp
     (tmp_path / "console_test_rewards.py").write_text(REWARD_MODULE)
     run_dir = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-               COHORT_TEST_FAIL_AT_CALL="4")
+               COHORT_TEST_FAIL_AFTER=str(2 * STEP_COMPLETIONS))
     proc = subprocess.run([sys.executable, "-m", "cohort.cli", "train", "train.max_steps=5", f"run.output_dir={run_dir}",
                            "rewards=[{name: 'console_test_rewards:exact_or_raise'}]"],
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)

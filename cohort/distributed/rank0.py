@@ -20,22 +20,30 @@ from __future__ import annotations
 import torch
 
 from cohort.distributed.fsdp import LocalContext, gather_named_tensors
+from cohort.rollout.base import BatchRequests, generate_requests
 from cohort.rollout.hf_engine import HFEngine
 
 
-class MainOnlyEngine:
+class MainOnlyEngine(BatchRequests):
     """Runs a rollout engine on rank 0 and broadcasts what it returns; the other ranks hold no engine.
 
     `update_weights` is collective: every rank gathers the full tensors (FSDP
-    all-gathers in parameter order), rank 0 hands them to the engine.
+    all-gathers in parameter order), rank 0 hands them to the engine. The request
+    level is collective too, and batch-wise (`BatchRequests`): every rank queues
+    the same requests, and a `poll` (every rank calls it at the same point of the
+    driver loop) has rank 0 run them all to the end on its engine and broadcast
+    the trajectories, so every rank sees the same groups at the same poll.
     """
 
     def __init__(self, engine, ctx: LocalContext):
         self.engine, self.ctx = engine, ctx
         self.policy_version = 0  # the version last pushed, known on every rank without a collective
 
-    def generate(self, prompts, sampling, seeds=None):
-        return self.ctx.broadcast_object(self.engine.generate(prompts, sampling, seeds) if self.ctx.is_main else None)
+    def poll(self, timeout: float | None = None):
+        requests, self._queue[:] = list(self._queue), []
+        if not requests:
+            return []
+        return self.ctx.broadcast_object(generate_requests(self.engine, requests) if self.ctx.is_main else None)
 
     def update_weights(self, named_tensors, version: int):
         full = list(gather_named_tensors(named_tensors))
@@ -80,6 +88,19 @@ class DetachedHFEngine:
     @property
     def policy_version(self) -> int:
         return self.inner.policy_version
+
+    def submit(self, requests) -> None:
+        self.inner.submit(requests)
+
+    def poll(self, timeout: float | None = None):
+        return self.inner.poll(timeout)
+
+    def abort(self, request_ids=None):
+        return self.inner.abort(request_ids)
+
+    @property
+    def in_flight(self) -> int:
+        return self.inner.in_flight
 
     def generate(self, prompts, sampling, seeds=None):
         return self.inner.generate(prompts, sampling, seeds)

@@ -73,14 +73,25 @@ class GroupStream:
     def submit_group(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig, seeds: Sequence[int | None],
                      key: Any = None) -> int:
         """Start one group: member `slot` samples `prompt_ids[slot]` with `seeds[slot]`. Returns the group's index."""
-        if len(prompt_ids) != len(seeds) or not prompt_ids:
-            raise ValueError(f"a group needs one seed per member and at least one member; got {len(prompt_ids)} "
-                             f"prompts and {len(seeds)} seeds")
-        index, self._submitted = self._submitted, self._submitted + 1
-        self._open[index] = _OpenGroup(key, [None] * len(prompt_ids))
-        self.engine.submit([Request(f"{self.prefix}/g{index}/{slot}", tuple(int(t) for t in prompt), sampling, seed)
-                            for slot, (prompt, seed) in enumerate(zip(prompt_ids, seeds))])
-        return index
+        return self.submit_groups([(prompt_ids, seeds, key)], sampling)[0]
+
+    def submit_groups(self, groups: Sequence[tuple[Sequence[Sequence[int]], Sequence[int | None], Any]],
+                      sampling: SamplingConfig) -> list[int]:
+        """Start several groups, each (prompt_ids, seeds, key), in one engine submit (one HTTP call for a rollout
+        server, which keeps each group on one server); their indices."""
+        requests, indices = [], []
+        for prompt_ids, seeds, key in groups:
+            if len(prompt_ids) != len(seeds) or not prompt_ids:
+                raise ValueError(f"a group needs one seed per member and at least one member; got {len(prompt_ids)} "
+                                 f"prompts and {len(seeds)} seeds")
+            index, self._submitted = self._submitted, self._submitted + 1
+            self._open[index] = _OpenGroup(key, [None] * len(prompt_ids))
+            requests += [Request(f"{self.prefix}/g{index}/{slot}", tuple(int(t) for t in prompt), sampling, seed)
+                         for slot, (prompt, seed) in enumerate(zip(prompt_ids, seeds))]
+            indices.append(index)
+        if requests:
+            self.engine.submit(requests)
+        return indices
 
     @property
     def ready(self) -> int:

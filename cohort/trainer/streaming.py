@@ -142,9 +142,8 @@ def collect_batch(trainer, pending) -> Collected:
     each kept group as it arrives."""
     cfg, g = trainer.cfg, trainer.plan.num_generations
     stream = GroupStream(trainer.engine, f"gen{pending.generation_index}")
-    for k in range(len(pending.rows) // g):
-        part = slice(k * g, (k + 1) * g)
-        stream.submit_group(pending.prompts[part], pending.sampling, pending.seeds[part], key=pending.rows[part])
+    with trainer.phases("generate"):  # (a rollout server that is gone fails here: the error names the phase)
+        submit_batch(stream, pending, g)
     ledger = RefillLedger(len(pending.rows) // g, cfg.rollout.max_refill_rounds) if cfg.rollout.dynamic_sampling else None
     calls: list[_Call] = []
     try:
@@ -228,7 +227,8 @@ def _refill(trainer, stream: GroupStream, pending) -> None:
     g = trainer.plan.num_generations
     rows = trainer.sampler.next_group()
     first = pending.seeds[0] + stream.submitted * g  # slots B*G, (B+1)*G, ... after the batch's own
-    stream.submit_group([trainer.train_ids[i] for i in rows], pending.sampling, list(range(first, first + g)), key=rows)
+    with trainer.phases("generate"):
+        stream.submit_group([trainer.train_ids[i] for i in rows], pending.sampling, list(range(first, first + g)), key=rows)
 
 
 def _assemble(trainer, kept: list[_Group], calls: list[_Call], ledger: RefillLedger | None) -> Collected:
@@ -243,12 +243,16 @@ def _assemble(trainer, kept: list[_Group], calls: list[_Call], ledger: RefillLed
                      ledger.metrics() if ledger else {}, ref)
 
 
+def submit_batch(stream: GroupStream, pending, g: int) -> None:
+    """The generation batch's groups (G consecutive entries each), in one engine submit."""
+    parts = [slice(k * g, (k + 1) * g) for k in range(len(pending.rows) // g)]
+    stream.submit_groups([(pending.prompts[p], pending.seeds[p], pending.rows[p]) for p in parts], pending.sampling)
+
+
 def drain_batch(engine, pending, g: int) -> list[Trajectory]:
     """The whole batch's trajectories in submission order (rollout.overlap's background call: no rewards there)."""
     stream = GroupStream(engine, f"gen{pending.generation_index}")
-    for k in range(len(pending.rows) // g):
-        part = slice(k * g, (k + 1) * g)
-        stream.submit_group(pending.prompts[part], pending.sampling, pending.seeds[part], key=pending.rows[part])
+    submit_batch(stream, pending, g)
     by_index = {group.index: group.trajectories for group in stream}
     return [t for k in sorted(by_index) for t in by_index[k]]
 

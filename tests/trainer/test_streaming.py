@@ -205,8 +205,9 @@ def test_dynamic_sampling_stops_with_a_clear_error_at_the_refill_bound(tmp_path,
     finally:
         trainer.close()
     # Every group is constant: round 0 (2 groups), round 1 (2 refills), round 2 (2 refills) all dropped; a third
-    # round would be needed: 6 groups generated, one submit of 4 requests per group.
-    assert submitted == [4] * 6
+    # round would be needed: 6 groups generated: the batch's 2 groups of 4 requests in one submit, then one submit
+    # per refill group.
+    assert submitted == [8] + [4] * 4
     assert "6 groups generated, 6 dropped" in str(err.value)
 
 
