@@ -27,6 +27,7 @@ CONSOLE_KEYS = {  # metric → its short name on the console step line (metrics.
     "reward": "reward", "reward_std": "reward_std", "frac_reward_zero_std": "zero_std", "loss": "loss", "kl": "kl",
     "entropy": "entropy", "grad_norm": "grad_norm", "eval/accuracy": "accuracy", "completions/mean_length": "length",
     "timing/step_s": "step_s",
+    "dynamic_sampling/groups_dropped": "dropped",  # (rollout.dynamic_sampling only: constant groups replaced this step)
 }
 
 
