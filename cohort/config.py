@@ -191,11 +191,14 @@ class RolloutConfig(_Section):
         "reinforce_pp_baseline), one training process, rollout.overlap off.",
     )
     max_refill_rounds: int = Field(
-        10,
+        30,
         description="rollout.dynamic_sampling: how many rounds of replacement groups one batch may take (round 0: "
         "the batch's own groups; round k+1: the replacements of the groups round k dropped). A batch that would need "
         "one more round stops the run with an error: its groups' rewards are (nearly) always all equal, so check the "
-        "reward function, use prompts that are neither always nor never solved, or raise this bound. 0: no refills.",
+        "reward function, use prompts that are neither always nor never solved, or raise this bound. When a fraction p "
+        "of groups is dropped, B groups take about log(2B)/log(1/p) rounds: for B = 32, 6 at p = 0.5, 12 at p = 0.7, 19 "
+        "at p = 0.8 (the arith example reached p = 0.6 as it learned, and stopped at step 208 under a bound of 10). "
+        "0: no refills.",
     )
 
     @field_validator("stream_update", mode="before")

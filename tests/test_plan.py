@@ -260,4 +260,4 @@ def test_plan_says_whether_the_update_streams_and_what_waits_for_the_batch(data_
     cli.main(["plan", *base, "rollout.mode=local_server", "algorithm.scale_rewards=batch", "rollout.dynamic_sampling=true"])
     out = capsys.readouterr().out
     assert "streamed update       off (algorithm.scale_rewards = batch)" in out
-    assert "dynamic sampling      on: groups with all-equal rewards are replaced, at most 10 refill rounds" in out
+    assert "dynamic sampling      on: groups with all-equal rewards are replaced, at most 30 refill rounds" in out
