@@ -171,12 +171,9 @@ class Trainer:
             self.pending = self.background.start(self._request_generation())  # the next batch, behind this update
         outs, scored = collected.outs, collected.scored
         rewards_t = torch.tensor(scored.total, dtype=torch.float32)
-        batch = RolloutBatch(
-            row_indices=collected.rows, prompt_ids=collected.prompts, completion_ids=[o.token_ids for o in outs],
-            engine_logp=[o.logprobs for o in outs], truncated=[o.status == "length" for o in outs],
-            completions_text=collected.texts, rewards=scored.total, per_function=scored.per_function,
-            advantages=torch.empty(0), policy_version=pending.policy_version,
-        )
+        batch = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
+                                               per_function=scored.per_function, texts=collected.texts,
+                                               policy_version=pending.policy_version)
         batch.metrics = {**self._batch_metrics(batch, rewards_t, scored.metrics), **collected.metrics}
         with self.phases("logprob"):
             if self.algorithm.score_old_logp:
@@ -306,12 +303,17 @@ class Trainer:
             return torch.ones(len(rows))
         return torch.tensor([0.0 if batch.truncated[i] else 1.0 for i in rows])
 
+    def advantage_mask(self, batch: RolloutBatch) -> torch.Tensor:
+        """(N, T) 1.0 on each completion's tokens that enter the loss (T = the longest completion, at least 1)."""
+        width = max(1, max(len(c) for c in batch.completion_ids))
+        lengths = torch.tensor([len(c) for c in batch.completion_ids])
+        return (torch.arange(width)[None, :] < lengths[:, None]).float() * self._kept(batch, list(range(len(batch))))[:, None]
+
     def _advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
         """Advantages (N, T) and critic targets for the whole generation batch, by the algorithm's spec; KL bookkeeping."""
         a, choice = self.cfg.algorithm, self.algorithm
-        width = max(1, max(len(c) for c in batch.completion_ids))
-        lengths = torch.tensor([len(c) for c in batch.completion_ids])
-        mask = (torch.arange(width)[None, :] < lengths[:, None]).float() * self._kept(batch, list(range(len(batch))))[:, None]
+        mask = self.advantage_mask(batch)
+        width = mask.shape[1]
         kl = None
         if batch.old_logp is not None and batch.ref_logp is not None:  # KL(sampling policy ‖ reference) per token
             kl = kl_penalty(pad_rows(batch.old_logp, width), pad_rows(batch.ref_logp, width), choice.kl_estimator)

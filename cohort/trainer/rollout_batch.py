@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from cohort.rollout.base import Trajectory
+
 
 @dataclass
 class RolloutBatch:
@@ -32,6 +34,15 @@ class RolloutBatch:
     returns: torch.Tensor | None = None  # (N, T) the critic's targets
     metrics: dict[str, float] = field(default_factory=dict)
     policy_version: int = 0  # the policy version that sampled the batch (older than the trainer's under rollout.overlap)
+
+    @classmethod
+    def from_trajectories(cls, rows: list[int], prompt_ids: list[list[int]], trajectories: list[Trajectory], *,
+                          rewards: np.ndarray, per_function: np.ndarray, texts: list[str], policy_version: int) -> RolloutBatch:
+        """A batch (advantages still empty) from the engine's trajectories, one per entry of `rows` / `prompt_ids`."""
+        return cls(row_indices=rows, prompt_ids=prompt_ids, completion_ids=[t.token_ids for t in trajectories],
+                   engine_logp=[t.logprobs for t in trajectories], truncated=[t.status == "length" for t in trajectories],
+                   completions_text=texts, rewards=rewards, per_function=per_function, advantages=torch.empty(0),
+                   policy_version=policy_version)
 
     def __len__(self) -> int:
         return len(self.completion_ids)

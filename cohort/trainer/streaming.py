@@ -277,11 +277,9 @@ def _train(trainer, groups: list[_Group]) -> None:
     outs = [t for grp in groups for t in grp.finished.trajectories]
     rows = [i for grp in groups for i in grp.rows]
     total = np.concatenate([grp.total for grp in groups])
-    part = RolloutBatch(row_indices=rows, prompt_ids=[trainer.train_ids[i] for i in rows],
-                        completion_ids=[t.token_ids for t in outs], engine_logp=[t.logprobs for t in outs],
-                        truncated=[t.status == "length" for t in outs], completions_text=[], rewards=total,
-                        per_function=np.empty((len(rows), 0)), advantages=torch.empty(0),
-                        policy_version=trainer.policy_version)
+    part = RolloutBatch.from_trajectories(rows, [trainer.train_ids[i] for i in rows], outs, rewards=total,
+                                          per_function=np.empty((len(rows), 0)), texts=[],
+                                          policy_version=trainer.policy_version)
     with trainer.phases("update"):
         part.ref_logp = trainer.reference_logprobs(part)  # None without a reference (beta = 0)
         for k, grp in enumerate(groups if part.ref_logp is not None else []):
@@ -299,10 +297,7 @@ def _train(trainer, groups: list[_Group]) -> None:
 def group_advantages(trainer, part: RolloutBatch) -> torch.Tensor:
     """(n, T) advantages of whole groups from their own rewards: the spec's function, as `Trainer._advantages` calls it."""
     a = trainer.cfg.algorithm
-    width = max(1, max(len(c) for c in part.completion_ids))
-    lengths = torch.tensor([len(c) for c in part.completion_ids])
-    mask = (torch.arange(width)[None, :] < lengths[:, None]).float() * trainer._kept(part, list(range(len(part))))[:, None]
     out = trainer.algorithm.spec.advantages(AdvantageInputs(
-        rewards=torch.tensor(part.rewards, dtype=torch.float32), mask=mask, group_size=trainer.plan.num_generations,
+        rewards=torch.tensor(part.rewards, dtype=torch.float32), mask=trainer.advantage_mask(part), group_size=trainer.plan.num_generations,
         scale=a.scale_rewards, gamma=a.gamma, lam=a.lam))
     return out.advantages
