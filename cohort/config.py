@@ -201,6 +201,20 @@ class RolloutConfig(_Section):
         "0: no refills.",
     )
 
+    over_provision: float = Field(
+        1.0,
+        description="Partial rollouts (APRIL): request this many times the batch's groups (ceil), take the first B whole "
+        "groups to finish, and interrupt the rest; their members keep the tokens, engine log-probs and policy versions "
+        "sampled so far in a continuation buffer and are resumed first next step, from their token ids (docs/runs.md). "
+        "Cuts the wait for the longest completions; resumed tokens come from older policies and are trained by "
+        "algorithm.off_policy_objective. 1: off. One training process, rollout.overlap off.",
+    )
+    max_aborts: int = Field(
+        2,
+        description="rollout.over_provision > 1: how often one request may be interrupted; after that its group runs to "
+        "the end (the step waits for it), so no completion holds tokens of more than max_aborts + 1 policy versions.",
+    )
+
     @field_validator("stream_update", mode="before")
     @classmethod
     def _on_off(cls, value):
@@ -262,6 +276,15 @@ class AlgorithmConfig(_Section):
         "`auto`: truncate for batches sampled by an older policy (rollout.overlap), none otherwise.",
     )
     rollout_correction_cap: float = Field(2.0, description="Cap of the rollout-correction importance weights (> 0).")
+    off_policy_objective: Literal["decoupled", "coupled", "mask_stale"] = Field(
+        "decoupled",
+        description="How tokens sampled by an older policy than the one being trained (rollout.overlap, partial rollouts) "
+        "enter the loss (formulas in docs/algorithms.md): `decoupled` (AReaL) clips the ratio to the proximal policy (the "
+        "trainer's weights before this update) and multiplies each token by the behaviour weight pi_prox / pi_engine, "
+        "truncated or masked at algorithm.rollout_correction_cap as algorithm.rollout_correction says (auto: truncate); "
+        "`coupled` clips the ratio to the engine's own log-probs (PPO against the behaviour policy, no extra weight); "
+        "`mask_stale` leaves tokens of older policies out of the loss and its normaliser.",
+    )
 
 
 class TrainConfig(_Section):

@@ -25,6 +25,7 @@ config fails at load, naming the directory).
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from pathlib import Path
 
@@ -45,7 +46,7 @@ from cohort.rewards.columns import reward_column_problems
 def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
     """All checks that need no model; raises ConfigError listing every problem, else returns the batch plan
     (with check_files, its token bound taken from the longest prompt kept)."""
-    problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_overlap(cfg) + check_streaming(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
+    problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_overlap(cfg) + check_streaming(cfg) + check_partial(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
     if check_files:
         problems += check_data_config(cfg.data) + loading.check_model_dir(cfg.model.path)
         if cfg.critic.path:
@@ -215,6 +216,26 @@ def check_streaming(cfg: CohortConfig) -> list[str]:
     if world > 1:
         problems.append(f"rollout.dynamic_sampling = true with {world} training processes: served in one process only; "
                         "set train.num_processes=1 or rollout.dynamic_sampling=false")
+    return problems
+
+
+def check_partial(cfg: CohortConfig) -> list[str]:
+    """rollout.over_provision (partial rollouts) and rollout.max_aborts: ranges, and where they are served."""
+    r, problems = cfg.rollout, []
+    if not (r.over_provision >= 1 and math.isfinite(r.over_provision)):
+        problems.append(f"rollout.over_provision = {r.over_provision}: must be a number >= 1 (1: off; 1.5 requests half as "
+                        "many groups again as the batch needs)")
+    if r.max_aborts < 0:
+        problems.append(f"rollout.max_aborts = {r.max_aborts}: must be >= 0 (0: a request interrupted once runs to the end next step)")
+    if r.over_provision <= 1:
+        return problems
+    if r.overlap:
+        problems.append("rollout.over_provision > 1 with rollout.overlap = true: a batch generated behind the update cannot be "
+                        "interrupted when the next one starts yet; set rollout.over_provision=1 or rollout.overlap=false")
+    world = training_world_size(cfg)
+    if world > 1:
+        problems.append(f"rollout.over_provision > 1 with {world} training processes: partial rollouts run in one process only; "
+                        "set train.num_processes=1 or rollout.over_provision=1")
     return problems
 
 

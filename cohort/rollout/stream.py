@@ -16,15 +16,20 @@ path) indexes by `FinishedGroup.index`. A trajectory with status "error" raises,
 with a hole cannot be scored). Trajectories whose id is not one of this stream's are ignored: one engine may
 serve several streams.
 
-Left out: partial rollouts (over-provisioning, resuming aborted members next step) and admission by
-staleness; they will keep these ids and this group record.
+Partial groups (partial rollouts, cohort/trainer/partial.py): `submit_groups` takes, per group, an optional
+list of what each member already has: a finished trajectory (kept as is, nothing submitted), an aborted one
+(submitted again with `resume=` it: the engine continues from its token ids), or None (sampled from the
+start). `interrupt(keep)` aborts every open group except those in `keep` and returns each one's members as
+they stand (finished, or aborted with what they had sampled): what a continuation buffer holds.
+
+Left out: admission by staleness (the trainer's async driver decides what to submit).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Iterator, Sequence
 
 from cohort.rollout.base import Request, SamplingConfig, Trajectory
 
@@ -75,23 +80,37 @@ class GroupStream:
         """Start one group: member `slot` samples `prompt_ids[slot]` with `seeds[slot]`. Returns the group's index."""
         return self.submit_groups([(prompt_ids, seeds, key)], sampling)[0]
 
-    def submit_groups(self, groups: Sequence[tuple[Sequence[Sequence[int]], Sequence[int | None], Any]],
-                      sampling: SamplingConfig) -> list[int]:
-        """Start several groups, each (prompt_ids, seeds, key), in one engine submit (one HTTP call for a rollout
-        server, which keeps each group on one server); their indices."""
+    def submit_groups(self, groups: Sequence[tuple], sampling: SamplingConfig) -> list[int]:
+        """Start several groups, each (prompt_ids, seeds, key) or (prompt_ids, seeds, key, partial), in one engine
+        submit (one HTTP call for a rollout server, which keeps each group on one server); their indices.
+
+        `partial[slot]` (module docstring): a finished trajectory is placed at once, an aborted one is resumed, None
+        samples from the start. A group whose members are all finished is ready without a request."""
         requests, indices = [], []
-        for prompt_ids, seeds, key in groups:
-            if len(prompt_ids) != len(seeds) or not prompt_ids:
-                raise ValueError(f"a group needs one seed per member and at least one member; got {len(prompt_ids)} "
-                                 f"prompts and {len(seeds)} seeds")
+        for prompt_ids, seeds, key, *rest in groups:
+            partial = rest[0] if rest and rest[0] is not None else [None] * len(prompt_ids)
+            if not (len(prompt_ids) == len(seeds) == len(partial)) or not prompt_ids:
+                raise ValueError(f"a group needs one seed (and one partial entry) per member and at least one member; got "
+                                 f"{len(prompt_ids)} prompts, {len(seeds)} seeds and {len(partial)} partial entries")
             index, self._submitted = self._submitted, self._submitted + 1
-            self._open[index] = _OpenGroup(key, [None] * len(prompt_ids))
-            requests += [Request(f"{self.prefix}/g{index}/{slot}", tuple(int(t) for t in prompt), sampling, seed)
-                         for slot, (prompt, seed) in enumerate(zip(prompt_ids, seeds))]
+            group = self._open[index] = _OpenGroup(key, [None] * len(prompt_ids))
+            for slot, (prompt, seed, done) in enumerate(zip(prompt_ids, seeds, partial)):
+                rid = f"{self.prefix}/g{index}/{slot}"
+                if done is not None and done.finished:
+                    group.slots[slot] = replace(done, request_id=rid)
+                    group.missing -= 1
+                else:
+                    requests.append(Request(rid, tuple(int(t) for t in prompt), sampling, seed, resume=done))
+            if group.missing == 0:
+                self._ready.append(index)
             indices.append(index)
         if requests:
             self.engine.submit(requests)
         return indices
+
+    def is_open(self, index: int) -> bool:
+        """Group `index` was submitted and is not complete yet."""
+        return index in self._open and index not in self._ready
 
     @property
     def ready(self) -> int:
@@ -134,6 +153,22 @@ class GroupStream:
         if head != self.prefix or not group.isdigit() or not slot.isdigit():
             return None, -1
         return int(group), int(slot)
+
+    def interrupt(self, keep: Iterable[int] = ()) -> list[tuple[int, Any, list[Trajectory | None]]]:
+        """Abort every group not handed out except those in `keep`; each one's (index, key, members): finished
+        trajectories, aborted ones with what they had sampled, None where the engine returned nothing."""
+        keep = set(keep)
+        taken = {index: group for index, group in self._open.items() if index not in keep}
+        ids = [f"{self.prefix}/g{index}/{slot}" for index, group in taken.items()
+               for slot, t in enumerate(group.slots) if t is None]
+        for t in self.engine.abort(ids) if ids else []:
+            index, slot = self._parse(t.request_id)
+            if index in taken and 0 <= slot < len(taken[index].slots) and taken[index].slots[slot] is None:
+                taken[index].slots[slot] = t
+        for index in taken:
+            del self._open[index]
+        self._ready = [i for i in self._ready if i not in taken]
+        return [(index, group.key, group.slots) for index, group in sorted(taken.items())]
 
     def abort(self) -> list[Trajectory]:
         """Stop every member still in flight; their groups are dropped. Returns what the engine gave back."""

@@ -60,6 +60,7 @@ from cohort.models.precision import DTYPES
 from cohort.rollout.base import SamplingConfig, WeightStream, completion_seeds
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.overlap import BackgroundRollout, PendingGeneration
+from cohort.trainer.partial import ContinuationBuffer
 from cohort.trainer.parts import PART_NAMES, TrainerParts
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.trainer.run import run_training
@@ -122,6 +123,8 @@ class Trainer:
         self.background = BackgroundRollout() if cfg.rollout.overlap else None
         self.stream_update = stream_update_active(cfg, training_world_size(cfg))  # train groups as they finish (streaming.py)
         self.streamed: StreamedGradients | None = None  # the streamed update's sums while its batch generates
+        self.continuations = (ContinuationBuffer(cfg.rollout.over_provision, cfg.rollout.max_aborts)  # partial rollouts
+                              if cfg.rollout.over_provision > 1 else None)  # (trainer/partial.py; checkpointed)
 
     def __getattr__(self, name: str):
         """`self.policy` and every other part: read from `self.parts` (only called when normal lookup fails)."""
@@ -174,6 +177,7 @@ class Trainer:
         batch = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
                                                per_function=scored.per_function, texts=collected.texts,
                                                policy_version=pending.policy_version)
+        batch.taken_version = self.policy_version
         batch.metrics = {**self._batch_metrics(batch, rewards_t, scored.metrics), **collected.metrics}
         with self.phases("logprob"):
             if self.algorithm.score_old_logp:
@@ -265,7 +269,7 @@ class Trainer:
             width = logp.shape[1]
             old = pad_rows([batch.old_logp[i] for i in mb], width) if batch.old_logp is not None else logp.detach()
             adv = batch.advantages[mb][:, :width].to(logp.dtype)  # (B, width) of the batch's (N, T)
-            weights = self._rollout_weights(batch, mb, logp, mask, sums)
+            old, weights = self._off_policy(batch, mb, logp, old, mask, sums)
             loss, metrics = policy_loss(self.loss_name, logp, old, adv, mask, eps_low=a.epsilon_low, eps_high=a.epsilon_high,
                                         token_weights=weights,
                                         delta=a.delta, aggregation=self.aggregation, max_length=cfg.rollout.max_completion_length,
@@ -295,7 +299,10 @@ class Trainer:
 
     def _pack(self, batch: RolloutBatch, mb: list[int]):
         pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.pad_id)
-        return pb, pb.completion_mask * self._kept(batch, mb)[:, None]
+        mask = pb.completion_mask * self._kept(batch, mb)[:, None]
+        if self.cfg.algorithm.off_policy_objective == "mask_stale":
+            mask = mask * (1.0 - batch.off_policy(mb, mask.shape[1]))  # tokens of older policies: out of the loss
+        return pb, mask
 
     def _kept(self, batch: RolloutBatch, rows: list[int]) -> torch.Tensor:
         """(B,) 1.0 for completions that enter the loss; 0.0 for truncated ones under mask_truncated_completions."""
@@ -330,23 +337,54 @@ class Trainer:
             batch.metrics.update({"kl": float(kl_mean), "kl_coef": beta})
             self.kl_controller.update(kl_mean, len(batch))  # a no-op for the fixed controller
 
-    def _rollout_weights(self, batch: RolloutBatch, mb: list[int], logp: torch.Tensor, mask: torch.Tensor, sums) -> torch.Tensor | None:
-        """Importance weights pi_trainer / pi_sampler for `algorithm.rollout_correction` (None: no correction)."""
+    def _off_policy(self, batch: RolloutBatch, mb: list[int], logp: torch.Tensor, prox: torch.Tensor, mask: torch.Tensor,
+                    sums) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The ratio's denominator and the per-token weights for `algorithm.off_policy_objective` (docs/algorithms.md):
+        `decoupled` keeps the proximal policy `prox` (old log-probs, or the current ones detached) and weights each token
+        by pi_prox / pi_engine, truncated or masked (`algorithm.rollout_correction`; auto: only when some token of the
+        micro-batch is off-policy); `coupled` takes the engine's log-probs as the denominator, no weights; `mask_stale`
+        (its tokens already left out by `_pack`) keeps prox, no weights. Also accumulates the staleness metrics."""
         a = self.cfg.algorithm
-        stale = batch.policy_version != self.policy_version and not self.engine_shares_policy
+        width = logp.shape[1]
+        off = batch.off_policy(mb, width) * mask  # (tokens carry the version that sampled them, whatever the engine)
+        self._accumulate_staleness(sums, batch, mb, mask, off)
+        if a.off_policy_objective == "mask_stale":
+            return prox, None
+        has_engine = all(len(batch.engine_logp[i]) == len(batch.completion_ids[i]) for i in mb)
+        if a.off_policy_objective == "coupled":
+            if not has_engine:
+                raise RuntimeError("algorithm.off_policy_objective = coupled needs the engine's log-probs of every sampled "
+                                   "token; this engine returned none. Use decoupled or mask_stale")
+            return pad_rows([torch.tensor(batch.engine_logp[i], dtype=torch.float32) for i in mb], width).to(prox.dtype), None
+        stale = bool(off.sum() > 0) or (batch.policy_version != self.policy_version and not self.engine_shares_policy
+                                        and batch.old_logp is None)
         if a.rollout_correction == "none" or (a.rollout_correction == "auto" and not stale):
-            return None
-        if not all(len(batch.engine_logp[i]) == len(batch.completion_ids[i]) for i in mb):
+            return prox, None
+        if not has_engine:
             raise RuntimeError("algorithm.rollout_correction needs the engine's log-probs of every sampled token; this engine "
                                "returned none. Set algorithm.rollout_correction=none (and rollout.overlap=false)")
-        engine = pad_rows([torch.tensor(batch.engine_logp[i], dtype=torch.float32) for i in mb], logp.shape[1])
+        engine = pad_rows([torch.tensor(batch.engine_logp[i], dtype=torch.float32) for i in mb], width)
         mode = "truncate" if a.rollout_correction == "auto" else a.rollout_correction
-        weights, metrics = rollout_correction(logp.detach().float(), engine, mask, level="token", mode=mode,
+        weights, metrics = rollout_correction(prox.detach().float(), engine, mask, level="token", mode=mode,
                                               cap=a.rollout_correction_cap)
         tokens = float(mask.sum())
         for key in ("mismatch/kl", "mismatch/ratio_mean", "mismatch/frac_capped", "mismatch/frac_masked"):
             sums["correction/" + key.split("/", 1)[1]] += float(metrics[key]) * tokens
-        return weights.to(logp.dtype)
+        w = weights.float() * mask
+        sums["ess_w"] += float(w.sum())
+        sums["ess_w2"] += float((w * w).sum())
+        return prox, weights.to(logp.dtype)
+
+    def _accumulate_staleness(self, sums, batch: RolloutBatch, mb: list[int], mask: torch.Tensor, off: torch.Tensor) -> None:
+        """staleness/* (versions between each trained token's sampler and the policy training on it) and the
+        off-policy token count, over the loss's tokens."""
+        if not batch.versions:
+            return
+        stale = batch.staleness(mb, mask.shape[1], self.policy_version) * mask
+        sums["staleness_sum"] += float(stale.sum())
+        sums["staleness_max"] = max(sums["staleness_max"], float(stale.max()) if stale.numel() else 0.0)
+        sums["staleness_tokens"] += float(mask.sum())
+        sums["off_policy_tokens"] += float(off.sum())
 
     def _accumulate_mismatch(self, sums, batch: RolloutBatch, mb: list[int], logp: torch.Tensor, mask: torch.Tensor) -> None:
         """|trainer − engine| log-prob gap, measured where the trainer still holds the sampling policy."""
@@ -380,6 +418,15 @@ class Trainer:
                "padding_fraction": sums.pop("padding") / max(sums.pop("cells"), 1.0)}
         if "kl" in sums:
             out["kl"] = sums.pop("kl") / tokens
+        staleness_tokens = sums.pop("staleness_tokens", 0.0)
+        staleness_sum, staleness_max = sums.pop("staleness_sum", 0.0), sums.pop("staleness_max", 0.0)
+        off_tokens = sums.pop("off_policy_tokens", 0.0)
+        if staleness_tokens:
+            out.update({"staleness/mean": staleness_sum / staleness_tokens, "staleness/max": staleness_max,
+                        "staleness/off_policy_frac": off_tokens / staleness_tokens})
+        ess_w, ess_w2 = sums.pop("ess_w", 0.0), sums.pop("ess_w2", 0.0)
+        if ess_w2 > 0:  # Kish's effective sample size of the importance weights, as a fraction of the tokens weighted
+            out["correction/ess"] = ess_w * ess_w / ess_w2 / max(tokens, 1.0)
         mismatch_tokens = sums.pop("mismatch_tokens", 0.0)
         mismatch_sum, mismatch_max = sums.pop("mismatch_sum", 0.0), sums.pop("mismatch_max", 0.0)
         if mismatch_tokens:
@@ -401,7 +448,9 @@ class Trainer:
         if self.pending is not None:
             self.pending.wait()
         with self.phases("sync"):
-            if not self.engine_shares_policy:
+            if self.engine_shares_policy:
+                self.engine.update_weights((), self.policy_version)  # nothing to copy: only the version its tokens carry
+            else:
                 dtype = DTYPES[self.cfg.generation_dtype]  # the engine's copy: bfloat16 from float32 master weights, say
                 weights = self.lora.merged_weights if self.lora is not None else self.policy.named_parameters  # LoRA: merged
                 # a stream: each tensor is made (merged, cast) when the engine reads it, never a whole copy at once

@@ -43,6 +43,7 @@ from cohort.algorithms.specs import AdvantageInputs
 from cohort.rewards.reward_set import PendingScores, RewardOutput
 from cohort.rollout.base import Trajectory, completion_text
 from cohort.rollout.stream import FinishedGroup, GroupStream
+from cohort.trainer.partial import BufferedGroup
 from cohort.trainer.rollout_batch import RolloutBatch
 
 
@@ -139,25 +140,32 @@ def all_equal(rewards: np.ndarray) -> bool:
 
 def collect_batch(trainer, pending) -> Collected:
     """Run one generation batch through the stream (see the module docstring); with `trainer.streamed` set, train
-    each kept group as it arrives."""
+    each kept group as it arrives; with partial rollouts (`trainer.continuations`), stop at the batch's B groups."""
     cfg, g = trainer.cfg, trainer.plan.num_generations
     stream = GroupStream(trainer.engine, f"gen{pending.generation_index}")
+    buffer = trainer.continuations
+    target = len(pending.rows) // g if buffer is not None else None
     with trainer.phases("generate"):  # (a rollout server that is gone fails here: the error names the phase)
-        submit_batch(stream, pending, g)
-    ledger = RefillLedger(len(pending.rows) // g, cfg.rollout.max_refill_rounds) if cfg.rollout.dynamic_sampling else None
+        submitted = submit_batch(stream, pending, g, buffer, trainer)
+    ledger = RefillLedger(submitted, cfg.rollout.max_refill_rounds) if cfg.rollout.dynamic_sampling else None
     calls: list[_Call] = []
     try:
-        kept = _drive(trainer, stream, pending, ledger, calls)
+        kept = _drive(trainer, stream, pending, ledger, calls, target)
     except BaseException:
         stream.abort()  # nothing of this batch stays in the engine (a reward error, the refill bound, an interrupt)
         trainer.streamed = None  # and no half-accumulated gradient stands in for the next update
         raise
-    return _assemble(trainer, sorted(kept, key=lambda grp: grp.finished.index), calls, ledger)
+    collected = _assemble(trainer, sorted(kept, key=lambda grp: grp.finished.index), calls, ledger)
+    if buffer is not None:
+        collected.metrics.update(buffer.counts.metrics(len(buffer), collected.outs, pending.policy_version))
+    return collected
 
 
-def _drive(trainer, stream: GroupStream, pending, ledger: RefillLedger | None, calls: list[_Call]) -> list[_Group]:
-    """Take groups as they finish until none is left: rewards (one call per poll's groups), dynamic sampling's
-    decision, the streamed update. Every reward call made is appended to `calls`."""
+def _drive(trainer, stream: GroupStream, pending, ledger: RefillLedger | None, calls: list[_Call],
+           target: int | None = None) -> list[_Group]:
+    """Take groups as they finish until none is left (or, with partial rollouts, until `target` are kept): rewards
+    (one call per poll's groups), dynamic sampling's decision, the streamed update. Every reward call made is
+    appended to `calls`."""
     arrived: list[FinishedGroup] = []  # complete groups of the current poll
     waiting: list[_Group] = []  # their reward functions running
     kept: list[_Group] = []
@@ -171,8 +179,9 @@ def _drive(trainer, stream: GroupStream, pending, ledger: RefillLedger | None, c
         if arrived:
             waiting += _start_rewards(trainer, arrived, calls)
             arrived = []
+        enough = target is not None and len(kept) + len(waiting) >= target  # (dynamic sampling: once their rewards say)
         with trainer.phases("reward"):
-            scored, waiting = _read_rewards(waiting, wait=not stream.pending)
+            scored, waiting = _read_rewards(waiting, wait=not stream.pending or (enough and ledger is not None))
         dropped = 0
         for group in scored:
             if ledger is not None and _drop(ledger, group):
@@ -181,12 +190,48 @@ def _drive(trainer, stream: GroupStream, pending, ledger: RefillLedger | None, c
                 kept.append(group)
         if ledger is not None:
             ledger.check_bound()  # (before refilling: a round known to be the last asks for nothing more)
-        for _ in range(dropped):
+        live = len(kept) + len(waiting) + stream.pending  # groups that may still end up in the batch
+        for _ in range(dropped if target is None else max(0, min(dropped, target - live))):
             _refill(trainer, stream, pending)
+        candidates = kept + (waiting if ledger is None else [])  # without dynamic sampling every complete group is kept
+        if target is not None and len(candidates) >= target and not trainer.continuations.pinned_open(stream):
+            return _cut(trainer, stream, candidates, [grp for grp in waiting if grp not in candidates], target)
         if trainer.streamed is not None:
-            _train(trainer, [grp for grp in kept if not grp.trained])
+            sure = kept if target is None else _batch_choice(trainer.continuations, kept, target, sure=True)[0]
+            _train(trainer, [grp for grp in sure if not grp.trained])
         if finished is None and not waiting and not stream.pending:
             return kept
+
+
+def _batch_choice(buffer, kept: list[_Group], target: int, sure: bool = False) -> tuple[list[_Group], list[_Group]]:
+    """Partial rollouts: the batch among the kept groups — pinned groups first (they ran to the end for it), then
+    the others in the order they were kept — and the surplus. `sure`: only the groups certain to be in the batch
+    while pinned groups may still arrive (what the streamed update may train already)."""
+    pinned = buffer.counts.pinned_indices
+    first = [grp for grp in kept if grp.finished.index in pinned][:target]
+    others = [grp for grp in kept if grp not in first]
+    room = target - (min(len(pinned), target) if sure else len(first))
+    batch = first + others[:max(0, room)]
+    return batch, [grp for grp in kept if grp not in batch]
+
+
+def _cut(trainer, stream: GroupStream, kept: list[_Group], waiting: list[_Group], target: int) -> list[_Group]:
+    """Partial rollouts: `target` kept groups are the batch (`_batch_choice`); every other group goes into the
+    continuation buffer, the interrupted ones with what they sampled, the complete ones whole."""
+    buffer = trainer.continuations
+    with trainer.phases("generate"):
+        interrupted = stream.interrupt()  # (complete groups not handed out yet come back too, all members finished)
+    batch, surplus = _batch_choice(buffer, kept, target)
+    complete = [(grp.finished.index, grp.finished.trajectories) for grp in surplus + waiting]
+    complete += [(index, members) for index, _, members in interrupted if all(m is not None and m.finished for m in members)]
+    buffer.put_interrupted([item for item in interrupted if not all(m is not None and m.finished for m in item[2])])
+    for index, members in sorted(complete, key=lambda item: item[0]):
+        buffer.put_complete(index, members)
+    with trainer.phases("reward"):  # after the interrupt: a slow reward function never holds the engine's tail
+        _read_rewards(kept + waiting, wait=True)  # (every reward call's output exists for the merge)
+    if trainer.streamed is not None:
+        _train(trainer, [grp for grp in batch if not grp.trained])
+    return batch
 
 
 def _drop(ledger: RefillLedger, group: _Group) -> bool:
@@ -224,11 +269,30 @@ def _read_rewards(waiting: list[_Group], wait: bool) -> tuple[list[_Group], list
 
 def _refill(trainer, stream: GroupStream, pending) -> None:
     """Submit one replacement group: the sampler's next prompt, seeds continuing the batch's slot numbering."""
-    g = trainer.plan.num_generations
-    rows = trainer.sampler.next_group()
-    first = pending.seeds[0] + stream.submitted * g  # slots B*G, (B+1)*G, ... after the batch's own
     with trainer.phases("generate"):
-        stream.submit_group([trainer.train_ids[i] for i in rows], pending.sampling, list(range(first, first + g)), key=rows)
+        _submit_new(trainer, stream, pending, 1)
+
+
+def _submit_new(trainer, stream: GroupStream, pending, n: int) -> None:
+    """Submit `n` groups of new prompts from the sampler, seeds continuing the batch's slot numbering (slots B*G,
+    (B+1)*G, ... after the batch's own), in one engine submit."""
+    g = trainer.plan.num_generations
+    entries = []
+    for k in range(n):
+        rows = trainer.sampler.next_group()
+        first = pending.seeds[0] + (stream.submitted + k) * g
+        entries.append(([trainer.train_ids[i] for i in rows], list(range(first, first + g)), rows))
+    _record(trainer.continuations, stream.submit_groups(entries, pending.sampling), entries)
+
+
+def _record(buffer, indices: list[int], entries: list[tuple]) -> None:
+    """Partial rollouts: remember what each submitted group is (rows, seeds, abort counts), to buffer it if cut off."""
+    if buffer is None:
+        return
+    for index, entry in zip(indices, entries):
+        prompts, seeds, rows, *rest = entry
+        record = rest[1] if len(rest) > 1 else BufferedGroup(list(rows), list(seeds), [None] * len(seeds), [0] * len(seeds))
+        buffer.record(index, record)
 
 
 def _assemble(trainer, kept: list[_Group], calls: list[_Call], ledger: RefillLedger | None) -> Collected:
@@ -243,10 +307,20 @@ def _assemble(trainer, kept: list[_Group], calls: list[_Call], ledger: RefillLed
                      ledger.metrics() if ledger else {}, ref)
 
 
-def submit_batch(stream: GroupStream, pending, g: int) -> None:
-    """The generation batch's groups (G consecutive entries each), in one engine submit."""
+def submit_batch(stream: GroupStream, pending, g: int, buffer=None, trainer=None) -> int:
+    """The generation batch's groups (G consecutive entries each), in one engine submit; with partial rollouts the
+    continuation buffer's groups first and extra new groups last (over-provisioning). Returns the groups submitted."""
     parts = [slice(k * g, (k + 1) * g) for k in range(len(pending.rows) // g)]
-    stream.submit_groups([(pending.prompts[p], pending.seeds[p], pending.rows[p]) for p in parts], pending.sampling)
+    entries = [(pending.prompts[p], pending.seeds[p], pending.rows[p]) for p in parts]
+    extra = 0
+    if buffer is not None:
+        groups, resumed, extra = buffer.submissions(len(parts), trainer.train_ids)
+        entries = [(*entry, group) for entry, group in zip(resumed, groups)] + entries
+    indices = stream.submit_groups([entry[:4] for entry in entries], pending.sampling)
+    _record(buffer, indices, entries)
+    if extra:
+        _submit_new(trainer, stream, pending, extra)
+    return stream.submitted
 
 
 def drain_batch(engine, pending, g: int) -> list[Trajectory]:
