@@ -214,3 +214,38 @@ def test_off_policy_objectives_by_hand(tmp_path, data_file, tiny_model_dir, obje
         assert sums["staleness_max"] == (1.0 if objective != "mask_stale" else 0.0)  # over the tokens trained
     finally:
         trainer.close()
+
+
+def test_vllm_partial_rollouts_resume_with_log_probs_of_the_policy_that_sampled_each_token(tmp_path, data_file, tiny_model_dir):
+    # Real vLLM in-process. G = 2, B = 2, over_provision 3: 6 groups per step for 2; the random model stops at a
+    # random length (its EOS is one of 64 tokens), so some groups finish early and the others are cut off. Every
+    # trained token's engine log-prob must equal the log-prob under the weights of the version stamped on it
+    # (a copy of the policy kept per version), resumed prefixes included.
+    pytest.importorskip("vllm")
+    import copy
+
+    cfg = _config(tmp_path, data_file, tiny_model_dir, "rollout.engine=vllm", "rollout.num_generations=2",
+                  "rollout.over_provision=3", "rollout.max_completion_length=48", "rollout.kv_cache_gib=0.25",
+                  "train.learning_rate=3e-3", "train.max_steps=4", "rewards=[{name: 'partial_rewards:digit_share'}]")
+    trainer = Trainer(cfg, **QUIET)
+    copies, resumed_tokens, aborted = {}, 0, 0
+    try:
+        for _ in range(4):
+            copies[trainer.policy_version] = copy.deepcopy(trainer.policy).eval()
+            m = trainer.step()
+            aborted += m["partial/aborted"]
+            batch = trainer.batch
+            for i, (prompt, ids) in enumerate(zip(batch.prompt_ids, batch.completion_ids)):
+                versions = batch.versions[i]
+                for v in set(versions):
+                    packed = pack_right_padded([prompt], [ids], trainer.pad_id)
+                    with torch.no_grad():
+                        want, _ = completion_logprobs(copies[v], packed.input_ids, packed.attention_mask, packed.prompt_lengths,
+                                                      packed.completion_ids, packed.completion_mask, temperature=1.0)
+                    at = torch.tensor([x == v for x in versions])
+                    got = torch.tensor(batch.engine_logp[i])[at]
+                    assert torch.allclose(got, want[0, : len(ids)][at].float(), atol=2e-4), (i, v)
+                    resumed_tokens += int(at.sum()) if v < batch.taken_version else 0
+    finally:
+        trainer.close()
+    assert aborted > 0 and resumed_tokens > 0  # the run really cut off and resumed requests
