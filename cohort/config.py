@@ -215,6 +215,28 @@ class RolloutConfig(_Section):
         "the end (the step waits for it), so no completion holds tokens of more than max_aborts + 1 policy versions.",
     )
 
+    max_staleness: int | None = Field(
+        None,
+        description="Asynchronous training: the engine generates continuously, new weights are loaded between its steps "
+        "with requests in flight (each token stamped with the version that sampled it), and generation batch n is "
+        "admitted once the policy reaches version n - max_staleness, so it runs at most this many versions ahead of "
+        "training; the trainer takes each batch's groups in the order they finish. Tokens found staler than this when "
+        "trained are handled by rollout.stale_tokens. 0: the synchronous trainer exactly. None (default): synchronous. "
+        "Needs an engine with its own weights (vllm, local_server, server), one optimizer step per generation batch, "
+        "one training process; not with rollout.overlap, over_provision or dynamic_sampling (docs/runs.md).",
+    )
+    stale_tokens: Literal["mask", "drop"] = Field(
+        "mask",
+        description="rollout.max_staleness: what happens to tokens more than max_staleness versions behind the policy "
+        "that trains on them: `mask` leaves those tokens out of the loss (the rest of the completion is trained), `drop` "
+        "discards the whole group and waits for another. Counted in async/stale_masked_tokens and async/stale_dropped.",
+    )
+    engine_timeout_s: float = Field(
+        600.0,
+        description="rollout.max_staleness: the run stops with an error when the engine finishes nothing for this many "
+        "seconds while requests are in flight (a stalled or dead engine never hangs the trainer).",
+    )
+
     @field_validator("stream_update", mode="before")
     @classmethod
     def _on_off(cls, value):

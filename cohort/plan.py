@@ -101,6 +101,8 @@ def stream_update_blockers(cfg: CohortConfig, world_size: int = 1) -> list[str]:
         out.append("rollout.overlap = true: the batch is generated behind the previous update; set rollout.overlap=false")
     if world_size > 1:
         out.append(f"{world_size} training processes: the streamed update runs in one; set train.num_processes=1")
+    if r.max_staleness is not None:
+        out.append("rollout.max_staleness: asynchronous batches are trained when taken; unset it")
     return out
 
 

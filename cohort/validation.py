@@ -227,6 +227,7 @@ def check_partial(cfg: CohortConfig) -> list[str]:
                         "many groups again as the batch needs)")
     if r.max_aborts < 0:
         problems.append(f"rollout.max_aborts = {r.max_aborts}: must be >= 0 (0: a request interrupted once runs to the end next step)")
+    problems += _check_async(cfg)
     if r.over_provision <= 1:
         return problems
     if r.overlap:
@@ -236,6 +237,35 @@ def check_partial(cfg: CohortConfig) -> list[str]:
     if world > 1:
         problems.append(f"rollout.over_provision > 1 with {world} training processes: partial rollouts run in one process only; "
                         "set train.num_processes=1 or rollout.over_provision=1")
+    return problems
+
+
+def _check_async(cfg: CohortConfig) -> list[str]:
+    """rollout.max_staleness (asynchronous training): a bound >= 0 and the settings it is served with."""
+    r, t, a, problems = cfg.rollout, cfg.train, cfg.algorithm, []
+    if r.engine_timeout_s <= 0:
+        problems.append(f"rollout.engine_timeout_s = {r.engine_timeout_s}: must be > 0 seconds")
+    if r.max_staleness is None:
+        return problems
+    if r.max_staleness < 0:
+        problems.append(f"rollout.max_staleness = {r.max_staleness}: must be >= 0 (0: synchronous; 1-4 are usual), or unset")
+    if r.engine == "hf" and r.mode == "colocate":
+        problems.append("rollout.max_staleness with rollout.engine = hf: the transformers engine samples with the trainer's "
+                        "own module, which cannot change between its steps; use rollout.engine=vllm (or a local_server/server "
+                        "mode) or unset rollout.max_staleness")
+    if t.steps_per_generation != 1 or a.num_iterations != 1 or r.generation_batch_size not in (None, t.prompts_per_step * r.num_generations):
+        problems.append("rollout.max_staleness needs one optimizer step per generation batch: train.steps_per_generation = 1, "
+                        "algorithm.num_iterations = 1 and rollout.generation_batch_size unset")
+    for name, on in (("rollout.overlap", r.overlap), ("rollout.dynamic_sampling", r.dynamic_sampling),
+                     ("rollout.over_provision > 1", r.over_provision > 1)):
+        if on:
+            problems.append(f"rollout.max_staleness with {name}: not served together yet; asynchronous generation already "
+                            f"hides the long tail, so unset one of them")
+    if r.stream_update == "on":
+        problems.append("rollout.max_staleness with rollout.stream_update = on: groups are trained when the batch is taken; "
+                        "set rollout.stream_update=auto")
+    if training_world_size(cfg) > 1:
+        problems.append("rollout.max_staleness runs in one training process; set train.num_processes=1 or unset it")
     return problems
 
 

@@ -131,6 +131,14 @@ class GroupStream:
         group = self._open.pop(index)
         return FinishedGroup(index, group.key, group.slots)  # type: ignore[arg-type]
 
+    def poll_once(self, timeout: float | None = None) -> list[FinishedGroup]:
+        """One engine poll (at most `timeout` seconds): the groups complete now, lower index first, handed out."""
+        got = self.engine.poll(timeout) if self._open and len(self._ready) < len(self._open) else []
+        self._ready += sorted(index for t in got if (index := self._place(t)) is not None)
+        out = [FinishedGroup(index, self._open[index].key, self._open.pop(index).slots) for index in self._ready]
+        self._ready = []
+        return out  # type: ignore[misc]
+
     def __iter__(self) -> Iterator[FinishedGroup]:
         while (group := self.next_group()) is not None:
             yield group

@@ -60,13 +60,14 @@ from cohort.models.precision import DTYPES
 from cohort.rollout.base import SamplingConfig, WeightStream, completion_seeds
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.overlap import BackgroundRollout, PendingGeneration
+from cohort.trainer.async_rollout import AsyncRollout
 from cohort.trainer.partial import ContinuationBuffer
 from cohort.trainer.parts import PART_NAMES, TrainerParts
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.trainer.run import run_training
 from cohort.trainer.setup import setup
 from cohort.trainer.stopping import check_finite
-from cohort.trainer.streaming import StreamedGradients, collect_batch, drain_batch, score_drained
+from cohort.trainer.streaming import StreamedGradients, collect_async, collect_batch, drain_batch, score_drained
 from cohort.trainer.sync_check import SyncCheck
 from cohort.plan import stream_update_active
 from cohort.validation import training_world_size, validate_config
@@ -123,6 +124,7 @@ class Trainer:
         self.background = BackgroundRollout() if cfg.rollout.overlap else None
         self.stream_update = stream_update_active(cfg, training_world_size(cfg))  # train groups as they finish (streaming.py)
         self.streamed: StreamedGradients | None = None  # the streamed update's sums while its batch generates
+        self.async_rollout = AsyncRollout(self) if cfg.rollout.max_staleness is not None else None  # (async_rollout.py)
         self.continuations = (ContinuationBuffer(cfg.rollout.over_provision, cfg.rollout.max_aborts)  # partial rollouts
                               if cfg.rollout.over_provision > 1 else None)  # (trainer/partial.py; checkpointed)
 
@@ -159,6 +161,12 @@ class Trainer:
         """The next generation batch through the group stream (trainer/streaming.py), in submission order: rewards
         per group as groups finish; with the streamed update, the forward/backward passes too."""
         cfg, plan = self.cfg, self.plan
+        if self.async_rollout is not None:
+            collected, sampled_version = collect_async(self)
+            with self._engine_lock():
+                if not self.engine.in_flight:  # (the canaries are scored by an idle engine)
+                    self._calibrate_sync_check(sampled_version, collected.prompts, collected.outs)
+            return self._finish_batch(collected, sampled_version)
         pending, self.pending = self.pending or self._request_generation(), None
         if pending.future is not None:  # rollout.overlap: generated behind the last update, scored now
             with self.phases("generate"):
@@ -172,11 +180,15 @@ class Trainer:
         self._calibrate_sync_check(pending.policy_version, collected.prompts, collected.outs)  # (the engine must be idle)
         if self.background is not None and self.step_count + plan.optimizer_steps_per_generation < plan.max_steps:
             self.pending = self.background.start(self._request_generation())  # the next batch, behind this update
+        return self._finish_batch(collected, pending.policy_version)
+
+    def _finish_batch(self, collected, sampled_version: int) -> RolloutBatch:
+        """The batch from its collected groups: metrics, old and reference log-probs, critic values, advantages."""
         outs, scored = collected.outs, collected.scored
         rewards_t = torch.tensor(scored.total, dtype=torch.float32)
         batch = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
                                                per_function=scored.per_function, texts=collected.texts,
-                                               policy_version=pending.policy_version)
+                                               policy_version=sampled_version)
         batch.taken_version = self.policy_version
         batch.metrics = {**self._batch_metrics(batch, rewards_t, scored.metrics), **collected.metrics}
         with self.phases("logprob"):
@@ -302,6 +314,8 @@ class Trainer:
         mask = pb.completion_mask * self._kept(batch, mb)[:, None]
         if self.cfg.algorithm.off_policy_objective == "mask_stale":
             mask = mask * (1.0 - batch.off_policy(mb, mask.shape[1]))  # tokens of older policies: out of the loss
+        if self.async_rollout is not None and batch.versions:  # tokens staler than rollout.max_staleness: out of it
+            mask = mask * (batch.staleness(mb, mask.shape[1], self.policy_version) <= self.async_rollout.k).float()
         return pb, mask
 
     def _kept(self, batch: RolloutBatch, rows: list[int]) -> torch.Tensor:
@@ -387,10 +401,14 @@ class Trainer:
         sums["off_policy_tokens"] += float(off.sum())
 
     def _accumulate_mismatch(self, sums, batch: RolloutBatch, mb: list[int], logp: torch.Tensor, mask: torch.Tensor) -> None:
-        """|trainer − engine| log-prob gap, measured where the trainer still holds the sampling policy."""
+        """|trainer − engine| log-prob gap, measured where the trainer still holds the sampling policy (per token: the
+        tokens stamped with the trainer's version; asynchronous training checks its in-flight weight pushes by it)."""
         reference = None
         if batch.old_logp is not None:
             reference = pad_rows([batch.old_logp[i] for i in mb], logp.shape[1])
+        elif batch.versions:
+            mask = mask * (batch.staleness(mb, logp.shape[1], self.policy_version) == 0).float()
+            reference = logp.detach()
         elif batch.policy_version == self.policy_version and (self.policy_version == self.synced_version or self.engine_shares_policy):
             reference = logp.detach()
         if reference is None or not batch.engine_logp[mb[0]]:
@@ -447,7 +465,7 @@ class Trainer:
             return
         if self.pending is not None:
             self.pending.wait()
-        with self.phases("sync"):
+        with self.phases("sync"), self._engine_lock():  # (asynchronous: between two of the engine's steps)
             if self.engine_shares_policy:
                 self.engine.update_weights((), self.policy_version)  # nothing to copy: only the version its tokens carry
             else:
@@ -455,15 +473,26 @@ class Trainer:
                 weights = self.lora.merged_weights if self.lora is not None else self.policy.named_parameters  # LoRA: merged
                 # a stream: each tensor is made (merged, cast) when the engine reads it, never a whole copy at once
                 stream = WeightStream(lambda: ((name, p.detach().to(dtype)) for name, p in weights()))
-                sent = self.engine.update_weights(stream, self.policy_version)
-                self.sync_bytes_sent += float(sent or 0)
-                if self.sync_check.ready:
+                self.sync_bytes_sent += float(self._push(stream) or 0)
+                # the canaries need an idle engine; asynchronous with requests in flight, the tokens sampled under the
+                # new weights are checked instead (mismatch/* when they are trained)
+                if self.sync_check.ready and not self.engine.in_flight:
                     canary = self._canary_logprobs()
                     self.sync_metrics.update(self.sync_check.check(self.policy_version, *canary))
                     self.last_canary_gap = self.sync_metrics["sync/canary_gap_max"]
                     if self.lora is not None:  # LoRA: the engine must hold the adapter, not the base (trainer/lora_sync.py)
                         self.sync_metrics.update(check_adapter_effect(self, *canary[:2]))
         self.synced_version = self.policy_version
+
+    def _engine_lock(self):
+        """The asynchronous rollout's engine lock (its pump polls between our calls), or nothing."""
+        return self.async_rollout.lock if self.async_rollout is not None else contextlib.nullcontext()
+
+    def _push(self, stream: WeightStream):
+        """update_weights, between engine steps with requests in flight under asynchronous training."""
+        if self.async_rollout is not None and self.engine.in_flight:
+            return self.engine.update_weights(stream, self.policy_version, in_flight=True)
+        return self.engine.update_weights(stream, self.policy_version)
 
     def _canary_logprobs(self) -> tuple[torch.Tensor, torch.Tensor, float | None]:
         """Flat (M,) log-probs of every canary token, the engine's and the trainer's (temperature 1), and under mixed
@@ -533,6 +562,8 @@ class Trainer:
         clean = sys.exc_info()[0] is None  # in a `finally` reached by an exception, that exception is still current
         if self.background is not None:
             self.background.close()  # waits for a generation still in flight
+        if self.async_rollout is not None:
+            self.async_rollout.close()  # stops the pump, aborts what is in flight
         self.rewards.close()
         if self.owns_engine:
             self.engine.close()

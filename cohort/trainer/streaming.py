@@ -323,6 +323,23 @@ def submit_batch(stream: GroupStream, pending, g: int, buffer=None, trainer=None
     return stream.submitted
 
 
+def collect_async(trainer) -> tuple[Collected, int]:
+    """Asynchronous training (trainer/async_rollout.py): admit what the staleness bound allows, take the batch's B
+    groups in the order they finished, score them in one call. Returns the batch and its oldest token's version."""
+    rollout = trainer.async_rollout
+    with trainer.phases("generate"):
+        rollout.admit()
+        finished = rollout.take(trainer.plan.generation_batch_size // trainer.plan.num_generations)
+    calls: list[_Call] = []
+    groups = _start_rewards(trainer, finished, calls)
+    with trainer.phases("reward"):
+        groups, _ = _read_rewards(groups, wait=True)
+    collected = _assemble(trainer, groups, calls, None)
+    collected.metrics.update(rollout.metrics())
+    oldest = min((min(t.versions) for t in collected.outs if t.versions), default=trainer.policy_version)
+    return collected, oldest
+
+
 def drain_batch(engine, pending, g: int) -> list[Trajectory]:
     """The whole batch's trajectories in submission order (rollout.overlap's background call: no rewards there)."""
     stream = GroupStream(engine, f"gen{pending.generation_index}")
