@@ -192,13 +192,13 @@ class RolloutService:
     def weights(self, version: int, part: int, parts: int, payload: bytes, in_flight: bool = False) -> dict[str, Any]:
         from safetensors.torch import load as load_safetensors
 
+        if in_flight and not self.in_flight_updates:
+            raise Conflict(f"weights: in_flight=1 but this server's engine ({type(self.engine).__name__}) cannot load "
+                           "weights under running requests; push without in_flight once they are done")
         try:
             tensors = load_safetensors(payload)
         except Exception as exc:  # safetensors raises its own error types for a bad header
             raise server_requests.BadRequest(f"weights: the body is not a safetensors file ({type(exc).__name__}: {exc})") from None
-        if in_flight and not self.in_flight_updates:
-            raise Conflict(f"weights: in_flight=1 but this server's engine ({type(self.engine).__name__}) cannot load "
-                           "weights under running requests; push without in_flight once they are done")
         with self.lock:  # held between two driver polls: weights never change under an engine step
             if not in_flight:
                 self.stream.refuse_while_generating("weights")
