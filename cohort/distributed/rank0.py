@@ -35,6 +35,8 @@ class MainOnlyEngine(BatchRequests):
     the trajectories, so every rank sees the same groups at the same poll.
     """
 
+    in_flight_updates = False  # requests run to the end inside one collective poll: none is in flight at a sync
+
     def __init__(self, engine, ctx: LocalContext):
         self.engine, self.ctx = engine, ctx
         self.policy_version = 0  # the version last pushed, known on every rank without a collective
@@ -45,7 +47,10 @@ class MainOnlyEngine(BatchRequests):
             return []
         return self.ctx.broadcast_object(generate_requests(self.engine, requests) if self.ctx.is_main else None)
 
-    def update_weights(self, named_tensors, version: int):
+    def update_weights(self, named_tensors, version: int, *, in_flight: bool = False):
+        if in_flight:
+            raise RuntimeError("MainOnlyEngine (multi-process training) cannot update weights with requests in flight: "
+                               "its requests are sampled batch-wise inside one collective poll")
         full = list(gather_named_tensors(named_tensors))
         sent = self.engine.update_weights(full, version) if self.ctx.is_main else None
         self.policy_version = version
@@ -79,6 +84,8 @@ class DetachedHFEngine:
     every rank in every decoding step; rank 0 samples from a full copy instead.
     """
 
+    in_flight_updates = False  # transformers generation cannot take new weights mid-request
+
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, stop_token_ids: list[int]):
         model.requires_grad_(False)
         self.inner = HFEngine(model, pad_token_id=pad_token_id, stop_token_ids=stop_token_ids)
@@ -106,7 +113,10 @@ class DetachedHFEngine:
         return self.inner.generate(prompts, sampling, seeds)
 
     @torch.no_grad()
-    def update_weights(self, named_tensors, version: int) -> None:
+    def update_weights(self, named_tensors, version: int, *, in_flight: bool = False) -> None:
+        if in_flight:
+            raise RuntimeError("DetachedHFEngine cannot update weights with requests in flight (in_flight_updates is "
+                               "False); use rollout.engine=vllm for asynchronous training")
         for name, tensor in named_tensors:
             target = self.params.get(name, self.buffers.get(name))
             if target is None:

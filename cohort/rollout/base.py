@@ -17,7 +17,22 @@ same two levels, so the trainer never asks which engine it has:
 
 Weights flow one way: the trainer calls `update_weights` after an optimizer
 step and `score` on fixed canary completions to check the engine really holds
-the new policy (cohort/trainer/sync_check.py).
+the new policy (cohort/trainer/sync_check.py). An engine whose
+`in_flight_updates` is True also takes new weights while requests are in
+flight (`update_weights(..., in_flight=True)`, asynchronous training): they
+continue under the new weights, every token sampled afterwards carries the new
+version; the others raise when asked.
+
+Threads: an engine is not thread-safe. A caller may drive it from two threads
+(e.g. `poll(timeout)` on a background thread, `submit` / `update_weights` /
+`abort` / `score` on the main one) only if it serialises every call with its own
+lock, never two at once; a short `timeout` (0.1 s) bounds how long a `poll`
+holds that lock (remote engines included), and `poll(timeout)` returning []
+says nothing finished yet, not that the engine is idle (read `in_flight`).
+Liveness: an engine that dies or stops making progress raises from `poll`
+(RemoteEngine: within rollout.server_timeout_s, however short the caller's
+timeouts) or returns its requests with status "error" (vLLM in-process); it
+never leaves `poll` returning [] forever with requests in flight.
 
 Seeds: one per completion, derived from (rollout.seed, generation index, slot),
 so a run is reproducible and a resumed run draws the same samples.
@@ -129,6 +144,7 @@ class Request:
 
 class RolloutEngine(Protocol):
     policy_version: int
+    in_flight_updates: bool  # whether update_weights(..., in_flight=True) is supported (vLLM, RemoteEngine)
     stop_token_ids: list[int]  # the ids that end a completion: the checkpoint's set (`cohort.models.loading.stop_token_ids`)
 
     def submit(self, requests: Sequence[Request]) -> None:
@@ -149,15 +165,23 @@ class RolloutEngine(Protocol):
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Trajectory]:
         """One trajectory per prompt entry, in order (repeat a prompt G times for a group): `generate_requests`."""
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int | None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *,
+                       in_flight: bool = False) -> int | None:
         """Load a full set of new weights in place; later generations report `version`.
+
+        With requests being sampled: `in_flight=False` raises (sync between rollouts); `in_flight=True` loads them
+        between two engine steps, the requests continue under them and every token sampled after carries `version`
+        (an engine with `in_flight_updates` False raises instead). Each engine says what happens to the prefix cache
+        and to the in-flight requests' KV cache (vLLM: both recomputed with the new weights).
 
         `named_tensors` is walked once, except a `WeightStream`, which an engine that must know the sizes before it
         sends anything (RemoteEngine) walks twice instead of holding every tensor. Returns the bytes sent over the network for it (remote engines), or None when nothing left the process.
         """
 
     def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
-        """The engine's log-probs of fixed completions, one list per (prompt, completion) pair (the sync check's canaries)."""
+        """The engine's log-probs of fixed completions, one list per (prompt, completion) pair (the sync check's canaries).
+
+        An engine with `in_flight_updates` scores with requests in flight too, without taking any of their results."""
 
     def close(self) -> None: ...
 

@@ -73,6 +73,8 @@ def until_stop(tokens: list[int], stop_token_ids: list[int]) -> list[int]:
 
 
 class HFEngine(BatchRequests):
+    in_flight_updates = False  # its weights are the policy module itself (update_weights)
+
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, stop_token_ids: list[int], batch_size: int = 256,
                  compute_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
                  continuous_batching: bool = True):
@@ -194,7 +196,12 @@ class HFEngine(BatchRequests):
                     out[i] = piece
         return out  # type: ignore[return-value]
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *,
+                       in_flight: bool = False) -> None:
+        if in_flight:
+            raise RuntimeError("HFEngine cannot update weights with requests in flight (in_flight_updates is False): "
+                               "it samples with the trainer's own module, whose weights the optimizer changes; use "
+                               "rollout.engine=vllm for asynchronous training")
         self.policy_version = version  # the engine *is* the policy module: nothing to copy
 
     def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0) -> list[list[float]]:

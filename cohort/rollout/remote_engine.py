@@ -21,7 +21,10 @@
   re-iterable source (`WeightStream`) is walked twice (sizes, then tensors), so
   the trainer holds one part as tensors and as bytes, never a whole copy of the
   model (LoRA's merged weights and bfloat16 casts are made per part); returns
-  the bytes sent over the wire (all servers together).
+  the bytes sent over the wire (all servers together). With `in_flight=True`
+  (asynchronous training) the servers take the push while requests generate
+  (`/weights?...&in_flight=1`) and load it between two of their engine steps;
+  `in_flight_updates` is True when every server's engine can (its /health says).
 - score: the canary. Server 0's log-probs are returned for the trainer to
   compare with its own; every other server must agree with server 0 to
   `agreement_tolerance`, so a single stale server also stops the run.
@@ -32,9 +35,12 @@ the constructor checks every server reports the same one.
 
 Every call has a timeout (`timeout_s`), a server with requests in flight that
 finishes none of them for `timeout_s` counts as failed, and any failure raises
-`RemoteEngineError`: the run fails, it never hangs. One thread drives the
-request level at a time (the trainer's rollout thread). The token comes from
-`COHORT_SERVER_TOKEN` unless given.
+`RemoteEngineError`: the run fails, it never hangs. The progress check runs
+on every `poll` that returns nothing, so a caller polling with short timeouts
+(0.1 s, to free its lock) still gets the error after `timeout_s`. Not
+thread-safe: one call at a time (base.py's contract; a caller that polls
+from one thread and submits from another serialises them with its own lock).
+The token comes from `COHORT_SERVER_TOKEN` unless given.
 """
 
 from __future__ import annotations
@@ -278,9 +284,11 @@ class RemoteEngine(RequestEngineMixin):
                 wait = max(0.0, min(wait, deadline - time.monotonic()))
             replies = self._each(lambda i: self._post_json(self.urls[i], "/poll", {"timeout_s": wait}), busy)
             out = [t for i, reply in zip(busy, replies) for t in self._received(i, reply)]
-            if out or (deadline is not None and time.monotonic() >= deadline):
+            if out:
                 return out
-            self._check_progress(busy)
+            self._check_progress(busy)  # before giving up on the deadline: short polls must not dodge it
+            if deadline is not None and time.monotonic() >= deadline:
+                return out
 
     def abort(self, request_ids: Iterable[str] | None = None) -> list[Trajectory]:
         targets: dict[int, list[str] | None] = {}
@@ -297,6 +305,11 @@ class RemoteEngine(RequestEngineMixin):
     @property
     def in_flight(self) -> int:
         return len(self._sent)
+
+    @property
+    def in_flight_updates(self) -> bool:
+        """Whether every server's engine loads weights under running requests (its /health at connect time)."""
+        return all(info.get("in_flight_updates", False) for info in self.servers)
 
     def _check_version(self, server: int, reply: dict[str, Any]) -> None:
         if reply["policy_version"] != self.policy_version:
@@ -340,15 +353,22 @@ class RemoteEngine(RequestEngineMixin):
                     f"rollout server {self.urls[i]}: {load[i]} request(s) in flight and none finished within "
                     f"rollout.server_timeout_s = {self.timeout_s} s; is its engine stuck?")
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *,
+                       in_flight: bool = False) -> int:
         """Serialise one part at a time and send it to every server in parallel: at most one part is held, as tensors
-        and as bytes, when `named_tensors` is re-iterable (`stream_weight_parts`)."""
+        and as bytes, when `named_tensors` is re-iterable (`stream_weight_parts`). `in_flight`: the servers load the
+        set under their running requests (HTTP 409 without it while any generates)."""
+        if in_flight and not self.in_flight_updates:
+            raise RemoteEngineError(
+                f"update_weights(in_flight=True): rollout server(s) "
+                f"{[u for u, i in zip(self.urls, self.servers) if not i.get('in_flight_updates')]} cannot load weights "
+                "under running requests (their /health reports in_flight_updates false); update `cohort serve` there")
         count, parts = stream_weight_parts(named_tensors, PART_BYTES)
         sent, replies = 0, []
         for i, part in enumerate(parts):
             blob = serialize_part(part)
             del part  # the tensors: only the bytes are needed from here
-            path = f"/weights?version={version}&part={i}&parts={count}"
+            path = f"/weights?version={version}&part={i}&parts={count}" + ("&in_flight=1" if in_flight else "")
             replies = self._each(lambda url: self._request(url, path, body=blob, content_type="application/octet-stream"), self.urls)
             sent += len(blob) * len(self.urls)
             del blob  # before the next part is made
@@ -427,8 +447,12 @@ class LocalServerEngine(RequestEngineMixin):
     def in_flight(self) -> int:
         return self.remote.in_flight
 
-    def update_weights(self, named_tensors, version: int):
-        return self.remote.update_weights(named_tensors, version)
+    @property
+    def in_flight_updates(self) -> bool:
+        return self.remote.in_flight_updates
+
+    def update_weights(self, named_tensors, version: int, *, in_flight: bool = False):
+        return self.remote.update_weights(named_tensors, version, in_flight=in_flight)
 
     def score(self, prompts, completions, temperature: float = 1.0):
         return self.remote.score(prompts, completions, temperature)

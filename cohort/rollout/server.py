@@ -8,11 +8,11 @@ Endpoints (JSON bodies unless said otherwise). Every one except `/health`
 needs `Authorization: Bearer <token>`, the token being the server's
 `COHORT_SERVER_TOKEN`; a request without it gets 401.
 
-    GET  /health     -> {status, policy_version, model, max_model_len, vocab_size, stop_token_ids}
+    GET  /health     -> {status, policy_version, model, max_model_len, vocab_size, stop_token_ids, in_flight_updates}
     POST /generate   {prompts: [[id]], sampling: {max_tokens, temperature, top_p, top_k}, seeds: [int] | null}
                      -> {policy_version, completions: [{token_ids, logprobs, status, policy_version, versions, loss_mask, prompt_ids, request_id, error}]}
     POST /score      {prompts: [[id]], completions: [[id]], temperature} -> {policy_version, logprobs: [[float]]}
-    POST /weights?version=V&part=I&parts=K   body: safetensors bytes (one part of the full set)
+    POST /weights?version=V&part=I&parts=K[&in_flight=1]   body: safetensors bytes (one part of the full set)
                      -> {policy_version, parts_received}
 
 The request level (cohort/rollout/base.py's submit / poll / abort / resume), which
@@ -29,9 +29,15 @@ The request level (cohort/rollout/base.py's submit / poll / abort / resume), whi
 
 One driver thread moves the engine forward while requests are in flight
 (cohort/rollout/server_stream.py). A request id must be unique among the
-requests in flight (400 otherwise). While requests are generating, /generate,
-/score and /weights get 409: the trainer syncs weights only when idle, and a
-batch call would take the streamed requests' results.
+requests in flight (400 otherwise). While requests are generating, /generate
+gets 409 (a batch call would take the streamed requests' results), and so do
+/weights and /score unless the engine takes weights under running requests
+(`in_flight_updates`, reported by /health: the vLLM engine does) and, for
+/weights, the client asks for it with `in_flight=1` (asynchronous training;
+the synchronous trainer syncs only when idle and gets 409 if it is not). Such
+a push is staged part by part while the driver thread keeps generating; the
+full set is loaded under the engine lock, so between two driver polls, and the
+requests in flight continue under the new weights (`VLLMEngine.update_weights`).
 
 Weights travel as safetensors over HTTP, so a push needs no CUDA, no NCCL and
 no shared filesystem: it works between CPU machines (TRL's server mode needs
@@ -160,7 +166,11 @@ class RolloutService:
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "policy_version": self.engine.policy_version, "model": self.model,
                 "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
-                "stop_token_ids": list(self.engine.stop_token_ids)}
+                "stop_token_ids": list(self.engine.stop_token_ids), "in_flight_updates": self.in_flight_updates}
+
+    @property
+    def in_flight_updates(self) -> bool:
+        return bool(getattr(self.engine, "in_flight_updates", False))
 
     def generate(self, body: dict[str, Any]) -> dict[str, Any]:
         prompts, sampling, seeds = server_requests.generate_request(body, self.limits)
@@ -173,22 +183,29 @@ class RolloutService:
     def score(self, body: dict[str, Any]) -> dict[str, Any]:
         prompts, completions, temperature = server_requests.score_request(body, self.limits)
         with self.lock:
-            self.stream.refuse_while_generating("score")
+            if not self.in_flight_updates:  # an engine that can scores next to the requests in flight
+                self.stream.refuse_while_generating("score")
             logprobs = self.engine.score(prompts, completions, temperature)
             version = self.engine.policy_version
         return {"policy_version": version, "logprobs": logprobs}
 
-    def weights(self, version: int, part: int, parts: int, payload: bytes) -> dict[str, Any]:
+    def weights(self, version: int, part: int, parts: int, payload: bytes, in_flight: bool = False) -> dict[str, Any]:
         from safetensors.torch import load as load_safetensors
 
+        if in_flight and not self.in_flight_updates:
+            raise Conflict(f"weights: in_flight=1 but this server's engine ({type(self.engine).__name__}) cannot load "
+                           "weights under running requests; push without in_flight once they are done")
         try:
             tensors = load_safetensors(payload)
         except Exception as exc:  # safetensors raises its own error types for a bad header
             raise server_requests.BadRequest(f"weights: the body is not a safetensors file ({type(exc).__name__}: {exc})") from None
-        with self.lock:
-            self.stream.refuse_while_generating("weights")
+        with self.lock:  # held between two driver polls: weights never change under an engine step
+            if not in_flight:
+                self.stream.refuse_while_generating("weights")
             full = self.stager.add(version, part, parts, tensors)
-            if full is not None:
+            if full is not None and in_flight:
+                self.engine.update_weights(full.items(), version, in_flight=True)
+            elif full is not None:
                 self.engine.update_weights(full.items(), version)
             return {"policy_version": self.engine.policy_version, "parts_received": part + 1}
 
@@ -257,8 +274,8 @@ class _Handler(BaseHTTPRequestHandler):
                 handler = getattr(self.service, url.path[1:])
                 self._reply(200, handler(server_requests.json_object(self._body(), url.path[1:])))
             elif url.path == "/weights":
-                version, part, parts = server_requests.weights_query(parse_qs(url.query))
-                self._reply(200, self.service.weights(version, part, parts, self._body()))
+                version, part, parts, in_flight = server_requests.weights_query(parse_qs(url.query))
+                self._reply(200, self.service.weights(version, part, parts, self._body(), in_flight))
             else:
                 raise _HTTPError(HTTPStatus.NOT_FOUND, f"no such endpoint: POST {url.path}; POST {', '.join(POST_PATHS)}, GET /health")
         except _HTTPError as exc:

@@ -229,10 +229,11 @@ def abort_request(body: dict[str, Any]) -> list[str] | None:
     return ids
 
 
-def weights_query(query: dict[str, list[str]]) -> tuple[int, int, int]:
-    """(version, part, parts) from /weights?version=V&part=I&parts=K; part and parts default to 0 and 1."""
+def weights_query(query: dict[str, list[str]]) -> tuple[int, int, int, bool]:
+    """(version, part, parts, in_flight) from /weights?version=V&part=I&parts=K&in_flight=0|1; part, parts and
+    in_flight default to 0, 1 and 0."""
     values = {}
-    for key, default in (("version", None), ("part", "0"), ("parts", "1")):
+    for key, default in (("version", None), ("part", "0"), ("parts", "1"), ("in_flight", "0")):
         given = query.get(key, [default])[0]
         if given is None:
             raise BadRequest("weights: missing query parameter 'version' (POST /weights?version=V&part=I&parts=K)")
@@ -242,4 +243,6 @@ def weights_query(query: dict[str, list[str]]) -> tuple[int, int, int]:
             raise BadRequest(f"weights: query parameter {key} must be an integer, got {given!r}") from None
     if values["parts"] < 1 or not 0 <= values["part"] < values["parts"]:
         raise BadRequest(f"weights: part {values['part']} of parts={values['parts']} is out of range (0 <= part < parts)")
-    return values["version"], values["part"], values["parts"]
+    if values["in_flight"] not in (0, 1):
+        raise BadRequest(f"weights: query parameter in_flight must be 0 or 1, got {values['in_flight']}")
+    return values["version"], values["part"], values["parts"], bool(values["in_flight"])

@@ -40,16 +40,36 @@ An exception inside `step` is not re-raised by `poll`: every request in flight
 comes back with status "error" and the message (the trainer's drain raises it
 with the request id); vLLM is told to drop them.
 
-Left out: updating weights while requests are in flight. `update_weights` and
-`score` (which run vLLM's own `generate` loop and would step, and swallow, the
-requests in flight) raise RuntimeError then; the trainer syncs between
-rollouts. Asynchronous training will need a pause (stop scheduling, reload,
-resume) here, and per-token versions are already kept for it.
+Weights change between engine steps, also with requests in flight
+(`update_weights(..., in_flight=True)`, for asynchronous training): the new
+weights are loaded, then vLLM's `reset_prefix_cache(reset_running_requests=True)`
+preempts every running request and frees its KV blocks, so the whole prefix
+cache (hashes included) is dropped; without `reset_running_requests` vLLM 0.32
+refuses the reset while any block is in use (it logs "Failed to reset prefix
+cache" and returns False, which would leave KV computed with the old weights
+to be served to new requests). So, unlike AReaL, the in-flight requests' own
+KV cache computed under the old weights is NOT kept: vLLM recomputes it (one
+prefill over prompt + tokens sampled so far) with the new weights before their
+next token. Every token sampled after the update is stamped with the new
+version and its log-prob is exactly the new policy's given the whole sequence
+(the trainer's log-prob, tests/rollout/test_vllm_inflight.py); the tokens
+before keep the old version and log-probs. The cost is that prefill per update;
+the gain is that no token mixes two policies. A seeded request that is
+preempted may draw a different sample than it would have uninterrupted (vLLM
+re-seeds its generator), which only matters for bit-reproducibility.
+With `in_flight=False` (the synchronous trainer) an update while requests are
+sampling raises RuntimeError, as before.
+
+`score` (the sync check's canaries) runs through the same stepping as the
+requests: its requests go into vLLM next to those in flight, which make
+progress meanwhile and keep every token (nothing is swallowed), so the
+canary also works between in-flight updates.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import time
@@ -130,6 +150,8 @@ class _Live:
 
 
 class VLLMEngine(RequestEngineMixin):
+    in_flight_updates = True  # update_weights(..., in_flight=True) loads between steps (module docstring)
+
     def __init__(self, model_dir: Path, *, dtype: str, max_model_len: int, seed: int = 0, enforce_eager: bool = True,
                  enable_prefix_caching: bool = True, kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
@@ -146,6 +168,9 @@ class VLLMEngine(RequestEngineMixin):
         self.stop_token_ids = stop_token_ids(model_dir, load_tokenizer(model_dir))  # the checkpoint's set, as every engine's
         self._live: dict[str, _Live] = {}  # request id -> its progress, for the requests inside vLLM
         self._done: list[Trajectory] = []  # finished, not yet returned by poll
+        self._scoring: dict[str, object] = {}  # score()'s request ids inside vLLM -> their final output (None until then)
+        self._scoring_failed: str | None = None  # why vLLM failed while score() was waiting
+        self._score_ids = itertools.count()
 
     def _params(self, sampling: SamplingConfig, seed: int | None):
         from vllm import SamplingParams
@@ -222,6 +247,10 @@ class VLLMEngine(RequestEngineMixin):
             self._fail(exc)
             return
         for out in outputs:
+            if out.request_id in self._scoring:
+                if out.finished:
+                    self._scoring[out.request_id] = out
+                continue
             live = self._live.get(out.request_id)
             if live is None:
                 continue  # aborted since it was scheduled
@@ -239,8 +268,10 @@ class VLLMEngine(RequestEngineMixin):
         drain, `generate`, raises it); what each had sampled is kept, and vLLM is told to drop them."""
         message = f"vLLM raised in LLMEngine.step: {type(exc).__name__}: {exc}"
         failed, self._live = self._live, {}
+        if self._scoring:
+            self._scoring_failed = message
         with contextlib.suppress(Exception):
-            self.llm.llm_engine.abort_request(list(failed))
+            self.llm.llm_engine.abort_request(list(failed) + list(self._scoring))
         self._done += [live.trajectory("error", message) for live in failed.values()]
 
     def abort(self, request_ids: Iterable[str] | None = None) -> list[Trajectory]:
@@ -257,35 +288,59 @@ class VLLMEngine(RequestEngineMixin):
     def in_flight(self) -> int:
         return len(self._live) + len(self._done)
 
-    def _refuse_while_sampling(self, what: str) -> None:
-        if self._live:
-            raise RuntimeError(f"VLLMEngine.{what} while {len(self._live)} requests are being sampled: it would run "
-                               "vLLM under them (and mix weights inside a completion). Poll them to the end or abort "
-                               "them first; the trainer syncs weights only between rollouts.")
-
     def _model_runner(self):
         return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        self._refuse_while_sampling("update_weights")
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *,
+                       in_flight: bool = False) -> None:
+        """Load new weights between two engine steps; tokens sampled from now on carry `version`.
+
+        With requests being sampled this needs `in_flight=True` (else RuntimeError): they continue under the new
+        weights, their KV cache recomputed with them, and the prefix cache is dropped (module docstring)."""
+        if self._live and not in_flight:
+            raise RuntimeError(f"VLLMEngine.update_weights while {len(self._live)} requests are being sampled: poll "
+                               "them to the end or abort them first, or pass in_flight=True to load the new weights "
+                               "under them (asynchronous training)")
         self._ensure_parallel_state()
         runner = self._model_runner()
         tied = getattr(getattr(runner.get_model(), "config", None), "tie_word_embeddings", False)
         with expected_reload_warnings_dropped(tied):
             runner.reload_weights(weights_iterator=((n, t.detach()) for n, t in named_tensors))
         _refresh_tied_lm_head(runner.get_model())
-        self.llm.reset_prefix_cache()
+        # reset_running_requests: preempt the running requests (their KV recomputed with the new weights) so that
+        # every block is free; vLLM refuses (returns False) to reset a cache whose blocks are in use
+        if not self.llm.reset_prefix_cache(reset_running_requests=bool(self._live)):
+            raise RuntimeError("VLLMEngine.update_weights: vLLM refused to reset its prefix cache after the new weights "
+                               "were loaded; KV computed with the old weights could be reused")
         self.policy_version = version
 
     def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
+        """The engine's log-probs of each completion after its prompt, also with requests in flight: the scoring
+        requests are stepped with them (they progress and keep their tokens; nothing of theirs is returned here)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
-        self._refuse_while_sampling("score")
         self._ensure_parallel_state()
-        params = SamplingParams(max_tokens=1, temperature=temperature, prompt_logprobs=0, detokenize=False)
-        requests = [TokensPrompt(prompt_token_ids=list(p) + list(c)) for p, c in zip(prompts, completions)]
-        outs = self.llm.generate(requests, params, use_tqdm=False)
+        params = SamplingParams(max_tokens=1, temperature=temperature, prompt_logprobs=0, detokenize=False,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        ids = [f"cohort-score/{next(self._score_ids)}" for _ in prompts]
+        self._scoring_failed = None
+        try:
+            for rid, p, c in zip(ids, prompts, completions):
+                prompt = self.llm._preprocess_cmpl_one(TokensPrompt(prompt_token_ids=list(p) + list(c)))
+                self.llm.llm_engine.add_request(rid, prompt, params)
+                self._scoring[rid] = None
+            while any(self._scoring[rid] is None for rid in ids):
+                if self._scoring_failed is not None:
+                    raise RuntimeError(f"VLLMEngine.score: {self._scoring_failed}")
+                self._step()
+            outs = [self._scoring[rid] for rid in ids]
+        finally:
+            left = [rid for rid in ids if self._scoring.pop(rid, None) is None]
+            if left:
+                with contextlib.suppress(Exception):
+                    self.llm.llm_engine.abort_request(left)
         return [[float(entry[tok].logprob) for entry, tok in zip(out.prompt_logprobs[len(p):], c)]
                 for out, p, c in zip(outs, prompts, completions)]
 

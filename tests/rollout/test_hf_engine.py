@@ -44,3 +44,28 @@ def test_top_k_zero_samples_the_whole_vocabulary(tiny_model_dir):
     engine = HFEngine(model, pad_token_id=EOS, stop_token_ids=[EOS])
     outs = engine.generate([[49, 50, 61]] * 300, SamplingConfig(max_tokens=1, temperature=1.0, top_k=0), seeds=[0] * 300)
     assert len({o.token_ids[0] for o in outs}) > 100
+
+
+def test_engines_on_the_trainers_module_refuse_in_flight_weight_updates(policy, tiny_model_dir):
+    from cohort.distributed.fsdp import LocalContext
+    from cohort.distributed.rank0 import DetachedHFEngine, MainOnlyEngine
+
+    engine = HFEngine(policy, pad_token_id=EOS, stop_token_ids=[EOS])
+    assert engine.in_flight_updates is False
+    with pytest.raises(RuntimeError, match=r"HFEngine cannot update weights with requests in flight .*rollout.engine=vllm"):
+        engine.update_weights(policy.named_parameters(), 1, in_flight=True)
+    assert engine.policy_version == 0
+    engine.update_weights(policy.named_parameters(), 1)  # the synchronous sync still works
+    assert engine.policy_version == 1
+
+    detached = DetachedHFEngine(load_policy(tiny_model_dir, "float32"), pad_token_id=EOS, stop_token_ids=[EOS])
+    assert detached.in_flight_updates is False
+    with pytest.raises(RuntimeError, match=r"DetachedHFEngine cannot update weights with requests in flight"):
+        detached.update_weights(policy.named_parameters(), 1, in_flight=True)
+    assert detached.policy_version == 0
+
+    main_only = MainOnlyEngine(engine, LocalContext())  # multi-process training's wrapper samples batch-wise
+    assert main_only.in_flight_updates is False
+    with pytest.raises(RuntimeError, match=r"MainOnlyEngine \(multi-process training\) cannot update weights with requests in flight"):
+        main_only.update_weights(policy.named_parameters(), 2, in_flight=True)
+    assert (main_only.policy_version, engine.policy_version) == (0, 1)

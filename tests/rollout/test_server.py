@@ -84,7 +84,7 @@ def test_requests_without_the_right_token_are_refused(served):
     _, url = served[0]
     health = json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())  # health needs no token
     assert health == {"status": "ok", "policy_version": 0, "model": "fake", "max_model_len": 64, "vocab_size": 100,
-                      "stop_token_ids": [7, 9]}
+                      "stop_token_ids": [7, 9], "in_flight_updates": False}
     body = json.dumps({"prompts": [[1, 2]], "sampling": {"max_tokens": 2}, "seeds": [1]}).encode()
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):  # none, wrong, not a bearer header
         submit = json.dumps({"requests": [{"request_id": "r", "prompt_ids": [1], "sampling": {"max_tokens": 2}}]}).encode()
