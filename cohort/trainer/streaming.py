@@ -327,6 +327,7 @@ def collect_async(trainer) -> tuple[Collected, int]:
     """Asynchronous training (trainer/async_rollout.py): admit what the staleness bound allows, take the batch's B
     groups in the order they finished, score them in one call. Returns the batch and its oldest token's version."""
     rollout = trainer.async_rollout
+    trainer.sync_weights()  # (a no-op but after a resume: a fresh engine must hold the policy before anything is admitted)
     with trainer.phases("generate"):
         rollout.admit()
         finished = rollout.take(trainer.plan.generation_batch_size // trainer.plan.num_generations)

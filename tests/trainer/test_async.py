@@ -1,0 +1,169 @@
+"""Asynchronous training (rollout.max_staleness): k = 0 is the synchronous trainer; k = 2 keeps every trained token
+within 2 versions; too-stale tokens are masked or their group dropped; groups admitted and untrained survive a
+checkpoint; a dead engine fails the run instead of hanging it. Real vLLM (in-process, or a `cohort serve` child)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from cohort.config import ConfigError, load_config
+from cohort.rollout.base import Trajectory, completion_seeds
+from cohort.rollout.stream import FinishedGroup
+from cohort.trainer import checkpoint
+from cohort.trainer.async_rollout import Admitted
+from cohort.trainer.loop import Trainer
+from cohort.trainer.rollout_batch import RolloutBatch
+from cohort.validation import validate_config
+
+pytest.importorskip("vllm")
+QUIET = dict(log=lambda *a, **k: None)
+
+
+@pytest.fixture
+def data_file(tmp_path, monkeypatch):
+    (tmp_path / "async_rewards.py").write_text(
+        "def digit_share(completions, **kwargs):\n"
+        "    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(12)))
+    return path
+
+
+def _config(tmp_path, data_file, model_dir, *extra, name="run"):
+    return load_config(None, [
+        f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16",
+        "rollout.num_generations=4", "rollout.max_completion_length=24", "rollout.kv_cache_gib=0.25",
+        "train.prompts_per_step=2", "train.micro_batch_size=8", "train.max_steps=5", "train.learning_rate=3e-3",
+        "train.max_grad_norm=0", "rewards=[{name: 'async_rewards:digit_share'}]", f"run.output_dir={tmp_path / name}",
+        "run.progress=false", "run.loggers=[jsonl]", *extra,
+    ])
+
+
+def _run(cfg, steps):
+    trainer = Trainer(cfg, **QUIET)
+    batches, metrics = [], []
+    try:
+        for _ in range(steps):
+            metrics.append(trainer.step())
+            batches.append(trainer.batch)
+        weights = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
+    finally:
+        trainer.close()
+    return batches, metrics, weights
+
+
+def test_max_staleness_0_is_the_synchronous_trainer(tmp_path, data_file, tiny_model_dir):
+    sync = _run(_config(tmp_path, data_file, tiny_model_dir, name="sync"), 5)
+    async0 = _run(_config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=0", name="async"), 5)
+    for a, b in zip(sync[0], async0[0]):
+        assert a.row_indices == b.row_indices and a.completion_ids == b.completion_ids
+        np.testing.assert_array_equal(a.rewards, b.rewards)
+    assert all(m["staleness/max"] == 0 for m in async0[1])
+    for name, value in sync[2].items():
+        assert torch.allclose(value, async0[2][name], atol=1e-5, rtol=0), name
+
+
+def test_max_staleness_2_bounds_every_trained_token(tmp_path, data_file, tiny_model_dir):
+    batches, metrics, _ = _run(_config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=2",
+                                       "train.max_steps=6", name="k2"), 6)
+    for step, (batch, m) in enumerate(zip(batches, metrics)):
+        staleness = [step - v for versions in batch.versions for v in versions]  # the policy at step s is version s
+        assert m["staleness/max"] == max(staleness) <= 2
+    assert max(m["staleness/max"] for m in metrics) == 2  # generation really ran ahead (batches 1, 2 at version 0)
+    assert metrics[0]["async/in_flight_groups"] == 4  # batches 1 and 2 (2 groups each) admitted behind batch 0
+
+
+def test_too_stale_groups_are_masked_or_dropped(tmp_path, data_file, tiny_model_dir):
+    # A group whose first two tokens come from version 0, taken when the policy is at 3 with k = 1: the oldest
+    # allowed version is 2. mask: the 2 old tokens of each of its 4 members leave the loss (counted: 8); drop: the
+    # group is discarded, counted, and a fresh prompt is admitted in its place.
+    for mode in ("mask", "drop"):
+        trainer = Trainer(_config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=1",
+                                  f"rollout.stale_tokens={mode}", name=mode), **QUIET)
+        rollout = trainer.async_rollout
+        try:
+            trainer.policy_version = 3
+            members = [Trajectory([5, 6, 7], [-1.0] * 3, "stop", 0, versions=[0, 0, 3]) for _ in range(4)]
+            fresh = [Trajectory([5, 6], [-1.0] * 2, "stop", 3, versions=[3, 3]) for _ in range(4)]
+            rollout.done.extend([FinishedGroup(100, [0] * 4, members), FinishedGroup(101, [1] * 4, fresh)])
+            rollout.admitted.update({100: Admitted(0, [0] * 4, [1, 2, 3, 4]), 101: Admitted(0, [1] * 4, [5, 6, 7, 8])})
+            rollout.thread = object()  # (no pump: the test hands the groups in)
+            if mode == "mask":
+                got = rollout.take(2)
+                assert [g.index for g in got] == [100, 101] and rollout.stale_masked == 8
+                batch = RolloutBatch([0], [[1, 2]], [[5, 6, 7]], [[-1.0] * 3], [False], ["x"], np.zeros(1), np.zeros((1, 0)),
+                                     torch.zeros(1, 3), versions=[[0, 0, 3]], taken_version=3)
+                assert torch.equal(trainer._pack(batch, [0])[1], torch.tensor([[0.0, 0.0, 1.0]]))
+            else:
+                got = rollout.take(1)
+                assert [g.index for g in got] == [101] and rollout.stale_dropped == 1
+                assert rollout.stream.pending == 1 and len(rollout.admitted) == 1  # the replacement, in flight
+        finally:
+            rollout.thread = None
+            trainer.close()
+
+
+def test_admitted_groups_survive_a_checkpoint_no_prompt_lost_or_repeated(tmp_path, data_file, tiny_model_dir):
+    cfg = _config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=1", "train.max_steps=4", name="ckpt")
+    trainer = Trainer(cfg, **QUIET)
+    trained = Counter()
+    try:
+        for _ in range(2):
+            trainer.step()
+            trained.update(trainer.batch.row_indices)
+        path = checkpoint.save_checkpoint(trainer)
+        saved = trainer.async_rollout.state_dict()["admitted"]
+    finally:
+        trainer.close()
+    assert saved  # batch 2 was admitted at version 1 and is not trained yet
+    resumed = Trainer(_config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=1", "train.max_steps=4", name="ckpt2"), **QUIET)
+    try:
+        checkpoint.load_checkpoint(resumed, path)
+        for _ in range(2):
+            resumed.step()
+            trained.update(resumed.batch.row_indices)
+        left = Counter(i for a in resumed.async_rollout.state_dict()["admitted"] for i in a.rows)
+        drawn = resumed.generation_index
+    finally:
+        resumed.close()
+    fresh = Trainer(cfg, **QUIET)  # the sampler's rows for generation batches 0 .. drawn-1, in order
+    try:
+        expected = Counter(i for _ in range(drawn) for i in fresh.sampler.next_batch())
+    finally:
+        fresh.close()
+    assert trained + left == expected
+
+
+def test_a_dead_engine_fails_the_run_within_the_timeout(tmp_path, data_file, tiny_model_dir):
+    cfg = _config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=1", "rollout.mode=local_server",
+                  "rollout.server_timeout_s=20", "rollout.engine_timeout_s=20", "rollout.max_completion_length=120",
+                  "train.max_steps=20", name="dead")
+    trainer = Trainer(cfg, **QUIET)
+    try:
+        trainer.step()
+        trainer.engine.server.process.kill()  # the `cohort serve` child dies mid-run
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="rollout (engine|server)"):  # (from the pump or a submit)
+            for _ in range(5):
+                trainer.step()
+        assert time.monotonic() - start < 60
+    finally:
+        trainer.close()
+
+
+def test_async_config_is_validated_before_any_model_loads(tmp_path, data_file, tiny_model_dir):
+    for bad, msg in (("rollout.max_staleness=-1", "rollout.max_staleness = -1"),
+                     ("rollout.engine=hf", "rollout.max_staleness with rollout.engine = hf"),
+                     ("rollout.overlap=true", "rollout.max_staleness with rollout.overlap"),
+                     ("train.steps_per_generation=2", "one optimizer step per generation batch")):
+        with pytest.raises(ConfigError, match=msg.replace(".", r"\.")):
+            validate_config(_config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=1", bad))
