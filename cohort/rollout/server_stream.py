@@ -9,7 +9,9 @@ stops requests and returns what each had so far. A request counts as in
 flight from its `/submit` until a `/poll` or `/abort` has handed it back.
 
 Every engine call (the driver's polls, /submit, /abort, /generate, /score,
-/weights) holds `EngineLock`: vLLM's engine is not re-entrant. The driver
+/weights) holds `EngineLock`: vLLM's engine is not re-entrant, and a weight
+load under running requests (/weights with in_flight=1) happens between two
+driver polls, never inside one. The driver
 takes the lock only when no HTTP handler is waiting for it, so an /abort gets
 in between two engine polls instead of racing the driver for it. With an
 engine that samples whole batches (`BatchRequests`) one engine poll samples
