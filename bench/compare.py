@@ -119,6 +119,12 @@ VARIANTS = {
     "cohort_local_active": Variant("cohort", "local_server, OMP_WAIT_POLICY=ACTIVE", LOCAL, {"OMP_WAIT_POLICY": "ACTIVE"}),
     "cohort_local_overlap": Variant("cohort", "local_server + rollout.overlap: one step off-policy (never a default)",
                                     LOCAL + ("rollout.overlap=true",), candidate=False),
+    "cohort_partial": Variant("cohort", "rollout.over_provision=1.5: partial rollouts (resumed prefixes one or more steps "
+                              "off-policy, never a default)", ("rollout.over_provision=1.5",), candidate=False),
+    "cohort_async2": Variant("cohort", "rollout.max_staleness=2: asynchronous, up to 2 versions off-policy (never a default)",
+                             ("rollout.max_staleness=2",), candidate=False),
+    "cohort_local_async2": Variant("cohort", "local_server + rollout.max_staleness=2 (never a default)",
+                                   LOCAL + ("rollout.max_staleness=2",), candidate=False),
     "trl_default": Variant("trl", "TRL 1.16 GRPOTrainer at its defaults (bench/trl_grpo_step.py's docstring)"),
     "trl_threads2": Variant("trl", "torch.set_num_threads(2), the issue's user script", ("--threads", "2")),
     "trl_no_gc": Variant("trl", "gradient_checkpointing=False (TRL's default is True)", ("--no-gradient-checkpointing",)),
@@ -133,6 +139,7 @@ PRESETS = {
     "@defaults": ["cohort_default", "trl_default"],
     "@decide": ["cohort_default", "cohort_omp_default", "cohort_active", "cohort_spin10k", "cohort_threads1", "cohort_hf",
                 "cohort_local", "cohort_local_omp_default", "trl_default", "trl_no_gc", "trl_no_gc_active"],
+    "@offpolicy": ["cohort_default", "cohort_partial", "cohort_async2", "cohort_local", "cohort_local_async2"],
     "@all": list(VARIANTS),
 }
 
@@ -265,6 +272,8 @@ def summarise(records: list[dict], snapshots: list[dict]) -> dict:
            "phases": {n: {"median_s": v, "share": v / step_s if step_s else None} for n, v in phases.items()},
            "other_share": 1 - sum(phases.values()) / step_s if step_s else None,
            "engine_idle_fraction_phase": 1 - (phases.get("generate", 0.0) + phases.get("sync", 0.0)) / step_s if step_s else None,
+           "trained_tokens_per_s": common.median([r["tokens/generated"] / r["timing/step_s"] for r in steady
+                                                  if "tokens/generated" in r and r["timing/step_s"] > 0]) if steady else None,
            "completion_length_mean": common.median([r["completions/mean_length"] for r in steady if "completions/mean_length" in r])
            if any("completions/mean_length" in r for r in steady) else None}
     return out | cpu_figures(snapshots)

@@ -163,9 +163,8 @@ class Trainer:
         cfg, plan = self.cfg, self.plan
         if self.async_rollout is not None:
             collected, sampled_version = collect_async(self)
-            with self._engine_lock():
-                if not self.engine.in_flight:  # (the canaries are scored by an idle engine)
-                    self._calibrate_sync_check(sampled_version, collected.prompts, collected.outs)
+            with self._engine_lock():  # (the pump polls between engine calls, never during one)
+                self._calibrate_sync_check(sampled_version, collected.prompts, collected.outs)
             return self._finish_batch(collected, sampled_version)
         pending, self.pending = self.pending or self._request_generation(), None
         if pending.future is not None:  # rollout.overlap: generated behind the last update, scored now
@@ -474,9 +473,9 @@ class Trainer:
                 # a stream: each tensor is made (merged, cast) when the engine reads it, never a whole copy at once
                 stream = WeightStream(lambda: ((name, p.detach().to(dtype)) for name, p in weights()))
                 self.sync_bytes_sent += float(self._push(stream) or 0)
-                # the canaries need an idle engine; asynchronous with requests in flight, the tokens sampled under the
-                # new weights are checked instead (mismatch/* when they are trained)
-                if self.sync_check.ready and not self.engine.in_flight:
+                # the canaries are scored beside requests in flight by engines that take in-flight updates; the tokens
+                # sampled under the new weights are also checked when they are trained (mismatch/*)
+                if self.sync_check.ready and (not self.engine.in_flight or getattr(self.engine, "in_flight_updates", False)):
                     canary = self._canary_logprobs()
                     self.sync_metrics.update(self.sync_check.check(self.policy_version, *canary))
                     self.last_canary_gap = self.sync_metrics["sync/canary_gap_max"]
