@@ -295,12 +295,15 @@ class AlgorithmConfig(_Section):
         "auto",
         description="Importance weights pi_trainer / pi_sampler from the engine's log-probs, multiplied into the per-token loss: "
         "`truncate` caps them at algorithm.rollout_correction_cap (TIS), `mask` drops tokens above it (MIS), `none` never; "
-        "`auto`: truncate for batches sampled by an older policy (rollout.overlap), none otherwise.",
+        "`auto`: truncate where some token of the micro-batch was sampled by an older policy (rollout.overlap, partial "
+        "rollouts, asynchronous training), none otherwise. The weights' numerator is the proximal policy "
+        "(algorithm.off_policy_objective = decoupled).",
     )
     rollout_correction_cap: float = Field(2.0, description="Cap of the rollout-correction importance weights (> 0).")
     off_policy_objective: Literal["decoupled", "coupled", "mask_stale"] = Field(
         "decoupled",
-        description="How tokens sampled by an older policy than the one being trained (rollout.overlap, partial rollouts) "
+        description="How tokens sampled by an older policy than the one being trained (rollout.overlap, partial rollouts, "
+        "asynchronous training) "
         "enter the loss (formulas in docs/algorithms.md): `decoupled` (AReaL) clips the ratio to the proximal policy (the "
         "trainer's weights before this update) and multiplies each token by the behaviour weight pi_prox / pi_engine, "
         "truncated or masked at algorithm.rollout_correction_cap as algorithm.rollout_correction says (auto: truncate); "
