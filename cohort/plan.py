@@ -301,7 +301,9 @@ def _stream_line(cfg: CohortConfig) -> str:
     """Whether groups are trained as they finish, and if not, what waits for the whole batch."""
     r = cfg.rollout
     head = "  streamed update       "
-    if stream_update_active(cfg):
+    if r.max_staleness is not None:
+        line = head + "off (rollout.max_staleness): each batch's groups are taken as they finish, then scored and trained"
+    elif stream_update_active(cfg):
         line = head + "on: each finished group's forward/backward runs while the rest generate; one optimizer step after the last"
     else:
         blockers = stream_update_blockers(cfg)
@@ -311,6 +313,13 @@ def _stream_line(cfg: CohortConfig) -> str:
     if r.dynamic_sampling:
         line += (f"\n  dynamic sampling      on: groups with all-equal rewards are replaced, at most "
                  f"{r.max_refill_rounds} refill rounds (rollout.max_refill_rounds)")
+    if r.over_provision > 1:
+        line += (f"\n  partial rollouts      on: {r.over_provision:g}× the batch's groups requested, the first to finish "
+                 f"trained, the rest resumed next step (at most {r.max_aborts} cuts per request); resumed tokens are "
+                 f"off-policy ({cfg.algorithm.off_policy_objective})")
+    if r.max_staleness is not None:
+        line += (f"\n  asynchronous          on: generation runs up to {r.max_staleness} policy version(s) ahead; tokens "
+                 f"staler when trained: {r.stale_tokens}; off-policy tokens: {cfg.algorithm.off_policy_objective}")
     return line
 
 

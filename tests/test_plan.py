@@ -261,3 +261,16 @@ def test_plan_says_whether_the_update_streams_and_what_waits_for_the_batch(data_
     out = capsys.readouterr().out
     assert "streamed update       off (algorithm.scale_rewards = batch)" in out
     assert "dynamic sampling      on: groups with all-equal rewards are replaced, at most 30 refill rounds" in out
+
+
+def test_plan_says_when_partial_rollouts_or_asynchronous_generation_train_off_policy_tokens(data_file, capsys):
+    base = [f"data.train_files=[{data_file}]", "rollout.max_completion_length=8"]
+    cli.main(["plan", *base, "rollout.over_provision=1.5", "algorithm.off_policy_objective=mask_stale"])
+    out = capsys.readouterr().out
+    assert ("partial rollouts      on: 1.5× the batch's groups requested, the first to finish trained, the rest resumed "
+            "next step (at most 2 cuts per request); resumed tokens are off-policy (mask_stale)") in out
+    cli.main(["plan", *base, "rollout.max_staleness=2", "rollout.stale_tokens=drop"])
+    out = capsys.readouterr().out
+    assert "streamed update       off (rollout.max_staleness): each batch's groups are taken as they finish" in out
+    assert ("asynchronous          on: generation runs up to 2 policy version(s) ahead; tokens staler when trained: drop; "
+            "off-policy tokens: decoupled") in out

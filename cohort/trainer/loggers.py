@@ -28,6 +28,8 @@ CONSOLE_KEYS = {  # metric → its short name on the console step line (metrics.
     "entropy": "entropy", "grad_norm": "grad_norm", "eval/accuracy": "accuracy", "completions/mean_length": "length",
     "timing/step_s": "step_s",
     "dynamic_sampling/groups_dropped": "dropped",  # (rollout.dynamic_sampling only: constant groups replaced this step)
+    "partial/aborted": "cut",  # (rollout.over_provision only: requests interrupted this step, resumed later)
+    "staleness/max": "stale",  # (off-policy tokens only: versions behind the policy, at most rollout.max_staleness)
 }
 
 

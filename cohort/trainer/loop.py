@@ -438,7 +438,8 @@ class Trainer:
         staleness_tokens = sums.pop("staleness_tokens", 0.0)
         staleness_sum, staleness_max = sums.pop("staleness_sum", 0.0), sums.pop("staleness_max", 0.0)
         off_tokens = sums.pop("off_policy_tokens", 0.0)
-        if staleness_tokens:
+        off_policy_run = self.async_rollout is not None or self.continuations is not None or self.background is not None
+        if staleness_tokens and (off_policy_run or staleness_sum > 0):  # (an on-policy run shows no zeros)
             out.update({"staleness/mean": staleness_sum / staleness_tokens, "staleness/max": staleness_max,
                         "staleness/off_policy_frac": off_tokens / staleness_tokens})
         ess_w, ess_w2 = sums.pop("ess_w", 0.0), sums.pop("ess_w2", 0.0)
