@@ -133,8 +133,11 @@ class GroupStream:
 
     def poll_once(self, timeout: float | None = None) -> list[FinishedGroup]:
         """One engine poll (at most `timeout` seconds): the groups complete now, lower index first, handed out."""
-        got = self.engine.poll(timeout) if self._open and len(self._ready) < len(self._open) else []
-        self._ready += sorted(index for t in got if (index := self._place(t)) is not None)
+        return self.accept(self.engine.poll(timeout) if self._open and len(self._ready) < len(self._open) else [])
+
+    def accept(self, trajectories: Sequence[Trajectory]) -> list[FinishedGroup]:
+        """Place trajectories someone else polled (ids not of this stream are ignored); the groups complete now."""
+        self._ready += sorted(index for t in trajectories if (index := self._place(t)) is not None)
         out = [FinishedGroup(index, self._open[index].key, self._open.pop(index).slots) for index in self._ready]
         self._ready = []
         return out  # type: ignore[misc]

@@ -44,7 +44,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from cohort.rollout.base import SamplingConfig, completion_seeds
+from cohort.rollout.base import SamplingConfig, Trajectory, batch_requests, completion_seeds
 from cohort.rollout.stream import FinishedGroup, GroupStream
 
 POLL_S = 0.05  # longest single engine poll of the pump: how long a weight push may wait for the lock
@@ -64,7 +64,7 @@ class AsyncRollout:
 
     def __init__(self, trainer):
         cfg = trainer.cfg
-        self.trainer, self.k = trainer, cfg.rollout.max_staleness
+        self.trainer, self.k, self.engine = trainer, cfg.rollout.max_staleness, trainer.engine
         self.g = trainer.plan.num_generations
         self.sampling = SamplingConfig(cfg.rollout.max_completion_length, cfg.rollout.temperature, cfg.rollout.top_p,
                                        cfg.rollout.top_k)
@@ -204,6 +204,36 @@ class AsyncRollout:
             self.polls = self.idle_polls = 0
         self.waited_s, self.since, self.stale_dropped, self.stale_masked = 0.0, now, 0, 0
         return out
+
+    # ------------------------------------------------------------------ sharing the engine
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Trajectory]:
+        """The engine's `generate` for someone else (the held-out eval) while groups are in flight: the pump is held
+        off and this call polls for both, routing the stream's trajectories to it, so neither loses any."""
+        requests = batch_requests(prompts, sampling, seeds)
+        index = {r.request_id: i for i, r in enumerate(requests)}
+        out: list[Trajectory | None] = [None] * len(requests)
+        with self.lock:
+            self.engine.submit(requests)
+            missing, quiet_since = len(requests), time.monotonic()
+            while missing:
+                got = self.engine.poll(POLL_S)
+                mine = [t for t in got if t.request_id in index]
+                finished = self.stream.accept([t for t in got if t.request_id not in index])
+                if finished:
+                    with self.cond:
+                        self.done.extend(finished)
+                        self.cond.notify_all()
+                for t in mine:
+                    if t.status == "error":
+                        raise RuntimeError(f"the rollout engine failed on request {t.request_id}: {t.error}")
+                    out[index[t.request_id]] = t
+                    missing -= 1
+                quiet_since = time.monotonic() if got else quiet_since
+                if time.monotonic() - quiet_since > self.timeout:
+                    raise RuntimeError(f"the rollout engine finished nothing for {self.timeout:g} s while evaluating "
+                                       "(rollout.engine_timeout_s); it has stalled or died")
+        return out  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ state, shutdown
 

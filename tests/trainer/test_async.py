@@ -167,3 +167,33 @@ def test_async_config_is_validated_before_any_model_loads(tmp_path, data_file, t
                      ("train.steps_per_generation=2", "one optimizer step per generation batch")):
         with pytest.raises(ConfigError, match=msg.replace(".", r"\.")):
             validate_config(_config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=1", bad))
+
+
+def test_an_eval_while_groups_are_in_flight_loses_none_of_them(tmp_path, data_file, tiny_model_dir):
+    # k = 2: after step 1, batch 3 is admitted and generating (batches 1-2 may be done). A held-out eval through the shared engine gets
+    # its own completions back (greedy, finished), and every admitted group still arrives: the next steps train
+    # exactly the rows drawn, none lost (a lost group would stall the run until rollout.engine_timeout_s).
+    from cohort.rollout.base import SamplingConfig
+    cfg = _config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=2", "train.max_steps=4",
+                  "rollout.engine_timeout_s=60", "rollout.max_completion_length=100", name="eval")
+    trainer = Trainer(cfg, **QUIET)
+    trained = Counter()
+    try:
+        trainer.step()
+        trained.update(trainer.batch.row_indices)
+        trainer.async_rollout.admit()  # version 1: batch 3 may start now (as the next step would admit it)
+        assert trainer.async_rollout.stream.pending > 0  # groups in flight during the eval
+        outs = trainer.async_rollout.generate([trainer.train_ids[0], trainer.train_ids[1]], SamplingConfig(8, 0.0), [1, 2])
+        assert len(outs) == 2 and all(o.finished and o.token_ids for o in outs)
+        for _ in range(3):
+            trainer.step()
+            trained.update(trainer.batch.row_indices)
+        assert not trainer.async_rollout.admitted  # every admitted group was trained
+    finally:
+        trainer.close()
+    fresh = Trainer(cfg, **QUIET)
+    try:
+        expected = Counter(i for _ in range(4) for i in fresh.sampler.next_batch())
+    finally:
+        fresh.close()
+    assert trained == expected
