@@ -155,8 +155,8 @@ class RolloutConfig(_Section):
     num_threads: int | None = Field(
         None,
         description="rollout.mode=local_server on CPU: cores for the engine's process, whose threads are bound to the last "
-        "ones this process may use. None: half of them with rollout.overlap (the trainer's train.num_threads defaults to "
-        "the rest), all of them without (generation and training then take turns).",
+        "ones this process may use. None: half of them with rollout.overlap or rollout.max_staleness (the trainer's "
+        "train.num_threads defaults to the rest), all of them without (generation and training then take turns).",
     )
     server_urls: list[str] = Field(
         default_factory=list,
@@ -343,7 +343,7 @@ class TrainConfig(_Section):
     num_threads: int | None = Field(
         None,
         description="CPU threads for PyTorch in the trainer (None: PyTorch's default, or with rollout.mode=local_server and "
-        "rollout.overlap the cores the engine's process leaves free). With rollout.mode=colocate on CPU, vLLM in the same "
+        "rollout.overlap or rollout.max_staleness the cores the engine's process leaves free). With rollout.mode=colocate on CPU, vLLM in the same "
         "process sets the thread count itself.",
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")

@@ -401,8 +401,10 @@ class RemoteEngine(RequestEngineMixin):
 
 
 def engine_cores(cfg) -> tuple[list[int] | None, int | None]:
-    """(cores bound to a local server's engine, the trainer's default thread count) for this config (`split_cores`)."""
-    return split_cores(sorted(os.sched_getaffinity(0)), cfg.rollout.num_threads, cfg.rollout.overlap)
+    """(cores bound to a local server's engine, the trainer's default thread count) for this config (`split_cores`):
+    split when generation runs beside the update (rollout.overlap, or asynchronous training)."""
+    concurrent = cfg.rollout.overlap or cfg.rollout.max_staleness is not None
+    return split_cores(sorted(os.sched_getaffinity(0)), cfg.rollout.num_threads, concurrent)
 
 
 class LocalServerEngine(RequestEngineMixin):
