@@ -68,7 +68,7 @@ from cohort.trainer.run import run_training
 from cohort.trainer.setup import setup
 from cohort.trainer.stopping import check_finite
 from cohort.trainer.streaming import StreamedGradients, collect_async, collect_batch, drain_batch, score_drained
-from cohort.trainer.sync_check import SyncCheck
+from cohort.trainer.sync_check import SyncCheck, canary_tokens
 from cohort.plan import stream_update_active
 from cohort.validation import training_world_size, validate_config
 
@@ -518,7 +518,8 @@ class Trainer:
         if self.engine_shares_policy or self.sync_check.floor is not None:
             return
         if not self.sync_check.canaries:
-            self.sync_check.choose(prompts, [o.token_ids for o in outs], self.plan.num_generations)
+            self.sync_check.choose(prompts, [o.token_ids for o in outs], self.plan.num_generations,
+                                   tokens=canary_tokens(self.cfg.generation_dtype, self.precision.compute_dtype))
         same_weights = sampled_version == self.policy_version == self.synced_version
         if self.sync_check.canaries and same_weights and self.sync_check.fixed_tolerance is None:
             with self.phases("sync"):

@@ -9,7 +9,7 @@ motivated this module) or too loose to catch a stale engine in float32. So the
 check calibrates itself:
 
 1. Canaries: completions of the first generation batch (one per group first,
-   up to CANARY_TOKENS tokens), sampled by the model itself, so they sit where
+   up to CANARY_TOKENS tokens, CANARY_TOKENS_FLOAT32 when both sides compute in float32), sampled by the model itself, so they sit where
    the policy puts its mass; engines score them in one batched call.
 2. Noise floor: while the engine and the trainer provably hold the same weights
    (the first batch, sampled at the trainer's current version), both score the
@@ -55,6 +55,9 @@ from dataclasses import dataclass
 import torch
 
 CANARY_TOKENS = 512  # canary completions are added (one per group, then second members, ...) until this many tokens...
+CANARY_TOKENS_FLOAT32 = 128  # ...when engine and trainer both compute in float32: the floor is ~5e-7 nats and a stale
+# engine's gap orders of magnitude above it, so a quarter of the tokens judges the same (bf16's heavy-tailed noise needs
+# the 512); the canaries cost 20% of a small model's step (bench/profile_step.py, tiny workload) at 512
 CANARY_MAX = 256  # ...or this many completions
 FLOOR_MULTIPLE = 4.0  # closeness: mean gap at most this many times the calibrated floor...
 MIN_GAP_NATS = 1e-5  # ...and never less than this (float32 floors are ~5e-7 here; a mean over a few hundred tokens wobbles)
@@ -62,6 +65,11 @@ FOLLOW_SIGNAL = 5.0  # following test only when the update moved the canaries by
 FOLLOW_NOISE_MIN = 1e-6  # ...counting the noise as at least this (a float32 floor measured on few tokens can read ~1e-8)
 FOLLOW_MIN = 0.5  # the engine must have taken at least half of the update (1.0: all of it; noise: ±1/FOLLOW_SIGNAL)
 FOLLOW_TRIM = 0.05  # the projection leaves out this fraction of tokens, those with the largest engine-trainer gap
+
+
+def canary_tokens(engine_dtype: str, compute_dtype: torch.dtype) -> int:
+    """The canary budget for an engine generating in `engine_dtype` and a trainer computing in `compute_dtype`."""
+    return CANARY_TOKENS_FLOAT32 if engine_dtype == "float32" and compute_dtype == torch.float32 else CANARY_TOKENS
 
 
 class SyncCheckError(RuntimeError):

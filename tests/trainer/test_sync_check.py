@@ -104,6 +104,12 @@ def test_canaries_take_one_member_per_group_first_and_stop_at_the_token_budget()
     assert len(check.canaries) == 2
 
 
+def test_the_canary_budget_is_smaller_only_when_both_sides_compute_in_float32():
+    assert sync_check.canary_tokens("float32", torch.float32) == 128
+    assert sync_check.canary_tokens("bfloat16", torch.float32) == 512  # a bf16 engine: heavy-tailed noise
+    assert sync_check.canary_tokens("float32", torch.bfloat16) == 512  # a trainer in bf16 mixed
+
+
 def test_state_round_trip_and_a_failed_check_raises_with_the_version():
     check = SyncCheck()
     check.canaries = [([1], [2, 3])]
