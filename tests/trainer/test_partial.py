@@ -31,6 +31,8 @@ def data_file(tmp_path, monkeypatch):
     (tmp_path / "partial_rewards.py").write_text(
         "def by_slot(completions, **kwargs):\n"  # never constant within a group (no group is all-equal)
         "    return [float(i % 4) for i in range(len(completions))]\n"
+        "def constant_on_row1(prompts, completions, **kwargs):\n"  # row 1's groups all-equal: dynamic sampling drops them
+        "    return [1.0 if p.startswith('1+') else float(i % 4) for i, p in enumerate(prompts)]\n"
         "def digit_share(completions, **kwargs):\n"
         "    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -249,3 +251,19 @@ def test_vllm_partial_rollouts_resume_with_log_probs_of_the_policy_that_sampled_
     finally:
         trainer.close()
     assert aborted > 0 and resumed_tokens > 0  # the run really cut off and resumed requests
+
+
+def test_with_dynamic_sampling_the_batch_is_the_first_b_groups_kept(tmp_path, data_file, tiny_model_dir):
+    # Rows 0-3 (lengths 3, 2, 4, 14): row 1 finishes first but its rewards are all equal, so it is dropped; rows 0 and
+    # 2 are kept and are the batch; row 3 is cut off and buffered. No refill: 3 groups could still fill the batch of 2.
+    trainer = Trainer(_config(tmp_path, data_file, tiny_model_dir, "rollout.dynamic_sampling=true",
+                              "rewards=[{name: 'partial_rewards:constant_on_row1'}]"), **QUIET)
+    lengths = {0: 3, 1: 2, 2: 4, 3: 14, 4: 5, 5: 6, 6: 2, 7: 3, 8: 2, 9: 2}
+    trainer.engine = Scripted({tuple(trainer.train_ids[r]): n for r, n in lengths.items()}, trainer.engine.stop_token_ids[0])
+    try:
+        m = trainer.step()
+        assert trainer.batch.row_indices == [0] * 4 + [2] * 4
+        assert m["dynamic_sampling/groups_dropped"] == 1 and m["dynamic_sampling/groups_generated"] == 3
+        assert [g.rows[0] for g in trainer.continuations.groups] == [3] and m["partial/aborted"] == 4
+    finally:
+        trainer.close()
