@@ -50,7 +50,7 @@ from pathlib import Path
 HIDDEN, LAYERS, INTERMEDIATE = 512, 8, 2048  # 8 x (attn 0.79M + mlp 3.1M) + embeddings 0.13M ~ 31M parameters
 
 
-def build_model(out_dir: Path) -> Path:
+def build_model(out_dir: Path, dtype: str) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -60,7 +60,7 @@ def build_model(out_dir: Path) -> Path:
     config = Qwen2Config(vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
                          num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=False,
                          eos_token_id=EOS_TOKEN_ID, pad_token_id=EOS_TOKEN_ID, bos_token_id=None)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(getattr(torch, dtype))  # saved as released
     model.save_pretrained(str(out_dir), safe_serialization=True)
     save_char_tokenizer(out_dir, model_max_length=256)
     return out_dir
@@ -110,7 +110,8 @@ def _phase_peaks(loop_module, peaks: dict[str, float]) -> None:
     loop_module.Phases.__call__ = phase
 
 
-def child(model_dir: str, data: str, run_dir: str, lora_rank: int, steps: int, load: bool, micro: int, rollout: str) -> None:
+def child(model_dir: str, data: str, run_dir: str, lora_rank: int, steps: int, load: bool, micro: int, rollout: str,
+          dtype: str) -> None:
     import cohort.trainer.loop as loop_module
     from cohort.config import load_config
 
@@ -118,9 +119,11 @@ def child(model_dir: str, data: str, run_dir: str, lora_rank: int, steps: int, l
         f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", *ROLLOUTS[rollout],
         "rollout.num_generations=8", "rollout.max_completion_length=32", "train.prompts_per_step=8", f"train.micro_batch_size={micro}",
         f"train.max_steps={steps}", "algorithm.beta=0.04", f"model.lora_rank={lora_rank}", "train.num_threads=2",
+        f"model.dtype={dtype}", "train.precision=mixed",
         "rewards=[{name: 'bench._common:addition_reward'}]", f"run.output_dir={run_dir}", "run.progress=false",
         "run.loggers=[jsonl]", "run.save_every=0", "run.log_completions_every=0"])
-    import peft  # noqa: F401  (the baseline pays every import the LoRA run pays)
+    if lora_rank or not load:
+        import peft  # noqa: F401  (the baseline pays every import the LoRA run pays; full fine-tuning does not import it)
     if rollout == "colocate":
         import vllm  # noqa: F401  (an in-process engine's imports are part of the fixed cost)
 
@@ -141,20 +144,21 @@ def child(model_dir: str, data: str, run_dir: str, lora_rank: int, steps: int, l
     print(json.dumps(out))
 
 
-def measure(model_dir: Path, data: Path, tmp: Path, lora_rank: int, steps: int, load: bool, micro: int, rollout: str) -> dict:
+def measure(model_dir: Path, data: Path, tmp: Path, lora_rank: int, steps: int, load: bool, micro: int, rollout: str,
+            dtype: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    args = [sys.executable, __file__, "--child", str(model_dir), str(data), str(tmp / f"run-{lora_rank}-{load}-{rollout}"),
-            str(lora_rank), str(steps), str(int(load)), str(micro), rollout]
+    args = [sys.executable, __file__, "--child", str(model_dir), str(data), str(tmp / f"run-{lora_rank}-{load}-{rollout}-{dtype}"),
+            str(lora_rank), str(steps), str(int(load)), str(micro), rollout, dtype]
     out = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def compare(model_dir: Path, data: Path, tmp: Path, steps: int, micro: int, rollout: str) -> dict:
-    baseline = measure(model_dir, data, tmp, 0, steps, False, micro, rollout)["peak_rss_mib"]
-    full = measure(model_dir, data, tmp, 0, steps, True, micro, rollout)
-    lora = measure(model_dir, data, tmp, 16, steps, True, micro, rollout)
+def compare(model_dir: Path, data: Path, tmp: Path, steps: int, micro: int, rollout: str, dtype: str) -> dict:
+    baseline = measure(model_dir, data, tmp, 0, steps, False, micro, rollout, dtype)["peak_rss_mib"]
+    full = measure(model_dir, data, tmp, 0, steps, True, micro, rollout, dtype)
+    lora = measure(model_dir, data, tmp, 16, steps, True, micro, rollout, dtype)
     return {
-        "rollout": rollout, "baseline_mib": round(baseline, 1),
+        "rollout": rollout, "dtype": dtype, "baseline_mib": round(baseline, 1),
         "full_peak_mib": round(full["peak_rss_mib"], 1), "lora_peak_mib": round(lora["peak_rss_mib"], 1),
         "ratio": round(lora["peak_rss_mib"] / full["peak_rss_mib"], 3),
         "above_baseline_ratio": round((lora["peak_rss_mib"] - baseline) / (full["peak_rss_mib"] - baseline), 3),
@@ -171,14 +175,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--micro-batch", type=int, default=8, help="completions per forward/backward (64 per step)")
     parser.add_argument("--rollout", nargs="+", choices=sorted(ROLLOUTS), default=["hf"], help="engine placements to compare")
+    parser.add_argument("--dtype", nargs="+", choices=["float32", "bfloat16"], default=["float32"],
+                        help="model.dtype (and the checkpoint's); bfloat16 trains with train.precision=mixed")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        model_dir = build_model(tmp / "model")
         data = tmp / "train.jsonl"
         data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(8) for b in range(8)))
-        results = [compare(model_dir, data, tmp, args.steps, args.micro_batch, rollout) for rollout in args.rollout]
+        models = {dtype: build_model(tmp / f"model-{dtype}", dtype) for dtype in args.dtype}
+        results = [compare(models[dtype], data, tmp, args.steps, args.micro_batch, rollout, dtype)
+                   for dtype in args.dtype for rollout in args.rollout]
     print(json.dumps({"steps": args.steps, "beta": 0.04, "micro_batch": args.micro_batch, "load_avg_1min": [load_before, os.getloadavg()[0]],
                       "results": results}, indent=2))
 
@@ -186,6 +193,6 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), bool(int(sys.argv[7])), int(sys.argv[8]),
-              sys.argv[9])
+              sys.argv[9], sys.argv[10])
     else:
         main()

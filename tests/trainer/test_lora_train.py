@@ -158,15 +158,21 @@ def test_lora_learns_with_a_local_server(user_setup, tiny_model_dir):
 
 @pytest.mark.parametrize("precision", ["mixed", "pure"])
 def test_lora_in_bfloat16_trains_float32_adapters_and_leaves_the_base(user_setup, tiny_model_dir, precision):
-    """model.dtype=bfloat16: mixed keeps float32 masters (base and adapter); pure keeps a bf16 base, and peft keeps the
-    adapter in float32 either way. Four steps on the transformers engine; the base is untouched and the adapter moved."""
+    """model.dtype=bfloat16: the frozen base is held in bfloat16 under mixed and pure alike (no float32 masters for
+    weights that never change: cohort.models.lora.base_dtype) and peft keeps the adapter in float32 either way, so
+    only adapter tensors reach AdamW. Four steps on the transformers engine; the base is untouched and the adapter moved."""
     tmp_path, data = user_setup
     trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, tmp_path / precision, "hf", "train.max_steps=4",
                                                    "model.dtype=bfloat16", f"train.precision={precision}")))
     base_before = _base_tensors(trainer.policy)
     assert {p.dtype for _, p in trainer.lora.trainable_parameters()} == {torch.float32}
-    assert {t.dtype for t in base_before.values()} == {torch.float32 if precision == "mixed" else torch.bfloat16}
+    assert {t.dtype for t in base_before.values()} == {torch.bfloat16}  # before this change mixed held them in float32
+    optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for _, p in trainer.lora.trainable_parameters()}  # the adapter, nothing else
     trainer.train()
+    assert all(p.grad is None for n, p in trainer.policy.named_parameters() if n in base_before)  # no base gradients
+    moments = trainer.optimizer.state.values()
+    assert len(moments) == 2 * 7 * 2 and {m["exp_avg"].dtype for m in moments} == {torch.float32}
     trainer.close()
     assert all(torch.equal(base_before[n], p) for n, p in trainer.policy.named_parameters() if n in base_before)
     assert max(float(p.detach().abs().max()) for n, p in trainer.lora.trainable_parameters() if "lora_B" in n) > 0
