@@ -189,8 +189,8 @@ def test_plan_memory_counts_the_adapter_and_no_reference_copy(tiny_model_dir):
     from cohort.plan import batch_plan
     from cohort.plan import memory_estimate, model_facts
 
-    def rows(rank):
-        cfg = load_config({"model": {"path": str(tiny_model_dir), "lora_rank": rank}, "algorithm": {"beta": 0.04},
+    def rows(rank, dtype="float32"):
+        cfg = load_config({"model": {"path": str(tiny_model_dir), "lora_rank": rank, "dtype": dtype}, "algorithm": {"beta": 0.04},
                            "rollout": {"max_completion_length": 16}})
         return {name: size for name, size, _ in memory_estimate(cfg, batch_plan(cfg), model_facts(cfg.model.path))}
 
@@ -198,7 +198,14 @@ def test_plan_memory_counts_the_adapter_and_no_reference_copy(tiny_model_dir):
     assert "reference model" in full and "reference model" not in lora
     # hidden 128, intermediate 256, 2 layers, rank 8: 2 x 8 x (4 x 2 x 128 + 3 x (128 + 256)) = 34,816 params x 4 B
     assert lora["gradients"] == 34_816 * 4 and lora["AdamW moments"] == 2 * 34_816 * 4
-    assert lora["weights"] == full["weights"]
+    assert lora["weights"] == full["weights"] + 34_816 * 4  # float32: the base as full fine-tuning holds it + the adapter
+    # bfloat16, train.precision=mixed: the frozen base in bf16 (2 B, not a 4 B master), the adapter in float32, no
+    # autocast copy of the base (full fine-tuning: 4 B masters + a 2 B copy per weight)
+    full_bf16, lora_bf16 = rows(0, "bfloat16"), rows(8, "bfloat16")
+    p = full["weights"] // 4
+    assert full_bf16["weights"] == 4 * p and full_bf16["autocast weight copies"] == 2 * p
+    assert lora_bf16["weights"] == 2 * p + 34_816 * 4 and "autocast weight copies" not in lora_bf16
+    assert lora_bf16["gradients"] == 34_816 * 4
 
 
 def test_gradient_checkpointing_gives_the_adapter_the_same_grads(tiny_model_dir):
