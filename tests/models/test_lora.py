@@ -208,17 +208,21 @@ def test_plan_memory_counts_the_adapter_and_no_reference_copy(tiny_model_dir):
     assert lora_bf16["gradients"] == 34_816 * 4
 
 
-def test_gradient_checkpointing_gives_the_adapter_the_same_grads(tiny_model_dir):
+@pytest.mark.parametrize("mixed", [False, True], ids=["float32", "bf16-mixed"])
+def test_gradient_checkpointing_gives_the_adapter_the_same_grads(tiny_model_dir, mixed):
+    precision = MIXED_BF16 if mixed else resolve_precision("float32", "mixed")
     grads = []
     for checkpointing in (False, True):
         cfg = load_config({"model": {"path": str(tiny_model_dir), "lora_rank": 4}})
-        model = load_policy(tiny_model_dir, "float32")
+        model = load_policy(tiny_model_dir, base_dtype(precision))
         if checkpointing:
             model.gradient_checkpointing_enable()
-        lora = attach_lora(model, cfg.model, gradient_checkpointing=checkpointing)
+        lora = attach_lora(model, cfg.model, precision=precision, gradient_checkpointing=checkpointing)
         _randomize_adapter(lora)
         model.train()
-        model(input_ids=torch.tensor([[5, 6, 7, 8, 9]])).logits.logsumexp(-1).sum().backward()
+        with precision.autocast():
+            logits = model(input_ids=torch.tensor([[5, 6, 7, 8, 9]])).logits
+        logits.float().logsumexp(-1).sum().backward()
         grads.append({n: p.grad for n, p in lora.trainable_parameters()})
     plain, checkpointed = grads
     assert all(checkpointed[n] is not None for n in plain)  # frozen embeddings: grads still reach every adapter
