@@ -127,6 +127,10 @@ def child(model_dir: str, data: str, run_dir: str, lora_rank: int, steps: int, l
     if rollout == "colocate":
         import vllm  # noqa: F401  (an in-process engine's imports are part of the fixed cost)
 
+    if os.environ.get("LORA_BENCH_PART_MIB"):  # --part-mib: the size of one part of a push to a rollout server
+        import cohort.rollout.remote_engine as remote_engine
+
+        remote_engine.PART_BYTES = int(os.environ["LORA_BENCH_PART_MIB"]) * 2**20
     out = {"parameters": 0, "trainable": 0, "setup_peak_mib": None, "phase_peak_mib": {}, "engine_peak_mib": None}
     if load:
         _phase_peaks(loop_module, out["phase_peak_mib"])
@@ -177,7 +181,11 @@ def main() -> None:
     parser.add_argument("--rollout", nargs="+", choices=sorted(ROLLOUTS), default=["hf"], help="engine placements to compare")
     parser.add_argument("--dtype", nargs="+", choices=["float32", "bfloat16"], default=["float32"],
                         help="model.dtype (and the checkpoint's); bfloat16 trains with train.precision=mixed")
+    parser.add_argument("--part-mib", type=int, default=None,
+                        help="bytes per part of a push to a rollout server (default: cohort's PART_BYTES, 64 MiB)")
     args = parser.parse_args()
+    if args.part_mib:
+        os.environ["LORA_BENCH_PART_MIB"] = str(args.part_mib)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
@@ -186,7 +194,7 @@ def main() -> None:
         models = {dtype: build_model(tmp / f"model-{dtype}", dtype) for dtype in args.dtype}
         results = [compare(models[dtype], data, tmp, args.steps, args.micro_batch, rollout, dtype)
                    for dtype in args.dtype for rollout in args.rollout]
-    print(json.dumps({"steps": args.steps, "beta": 0.04, "micro_batch": args.micro_batch, "load_avg_1min": [load_before, os.getloadavg()[0]],
+    print(json.dumps({"steps": args.steps, "beta": 0.04, "micro_batch": args.micro_batch, "part_mib": args.part_mib, "load_avg_1min": [load_before, os.getloadavg()[0]],
                       "results": results}, indent=2))
 
 
