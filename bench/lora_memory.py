@@ -14,25 +14,30 @@ itself: no engine copy, no sync), `colocate` (vLLM inside the trainer process: i
 child: `*_engine_peak_mib` is the child's peak, the trainer's own excludes it, and each sync pushes the weights
 over loopback HTTP).
 
-Measured on the 2-core, 24 GiB CPU box shared with other test runs (peak RSS does not depend on the load; the
-load is recorded all the same: 27 -> 11), micro-batch 8, 3 steps, trainer peak RSS in MiB (engine process):
+Measured on the shared 2-core CPU box (load 2-9; peak RSS does not depend on it, the allocator's leftovers move a
+repeat by up to ~50 MiB), micro-batch 8, 3 steps, trainer peak RSS in MiB (bfloat16 = train.precision=mixed):
 
-    engine         full FT   LoRA    ratio  above baseline
-    local_server   1,329     1,063   0.80   0.71 (429)     engine child 2,294 / 2,322
-    hf             1,294       981   0.76   0.64 (429)
-    colocate       2,756     2,433   0.88   0.86 (469)     engine inside the trainer
+    engine         dtype                     full FT   LoRA    ratio  above baseline (429; colocate 470)
+    local_server   float32                   1,307       964   0.74   0.61
+    local_server   bf16, base float32 (old)  1,402       954   0.68   0.54
+    local_server   bf16, base bf16           1,405       915   0.65   0.50
+    local_server   bf16, --part-mib 8        1,298       727   0.56   0.34
+    hf             float32                   1,890     1,539   0.81   0.76
+    hf             bf16, base float32 (old)  1,319       923   0.70   0.56
+    hf             bf16, base bf16           1,327       761   0.57   0.37
+    colocate       float32                   2,739     2,457   0.90   0.88
+    colocate       bf16, base bf16           2,674     2,114   0.79   0.75
 
-Before the sync was streamed (parts of <= 64 MiB, each made when sent), local_server read 1,486 vs 1,183: the
-sync was the peak of both (LoRA held the whole merged set plus its bytes). docs/lora.md has the breakdown. The
-0.5x target is not met: the imports and the update's activations (~300 MiB of RSS per micro-batch of 8) are the
-same in both modes (with --micro-batch 2, hf: 1,141 vs 695, 0.61x in total, 0.37x above the
-baseline). Peaks are /proc's VmHWM, not ru_maxrss: on Linux ru_maxrss includes the parent's memory at
-fork (it read 539-631 MiB for a process that held 429).
+The 0.5x target holds above the imports in bf16, not for the whole process: the imports are a third of full
+fine-tuning's peak, and with a rollout server one part of the push (tensors + safetensors' per-tensor bytes + the
+blob: ~3x the part) is the LoRA trainer's peak (docs/lora.md has the breakdown). Peaks are /proc's VmHWM, not
+ru_maxrss: on Linux ru_maxrss includes the parent's memory at fork. Full fine-tuning does not import peft here (the
+baseline does: +11 MiB).
 
-Left out: a GPU (torch.cuda.max_memory_allocated would be the number there); bfloat16 models (with
-train.precision=mixed the frozen base is held in float32 too: docs/lora.md, Left out).
+Left out: a GPU (torch.cuda.max_memory_allocated would be the number there).
 
     PYTHONPATH=. python bench/lora_memory.py [--steps 3] [--micro-batch 8] [--rollout hf colocate local_server]
+        [--dtype float32 bfloat16] [--part-mib 8]
 """
 
 from __future__ import annotations
