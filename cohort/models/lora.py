@@ -19,6 +19,11 @@ four things full fine-tuning does differently:
   with model.lora_save_merged a merged transformers checkpoint in `final/`
   itself that `from_pretrained` and vLLM load.
 
+Precision (`base_dtype`, `attach_lora(precision=...)`): the frozen base is held
+in model.dtype even under train.precision=mixed; only the adapter is float32.
+Its vectors stay float32 and the embeddings' outputs are upcast, so the forward
+is the float32-master one (docs/lora.md, "Precision").
+
 LoRA dropout (model.lora_dropout) applies only to forward passes that build a
 graph (the update): scoring runs under no_grad (old and reference log-probs, the
 sync check's canaries) and must be deterministic, so peft's dropout modules are
