@@ -19,6 +19,7 @@ repeat by up to ~50 MiB), micro-batch 8, 3 steps, trainer peak RSS in MiB (bfloa
 
     engine         dtype                     full FT   LoRA    ratio  above baseline (429; colocate 470)
     local_server   float32                   1,307       964   0.74   0.61
+    local_server   float32, --part-mib 8     1,307       972   0.74   0.62
     local_server   bf16, base float32 (old)  1,402       954   0.68   0.54
     local_server   bf16, base bf16           1,405       915   0.65   0.50
     local_server   bf16, --part-mib 8        1,298       727   0.56   0.34
