@@ -14,25 +14,31 @@ itself: no engine copy, no sync), `colocate` (vLLM inside the trainer process: i
 child: `*_engine_peak_mib` is the child's peak, the trainer's own excludes it, and each sync pushes the weights
 over loopback HTTP).
 
-Measured on the 2-core, 24 GiB CPU box shared with other test runs (peak RSS does not depend on the load; the
-load is recorded all the same: 27 -> 11), micro-batch 8, 3 steps, trainer peak RSS in MiB (engine process):
+Measured on the shared 2-core CPU box (load 2-9; peak RSS does not depend on it, the allocator's leftovers move a
+repeat by up to ~50 MiB), micro-batch 8, 3 steps, trainer peak RSS in MiB (bfloat16 = train.precision=mixed):
 
-    engine         full FT   LoRA    ratio  above baseline
-    local_server   1,329     1,063   0.80   0.71 (429)     engine child 2,294 / 2,322
-    hf             1,294       981   0.76   0.64 (429)
-    colocate       2,756     2,433   0.88   0.86 (469)     engine inside the trainer
+    engine         dtype                     full FT   LoRA    ratio  above baseline (429; colocate 470)
+    local_server   float32                   1,307       964   0.74   0.61
+    local_server   float32, --part-mib 8     1,307       972   0.74   0.62
+    local_server   bf16, base float32 (old)  1,402       954   0.68   0.54
+    local_server   bf16, base bf16           1,405       915   0.65   0.50
+    local_server   bf16, --part-mib 8        1,298       727   0.56   0.34
+    hf             float32                   1,890     1,539   0.81   0.76
+    hf             bf16, base float32 (old)  1,319       923   0.70   0.56
+    hf             bf16, base bf16           1,327       761   0.57   0.37
+    colocate       float32                   2,739     2,457   0.90   0.88
+    colocate       bf16, base bf16           2,674     2,114   0.79   0.75
 
-Before the sync was streamed (parts of <= 64 MiB, each made when sent), local_server read 1,486 vs 1,183: the
-sync was the peak of both (LoRA held the whole merged set plus its bytes). docs/lora.md has the breakdown. The
-0.5x target is not met: the imports and the update's activations (~300 MiB of RSS per micro-batch of 8) are the
-same in both modes (with --micro-batch 2, hf: 1,141 vs 695, 0.61x in total, 0.37x above the
-baseline). Peaks are /proc's VmHWM, not ru_maxrss: on Linux ru_maxrss includes the parent's memory at
-fork (it read 539-631 MiB for a process that held 429).
+The 0.5x target holds above the imports in bf16, not for the whole process: the imports are a third of full
+fine-tuning's peak, and with a rollout server one part of the push (tensors + safetensors' per-tensor bytes + the
+blob: ~3x the part) is the LoRA trainer's peak (docs/lora.md has the breakdown). Peaks are /proc's VmHWM, not
+ru_maxrss: on Linux ru_maxrss includes the parent's memory at fork. Full fine-tuning does not import peft here (the
+baseline does: +11 MiB).
 
-Left out: a GPU (torch.cuda.max_memory_allocated would be the number there); bfloat16 models (with
-train.precision=mixed the frozen base is held in float32 too: docs/lora.md, Left out).
+Left out: a GPU (torch.cuda.max_memory_allocated would be the number there).
 
     PYTHONPATH=. python bench/lora_memory.py [--steps 3] [--micro-batch 8] [--rollout hf colocate local_server]
+        [--dtype float32 bfloat16] [--part-mib 8]
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from pathlib import Path
 HIDDEN, LAYERS, INTERMEDIATE = 512, 8, 2048  # 8 x (attn 0.79M + mlp 3.1M) + embeddings 0.13M ~ 31M parameters
 
 
-def build_model(out_dir: Path) -> Path:
+def build_model(out_dir: Path, dtype: str) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -60,7 +66,7 @@ def build_model(out_dir: Path) -> Path:
     config = Qwen2Config(vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
                          num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=False,
                          eos_token_id=EOS_TOKEN_ID, pad_token_id=EOS_TOKEN_ID, bos_token_id=None)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(getattr(torch, dtype))  # saved as released
     model.save_pretrained(str(out_dir), safe_serialization=True)
     save_char_tokenizer(out_dir, model_max_length=256)
     return out_dir
@@ -110,7 +116,8 @@ def _phase_peaks(loop_module, peaks: dict[str, float]) -> None:
     loop_module.Phases.__call__ = phase
 
 
-def child(model_dir: str, data: str, run_dir: str, lora_rank: int, steps: int, load: bool, micro: int, rollout: str) -> None:
+def child(model_dir: str, data: str, run_dir: str, lora_rank: int, steps: int, load: bool, micro: int, rollout: str,
+          dtype: str) -> None:
     import cohort.trainer.loop as loop_module
     from cohort.config import load_config
 
@@ -118,12 +125,18 @@ def child(model_dir: str, data: str, run_dir: str, lora_rank: int, steps: int, l
         f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", *ROLLOUTS[rollout],
         "rollout.num_generations=8", "rollout.max_completion_length=32", "train.prompts_per_step=8", f"train.micro_batch_size={micro}",
         f"train.max_steps={steps}", "algorithm.beta=0.04", f"model.lora_rank={lora_rank}", "train.num_threads=2",
+        f"model.dtype={dtype}", "train.precision=mixed",
         "rewards=[{name: 'bench._common:addition_reward'}]", f"run.output_dir={run_dir}", "run.progress=false",
         "run.loggers=[jsonl]", "run.save_every=0", "run.log_completions_every=0"])
-    import peft  # noqa: F401  (the baseline pays every import the LoRA run pays)
+    if lora_rank or not load:
+        import peft  # noqa: F401  (the baseline pays every import the LoRA run pays; full fine-tuning does not import it)
     if rollout == "colocate":
         import vllm  # noqa: F401  (an in-process engine's imports are part of the fixed cost)
 
+    if os.environ.get("LORA_BENCH_PART_MIB"):  # --part-mib: the size of one part of a push to a rollout server
+        import cohort.rollout.remote_engine as remote_engine
+
+        remote_engine.PART_BYTES = int(os.environ["LORA_BENCH_PART_MIB"]) * 2**20
     out = {"parameters": 0, "trainable": 0, "setup_peak_mib": None, "phase_peak_mib": {}, "engine_peak_mib": None}
     if load:
         _phase_peaks(loop_module, out["phase_peak_mib"])
@@ -141,20 +154,21 @@ def child(model_dir: str, data: str, run_dir: str, lora_rank: int, steps: int, l
     print(json.dumps(out))
 
 
-def measure(model_dir: Path, data: Path, tmp: Path, lora_rank: int, steps: int, load: bool, micro: int, rollout: str) -> dict:
+def measure(model_dir: Path, data: Path, tmp: Path, lora_rank: int, steps: int, load: bool, micro: int, rollout: str,
+            dtype: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    args = [sys.executable, __file__, "--child", str(model_dir), str(data), str(tmp / f"run-{lora_rank}-{load}-{rollout}"),
-            str(lora_rank), str(steps), str(int(load)), str(micro), rollout]
+    args = [sys.executable, __file__, "--child", str(model_dir), str(data), str(tmp / f"run-{lora_rank}-{load}-{rollout}-{dtype}"),
+            str(lora_rank), str(steps), str(int(load)), str(micro), rollout, dtype]
     out = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def compare(model_dir: Path, data: Path, tmp: Path, steps: int, micro: int, rollout: str) -> dict:
-    baseline = measure(model_dir, data, tmp, 0, steps, False, micro, rollout)["peak_rss_mib"]
-    full = measure(model_dir, data, tmp, 0, steps, True, micro, rollout)
-    lora = measure(model_dir, data, tmp, 16, steps, True, micro, rollout)
+def compare(model_dir: Path, data: Path, tmp: Path, steps: int, micro: int, rollout: str, dtype: str) -> dict:
+    baseline = measure(model_dir, data, tmp, 0, steps, False, micro, rollout, dtype)["peak_rss_mib"]
+    full = measure(model_dir, data, tmp, 0, steps, True, micro, rollout, dtype)
+    lora = measure(model_dir, data, tmp, 16, steps, True, micro, rollout, dtype)
     return {
-        "rollout": rollout, "baseline_mib": round(baseline, 1),
+        "rollout": rollout, "dtype": dtype, "baseline_mib": round(baseline, 1),
         "full_peak_mib": round(full["peak_rss_mib"], 1), "lora_peak_mib": round(lora["peak_rss_mib"], 1),
         "ratio": round(lora["peak_rss_mib"] / full["peak_rss_mib"], 3),
         "above_baseline_ratio": round((lora["peak_rss_mib"] - baseline) / (full["peak_rss_mib"] - baseline), 3),
@@ -171,21 +185,28 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--micro-batch", type=int, default=8, help="completions per forward/backward (64 per step)")
     parser.add_argument("--rollout", nargs="+", choices=sorted(ROLLOUTS), default=["hf"], help="engine placements to compare")
+    parser.add_argument("--dtype", nargs="+", choices=["float32", "bfloat16"], default=["float32"],
+                        help="model.dtype (and the checkpoint's); bfloat16 trains with train.precision=mixed")
+    parser.add_argument("--part-mib", type=int, default=None,
+                        help="bytes per part of a push to a rollout server (default: cohort's PART_BYTES, 64 MiB)")
     args = parser.parse_args()
+    if args.part_mib:
+        os.environ["LORA_BENCH_PART_MIB"] = str(args.part_mib)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        model_dir = build_model(tmp / "model")
         data = tmp / "train.jsonl"
         data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(8) for b in range(8)))
-        results = [compare(model_dir, data, tmp, args.steps, args.micro_batch, rollout) for rollout in args.rollout]
-    print(json.dumps({"steps": args.steps, "beta": 0.04, "micro_batch": args.micro_batch, "load_avg_1min": [load_before, os.getloadavg()[0]],
+        models = {dtype: build_model(tmp / f"model-{dtype}", dtype) for dtype in args.dtype}
+        results = [compare(models[dtype], data, tmp, args.steps, args.micro_batch, rollout, dtype)
+                   for dtype in args.dtype for rollout in args.rollout]
+    print(json.dumps({"steps": args.steps, "beta": 0.04, "micro_batch": args.micro_batch, "part_mib": args.part_mib, "load_avg_1min": [load_before, os.getloadavg()[0]],
                       "results": results}, indent=2))
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), bool(int(sys.argv[7])), int(sys.argv[8]),
-              sys.argv[9])
+              sys.argv[9], sys.argv[10])
     else:
         main()

@@ -329,7 +329,8 @@ class TrainConfig(_Section):
         description="With model.dtype bfloat16 (or float16): `mixed` keeps float32 master weights, gradients and AdamW state "
         "and runs the forward/backward in model.dtype under autocast (TRL's bf16=True, verl's FSDP mixed precision); "
         "checkpoints hold the float32 master, final/ the model.dtype copy. `pure` trains the low-precision weights directly: "
-        "half the weight and optimizer memory, but lossy (at lr 1e-6 most updates round away). No effect with float32.",
+        "half the weight and optimizer memory, but lossy (at lr 1e-6 most updates round away). No effect with float32. "
+        "With LoRA (model.lora_rank > 0) only the adapter is trained, in float32 either way; the frozen base stays in model.dtype.",
     )
     learning_rate: float = Field(1e-6, description="Peak learning rate (AdamW).")
     lr_scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Learning-rate schedule after warm-up.")

@@ -12,7 +12,9 @@
   step, and a rough memory estimate of the training process (weights + gradients
   + AdamW's two moments in the weights' dtype — float32 under
   train.precision=mixed —, an optional reference model, activations of one
-  micro-batch of the longest sequences, one log-prob chunk of logits).
+  micro-batch of the longest sequences, one log-prob chunk of logits; with LoRA
+  the frozen base in model.dtype and the adapter's float32 weights, gradients
+  and moments).
 
 Left out: checks (every check of a config, including what the model's
 config.json forbids, is in `cohort.validation`); the allocator, CUDA context and
@@ -249,19 +251,22 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
         act_how = f"{tokens:,} tokens (micro-batch × longest sequence) × {facts.num_layers} layers × (8·hidden + 4·intermediate)"
     chunk = min(cfg.train.logprob_chunk_size, max(1, MAX_CHUNK_LOGITS // max(1, facts.vocab_size)))  # rows per LM-head chunk
     trained, what = p, "the weights"
+    weights = ("weights", p * w, f"{p:,} parameters × {w} B ({how_w})")
     if cfg.model.lora_rank:  # LoRA: gradients and moments of the adapter only, no reference copy (cohort/models/lora.py)
         from cohort.models.lora import adapter_parameters_bound
 
         trained = adapter_parameters_bound(facts.hidden_size, facts.intermediate_size, facts.num_layers, cfg.model.lora_rank)
         what = f"the LoRA adapter's ≤ {trained:,} parameters (rank {cfg.model.lora_rank}, every linear layer)"
+        w = 4  # peft keeps the adapter in float32 over any base; the frozen base stays in model.dtype, even when mixed
+        weights = ("weights", p * b + trained * w, f"{p:,} frozen base parameters × {b} B ({cfg.model.dtype}) + {what} × 4 B")
     rows = [
-        ("weights", p * w, f"{p:,} parameters × {w} B ({how_w})"),
+        weights,
         ("gradients", trained * w, "same size as " + what),
         ("AdamW moments", 2 * trained * w, f"two per parameter of {what}, in the weights' dtype"),
         ("activations", activations, act_how),
         ("log-prob chunk", chunk * facts.vocab_size * 4 * 2, f"two ({chunk} tokens × vocab {facts.vocab_size:,}) fp32 buffers (cohort.models.logprobs)"),
     ]
-    if mixed:
+    if mixed and not cfg.model.lora_rank:  # (LoRA: the base is already in model.dtype; the adapter's copies are small)
         rows.append(("autocast weight copies", p * b, f"each weight cast to {cfg.model.dtype} once per forward pass"))
     if cfg.algorithm.beta and not cfg.model.lora_rank:  # (LoRA: the reference is the adapter disabled)
         rows.append(("reference model", p * w, f"a frozen copy (algorithm.beta = {cfg.algorithm.beta:g})"))

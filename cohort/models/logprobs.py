@@ -78,6 +78,9 @@ class LinearLogProb(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
+        hidden_dtype = hidden.dtype
+        if hidden.dtype != weight.dtype:  # a float32 stream into a head held in bf16 (LoRA under mixed): as autocast did
+            hidden = hidden.to(weight.dtype)
         with torch.no_grad():
             logits, squashed = _logits(hidden, weight, bias, ctx.temperature, ctx.softcap)
             grad = logits.sub_(lse[:, None]).exp_().mul_(-grad_logp[:, None])  # −g · softmax
@@ -87,7 +90,7 @@ class LinearLogProb(torch.autograd.Function):
             if squashed is not None:
                 grad.mul_(1.0 - squashed.square_())
             grad = grad.to(weight.dtype)
-            grad_hidden = grad @ weight if ctx.needs_input_grad[0] else None
+            grad_hidden = (grad @ weight).to(hidden_dtype) if ctx.needs_input_grad[0] else None
             grad_weight = grad.t() @ hidden if ctx.needs_input_grad[1] else None
             grad_bias = grad.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
         return grad_hidden, grad_weight, grad_bias, None, None, None
@@ -120,6 +123,8 @@ def completion_logprobs(
     targets = completion_ids[active]  # (M,)
     softcap = getattr(model.config, "final_logit_softcapping", None)
     weight, bias = head.weight, getattr(head, "bias", None)
+    if weight.dtype != hidden.dtype and not torch.is_autocast_enabled(hidden.device.type):  # a float32 pass over a
+        weight, bias = weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype)  # bf16 head (float32_weights)
     rows_per_chunk = max(1, min(chunk_size, max_chunk_logits // weight.shape[0]))
     logps, entropies = [], []
     for start in range(0, h.shape[0], rows_per_chunk):

@@ -19,6 +19,11 @@ four things full fine-tuning does differently:
   with model.lora_save_merged a merged transformers checkpoint in `final/`
   itself that `from_pretrained` and vLLM load.
 
+Precision (`base_dtype`, `attach_lora(precision=...)`): the frozen base is held
+in model.dtype even under train.precision=mixed; only the adapter is float32.
+Its vectors stay float32 and the embeddings' outputs are upcast, so the forward
+is the float32-master one (docs/lora.md, "Precision").
+
 LoRA dropout (model.lora_dropout) applies only to forward passes that build a
 graph (the update): scoring runs under no_grad (old and reference log-probs, the
 sync check's canaries) and must be deterministic, so peft's dropout modules are
@@ -44,6 +49,7 @@ from pathlib import Path
 import torch
 
 from cohort.models.loading import write_config_dtype
+from cohort.models.precision import Precision
 
 ADAPTER_DIR = "adapter"  # final/adapter/: the trained adapter in peft's format
 
@@ -60,8 +66,23 @@ def lora_alpha(model_cfg) -> float:
     return float(model_cfg.lora_alpha) if model_cfg.lora_alpha is not None else 2.0 * model_cfg.lora_rank
 
 
-def attach_lora(model: torch.nn.Module, model_cfg, *, gradient_checkpointing: bool = False) -> "LoraPolicy":
-    """Inject a LoRA adapter into `model` in place (peft); only the adapter's parameters require grad afterwards."""
+def base_dtype(precision: Precision) -> torch.dtype:
+    """The dtype the frozen base is loaded in: model.dtype (the compute dtype) whatever train.precision says.
+
+    Float32 masters exist so that small updates survive rounding; the base is never updated, so under
+    train.precision=mixed it would only cost 4 instead of 2 B/parameter plus autocast's bfloat16 copy of every weight
+    that each linear saves for the backward. Only the adapter is trained: peft keeps it in float32."""
+    return precision.compute_dtype
+
+
+def attach_lora(model: torch.nn.Module, model_cfg, *, precision: Precision | None = None,
+                gradient_checkpointing: bool = False) -> "LoraPolicy":
+    """Inject a LoRA adapter into `model` in place (peft); only the adapter's parameters require grad afterwards.
+
+    `precision` (mixed, with the base loaded in `base_dtype`): the base's vectors (norm weights, biases: a few
+    thousand values per layer) go back to float32 and the embeddings' outputs are upcast to float32, so the residual
+    stream and the norms run in float32 as under autocast over float32 masters; for a bfloat16 checkpoint the forward
+    is that of the float32-master model bit for bit (autocast rounds every matrix to the same bfloat16 values)."""
     from peft import LoraConfig, get_peft_model  # heavy optional dependency, only for LoRA runs
 
     targets = model_cfg.lora_target_modules
@@ -70,12 +91,23 @@ def attach_lora(model: torch.nn.Module, model_cfg, *, gradient_checkpointing: bo
                         task_type="CAUSAL_LM")
     if gradient_checkpointing:
         model.enable_input_require_grads()  # the frozen embeddings' output must require grad for checkpointed blocks
-    peft_model = get_peft_model(model, config)
+    if precision is not None and precision.mixed and model.dtype != torch.float32:
+        for param in model.parameters():
+            if param.dim() < 2:  # CPU layer_norm refuses a bf16 weight on a float32 input
+                param.data = param.data.float()
+        for module in model.modules():
+            if isinstance(module, torch.nn.Embedding):
+                module.register_forward_hook(_float32_output)
+    peft_model = get_peft_model(model, config)  # (autocast_adapter_dtype: the adapter in float32 over a bf16/fp16 base)
     for layer in _lora_layers(model).values():
         for name, dropout in list(layer.lora_dropout.items()):
             if isinstance(dropout, torch.nn.Dropout):
                 layer.lora_dropout[name] = TrainOnlyDropout(dropout.p)
     return LoraPolicy(peft_model)
+
+
+def _float32_output(_module: torch.nn.Module, _args, output: torch.Tensor) -> torch.Tensor:
+    return output.float()
 
 
 def _lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:

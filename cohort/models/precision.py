@@ -19,12 +19,17 @@ With `model.dtype = float32` both are the same plain float32 training.
 float16 mixed precision would need loss scaling (a GradScaler) to keep small
 gradients from underflowing; that is not built, so validation refuses
 `model.dtype=float16` with `train.precision=mixed` and says what to use instead.
+A LoRA run (cohort/models/lora.py) holds its frozen base in `model.dtype`
+(only the adapter has float32 masters); `float32_weights` runs such a model in
+float32 for the weight-sync check's sensitivity pass without a float32 copy of it.
+
 Out of scope: float8, and keeping the LM head in float32 under autocast.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -59,3 +64,41 @@ def resolve_precision(model_dtype: str, precision: str) -> Precision:
     if precision == "pure":
         return Precision(weights_dtype=compute, compute_dtype=compute)
     raise ValueError(f"train.precision = {precision!r}: choose mixed or pure")
+
+
+@contextlib.contextmanager
+def float32_weights(model: torch.nn.Module) -> Iterator[None]:
+    """Forward passes of `model` in float32 although some of its weights are held in a lower precision (a LoRA run's
+    frozen bfloat16 base): each module's own low-precision parameters and buffers are upcast while that module runs
+    and put back when it returns. The upcast is exact (every bfloat16/float16 value is a float32 value), so the result
+    is the float32 model's; at most one module's float32 copy exists at a time. No-op when every weight is float32.
+    Scoring only: the upcast copies do not require grad."""
+    def low(tensors: dict) -> list[str]:
+        return [n for n, t in tensors.items() if t is not None and t.is_floating_point() and t.dtype != torch.float32]
+
+    saved: dict[torch.nn.Module, tuple[dict, dict]] = {}
+
+    def upcast(module: torch.nn.Module, _args) -> None:
+        saved[module] = (dict(module._parameters), dict(module._buffers))
+        for name in low(module._parameters):
+            module._parameters[name] = torch.nn.Parameter(module._parameters[name].detach().float(), requires_grad=False)
+        for name in low(module._buffers):
+            module._buffers[name] = module._buffers[name].float()
+
+    def restore(module: torch.nn.Module, *_ignored) -> None:
+        if module in saved:
+            parameters, buffers = saved.pop(module)
+            module._parameters.update(parameters)
+            module._buffers.update(buffers)
+
+    handles = []
+    for module in model.modules():
+        if low(module._parameters) or low(module._buffers):
+            handles += [module.register_forward_pre_hook(upcast), module.register_forward_hook(restore)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module in list(saved):  # a forward that raised half-way
+            restore(module)

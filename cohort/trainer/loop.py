@@ -56,7 +56,7 @@ from cohort.algorithms.specs import AdvantageInputs
 from cohort.config import CohortConfig, default_output_dir
 from cohort.models.batching import length_sorted_micro_batches, pack_right_padded, pad_rows
 from cohort.models.logprobs import completion_logprobs
-from cohort.models.precision import DTYPES
+from cohort.models.precision import DTYPES, float32_weights
 from cohort.rollout.base import SamplingConfig, WeightStream, completion_seeds
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.overlap import BackgroundRollout, PendingGeneration
@@ -509,8 +509,8 @@ class Trainer:
 
         trainer = trainer_logprobs(self.precision.autocast())
         sensitivity = None
-        if self.precision.mixed:  # float32 masters: the same weights without autocast
-            sensitivity = float((trainer - trainer_logprobs(contextlib.nullcontext())).abs().mean())
+        if self.precision.mixed:  # the same weights in float32 (a LoRA base held in bf16: upcast one module at a time)
+            sensitivity = float((trainer - trainer_logprobs(float32_weights(self.policy))).abs().mean())
         return torch.tensor([x for row in engine for x in row], dtype=torch.float32), trainer, sensitivity
 
     def _calibrate_sync_check(self, sampled_version: int, prompts: list[list[int]], outs) -> None:

@@ -25,7 +25,7 @@ from cohort.data.loading import load_data
 from cohort.distributed.fsdp import LocalContext, context_from_env, rank_run_dir
 from cohort.distributed.rank0 import main_only_rewards
 from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir
-from cohort.models.lora import attach_lora
+from cohort.models.lora import attach_lora, base_dtype
 from cohort.models.precision import Precision, resolve_precision
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
@@ -53,10 +53,11 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
     sampler = RepeatSampler(len(prompts.train), plan.prompts_per_generation, plan.num_generations,
                             shuffle=cfg.data.shuffle, seed=cfg.train.seed)
     precision = resolve_precision(cfg.model.dtype, cfg.train.precision)  # float32 master weights when mixed
-    policy = load_policy(model_dir, precision.weights_dtype)
+    policy = load_policy(model_dir, base_dtype(precision) if cfg.model.lora_rank else precision.weights_dtype)  # LoRA: frozen
     if cfg.train.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
-    lora = attach_lora(policy, cfg.model, gradient_checkpointing=cfg.train.gradient_checkpointing) if cfg.model.lora_rank else None
+    lora = attach_lora(policy, cfg.model, precision=precision,
+                       gradient_checkpointing=cfg.train.gradient_checkpointing) if cfg.model.lora_rank else None
     policy.train()
     check_disk_space(run_dir, policy, cfg.run.keep_checkpoints, cfg.run.save_every)
     # the reference (beta != 0) is a frozen copy; under LoRA it is the policy with its adapter disabled (no copy)

@@ -110,10 +110,12 @@ def test_a_sync_that_leaves_the_engine_on_the_base_is_caught(user_setup, tiny_mo
     assert "SyncCheckError" in repr(err.value) or "sync check" in str(err.value)
 
 
-def test_lora_resume_is_exact(user_setup, tiny_model_dir):
-    """hf engine, beta > 0, LoRA dropout on, a checkpoint inside a generation batch: resuming at step 3 ends identical."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_lora_resume_is_exact(user_setup, tiny_model_dir, dtype):
+    """hf engine, beta > 0, LoRA dropout on, a checkpoint inside a generation batch: resuming at step 3 ends identical
+    (bfloat16: train.precision=mixed with the base held in bf16, read again from model.path on resume)."""
     tmp_path, data = user_setup
-    extra = ("train.max_steps=6", "train.steps_per_generation=2", "train.prompts_per_step=2", "model.lora_dropout=0.1",
+    extra = (f"model.dtype={dtype}", "train.max_steps=6", "train.steps_per_generation=2", "train.prompts_per_step=2", "model.lora_dropout=0.1",
              "run.save_every=1", "run.keep_checkpoints=10", "run.log_completions_every=1", "run.num_completions_to_log=16")
     ref = tmp_path / "ref"
     trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, ref, "hf", *extra)))
@@ -158,17 +160,49 @@ def test_lora_learns_with_a_local_server(user_setup, tiny_model_dir):
 
 @pytest.mark.parametrize("precision", ["mixed", "pure"])
 def test_lora_in_bfloat16_trains_float32_adapters_and_leaves_the_base(user_setup, tiny_model_dir, precision):
-    """model.dtype=bfloat16: mixed keeps float32 masters (base and adapter); pure keeps a bf16 base, and peft keeps the
-    adapter in float32 either way. Four steps on the transformers engine; the base is untouched and the adapter moved."""
+    """model.dtype=bfloat16: the frozen base is held in bfloat16 under mixed and pure alike (no float32 masters for
+    weights that never change: cohort.models.lora.base_dtype) and peft keeps the adapter in float32 either way, so
+    only adapter tensors reach AdamW. Four steps on the transformers engine; the base is untouched and the adapter moved."""
     tmp_path, data = user_setup
     trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, tmp_path / precision, "hf", "train.max_steps=4",
                                                    "model.dtype=bfloat16", f"train.precision={precision}")))
     base_before = _base_tensors(trainer.policy)
     assert {p.dtype for _, p in trainer.lora.trainable_parameters()} == {torch.float32}
-    assert {t.dtype for t in base_before.values()} == {torch.float32 if precision == "mixed" else torch.bfloat16}
+    # every matrix of the base in bf16 (mixed used to hold them as float32 masters); mixed keeps the norms in float32
+    assert {t.dtype for t in base_before.values() if t.dim() == 2} == {torch.bfloat16}
+    assert {t.dtype for t in base_before.values() if t.dim() < 2} == {torch.float32 if precision == "mixed" else torch.bfloat16}
+    optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for _, p in trainer.lora.trainable_parameters()}  # the adapter, nothing else
     trainer.train()
+    assert all(p.grad is None for n, p in trainer.policy.named_parameters() if n in base_before)  # no base gradients
+    moments = trainer.optimizer.state.values()
+    assert len(moments) == 2 * 7 * 2 and {m["exp_avg"].dtype for m in moments} == {torch.float32}
     trainer.close()
     assert all(torch.equal(base_before[n], p) for n, p in trainer.policy.named_parameters() if n in base_before)
     assert max(float(p.detach().abs().max()) for n, p in trainer.lora.trainable_parameters() if "lora_B" in n) > 0
     config = json.loads((tmp_path / precision / "final" / "config.json").read_text())
     assert config["dtype"] == "bfloat16"  # the merged final/ in model.dtype
+
+
+@pytest.mark.vllm
+def test_lora_in_bfloat16_mixed_syncs_a_bf16_base_through_a_local_server(user_setup, tiny_model_dir):
+    """model.dtype=bfloat16 under mixed: a bf16 base, merged pushes to a bf16 vLLM child, and the sync check's float32
+    sensitivity pass run by upcasting the base one module at a time (float32_weights). 12 honest syncs, no false
+    alarm; the engine follows the adapter; the base stays bit-identical through every merge."""
+    tmp_path, data = user_setup
+    run_dir = tmp_path / "run-bf16"
+    trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, run_dir, "vllm", "rollout.mode=local_server",
+                                                   "model.dtype=bfloat16", "train.max_steps=12")))
+    base_before = _base_tensors(trainer.policy)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    assert {t.dtype for t in base_before.values() if t.dim() == 2} == {torch.bfloat16}
+    assert all(torch.equal(base_before[n], p) for n, p in trainer.policy.named_parameters() if n in base_before)
+    # bf16 autocast vs float32 on the random tiny model: ~1e-2 nats per token (0 would mean no float32 pass happened)
+    assert 1e-3 < trainer.sync_check.sensitivity < 0.1, trainer.sync_check.sensitivity
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sum(1 for l in lines if "sync/canary_gap_mean" in l) >= 10  # checked syncs, none failed
+    followed = [l["sync/adapter_followed"] for l in lines if "sync/adapter_followed" in l]
+    assert followed and all(0.8 < f < 1.2 for f in followed), followed
