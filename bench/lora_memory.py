@@ -56,14 +56,14 @@ from pathlib import Path
 HIDDEN, LAYERS, INTERMEDIATE = 512, 8, 2048  # 8 x (attn 0.79M + mlp 3.1M) + embeddings 0.13M ~ 31M parameters
 
 
-def build_model(out_dir: Path, dtype: str) -> Path:
+def build_model(out_dir: Path, dtype: str, layers: int = LAYERS) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from cohort.models.char_tokenizer import EOS_TOKEN_ID, VOCAB_SIZE, save_char_tokenizer
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
+    config = Qwen2Config(vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=layers,
                          num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=False,
                          eos_token_id=EOS_TOKEN_ID, pad_token_id=EOS_TOKEN_ID, bos_token_id=None)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(getattr(torch, dtype))  # saved as released
@@ -187,6 +187,8 @@ def main() -> None:
     parser.add_argument("--rollout", nargs="+", choices=sorted(ROLLOUTS), default=["hf"], help="engine placements to compare")
     parser.add_argument("--dtype", nargs="+", choices=["float32", "bfloat16"], default=["float32"],
                         help="model.dtype (and the checkpoint's); bfloat16 trains with train.precision=mixed")
+    parser.add_argument("--layers", type=int, default=LAYERS,
+                        help="decoder layers of the random Qwen2 (3.9M parameters each: 8 ~ 31M, 15 ~ 59M)")
     parser.add_argument("--part-mib", type=int, default=None,
                         help="bytes per part of a push to a rollout server (default: cohort's PART_BYTES, 64 MiB)")
     args = parser.parse_args()
@@ -197,10 +199,10 @@ def main() -> None:
         tmp = Path(name)
         data = tmp / "train.jsonl"
         data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(8) for b in range(8)))
-        models = {dtype: build_model(tmp / f"model-{dtype}", dtype) for dtype in args.dtype}
+        models = {dtype: build_model(tmp / f"model-{dtype}", dtype, args.layers) for dtype in args.dtype}
         results = [compare(models[dtype], data, tmp, args.steps, args.micro_batch, rollout, dtype)
                    for dtype in args.dtype for rollout in args.rollout]
-    print(json.dumps({"steps": args.steps, "beta": 0.04, "micro_batch": args.micro_batch, "part_mib": args.part_mib, "load_avg_1min": [load_before, os.getloadavg()[0]],
+    print(json.dumps({"steps": args.steps, "layers": args.layers, "beta": 0.04, "micro_batch": args.micro_batch, "part_mib": args.part_mib, "load_avg_1min": [load_before, os.getloadavg()[0]],
                       "results": results}, indent=2))
 
 
