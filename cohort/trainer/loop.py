@@ -198,7 +198,7 @@ class Trainer:
         return [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
 
     def _batch_metrics(self, batch: RolloutBatch, rewards: torch.Tensor, reward_metrics: dict[str, float]) -> dict[str, float]:
-        lengths = np.array([len(c) for c in batch.completion_ids], dtype=np.float64)
+        lengths = np.array(batch.trained_lengths(), dtype=np.float64)  # sampled tokens only: tool output left out
         stats = advantage_stats(rewards, self.plan.num_generations)
         finite = batch.rewards[np.isfinite(batch.rewards)]
         metrics = {
@@ -295,7 +295,8 @@ class Trainer:
 
     def _pack(self, batch: RolloutBatch, mb: list[int]):
         pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.pad_id)
-        return pb, pb.completion_mask * self._kept(batch, mb)[:, None]
+        # tool-output tokens (loss mask 0) are in the input but out of the loss, ratio, entropy, KL and normaliser
+        return pb, pb.completion_mask * batch.token_mask(mb, pb.completion_mask.shape[1]) * self._kept(batch, mb)[:, None]
 
     def _kept(self, batch: RolloutBatch, rows: list[int]) -> torch.Tensor:
         """(B,) 1.0 for completions that enter the loss; 0.0 for truncated ones under mask_truncated_completions."""
@@ -304,10 +305,11 @@ class Trainer:
         return torch.tensor([0.0 if batch.truncated[i] else 1.0 for i in rows])
 
     def advantage_mask(self, batch: RolloutBatch) -> torch.Tensor:
-        """(N, T) 1.0 on each completion's tokens that enter the loss (T = the longest completion, at least 1)."""
+        """(N, T) 1.0 on each completion's tokens that enter the loss (T = the longest completion, at least 1):
+        not padding, not tool output (loss mask 0), not a truncated completion under mask_truncated_completions."""
         width = max(1, max(len(c) for c in batch.completion_ids))
-        lengths = torch.tensor([len(c) for c in batch.completion_ids])
-        return (torch.arange(width)[None, :] < lengths[:, None]).float() * self._kept(batch, list(range(len(batch))))[:, None]
+        rows = list(range(len(batch)))
+        return batch.token_mask(rows, width) * self._kept(batch, rows)[:, None]  # 0 on padding and tool tokens
 
     def _advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
         """Advantages (N, T) and critic targets for the whole generation batch, by the algorithm's spec; KL bookkeeping."""

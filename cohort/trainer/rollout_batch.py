@@ -34,6 +34,7 @@ class RolloutBatch:
     returns: torch.Tensor | None = None  # (N, T) the critic's targets
     metrics: dict[str, float] = field(default_factory=dict)
     policy_version: int = 0  # the policy version that sampled the batch (older than the trainer's under rollout.overlap)
+    loss_masks: list[list[int]] | None = None  # per completion token, 0 on tool-output tokens (None: every token trained)
 
     @classmethod
     def from_trajectories(cls, rows: list[int], prompt_ids: list[list[int]], trajectories: list[Trajectory], *,
@@ -42,7 +43,23 @@ class RolloutBatch:
         return cls(row_indices=rows, prompt_ids=prompt_ids, completion_ids=[t.token_ids for t in trajectories],
                    engine_logp=[t.logprobs for t in trajectories], truncated=[t.status == "length" for t in trajectories],
                    completions_text=texts, rewards=rewards, per_function=per_function, advantages=torch.empty(0),
-                   policy_version=policy_version)
+                   policy_version=policy_version, loss_masks=[t.loss_mask for t in trajectories])
+
+    def token_mask(self, rows: list[int], width: int) -> torch.Tensor:
+        """(B, width) float: 1.0 on the completion tokens of `rows` that are trained on (the trajectories' loss masks:
+        0 on tool-output tokens), 0.0 on tool tokens and padding."""
+        out = torch.zeros((len(rows), width), dtype=torch.float32)
+        for k, i in enumerate(rows):
+            n = min(len(self.completion_ids[i]), width)
+            mask = self.loss_masks[i] if self.loss_masks is not None else [1] * n
+            out[k, :n] = torch.tensor(mask[:n], dtype=torch.float32)
+        return out
+
+    def trained_lengths(self) -> list[int]:
+        """Tokens per completion that the model sampled and the loss sees (tool-output tokens left out)."""
+        if self.loss_masks is None:
+            return [len(c) for c in self.completion_ids]
+        return [int(sum(m)) for m in self.loss_masks]
 
     def __len__(self) -> int:
         return len(self.completion_ids)
