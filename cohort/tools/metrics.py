@@ -1,4 +1,8 @@
-"""Tool metrics over a generation batch, and the whole conversation of a trajectory for completions.jsonl.
+"""Tool metrics over a generation batch; what reward functions and completions.jsonl get from multi-turn trajectories.
+
+Reward functions receive `conversations=` (the prompt's messages, then the completion's assistant and tool messages
+in order; the last is the final answer) and, with an environment, `environments=` (each trajectory's instance, already closed), when they
+name those parameters (`tool_arguments`).
 
 Metrics (only when some trajectory went through the tool loop):
 - `tools/call_frequency`: tool calls run per trajectory (mean); `tools/failure_frequency`: calls that timed out or
@@ -39,7 +43,15 @@ def tool_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     return out
 
 
-def conversation(trajectory: Trajectory) -> list[dict[str, Any]] | None:
-    """The completion's turns (assistant and tool messages, tool turns marked by their role), None for one turn."""
-    episode = trajectory.episode
-    return list(episode.conversation) if isinstance(episode, Episode) else None
+def tool_arguments(trajectories: Sequence[Trajectory], prompts: Sequence[Any]) -> dict[str, list[Any]]:
+    """The optional reward arguments of multi-turn trajectories: `conversations` (the prompt's messages, a text prompt
+    as one user message, then the completion's assistant and tool turns) and, with an environment, `environments`
+    (each trajectory's instance); {} when no trajectory went through the tool loop."""
+    episodes = [t.episode if isinstance(t.episode, Episode) else None for t in trajectories]
+    if not any(episodes):
+        return {}
+    heads = [list(p) if isinstance(p, list) else [{"role": "user", "content": str(p)}] for p in prompts]
+    out: dict[str, list[Any]] = {"conversations": [h + (e.conversation if e else []) for h, e in zip(heads, episodes)]}
+    if any(e is not None and e.environment is not None for e in episodes):
+        out["environments"] = [e.environment if e else None for e in episodes]
+    return out

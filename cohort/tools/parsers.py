@@ -79,7 +79,7 @@ def _call_from_payload(payload: Any) -> ToolCall | str:
     return ToolCall(payload["name"], arguments)
 
 
-_COMPACT = re.compile(r"<<\s*([A-Za-z_]\w*)\s*\((.*?)\)\s*(>>|$)", re.DOTALL)
+_COMPACT = re.compile(r"<<\s*([A-Za-z_]\w*)\s*\((.*?)(\)\s*>>|$)", re.DOTALL)
 
 
 def parse_compact(text: str) -> ParsedTurn:

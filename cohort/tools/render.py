@@ -11,7 +11,9 @@ assistant header):
 `before[after the end-of-turn token:]` is the separator the template writes after the assistant's end-of-turn
 token (Qwen's `\\n` after `<|im_end|>`): the model stopped at the end-of-turn token and never sampled it, so
 without it every tool turn would lose a newline the model saw in every rendered conversation (verl #6501).
-`after` must start with `before` token for token (the template is prefix-preserving); `check()` verifies that,
+`after` must start with `before`, and `before` with the rendering of `base` plus the generation prompt, token for
+token (the template is prefix-preserving at every turn, so the rendered history is what the model was given and
+sampled); `check()` verifies that,
 and that the assistant turn ends with one of the model's stop tokens, on a sample conversation before any model
 loads, so a template that cannot render tool turns this way fails with a clear error instead of drifting masks.
 Every real tool turn is checked again (`ToolTemplateError` names the template's fault).
@@ -72,23 +74,29 @@ class ToolRenderer:
         assistant = {"role": "assistant", "content": "",
                      "tool_calls": [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]}
         tools = [{"role": "tool", "name": name, "content": content} for name, content in responses]
+        history = self.encode(self._render(BASE, True))  # what the model samples after: ends with the assistant header
         before = self.encode(self._render(BASE + [assistant], False))
         after = self.encode(self._render(BASE + [assistant] + tools, True))
-        if after[: len(before)] != before:
-            at = next((i for i, (x, y) in enumerate(zip(before, after)) if x != y), min(len(before), len(after)))
-            raise ToolTemplateError(
-                "the chat template is not prefix-preserving: rendering the tool turn changes the tokens of the turns "
-                f"before it (first difference at token {at}: {self.tokenizer.decode(before[at:at + 8])!r} becomes "
-                f"{self.tokenizer.decode(after[at:at + 8])!r}), so tool tokens cannot be appended to the sampled ones. "
-                "Use a template that renders each turn independently of the ones after it (the checkpoint's "
-                "tokenizer_config.json chat_template)")
-        ends = [i for i, t in enumerate(before) if t in self.stop_token_ids]
+        self._require_prefix(history, before, "the assistant turn after the generation prompt")
+        self._require_prefix(before, after, "the tool turn")
+        ends = [i for i, t in enumerate(before) if t in self.stop_token_ids and i >= len(history)]
         if not ends:
             raise ToolTemplateError(
                 "the chat template's assistant turn contains none of the model's stop tokens "
                 f"{sorted(self.stop_token_ids)}, so the model cannot end a turn that calls a tool: "
-                f"{self.tokenizer.decode(before)!r}")
+                f"{self.tokenizer.decode(before[len(history):])!r}")
         return before[ends[-1] + 1:] + after[len(before):]
+
+    def _require_prefix(self, shorter: list[int], longer: list[int], what: str) -> None:
+        if longer[: len(shorter)] == shorter:
+            return
+        at = next((i for i, (x, y) in enumerate(zip(shorter, longer)) if x != y), min(len(shorter), len(longer)))
+        raise ToolTemplateError(
+            f"the chat template is not prefix-preserving: rendering {what} changes the tokens of the turns before it "
+            f"(first difference at token {at}: {self.tokenizer.decode(shorter[at:at + 8])!r} becomes "
+            f"{self.tokenizer.decode(longer[at:at + 8])!r}), so tool tokens cannot be appended to the sampled ones. "
+            "Use a template that renders each turn independently of the ones after it (the checkpoint's "
+            "tokenizer_config.json chat_template)")
 
     def check(self) -> None:
         """Raise ToolTemplateError now when the template cannot render tool turns as a suffix (module docstring)."""

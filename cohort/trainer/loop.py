@@ -58,6 +58,7 @@ from cohort.models.batching import length_sorted_micro_batches, pack_right_padde
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES
 from cohort.rollout.base import SamplingConfig, WeightStream, completion_seeds
+from cohort.tools.metrics import tool_metrics
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.overlap import BackgroundRollout, PendingGeneration
 from cohort.trainer.parts import PART_NAMES, TrainerParts
@@ -174,7 +175,7 @@ class Trainer:
         batch = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
                                                per_function=scored.per_function, texts=collected.texts,
                                                policy_version=pending.policy_version)
-        batch.metrics = {**self._batch_metrics(batch, rewards_t, scored.metrics), **collected.metrics}
+        batch.metrics = {**self._batch_metrics(batch, rewards_t, scored.metrics), **collected.metrics, **tool_metrics(outs)}
         with self.phases("logprob"):
             if self.algorithm.score_old_logp:
                 batch.old_logp = self._score_all(self.policy, batch)

@@ -8,6 +8,7 @@ the critic's values and targets.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,6 +36,7 @@ class RolloutBatch:
     metrics: dict[str, float] = field(default_factory=dict)
     policy_version: int = 0  # the policy version that sampled the batch (older than the trainer's under rollout.overlap)
     loss_masks: list[list[int]] | None = None  # per completion token, 0 on tool-output tokens (None: every token trained)
+    episodes: list[Any] | None = None  # multi-turn: each trajectory's tool-loop record (cohort/tools/loop.py Episode)
 
     @classmethod
     def from_trajectories(cls, rows: list[int], prompt_ids: list[list[int]], trajectories: list[Trajectory], *,
@@ -43,7 +45,8 @@ class RolloutBatch:
         return cls(row_indices=rows, prompt_ids=prompt_ids, completion_ids=[t.token_ids for t in trajectories],
                    engine_logp=[t.logprobs for t in trajectories], truncated=[t.status == "length" for t in trajectories],
                    completions_text=texts, rewards=rewards, per_function=per_function, advantages=torch.empty(0),
-                   policy_version=policy_version, loss_masks=[t.loss_mask for t in trajectories])
+                   policy_version=policy_version, loss_masks=[t.loss_mask for t in trajectories],
+                   episodes=[t.episode for t in trajectories] if any(t.episode is not None for t in trajectories) else None)
 
     def token_mask(self, rows: list[int], width: int) -> torch.Tensor:
         """(B, width) float: 1.0 on the completion tokens of `rows` that are trained on (the trajectories' loss masks:
@@ -60,6 +63,14 @@ class RolloutBatch:
         if self.loss_masks is None:
             return [len(c) for c in self.completion_ids]
         return [int(sum(m)) for m in self.loss_masks]
+
+    def tool_record(self, i: int) -> dict[str, Any]:
+        """What completions.jsonl adds for a multi-turn completion: its conversation (assistant and tool turns; tool
+        turns have role "tool"), tool status and turns; {} for a one-turn completion."""
+        episode = self.episodes[i] if self.episodes is not None else None
+        if episode is None:
+            return {}
+        return {"conversation": list(episode.conversation), "tool_status": episode.status, "turns": episode.turns}
 
     def __len__(self) -> int:
         return len(self.completion_ids)

@@ -6,7 +6,7 @@ weights load), the policy, the optional reference model (only when
 algorithm.beta != 0), the optimizer and the schedule, the algorithm's resolved
 choices (`cohort.trainer.algorithms`), the critic (only for an algorithm that
 needs one), and last the rollout engine (the slowest to start,
-cohort/trainer/engines.py).
+cohort/trainer/engines.py), wrapped in the tool loop when rollout.tools or rollout.environment is set.
 
 Nothing here touches a Trainer: `setup` returns the parts and the Trainer holds them.
 """
@@ -29,6 +29,7 @@ from cohort.models.lora import attach_lora
 from cohort.models.precision import Precision, resolve_precision
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
+from cohort.tools.setup import rows_by_prompt, wrap_engine
 from cohort.trainer import algorithms
 from cohort.trainer.checkpoint import check_disk_space
 from cohort.trainer.critic import Critic
@@ -68,6 +69,10 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
     max_model_len = engine_length(cfg, model_dir, prompts.train_ids + (prompts.eval_ids or []))
     engine, owns_engine = _engine(cfg, dist, model_dir, tokenizer, external_engine, max_model_len=max_model_len,
                                   precision=precision, policy=policy)
+    if cfg.rollout.uses_tools:  # multi-turn: every request goes through the tool loop (cohort/tools/loop.py)
+        rows = rows_by_prompt(prompts.train_ids + (prompts.eval_ids or []),
+                              prompts.train.rows + (prompts.eval.rows if prompts.eval is not None else []))
+        engine = wrap_engine(cfg.rollout, engine, tokenizer, rows)
     return TrainerParts(
         dist=dist, run_dir=run_dir, rewards=rewards, model_dir=model_dir, tokenizer=tokenizer,
         pad_id=tokenizer.pad_token_id, renderer=prompts.renderer, prompts_filtered=prompts.filtered,
