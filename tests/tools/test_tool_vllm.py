@@ -2,15 +2,12 @@
 continues from the token ids, and the engine's own scoring of the whole completion agrees with the log-probs the
 trajectory recorded on every sampled token (so vLLM conditioned on exactly prompt + earlier turns + tool tokens).
 
-The model is the random tiny chat checkpoint (Qwen2.5-style template, byte-level BPE) with half of the vocabulary
-outside the template's scaffolding declared as stop tokens (generation_config.json), so its turns end after a few
-tokens; the parser (a user parser given by import path) reads every turn as a call to `count`, so each trajectory
+The model is `quick_stop_chat_model` (tests/tools/conftest.py: the random tiny chat checkpoint whose turns end after a
+few tokens); the parser (a user parser given by import path) reads every turn as a call to `count`, so each trajectory
 runs max_turns = 3 assistant turns with 2 tool turns between them.
 """
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
@@ -18,7 +15,6 @@ from cohort.models.loading import load_tokenizer, stop_token_ids
 from cohort.rollout.base import Request, SamplingConfig, generate_requests
 from cohort.tools.loop import ToolEngine
 from cohort.tools.parsers import ParsedTurn, ToolCall, get_parser
-from cohort.tools.render import BASE
 from cohort.tools.schema import resolve_tools
 
 
@@ -30,24 +26,6 @@ def count() -> int:
 
 def every_turn_calls_count(text: str) -> ParsedTurn:
     return ParsedTurn(calls=[ToolCall("count", {})])
-
-
-@pytest.fixture(scope="module")
-def quick_stop_chat_model(tmp_path_factory):
-    from cohort.models.tiny_chat import build_random_chat_model
-
-    model_dir = build_random_chat_model(tmp_path_factory.mktemp("tiny-chat-quick-stop"))
-    tok = load_tokenizer(model_dir)
-    assistant = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "count", "arguments": {}}}]}
-    scaffold = tok.apply_chat_template(BASE + [assistant, {"role": "tool", "name": "count", "content": "7"}], tokenize=False,
-                                       add_generation_prompt=True)
-    used = set(tok(scaffold, add_special_tokens=False)["input_ids"])
-    im_end, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
-    free = [i for i in range(len(tok)) if i not in used and i not in (im_end, pad)]
-    config = json.loads((model_dir / "generation_config.json").read_text())
-    config["eos_token_id"] = [im_end, pad] + free[::2]
-    (model_dir / "generation_config.json").write_text(json.dumps(config))
-    return model_dir
 
 
 def test_tool_turns_round_trip_through_vllm(quick_stop_chat_model):
