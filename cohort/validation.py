@@ -40,7 +40,7 @@ from cohort.plan import (GROUP_RELATIVE, BatchPlan, MeasuredPrompts, ModelFacts,
 from cohort.data.loading import load_data
 from cohort.prompts import encode_prompts, fit_problems, max_positions_of
 from cohort.rewards.columns import reward_column_problems
-from cohort.tools.setup import tool_problems
+from cohort.tools.checks import tool_problems
 
 
 def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:

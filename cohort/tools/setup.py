@@ -1,6 +1,5 @@
-"""From the config to a tool loop: the checks `validate_config` runs (before any model loads) and the wrapping of a
-built engine in a `ToolEngine` (cohort/trainer/setup.py calls `wrap_engine` when rollout.tools or
-rollout.environment is set).
+"""From the config to a tool loop: the wrapping of a built engine in a `ToolEngine` (cohort/trainer/setup.py calls
+`wrap_engine` when rollout.tools or rollout.environment is set; the config's checks are in cohort/tools/checks.py).
 
 `rows_by_prompt` maps a request's prompt token ids to its dataset row, which `reset(**row)` of an environment gets:
 the tool loop sees requests, not rows. Rows whose prompts tokenize identically get the first such row's columns.
@@ -14,26 +13,6 @@ from cohort.rollout.base import Request
 from cohort.tools.loop import ToolEngine
 from cohort.tools.parsers import get_parser
 from cohort.tools.schema import resolve_environment, resolve_tools
-
-
-def tool_problems(rollout) -> list[str]:
-    """Every problem with the rollout section's tool fields, each naming its field and a fix ([] when fine)."""
-    problems = []
-    for field, value, low in (("tool_timeout_s", rollout.tool_timeout_s, 0), ("max_turns", rollout.max_turns, 1),
-                              ("max_parallel_calls", rollout.max_parallel_calls, 1)):
-        if not value >= low or (field == "tool_timeout_s" and value == 0):
-            problems.append(f"rollout.{field} = {value} must be {'> 0' if low == 0 else '>= 1'}")
-    if rollout.max_tool_response_length is not None and rollout.max_tool_response_length < 1:
-        problems.append(f"rollout.max_tool_response_length = {rollout.max_tool_response_length} must be >= 1 (or null: no limit)")
-    if not rollout.uses_tools:
-        return problems
-    for check in (lambda: resolve_tools(rollout.tools), lambda: resolve_environment(rollout.environment),
-                  lambda: get_parser(rollout.tool_parser)):
-        try:
-            check()
-        except ValueError as exc:
-            problems.append(str(exc))
-    return problems
 
 
 def rows_by_prompt(prompt_ids: Sequence[Sequence[int]], rows: Sequence[dict[str, Any]]) -> Callable[[Request], dict[str, Any]]:
