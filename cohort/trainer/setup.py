@@ -23,7 +23,7 @@ from cohort.config import ConfigError
 from cohort.data.datasets import RepeatSampler
 from cohort.data.loading import load_data
 from cohort.distributed.fsdp import LocalContext, context_from_env, rank_run_dir
-from cohort.distributed.rank0 import main_only_rewards
+from cohort.distributed.rank0 import MainOnlyEngine, main_only_rewards
 from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir
 from cohort.models.lora import attach_lora
 from cohort.models.precision import Precision, resolve_precision
@@ -70,9 +70,7 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
     engine, owns_engine = _engine(cfg, dist, model_dir, tokenizer, external_engine, max_model_len=max_model_len,
                                   precision=precision, policy=policy)
     if cfg.rollout.uses_tools:  # multi-turn: every request goes through the tool loop (cohort/tools/loop.py)
-        rows = rows_by_prompt(prompts.train_ids + (prompts.eval_ids or []),
-                              prompts.train.rows + (prompts.eval.rows if prompts.eval is not None else []))
-        engine = wrap_engine(cfg.rollout, engine, tokenizer, rows)
+        engine = _with_tools(cfg, engine, tokenizer, prompts)
     return TrainerParts(
         dist=dist, run_dir=run_dir, rewards=rewards, model_dir=model_dir, tokenizer=tokenizer,
         pad_id=tokenizer.pad_token_id, renderer=prompts.renderer, prompts_filtered=prompts.filtered,
@@ -104,6 +102,18 @@ def _engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, external, *, ma
     if dist.world_size > 1:  # rank 0 builds the engine; every rank gets its results
         return rank0_engine(cfg, dist, model_dir, tokenizer, max_model_len=max_model_len, precision=precision), True
     return build_engine(cfg, model_dir, tokenizer, max_model_len=max_model_len, precision=precision, policy=policy), True
+
+
+def _with_tools(cfg, engine, tokenizer, prompts):
+    """The engine inside the tool loop; under several processes the loop wraps rank 0's engine, so tools run once,
+    beside it, and every rank receives the finished multi-turn trajectories."""
+    rows = rows_by_prompt(prompts.train_ids + (prompts.eval_ids or []),
+                          prompts.train.rows + (prompts.eval.rows if prompts.eval is not None else []))
+    if isinstance(engine, MainOnlyEngine):
+        if engine.engine is not None:
+            engine.engine = wrap_engine(cfg.rollout, engine.engine, tokenizer, rows)
+        return engine
+    return wrap_engine(cfg.rollout, engine, tokenizer, rows)
 
 
 def _check_writable(run_dir) -> None:
