@@ -151,16 +151,18 @@ class ToolEngine(RequestEngineMixin):
                 raise RuntimeError(f"ToolEngine: {len(self._open)} request(s) are neither in the engine nor running tools")
 
     def abort(self, request_ids: Iterable[str] | None = None) -> list[Trajectory]:
-        ids = set(self._open) if request_ids is None else set(request_ids) & set(self._open)
-        out = [t for t in self.inner.abort(sorted(ids)) if t.request_id in self._open]
+        """Stop these requests: each open one comes back "aborted" with its tokens so far (its environment closed);
+        one already finished and not polled yet comes back finished."""
+        wanted = None if request_ids is None else set(request_ids)
+        ids = set(self._open) if wanted is None else wanted & set(self._open)
+        out = [t for t in self.inner.abort(sorted(ids)) if t.request_id in self._open] if ids else []
         for rid in ids:
             if rid in self._running:  # between turns: its trajectory so far, as the last turn left it
                 out.append(self._running.pop(rid)[1])
-        finished = [self._finish(self._open[t.request_id], replace(t, status="aborted")) for t in out]
-        kept = [t for t in self._done if t.request_id not in ids]
-        done_here = [t for t in self._done if t.request_id in ids]
-        self._done = kept
-        return done_here + finished
+        aborted = [self._finish(self._open[t.request_id], replace(t, status="aborted")) for t in out]
+        finished = [t for t in self._done if wanted is None or t.request_id in wanted]
+        self._done = [t for t in self._done if not (wanted is None or t.request_id in wanted)]
+        return finished + aborted
 
     @property
     def in_flight(self) -> int:
@@ -176,10 +178,15 @@ class ToolEngine(RequestEngineMixin):
     def _start(self, request: Request) -> _Open:
         episode, tools = Episode(), {t.name: t for t in self.tools}
         if self.environment is not None:
-            episode.environment = self.environment()
             row = self.rows(request) if self.rows is not None else {}
-            reset = getattr(episode.environment, "reset", None)
-            observation = reset(**row) if reset is not None else None
+            try:
+                episode.environment = self.environment()
+                reset = getattr(episode.environment, "reset", None)
+                observation = reset(**row) if reset is not None else None
+            except Exception as exc:
+                raise RuntimeError(f"rollout.environment {self.environment.__name__}: building it or reset(**row) failed "
+                                   f"for request {request.request_id} (row columns {sorted(row)}): "
+                                   f"{type(exc).__name__}: {exc}") from exc
             if observation:
                 episode.conversation.append({"role": "user", "content": str(observation)})
             tools.update({t.name: t for t in environment_tools(episode.environment)})
@@ -239,17 +246,25 @@ class ToolEngine(RequestEngineMixin):
     def _finish(self, entry: _Open, t: Trajectory) -> Trajectory:
         self._open.pop(t.request_id, None)
         episode = entry.episode
-        self._close_environment(episode)
+        if not self._close_environment(episode):
+            episode.mark("error")
         mask = t.loss_mask
         if self.failure_policy == "mask" and episode.status in FAILED:
             mask = [0] * len(t.token_ids)
         return replace(t, loss_mask=mask, episode=episode)
 
     @staticmethod
-    def _close_environment(episode: Episode) -> None:
+    def _close_environment(episode: Episode) -> bool:
+        """Run the environment's close(), if any; False when it raised (the trajectory's tool status becomes error)."""
         close = getattr(episode.environment, "close", None)
-        if close is not None:
+        if close is None:
+            return True
+        try:
             close()
+        except Exception as exc:  # noqa: BLE001 - one environment's cleanup failing must not stop the run
+            episode.conversation.append({"role": "tool", "name": "close", "content": f"error: close() failed: {exc}"})
+            return False
+        return True
 
     # ---------------------------------------------------------------- running one turn's calls (on a thread)
 

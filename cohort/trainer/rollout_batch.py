@@ -76,6 +76,8 @@ class RolloutBatch:
         return len(self.completion_ids)
 
     def sequence_advantage(self, i: int) -> float:
-        """Completion i's mean advantage over its tokens (its one advantage for outcome-level algorithms)."""
+        """Completion i's mean advantage over its trained tokens (its one advantage for outcome-level algorithms;
+        tool-output tokens, whose advantage is 0, left out)."""
         n = len(self.completion_ids[i])
-        return float(self.advantages[i, :n].mean()) if n else 0.0
+        trained = self.token_mask([i], n)[0].bool() if n else None
+        return float(self.advantages[i, :n][trained].mean()) if n and trained.any() else 0.0

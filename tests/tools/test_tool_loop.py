@@ -205,3 +205,44 @@ def test_abort_between_turns_returns_the_trajectory_so_far(tok):
     assert engine.poll(timeout=0.2) == []  # the tool is running
     (t,) = engine.abort()
     assert t.status == "aborted" and t.token_ids == call and engine.in_flight == 0
+
+
+class Tally:
+    """One instance per trajectory: reset(**row) starts the tally at the row's `start`."""
+
+    instances: list = []
+
+    def __init__(self):
+        self.closed = False
+        Tally.instances.append(self)
+
+    def reset(self, start: int, **row):
+        self.value = start
+        return f"tally at {start}"
+
+    def add_to(self, x: int) -> int:
+        """Add to the tally.
+
+        Args:
+            x: how much
+        """
+        self.value += x
+        return self.value
+
+    def close(self):
+        self.closed = True
+
+
+def test_environment_instance_per_trajectory_reset_with_the_row_and_closed(tok):
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    call = _call(tok, "add_to", '{"x": 2}') + [stop]
+    Tally.instances = []
+    engine, _, _ = _engine(tok, {"r/0": [list(call), list(call), [stop]], "r/1": [[stop]]}, tools=[], environment=Tally,
+                           rows=lambda request: {"start": 5 if request.request_id == "r/0" else 9, "answer": "x"})
+    out = generate_requests(engine, [Request(r, (1,), SamplingConfig(400)) for r in ("r/0", "r/1")])
+    first, second = out
+    assert first.episode.environment is not second.episode.environment and len(Tally.instances) == 2
+    assert first.episode.conversation[0] == {"role": "user", "content": "tally at 5"}
+    assert [m["content"] for m in first.episode.conversation if m["role"] == "tool"] == ["7", "9"]  # 5+2, then +2
+    assert first.episode.environment.value == 9 and second.episode.environment.value == 9  # untouched: started at 9
+    assert all(env.closed for env in Tally.instances)
