@@ -21,6 +21,11 @@ counts in its group's statistics); under "reward" the reward decides. The model'
 an unknown tool, missing or unexpected arguments) are not failures: the error is the tool message, fed back to the
 model, and counted (`parse_errors`, `argument_errors`).
 
+Abort and resume (partial rollouts): `abort` returns a trajectory with its tokens so far, status "aborted", its
+`episode` attached and its environment closed; submitted again with `resume=` it continues where it stopped (a turn
+that had ended before its calls ran gets its calls run first), its record carried over; an environment is built
+and reset afresh (its state before the abort is not restored).
+
 Left out: a hung synchronous tool cannot be killed (Python threads cannot be); its daemon thread is abandoned at
 the timeout and its result ignored. Code from the model runs through the `python` tool (cohort/tools/builtin.py),
 which uses the reward sandbox's confinement.
@@ -126,7 +131,10 @@ class ToolEngine(RequestEngineMixin):
                     raise ValueError(f"request id {r.request_id!r} is already in flight")
                 self._open[r.request_id] = self._start(r)
                 started.append(r.request_id)
-            self.inner.submit(list(requests))
+            between_turns = [r for r in requests if _ended_a_turn(r.resume, self.inner.stop_token_ids)]
+            self.inner.submit([r for r in requests if r not in between_turns])
+            for r in between_turns:  # aborted after a turn, before its calls ran: run them now (as a fresh turn)
+                self._retake_turn(self._open[r.request_id], r.resume)
         except BaseException:
             for rid in started:
                 self._close_environment(self._open.pop(rid).episode)
@@ -176,7 +184,14 @@ class ToolEngine(RequestEngineMixin):
     # ---------------------------------------------------------------- one trajectory's turns
 
     def _start(self, request: Request) -> _Open:
+        """A new episode, or for a resumed request (an aborted multi-turn trajectory) its episode continued: the
+        record (conversation, counts) carried over, the current turn starting after the last tool token, and with an
+        environment a fresh instance (the old one was closed at the abort)."""
+        resume = request.resume
         episode, tools = Episode(), {t.name: t for t in self.tools}
+        if resume is not None and isinstance(resume.episode, Episode):
+            episode = replace(resume.episode, conversation=list(resume.episode.conversation), environment=None,
+                              calls=Counter(resume.episode.calls), segments=list(resume.episode.segments))
         if self.environment is not None:
             row = self.rows(request) if self.rows is not None else {}
             try:
@@ -190,7 +205,17 @@ class ToolEngine(RequestEngineMixin):
             if observation:
                 episode.conversation.append({"role": "user", "content": str(observation)})
             tools.update({t.name: t for t in environment_tools(episode.environment)})
-        return _Open(request, episode, tools)
+        tool_positions = [i for i, m in enumerate(resume.loss_mask) if m == 0] if resume is not None else []
+        return _Open(request, episode, tools, turn_start=tool_positions[-1] + 1 if tool_positions else 0)
+
+    def _retake_turn(self, entry: _Open, resume: Trajectory) -> None:
+        """Handle a resumed trajectory's last turn (complete, its calls never run) as if it had just come back."""
+        episode = entry.episode
+        if episode.segments and episode.segments[-1][2] == "assistant":  # recorded before the abort: taken again
+            episode.segments.pop()
+            episode.conversation.pop()
+            episode.turns -= 1
+        self._on_turn(replace(resume, status="stop", request_id=entry.request.request_id))
 
     def _on_turn(self, t: Trajectory) -> None:
         """An assistant turn came back from the inner engine: finish the trajectory or start its tool calls."""
@@ -315,6 +340,11 @@ class ToolEngine(RequestEngineMixin):
         episode.parse_errors += r.outcome == "parse_error"
         episode.argument_errors += r.outcome == "argument_error"
         episode.mark({"timeout": "tool_timeout", "error": "error", "truncated": "truncated"}.get(r.outcome, "ok"))
+
+
+def _ended_a_turn(resume: Trajectory | None, stop_token_ids: Sequence[int]) -> bool:
+    """A resumed trajectory whose last token ends an assistant turn (so the engine has nothing to continue)."""
+    return resume is not None and bool(resume.token_ids) and resume.loss_mask[-1] == 1 and resume.token_ids[-1] in stop_token_ids
 
 
 class _ArgumentError(Exception):

@@ -246,3 +246,21 @@ def test_environment_instance_per_trajectory_reset_with_the_row_and_closed(tok):
     assert [m["content"] for m in first.episode.conversation if m["role"] == "tool"] == ["7", "9"]  # 5+2, then +2
     assert first.episode.environment.value == 9 and second.episode.environment.value == 9  # untouched: started at 9
     assert all(env.closed for env in Tally.instances)
+
+
+def test_abort_between_turns_then_resume_equals_the_uninterrupted_trajectory(tok):
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    script = lambda: {"r/0": [_call(tok, "slow", '{"x": 4}') + [stop], enc("4") + [stop]]}  # noqa: E731
+    whole, _, _ = _engine(tok, script(), tool_timeout_s=5.0)
+    expected = _run(whole)
+    engine, inner, _ = _engine(tok, script(), tool_timeout_s=5.0)
+    engine.submit([Request("r/0", (1, 2, 3), SamplingConfig(400))])
+    assert engine.poll(timeout=0.2) == []  # turn 1 is back, its `slow` call is running
+    (aborted,) = engine.abort()
+    assert aborted.status == "aborted" and aborted.episode.turns == 1
+    inner.sampled = 0  # (the scripted log-probs restart, as in the uninterrupted run)
+    resumed = generate_requests(engine, [Request("r/0", (1, 2, 3), SamplingConfig(400), resume=aborted)])[0]
+    assert resumed.token_ids == expected.token_ids and resumed.loss_mask == expected.loss_mask
+    assert resumed.episode.turns == 2 and dict(resumed.episode.calls) == {"slow": 1}
+    assert [m["role"] for m in resumed.episode.conversation] == ["assistant", "tool", "assistant"]
