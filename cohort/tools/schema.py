@@ -6,8 +6,8 @@ tool function works unchanged. `rollout.tools` names them by import path (`my_mo
 `my_module:multiply`); the Python API may pass the functions themselves.
 
 An environment (`rollout.environment: my_module.MyEnv`) is a class: one instance per trajectory, built with no
-arguments; `reset(**row)` gets the dataset row and may return a first observation (a string appended to the prompt
-as a user turn is left out: the observation is recorded in the conversation only); its public methods (not
+arguments; `reset(**row)` gets the dataset row and may return a first observation (recorded as a user message at
+the head of the trajectory's conversation, not tokenized into the prompt); its public methods (not
 `reset`, `close`, nor names starting with `_`) are the trajectory's tools, on top of `rollout.tools`; `close()`,
 when it has one, runs when the trajectory ends, whatever ended it (the instance's attributes stay readable, so a
 reward function receiving `environments=` can still read its state).
