@@ -264,3 +264,22 @@ def test_abort_between_turns_then_resume_equals_the_uninterrupted_trajectory(tok
     assert resumed.token_ids == expected.token_ids and resumed.loss_mask == expected.loss_mask
     assert resumed.episode.turns == 2 and dict(resumed.episode.calls) == {"slow": 1}
     assert [m["role"] for m in resumed.episode.conversation] == ["assistant", "tool", "assistant"]
+
+
+def test_max_parallel_calls_and_a_crashing_user_parser(tok):
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    three = _call(tok, "multiply", '{"a": 2, "b": 3}') * 3 + [stop]
+    engine, _, _ = _engine(tok, {"r/0": [three, [stop]]}, max_parallel_calls=2)
+    t = _run(engine)
+    contents = [m["content"] for m in t.episode.conversation if m["role"] == "tool"]
+    assert contents == ["6", "6", "error: at most 2 tool calls per turn; this one was not run"]
+    assert dict(t.episode.calls) == {"multiply": 2} and t.episode.status == "ok"
+
+    def crashing(text):
+        raise KeyError("boom")
+
+    # a parser that raises reads every turn as a failed call: fed back, counted, ended by max_turns
+    engine, _, _ = _engine(tok, {"r/0": [_call(tok, "multiply", "{}") + [stop], [stop]]}, parser=crashing, max_turns=2)
+    t = _run(engine)
+    assert t.episode.parse_errors == 1 and "the tool-call parser failed: KeyError" in t.episode.conversation[1]["content"]
+    assert t.episode.turns == 2 and t.episode.status == "truncated"
