@@ -206,7 +206,7 @@ class RolloutConfig(_Section):
         description="Multi-turn tool calling (docs/tools.md): tool functions by import path (`my_module.multiply`), plain "
         "`def` or `async def` with type hints and a docstring (the JSON schema is transformers' `get_json_schema`, so TRL "
         "tools work unchanged); from Python (cohort.train(tools=[...])) the functions themselves. `cohort.tools.builtin.python` "
-        "runs model-written code in the reward sandbox. Empty (and no rollout.environment): one turn, no tools.",
+        "runs model-written code in the reward sandbox, `cohort.tools.builtin.calculator` evaluates arithmetic. Empty (and no rollout.environment): one turn, no tools.",
     )
     environment: str | type | None = Field(
         None,

@@ -1,7 +1,9 @@
-"""Built-in tools: `python` runs model-written code in the reward sandbox (cohort/rewards/sandbox.py), never unconfined.
+"""Built-in tools: `python` runs model-written code in the reward sandbox (cohort/rewards/sandbox.py), never
+unconfined; `calculator` evaluates an arithmetic expression (no code runs: the expression is parsed, and only numbers,
++ - * / // % ** and parentheses are evaluated).
 
     rollout:
-      tools: [cohort.tools.builtin.python]
+      tools: [cohort.tools.builtin.python, cohort.tools.builtin.calculator]
 
 Each call is a fresh sandboxed process (no network, private /tmp, CPU/memory/process limits, everything it started
 killed afterwards; see the sandbox's docstring for the isolation modes). What the model gets back is what the code
@@ -14,6 +16,8 @@ isolate on this machine raises `SandboxUnavailable` on the first call (the call'
 
 from __future__ import annotations
 
+import ast
+import operator
 import threading
 
 from cohort.rewards.sandbox import Sandbox, SandboxLimits
@@ -54,3 +58,39 @@ def python(code: str) -> str:
         return "error: " + result.setup_error.split(": ", 1)[-1]
     error = result.errors[0] or ""
     return error[len("Exception: "):] if error.startswith("Exception: ") else error
+
+
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+              ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+              ast.USub: operator.neg, ast.UAdd: operator.pos}
+MAX_EXPONENT = 100  # 9**100 is already 96 digits; larger powers are refused rather than computed
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression such as 123*45 or (7+3)/4.
+
+    Args:
+        expression: numbers with + - * / // % ** and parentheses
+    """
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError:
+        raise ValueError(f"not an arithmetic expression: {expression!r}") from None
+    value = _evaluate(tree.body)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
+
+
+def _evaluate(node: ast.AST) -> int | float:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
+        return _OPERATORS[type(node.op)](_evaluate(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
+            raise ValueError(f"exponent {right} is larger than {MAX_EXPONENT}")
+        return _OPERATORS[type(node.op)](left, right)
+    raise ValueError(f"only numbers, + - * / // % ** and parentheses are allowed, not {ast.dump(node)[:40]}")
+

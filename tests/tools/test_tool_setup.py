@@ -151,3 +151,14 @@ def test_python_tool_runs_in_the_sandbox_and_returns_what_was_printed():
     # confined: no network inside the sandbox (its network namespace has only a down loopback)
     assert "OSError" in python("import socket\nsocket.create_connection(('8.8.8.8', 53), timeout=1)")
     assert python("print('x' * 1000)") == "x" * 279 + "\n"  # the last 280 characters, print's newline included
+
+
+def test_calculator_evaluates_arithmetic_and_refuses_anything_else():
+    from cohort.tools.builtin import calculator
+
+    assert calculator("123*45") == "5535" and calculator("(7+3)/4") == "2.5" and calculator("8/4") == "2"
+    assert calculator("-2**3 % 5") == "2"  # -(2**3) = -8; -8 % 5 = 2 in Python
+    for bad in ("__import__('os').system('true')", "2**1000", "x + 1", "1 +"):
+        with pytest.raises(ValueError):
+            calculator(bad)
+    assert resolve_tools([calculator])[0].schema["function"]["parameters"]["required"] == ["expression"]
