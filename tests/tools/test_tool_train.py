@@ -70,9 +70,12 @@ def test_user_tool_module_trains_through_yaml_and_the_python_api(tmp_path, quick
 
     seen_before = len(cohort_user_tools.SEEN)
     rows = [{"prompt": [{"role": "user", "content": f"{a}*34="}]} for a in range(4)]
-    cohort.train(_config(tmp_path, quick_stop_chat_model, "api"), train_dataset=rows, tools=[cohort_user_tools.count])
+    summary = cohort.train(_config(tmp_path, quick_stop_chat_model, "api"), train_dataset=rows, eval_dataset=rows[:2],
+                           tools=[cohort_user_tools.count])
     _check_run(tmp_path / "api")
-    conversation = cohort_user_tools.SEEN[seen_before][0]  # the reward got the whole conversation, prompt first
+    # the eval runs through the tool loop too: its first reward (saw_tool) is 1 on every multi-turn completion
+    assert summary["eval/accuracy_before"] == 1.0 and summary["eval/accuracy_after"] == 1.0
+    conversation = cohort_user_tools.SEEN[seen_before + 1][0]  # (SEEN[seen_before]: the "before" eval's call)  # the reward got the whole conversation, prompt first
     assert conversation[0]["role"] == "user" and conversation[0]["content"].endswith("*34=")
     assert [m["role"] for m in conversation[1:]] == ["assistant", "tool", "assistant", "tool", "assistant"]
     sys.modules.pop("cohort_user_tools", None)
