@@ -53,9 +53,9 @@ class Trajectory:
 
     `token_ids` are exactly the sampled tokens (never decoded and re-encoded), the stop token kept last when
     status is "stop"; `logprobs[i]` is the engine's log-prob of token i (temperature applied), `versions[i]` the
-    policy version the engine held when it sampled token i, `loss_mask[i]` 1 when token i is trained on (0 will
-    mark tool-output tokens, which the tool loop appends with log-prob 0). `policy_version`: the version the engine held when the request started (the
-    oldest any of its tokens can be). `status`: "stop" (ended by a stop token), "length" (hit max_tokens),
+    policy version the engine held when it sampled token i, `loss_mask[i]` 1 when token i is trained on (0 on
+    tool-output tokens, which the tool loop appends with log-prob 0). `policy_version`: the version the engine held
+    when the request started (the oldest any of its tokens can be). `status`: "stop" (ended by a stop token), "length" (hit max_tokens),
     "aborted" (stopped by `abort`; may be continued), "error" (the engine failed on it; `error` says why).
     """
 
