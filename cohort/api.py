@@ -54,7 +54,8 @@ DATA_DIR = "data"  # under the run directory: the in-memory datasets, as files
 
 def train(config: Mapping[str, Any] | str | os.PathLike | CohortConfig | None = None, *, overrides: Sequence[str] = (),
           reward_funcs: RewardLike | Sequence[RewardLike] | None = None, train_dataset: Any = None,
-          eval_dataset: Any = None) -> dict[str, Any]:
+          eval_dataset: Any = None, tools: Sequence[Callable[..., Any] | str] | None = None,
+          environment: type | str | None = None) -> dict[str, Any]:
     """Train as `cohort train` would and return the run's summary (summary.json's content; `run_dir` names the directory).
 
     config: a dict shaped like the YAML file, a YAML path, a `CohortConfig`, or None (what `cohort train` with no file
@@ -64,15 +65,17 @@ def train(config: Mapping[str, Any] | str | os.PathLike | CohortConfig | None = 
         an import path), or a spec dict (`{"name": ..., "weight": ...}`, where `name` may also be a callable).
     train_dataset / eval_dataset: a `datasets.Dataset`, a list of dicts, or one or more file paths; they replace
         `data.train_files` / `data.eval_files`.
+    tools / environment: replace `rollout.tools` / `rollout.environment` (multi-turn tool calling, docs/tools.md):
+        tool functions (TRL's: typed, with a docstring) or import paths; an environment class or its import path.
     Raises ConfigError (every problem, before any model loads) for a config that cannot work.
     """
     cfg = build_config(config, overrides=overrides, reward_funcs=reward_funcs, train_dataset=train_dataset,
-                       eval_dataset=eval_dataset)
+                       eval_dataset=eval_dataset, tools=tools, environment=environment)
     return run(cfg)
 
 
 def build_config(config: Any = None, *, overrides: Sequence[str] = (), reward_funcs: Any = None, train_dataset: Any = None,
-                 eval_dataset: Any = None) -> CohortConfig:
+                 eval_dataset: Any = None, tools: Sequence[Any] | None = None, environment: Any = None) -> CohortConfig:
     """The validated config of a `train` call, with its in-memory datasets written under RUN_DIR/data/."""
     staging = Path(tempfile.mkdtemp(prefix="cohort-data-"))
     try:
@@ -80,6 +83,10 @@ def build_config(config: Any = None, *, overrides: Sequence[str] = (), reward_fu
         cfg = _load(config, [*overrides, *extra])
         if reward_funcs is not None:
             _set_rewards(cfg, reward_funcs)
+        if tools is not None:
+            cfg.rollout.tools = [tools] if callable(tools) or isinstance(tools, str) else list(tools)
+        if environment is not None:
+            cfg.rollout.environment = environment
         validate_config(cfg)
         _check_single_process(cfg)
         cfg.run.output_dir = cfg.run.output_dir or default_output_dir()

@@ -237,6 +237,60 @@ class RolloutConfig(_Section):
         "seconds while requests are in flight (a stalled or dead engine never hangs the trainer).",
     )
 
+    tools: list[str | Callable[..., Any]] = Field(
+        default_factory=list,
+        description="Multi-turn tool calling (docs/tools.md): tool functions by import path (`my_module.multiply`), plain "
+        "`def` or `async def` with type hints and a docstring (the JSON schema is transformers' `get_json_schema`, so TRL "
+        "tools work unchanged); from Python (cohort.train(tools=[...])) the functions themselves. `cohort.tools.builtin.python` "
+        "runs model-written code in the reward sandbox, `cohort.tools.builtin.calculator` evaluates arithmetic. Empty (and no rollout.environment): one turn, no tools.",
+    )
+    environment: str | type | None = Field(
+        None,
+        description="A class by import path (`my_module.MyEnv`): one instance per trajectory, `reset(**row)` gets the "
+        "dataset row, its public methods are tools (with rollout.tools), `close()` runs when the trajectory ends; reward "
+        "functions that take `environments` receive the instances.",
+    )
+    tool_parser: str = Field(
+        "hermes",
+        description="How tool calls are read from an assistant turn: `hermes` (`<tool_call>{\"name\": ..., \"arguments\": "
+        "{...}}</tool_call>`, Qwen/Hermes templates), `compact` (`<<name(arg, key=value)>>`, for small character-level "
+        "models), or an import path to `fn(text) -> cohort.tools.parsers.ParsedTurn`.",
+    )
+    tool_timeout_s: float = Field(
+        10.0, description="Each turn's tool calls must finish within this many seconds; a late call's message says it timed "
+        "out and the trajectory's tool status becomes tool_timeout (other trajectories keep generating meanwhile).")
+    max_turns: int = Field(4, description="Most assistant turns per trajectory; a tool call in the last one is not run "
+                                          "(tool status truncated). The token budget over all turns is rollout.max_completion_length.")
+    max_parallel_calls: int = Field(4, description="Most tool calls run per assistant turn; further calls in the turn get an "
+                                                   "error message instead of running.")
+    max_tool_response_length: int | None = Field(
+        None, description="Most tokens of one tool response (its text alone), cut on rollout.tool_response_truncate_side "
+        "(tool status truncated); None: no limit besides rollout.max_completion_length.")
+    tool_response_truncate_side: Literal["left", "right"] = Field(
+        "right", description="Which side of a long tool response is cut: `right` keeps its beginning, `left` its end.")
+    tool_failure_policy: Literal["reward", "mask"] = Field(
+        "reward",
+        description="Trajectories whose tool status is tool_timeout or error (a tool timed out or raised; not the model's "
+        "own malformed calls, which are fed back to it): `reward` trains on them like any other (the reward decides), "
+        "`mask` gives them loss mask 0 everywhere (they train nothing; their rewards still count in their group).",
+    )
+
+    @field_serializer("tools", when_used="json")
+    def _tools_as_text(self, tools: list[str | Callable[..., Any]]) -> list[str]:
+        from cohort.rewards.registry import reference  # (see RewardSpec: keeps config's import light)
+
+        return [t if isinstance(t, str) else reference(t) for t in tools]
+
+    @field_serializer("environment", when_used="json")
+    def _environment_as_text(self, environment: str | type | None) -> str | None:
+        from cohort.rewards.registry import reference  # (see RewardSpec: keeps config's import light)
+
+        return environment if environment is None or isinstance(environment, str) else reference(environment)
+
+    @property
+    def uses_tools(self) -> bool:
+        return bool(self.tools) or self.environment is not None
+
     @field_validator("stream_update", mode="before")
     @classmethod
     def _on_off(cls, value):

@@ -330,15 +330,20 @@ def _samples(run: RunRecords) -> str:
         rows = by_step[step]
         rewards = [r["reward"] for r in rows if isinstance(r.get("reward"), (int, float))]
         mean = f", mean reward {sum(rewards) / len(rewards):.3f}" if rewards else ""
-        body = "".join(
-            f"<tr><td class=text>{_text(r.get('prompt', ''))}</td><td class=text>{_text(r.get('completion', ''))}</td>"
-            f"<td>{_number(r.get('reward'))}</td><td>{_number(r.get('advantage'))}</td><td>{html.escape(str(r.get('finish_reason', '')))}</td></tr>"
+        body = "".join(  # a multi-turn completion shows its whole conversation, tool turns marked [tool]
+            f"<tr><td class=text>{_text(r.get('prompt', ''))}</td><td class=text>{_text(r.get('conversation') or r.get('completion', ''))}</td>"
+            f"<td>{_number(r.get('reward'))}</td><td>{_number(r.get('advantage'))}</td><td>{html.escape(_finish_text(r))}</td></tr>"
             for r in rows)
         table = ("<table class=samples><tr><th>prompt</th><th>completion</th><th>reward</th><th>advantage</th><th>finish</th></tr>"
                  f"{body}</table>")
         opened = " open" if i in (0, len(steps) - 1) else ""
         parts.append(f"<details{opened}><summary>step {step}: {len(rows)} completions{mean}</summary>{table}</details>")
     return "".join(parts)
+
+
+def _finish_text(record: dict) -> str:
+    finish = str(record.get("finish_reason", ""))
+    return f"{finish}, tools {record['tool_status']}" if "tool_status" in record else finish
 
 
 def _number(value) -> str:

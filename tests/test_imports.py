@@ -32,7 +32,7 @@ LAYERS = [
     {"cohort.data"},  # datasets, built-in tasks, the repeat sampler
     {"cohort.models"},  # loading models and tokenizers, the tiny models, log-prob kernels, batch packing
     {"cohort.rewards"},  # reward functions, registry, sandbox
-    {"cohort.rollout"},  # engines (vLLM, transformers, remote) and the rollout server
+    {"cohort.rollout", "cohort.tools"},  # engines (vLLM, transformers, remote), the rollout server; the tool loop over them
     {"cohort.config"},  # the typed config, loading and overrides
     {"cohort.prompts"},  # prompts as token ids under the model's length limit (before any weights load)
     {"cohort.validation", "cohort.plan"},  # every check of a config; the batch plan and memory estimate

@@ -32,6 +32,11 @@ the last number in a completion with ``answer``.
 (for the ``tiny:arith_chat`` model, whose tokenizer is a byte-level BPE with
 ChatML special tokens: ``cohort.models.tiny_chat``). No system message: the
 template decides whether to add one.
+
+``tool_calc``: ``a*b=`` (a in 10..999, b in 10..99) as one chat user turn, for
+multi-turn tool calling: the tiny model cannot multiply in its head but can call
+a calculator (``tiny:tool_calc``, ``examples/tool_calc.yaml``, docs/tools.md).
+A fixed 200-problem held-out split.
 """
 
 from __future__ import annotations
@@ -165,3 +170,36 @@ def _build_arith_chat(seed: int) -> Task:
         ),
         metadata={"max_first": ARITH_MAX_FIRST, "max_second": ARITH_MAX_SECOND, "max_answer_chars": 3},
     )
+
+
+TOOL_CALC_SPLIT_KEY = "tool_calc-split-v1"
+
+
+def tool_calc_rows(seed: int, eval_size: int = 200) -> tuple[list[dict], list[dict]]:
+    """Disjoint (train, eval) rows for `a*b=` with a in 10..999 and b in 10..99 (answers of 3 to 5 digits); the eval
+    split is fixed (it does not depend on `seed`), the seed orders the train rows."""
+    problems = [(a, b) for a in range(10, 1000) for b in range(10, 100)]
+    random.Random(TOOL_CALC_SPLIT_KEY).shuffle(problems)
+    evals, train = problems[:eval_size], problems[eval_size:]
+    random.Random(seed).shuffle(train)
+    row = lambda a, b: {"prompt": [{"role": "user", "content": f"{a}*{b}="}], "answer": str(a * b)}  # noqa: E731
+    return [row(a, b) for a, b in train], [row(a, b) for a, b in evals]
+
+
+@register_task("tool_calc")
+def _build_tool_calc(seed: int) -> Task:
+    train_rows, eval_rows = tool_calc_rows(seed)
+    return Task(
+        name="tool_calc",
+        train_rows=train_rows,
+        eval_rows=eval_rows,
+        reward_specs=[{"name": "numeric_match", "weight": 1.0}],
+        description=(
+            "Multiplication of a 2-3 digit number by a 2 digit number as one chat user turn ('123*45=' -> '5535'), "
+            "meant for multi-turn tool calling with cohort.tools.builtin.calculator (examples/tool_calc.yaml): the "
+            f"tiny model cannot multiply in its head, but can with the tool; {len(train_rows)} train / "
+            f"{len(eval_rows)} held-out prompts."
+        ),
+        metadata={"max_answer_chars": 5},
+    )
+

@@ -1,4 +1,4 @@
-"""The offline tiny models ``tiny:arith`` and ``tiny:arith_chat``, built once on the machine and cached.
+"""The offline tiny models ``tiny:arith``, ``tiny:arith_chat`` and ``tiny:tool_calc``, built once on the machine and cached.
 
 ``cohort train`` with no config does GRPO on the built-in ``arith`` task with this
 model, so it must load like any user checkpoint (a transformers directory for
@@ -45,6 +45,17 @@ trainer renders it (a ``Codec`` says how a recipe encodes and decodes), with no
 default system turn (``tiny_chat``'s docstring says why). Measured (2 shared cores,
 load 15–27): 460 steps, 329 s; held-out greedy 34.3%, sampled 25.2%, pass@8 78%.
 
+``tiny:tool_calc`` (``ToolCalcRecipe``) is the chat recipe on the ``tool_calc``
+task (``a*b=``, 2-3 digit by 2 digit): half of the supervised rows are whole tool
+transcripts (the calculator call, the tool turn exactly as cohort's tool loop
+appends it, the answer copied from the response), the other half the bare answer,
+which the model cannot compute; a fixed number of steps (single-pass greedy
+decoding cannot run the tool, so there is no accuracy to stop on). It calls the
+tool in about half of its samples; its copy of the result is still unreliable
+(middle digits wrong), so GRPO raises the call frequency but not yet the
+accuracy in most seeds: docs/tools.md ("The embedded task") has the numbers.
+Measured (2 shared cores): 1600 steps, 657 s.
+
 Left out: GPU builds (a tiny model trains in a minute or two on one CPU core),
 and a hub upload.
 """
@@ -56,6 +67,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -176,7 +188,38 @@ def chat_codec(tokenizer_dir: Path) -> Codec:
     return Codec(encode_prompt, encode_answer, tokenizer.decode, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
 
 
-TINY_RECIPES: dict[str, TinyRecipe] = {"arith": TinyRecipe(), "arith_chat": ChatRecipe()}
+@dataclass(frozen=True)
+class ToolCalcRecipe(ChatRecipe):
+    """``tiny:tool_calc``: the chat checkpoint warm-started on the ``tool_calc`` task so that it sometimes calls the
+    calculator: a fraction ``tool_fraction`` of the supervised rows are whole tool transcripts (the call in the
+    ``hermes`` format, the tool turn exactly as the tool loop appends it, then the answer copied from the tool's
+    response), the rest the answer alone (which the model cannot compute: 2-3 digit products). A fixed number of steps
+    (no early stop: single-pass greedy decoding cannot run the tool, so it cannot measure the accuracy that matters)."""
+
+    task: str = "tool_calc"
+    tool_fraction: float = 0.5
+    max_steps: int = 1600
+    check_every: int = 100000  # (never: see the docstring)
+    target_accuracy: float = 1.01
+    validation_size: int = 50
+    expected_build_s: int = 600
+
+    def supervised_rows(self, rows: list[dict]) -> list[dict]:
+        """Each row's answer replaced by a whole tool transcript with probability tool_fraction (seeded)."""
+        rng = random.Random(self.seed)
+        return [dict(row, answer=tool_transcript(row["prompt"][-1]["content"].rstrip("="), row["answer"]))
+                if rng.random() < self.tool_fraction else row for row in rows]
+
+
+def tool_transcript(expression: str, result: str) -> str:
+    """An assistant turn that calls the calculator, the tool turn as cohort's tool loop renders it for the tiny chat
+    template (its stop token, the `\n` after it, the tool response, the next assistant header), then the answer."""
+    call = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}\n</tool_call>'
+    tool = f"{tiny_chat.IM_END}\n{tiny_chat.IM_START}user\n<tool_response>\n{result}\n</tool_response>{tiny_chat.IM_END}\n"
+    return f"{call}{tool}{tiny_chat.IM_START}assistant\n{result}"
+
+
+TINY_RECIPES: dict[str, TinyRecipe] = {"arith": TinyRecipe(), "arith_chat": ChatRecipe(), "tool_calc": ToolCalcRecipe()}
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
@@ -253,6 +296,8 @@ def _build_into(out_dir: Path, name: str, recipe: TinyRecipe) -> None:
     start = time.perf_counter()
     task = get_task(recipe.task, seed=recipe.task_seed)
     sft_rows = task.train_rows[: -recipe.validation_size]
+    if isinstance(recipe, ToolCalcRecipe):  # tool transcripts for part of the rows
+        sft_rows = recipe.supervised_rows(sft_rows)
     validation_rows = task.train_rows[-recipe.validation_size :]
     codec = recipe.write_tokenizer(out_dir)
     with _single_thread(), torch.random.fork_rng(devices=[]):  # the caller's RNG is untouched

@@ -17,6 +17,10 @@ under a name) instead of a plain list; the RewardSet logs the mean of each as
 ``rewards/<function>/<name>``. The verl adapter uses it for the extra keys of verl's
 dict results.
 
+``names_parameter(fn, name)`` decides who gets the optional arguments of multi-turn rollouts (``conversations``,
+``environments``): only a function with a parameter of that name, so built-ins and ``**kwargs`` functions never
+receive objects they would not expect (a remote reward could not send an environment over HTTP).
+
 Choices: a synchronous call made while an event loop runs in the calling thread
 (a Jupyter cell) runs the coroutine on a fresh loop in a helper thread and waits
 for it, since the running loop cannot be re-entered.
@@ -95,3 +99,15 @@ def async_implementation(function: Callable[..., Any]) -> Callable[..., Awaitabl
     if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(getattr(function, "__call__", None)):
         return function
     return None
+
+
+def names_parameter(function: Callable[..., Any], name: str) -> bool:
+    """Whether ``function`` (or the ``acall`` awaited for it) has a parameter called ``name`` by name (``**kwargs``
+    does not count): the optional arguments (``conversations``, ``environments``) go only to functions that ask."""
+    target = async_implementation(function) or function
+    try:
+        parameters = inspect.signature(target).parameters
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return False
+    return name in parameters and parameters[name].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                            inspect.Parameter.KEYWORD_ONLY)

@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from cohort.rewards.calling import DaemonThreads, RewardRowError, async_implementation  # noqa: F401 - RewardRowError re-exported
+from cohort.rewards.calling import DaemonThreads, RewardRowError, async_implementation, names_parameter  # noqa: F401 - RewardRowError re-exported
 from cohort.rewards import verl
 from cohort.rewards.registry import SPEC_KEYS, Resolved, RewardFunction, resolve
 from cohort.rewards.text import completion_text, truncate
@@ -292,10 +292,11 @@ class RewardSet:
         completion_ids: Sequence[Sequence[int]],
         columns: Mapping[str, Sequence[Any]] | None = None,
         group_size: int = 1,
+        optional: Mapping[str, Sequence[Any]] | None = None,
     ) -> RewardOutput:
         """Score ``N`` completions with every function; shapes in the module docstring."""
         return self.submit(prompts=prompts, completions=completions, completion_ids=completion_ids, columns=columns,
-                           group_size=group_size).result()
+                           group_size=group_size, optional=optional).result()
 
     def submit(
         self,
@@ -305,15 +306,18 @@ class RewardSet:
         completion_ids: Sequence[Sequence[int]],
         columns: Mapping[str, Sequence[Any]] | None = None,
         group_size: int = 1,
+        optional: Mapping[str, Sequence[Any]] | None = None,
     ) -> PendingScores:
-        """`score`, started on the event loop and returned at once: `.result()` waits for it (and raises its errors)."""
+        """`score`, started on the event loop and returned at once: `.result()` waits for it (and raises its errors).
+        `optional`: per-completion arguments (multi-turn's `conversations`, `environments`) passed only to the
+        functions that name them as a parameter (`calling.names_parameter`)."""
         if self._closed:
             raise RuntimeError("this RewardSet is closed")
         n = len(completions)
         kwargs = self._call_kwargs(prompts, completions, completion_ids, columns or {})
         if group_size < 1 or n % group_size:
             raise ValueError(f"{n} completions do not split into groups of group_size={group_size}")
-        future = asyncio.run_coroutine_threadsafe(self._score_all(kwargs), self._event_loop())
+        future = asyncio.run_coroutine_threadsafe(self._score_all(kwargs, dict(optional or {})), self._event_loop())
         return PendingScores(future, lambda results: self._output(results, list(completions), group_size))
 
     def _output(self, results: list[_CallResult], completions: list[Any], group_size: int) -> RewardOutput:
@@ -378,10 +382,13 @@ class RewardSet:
             self._loop_thread.start()
         return self._loop
 
-    async def _score_all(self, kwargs: dict[str, Any]) -> list[_CallResult]:
+    async def _score_all(self, kwargs: dict[str, Any], optional: dict[str, Sequence[Any]]) -> list[_CallResult]:
         semaphore = asyncio.Semaphore(self._max_concurrency)
         calls = [
-            self._call_one(entry, {k: list(v) for k, v in kwargs.items()}, semaphore) for entry in self._entries
+            self._call_one(entry, {**{k: list(v) for k, v in kwargs.items()},
+                                   **{k: list(v) for k, v in optional.items() if names_parameter(entry.function, k)}},
+                           semaphore)
+            for entry in self._entries
         ]
         return list(await asyncio.gather(*calls))
 

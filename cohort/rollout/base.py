@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import torch
 
@@ -68,9 +68,9 @@ class Trajectory:
 
     `token_ids` are exactly the sampled tokens (never decoded and re-encoded), the stop token kept last when
     status is "stop"; `logprobs[i]` is the engine's log-prob of token i (temperature applied), `versions[i]` the
-    policy version the engine held when it sampled token i, `loss_mask[i]` 1 when token i is trained on (0 will
-    mark tool-output tokens). `policy_version`: the version the engine held when the request started (the
-    oldest any of its tokens can be). `status`: "stop" (ended by a stop token), "length" (hit max_tokens),
+    policy version the engine held when it sampled token i, `loss_mask[i]` 1 when token i is trained on (0 on
+    tool-output tokens, which the tool loop appends with log-prob 0). `policy_version`: the version the engine held
+    when the request started (the oldest any of its tokens can be). `status`: "stop" (ended by a stop token), "length" (hit max_tokens),
     "aborted" (stopped by `abort`; may be continued), "error" (the engine failed on it; `error` says why).
     """
 
@@ -83,6 +83,7 @@ class Trajectory:
     prompt_ids: list[int] = field(default_factory=list)
     request_id: str = ""
     error: str | None = None
+    episode: Any = None  # multi-turn tool calling: its conversation, environment and tool status (cohort/tools/loop.py)
 
     def __post_init__(self):
         if self.status not in STATUSES:

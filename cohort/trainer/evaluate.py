@@ -21,6 +21,8 @@ from cohort.models.precision import resolve_precision
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
 from cohort.rollout.base import SamplingConfig, completion_seeds, completion_text
+from cohort.tools.metrics import tool_arguments
+from cohort.tools.setup import rows_by_prompt, wrap_engine
 from cohort.trainer.engines import build_engine, engine_length, set_torch_threads
 
 
@@ -42,7 +44,7 @@ def evaluate(engine, tokenizer, dataset, prompt_ids, rewards, *, max_tokens: int
     completions = [[{"role": "assistant", "content": t}] if isinstance(r[key], list) else t for r, t in zip(rows, texts)]
     columns = {c: [r.get(c) for r in rows] for c in dataset.columns}
     scored = rewards.score(prompts=[r[key] for r in rows], completions=completions, completion_ids=[o.token_ids for o in outs],
-                           columns=columns, group_size=k)
+                           columns=columns, group_size=k, optional=tool_arguments(outs, [r[key] for r in rows]))
     first = scored.per_function[:, 0].reshape(-1, k)  # (P, k)
     correct = np.where(np.isnan(first), np.nan, (first >= 0.5).astype(float))
     scorable = ~np.all(np.isnan(first), axis=1)
@@ -70,6 +72,8 @@ def evaluate_model(cfg, *, num_samples: int = 1, temperature: float = 0.0) -> di
         prompts = encode_prompts(cfg, tokenizer, model_dir, train, evals)  # raises if one cannot fit
         engine = build_engine(cfg, model_dir, tokenizer, precision=resolve_precision(cfg.model.dtype, cfg.train.precision),
                               max_model_len=engine_length(cfg, model_dir, prompts.train_ids + prompts.eval_ids))
+        if cfg.rollout.uses_tools:  # multi-turn, as in training
+            engine = wrap_engine(cfg.rollout, engine, tokenizer, rows_by_prompt(prompts.eval_ids, prompts.eval.rows))
         return evaluate(engine, tokenizer, prompts.eval, prompts.eval_ids, rewards, max_tokens=cfg.rollout.max_completion_length,
                         num_samples=num_samples, temperature=temperature, seed=cfg.rollout.seed)
     finally:

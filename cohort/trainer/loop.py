@@ -58,6 +58,7 @@ from cohort.models.batching import length_sorted_micro_batches, pack_right_padde
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES, float32_weights
 from cohort.rollout.base import SamplingConfig, WeightStream, completion_seeds
+from cohort.tools.metrics import tool_metrics
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.overlap import BackgroundRollout, PendingGeneration
 from cohort.trainer.async_rollout import AsyncRollout
@@ -189,7 +190,7 @@ class Trainer:
                                                per_function=scored.per_function, texts=collected.texts,
                                                policy_version=sampled_version)
         batch.taken_version = self.policy_version
-        batch.metrics = {**self._batch_metrics(batch, rewards_t, scored.metrics), **collected.metrics}
+        batch.metrics = {**self._batch_metrics(batch, rewards_t, scored.metrics), **collected.metrics, **tool_metrics(outs)}
         with self.phases("logprob"):
             if self.algorithm.score_old_logp:
                 batch.old_logp = self._score_all(self.policy, batch)
@@ -213,7 +214,7 @@ class Trainer:
         return [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
 
     def _batch_metrics(self, batch: RolloutBatch, rewards: torch.Tensor, reward_metrics: dict[str, float]) -> dict[str, float]:
-        lengths = np.array([len(c) for c in batch.completion_ids], dtype=np.float64)
+        lengths = np.array(batch.trained_lengths(), dtype=np.float64)  # sampled tokens only: tool output left out
         stats = advantage_stats(rewards, self.plan.num_generations)
         finite = batch.rewards[np.isfinite(batch.rewards)]
         metrics = {
@@ -310,7 +311,8 @@ class Trainer:
 
     def _pack(self, batch: RolloutBatch, mb: list[int]):
         pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.pad_id)
-        mask = pb.completion_mask * self._kept(batch, mb)[:, None]
+        # tool-output tokens (loss mask 0) are in the input but out of the loss, ratio, entropy, KL and normaliser
+        mask = pb.completion_mask * batch.token_mask(mb, pb.completion_mask.shape[1]) * self._kept(batch, mb)[:, None]
         if self.cfg.algorithm.off_policy_objective == "mask_stale":
             mask = mask * (1.0 - batch.off_policy(mb, mask.shape[1]))  # tokens of older policies: out of the loss
         if self.async_rollout is not None and batch.versions:  # tokens staler than rollout.max_staleness: out of it
@@ -324,10 +326,11 @@ class Trainer:
         return torch.tensor([0.0 if batch.truncated[i] else 1.0 for i in rows])
 
     def advantage_mask(self, batch: RolloutBatch) -> torch.Tensor:
-        """(N, T) 1.0 on each completion's tokens that enter the loss (T = the longest completion, at least 1)."""
+        """(N, T) 1.0 on each completion's tokens that enter the loss (T = the longest completion, at least 1):
+        not padding, not tool output (loss mask 0), not a truncated completion under mask_truncated_completions."""
         width = max(1, max(len(c) for c in batch.completion_ids))
-        lengths = torch.tensor([len(c) for c in batch.completion_ids])
-        return (torch.arange(width)[None, :] < lengths[:, None]).float() * self._kept(batch, list(range(len(batch))))[:, None]
+        rows = list(range(len(batch)))
+        return batch.token_mask(rows, width) * self._kept(batch, rows)[:, None]  # 0 on padding and tool tokens
 
     def _advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
         """Advantages (N, T) and critic targets for the whole generation batch, by the algorithm's spec; KL bookkeeping."""

@@ -8,6 +8,7 @@ the critic's values and targets.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,6 +37,8 @@ class RolloutBatch:
     policy_version: int = 0  # the policy version that sampled the batch (older than the trainer's under rollout.overlap)
     versions: list[list[int]] = field(default_factory=list)  # per completion token: the policy version that sampled it
     taken_version: int = 0  # the trainer's version when the batch was assembled: tokens sampled before it are off-policy
+    loss_masks: list[list[int]] | None = None  # per completion token, 0 on tool-output tokens (None: every token trained)
+    episodes: list[Any] | None = None  # multi-turn: each trajectory's tool-loop record (cohort/tools/loop.py Episode)
 
     @classmethod
     def from_trajectories(cls, rows: list[int], prompt_ids: list[list[int]], trajectories: list[Trajectory], *,
@@ -44,7 +47,33 @@ class RolloutBatch:
         return cls(row_indices=rows, prompt_ids=prompt_ids, completion_ids=[t.token_ids for t in trajectories],
                    engine_logp=[t.logprobs for t in trajectories], truncated=[t.status == "length" for t in trajectories],
                    completions_text=texts, rewards=rewards, per_function=per_function, advantages=torch.empty(0),
-                   policy_version=policy_version, versions=[list(t.versions) for t in trajectories])
+                   policy_version=policy_version, versions=[list(t.versions) for t in trajectories],
+                   loss_masks=[t.loss_mask for t in trajectories],
+                   episodes=[t.episode for t in trajectories] if any(t.episode is not None for t in trajectories) else None)
+
+    def token_mask(self, rows: list[int], width: int) -> torch.Tensor:
+        """(B, width) float: 1.0 on the completion tokens of `rows` that are trained on (the trajectories' loss masks:
+        0 on tool-output tokens), 0.0 on tool tokens and padding."""
+        out = torch.zeros((len(rows), width), dtype=torch.float32)
+        for k, i in enumerate(rows):
+            n = min(len(self.completion_ids[i]), width)
+            mask = self.loss_masks[i] if self.loss_masks is not None else [1] * n
+            out[k, :n] = torch.tensor(mask[:n], dtype=torch.float32)
+        return out
+
+    def trained_lengths(self) -> list[int]:
+        """Tokens per completion that the model sampled and the loss sees (tool-output tokens left out)."""
+        if self.loss_masks is None:
+            return [len(c) for c in self.completion_ids]
+        return [int(sum(m)) for m in self.loss_masks]
+
+    def tool_record(self, i: int) -> dict[str, Any]:
+        """What completions.jsonl adds for a multi-turn completion: its conversation (assistant and tool turns; tool
+        turns have role "tool"), tool status and turns; {} for a one-turn completion."""
+        episode = self.episodes[i] if self.episodes is not None else None
+        if episode is None:
+            return {}
+        return {"conversation": list(episode.conversation), "tool_status": episode.status, "turns": episode.turns}
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -67,6 +96,8 @@ class RolloutBatch:
         return out
 
     def sequence_advantage(self, i: int) -> float:
-        """Completion i's mean advantage over its tokens (its one advantage for outcome-level algorithms)."""
+        """Completion i's mean advantage over its trained tokens (its one advantage for outcome-level algorithms;
+        tool-output tokens, whose advantage is 0, left out)."""
         n = len(self.completion_ids[i])
-        return float(self.advantages[i, :n].mean()) if n else 0.0
+        trained = self.token_mask([i], n)[0].bool() if n else None
+        return float(self.advantages[i, :n][trained].mean()) if n and trained.any() else 0.0

@@ -56,7 +56,8 @@ def _log_completions(trainer, sink: JsonlWriter, step: int) -> None:
         row = trainer.train_data.rows[batch.row_indices[i]]
         sink.write({"step": step, "prompt": row[key], "completion": batch.completions_text[i],
                     "reward": float(batch.rewards[i]), "advantage": batch.sequence_advantage(i),
-                    "finish_reason": "length" if batch.truncated[i] else "stop"})
+                    "finish_reason": "length" if batch.truncated[i] else "stop",
+                    **batch.tool_record(i)})  # multi-turn: the conversation, tool turns marked by role "tool"
 
 
 def save_model(trainer, directory: Path) -> None:

@@ -6,7 +6,7 @@ weights load), the policy, the optional reference model (only when
 algorithm.beta != 0), the optimizer and the schedule, the algorithm's resolved
 choices (`cohort.trainer.algorithms`), the critic (only for an algorithm that
 needs one), and last the rollout engine (the slowest to start,
-cohort/trainer/engines.py).
+cohort/trainer/engines.py), wrapped in the tool loop when rollout.tools or rollout.environment is set.
 
 Nothing here touches a Trainer: `setup` returns the parts and the Trainer holds them.
 """
@@ -23,12 +23,13 @@ from cohort.config import ConfigError
 from cohort.data.datasets import RepeatSampler
 from cohort.data.loading import load_data
 from cohort.distributed.fsdp import LocalContext, context_from_env, rank_run_dir
-from cohort.distributed.rank0 import main_only_rewards
+from cohort.distributed.rank0 import MainOnlyEngine, main_only_rewards
 from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir
 from cohort.models.lora import attach_lora, base_dtype
 from cohort.models.precision import Precision, resolve_precision
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
+from cohort.tools.setup import rows_by_prompt, wrap_engine
 from cohort.trainer import algorithms
 from cohort.trainer.checkpoint import check_disk_space
 from cohort.trainer.critic import Critic
@@ -69,6 +70,8 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
     max_model_len = engine_length(cfg, model_dir, prompts.train_ids + (prompts.eval_ids or []))
     engine, owns_engine = _engine(cfg, dist, model_dir, tokenizer, external_engine, max_model_len=max_model_len,
                                   precision=precision, policy=policy)
+    if cfg.rollout.uses_tools:  # multi-turn: every request goes through the tool loop (cohort/tools/loop.py)
+        engine = _with_tools(cfg, engine, tokenizer, prompts)
     return TrainerParts(
         dist=dist, run_dir=run_dir, rewards=rewards, model_dir=model_dir, tokenizer=tokenizer,
         pad_id=tokenizer.pad_token_id, renderer=prompts.renderer, prompts_filtered=prompts.filtered,
@@ -100,6 +103,18 @@ def _engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, external, *, ma
     if dist.world_size > 1:  # rank 0 builds the engine; every rank gets its results
         return rank0_engine(cfg, dist, model_dir, tokenizer, max_model_len=max_model_len, precision=precision), True
     return build_engine(cfg, model_dir, tokenizer, max_model_len=max_model_len, precision=precision, policy=policy), True
+
+
+def _with_tools(cfg, engine, tokenizer, prompts):
+    """The engine inside the tool loop; under several processes the loop wraps rank 0's engine, so tools run once,
+    beside it, and every rank receives the finished multi-turn trajectories."""
+    rows = rows_by_prompt(prompts.train_ids + (prompts.eval_ids or []),
+                          prompts.train.rows + (prompts.eval.rows if prompts.eval is not None else []))
+    if isinstance(engine, MainOnlyEngine):
+        if engine.engine is not None:
+            engine.engine = wrap_engine(cfg.rollout, engine.engine, tokenizer, rows)
+        return engine
+    return wrap_engine(cfg.rollout, engine, tokenizer, rows)
 
 
 def _check_writable(run_dir) -> None:

@@ -43,6 +43,7 @@ from cohort.algorithms.specs import AdvantageInputs
 from cohort.rewards.reward_set import PendingScores, RewardOutput
 from cohort.rollout.base import Trajectory, completion_text
 from cohort.rollout.stream import FinishedGroup, GroupStream
+from cohort.tools.metrics import tool_arguments
 from cohort.trainer.partial import BufferedGroup
 from cohort.trainer.rollout_batch import RolloutBatch
 
@@ -251,7 +252,8 @@ def _start_rewards(trainer, finished: list[FinishedGroup], calls: list[_Call]) -
     call = _Call(trainer.rewards.submit(
         prompts=prompts, completions=[trainer._as_completion(p, t) for p, t in zip(prompts, texts)],
         completion_ids=[t.token_ids for t in trajectories],
-        columns={c: [data.rows[i].get(c) for i in rows] for c in data.columns}, group_size=trainer.plan.num_generations))
+        columns={c: [data.rows[i].get(c) for i in rows] for c in data.columns}, group_size=trainer.plan.num_generations,
+        optional=tool_arguments(trajectories, prompts)))  # multi-turn: conversations, environments (cohort/tools/metrics.py)
     calls.append(call)
     g = trainer.plan.num_generations
     return [_Group(group, group.key, texts[k * g:(k + 1) * g], call, k * g) for k, group in enumerate(finished)]
