@@ -280,6 +280,15 @@ class BatchRequests(RequestEngineMixin):
         return len(self._queue)
 
 
+SEED_STRIDE = 7_919_993  # continuation k of a request samples with seed + k × this, mod 2^31 - 1
+
+
+def continuation_seed(seed: int | None, k: int) -> int | None:
+    """The seed for the k-th continuation of a request (a resumed partial rollout, a later tool turn): reusing the
+    request's own seed would replay the random numbers that sampled its earlier tokens against the new ones."""
+    return None if seed is None else (int(seed) + k * SEED_STRIDE) % (2**31 - 1)
+
+
 def completion_seeds(base_seed: int, generation_index: int, n: int) -> list[int]:
     """Distinct, reproducible per-completion seeds for one generation batch."""
     start = (base_seed * 1_000_003 + generation_index * 65_537) % (2**31 - n - 1)

@@ -68,6 +68,13 @@ sampling raises RuntimeError, as before.
 requests: its requests go into vLLM next to those in flight, which make
 progress meanwhile and keep every token (nothing is swallowed), so the
 canary also works between in-flight updates.
+
+On CPU chunked prefill is off: vLLM samples a token for a request whose prefill is only partly done, throws it away
+and rewinds the request's generator, which the CPU's generators cannot do ("CPU Generator does not use offset"), so
+any seeded request whose prompt was split across steps failed: a batch of long prompts larger than one step's token
+budget, resumed requests (prompt + sampled tokens), in-flight updates' recomputation. With it off, each prefill is
+scheduled whole (tests/rollout/test_vllm_requests.py pins a 19,200-token seeded batch). vLLM warns that the model
+"does not officially support disabling chunked prefill"; the log-prob tests agree with transformers as before.
 """
 
 from __future__ import annotations
@@ -167,6 +174,8 @@ class VLLMEngine(RequestEngineMixin):
         )
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        else:  # (module docstring: vLLM's CPU sampler cannot rewind a seeded request's generator after a partial prefill)
+            kwargs["enable_chunked_prefill"] = False
         self.llm = LLM(**kwargs)
         self.policy_version = 0
         self.stop_token_ids = stop_token_ids(model_dir, load_tokenizer(model_dir))  # the checkpoint's set, as every engine's

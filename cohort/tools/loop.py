@@ -26,11 +26,9 @@ Abort and resume (partial rollouts): `abort` returns a trajectory with its token
 that had ended before its calls ran gets its calls run first), its record carried over; an environment is built
 and reset afresh (its state before the abort is not restored).
 
-Seeds: a trajectory's first turn is sampled with its request's seed; later turns are submitted without one. vLLM's
-CPU sampler cannot rewind a seeded request's generator when that request's prefill is chunked (it raises "CPU
-Generator does not use offset"), and re-prefilling a batch of resumed turns (prompt + earlier turns) exceeds the
-scheduler's token budget at once, so seeded continuations crash it; later turns are therefore not reproducible
-run to run (the first is).
+Seeds: a trajectory's first turn is sampled with its request's seed, turn k + 1 with `continuation_seed(seed, k)`
+(a fresh stream of random numbers, so a run is reproducible turn by turn). (vLLM's CPU sampler cannot rewind a
+seeded request's generator after a partial prefill; the vLLM engine turns chunked prefill off on CPU for that.)
 
 Left out: a hung synchronous tool cannot be killed (Python threads cannot be); its daemon thread is abandoned at
 the timeout and its result ignored. Code from the model runs through the `python` tool (cohort/tools/builtin.py),
@@ -49,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from cohort.rewards.calling import DaemonThreads
-from cohort.rollout.base import Request, RequestEngineMixin, Trajectory
+from cohort.rollout.base import Request, RequestEngineMixin, Trajectory, continuation_seed
 from cohort.tools.parsers import ParsedTurn, Parser, ToolCall
 from cohort.tools.render import ToolRenderer
 from cohort.tools.schema import Tool, environment_tools
@@ -272,7 +270,8 @@ class ToolEngine(RequestEngineMixin):
             entry.episode.segments.append((len(t.token_ids), len(grown.token_ids), "tool"))
             entry.episode.conversation += [{"role": "tool", "name": r.name, "content": r.content} for r in results]
             entry.turn_start = len(grown.token_ids)
-            self.inner.submit([replace(entry.request, resume=grown, seed=None)])  # unseeded: see the module docstring
+            turn_seed = continuation_seed(entry.request.seed, entry.episode.turns)  # (module docstring: Seeds)
+            self.inner.submit([replace(entry.request, resume=grown, seed=turn_seed)])
 
     def _finish(self, entry: _Open, t: Trajectory) -> Trajectory:
         self._open.pop(t.request_id, None)

@@ -30,16 +30,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from cohort.rollout.base import Trajectory
-
-SEED_STRIDE = 7_919_993  # a resumed member's seed: seed + aborts × this, mod 2^31 (distinct from every batch's range)
-
+from cohort.rollout.base import Trajectory, continuation_seed
 
 def resume_seed(seed: int, aborts: int) -> int:
-    return (int(seed) + aborts * SEED_STRIDE) % (2**31 - 1)
+    """A member resumed after its `aborts`-th cut samples with `continuation_seed(seed, aborts)`."""
+    return continuation_seed(seed, aborts)
 
 
 @dataclass
@@ -62,12 +60,36 @@ class BufferedGroup:
 
     def to_state(self) -> dict[str, Any]:
         return {"rows": self.rows, "seeds": self.seeds, "aborts": self.aborts,
-                "members": [asdict(m) if m is not None else None for m in self.members]}
+                "members": [_member_state(m) if m is not None else None for m in self.members]}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> BufferedGroup:
-        members = [Trajectory(**m) if m is not None else None for m in state["members"]]
+        members = [_member_from_state(m) if m is not None else None for m in state["members"]]
         return cls(list(state["rows"]), list(state["seeds"]), members, list(state["aborts"]))
+
+
+def _member_state(m: Trajectory) -> dict[str, Any]:
+    """A trajectory as plain data for a checkpoint (torch.load(weights_only=True) reads it back). A multi-turn
+    trajectory's tool-loop record is kept without its environment instance (a resumed one gets a fresh instance)."""
+    state = asdict(replace(m, episode=None))
+    if m.episode is not None:
+        episode = replace(m.episode, environment=None)
+        state["episode"] = {**asdict(episode), "calls": dict(episode.calls),
+                            "segments": [list(x) for x in episode.segments]}
+    return state
+
+
+def _member_from_state(state: dict[str, Any]) -> Trajectory:
+    state = dict(state)
+    episode = state.pop("episode", None)
+    if episode is not None:
+        from collections import Counter
+
+        from cohort.tools.loop import Episode  # (only multi-turn runs buffer episodes)
+
+        episode = Episode(**{**episode, "calls": Counter(episode["calls"]),
+                             "segments": [tuple(x) for x in episode["segments"]]})
+    return Trajectory(**state, episode=episode)
 
 
 def _resumed(group: BufferedGroup, slot: int) -> list[int]:

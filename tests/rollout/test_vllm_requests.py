@@ -171,3 +171,15 @@ def test_an_error_inside_vllm_returns_every_request_in_flight_with_status_error(
     monkeypatch.undo()
     assert not vllm_engine.llm.llm_engine.has_unfinished_requests()  # vLLM was told to drop them
     assert len(vllm_engine.generate([list(prompt)], LONG, [3])[0].token_ids) == 40  # and samples again
+
+
+def test_a_batch_of_seeded_requests_too_large_for_one_step_is_sampled_whole(vllm_engine, policy):
+    # 192 seeded requests with distinct 100-token prompts: 19,200 prompt tokens, more than vLLM schedules in one step.
+    # With chunked prefill (vLLM's default) the CPU sampler rewinds each seeded generator after a partial prefill and
+    # raises "CPU Generator does not use offset" for every request; the engine turns it off on CPU, so each request's
+    # prefill is scheduled whole and every request comes back finished.
+    sampling = SamplingConfig(max_tokens=3)
+    requests = [Request(f"big/{i}", tuple(5 + (i * 7 + j) % 50 for j in range(100)), sampling, seed=1000 + i)
+                for i in range(192)]
+    outs = generate_requests(vllm_engine, requests)
+    assert len(outs) == 192 and all(o.finished and 1 <= len(o.token_ids) <= 3 for o in outs)

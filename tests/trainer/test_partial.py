@@ -267,3 +267,24 @@ def test_with_dynamic_sampling_the_batch_is_the_first_b_groups_kept(tmp_path, da
         assert [g.rows[0] for g in trainer.continuations.groups] == [3] and m["partial/aborted"] == 4
     finally:
         trainer.close()
+
+
+def test_a_buffered_multi_turn_member_round_trips_through_a_checkpoint_without_its_environment(tmp_path):
+    # The tool loop's record (conversation, counts, token segments) survives torch.save / torch.load(weights_only=True);
+    # the environment instance does not travel (a resumed trajectory gets a fresh one).
+    from collections import Counter
+
+    from cohort.tools.loop import Episode
+    from cohort.trainer.partial import BufferedGroup
+
+    episode = Episode(conversation=[{"role": "assistant", "content": "<<mul(2, 3)>>"}, {"role": "tool", "content": "6"}],
+                      environment=object(), turns=1, calls=Counter({"mul": 1}), segments=[(0, 5, "assistant"), (5, 7, "tool")])
+    member = Trajectory([5, 6, 7, 8, 9, 1, 2], [-1.0] * 5 + [0.0, 0.0], "aborted", 0, loss_mask=[1] * 5 + [0, 0],
+                        episode=episode)
+    group = BufferedGroup([3, 3], [11, 12], [member, None], [1, 0])
+    torch.save(group.to_state(), tmp_path / "state.pt")
+    back = BufferedGroup.from_state(torch.load(tmp_path / "state.pt", weights_only=True))
+    got = back.members[0]
+    assert got.token_ids == member.token_ids and got.loss_mask == member.loss_mask and back.members[1] is None
+    assert got.episode.conversation == episode.conversation and got.episode.calls == Counter({"mul": 1})
+    assert got.episode.segments == [(0, 5, "assistant"), (5, 7, "tool")] and got.episode.environment is None
