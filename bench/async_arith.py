@@ -48,7 +48,7 @@ def run_one(arm: str, seed: int, overrides: list[str], work: Path) -> dict:
     for s in steps:
         total += s["timing/step_s"]
         elapsed[s["step"]] = total
-    curve = [(e["step"], round(elapsed.get(e["step"], 0.0), 2), e["eval/accuracy"]) for e in evals if "eval/accuracy" in e]
+    curve = [(e["step"], round(elapsed.get(e["step"], 0.0), 2), e["accuracy"]) for e in evals if "accuracy" in e]
     return {"arm": arm, "seed": seed, "curve_step_train_s_accuracy": curve, "final_accuracy": curve[-1][2] if curve else None,
             "train_s": round(total, 1), "wall_s": round(wall_s, 1),
             "staleness_max": max((s.get("staleness/max", 0.0) for s in steps), default=0.0),
