@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from collections import Counter
 
@@ -15,7 +14,7 @@ import pytest
 import torch
 
 from cohort.config import ConfigError, load_config
-from cohort.rollout.base import Trajectory, completion_seeds
+from cohort.rollout.base import Trajectory
 from cohort.rollout.stream import FinishedGroup
 from cohort.trainer import checkpoint
 from cohort.trainer.async_rollout import Admitted
