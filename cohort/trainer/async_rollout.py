@@ -189,7 +189,7 @@ class AsyncRollout:
         return self.trainer.policy_version - self.k
 
     def _too_stale(self, group: FinishedGroup) -> bool:
-        return any(v < self.oldest_allowed() for t in group.trajectories for v in t.versions)
+        return self._count_stale(group) > 0
 
     def _count_stale(self, group: FinishedGroup) -> int:
         return sum(1 for t in group.trajectories for v in t.versions if v < self.oldest_allowed())

@@ -35,11 +35,6 @@ from typing import Any
 
 from cohort.rollout.base import Trajectory, continuation_seed
 
-def resume_seed(seed: int, aborts: int) -> int:
-    """A member resumed after its `aborts`-th cut samples with `continuation_seed(seed, aborts)`."""
-    return continuation_seed(seed, aborts)
-
-
 @dataclass
 class BufferedGroup:
     """One group cut off (or completed beyond its step's batch): its dataset rows, members and abort counts."""
@@ -54,7 +49,7 @@ class BufferedGroup:
 
     def submission(self, prompts: list[list[int]]) -> tuple:
         """(prompt_ids, seeds, key, partial) for `GroupStream.submit_groups`; the key is the rows, as for new groups."""
-        seeds = [resume_seed(s, n) if m is None or not m.finished else s
+        seeds = [continuation_seed(s, n) if m is None or not m.finished else s
                  for s, n, m in zip(self.seeds, self.aborts, self.members)]
         return prompts, seeds, self.rows, self.members
 

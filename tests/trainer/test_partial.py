@@ -17,10 +17,9 @@ import torch
 from cohort.config import ConfigError, load_config
 from cohort.models.batching import pack_right_padded
 from cohort.models.logprobs import completion_logprobs
-from cohort.rollout.base import Trajectory
+from cohort.rollout.base import Trajectory, continuation_seed
 from cohort.trainer import checkpoint
 from cohort.trainer.loop import Trainer
-from cohort.trainer.partial import resume_seed
 from cohort.validation import validate_config
 
 QUIET = dict(log=lambda *a, **k: None)
@@ -126,7 +125,7 @@ def test_buffer_keeps_whole_groups_fifo_resumes_from_tokens_and_caps_aborts(tmp_
         resumed = [r for r in engine.submitted if r.resume is not None]
         assert len(resumed) == 8 and all(r.resume.token_ids == [5, 6, 7, 8] for r in resumed)
         seeds = {r.request_id.rsplit("/", 1)[1]: r.seed for r in resumed[:4]}
-        assert seeds["0"] == resume_seed(buffered[0].seeds[0], 1) != buffered[0].seeds[0]
+        assert seeds["0"] == continuation_seed(buffered[0].seeds[0], 1) != buffered[0].seeds[0]
         assert trainer.batch.row_indices == [4] * 4 + [5] * 4
         assert m2["partial/resumed"] == 8 and m2["partial/aborted"] == 8 and m2["partial/pinned"] == 0
         assert [g.aborts for g in trainer.continuations.groups] == [[2] * 4, [2] * 4]
