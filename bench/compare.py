@@ -114,6 +114,8 @@ VARIANTS = {
                                   "fast path)", ("train.micro_batch_size={per_step}", "train.max_tokens_per_microbatch=2048")),
     "cohort_hf": Variant("cohort", "rollout.engine=hf (transformers generation on the trainer's own weights)", ("rollout.engine=hf",)),
     "cohort_hf_omp_default": Variant("cohort", "rollout.engine=hf, OpenMP's default wait policy", ("rollout.engine=hf",), OMP_DEFAULT),
+    "cohort_hf_threads1": Variant("cohort", "rollout.engine=hf, train.num_threads=1 (no OpenMP hand-offs at all)",
+                                  ("rollout.engine=hf", "train.num_threads=1")),
     "cohort_local": Variant("cohort", "rollout.mode=local_server (vLLM in a child process, on-policy)", LOCAL),
     "cohort_local_omp_default": Variant("cohort", "local_server, OpenMP's default wait policy", LOCAL, OMP_DEFAULT),
     "cohort_local_active": Variant("cohort", "local_server, OMP_WAIT_POLICY=ACTIVE", LOCAL, {"OMP_WAIT_POLICY": "ACTIVE"}),
@@ -121,6 +123,8 @@ VARIANTS = {
                                     LOCAL + ("rollout.overlap=true",), candidate=False),
     "cohort_partial": Variant("cohort", "rollout.over_provision=1.5: partial rollouts (resumed prefixes one or more steps "
                               "off-policy, never a default)", ("rollout.over_provision=1.5",), candidate=False),
+    "cohort_partial2": Variant("cohort", "rollout.over_provision=2: partial rollouts, twice the step's groups in flight "
+                               "(never a default)", ("rollout.over_provision=2",), candidate=False),
     "cohort_async2": Variant("cohort", "rollout.max_staleness=2: asynchronous, up to 2 versions off-policy (never a default)",
                              ("rollout.max_staleness=2",), candidate=False),
     "cohort_local_async2": Variant("cohort", "local_server + rollout.max_staleness=2 (never a default)",
@@ -139,7 +143,7 @@ PRESETS = {
     "@defaults": ["cohort_default", "trl_default"],
     "@decide": ["cohort_default", "cohort_omp_default", "cohort_active", "cohort_spin10k", "cohort_threads1", "cohort_hf",
                 "cohort_local", "cohort_local_omp_default", "trl_default", "trl_no_gc", "trl_no_gc_active"],
-    "@offpolicy": ["cohort_default", "cohort_partial", "cohort_async2", "cohort_local", "cohort_local_async2"],
+    "@offpolicy": ["cohort_default", "cohort_partial", "cohort_partial2", "cohort_async2", "cohort_local", "cohort_local_async2"],
     "@all": list(VARIANTS),
 }
 

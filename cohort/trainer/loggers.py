@@ -30,6 +30,7 @@ CONSOLE_KEYS = {  # metric → its short name on the console step line (metrics.
     "dynamic_sampling/groups_dropped": "dropped",  # (rollout.dynamic_sampling only: constant groups replaced this step)
     "partial/aborted": "cut",  # (rollout.over_provision only: requests interrupted this step, resumed later)
     "staleness/max": "stale",  # (off-policy tokens only: versions behind the policy, at most rollout.max_staleness)
+    "tools/call_frequency": "calls",  # (rollout.tools / rollout.environment only: share of trajectories that called one)
 }
 
 

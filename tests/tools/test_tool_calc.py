@@ -8,7 +8,7 @@ from pathlib import Path
 from cohort.config import load_config
 from cohort.data.tasks import get_task
 from cohort.models.loading import load_tokenizer
-from cohort.models.tiny import TINY_RECIPES, tool_transcript
+from cohort.models.tiny import TINY_RECIPES, chat_codec, tool_transcript
 from cohort.tools.render import ToolRenderer
 from cohort.validation import validate_config
 
@@ -33,10 +33,23 @@ def test_warm_start_transcript_is_the_tool_loops_rendering(tiny_chat_model_dir):
     call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*34"}}\n</tool_call>'
     loop = enc(call) + [im_end] + renderer.tool_ids([("calculator", {"expression": "12*34"})], [("calculator", "408")]) + enc("408")
     assert enc(tool_transcript("12*34", "408")) == loop
+
+
+def test_warm_start_forms_and_the_copy_check(tiny_chat_model_dir):
+    """Every row is shown in both forms (bare answer with probability 1 - tool_fraction, whole transcript with
+    tool_fraction, drawn per sample); the early-stop check's prompt is the transcript's tokens up to the answer, so
+    prompt + answer is exactly the trained transcript."""
     recipe = TINY_RECIPES["tool_calc"]
-    rows = recipe.supervised_rows(get_task("tool_calc").train_rows[:1000])
-    share = sum("<tool_call>" in r["answer"] for r in rows) / len(rows)
-    assert abs(share - recipe.tool_fraction) < 0.05  # 1000 Bernoulli(0.5) draws: std 0.016
+    rows = get_task("tool_calc").train_rows[:3]
+    (p_bare, bare), (p_tool, transcripts) = recipe.supervised_forms(rows)
+    assert (p_bare, p_tool) == (1 - recipe.tool_fraction, recipe.tool_fraction) and bare == rows
+    assert [t["prompt"] for t in transcripts] == [r["prompt"] for r in rows]
+    assert [t["answer"] for t in transcripts] == [tool_transcript(r["prompt"][0]["content"][:-1], r["answer"]) for r in rows]
+    codec = chat_codec(tiny_chat_model_dir)
+    check = recipe.validation_codec(codec)
+    for row, transcript in zip(rows, transcripts):
+        assert check.encode_prompt(row["prompt"]) + codec.encode_answer(row["answer"]) == (
+            codec.encode_prompt(row["prompt"]) + codec.encode_answer(transcript["answer"]))
 
 
 def test_example_config_is_valid():

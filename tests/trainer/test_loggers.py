@@ -58,3 +58,4 @@ def test_step_line_fits_80_columns_and_breaks_only_between_metrics():
     assert items == ["step 120", "reward 0.344", "reward_std 0.399", "zero_std 0.156", "loss -3.43e-05", "kl 0.00123",
                      "entropy 0.572", "grad_norm 1.58e+03", "accuracy 0.393", "length 2.87", "step_s 0.306"]
     assert format_metrics({"step": 1, "reward": 0.5}) == "step 1 | reward 0.5"
+    assert format_metrics({"step": 2, "tools/call_frequency": 0.75}) == "step 2 | calls 0.75"  # tool runs only
