@@ -252,6 +252,16 @@ def model_31m_dir() -> Path:
     return build_model(CACHE / "qwen2-h512-l8", **MODEL_31M)
 
 
+MODEL_6M = dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=1024, tie_word_embeddings=True)  # 5.9M parameters: between tiny and 31.5M
+
+
+def model_6m_dir() -> Path:
+    """A 5.9M-parameter Qwen2 (hidden 256, 6 layers, 4 heads, 2 KV heads, intermediate 1024, tied): where the thread
+    count's crossover lies between the tiny model and the 31.5M one."""
+    return build_model(CACHE / "qwen2-h256-l6", **MODEL_6M)
+
+
 def tiny_model_dir() -> Path:
     """The tiny benchmark model of issue 2 (hidden 128, 4 layers, 4 heads, 2 KV heads, intermediate 512, tied)."""
     return build_model(CACHE / "tiny-qwen2-h128-l4", **TINY_MODEL)

@@ -8,6 +8,7 @@ Workloads (same model directory, prompts, reward, batch shape, float32, lr 1e-4,
   tiny     4 prompts × G=8, 16 tokens, the tiny Qwen2 (hidden 128, 4 layers; bench/_common.py)
   long128  8 × 8, 128 tokens, the same model
   long256  8 × 8, 256 tokens (the long-tail one: p50 ≈ 130, a third cut at the limit)
+  m6       8 × 8, 128 tokens, a 5.9M Qwen2 (hidden 256, 6 layers, 4 heads, 2 KV heads, intermediate 1024)
   m31      8 × 8, 128 tokens, the 31.5M Qwen2 (hidden 512, 8 layers, 8 heads, 4 KV heads, intermediate 2048)
 
 Variants (`--list` prints them with what each sets). `cohort_default` is `python -m cohort.cli train` with only the
@@ -74,7 +75,7 @@ class Workload:
     prompts_per_step: int
     num_generations: int
     max_completion_length: int
-    model: str  # "tiny" or "31m"
+    model: str  # "tiny", "6m" or "31m"
     timeout_s: float
 
 
@@ -82,6 +83,7 @@ WORKLOADS = {
     "tiny": Workload(4, 8, 16, "tiny", 900),
     "long128": Workload(8, 8, 128, "tiny", 1200),
     "long256": Workload(8, 8, 256, "tiny", 1500),
+    "m6": Workload(8, 8, 128, "6m", 1800),
     "m31": Workload(8, 8, 128, "31m", 2400),
 }
 
@@ -314,8 +316,8 @@ def model_dirs(workloads: list[str]) -> dict[str, Path]:
     """Build (once, cached) the models the chosen workloads need, in a child process (the driver never loads torch)."""
     needed = sorted({WORKLOADS[w].model for w in workloads})
     code = ("import sys, json; sys.path.insert(0, %r); import _common; "
-            "print(json.dumps({'tiny': str(_common.tiny_model_dir()) if 'tiny' in sys.argv else None, "
-            "'31m': str(_common.model_31m_dir()) if '31m' in sys.argv else None}))") % str(common.BENCH_DIR)
+            "builders = {'tiny': _common.tiny_model_dir, '6m': _common.model_6m_dir, '31m': _common.model_31m_dir}; "
+            "print(json.dumps({name: str(builders[name]()) for name in sys.argv[1:]}))") % str(common.BENCH_DIR)
     out = subprocess.run([sys.executable, "-c", code, *needed], capture_output=True, text=True, check=True, cwd=common.REPO)
     dirs = json.loads(out.stdout.strip().splitlines()[-1])
     return {k: Path(v) for k, v in dirs.items() if v}

@@ -397,9 +397,11 @@ class TrainConfig(_Section):
     seed: int = Field(0, description="Seed for data order and initialisation of anything random in training.")
     num_threads: int | None = Field(
         None,
-        description="CPU threads for PyTorch in the trainer (None: PyTorch's default, or with rollout.mode=local_server and "
-        "rollout.overlap or rollout.max_staleness the cores the engine's process leaves free). With rollout.mode=colocate on CPU, vLLM in the same "
-        "process sets the thread count itself.",
+        description="CPU threads for PyTorch in the trainer. None: with rollout.mode=local_server the cores the engine's "
+        "process leaves free (rollout.overlap or rollout.max_staleness), else one thread for a model of fewer than 3M "
+        "parameters on CPU when OMP_NUM_THREADS is unset (measured faster: docs/performance.md, \"Threads\"), else "
+        "PyTorch's default (all cores). With rollout.mode=colocate, vLLM in the same process generates on these threads "
+        "(and ignores later changes).",
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
     logprob_chunk_size: int = Field(

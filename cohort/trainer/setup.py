@@ -41,7 +41,6 @@ from cohort.trainer.parts import TrainerParts
 def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> TrainerParts:
     """Every part of a trainer for `cfg` and its batch `plan`. `pack(batch, indices)` is the trainer's batch packing
     (the critic sees the same tokens as the policy); `external_engine`, when given, is used and not closed."""
-    set_torch_threads(cfg)
     torch.manual_seed(cfg.train.seed)
     dist = context_from_env()  # one process, or one of W under torchrun
     run_dir = rank_run_dir(dist, cfg, run_dir)
@@ -55,6 +54,7 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
                             shuffle=cfg.data.shuffle, seed=cfg.train.seed)
     precision = resolve_precision(cfg.model.dtype, cfg.train.precision)  # float32 master weights when mixed
     policy = load_policy(model_dir, base_dtype(precision) if cfg.model.lora_rank else precision.weights_dtype)  # LoRA: frozen
+    set_torch_threads(cfg, num_parameters=sum(p.numel() for p in policy.parameters()))  # before any engine starts
     if cfg.train.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     lora = attach_lora(policy, cfg.model, precision=precision,
