@@ -50,6 +50,22 @@ STATUSES = ("stop", "length", "aborted", "error")
 FINISHED = ("stop", "length")  # a completion that ended by itself; "aborted" ones may be continued, "error" ones not
 
 
+
+def engine_thread(target: Callable[..., Any]) -> Callable[..., Any]:
+    """``target`` run with PyTorch's thread count set up first (use it for every thread that drives an engine).
+
+    OpenMP keeps a thread count per thread; a new thread starts at the default (all cores) and PyTorch applies its own
+    count (torch.set_num_threads, e.g. one thread for a small model) only at the thread's first parallel operation.
+    vLLM's CPU attention reads the count when it builds its metadata and again in the kernel, so a thread whose first
+    PyTorch operation falls between the two stops with "thread_num == thread_num (2 vs. 1)". Asking for the count
+    first (torch.get_num_threads) applies it."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        torch.get_num_threads()
+        return target(*args, **kwargs)
+
+    return run
+
 @dataclass(frozen=True)
 class SamplingConfig:
     max_tokens: int

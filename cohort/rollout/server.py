@@ -86,7 +86,7 @@ from urllib.parse import parse_qs, urlparse
 
 from cohort.models.loading import resolve_model_dir
 from cohort.rollout import server_requests
-from cohort.rollout.base import Request, Trajectory
+from cohort.rollout.base import Request, Trajectory, engine_thread
 from cohort.rollout.server_stream import Conflict, EngineLock, RequestStream
 from cohort.rollout.vllm_engine import VLLMEngine
 
@@ -294,10 +294,17 @@ class _HTTPError(Exception):
         self.status, self.message = int(status), message
 
 
+class _EngineHTTPServer(ThreadingHTTPServer):
+    """A thread per request, each with PyTorch's thread count applied before it touches the engine (engine_thread)."""
+
+    def process_request_thread(self, request, client_address):
+        engine_thread(super().process_request_thread)(request, client_address)
+
+
 def make_server(service: RolloutService, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     """An HTTP server bound to (host, port) for `service`; port 0 picks a free one. Call serve_forever()."""
     handler = type("RolloutHandler", (_Handler,), {"service": service})
-    server = ThreadingHTTPServer((host, port), handler)
+    server = _EngineHTTPServer((host, port), handler)
     server.daemon_threads = True
     return server
 

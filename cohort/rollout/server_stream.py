@@ -31,7 +31,7 @@ import contextlib
 import threading
 from typing import Iterable, Sequence
 
-from cohort.rollout.base import Request, Trajectory
+from cohort.rollout.base import Request, Trajectory, engine_thread
 from cohort.rollout.server_requests import BadRequest
 
 DRIVER_POLL_S = 0.05  # the longest one engine poll may run while HTTP handlers wait for the lock
@@ -86,7 +86,7 @@ class RequestStream:
         self.outbox: dict[str, Trajectory] = {}  # finished, not yet handed back
         self.ready = threading.Condition()  # guards pending and outbox
         self.stopped = False
-        self.thread = threading.Thread(target=self._drive, name="cohort-rollout-driver", daemon=True)
+        self.thread = threading.Thread(target=engine_thread(self._drive), name="cohort-rollout-driver", daemon=True)
         self.thread.start()
 
     @property

@@ -44,7 +44,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from cohort.rollout.base import SamplingConfig, Trajectory, batch_requests, completion_seeds
+from cohort.rollout.base import SamplingConfig, Trajectory, batch_requests, completion_seeds, engine_thread
 from cohort.rollout.stream import FinishedGroup, GroupStream
 
 POLL_S = 0.05  # longest single engine poll of the pump: how long a weight push may wait for the lock
@@ -87,7 +87,7 @@ class AsyncRollout:
 
     def start(self) -> None:
         if self.thread is None:
-            self.thread = threading.Thread(target=self._pump, name="cohort-async-rollout", daemon=True)
+            self.thread = threading.Thread(target=engine_thread(self._pump), name="cohort-async-rollout", daemon=True)
             self.thread.start()
 
     def _pump(self) -> None:

@@ -35,6 +35,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from cohort.rollout.base import engine_thread
+
 
 @dataclass
 class PendingGeneration:
@@ -69,7 +71,7 @@ class BackgroundRollout:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cohort-rollout")
 
     def start(self, pending: PendingGeneration) -> PendingGeneration:
-        pending.future = self._executor.submit(pending.run)
+        pending.future = self._executor.submit(engine_thread(pending.run))
         return pending
 
     def close(self) -> None:
