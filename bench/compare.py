@@ -280,6 +280,11 @@ def summarise(records: list[dict], snapshots: list[dict]) -> dict:
            "engine_idle_fraction_phase": 1 - (phases.get("generate", 0.0) + phases.get("sync", 0.0)) / step_s if step_s else None,
            "trained_tokens_per_s": common.median([r["tokens/generated"] / r["timing/step_s"] for r in steady
                                                   if "tokens/generated" in r and r["timing/step_s"] > 0]) if steady else None,
+           # over the whole window: a mode whose steps alternate (partial rollouts: a step that trains buffered groups
+           # without generating, then a long one) is misread by a median of per-step figures
+           "mean_step_s": sum(r["timing/step_s"] for r in steady) / len(steady) if steady else None,
+           "trained_tokens_per_s_window": (sum(r.get("tokens/generated", 0) for r in steady)
+                                           / sum(r["timing/step_s"] for r in steady)) if steady else None,
            "completion_length_mean": common.median([r["completions/mean_length"] for r in steady if "completions/mean_length" in r])
            if any("completions/mean_length" in r for r in steady) else None}
     return out | cpu_figures(snapshots)
