@@ -50,7 +50,6 @@ STATUSES = ("stop", "length", "aborted", "error")
 FINISHED = ("stop", "length")  # a completion that ended by itself; "aborted" ones may be continued, "error" ones not
 
 
-
 def engine_thread(target: Callable[..., Any]) -> Callable[..., Any]:
     """``target`` run with PyTorch's thread count set up first (use it for every thread that drives an engine).
 
@@ -65,6 +64,7 @@ def engine_thread(target: Callable[..., Any]) -> Callable[..., Any]:
         return target(*args, **kwargs)
 
     return run
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
