@@ -69,7 +69,6 @@ import json
 import logging
 import math
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -147,6 +146,10 @@ class TinyRecipe:
     def validation_codec(self, codec: Codec) -> Codec:
         """How the early-stop check encodes a validation row's prompt (the trainer's own encoding here)."""
         return codec
+
+    def extra_statistics(self, model, prompts: list, answers: list[str], codec: Codec) -> dict:
+        """Held-out figures for the metadata beyond the greedy and sampled accuracy (none here)."""
+        return {}
 
 
 @dataclass(frozen=True)
@@ -234,13 +237,13 @@ class ToolCalcRecipe(ChatRecipe):
         return self.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
     def supervised_forms(self, rows: list[dict]) -> list[tuple[float, list[dict]]]:
-        transcripts = [dict(row, answer=tool_transcript(_expression(row), row["answer"])) for row in rows]
+        transcripts = [dict(row, answer=tool_transcript(_expression(row["prompt"]), row["answer"])) for row in rows]
         return [(1.0 - self.tool_fraction, rows), (self.tool_fraction, transcripts)]
 
     def validation_codec(self, codec: Codec) -> Codec:
         def encode_prompt(messages: list[dict]) -> list[int]:
             # the transcript up to the answer: exactly what the model sees when the tool loop hands the turn back
-            expression = messages[-1]["content"].rstrip("=")
+            expression = _expression(messages)
             a, b = expression.split("*")
             result = str(int(a) * int(b))  # what the calculator answers
             prefix = tool_transcript(expression, result)[: -len(result)]
@@ -248,9 +251,25 @@ class ToolCalcRecipe(ChatRecipe):
 
         return dataclasses.replace(codec, encode_prompt=encode_prompt)
 
+    @torch.no_grad()
+    def extra_statistics(self, model, prompts: list, answers: list[str], codec: Codec) -> dict:
+        """Its single-pass accuracy is ~0 by design, so: the probability that a temperature-1 first turn opens a tool
+        call (its first token's, averaged over the prompts), and greedy accuracy when the tool's response is given
+        (exact copies of the result)."""
+        copies = greedy_completions(model, prompts, self.max_new_tokens, codec=self.validation_codec(codec))
+        call_token = codec.encode_answer("<tool_call>")[0]
+        model.eval()
+        call_probability = [torch.softmax(model(input_ids=torch.tensor([codec.encode_prompt(prompt)])).logits[0, -1].float(),
+                                          -1)[call_token].item() for prompt in prompts]
+        return {
+            "eval_tool_call_probability_t1": sum(call_probability) / len(call_probability),
+            "eval_copy_accuracy_greedy": sum(c == a for c, a in zip(copies, answers)) / len(answers),
+        }
 
-def _expression(row: dict) -> str:
-    return row["prompt"][-1]["content"].rstrip("=")
+
+def _expression(messages: list[dict]) -> str:
+    """``123*45`` of a tool_calc prompt (its one user turn, ``123*45=``)."""
+    return messages[-1]["content"].rstrip("=")
 
 
 def tool_transcript(expression: str, result: str) -> str:
@@ -348,7 +367,7 @@ def _build_into(out_dir: Path, name: str, recipe: TinyRecipe) -> None:
         answers = [row["answer"] for row in task.eval_rows]
         greedy = greedy_completions(model, eval_prompts, recipe.max_new_tokens, codec=codec)
         samples = sampled_completions(model, eval_prompts, 8, recipe.max_new_tokens, seed=recipe.seed, codec=codec)
-        extra = _tool_statistics(model, recipe, eval_prompts, answers, codec)
+        extra = recipe.extra_statistics(model, eval_prompts, answers, codec)
     model.save_pretrained(out_dir)
     recipe.finish_checkpoint(out_dir, codec)
     correct = [[text == answer for text in texts] for texts, answer in zip(samples, answers)]
@@ -373,24 +392,6 @@ def _build_into(out_dir: Path, name: str, recipe: TinyRecipe) -> None:
         "built %s%s in %.0f s: held-out greedy accuracy %.1f%% after %d steps",
         TINY_PREFIX, name, metadata["build_seconds"], 100 * metadata["eval_greedy_accuracy"], train_stats["steps"],
     )
-
-
-@torch.no_grad()
-def _tool_statistics(model, recipe: TinyRecipe, prompts: list, answers: list[str], codec: Codec) -> dict:
-    """For the tool recipe (its single-pass accuracy is ~0 by design): the probability that a temperature-1 first turn
-    opens a tool call (its first token's, averaged over the prompts), and greedy accuracy when the tool's response is
-    given (exact copies of the result)."""
-    if not isinstance(recipe, ToolCalcRecipe):
-        return {}
-    copies = greedy_completions(model, prompts, recipe.max_new_tokens, codec=recipe.validation_codec(codec))
-    call_token = codec.encode_answer("<tool_call>")[0]
-    model.eval()
-    call_probability = [torch.softmax(model(input_ids=torch.tensor([codec.encode_prompt(prompt)])).logits[0, -1].float(), -1)[call_token].item()
-                        for prompt in prompts]
-    return {
-        "eval_tool_call_probability_t1": sum(call_probability) / len(call_probability),
-        "eval_copy_accuracy_greedy": sum(c == a for c, a in zip(copies, answers)) / len(answers),
-    }
 
 
 @contextmanager
