@@ -114,11 +114,18 @@ VARIANTS = {
     "cohort_threads2": Variant("cohort", "train.num_threads=2", ("train.num_threads=2",)),
     "cohort_whole_batch": Variant("cohort", "the whole step as one micro-batch, split by a 2,048-token budget (the old bench's "
                                   "fast path)", ("train.micro_batch_size={per_step}", "train.max_tokens_per_microbatch=2048")),
+    "cohort_one_micro": Variant("cohort", "the whole step as one micro-batch (train.micro_batch_size = the step's completions)",
+                                ("train.micro_batch_size={per_step}",)),
+    "cohort_one_micro_threads2": Variant("cohort", "one micro-batch per step and train.num_threads=2",
+                                         ("train.micro_batch_size={per_step}", "train.num_threads=2")),
     "cohort_hf": Variant("cohort", "rollout.engine=hf (transformers generation on the trainer's own weights)", ("rollout.engine=hf",)),
     "cohort_hf_omp_default": Variant("cohort", "rollout.engine=hf, OpenMP's default wait policy", ("rollout.engine=hf",), OMP_DEFAULT),
     "cohort_hf_threads1": Variant("cohort", "rollout.engine=hf, train.num_threads=1 (no OpenMP hand-offs at all)",
                                   ("rollout.engine=hf", "train.num_threads=1")),
     "cohort_local": Variant("cohort", "rollout.mode=local_server (vLLM in a child process, on-policy)", LOCAL),
+    "cohort_local_split": Variant("cohort", "local_server on-policy, the engine's process on the last core and the trainer on "
+                                  "one thread (the update streams over finished groups while the rest generate)",
+                                  (*LOCAL, "rollout.num_threads=1", "train.num_threads=1")),
     "cohort_local_omp_default": Variant("cohort", "local_server, OpenMP's default wait policy", LOCAL, OMP_DEFAULT),
     "cohort_local_active": Variant("cohort", "local_server, OMP_WAIT_POLICY=ACTIVE", LOCAL, {"OMP_WAIT_POLICY": "ACTIVE"}),
     "cohort_local_overlap": Variant("cohort", "local_server + rollout.overlap: one step off-policy (never a default)",
@@ -127,6 +134,8 @@ VARIANTS = {
                               "off-policy, never a default)", ("rollout.over_provision=1.5",), candidate=False),
     "cohort_partial2": Variant("cohort", "rollout.over_provision=2: partial rollouts, twice the step's groups in flight "
                                "(never a default)", ("rollout.over_provision=2",), candidate=False),
+    "cohort_partial3": Variant("cohort", "rollout.over_provision=3: partial rollouts, three times the step's groups in flight "
+                               "(never a default)", ("rollout.over_provision=3",), candidate=False),
     "cohort_async2": Variant("cohort", "rollout.max_staleness=2: asynchronous, up to 2 versions off-policy (never a default)",
                              ("rollout.max_staleness=2",), candidate=False),
     "cohort_local_async2": Variant("cohort", "local_server + rollout.max_staleness=2 (never a default)",

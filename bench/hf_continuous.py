@@ -1,7 +1,7 @@
 """The transformers engine: continuous batching (the default request level) vs plain `generate` (its fallback).
 
 Workloads on the tiny benchmark model, as in bench/rollout.py: `tiny` (4 prompts × G=8, 16 tokens) and `long`
-(8 prompts × G=8, 256 tokens, long-tailed lengths), temperature 1, float32, two threads. Per variant and
+(8 prompts × G=8, 256 tokens, long-tailed lengths), temperature 1, float32, two threads (`--threads`). Per variant and
 workload: one fresh engine, two warm-up batches, then `--repeats` timed batches with fresh seeds. Reported:
 tokens/s (generated tokens over the batch time, median), the median batch time, and the median time until the
 first completion comes back (`first_s`: a streaming engine returns short completions early, plain generate
@@ -55,8 +55,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2, help="PyTorch threads (the trainer's default for this model is 1)")
     args = ap.parse_args(argv)
-    common.set_threads(2)
+    common.set_threads(args.threads)
     runs = {w: {name: run(cb, w, args.repeats) for name, cb in (("continuous", True), ("generate", False))}
             for w in args.workloads}
     result = {"benchmark": "hf_continuous", "tokens_per_s": {w: {v: r["tokens_per_s"] for v, r in rs.items()}

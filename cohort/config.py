@@ -401,7 +401,8 @@ class TrainConfig(_Section):
         "process leaves free (rollout.overlap or rollout.max_staleness), else one thread for a model of fewer than 3M "
         "parameters on CPU when OMP_NUM_THREADS is unset (measured faster: docs/performance.md, \"Threads\"), else "
         "PyTorch's default (all cores). With rollout.mode=colocate, vLLM in the same process generates on these threads "
-        "(and ignores later changes).",
+        "(and ignores later changes). `cohort eval` takes the same default (the size read from the checkpoint's "
+        "safetensors headers).",
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
     logprob_chunk_size: int = Field(

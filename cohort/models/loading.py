@@ -12,6 +12,7 @@ exactly that set, so they all train on the same text.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -74,6 +75,22 @@ def load_policy(model_dir: Path, dtype: str | torch.dtype) -> torch.nn.Module:
 
 
 STOP_PROBE = "cohort-stop-probe"  # an assistant message's content, to find what the chat template writes after it
+
+
+def checkpoint_parameters(model_dir: Path) -> int | None:
+    """Parameters stored in model_dir's safetensors files, read from their headers (nothing is loaded); None for a
+    checkpoint without any (a `.bin` one). A tied output layer is stored once, so this is the loaded model's
+    `sum(p.numel() for p in model.parameters())`."""
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for file in files:
+        with safe_open(str(file), framework="pt") as header:
+            total += sum(math.prod(header.get_slice(name).get_shape()) for name in header.keys())
+    return total
 
 
 def stop_token_ids(model_dir: Path, tokenizer) -> list[int]:

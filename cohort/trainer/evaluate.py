@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from cohort.data.loading import load_data
-from cohort.models.loading import load_tokenizer, resolve_model_dir
+from cohort.models.loading import checkpoint_parameters, load_tokenizer, resolve_model_dir
 from cohort.models.precision import resolve_precision
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
@@ -63,11 +63,11 @@ def evaluate_model(cfg, *, num_samples: int = 1, temperature: float = 0.0) -> di
     train, evals, specs = load_data(cfg)
     if evals is None:
         return None
-    set_torch_threads(cfg)
     torch.manual_seed(cfg.train.seed)
     rewards, engine = RewardSet.from_specs(specs), None
     try:
         model_dir = resolve_model_dir(cfg.model.path)
+        set_torch_threads(cfg, num_parameters=checkpoint_parameters(model_dir))  # the trainer's threads, before the engine
         tokenizer = load_tokenizer(model_dir)
         prompts = encode_prompts(cfg, tokenizer, model_dir, train, evals)  # raises if one cannot fit
         engine = build_engine(cfg, model_dir, tokenizer, precision=resolve_precision(cfg.model.dtype, cfg.train.precision),

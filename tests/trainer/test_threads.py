@@ -8,6 +8,7 @@ import torch
 
 from cohort.config import load_config
 from cohort.trainer import engines
+from cohort.models.loading import checkpoint_parameters
 from cohort.trainer.engines import SMALL_MODEL_PARAMETERS, set_torch_threads
 
 
@@ -42,3 +43,38 @@ def test_environment_and_gpu_keep_pytorchs_default(calls, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     set_torch_threads(load_config(None, []), num_parameters=1_000_000)
     assert calls == []
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma2"])  # untied, and a tied output layer (stored once)
+def test_checkpoint_parameters_counts_what_loads(random_arch_builder, arch):
+    """`cohort eval` sizes its thread default from the checkpoint's headers, before any model is loaded: the count must be
+    the loaded model's, which the trainer uses."""
+    from cohort.models.loading import checkpoint_parameters, load_policy
+
+    model_dir = random_arch_builder(arch)
+    loaded = sum(p.numel() for p in load_policy(model_dir, torch.float32).parameters())
+    assert checkpoint_parameters(model_dir) == loaded
+
+
+def test_checkpoint_parameters_without_safetensors(tmp_path):
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    assert checkpoint_parameters(tmp_path) is None  # unknown size: the default leaves PyTorch's thread count alone
+
+
+def test_eval_takes_the_trainers_thread_default(calls, monkeypatch, tiny_model_dir, tmp_path):
+    """`cohort eval` of a 1M-parameter checkpoint generates on one thread, as the trainer's "before" eval does."""
+    from cohort.trainer import evaluate
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(evaluate, "encode_prompts", stop)  # the threads are set before the prompts and the engine
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", f"data.train_files=[{data}]", f"data.eval_files=[{data}]", "rewards=[{name: numeric_match}]"])
+    with pytest.raises(Stop):
+        evaluate.evaluate_model(cfg)
+    assert calls == [1]
