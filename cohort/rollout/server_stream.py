@@ -9,7 +9,7 @@ stops requests and returns what each had so far. A request counts as in
 flight from its `/submit` until a `/poll` or `/abort` has handed it back.
 
 Every engine call (the driver's polls, /submit, /abort, /generate, /score,
-/weights) holds `EngineLock`: vLLM's engine is not re-entrant, and a weight
+/weights) holds `EngineLock` (cohort/rollout/base.py): vLLM's engine is not re-entrant, and a weight
 load under running requests (/weights with in_flight=1) happens between two
 driver polls, never inside one. The driver
 takes the lock only when no HTTP handler is waiting for it, so an /abort gets
@@ -31,45 +31,11 @@ import contextlib
 import threading
 from typing import Iterable, Sequence
 
-from cohort.rollout.base import Request, Trajectory, engine_thread
+from cohort.rollout.base import EngineLock, Request, Trajectory, engine_thread
 from cohort.rollout.server_requests import BadRequest
 
-DRIVER_POLL_S = 0.05  # the longest one engine poll may run while HTTP handlers wait for the lock
+DRIVER_POLL_S = 0.02  # the longest one engine poll may run while HTTP handlers wait for the lock
 MAX_POLL_WAIT_S = 30.0  # the longest one /poll holds its connection open; the client polls again
-
-
-class EngineLock:
-    """A lock whose `driver()` holder yields to every waiting `with lock:` holder (HTTP handlers go first)."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._held = False
-        self._waiting = 0
-
-    def __enter__(self):
-        with self._cond:
-            self._waiting += 1
-            try:
-                self._cond.wait_for(lambda: not self._held)
-            finally:
-                self._waiting -= 1
-            self._held = True
-        return self
-
-    def __exit__(self, *exc):
-        with self._cond:
-            self._held = False
-            self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def driver(self):
-        with self._cond:
-            self._cond.wait_for(lambda: not self._held and self._waiting == 0)
-            self._held = True
-        try:
-            yield
-        finally:
-            self.__exit__()
 
 
 class Conflict(RuntimeError):

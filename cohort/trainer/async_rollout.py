@@ -20,7 +20,9 @@ and its B groups are the only ones in flight; taken in submission order, they gi
 rewards and updates.
 
 Locking: one lock serialises every call into the engine (the pump's polls, the trainer's submits, weight
-pushes, canary scores, aborts); polls are short (`POLL_S`), so the trainer waits at most one engine step.
+pushes, canary scores, aborts). It is an `EngineLock` (cohort/rollout/base.py): the trainer's calls go first,
+the pump starting no poll while one waits, so the trainer waits at most for the poll in progress, which is short
+(`POLL_S`: an engine step or a few, or one long-poll of a rollout server).
 Liveness: an exception in the pump (the engine failed, a server is gone) is re-raised on the trainer's
 thread; an engine that finishes nothing for `rollout.engine_timeout_s` while requests are in flight stops
 the run with an error instead of hanging it.
@@ -29,7 +31,8 @@ Checkpoints: the groups admitted and not yet trained are saved as (rows, seeds) 
 resume, from the start (their partial tokens are not saved): the resumed run loses and repeats no prompt.
 
 Metrics per generation batch: async/trainer_wait_frac (share of the time since the last batch the trainer
-waited for groups), async/engine_idle_frac (share of pump polls that found nothing in flight),
+waited for groups), async/engine_idle_frac (share of that time the engine had nothing in flight; the pump then
+sleeps until the next submit instead of polling),
 async/stale_dropped (groups), async/stale_masked_tokens, async/in_flight_groups (admitted, not yet taken).
 
 Left out: partial rollouts, dynamic sampling and rollout.overlap in this mode (validation refuses them),
@@ -44,10 +47,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from cohort.rollout.base import SamplingConfig, Trajectory, batch_requests, completion_seeds, engine_thread
+from cohort.rollout.base import EngineLock, SamplingConfig, Trajectory, batch_requests, completion_seeds, engine_thread
 from cohort.rollout.stream import FinishedGroup, GroupStream
 
-POLL_S = 0.05  # longest single engine poll of the pump: how long a weight push may wait for the lock
+POLL_S = 0.02  # longest single engine poll of the pump: how long a trainer's engine call may wait for the lock
+IDLE_WAIT_S = 0.5  # an idle pump wakes at least this often (to see `stopping`)
 
 
 @dataclass
@@ -70,14 +74,14 @@ class AsyncRollout:
                                        cfg.rollout.top_k)
         self.timeout = cfg.rollout.engine_timeout_s
         self.stream = GroupStream(trainer.engine, "async")
-        self.lock = threading.RLock()  # every engine call
+        self.lock = EngineLock()  # every engine call; the trainer's before the pump's next poll
         self.cond = threading.Condition()  # self.done, self.failure, counters
         self.done: deque[FinishedGroup] = deque()
         self.admitted: dict[int, Admitted] = {}  # stream index -> its origin, until trained
         self.carry: list[Admitted] = []  # from a checkpoint: resubmitted first
         self.failure: BaseException | None = None
         self.stopping = False
-        self.polls = self.idle_polls = 0
+        self.idle_s, self.submitted = 0.0, False  # the pump's time with nothing in flight; a submit not yet seen
         self.last_progress = time.monotonic()
         self.waited_s, self.since = 0.0, time.perf_counter()
         self.stale_dropped = self.stale_masked = 0
@@ -93,19 +97,20 @@ class AsyncRollout:
     def _pump(self) -> None:
         try:
             while not self.stopping:
-                with self.lock:
+                with self.lock.driver():
                     busy = self.stream.pending > 0
                     finished = self.stream.poll_once(POLL_S) if busy else []
                 with self.cond:
-                    self.polls += 1
-                    self.idle_polls += 0 if busy else 1
                     if finished or not busy:
                         self.last_progress = time.monotonic()
                     if finished:
                         self.done.extend(finished)
                         self.cond.notify_all()
-                if not busy:
-                    time.sleep(POLL_S / 5)
+                    if not busy:  # nothing in flight: sleep until the trainer submits (no polling meanwhile)
+                        idle_from = time.perf_counter()
+                        self.cond.wait_for(lambda: self.submitted or self.stopping, timeout=IDLE_WAIT_S)
+                        self.idle_s += time.perf_counter() - idle_from
+                        self.submitted = False
         except BaseException as exc:  # the engine failed: the trainer's thread re-raises it
             with self.cond:
                 self.failure = exc
@@ -137,6 +142,9 @@ class AsyncRollout:
         with self.lock:
             indices = self.stream.submit_groups(entries, self.sampling)
         self.admitted.update(zip(indices, origins))
+        with self.cond:  # wakes an idle pump
+            self.submitted = True
+            self.cond.notify_all()
         self.start()
 
     def _replace(self, origin: Admitted) -> None:
@@ -197,11 +205,12 @@ class AsyncRollout:
     def metrics(self) -> dict[str, float]:
         now = time.perf_counter()
         with self.cond:
-            out = {"async/trainer_wait_frac": self.waited_s / max(now - self.since, 1e-9),
-                   "async/engine_idle_frac": self.idle_polls / max(self.polls, 1),
+            elapsed = max(now - self.since, 1e-9)
+            out = {"async/trainer_wait_frac": self.waited_s / elapsed,
+                   "async/engine_idle_frac": min(1.0, self.idle_s / elapsed),
                    "async/stale_dropped": float(self.stale_dropped), "async/stale_masked_tokens": float(self.stale_masked),
                    "async/in_flight_groups": float(len(self.admitted))}
-            self.polls = self.idle_polls = 0
+            self.idle_s = 0.0
         self.waited_s, self.since, self.stale_dropped, self.stale_masked = 0.0, now, 0, 0
         return out
 
