@@ -51,7 +51,7 @@ from cohort.rollout.base import EngineLock, SamplingConfig, Trajectory, batch_re
 from cohort.rollout.stream import FinishedGroup, GroupStream
 
 POLL_S = 0.02  # longest single engine poll of the pump: how long a trainer's engine call may wait for the lock
-IDLE_WAIT_S = 0.5  # an idle pump wakes at least this often (to see `stopping`)
+IDLE_WAIT_S = 0.5  # an idle pump wakes at least this often (a submit or close wakes it at once)
 
 
 @dataclass
@@ -258,7 +258,9 @@ class AsyncRollout:
         self.admitted = {}
 
     def close(self) -> None:
-        self.stopping = True
+        with self.cond:  # wakes an idle pump at once
+            self.stopping = True
+            self.cond.notify_all()
         if self.thread is not None:
             self.thread.join(timeout=30)
         with self.lock:
