@@ -86,8 +86,7 @@ from urllib.parse import parse_qs, urlparse
 
 from cohort.models.loading import resolve_model_dir
 from cohort.rollout import server_requests
-from cohort.rollout.base import Request, Trajectory, engine_thread
-from cohort.rollout.base import EngineLock
+from cohort.rollout.base import EngineLock, Request, Trajectory, engine_thread
 from cohort.rollout.server_stream import Conflict, RequestStream
 from cohort.rollout.vllm_engine import VLLMEngine
 
