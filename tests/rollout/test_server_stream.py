@@ -268,36 +268,43 @@ def test_abort_returns_a_request_that_already_finished_as_finished(serve):
 
 
 def test_engine_lock_lets_a_caller_in_before_the_drivers_next_poll():
-    """EngineLock: a `with lock:` caller gets the lock when the driver's hold in progress ends, before the driver
-    starts another; counted in the driver's holds, not timed. With a plain lock (or a driver that ignores waiting
-    callers) the driver, releasing and retaking it in its loop, wins it again and again (measured: the trainer
-    waited 0.11 s a step), or the caller starves."""
+    """EngineLock: a `with lock:` caller that waits while the driver holds the lock gets it as soon as that hold ends,
+    before the driver's next one. Each driver hold ("one engine poll") lasts until the test releases it, so the order
+    is checked, not timed. With a plain lock (or a driver that ignores waiting callers) the driver takes the lock
+    straight back and the caller starves behind its next hold (measured with the old lock: the trainer waited 0.11 s
+    a step)."""
     from cohort.rollout.base import EngineLock
 
-    lock, holds, stop, passed = EngineLock(), [0], threading.Event(), []
+    lock, holds, stop = EngineLock(), [], threading.Event()
+    gate, in_hold = threading.Semaphore(0), threading.Event()
 
     def drive():
         while not stop.is_set():
             with lock.driver():
-                holds[0] += 1
-                time.sleep(0.002)  # one engine poll
+                holds.append(len(holds))
+                in_hold.set()
+                gate.acquire(timeout=10)  # the poll in progress, until the test ends it
 
-    def call():
-        for _ in range(30):
-            time.sleep(0.001)
-            before = holds[0]  # the hold in progress, if any, is counted already
-            with lock:
-                passed.append(holds[0] - before)  # holds the driver started while we waited
-
-    driver, caller = threading.Thread(target=drive, daemon=True), threading.Thread(target=call, daemon=True)
+    driver = threading.Thread(target=drive, daemon=True)
     driver.start()
-    caller.start()
-    caller.join(timeout=30)
-    stop.set()
-    driver.join(timeout=5)
-    assert not caller.is_alive(), f"the caller starved: in after {len(passed)} of 30 calls"
-    assert passed == [0] * 30
-    assert holds[0] >= 30  # the driver polled between the calls
+    try:
+        for _ in range(5):
+            assert in_hold.wait(timeout=10)
+            in_hold.clear()
+            during, seen = len(holds), []
+            caller = threading.Thread(target=lambda: (lock.__enter__(), seen.append(len(holds)), lock.__exit__()), daemon=True)
+            caller.start()
+            deadline = time.monotonic() + 10
+            while lock._waiting == 0 and time.monotonic() < deadline:  # the caller now waits for the hold in progress
+                time.sleep(0.001)
+            gate.release()  # that poll ends
+            caller.join(timeout=5)
+            assert seen == [during], f"the driver started {len(holds) - during} more hold(s) before the waiting caller"
+    finally:
+        stop.set()
+        for _ in range(3):
+            gate.release()
+        driver.join(timeout=10)
 
 
 def test_engine_lock_is_reentrant_for_its_holder():
