@@ -404,6 +404,12 @@ class TrainConfig(_Section):
         "(and ignores later changes). `cohort eval` takes the same default (the size read from the checkpoint's "
         "safetensors headers).",
     )
+    device: str = Field(
+        "auto",
+        description="Where the training side lives (policy, reference, critic, LoRA adapters, the transformers engine and "
+        "every tensor a step creates): `auto` = cuda:LOCAL_RANK when this process sees a GPU, else the CPU; or `cpu`, "
+        "`cuda` (= cuda:LOCAL_RANK), `cuda:N`. docs/gpu.md.",
+    )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
     logprob_chunk_size: int = Field(
         1024, description="Completion tokens per chunk when computing log-probs and entropy (bounds the logits held at once)."
