@@ -7,6 +7,8 @@ sequences of similar length share a micro-batch and little compute goes to
 padding; with a token budget (`train.max_tokens_per_microbatch`) a micro-batch
 also holds at most that many padded cells, so short sequences travel many to a
 micro-batch and long ones few. The padding fraction is reported as a metric.
+
+Every tensor is made on the device it is asked for (the model's), never on the CPU first and moved row by row.
 """
 
 from __future__ import annotations
@@ -29,22 +31,22 @@ class PackedBatch:
         return 1.0 - float(self.attention_mask.sum()) / self.attention_mask.numel()
 
 
-def pack_right_padded(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedBatch:
-    b = len(prompts)
+def pack_right_padded(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
+                      device: torch.device | str | None = None) -> PackedBatch:
+    """Prompt + completion rows, right-padded, as tensors on `device` (the model's; None: the CPU). The rows are padded
+    as Python lists and each tensor is made in one call on `device`: one host-to-device copy per tensor, not one per row."""
     seq_lens = [len(p) + len(c) for p, c in zip(prompts, completions)]
     width = max(seq_lens)
     tc = max(1, max(len(c) for c in completions))
-    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((b, width), dtype=torch.long)
-    completion_ids = torch.full((b, tc), pad_id, dtype=torch.long)
-    completion_mask = torch.zeros((b, tc), dtype=torch.float32)
-    for i, (p, c) in enumerate(zip(prompts, completions)):
-        input_ids[i, : seq_lens[i]] = torch.tensor(list(p) + list(c), dtype=torch.long)
-        attention_mask[i, : seq_lens[i]] = 1
-        if c:
-            completion_ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
-            completion_mask[i, : len(c)] = 1.0
-    return PackedBatch(input_ids, attention_mask, torch.tensor([len(p) for p in prompts]), completion_ids, completion_mask)
+    sequences = [list(p) + list(c) for p, c in zip(prompts, completions)]
+    input_ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in sequences], dtype=torch.long, device=device)  # (B, L)
+    attention_mask = torch.tensor([[1] * n + [0] * (width - n) for n in seq_lens], dtype=torch.long, device=device)  # (B, L)
+    completion_ids = torch.tensor([list(c) + [pad_id] * (tc - len(c)) for c in completions], dtype=torch.long,
+                                  device=device)  # (B, Tc)
+    completion_mask = torch.tensor([[1.0] * len(c) + [0.0] * (tc - len(c)) for c in completions], dtype=torch.float32,
+                                   device=device)  # (B, Tc)
+    prompt_lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)  # (B,)
+    return PackedBatch(input_ids, attention_mask, prompt_lengths, completion_ids, completion_mask)
 
 
 def length_sorted_micro_batches(lengths: list[int], micro_batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
@@ -69,9 +71,11 @@ def length_sorted_micro_batches(lengths: list[int], micro_batch_size: int, max_t
     return batches
 
 
-def pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
-    """Stack 1-D tensors right-padded with zeros to `width`: (B, width)."""
-    out = torch.zeros((len(rows), width), dtype=rows[0].dtype if rows else torch.float32)
+def pad_rows(rows: list[torch.Tensor], width: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Stack 1-D tensors right-padded with zeros to `width`: (B, width), on the rows' device (or `device` when given,
+    and for no rows)."""
+    device = device if device is not None else (rows[0].device if rows else None)
+    out = torch.zeros((len(rows), width), dtype=rows[0].dtype if rows else torch.float32, device=device)
     for i, r in enumerate(rows):
         out[i, : r.numel()] = r
     return out

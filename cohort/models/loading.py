@@ -62,8 +62,9 @@ def load_tokenizer(model_dir: Path):
     return tok
 
 
-def load_policy(model_dir: Path, dtype: str | torch.dtype) -> torch.nn.Module:
-    """The causal LM with its weights in `dtype` (a name or a torch dtype; float32 for mixed-precision master weights)."""
+def load_policy(model_dir: Path, dtype: str | torch.dtype, device: torch.device | str | None = None) -> torch.nn.Module:
+    """The causal LM with its weights in `dtype` (a name or a torch dtype; float32 for mixed-precision master weights),
+    on `device` (None: the CPU)."""
     from transformers import AutoModelForCausalLM
 
     try:
@@ -71,7 +72,7 @@ def load_policy(model_dir: Path, dtype: str | torch.dtype) -> torch.nn.Module:
     except Exception as exc:
         raise ModelLoadError(f"cannot load a causal LM from {model_dir}: {exc}") from exc
     model.config.use_cache = False
-    return model
+    return model.to(device) if device is not None else model
 
 
 STOP_PROBE = "cohort-stop-probe"  # an assistant message's content, to find what the chat template writes after it

@@ -143,7 +143,7 @@ def completion_logprobs(
 @torch.no_grad()
 def sequence_logprobs(model, prompt: list[int], completion: list[int], *, pad_id: int = 0, temperature: float = 1.0) -> torch.Tensor:
     """Log-probs of one completion's tokens after its prompt, as the trainer scores them (the weight-sync canary)."""
-    pb = pack_right_padded([prompt], [completion], pad_id)
+    pb = pack_right_padded([prompt], [completion], pad_id, next(model.parameters()).device)
     logp, _ = completion_logprobs(model, pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_ids,
                                   pb.completion_mask, temperature=temperature)
     return logp[0, : len(completion)]
@@ -154,8 +154,8 @@ def naive_completion_logprobs(model, input_ids, attention_mask, prompt_lengths, 
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float() / temperature  # (B, L, V)
     logp_all = torch.log_softmax(logits, dim=-1)
     b, tc = completion_ids.shape
-    positions = (prompt_lengths[:, None] + torch.arange(tc)[None, :] - 1).clamp(0, input_ids.shape[1] - 1)
-    picked = logp_all[torch.arange(b)[:, None], positions]  # (B, Tc, V)
+    positions = (prompt_lengths[:, None] + torch.arange(tc, device=input_ids.device)[None, :] - 1).clamp(0, input_ids.shape[1] - 1)
+    picked = logp_all[torch.arange(b, device=input_ids.device)[:, None], positions]  # (B, Tc, V)
     logp = picked.gather(-1, completion_ids[..., None]).squeeze(-1)
     entropy = -(picked.exp() * picked).sum(-1)
     mask = completion_mask.float()

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
+from cohort.models.devices import autocast_device_type
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -43,26 +45,30 @@ class Precision:
 
     weights_dtype: torch.dtype  # the dtype of the parameters the optimizer updates (and of the checkpoints' weights)
     compute_dtype: torch.dtype  # the dtype of the forward/backward (and of final/ and of the engine's copy)
+    device_type: str = "cpu"  # torch.autocast's device_type: the kind of device the trained models live on
 
     @property
     def mixed(self) -> bool:
         """True when the maths runs in a lower precision than the weights are kept in (autocast)."""
         return self.compute_dtype != self.weights_dtype
 
-    def autocast(self, device_type: str = "cpu") -> contextlib.AbstractContextManager:
-        """The context every forward pass of the trained models runs in: autocast when mixed, else nothing."""
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The context every forward pass of the trained models runs in: autocast on their device when mixed, else
+        nothing (a CUDA model autocast as `cpu` would silently compute in float32)."""
         if not self.mixed:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=device_type, dtype=self.compute_dtype)
+        return torch.autocast(device_type=self.device_type, dtype=self.compute_dtype)
 
 
-def resolve_precision(model_dtype: str, precision: str) -> Precision:
-    """`model.dtype` + `train.precision` -> Precision. float32 is float32 either way."""
+def resolve_precision(model_dtype: str, precision: str, device: torch.device | None = None) -> Precision:
+    """`model.dtype` + `train.precision` (+ the models' device, for autocast) -> Precision. float32 is float32 either
+    way."""
     compute = DTYPES[model_dtype]
+    device_type = autocast_device_type(device) if device is not None else "cpu"
     if precision == "mixed":
-        return Precision(weights_dtype=torch.float32, compute_dtype=compute)
+        return Precision(weights_dtype=torch.float32, compute_dtype=compute, device_type=device_type)
     if precision == "pure":
-        return Precision(weights_dtype=compute, compute_dtype=compute)
+        return Precision(weights_dtype=compute, compute_dtype=compute, device_type=device_type)
     raise ValueError(f"train.precision = {precision!r}: choose mixed or pure")
 
 

@@ -48,6 +48,8 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import torch
 
+from cohort.models.devices import use_device
+
 STATUSES = ("stop", "length", "aborted", "error")
 FINISHED = ("stop", "length")  # a completion that ended by itself; "aborted" ones may be continued, "error" ones not
 
@@ -59,10 +61,15 @@ def engine_thread(target: Callable[..., Any]) -> Callable[..., Any]:
     count (torch.set_num_threads, e.g. one thread for a small model) only at the thread's first parallel operation.
     vLLM's CPU attention reads the count when it builds its metadata and again in the kernel, so a thread whose first
     PyTorch operation falls between the two stops with "thread_num == thread_num (2 vs. 1)". Asking for the count
-    first (torch.get_num_threads) applies it."""
+    first (torch.get_num_threads) applies it.
+
+    CUDA's current device is per thread too: the new thread takes the current device of the thread that wraps
+    ``target`` (the trainer's cuda:LOCAL_RANK), so what it creates lands beside the models it drives."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_initialized() else None
 
     def run(*args: Any, **kwargs: Any) -> Any:
         torch.get_num_threads()
+        use_device(device)
         return target(*args, **kwargs)
 
     return run

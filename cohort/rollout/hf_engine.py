@@ -61,7 +61,7 @@ class SampledLogProbs:
         """(B, steps) log-probs, given the tokens sampled at the last step."""
         if self.previous is not None:
             self.picked.append(self.previous.gather(-1, last_tokens[:, None]).squeeze(-1))
-        return torch.stack(self.picked, dim=1) if self.picked else torch.zeros((last_tokens.shape[0], 0))
+        return torch.stack(self.picked, dim=1) if self.picked else last_tokens.new_zeros((last_tokens.shape[0], 0), dtype=torch.float32)
 
 
 def until_stop(tokens: list[int], stop_token_ids: list[int]) -> list[int]:
@@ -91,6 +91,11 @@ class HFEngine(BatchRequests):
         self.continuous = (ContinuousRequests(model, stop_token_ids=self.stop_token_ids, pad_token_id=pad_token_id,
                                               max_requests_per_batch=batch_size)
                            if continuous_batching and not autocast else None)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are: every tensor the engine makes goes there."""
+        return next(self.model.parameters()).device
 
     def _streams(self, request: Request) -> bool:
         """Whether `request` goes to continuous batching (starting it for its temperature; a failure to start turns
@@ -143,11 +148,11 @@ class HFEngine(BatchRequests):
     @torch.no_grad()
     def _generate_chunk(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Trajectory]:
         width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):  # left padding for generation
-            ids[i, width - len(p):] = torch.tensor(p)
-            attn[i, width - len(p):] = 1
+        device = self.device
+        # left padding for generation; each tensor made once, on the model's device
+        ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long,
+                           device=device)  # (B, width)
+        attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long, device=device)
         was_training = self.model.training
         self.model.eval()
         self.model.config.use_cache = True
@@ -160,7 +165,7 @@ class HFEngine(BatchRequests):
         self.model.config.use_cache = False
         self.model.train(was_training)
         new_tokens = out[:, width:]  # (B, steps)
-        logprobs = collector.finish(new_tokens[:, -1]) if new_tokens.shape[1] else torch.zeros((len(prompts), 0))
+        logprobs = collector.finish(new_tokens[:, -1]) if new_tokens.shape[1] else new_tokens.new_zeros((len(prompts), 0), dtype=torch.float32)
         completions = []
         for b, row in enumerate(new_tokens.tolist()):
             toks = until_stop(row, self.stop_token_ids)
@@ -169,7 +174,7 @@ class HFEngine(BatchRequests):
 
     @torch.no_grad()
     def _logprobs(self, prompts: list[list[int]], completions: list[list[int]], temperature: float) -> list[list[float]]:
-        batch = pack_right_padded(prompts, completions, self.pad_token_id)
+        batch = pack_right_padded(prompts, completions, self.pad_token_id, self.device)
         with self.compute_context():
             logp, _ = completion_logprobs(self.model, batch.input_ids, batch.attention_mask, batch.prompt_lengths,
                                           batch.completion_ids, batch.completion_mask, temperature=temperature)

@@ -129,9 +129,20 @@ def batch_to_state(batch: RolloutBatch) -> dict[str, Any]:
     return out
 
 
-def batch_from_state(state: dict[str, Any]) -> RolloutBatch:
-    values = {k: (v.numpy() if k in state["numpy"] else v) for k, v in state.items() if k != "numpy"}
+def batch_from_state(state: dict[str, Any], device: torch.device | None = None) -> RolloutBatch:
+    """The saved batch, its tensors (advantages, log-probs, values) moved onto `device` (the trainer's)."""
+    values = {k: (v.numpy() if k in state["numpy"] else _to_device(v, device)) for k, v in state.items() if k != "numpy"}
     return RolloutBatch(**values)
+
+
+def _to_device(value: Any, device: torch.device | None) -> Any:
+    if device is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+        return [v.to(device) for v in value]
+    return value
 
 
 def mid_generation(trainer) -> bool:
@@ -286,7 +297,7 @@ def load_checkpoint(trainer, directory: Path) -> dict[str, Any]:
     directory = Path(directory)
     try:
         meta = json.loads((directory / "meta.json").read_text())
-        state = torch.load(directory / "state.pt", weights_only=True)
+        state = torch.load(directory / "state.pt", weights_only=True, map_location="cpu")  # (RNG states must be CPU tensors)
     except (OSError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"cannot read the checkpoint {directory}: {exc}") from exc
     if state["batch"] is not None and meta.get("generation_batch_size") != trainer.plan.generation_batch_size:
@@ -313,7 +324,7 @@ def load_checkpoint(trainer, directory: Path) -> dict[str, Any]:
     trainer.generation_index = state["generation_index"]
     if "sync_check" not in state["parts"] and state.get("canary"):  # a checkpoint from before the calibrated check
         trainer.sync_check.canaries = [tuple(state["canary"])]
-    trainer.batch = batch_from_state(state["batch"]) if state["batch"] is not None else None
+    trainer.batch = batch_from_state(state["batch"], trainer.device) if state["batch"] is not None else None
     trainer.synced_version = -1  # a fresh engine holds model.path's weights, not these
     set_rng_state(state["rng"])
     return meta

@@ -20,6 +20,7 @@ body; the head is always new), and saving the critic with the final policy.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import torch
 
@@ -27,7 +28,8 @@ from cohort.algorithms import aggregation_count, value_loss
 from cohort.models.batching import pad_rows
 from cohort.models.loading import load_policy
 from cohort.models.logprobs import decoder_and_head
-from cohort.models.precision import resolve_precision
+from cohort.models.precision import Precision
+from cohort.trainer.metric_sums import host_values
 from cohort.trainer.optim import build_optimizer
 
 
@@ -57,11 +59,12 @@ class ValueModel(torch.nn.Module):
 
 
 class Critic:
-    def __init__(self, model_dir, cfg, pack):
-        """`pack(batch, indices) -> (PackedBatch, loss mask)` is the trainer's, so both models see the same tokens."""
+    def __init__(self, model_dir, cfg, pack, *, precision: Precision, device: torch.device):
+        """`pack(batch, indices) -> (PackedBatch, loss mask)` is the trainer's, so both models see the same tokens;
+        `precision` and `device` are the policy's (float32 masters when mixed, on the training side's device)."""
         self.cfg = cfg
-        self.precision = resolve_precision(cfg.model.dtype, cfg.train.precision)  # as the policy: float32 master when mixed
-        self.model = ValueModel.from_checkpoint(model_dir, self.precision.weights_dtype)
+        self.precision = precision
+        self.model = ValueModel.from_checkpoint(model_dir, self.precision.weights_dtype).to(device)
         if cfg.train.gradient_checkpointing:
             self.model.body.gradient_checkpointing_enable()
         self.model.train()
@@ -72,7 +75,7 @@ class Critic:
     @torch.no_grad()
     def values(self, batch, micro_batches: list[list[int]]) -> list[torch.Tensor]:
         """Per completion, its (len,) values under the current critic."""
-        out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
+        out: list[torch.Tensor | None] = [None] * len(batch)
         for idx in micro_batches:
             pb, _ = self.pack(batch, idx)
             with self.precision.autocast():
@@ -85,7 +88,7 @@ class Critic:
         """One optimizer step of the clipped value loss over the micro-batches (gradient accumulation)."""
         packed = [self.pack(batch, mb) for mb in micro_batches]
         num_items = sum(aggregation_count(mask, "token_mean") for _, mask in packed)
-        sums: dict[str, float] = defaultdict(float)
+        sums: dict[str, Any] = defaultdict(float)  # tensors on the device until the step ends (metric_sums.py)
         self.optimizer.zero_grad(set_to_none=True)
         for mb, (pb, mask) in zip(micro_batches, packed):
             with self.precision.autocast():  # the backward runs outside it, as autocast asks
@@ -96,16 +99,18 @@ class Critic:
             loss, metrics = value_loss(values, old_values, returns, mask, cliprange_value=self.cfg.critic.cliprange_value,
                                        aggregation="token_mean", num_items=num_items)
             loss.backward()
-            tokens = float(mask.sum())
-            sums["critic/loss"] += float(loss.detach())
+            tokens = mask.sum()
+            sums["critic/loss"] += loss.detach()
             for key, value in metrics.items():
-                sums[key] += float(value) * tokens
+                sums[key] += value.detach() * tokens if torch.is_tensor(value) else float(value) * tokens
             sums["tokens"] += tokens
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         self.optimizer.step()
         self.scheduler.step()
+        sums = host_values({**sums, "grad_norm": grad_norm})
+        grad_norm = sums.pop("grad_norm")
         tokens = max(sums.pop("tokens"), 1.0)
         out = {"critic/loss": sums.pop("critic/loss"), "critic/grad_norm": grad_norm,
                "critic/learning_rate": self.scheduler.get_last_lr()[0]}

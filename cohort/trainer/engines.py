@@ -26,6 +26,7 @@ import torch
 
 from cohort.distributed.fsdp import LocalContext
 from cohort.distributed.rank0 import DetachedHFEngine, MainOnlyEngine
+from cohort.models.devices import resolve_device
 from cohort.models.loading import load_policy, stop_token_ids
 from cohort.models.precision import Precision
 from cohort.prompts import max_positions_of
@@ -37,7 +38,7 @@ from cohort.rollout.vllm_engine import VLLMEngine
 SMALL_MODEL_PARAMETERS = 3_000_000  # below this a CPU step is fastest on one thread (docs/performance.md, "Threads")
 
 
-def set_torch_threads(cfg, *, num_parameters: int | None = None) -> None:
+def set_torch_threads(cfg, *, num_parameters: int | None = None, device: torch.device | None = None) -> None:
     """train.num_threads; unset: with rollout.mode=local_server the cores the engine's process leaves free, and for a
     model of fewer than SMALL_MODEL_PARAMETERS (``num_parameters``, when known) trained on CPU one thread, unless the
     environment sets OMP_NUM_THREADS (measured: the 1M-parameter model's step 1.4-1.8x faster on one thread than on two
@@ -45,15 +46,17 @@ def set_torch_threads(cfg, *, num_parameters: int | None = None) -> None:
     threads = cfg.train.num_threads
     if threads is None and cfg.rollout.mode == "local_server":
         threads = engine_cores(cfg)[1]  # with rollout.overlap: the cores the engine's process leaves free
-    elif threads is None and small_cpu_model(num_parameters):
+    elif threads is None and small_cpu_model(num_parameters, device):
         threads = 1
     if threads:
         torch.set_num_threads(threads)
 
 
-def small_cpu_model(num_parameters: int | None) -> bool:
-    """Whether the one-thread default applies: a known count under SMALL_MODEL_PARAMETERS, no GPU, no OMP_NUM_THREADS."""
-    return (num_parameters is not None and num_parameters < SMALL_MODEL_PARAMETERS and not torch.cuda.is_available()
+def small_cpu_model(num_parameters: int | None, device: torch.device | None = None) -> bool:
+    """Whether the one-thread default applies: a known count under SMALL_MODEL_PARAMETERS, trained on the CPU (`device`;
+    None: the device `train.device=auto` picks here), no OMP_NUM_THREADS."""
+    device = device if device is not None else resolve_device("auto")
+    return (num_parameters is not None and num_parameters < SMALL_MODEL_PARAMETERS and device.type == "cpu"
             and "OMP_NUM_THREADS" not in os.environ)
 
 
@@ -71,8 +74,9 @@ def local_server_engine(cfg, model_dir: Path, max_model_len: int) -> LocalServer
 
 
 def build_engine(cfg, model_dir: Path, tokenizer, *, max_model_len: int, precision: Precision,
-                 policy: torch.nn.Module | None = None):
-    """The engine of rollout.mode / rollout.engine in this process (see the module docstring)."""
+                 policy: torch.nn.Module | None = None, device: torch.device | None = None):
+    """The engine of rollout.mode / rollout.engine in this process (see the module docstring); a transformers copy of
+    model.path (no `policy` given) is loaded onto `device`."""
     if cfg.rollout.mode == "local_server":
         return local_server_engine(cfg, model_dir, max_model_len)
     if cfg.rollout.mode == "server":
@@ -81,7 +85,7 @@ def build_engine(cfg, model_dir: Path, tokenizer, *, max_model_len: int, precisi
                             stop_token_ids=stop_token_ids(model_dir, tokenizer))
     if cfg.rollout.engine == "hf":
         if policy is None:  # `cohort eval`: no trainer, so a copy of model.path to generate with
-            policy = load_policy(model_dir, precision.weights_dtype).eval()
+            policy = load_policy(model_dir, precision.weights_dtype, device).eval()
         stops = stop_token_ids(model_dir, tokenizer)  # the set vLLM and the rollout server use too
         return HFEngine(policy, pad_token_id=tokenizer.pad_token_id, stop_token_ids=stops, compute_context=precision.autocast)
     return VLLMEngine(model_dir, dtype=cfg.generation_dtype, max_model_len=max_model_len, seed=cfg.rollout.seed,
@@ -90,12 +94,12 @@ def build_engine(cfg, model_dir: Path, tokenizer, *, max_model_len: int, precisi
 
 
 def rank0_engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, *, max_model_len: int,
-                 precision: Precision) -> MainOnlyEngine:
+                 precision: Precision, device: torch.device | None = None) -> MainOnlyEngine:
     """Several training processes: rank 0's engine (none on the other ranks), wrapped so every rank gets its results."""
     engine = None
     if dist.is_main:
         if cfg.rollout.mode == "colocate" and cfg.rollout.engine == "hf":
-            engine = DetachedHFEngine(load_policy(model_dir, cfg.model.dtype), pad_token_id=tokenizer.pad_token_id,
+            engine = DetachedHFEngine(load_policy(model_dir, cfg.model.dtype, device), pad_token_id=tokenizer.pad_token_id,
                                       stop_token_ids=stop_token_ids(model_dir, tokenizer))
         elif cfg.rollout.mode in ("colocate", "local_server"):  # vLLM cannot nest in a multi-rank process group
             engine = local_server_engine(cfg, model_dir, max_model_len)

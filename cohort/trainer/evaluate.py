@@ -17,6 +17,7 @@ import torch
 
 from cohort.data.loading import load_data
 from cohort.models.loading import checkpoint_parameters, load_tokenizer, resolve_model_dir
+from cohort.models.devices import resolve_device
 from cohort.models.precision import resolve_precision
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
@@ -67,11 +68,12 @@ def evaluate_model(cfg, *, num_samples: int = 1, temperature: float = 0.0) -> di
     rewards, engine = RewardSet.from_specs(specs), None
     try:
         model_dir = resolve_model_dir(cfg.model.path)
-        set_torch_threads(cfg, num_parameters=checkpoint_parameters(model_dir))  # the trainer's threads, before the engine
+        device = resolve_device(cfg.train.device)  # the trainer's device: a transformers engine generates there
+        set_torch_threads(cfg, num_parameters=checkpoint_parameters(model_dir), device=device)  # before the engine
         tokenizer = load_tokenizer(model_dir)
         prompts = encode_prompts(cfg, tokenizer, model_dir, train, evals)  # raises if one cannot fit
-        engine = build_engine(cfg, model_dir, tokenizer, precision=resolve_precision(cfg.model.dtype, cfg.train.precision),
-                              max_model_len=engine_length(cfg, model_dir, prompts.train_ids + prompts.eval_ids))
+        engine = build_engine(cfg, model_dir, tokenizer, precision=resolve_precision(cfg.model.dtype, cfg.train.precision, device),
+                              device=device, max_model_len=engine_length(cfg, model_dir, prompts.train_ids + prompts.eval_ids))
         if cfg.rollout.uses_tools:  # multi-turn, as in training
             engine = wrap_engine(cfg.rollout, engine, tokenizer, rows_by_prompt(prompts.eval_ids, prompts.eval.rows))
         return evaluate(engine, tokenizer, prompts.eval, prompts.eval_ids, rewards, max_tokens=cfg.rollout.max_completion_length,

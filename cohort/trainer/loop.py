@@ -59,6 +59,7 @@ from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES, float32_weights
 from cohort.rollout.base import SamplingConfig, WeightStream, completion_seeds
 from cohort.tools.metrics import tool_metrics
+from cohort.trainer.metric_sums import host_values, running_max
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.overlap import BackgroundRollout, PendingGeneration
 from cohort.trainer.async_rollout import AsyncRollout
@@ -185,7 +186,7 @@ class Trainer:
     def _finish_batch(self, collected, sampled_version: int) -> RolloutBatch:
         """The batch from its collected groups: metrics, old and reference log-probs, critic values, advantages."""
         outs, scored = collected.outs, collected.scored
-        rewards_t = torch.tensor(scored.total, dtype=torch.float32)
+        rewards_t = torch.tensor(scored.total, dtype=torch.float32, device=self.device)  # (N,)
         batch = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
                                                per_function=scored.per_function, texts=collected.texts,
                                                policy_version=sampled_version)
@@ -232,9 +233,10 @@ class Trainer:
 
     @torch.no_grad()
     def _score_all(self, model: torch.nn.Module, batch: RolloutBatch) -> list[torch.Tensor]:
-        out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
+        out: list[torch.Tensor | None] = [None] * len(batch)
         for idx in self._micro_batches(batch, list(range(len(batch)))):
-            packed = pack_right_padded([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], self.pad_id)
+            packed = pack_right_padded([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], self.pad_id,
+                                       self.device)
             with self.precision.autocast():
                 logp, _ = completion_logprobs(model, packed.input_ids, packed.attention_mask, packed.prompt_lengths,
                                               packed.completion_ids, packed.completion_mask,
@@ -250,10 +252,10 @@ class Trainer:
         micro = self._micro_batches(batch, self.dist.local_indices(indices, self.plan.num_generations))  # this rank's groups
         packed = [self._pack(batch, mb) for mb in micro]
         num_items = self.dist.global_count(sum(aggregation_count(p[1], self.aggregation) for p in packed))
-        sums: dict[str, float] = defaultdict(float)
+        sums: dict[str, Any] = defaultdict(float)  # tensors on the device until the step ends (one host read)
         self.optimizer.zero_grad(set_to_none=True)
         self.backward_micro_batches(batch, micro, packed, num_items, sums)
-        sums = defaultdict(float, self.dist.reduce_metrics(sums))  # over ranks (identity in one process)
+        sums = defaultdict(float, self.dist.reduce_metrics(host_values(sums)))  # over ranks (identity in one process)
         grad_norm = self._clip_and_step(sums["loss"])
         return self._update_metrics(sums, grad_norm)
 
@@ -265,13 +267,14 @@ class Trainer:
         for p in self.policy.parameters():
             if p.grad is not None:
                 p.grad.div_(count)
-        sums = streamed.sums
+        sums = defaultdict(float, host_values(streamed.sums))
         sums["loss"] /= count
         grad_norm = self._clip_and_step(sums["loss"])
         return self._update_metrics(sums, grad_norm)
 
     def backward_micro_batches(self, batch: RolloutBatch, micro: list[list[int]], packed, num_items, sums) -> None:
-        """Forward and backward over each micro-batch (gradients accumulate), the loss divided by `num_items`."""
+        """Forward and backward over each micro-batch (gradients accumulate), the loss divided by `num_items`. The
+        metrics accumulate in `sums` as tensors on the device (no host sync per micro-batch; `host_values` reads them)."""
         cfg, a = self.cfg, self.cfg.algorithm
         for mb, (pb, mask) in zip(micro, packed):
             with self.precision.autocast():  # float32 master weights, low-precision maths when mixed; backward outside
@@ -290,17 +293,17 @@ class Trainer:
                 kl = kl_penalty(logp, pad_rows([batch.ref_logp[i] for i in mb], width), self.algorithm.kl_estimator)
                 loss = loss + self.kl_controller.value * aggregate_loss(kl, mask, self.aggregation, num_items=num_items,
                                                                         max_length=cfg.rollout.max_completion_length)
-                sums["kl"] += float((kl.detach() * mask).sum())
+                sums["kl"] += (kl.detach() * mask).sum()
             loss.backward()
-            tokens = float(mask.sum())
-            sums["loss"] += float(loss.detach())
-            sums["entropy"] += float((entropy * mask).sum())
+            tokens = mask.sum()
+            sums["loss"] += loss.detach()
+            sums["entropy"] += (entropy.detach() * mask).sum()
             sums["tokens"] += tokens
-            sums["padding"] += pb.padding_fraction * pb.attention_mask.numel()
+            sums["padding"] += pb.attention_mask.numel() - pb.attention_mask.sum()  # padded cells
             sums["cells"] += pb.attention_mask.numel()
             self._accumulate_mismatch(sums, batch, mb, logp, mask)
             for key, value in metrics.items():
-                sums[key] += float(value) * tokens
+                sums[key] += value.detach() * tokens if torch.is_tensor(value) else float(value) * tokens
 
     def _micro_batches(self, batch: RolloutBatch, indices: list[int]) -> list[list[int]]:
         """`indices` split into length-sorted micro-batches of at most train.micro_batch_size completions
@@ -310,27 +313,29 @@ class Trainer:
         return [[indices[j] for j in mb] for mb in groups]
 
     def _pack(self, batch: RolloutBatch, mb: list[int]):
-        pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.pad_id)
+        pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.pad_id,
+                               self.device)
         # tool-output tokens (loss mask 0) are in the input but out of the loss, ratio, entropy, KL and normaliser
-        mask = pb.completion_mask * batch.token_mask(mb, pb.completion_mask.shape[1]) * self._kept(batch, mb)[:, None]
+        width = pb.completion_mask.shape[1]
+        mask = pb.completion_mask * batch.token_mask(mb, width, self.device) * self._kept(batch, mb)[:, None]
         if self.cfg.algorithm.off_policy_objective == "mask_stale":
-            mask = mask * (1.0 - batch.off_policy(mb, mask.shape[1]))  # tokens of older policies: out of the loss
+            mask = mask * (1.0 - batch.off_policy(mb, width, self.device))  # tokens of older policies: out of the loss
         if self.async_rollout is not None and batch.versions:  # tokens staler than rollout.max_staleness: out of it
-            mask = mask * (batch.staleness(mb, mask.shape[1], self.policy_version) <= self.async_rollout.k).float()
+            mask = mask * (batch.staleness(mb, width, self.policy_version, self.device) <= self.async_rollout.k).float()
         return pb, mask
 
     def _kept(self, batch: RolloutBatch, rows: list[int]) -> torch.Tensor:
         """(B,) 1.0 for completions that enter the loss; 0.0 for truncated ones under mask_truncated_completions."""
         if not self.cfg.algorithm.mask_truncated_completions:
-            return torch.ones(len(rows))
-        return torch.tensor([0.0 if batch.truncated[i] else 1.0 for i in rows])
+            return torch.ones(len(rows), device=self.device)
+        return torch.tensor([0.0 if batch.truncated[i] else 1.0 for i in rows], device=self.device)
 
     def advantage_mask(self, batch: RolloutBatch) -> torch.Tensor:
         """(N, T) 1.0 on each completion's tokens that enter the loss (T = the longest completion, at least 1):
         not padding, not tool output (loss mask 0), not a truncated completion under mask_truncated_completions."""
         width = max(1, max(len(c) for c in batch.completion_ids))
         rows = list(range(len(batch)))
-        return batch.token_mask(rows, width) * self._kept(batch, rows)[:, None]  # 0 on padding and tool tokens
+        return batch.token_mask(rows, width, self.device) * self._kept(batch, rows)[:, None]  # 0 on padding and tool tokens
 
     def _advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
         """Advantages (N, T) and critic targets for the whole generation batch, by the algorithm's spec; KL bookkeeping."""
@@ -362,7 +367,7 @@ class Trainer:
         (its tokens already left out by `_pack`) keeps prox, no weights. Also accumulates the staleness metrics."""
         a = self.cfg.algorithm
         width = logp.shape[1]
-        off = batch.off_policy(mb, width) * mask  # (tokens carry the version that sampled them, whatever the engine)
+        off = batch.off_policy(mb, width, self.device) * mask  # (tokens carry the version that sampled them, whatever the engine)
         self._accumulate_staleness(sums, batch, mb, mask, off)
         if a.off_policy_objective == "mask_stale":
             return prox, None
@@ -371,36 +376,42 @@ class Trainer:
             if not has_engine:
                 raise RuntimeError("algorithm.off_policy_objective = coupled needs the engine's log-probs of every sampled "
                                    "token; this engine returned none. Use decoupled or mask_stale")
-            return pad_rows([torch.tensor(batch.engine_logp[i], dtype=torch.float32) for i in mb], width).to(prox.dtype), None
-        stale = bool(off.sum() > 0) or (batch.policy_version != self.policy_version and not self.engine_shares_policy
-                                        and batch.old_logp is None)
+            return self._engine_logp(batch, mb, width).to(prox.dtype), None
+        # (the host's versions first: an on-policy micro-batch never waits for the device to read `off`)
+        stale = (batch.sampled_before(mb) and bool(off.sum() > 0)) or (
+            batch.policy_version != self.policy_version and not self.engine_shares_policy and batch.old_logp is None)
         if a.rollout_correction == "none" or (a.rollout_correction == "auto" and not stale):
             return prox, None
         if not has_engine:
             raise RuntimeError("algorithm.rollout_correction needs the engine's log-probs of every sampled token; this engine "
                                "returned none. Set algorithm.rollout_correction=none (and rollout.overlap=false)")
-        engine = pad_rows([torch.tensor(batch.engine_logp[i], dtype=torch.float32) for i in mb], width)
+        engine = self._engine_logp(batch, mb, width)
         mode = "truncate" if a.rollout_correction == "auto" else a.rollout_correction
         weights, metrics = rollout_correction(prox.detach().float(), engine, mask, level="token", mode=mode,
                                               cap=a.rollout_correction_cap)
-        tokens = float(mask.sum())
+        tokens = mask.sum()
         for key in ("mismatch/kl", "mismatch/ratio_mean", "mismatch/frac_capped", "mismatch/frac_masked"):
-            sums["correction/" + key.split("/", 1)[1]] += float(metrics[key]) * tokens
+            sums["correction/" + key.split("/", 1)[1]] += metrics[key] * tokens
         w = weights.float() * mask
-        sums["ess_w"] += float(w.sum())
-        sums["ess_w2"] += float((w * w).sum())
+        sums["ess_w"] += w.sum()
+        sums["ess_w2"] += (w * w).sum()
         return prox, weights.to(logp.dtype)
+
+    def _engine_logp(self, batch: RolloutBatch, mb: list[int], width: int) -> torch.Tensor:
+        """(B, width) float32 on the device: the engine's log-probs of the micro-batch's tokens, 0 on padding."""
+        rows = [batch.engine_logp[i][:width] for i in mb]
+        return torch.tensor([r + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32, device=self.device)
 
     def _accumulate_staleness(self, sums, batch: RolloutBatch, mb: list[int], mask: torch.Tensor, off: torch.Tensor) -> None:
         """staleness/* (versions between each trained token's sampler and the policy training on it) and the
         off-policy token count, over the loss's tokens."""
         if not batch.versions:
             return
-        stale = batch.staleness(mb, mask.shape[1], self.policy_version) * mask
-        sums["staleness_sum"] += float(stale.sum())
-        sums["staleness_max"] = max(sums["staleness_max"], float(stale.max()) if stale.numel() else 0.0)
-        sums["staleness_tokens"] += float(mask.sum())
-        sums["off_policy_tokens"] += float(off.sum())
+        stale = batch.staleness(mb, mask.shape[1], self.policy_version, self.device) * mask
+        sums["staleness_sum"] += stale.sum()
+        running_max(sums, "staleness_max", stale)
+        sums["staleness_tokens"] += mask.sum()
+        sums["off_policy_tokens"] += off.sum()
 
     def _accumulate_mismatch(self, sums, batch: RolloutBatch, mb: list[int], logp: torch.Tensor, mask: torch.Tensor) -> None:
         """|trainer − engine| log-prob gap, measured where the trainer still holds the sampling policy (per token: the
@@ -409,17 +420,17 @@ class Trainer:
         if batch.old_logp is not None:
             reference = pad_rows([batch.old_logp[i] for i in mb], logp.shape[1])
         elif batch.versions:
-            mask = mask * (batch.staleness(mb, logp.shape[1], self.policy_version) == 0).float()
+            mask = mask * (batch.staleness(mb, logp.shape[1], self.policy_version, self.device) == 0).float()
             reference = logp.detach()
         elif batch.policy_version == self.policy_version and (self.policy_version == self.synced_version or self.engine_shares_policy):
             reference = logp.detach()
         if reference is None or not batch.engine_logp[mb[0]]:
             return
-        engine = pad_rows([torch.tensor(batch.engine_logp[i], dtype=torch.float32) for i in mb], logp.shape[1])
+        engine = self._engine_logp(batch, mb, logp.shape[1])
         gap = (reference.float() - engine).abs() * mask
-        sums["mismatch_sum"] += float(gap.sum())
-        sums["mismatch_max"] = max(sums["mismatch_max"], float(gap.max()))
-        sums["mismatch_tokens"] += float(mask.sum())
+        sums["mismatch_sum"] += gap.sum()
+        running_max(sums, "mismatch_max", gap)
+        sums["mismatch_tokens"] += mask.sum()
 
     def _clip_and_step(self, loss: float) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]
@@ -502,7 +513,7 @@ class Trainer:
         precision the trainer's own rounding sensitivity: mean |its autocast log-probs − its float32 ones|."""
         canaries = self.sync_check.canaries
         engine = self.engine.score([p for p, _ in canaries], [c for _, c in canaries], 1.0)
-        packed = pack_right_padded([p for p, _ in canaries], [c for _, c in canaries], self.pad_id)
+        packed = pack_right_padded([p for p, _ in canaries], [c for _, c in canaries], self.pad_id, self.device)
 
         def trainer_logprobs(context) -> torch.Tensor:
             with torch.no_grad(), context:
@@ -514,7 +525,7 @@ class Trainer:
         sensitivity = None
         if self.precision.mixed:  # the same weights in float32 (a LoRA base held in bf16: upcast one module at a time)
             sensitivity = float((trainer - trainer_logprobs(float32_weights(self.policy))).abs().mean())
-        return torch.tensor([x for row in engine for x in row], dtype=torch.float32), trainer, sensitivity
+        return torch.tensor([x for row in engine for x in row], dtype=torch.float32, device=self.device), trainer, sensitivity
 
     def _calibrate_sync_check(self, sampled_version: int, prompts: list[list[int]], outs) -> None:
         """Pick the canaries from the first batch and measure the noise floor while engine and trainer provably agree."""
@@ -572,3 +583,4 @@ class Trainer:
         if self.owns_engine:
             self.engine.close()
         self.dist.close(clean=clean)
+

@@ -58,7 +58,7 @@ def adapter_effect(engine: torch.Tensor, trainer: torch.Tensor, base: torch.Tens
 def base_canary_logprobs(trainer) -> torch.Tensor:
     """Flat (M,) log-probs of the canary tokens under the base model (the adapter disabled), temperature 1."""
     canaries = trainer.sync_check.canaries
-    packed = pack_right_padded([p for p, _ in canaries], [c for _, c in canaries], trainer.pad_id)
+    packed = pack_right_padded([p for p, _ in canaries], [c for _, c in canaries], trainer.pad_id, trainer.device)
     with torch.no_grad(), trainer.precision.autocast(), trainer.lora.adapter_disabled():
         logp, _ = completion_logprobs(trainer.policy, packed.input_ids, packed.attention_mask, packed.prompt_lengths,
                                       packed.completion_ids, packed.completion_mask, temperature=1.0)

@@ -37,6 +37,7 @@ class TrainerParts:
     """What `setup` builds, in build order (the cheapest and likeliest to fail first)."""
 
     dist: LocalContext  # this process among the training processes (every method the identity in one process)
+    device: torch.device  # where the training side lives (train.device): every model and every tensor a step makes
     run_dir: Path  # where this process writes (ranks > 0: run_dir/ranks/rank-N)
     rewards: RewardSet | MainOnlyRewards  # scores completions (on rank 0 only, broadcast, when several processes)
     model_dir: Path  # model.path resolved to a local checkpoint directory

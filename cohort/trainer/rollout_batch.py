@@ -46,20 +46,18 @@ class RolloutBatch:
         """A batch (advantages still empty) from the engine's trajectories, one per entry of `rows` / `prompt_ids`."""
         return cls(row_indices=rows, prompt_ids=prompt_ids, completion_ids=[t.token_ids for t in trajectories],
                    engine_logp=[t.logprobs for t in trajectories], truncated=[t.status == "length" for t in trajectories],
-                   completions_text=texts, rewards=rewards, per_function=per_function, advantages=torch.empty(0),
+                   completions_text=texts, rewards=rewards, per_function=per_function, advantages=torch.empty(0, device="cpu"),
                    policy_version=policy_version, versions=[list(t.versions) for t in trajectories],
                    loss_masks=[t.loss_mask for t in trajectories],
                    episodes=[t.episode for t in trajectories] if any(t.episode is not None for t in trajectories) else None)
 
-    def token_mask(self, rows: list[int], width: int) -> torch.Tensor:
-        """(B, width) float: 1.0 on the completion tokens of `rows` that are trained on (the trajectories' loss masks:
-        0 on tool-output tokens), 0.0 on tool tokens and padding."""
-        out = torch.zeros((len(rows), width), dtype=torch.float32)
-        for k, i in enumerate(rows):
-            n = min(len(self.completion_ids[i]), width)
-            mask = self.loss_masks[i] if self.loss_masks is not None else [1] * n
-            out[k, :n] = torch.tensor(mask[:n], dtype=torch.float32)
-        return out
+    def token_mask(self, rows: list[int], width: int, device: torch.device | None = None) -> torch.Tensor:
+        """(B, width) float on `device`: 1.0 on the completion tokens of `rows` that are trained on (the trajectories'
+        loss masks: 0 on tool-output tokens), 0.0 on tool tokens and padding."""
+        return _padded_rows([self._loss_mask(i)[:width] for i in rows], width, torch.float32, device)
+
+    def _loss_mask(self, i: int) -> list[int]:
+        return self.loss_masks[i] if self.loss_masks is not None else [1] * len(self.completion_ids[i])
 
     def trained_lengths(self) -> list[int]:
         """Tokens per completion that the model sampled and the loss sees (tool-output tokens left out)."""
@@ -78,26 +76,32 @@ class RolloutBatch:
     def __len__(self) -> int:
         return len(self.completion_ids)
 
-    def off_policy(self, rows: list[int], width: int) -> torch.Tensor:
-        """(len(rows), width) 1.0 on tokens sampled by a policy older than `taken_version` (resumed prefixes of partial
-        rollouts, a batch generated behind the update), 0.0 elsewhere and on padding."""
-        out = torch.zeros(len(rows), width)
-        for r, i in enumerate(rows):
-            v = torch.tensor(self.versions[i][:width], dtype=torch.long) if i < len(self.versions) else torch.empty(0)
-            out[r, : len(v)] = (v < self.taken_version).float()
-        return out
+    def _token_versions(self, i: int, width: int) -> list[int]:
+        return self.versions[i][:width] if i < len(self.versions) else []
 
-    def staleness(self, rows: list[int], width: int, version: int) -> torch.Tensor:
-        """(len(rows), width) how many versions each token's sampler is behind `version` (0 on padding)."""
-        out = torch.zeros(len(rows), width)
-        for r, i in enumerate(rows):
-            v = torch.tensor(self.versions[i][:width], dtype=torch.float32) if i < len(self.versions) else torch.empty(0)
-            out[r, : len(v)] = version - v
-        return out
+    def sampled_before(self, rows: list[int]) -> bool:
+        """Whether some token of `rows` was sampled by a policy older than `taken_version` (read from the host's lists)."""
+        return any(v < self.taken_version for i in rows for v in self._token_versions(i, len(self.completion_ids[i])))
+
+    def off_policy(self, rows: list[int], width: int, device: torch.device | None = None) -> torch.Tensor:
+        """(len(rows), width) on `device`: 1.0 on tokens sampled by a policy older than `taken_version` (resumed
+        prefixes of partial rollouts, a batch generated behind the update), 0.0 elsewhere and on padding."""
+        return _padded_rows([[float(v < self.taken_version) for v in self._token_versions(i, width)] for i in rows],
+                            width, torch.float32, device)
+
+    def staleness(self, rows: list[int], width: int, version: int, device: torch.device | None = None) -> torch.Tensor:
+        """(len(rows), width) on `device`: how many versions each token's sampler is behind `version` (0 on padding)."""
+        return _padded_rows([[float(version - v) for v in self._token_versions(i, width)] for i in rows],
+                            width, torch.float32, device)
 
     def sequence_advantage(self, i: int) -> float:
         """Completion i's mean advantage over its trained tokens (its one advantage for outcome-level algorithms;
         tool-output tokens, whose advantage is 0, left out)."""
         n = len(self.completion_ids[i])
-        trained = self.token_mask([i], n)[0].bool() if n else None
+        trained = self.token_mask([i], n, self.advantages.device)[0].bool() if n else None
         return float(self.advantages[i, :n][trained].mean()) if n and trained.any() else 0.0
+
+
+def _padded_rows(rows: list[list[float]], width: int, dtype: torch.dtype, device: torch.device | None) -> torch.Tensor:
+    """(len(rows), width) of `rows` right-padded with zeros, made in one call on `device` (one host-to-device copy)."""
+    return torch.tensor([list(r) + [0] * (width - len(r)) for r in rows], dtype=dtype, device=device).reshape(len(rows), width)

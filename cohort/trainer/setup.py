@@ -24,6 +24,7 @@ from cohort.data.datasets import RepeatSampler
 from cohort.data.loading import load_data
 from cohort.distributed.fsdp import LocalContext, context_from_env, rank_run_dir
 from cohort.distributed.rank0 import MainOnlyEngine, main_only_rewards
+from cohort.models.devices import resolve_device, use_device
 from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir
 from cohort.models.lora import attach_lora, base_dtype
 from cohort.models.precision import Precision, resolve_precision
@@ -43,6 +44,8 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
     (the critic sees the same tokens as the policy); `external_engine`, when given, is used and not closed."""
     torch.manual_seed(cfg.train.seed)
     dist = context_from_env()  # one process, or one of W under torchrun
+    device = resolve_device(cfg.train.device)  # cuda:LOCAL_RANK with a GPU (auto), else the CPU: every model goes there
+    use_device(device)
     run_dir = rank_run_dir(dist, cfg, run_dir)
     _check_writable(run_dir)
     train_data, eval_data, reward_specs = load_data(cfg)
@@ -52,9 +55,10 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
     prompts = encode_prompts(cfg, tokenizer, model_dir, train_data, eval_data)  # raises if one cannot fit
     sampler = RepeatSampler(len(prompts.train), plan.prompts_per_generation, plan.num_generations,
                             shuffle=cfg.data.shuffle, seed=cfg.train.seed)
-    precision = resolve_precision(cfg.model.dtype, cfg.train.precision)  # float32 master weights when mixed
-    policy = load_policy(model_dir, base_dtype(precision) if cfg.model.lora_rank else precision.weights_dtype)  # LoRA: frozen
-    set_torch_threads(cfg, num_parameters=sum(p.numel() for p in policy.parameters()))  # before any engine starts
+    precision = resolve_precision(cfg.model.dtype, cfg.train.precision, device)  # float32 master weights when mixed
+    policy = load_policy(model_dir, base_dtype(precision) if cfg.model.lora_rank else precision.weights_dtype,  # LoRA: frozen
+                         device=device)
+    set_torch_threads(cfg, num_parameters=sum(p.numel() for p in policy.parameters()), device=device)  # before any engine
     if cfg.train.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     lora = attach_lora(policy, cfg.model, precision=precision,
@@ -66,14 +70,14 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
     policy = dist.shard(policy)  # FSDP2 when W > 1; the optimizer then holds this rank's shards
     optimizer, scheduler = build_optimizer(policy, cfg.train)
     algorithm = algorithms.resolve(cfg, off_policy=plan.off_policy)
-    critic = _critic(cfg, model_dir, pack) if algorithm.spec.needs_critic else None
+    critic = _critic(cfg, model_dir, pack, precision, device) if algorithm.spec.needs_critic else None
     max_model_len = engine_length(cfg, model_dir, prompts.train_ids + (prompts.eval_ids or []))
     engine, owns_engine = _engine(cfg, dist, model_dir, tokenizer, external_engine, max_model_len=max_model_len,
                                   precision=precision, policy=policy)
     if cfg.rollout.uses_tools:  # multi-turn: every request goes through the tool loop (cohort/tools/loop.py)
         engine = _with_tools(cfg, engine, tokenizer, prompts)
     return TrainerParts(
-        dist=dist, run_dir=run_dir, rewards=rewards, model_dir=model_dir, tokenizer=tokenizer,
+        dist=dist, device=device, run_dir=run_dir, rewards=rewards, model_dir=model_dir, tokenizer=tokenizer,
         pad_id=tokenizer.pad_token_id, renderer=prompts.renderer, prompts_filtered=prompts.filtered,
         train_data=prompts.train, train_ids=prompts.train_ids, eval_data=prompts.eval, eval_ids=prompts.eval_ids,
         sampler=sampler, precision=precision, policy=policy, lora=lora, ref_model=ref_model, optimizer=optimizer, scheduler=scheduler,
@@ -90,9 +94,11 @@ def _reference(policy: torch.nn.Module) -> torch.nn.Module:
     return ref
 
 
-def _critic(cfg, model_dir: Path, pack: Callable) -> Critic:
-    """PPO's value model: its own copy of critic.path (default: the policy's checkpoint) with a new value head."""
-    return Critic(resolve_model_dir(cfg.critic.path) if cfg.critic.path else model_dir, cfg, pack=pack)
+def _critic(cfg, model_dir: Path, pack: Callable, precision: Precision, device: torch.device) -> Critic:
+    """PPO's value model: its own copy of critic.path (default: the policy's checkpoint) with a new value head, on the
+    policy's device and in its precision."""
+    return Critic(resolve_model_dir(cfg.critic.path) if cfg.critic.path else model_dir, cfg, pack=pack,
+                  precision=precision, device=device)
 
 
 def _engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, external, *, max_model_len: int, precision: Precision,
@@ -101,7 +107,8 @@ def _engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, external, *, ma
     if external is not None:
         return external, False
     if dist.world_size > 1:  # rank 0 builds the engine; every rank gets its results
-        return rank0_engine(cfg, dist, model_dir, tokenizer, max_model_len=max_model_len, precision=precision), True
+        return rank0_engine(cfg, dist, model_dir, tokenizer, max_model_len=max_model_len, precision=precision,
+                            device=next(policy.parameters()).device), True
     return build_engine(cfg, model_dir, tokenizer, max_model_len=max_model_len, precision=precision, policy=policy), True
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,7 +67,7 @@ class StreamedGradients:
     """The streamed update's state between generation and the optimizer step: accumulated metric sums (loss
     unnormalised) and the loss normaliser's count so far; the gradients themselves sit in the parameters' .grad."""
 
-    sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    sums: dict[str, Any] = field(default_factory=lambda: defaultdict(float))  # tensors on the device until the step
     count: float = 0.0
 
 
@@ -136,7 +137,8 @@ class RefillLedger:
 def all_equal(rewards: np.ndarray) -> bool:
     """One group's rewards are all equal: `advantage_stats`' frac_reward_zero_std rule (NaN rows ignored; a group
     with no finite reward counts)."""
-    return bool(advantage_stats(torch.tensor(rewards, dtype=torch.float32), len(rewards))["frac_reward_zero_std"] == 1.0)
+    # a host-side decision on host rewards (one group's): the rule of frac_reward_zero_std, without a device round trip
+    return bool(advantage_stats(torch.tensor(rewards, dtype=torch.float32, device="cpu"), len(rewards))["frac_reward_zero_std"] == 1.0)
 
 
 def collect_batch(trainer, pending) -> Collected:
@@ -392,6 +394,6 @@ def group_advantages(trainer, part: RolloutBatch) -> torch.Tensor:
     """(n, T) advantages of whole groups from their own rewards: the spec's function, as `Trainer._advantages` calls it."""
     a = trainer.cfg.algorithm
     out = trainer.algorithm.spec.advantages(AdvantageInputs(
-        rewards=torch.tensor(part.rewards, dtype=torch.float32), mask=trainer.advantage_mask(part), group_size=trainer.plan.num_generations,
+        rewards=torch.tensor(part.rewards, dtype=torch.float32, device=trainer.device), mask=trainer.advantage_mask(part), group_size=trainer.plan.num_generations,
         scale=a.scale_rewards, gamma=a.gamma, lam=a.lam))
     return out.advantages

@@ -177,7 +177,7 @@ class SyncCheck:
     def check(self, version: int, engine: torch.Tensor, trainer: torch.Tensor, sensitivity: float | None = None) -> dict[str, float]:
         """Judge a push; raise SyncCheckError naming the statistic, else remember the trainer's log-probs."""
         floor_mean, floor_rms = self.floor or (math.nan, math.nan)
-        previous = torch.tensor(self.previous) if self.previous is not None else None
+        previous = torch.tensor(self.previous, device=trainer.device) if self.previous is not None else None
         scale = self.noise_scale(sensitivity)
         verdict = judge(engine, trainer, previous, floor_mean=floor_mean, floor_rms=floor_rms, noise_scale=scale,
                         fixed_tolerance=self.fixed_tolerance, min_gap=self.min_gap)
