@@ -44,12 +44,13 @@ def _fields_help() -> str:
 def _load(args_list: list[str], *, check_files: bool = True, say_source=None):
     """(config, plan); with say_source (a stream), first write the one line that says where the values came from."""
     from cohort.config import resolve_config
-    from cohort.validation import validate_config
+    from cohort.validation import settle_model_dtype, validate_config
 
     path, overrides = _split_config_args(args_list)
     resolved = resolve_config(path, overrides)
+    chosen, _ = settle_model_dtype(resolved.config)  # (a train.device problem is reported by validate_config below)
     if say_source is not None and "WORLD_SIZE" not in os.environ:  # torchrun children: their parent said it
-        print(f"config: {resolved.source}", file=say_source, flush=True)
+        print(f"config: {resolved.source}" + (f"; {chosen}" if chosen else ""), file=say_source, flush=True)
     plan = validate_config(resolved.config, check_files=check_files)
     return resolved.config, plan
 

@@ -54,11 +54,13 @@ class ModelConfig(_Section):
         "first use; `tiny:arith_chat` is its chat twin for the arith_chat task: BPE, ChatML, two stop ids). With a tiny model, a built-in task and no config file, `cohort train` applies the demo's preset "
         "(examples/arith.yaml); anything of your own starts from these field defaults.",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32",
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
         description="Precision the model computes in: the forward/backward passes, the saved final/ model and generation "
         "(unless rollout.dtype says otherwise). With bfloat16, train.precision decides whether float32 master weights are "
-        "kept (mixed, the default) or the bfloat16 weights are trained directly (pure).",
+        "kept (mixed, the default) or the bfloat16 weights are trained directly (pure). `auto`: bfloat16 where the "
+        "training device has bf16 units and it pays — a CUDA GPU from Ampere on; a CPU with AVX512-BF16 or AMX for a "
+        "model of 20M parameters or more — else float32; the `config:` line says which (docs/gpu.md, \"Precision\").",
     )
     # LoRA (cohort/models/lora.py, docs/lora.md): flat fields, as the config stays two levels deep.
     lora_rank: int = Field(

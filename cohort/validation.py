@@ -35,7 +35,9 @@ from cohort import rewards as reward_registry
 from cohort.config import ALGORITHM_MIN_GENERATIONS, ALGORITHMS_WITH_CRITIC, CohortConfig, ConfigError
 from cohort.data.datasets import DataError, check_data_config
 from cohort.models import loading
+from cohort.models.devices import DeviceError, auto_dtype, has_bf16_units, resolve_device
 from cohort.models.lora import lora_problems
+from cohort.models.tiny import cached_tiny_dir
 from cohort.plan import (GROUP_RELATIVE, BatchPlan, MeasuredPrompts, ModelFacts, UnreadableWeights, batch_plan,
                          kv_bytes_per_token, model_facts, stream_update_blockers, with_measured_prompts)
 from cohort.data.loading import load_data
@@ -47,6 +49,9 @@ from cohort.tools.checks import tool_problems
 def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
     """All checks that need no model; raises ConfigError listing every problem, else returns the batch plan
     (with check_files, its token bound taken from the longest prompt kept)."""
+    device_problems = settle_model_dtype(cfg)[1]  # model.dtype = auto -> the hardware's choice, before anything reads it
+    if device_problems:
+        raise ConfigError(device_problems)
     problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_overlap(cfg) + check_streaming(cfg) + check_partial(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
     if check_files:
         problems += check_data_config(cfg.data) + loading.check_model_dir(cfg.model.path)
@@ -65,6 +70,32 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
     if problems:
         raise ConfigError(problems)
     return with_measured_prompts(cfg, batch_plan(cfg), measured) if check_files else batch_plan(cfg)
+
+
+# --------------------------------------------------------------------------- the device and model.dtype = auto
+
+
+def settle_model_dtype(cfg: CohortConfig) -> tuple[str | None, list[str]]:
+    """Resolve train.device and `model.dtype = auto` (cohort/models/devices.py) and write the chosen dtype into the
+    config, so the saved config.yaml, the plan and every part read one concrete dtype. Returns (what was chosen and
+    why, for the `config:` line; None when model.dtype was already concrete) and the problems found (a train.device
+    this process cannot have). Reads the checkpoint's safetensors headers for its size, never the weights."""
+    try:
+        device = resolve_device(cfg.train.device)
+    except DeviceError as exc:
+        return None, [str(exc)]
+    if cfg.model.dtype != "auto":
+        return None, []
+    model_dir = None if cfg.model.path.startswith("tiny:") else Path(cfg.model.path).expanduser()
+    if model_dir is None:  # an embedded model: its cached checkpoint when built (never built here)
+        model_dir = cached_tiny_dir(cfg.model.path.split(":", 1)[1])
+    try:
+        parameters = loading.checkpoint_parameters(model_dir) if model_dir is not None and model_dir.is_dir() else None
+    except (OSError, ValueError):
+        parameters = None
+    dtype, why = auto_dtype(device.type, has_bf16_units(device), parameters)
+    cfg.model.dtype = dtype
+    return f"model.dtype auto = {dtype} ({why})", []
 
 
 # --------------------------------------------------------------------------- the config alone

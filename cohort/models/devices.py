@@ -81,3 +81,44 @@ def use_device(device: torch.device | None) -> None:
 def autocast_device_type(device: torch.device) -> str:
     """The `device_type` torch.autocast takes for tensors on `device` (cpu for meta and other devices it lacks)."""
     return device.type if device.type in ("cuda", "cpu", "xpu", "mps", "hpu") else "cpu"
+
+
+# --------------------------------------------------------------------------- model.dtype = auto
+
+# Below this many parameters a CPU step is overhead, not matrix maths, and bfloat16 does not pay on CPU (measured:
+# docs/gpu.md, "Precision"); at and above it a CPU with bf16 units trains in bf16 mixed precision.
+CPU_BF16_MIN_PARAMETERS = 20_000_000
+
+
+def has_bf16_units(device: torch.device) -> bool:
+    """Whether `device` computes bfloat16 matrix products in hardware: a CUDA GPU of compute capability 8.0 or later
+    (Ampere on), or a CPU with AVX512-BF16 or AMX-BF16 (read from /proc/cpuinfo's flags)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device)[0] >= 8
+    if device.type != "cpu":
+        return False
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = {flag for line in cpuinfo if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def auto_dtype(device_type: str, bf16_units: bool, num_parameters: int | None) -> tuple[str, str]:
+    """`model.dtype = auto` -> (dtype, why), as TRL's bf16=True default would choose on a GPU: bfloat16 (with float32
+    masters under train.precision=mixed) where the hardware has bf16 units and it pays, float32 elsewhere.
+
+    - CUDA with bf16 units (Ampere on): bfloat16, whatever the size.
+    - CPU with bf16 units: bfloat16 from CPU_BF16_MIN_PARAMETERS on (a 31.5M model's step 1.56x faster), float32 below
+      (a small model's step is overhead; bf16 there only adds casts) and when the size is unknown.
+    - anything else (an older GPU, a CPU without bf16 units): float32.
+    """
+    if not bf16_units:
+        return "float32", f"{device_type} without bfloat16 units"
+    if device_type == "cuda":
+        return "bfloat16", "a GPU with bfloat16 units"
+    if device_type == "cpu" and num_parameters is not None and num_parameters >= CPU_BF16_MIN_PARAMETERS:
+        return "bfloat16", f"a CPU with bfloat16 units and {num_parameters / 1e6:.1f}M parameters"
+    size = f"{num_parameters / 1e6:.1f}M parameters" if num_parameters is not None else "an unknown size"
+    return "float32", f"{size} on {device_type} (bfloat16 pays from {CPU_BF16_MIN_PARAMETERS / 1e6:.0f}M on CPU)"

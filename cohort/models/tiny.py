@@ -306,6 +306,14 @@ def resolve_model_path(path: str | Path) -> Path:
     return local
 
 
+def cached_tiny_dir(name: str, cache_dir: str | Path | None = None) -> Path | None:
+    """The checkpoint directory of tiny model ``name`` if it is built and cached, else None (nothing is built)."""
+    if name not in TINY_RECIPES:
+        return None
+    target = cache_root(cache_dir) / f"tiny-{name}-{TINY_RECIPES[name].digest()}"
+    return target if (target / METADATA_FILE).is_file() else None
+
+
 def build_tiny_model(name: str = "arith", *, cache_dir: str | Path | None = None, force: bool = False) -> Path:
     """The checkpoint directory of tiny model ``name``, built on first use.
 
