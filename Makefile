@@ -12,11 +12,18 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: install demo test bench bench-compare bench-env bench-env-vllm clean
+.PHONY: install install-gpu demo test bench bench-compare bench-env bench-env-vllm gpu-check-wheels clean
 
+# A venv that `make install-gpu` made stays a GPU one: `make install` (and so demo and test) then keeps its CUDA builds.
+GPU_STAMP := $(VENV)/.cohort-gpu-installed
+ifeq ($(wildcard $(GPU_STAMP)),)
 install: $(STAMP)
+else
+install: install-gpu
+endif
 
 $(STAMP): pyproject.toml Makefile
+	@if command -v nvidia-smi >/dev/null 2>&1; then echo "note: nvidia-smi found; this installs the CPU builds (training and vLLM on the CPU). For the GPU: make install-gpu"; fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# CPU torch from the wheel on disk first, so nothing pulls a CUDA build.
@@ -28,6 +35,29 @@ $(STAMP): pyproject.toml Makefile
 	-$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PY) -c "import torch, transformers, vllm, cohort; print('cohort ready: torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
 	touch $(STAMP)
+
+# On a machine with an NVIDIA GPU: the CUDA builds. PyPI's torch 2.13.0 for Linux x86-64 is the CUDA build, and the GPU
+# wheel of vLLM 0.32.0 pins exactly that torch; nothing else differs from the CPU install. The last line fails unless
+# torch sees a GPU (docs/gpu.md).
+install-gpu: $(GPU_STAMP)
+
+$(GPU_STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "torch==2.13.0" "vllm==0.32.0" "transformers<5.20"
+	$(PIP) install -q -e ".[dev]" "torch==2.13.0" "vllm==0.32.0" "transformers<5.20"
+	$(PY) -c "import torch, transformers, vllm, cohort; assert torch.cuda.is_available() and torch.version.cuda, 'torch ' + torch.__version__ + ' sees no GPU'; print('cohort ready (GPU): torch', torch.__version__, 'CUDA', torch.version.cuda, 'on', torch.cuda.get_device_name(0), '| transformers', transformers.__version__, 'vllm', vllm.__version__)"
+	touch $(GPU_STAMP) $(STAMP)
+
+# The packages bench/gpu_check.py needs beyond PyTorch, transformers and peft, as wheels for Python 3.12 on x86-64
+# Linux, into .whl/ (for a GPU machine without network: docs/gpu.md, "The prepared GPU check").
+gpu-check-wheels:
+	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+		"pydantic==$$($(PY) -c 'import pydantic; print(pydantic.VERSION)')" \
+		"pydantic-core==$$($(PY) -c 'import pydantic_core; print(pydantic_core.__version__)')" \
+		"annotated-types==$$($(PY) -c 'import importlib.metadata as m; print(m.version("annotated-types"))')" \
+		"typing-inspection==$$($(PY) -c 'import importlib.metadata as m; print(m.version("typing-inspection"))')"
 
 demo: install
 	$(VENV)/bin/cohort train

@@ -1,0 +1,183 @@
+"""The prepared GPU check: the embedded demo and a 0.5B-shaped Qwen2 trained on one device; prints JSON.
+
+    python bench/gpu_check.py                  # on a GPU machine (train.device=auto -> cuda:0, model.dtype=auto -> bf16)
+    python bench/gpu_check.py --device cpu     # the same script here, as a smoke check (small shapes, few steps)
+
+Made for a machine that has only PyTorch, transformers and peft (no vLLM, pydantic or network): everything runs
+with the transformers engine (`rollout.engine=hf`), and the missing small packages travel as wheels
+(`make gpu-check-wheels` fetches them into .whl/; docs/gpu.md says how to run it there).
+
+Two parts, each timed separately:
+- **demo**: `cohort.train` on the embedded demo (tiny:arith, its preset) with the transformers engine on the device,
+  in the precision `model.dtype=auto` picks there; held-out greedy accuracy before and after.
+- **big**: a randomly initialised Qwen2 of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads,
+  intermediate 4864, vocabulary 151936, tied embeddings: ~494M parameters) with the character tokenizer, trained
+  `--big-steps` GRPO steps on the arith prompts (8 prompts x 8 completions, `--big-tokens` tokens each, micro-batch
+  8) in bf16 mixed precision. The engine is a transformers copy of its own (as rank 0 holds one under FSDP), so
+  every step pushes the weights and checks the canaries. Reported: s/step, trained tokens/s (prompt + completion
+  tokens through the update), the update's model FLOPs utilisation (6 x parameters x trained tokens/s over the bf16
+  matrix rate measured at start), the peak device memory beside the planner's estimate, and the canary gap.
+
+`--device cpu` shrinks the big model (`--shape small`) and the step counts, so the whole check takes a few minutes
+here; its numbers say only that the script works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's cohort, without an install
+
+from cohort.api import train as cohort_train  # noqa: E402
+from cohort.config import load_config  # noqa: E402
+from cohort.distributed.rank0 import DetachedHFEngine  # noqa: E402
+from cohort.models.devices import resolve_device  # noqa: E402
+from cohort.models.loading import load_policy, load_tokenizer, stop_token_ids  # noqa: E402
+from cohort.plan import memory_estimate, model_facts  # noqa: E402
+from cohort.trainer.loop import Trainer  # noqa: E402
+
+SHAPES = {  # Qwen2 config fields; "0.5b" is Qwen2.5-0.5B's shape
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "small": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=4096, tie_word_embeddings=True),
+}
+
+
+def matmul_rate(device: torch.device, n: int, seconds: float = 2.0) -> float:
+    """Measured bf16 matrix-multiply rate on `device`, FLOP/s (2n^3 per n x n product)."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(10):
+            a @ b
+        count += 10
+        _sync(device)
+    return 2 * n**3 * count / (time.perf_counter() - start)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_demo(device: torch.device, steps: int, out_dir: Path) -> dict:
+    """The embedded demo through cohort.train (its preset), the transformers engine on `device`."""
+    start = time.perf_counter()
+    summary = cohort_train(None, overrides=[
+        "rollout.engine=hf", f"train.device={device}", f"train.max_steps={steps}", f"run.output_dir={out_dir / 'demo'}",
+        "run.progress=false", "run.loggers=[jsonl]"])
+    config = json.loads(json.dumps(load_config(out_dir / "demo" / "config.yaml").to_dict()))
+    return {"steps": steps, "model_dtype": config["model"]["dtype"], "wall_s": time.perf_counter() - start,
+            "median_step_s": summary.get("median_step_s"), "accuracy_before": summary.get("eval/accuracy_before"),
+            "accuracy_after": summary.get("eval/accuracy_after")}
+
+
+def build_random_qwen2(out_dir: Path, shape: str, max_positions: int) -> Path:
+    """A random Qwen2 of `shape` saved with the character tokenizer (its ids are the first 259 of the vocabulary; the
+    model may sample any id, which the tokenizer decodes as nothing)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from cohort.models.char_tokenizer import EOS_TOKEN_ID, save_char_tokenizer
+
+    torch.manual_seed(0)
+    config = Qwen2Config(**SHAPES[shape], max_position_embeddings=max_positions, eos_token_id=EOS_TOKEN_ID,
+                         pad_token_id=EOS_TOKEN_ID, bos_token_id=None)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(str(out_dir), safe_serialization=True)
+    save_char_tokenizer(out_dir, model_max_length=max_positions)
+    return out_dir
+
+
+def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: Path, rate: float) -> dict:
+    """GRPO steps of the random Qwen2 on the arith prompts, measured step by step (see the module docstring)."""
+    model_dir = build_random_qwen2(out_dir / f"qwen2-{shape}", shape, max_positions=tokens + 64)
+    overrides = [f"model.path={model_dir}", "model.dtype=bfloat16", "data.task=arith", "rollout.engine=hf",
+                 "rollout.num_generations=8", f"rollout.max_completion_length={tokens}", "train.prompts_per_step=8",
+                 "train.micro_batch_size=8", f"train.max_steps={steps}", "train.learning_rate=1e-6",
+                 f"train.device={device}", "rewards=[{name: numeric_match}]", f"run.output_dir={out_dir / 'big'}",
+                 "run.progress=false", "run.loggers=[jsonl]"]
+    cfg = load_config(None, overrides)
+    tokenizer = load_tokenizer(model_dir)
+    engine = DetachedHFEngine(load_policy(model_dir, torch.bfloat16, device), pad_token_id=tokenizer.pad_token_id,
+                              stop_token_ids=stop_token_ids(model_dir, tokenizer))
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    trainer = Trainer(cfg, engine=engine, log=lambda *a, **k: None)
+    try:
+        parameters = sum(p.numel() for p in trainer.policy.parameters())
+        records = []
+        for _ in range(steps):
+            metrics = trainer.step()
+            batch, rows = trainer.batch, trainer.step_indices
+            trained = sum(len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in rows)
+            records.append({"step_s": metrics["timing/step_s"], "update_s": metrics.get("timing/update_s", float("nan")),
+                            "generate_s": metrics.get("timing/generate_s", 0.0), "trained_tokens": trained,
+                            "canary_gap_max": metrics.get("sync/canary_gap_max")})
+        trainer.sync_weights()  # the last step's push, checked
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    finally:
+        trainer.close()
+    timed = records[1:] or records  # the first step pays for kernels' first use
+    update_s = sum(r["update_s"] for r in timed)
+    tokens_per_s = sum(r["trained_tokens"] for r in timed) / update_s
+    estimate = {name: size for name, size, _ in memory_estimate(cfg, trainer.plan, model_facts(str(model_dir)))}
+    return {"shape": shape, "parameters": parameters, "steps": steps, "completion_tokens": tokens,
+            "s_per_step": sum(r["step_s"] for r in timed) / len(timed),
+            "generate_s_per_step": sum(r["generate_s"] for r in timed) / len(timed),
+            "update_s_per_step": update_s / len(timed), "update_tokens_per_s": tokens_per_s,
+            "update_mfu": 6 * parameters * tokens_per_s / rate,
+            "peak_device_memory_bytes": peak, "planner_estimate_bytes": estimate,
+            "canary_gap_max": max((r["canary_gap_max"] or 0.0) for r in records),
+            "last_canary_gap": trainer.last_canary_gap}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="auto", help="train.device: auto (cuda:0 on a GPU machine), cuda, cpu")
+    ap.add_argument("--demo-steps", type=int, default=None, help="default: 300 on a GPU (the preset), 4 on CPU")
+    ap.add_argument("--big-steps", type=int, default=None, help="default: 20 on a GPU, 3 on CPU")
+    ap.add_argument("--big-tokens", type=int, default=None, help="completion tokens; default: 256 on a GPU, 16 on CPU")
+    ap.add_argument("--shape", choices=list(SHAPES), default=None, help="default: 0.5b on a GPU, small on CPU")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["demo", "big"])
+    ap.add_argument("--out", default=None, help="also write the JSON here")
+    args = ap.parse_args(argv)
+    device = resolve_device(args.device)
+    gpu = device.type == "cuda"
+    out_dir = Path(tempfile.mkdtemp(prefix="cohort-gpu-check-"))
+    doc = {"generated": time.strftime("%Y-%m-%d %H:%M:%S"), "device": str(device), "python": platform.python_version(),
+           "torch": torch.__version__, "device_name": torch.cuda.get_device_name(device) if gpu else platform.processor()}
+    rate = matmul_rate(device, 8192 if gpu else 1024)
+    doc["bf16_matmul_tflops"] = rate / 1e12
+    print(f"bf16 matmul: {rate / 1e12:.1f} TFLOP/s", file=sys.stderr, flush=True)
+    if "demo" not in args.skip:
+        doc["demo"] = run_demo(device, args.demo_steps or (300 if gpu else 4), out_dir)
+        print(f"demo: {doc['demo']}", file=sys.stderr, flush=True)
+    if "big" not in args.skip:
+        doc["big"] = run_big(device, args.shape or ("0.5b" if gpu else "small"), args.big_steps or (20 if gpu else 3),
+                             args.big_tokens or (256 if gpu else 16), out_dir, rate)
+        print(f"big: {doc['big']}", file=sys.stderr, flush=True)
+    text = json.dumps(doc, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text)
+    return doc
+
+
+if __name__ == "__main__":
+    main()
