@@ -4,7 +4,9 @@ For each workload × variant × load, one subprocess runs N optimizer steps and 
 (cohort's RUN_DIR/metrics.jsonl; trl_grpo_step.py's --metrics-file in the same names) while sampling the CPU time of
 the run's processes from /proc. Each run is a fresh process (its own engine, its own OpenMP runtime).
 
-Workloads (same model directory, prompts, reward, batch shape, float32, lr 1e-4, beta 0, dapo loss on both sides):
+Workloads (same model directory, prompts, reward, batch shape, lr 1e-4, beta 0, dapo loss on both sides; cohort's precision
+is model.dtype=auto's choice: float32 below 20M parameters, bf16 mixed at m31 on a CPU with bf16 units, which TRL's
+`trl_bf16` matches and `trl_default`, bf16=False, does not):
   tiny     4 prompts × G=8, 16 tokens, the tiny Qwen2 (hidden 128, 4 layers; bench/_common.py)
   long128  8 × 8, 128 tokens, the same model
   long256  8 × 8, 256 tokens (the long-tail one: p50 ≈ 130, a third cut at the limit)
@@ -96,6 +98,7 @@ class Variant:
     env: dict = field(default_factory=dict)
     candidate: bool = True  # on-policy, so it could be a default
     python: Path | None = None  # trl: the venv's interpreter
+    checkout: Path | None = None  # cohort: another checkout's cohort (--before REV), instead of this one
 
 
 OMP_DEFAULT = {"OMP_WAIT_POLICY": "default"}  # an invalid value: libgomp ignores it = unset (OMP_DISPLAY_ENV shows spin 300000)
@@ -140,7 +143,11 @@ VARIANTS = {
                              ("rollout.max_staleness=2",), candidate=False),
     "cohort_local_async2": Variant("cohort", "local_server + rollout.max_staleness=2 (never a default)",
                                    LOCAL + ("rollout.max_staleness=2",), candidate=False),
-    "trl_default": Variant("trl", "TRL 1.16 GRPOTrainer at its defaults (bench/trl_grpo_step.py's docstring)"),
+    "cohort_float32": Variant("cohort", "model.dtype=float32 (the default before model.dtype=auto)", ("model.dtype=float32",)),
+    "cohort_bf16": Variant("cohort", "model.dtype=bfloat16 (bf16 mixed precision, float32 masters)", ("model.dtype=bfloat16",)),
+    "trl_default": Variant("trl", "TRL 1.16 GRPOTrainer at its defaults but bf16=False (bench/trl_grpo_step.py's docstring)"),
+    "trl_bf16": Variant("trl", "TRL 1.16 GRPOTrainer at its defaults, bf16=True included (use_cpu=True so that it starts)",
+                        ("--bf16",)),
     "trl_threads2": Variant("trl", "torch.set_num_threads(2), the issue's user script", ("--threads", "2")),
     "trl_no_gc": Variant("trl", "gradient_checkpointing=False (TRL's default is True)", ("--no-gradient-checkpointing",)),
     "trl_active": Variant("trl", "OMP_WAIT_POLICY=ACTIVE", env={"OMP_WAIT_POLICY": "ACTIVE"}),
@@ -166,7 +173,7 @@ def child_env(variant: Variant) -> tuple[dict, list[str]]:
     """The driver's environment without SPEED_VARS, plus the variant's own; and the names removed."""
     removed = sorted(k for k in SPEED_VARS if k in os.environ)
     env = {k: v for k, v in os.environ.items() if k not in SPEED_VARS}
-    env["PYTHONPATH"] = str(common.REPO)  # this checkout's cohort (and bench._common for the reward)
+    env["PYTHONPATH"] = str(variant.checkout or common.REPO)  # this checkout's cohort (and bench._common for the reward)
     env.update(variant.env)
     return env, removed
 
@@ -348,6 +355,17 @@ def expand(names: list[str]) -> list[str]:
     return out
 
 
+def before_checkout(rev: str) -> Path:
+    """A worktree of revision `rev` under bench/.cache/ (made once): the cohort the `cohort_before` variant runs."""
+    sha = subprocess.run(["git", "-C", str(common.REPO), "rev-parse", "--short", rev], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    path = common.BENCH_DIR / ".cache" / f"before-{sha}"
+    if not path.is_dir():
+        subprocess.run(["git", "-C", str(common.REPO), "worktree", "add", "--detach", str(path), sha], check=True,
+                       capture_output=True)
+    return path
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -358,6 +376,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--gate", action="store_true", help="before each run wait (../shared/tools/when-idle) for load < 1.0")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     ap.add_argument("--list", action="store_true", help="print the variants and presets, run nothing")
+    ap.add_argument("--before", default=None, metavar="REV",
+                    help="also run `cohort_before`: cohort_default from a worktree of git revision REV (before/after in one run)")
     args = ap.parse_args(argv)
     if args.list:
         for name, v in VARIANTS.items():
@@ -367,6 +387,9 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     steps = 2 if args.quick else args.steps
     variants = expand(args.variants)
+    if args.before:
+        VARIANTS["cohort_before"] = Variant("cohort", f"`cohort train` as is at {args.before}", checkout=before_checkout(args.before))
+        variants.insert(0, "cohort_before")
     dirs = model_dirs(args.workloads)
     common.addition_file(64)
     runs = []

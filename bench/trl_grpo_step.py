@@ -9,8 +9,9 @@ What this script sets, and why each is what a TRL user sets:
 - the workload, identical on both sides: the model directory, the prompts, the reward function (bench/_common.py),
   `num_generations`, `max_completion_length`, `learning_rate`, `max_steps`, and one generation batch per optimizer
   step (`per_device_train_batch_size` = prompts × G, as a plain GRPO script sets to train on-policy);
-- `bf16=False`: the workload's precision. TRL defaults to bf16 autocast; cohort trains these float32 checkpoints in
-  float32 by default, so both sides do the same float32 arithmetic;
+- `bf16=False`: the float32 arithmetic of cohort's float32 runs. TRL's own default is bf16=True (bf16 autocast over
+  float32 weights); `--bf16` restores it (the variant `trl_bf16`), the side to set beside cohort's `model.dtype=auto`
+  where that picks bf16 (the 31.5M workload on a CPU with bf16 units);
 - `use_cpu=True` (there is no GPU), `report_to="none"`, `save_strategy="no"` (no checkpoint inside the timed steps:
   cohort's run saves only after its last step).
 Everything else is TRL's default: `gradient_checkpointing=True`, `loss_type="dapo"`, `beta=0.0`, `temperature=1.0`,
@@ -93,7 +94,7 @@ def grpo_config(args, out_dir) -> "GRPOConfig":
         extra |= dict(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=64 + args.max_completion_length,
                       vllm_gpu_memory_utilization=0.3)
     return GRPOConfig(
-        output_dir=str(out_dir), use_cpu=True, report_to="none", save_strategy="no", bf16=False,
+        output_dir=str(out_dir), use_cpu=True, report_to="none", save_strategy="no", bf16=args.bf16,
         per_device_train_batch_size=per_step, num_generations=args.num_generations,
         max_completion_length=args.max_completion_length, learning_rate=args.learning_rate, max_steps=args.steps, **extra,
     )
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--learning-rate", type=float, default=1e-4)
     ap.add_argument("--no-gradient-checkpointing", action="store_true", help="a best-settings variant (TRL's default is on)")
     ap.add_argument("--vllm", action="store_true", help="TRL's colocated vLLM path instead of transformers generate")
+    ap.add_argument("--bf16", action="store_true", help="TRL's own default bf16=True (bf16 autocast over float32 weights)")
     ap.add_argument("--model-dir", default=None)
     ap.add_argument("--metrics-file", default=None, help="one JSON line per step, written as the step ends")
     args = ap.parse_args(argv)
