@@ -412,13 +412,29 @@ class TrainConfig(_Section):
         "every tensor a step creates): `auto` = cuda:LOCAL_RANK when this process sees a GPU, else the CPU; or `cpu`, "
         "`cuda` (= cuda:LOCAL_RANK), `cuda:N`. docs/gpu.md.",
     )
+    param_offload: bool = Field(
+        False,
+        description="Several processes (FSDP2): keep each process's shard of the parameters, their gradients and the "
+        "optimizer step in CPU memory (FSDP2's CPUOffloadPolicy; verl's fsdp_config.param_offload), the reference model's "
+        "shard too; each layer is copied to the GPU only while it computes. Frees nearly all weight, gradient and "
+        "optimizer memory on the GPU, at the price of host-device copies of every layer in each forward and backward "
+        "and an AdamW step on the CPU (often the slowest part of a step). Needs train.num_processes > 1. docs/gpu.md.",
+    )
+    optimizer_offload: bool = Field(
+        False,
+        description="Keep the optimizer state (AdamW's two moments: 8 bytes a trained parameter, divided over the "
+        "processes) in CPU memory between optimizer steps and move it to the parameters' device for each step (verl's "
+        "fsdp_config.optimizer_offload): that memory is free on the GPU for generation, the forward and the backward, "
+        "at the price of copying the state to the GPU and back once a step. One process or several; with "
+        "train.param_offload the state is already on the CPU. docs/gpu.md.",
+    )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
     logprob_chunk_size: int = Field(
         1024, description="Completion tokens per chunk when computing log-probs and entropy (bounds the logits held at once)."
     )
     num_processes: int = Field(
         1,
-        description="Training processes on this machine: >1 re-launches `cohort train` under torchrun with that many, the policy sharded with FSDP2 (gloo on CPU); rank 0 runs rollout and rewards. Under torchrun, its WORLD_SIZE decides.",
+        description="Training processes on this machine: >1 re-launches `cohort train` under torchrun with that many, the policy (and the reference) sharded with FSDP2 (gloo on CPU, NCCL on GPUs: one GPU per process, cuda:LOCAL_RANK); rank 0 runs rollout and rewards. Under torchrun, its WORLD_SIZE decides.",
     )
 
 
@@ -497,9 +513,13 @@ class DistributedConfig(_Section):
         1, description="backend=ray with rollout.mode=server and no rollout.server_urls: vLLM rollout server actors to start; generation is split across them."
     )
     cpus_per_trainer: float = Field(1.0, description="backend=ray: CPUs each trainer actor reserves (also its torch threads).")
-    gpus_per_trainer: float = Field(0.0, description="backend=ray: GPUs each trainer actor reserves.")
+    gpus_per_trainer: float = Field(
+        0.0, description="backend=ray: GPUs each trainer actor reserves: 0 (it trains on the CPU and sees no GPU) or 1 (it "
+        "trains on the GPU Ray assigns it; never two ranks on one GPU).")
     cpus_per_rollout: float = Field(1.0, description="backend=ray: CPUs each rollout server actor reserves.")
-    gpus_per_rollout: float = Field(0.0, description="backend=ray: GPUs each rollout server actor reserves.")
+    gpus_per_rollout: float = Field(
+        0.0, description="backend=ray: GPUs each rollout server actor reserves; its engine sees only the GPUs Ray assigns it "
+        "(none with 0).")
 
 
 class CohortConfig(_Section):

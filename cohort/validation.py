@@ -336,6 +336,10 @@ def check_rollout_mode(cfg: CohortConfig) -> list[str]:
     for key in ("cpus_per_trainer", "gpus_per_trainer", "cpus_per_rollout", "gpus_per_rollout"):
         if getattr(d, key) < 0:
             problems.append(f"distributed.{key} = {getattr(d, key)}: must be >= 0")
+    if d.gpus_per_trainer not in (0, 1) and d.gpus_per_trainer > 0:  # a trainer uses one device: the GPU Ray assigns it
+        problems.append(f"distributed.gpus_per_trainer = {d.gpus_per_trainer:g}: a trainer actor trains on one whole GPU "
+                        "(a share would put two NCCL ranks on one GPU; more than one would sit idle); set it to 1, or 0 "
+                        "to train on the CPU")
     if spawned and importlib.util.find_spec("ray") is None:
         problems.append("distributed.backend = ray but Ray is not installed: pip install ray (or use backend none)")
     return problems
@@ -346,12 +350,15 @@ def training_world_size(cfg: CohortConfig) -> int:
 
 
 def check_processes(cfg: CohortConfig) -> list[str]:
-    """What multi-process training (FSDP2) needs today: whole groups per rank; no critic; no mid-run checkpoints."""
+    """What multi-process training (FSDP2) needs today: whole groups per rank; no critic; no mid-run checkpoints; and
+    what only it serves (train.param_offload)."""
     world, t = training_world_size(cfg), cfg.train
     if t.num_processes < 1:
         return [f"train.num_processes = {t.num_processes}: must be at least 1"]
     if world == 1:
-        return []
+        return ["train.param_offload = true offloads FSDP shards, and one training process does not shard: set "
+                "train.num_processes > 1, or use train.optimizer_offload (which works in one process) or "
+                "train.gradient_checkpointing to save GPU memory"] if t.param_offload else []
     problems = []
     if t.prompts_per_step % world:
         lower = t.prompts_per_step // world * world

@@ -3,7 +3,13 @@
 Every rank executes the same driver loop; the wrappers here make the engine and
 reward calls collective: rank 0 runs the real call and broadcasts the result,
 the other ranks receive it. Weight pushes are collective too (every rank takes
-part in gathering the sharded layers; rank 0 hands the full tensors over).
+part in gathering the shards; rank 0 hands the full tensors over), and streamed:
+rank 0's engine reads the weights as a stream of gathered tensors, each all-gathered
+when it asks for the next, so rank 0 holds one full tensor at a time (plus what its
+engine keeps: the remote engine packs parts of up to 64 MiB) and no rank ever holds
+the whole model. Every walk the engine starts over the stream (the remote engine
+walks it twice: sizes, then tensors) is announced to the other ranks, which join
+its all-gathers in the same order and drop what they receive.
 
 Which engine rank 0 holds (chosen by `cohort.trainer.engines.rank0_engine`):
 - rollout.mode=server: the client of the rollout servers (`RemoteEngine`);
@@ -17,6 +23,9 @@ Which engine rank 0 holds (chosen by `cohort.trainer.engines.rank0_engine`):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
 import torch
 
 from cohort.distributed.fsdp import LocalContext, gather_named_tensors
@@ -28,7 +37,8 @@ class MainOnlyEngine(BatchRequests):
     """Runs a rollout engine on rank 0 and broadcasts what it returns; the other ranks hold no engine.
 
     `update_weights` is collective: every rank gathers the full tensors (FSDP
-    all-gathers in parameter order), rank 0 hands them to the engine. The request
+    all-gathers in parameter order) one at a time, as rank 0's engine reads them
+    (`GatheredWalks`; the other ranks `follow_walks`). The request
     level is collective too, and batch-wise (`BatchRequests`): every rank queues
     the same requests, and a `poll` (every rank calls it at the same point of the
     driver loop) has rank 0 run them all to the end on its engine and broadcast
@@ -48,13 +58,25 @@ class MainOnlyEngine(BatchRequests):
         return self.ctx.broadcast_object(generate_requests(self.engine, requests) if self.ctx.is_main else None)
 
     def update_weights(self, named_tensors, version: int, *, in_flight: bool = False):
+        """Collective: rank 0's engine reads `named_tensors` gathered (`GatheredWalks`); the others follow its walks.
+        What the engine returns reaches every rank; an engine that fails fails every rank (none is left waiting)."""
         if in_flight:
             raise RuntimeError("MainOnlyEngine (multi-process training) cannot update weights with requests in flight: "
                                "its requests are sampled batch-wise inside one collective poll")
-        full = list(gather_named_tensors(named_tensors))
-        sent = self.engine.update_weights(full, version) if self.ctx.is_main else None
+        if self.ctx.is_main:
+            walks = GatheredWalks(named_tensors, self.ctx)
+            try:
+                sent = self.engine.update_weights(walks, version)
+            except BaseException as exc:
+                walks.finish()
+                self.ctx.broadcast_object(_PushEnd(failed=f"{type(exc).__name__}: {exc}"))
+                raise
+            walks.finish()
+            self.ctx.broadcast_object(_PushEnd(sent=sent))
+        else:
+            sent = follow_walks(named_tensors, self.ctx)
         self.policy_version = version
-        return self.ctx.broadcast_object(sent)
+        return sent
 
     def score(self, prompts, completions, temperature: float = 1.0):
         return self.ctx.broadcast_object(self.engine.score(prompts, completions, temperature) if self.ctx.is_main else None)
@@ -62,6 +84,49 @@ class MainOnlyEngine(BatchRequests):
     def close(self) -> None:
         if self.engine is not None:
             self.engine.close()
+
+
+@dataclass(frozen=True)
+class _PushEnd:
+    """Rank 0's last word on a push: what its engine returned, or why it failed."""
+
+    sent: object = None
+    failed: str | None = None
+
+
+_WALK = "walk"  # rank 0 announces a walk over the weights: every rank joins its all-gathers
+
+
+class GatheredWalks:
+    """Rank 0's view of a push: each walk (`iter`) is announced to the other ranks, then yields (name, full tensor)
+    gathered one at a time; a walk left half-way is finished (`finish`) before the next, so the ranks stay in step."""
+
+    def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]], ctx: LocalContext):
+        self.named, self.ctx = named_tensors, ctx
+        self._open: Iterator[tuple[str, torch.Tensor]] | None = None
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        self.finish()
+        self.ctx.broadcast_object(_WALK)
+        self._open = iter(gather_named_tensors(self.named, self.ctx.device))
+        return self._open
+
+    def finish(self) -> None:
+        """Join the rest of the open walk's all-gathers (the other ranks are in them), dropping the tensors."""
+        if self._open is not None:
+            for _ in self._open:
+                pass
+            self._open = None
+
+
+def follow_walks(named_tensors: Iterable[tuple[str, torch.Tensor]], ctx: LocalContext):
+    """Ranks > 0 during a push: join each walk rank 0 announces (collectives in its order), until its last word."""
+    while (message := ctx.broadcast_object(None)) == _WALK:
+        for _ in gather_named_tensors(named_tensors, ctx.device):
+            pass
+    if message.failed is not None:
+        raise RuntimeError(f"rank 0's rollout engine failed to take the weights: {message.failed}")
+    return message.sent
 
 
 class MainOnlyRewards:

@@ -24,7 +24,15 @@ reward module importable (this driver forwards its PYTHONPATH).
 
 A local Ray (no address) keeps every address on 127.0.0.1, declares at least
 as many logical CPUs as the actors ask for (so a laptop run is never left
-waiting for resources), and turns usage reporting off. Actors bind their
+waiting for resources) and the GPUs that exist (`torch.cuda.device_count()`:
+none on a CPU machine, so an actor asking for one is refused, not handed a GPU
+that is not there), and turns usage reporting off.
+
+GPUs: every actor sees exactly the GPUs Ray assigned it (`actor_device_env`:
+CUDA_VISIBLE_DEVICES = `ray.get_gpu_ids()`, none when it reserved none) and a
+trainer actor trains on the first of them (LOCAL_RANK=0 within its own visible
+set, so `train.device=auto` is that GPU); validation allows a trainer 0 or 1
+GPU, so two NCCL ranks never share one. Actors bind their
 servers to the address the cluster knows their node by.
 
 Joining a cluster fails fast instead of waiting: before any actor is placed, the
@@ -47,6 +55,8 @@ import secrets
 import socket
 from pathlib import Path
 from typing import Any
+
+import torch
 
 import cohort
 from cohort.config import CohortConfig, ConfigError, default_output_dir
@@ -81,6 +91,25 @@ def _enter(cwd: str) -> None:
         os.chdir(cwd)
 
 
+def actor_device_env(gpu_ids: list) -> dict[str, str]:
+    """The environment that makes an actor use the GPUs Ray assigned it (`ray.get_gpu_ids()`) and no other: those
+    visible (none when it has none, so it cannot land on a GPU another actor reserved), its device the first of them."""
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_ids), "LOCAL_RANK": "0"}
+
+
+def _use_assigned_gpus() -> None:
+    """Before anything in this actor touches CUDA (CUDA reads CUDA_VISIBLE_DEVICES once, when it starts)."""
+    import ray  # optional dependency (pip install cohort[ray]): imported by Ray runs only
+
+    os.environ.update(actor_device_env(ray.get_gpu_ids()))
+
+
+def local_ray_resources(needed_cpus: float, cpu_count: int, gpu_count: int) -> dict[str, int]:
+    """What a local Ray declares: at least the CPUs the actors ask for (logical CPUs may exceed the cores), and
+    exactly the GPUs this machine has."""
+    return {"num_cpus": max(cpu_count, math.ceil(needed_cpus)), "num_gpus": gpu_count}
+
+
 def _actor_env(token: str, cpus: float) -> dict[str, str]:
     root = str(Path(cohort.__file__).resolve().parent.parent)
     paths = [root, os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -98,6 +127,7 @@ class RolloutServerActor:
     """A vLLM engine behind the rollout HTTP server, on this actor's node."""
 
     def __init__(self, cwd: str, model_path: str, dtype: str, seed: int, kv_cache_gib: float, gpu_memory_utilization: float):
+        _use_assigned_gpus()
         _enter(cwd)
         model_dir = resolve_model_dir(model_path)
         self.engine = VLLMEngine(model_dir, dtype=dtype, max_model_len=None, seed=seed, kv_cache_gib=kv_cache_gib,
@@ -114,6 +144,7 @@ class TrainerActor:
     """One rank of the trainer worker group: sets torch.distributed's environment, runs `Trainer`."""
 
     def __init__(self, rank: int, world_size: int):
+        _use_assigned_gpus()  # train.device=auto is then cuda:0 of this actor's own GPUs, or the CPU
         self.rank, self.world_size = rank, world_size
 
     def rendezvous(self) -> tuple[str, int]:
@@ -123,7 +154,7 @@ class TrainerActor:
         _enter(cwd)
         if self.world_size > 1:
             os.environ.update({"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]), "RANK": str(self.rank),
-                               "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": "0"})
+                               "WORLD_SIZE": str(self.world_size)})  # (LOCAL_RANK: set by _use_assigned_gpus)
         trainer = Trainer(CohortConfig.model_validate(cfg_tree))
         try:
             return trainer.train()
@@ -134,7 +165,7 @@ class TrainerActor:
 AUTH_FAILURE = "Authentication token is missing or incorrect"  # what Ray's GCS answers a driver without the token
 
 
-def _connect(cfg, needed_cpus: float, needed_gpus: float) -> None:
+def _connect(cfg, needed_cpus: float) -> None:
     """Join the cluster at distributed.ray_address, or start a local Ray for this run."""
     import ray  # optional dependency (pip install cohort[ray]): imported by Ray runs only
 
@@ -145,8 +176,9 @@ def _connect(cfg, needed_cpus: float, needed_gpus: float) -> None:
         except ConnectionError as exc:
             raise ConfigError([_connection_problem(address, exc)]) from exc
         return
-    ray.init(num_cpus=max(os.cpu_count() or 1, int(needed_cpus + 0.999)), num_gpus=int(needed_gpus + 0.999) or None,
-             include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES, log_to_driver=True)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    ray.init(**local_ray_resources(needed_cpus, os.cpu_count() or 1, gpus), include_dashboard=False,
+             object_store_memory=LOCAL_OBJECT_STORE_BYTES, log_to_driver=True)
 
 
 def _connection_problem(address: str, exc: BaseException) -> str:
@@ -242,8 +274,7 @@ def train_with_ray(cfg) -> dict[str, Any]:
     import ray  # optional dependency (pip install cohort[ray]): imported by Ray runs only
 
     d, world, servers_n = cfg.distributed, cfg.train.num_processes, _servers_to_start(cfg)
-    _connect(cfg, world * d.cpus_per_trainer + servers_n * d.cpus_per_rollout,
-             world * d.gpus_per_trainer + servers_n * d.gpus_per_rollout)
+    _connect(cfg, world * d.cpus_per_trainer + servers_n * d.cpus_per_rollout)
     token = os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
     actors: list = []
     try:

@@ -27,6 +27,11 @@ import torch
 
 from cohort.models.batching import pack_right_padded
 
+# A model whose root module is sharded with FSDP2 (cohort/distributed/fsdp.py) carries a method of this name that runs a
+# function inside the root's FSDP forward hooks: the kernel below reads the root's embeddings, norm and head weight
+# without calling the model's forward, so it goes through that method to have them gathered (and their grads reduced).
+ROOT_FORWARD = "cohort_root_forward"
+
 
 def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The transformer body (returns hidden states) and the LM head of a causal LM."""
@@ -113,6 +118,17 @@ def completion_logprobs(
     Log-probs carry gradients when grad is enabled; entropies never do. A chunk
     holds at most `chunk_size` tokens and at most `max_chunk_logits` logits.
     """
+    root_forward = getattr(model, ROOT_FORWARD, None)  # FSDP2-sharded root: the kernel runs inside its forward hooks
+    if root_forward is not None:
+        return root_forward(_completion_logprobs, model, input_ids, attention_mask, prompt_lengths, completion_ids,
+                            completion_mask, temperature=temperature, chunk_size=chunk_size, max_chunk_logits=max_chunk_logits)
+    return _completion_logprobs(model, input_ids, attention_mask, prompt_lengths, completion_ids, completion_mask,
+                                temperature=temperature, chunk_size=chunk_size, max_chunk_logits=max_chunk_logits)
+
+
+def _completion_logprobs(model, input_ids, attention_mask, prompt_lengths, completion_ids, completion_mask, *,
+                         temperature: float, chunk_size: int, max_chunk_logits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """completion_logprobs' body (shapes there)."""
     body, head = decoder_and_head(model)
     hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
     b, tc = completion_ids.shape

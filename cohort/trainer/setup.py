@@ -22,7 +22,7 @@ import torch
 from cohort.config import ConfigError
 from cohort.data.datasets import RepeatSampler
 from cohort.data.loading import load_data
-from cohort.distributed.fsdp import LocalContext, context_from_env, rank_run_dir
+from cohort.distributed.fsdp import LocalContext, context_from_env, offload_optimizer_state, rank_run_dir
 from cohort.distributed.rank0 import MainOnlyEngine, main_only_rewards
 from cohort.models.devices import resolve_device, use_device
 from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir
@@ -43,8 +43,9 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
     """Every part of a trainer for `cfg` and its batch `plan`. `pack(batch, indices)` is the trainer's batch packing
     (the critic sees the same tokens as the policy); `external_engine`, when given, is used and not closed."""
     torch.manual_seed(cfg.train.seed)
-    dist = context_from_env()  # one process, or one of W under torchrun
-    device = resolve_device(cfg.train.device)  # cuda:LOCAL_RANK with a GPU (auto), else the CPU: every model goes there
+    # cuda:LOCAL_RANK with a GPU (train.device=auto), else the CPU: every model and every step's tensor goes there
+    dist = context_from_env(resolve_device(cfg.train.device))  # one process, or one of W under torchrun
+    device = dist.device
     use_device(device)
     run_dir = rank_run_dir(dist, cfg, run_dir)
     _check_writable(run_dir)
@@ -67,8 +68,12 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
     check_disk_space(run_dir, policy, cfg.run.keep_checkpoints, cfg.run.save_every)
     # the reference (beta != 0) is a frozen copy; under LoRA it is the policy with its adapter disabled (no copy)
     ref_model = _reference(policy) if cfg.algorithm.beta != 0 and lora is None else None
-    policy = dist.shard(policy)  # FSDP2 when W > 1; the optimizer then holds this rank's shards
+    if ref_model is not None:  # W > 1: sharded (and offloaded) like the policy, never a full copy per rank
+        ref_model = dist.shard(ref_model, precision, param_offload=cfg.train.param_offload)
+    policy = dist.shard(policy, precision, param_offload=cfg.train.param_offload)  # FSDP2 when W > 1: optimizer on shards
     optimizer, scheduler = build_optimizer(policy, cfg.train)
+    if cfg.train.optimizer_offload:
+        offload_optimizer_state(optimizer)
     algorithm = algorithms.resolve(cfg, off_policy=plan.off_policy)
     critic = _critic(cfg, model_dir, pack, precision, device) if algorithm.spec.needs_critic else None
     max_model_len = engine_length(cfg, model_dir, prompts.train_ids + (prompts.eval_ids or []))

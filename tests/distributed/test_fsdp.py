@@ -113,7 +113,7 @@ import torch
 from torch.distributed.fsdp import fully_shard
 from cohort.distributed.fsdp import DistContext
 
-ctx = DistContext()
+ctx = DistContext(torch.device("cpu"))
 r = ctx.rank
 out = {
     "reduce": ctx.reduce_metrics({"loss": 1.0 + r, "tokens": 10.0 * (r + 1), "mismatch_max": 0.1 * (r + 1),
@@ -125,7 +125,8 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 1))
 reference = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 1))
 reference.load_state_dict(model.state_dict())
-fully_shard(model[0], mesh=ctx.mesh)  # layer 0 sharded, layer 1 replicated (like the embeddings and head)
+fully_shard(model[0], mesh=ctx.mesh)  # layer 0 its own unit, layer 1 in the root's (like the embeddings and head)
+fully_shard(model, mesh=ctx.mesh)
 inputs = [torch.randn(3, 4, generator=torch.Generator().manual_seed(10 + k)) * (k + 1) for k in range(2)]
 model(inputs[r]).sum().backward()
 norm = ctx.sync_and_clip_grads(list(model.parameters()), max_norm=0.5)
@@ -170,3 +171,116 @@ def test_collectives_on_two_gloo_ranks(tmp_path):
         assert out["norm"] == pytest.approx(out["expected_norm"], rel=1e-6) and out["norm"] > 0.5  # clipping was active
         assert out["grad_gap"] < 1e-6
     assert ranks[0]["full_keys"] == ["0.bias", "0.weight", "1.bias", "1.weight"] and ranks[1]["full_keys"] == []
+
+
+ROOT_AND_STREAM = r"""
+import json, os, sys, weakref
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from cohort.distributed.fsdp import DistContext, gather_named_tensors
+from cohort.distributed.rank0 import MainOnlyEngine
+from cohort.models.logprobs import completion_logprobs
+from cohort.models.precision import resolve_precision
+from cohort.rollout.base import WeightStream
+
+ctx = DistContext(torch.device("cpu"))
+r, out = ctx.rank, {}
+
+
+def build():
+    torch.manual_seed(0)  # the same random tiny Qwen2 (tied head) on every rank and for the one-process reference
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                                        tie_word_embeddings=True))
+
+
+ids = torch.randint(1, 40, (4, 7), generator=torch.Generator().manual_seed(1))  # rows 0-1: rank 0's, 2-3: rank 1's
+mask, plen = torch.ones(4, 7, dtype=torch.long), torch.tensor([3, 4, 2, 3])
+comp, cmask = torch.stack([ids[i, plen[i]:plen[i] + 3] for i in range(4)]), torch.ones(4, 3)
+
+
+def neg_logp(m, rows):
+    return -completion_logprobs(m, ids[rows], mask[rows], plen[rows], comp[rows], cmask[rows])[0].sum()
+
+
+for offload in (False, True):
+    model, reference = build(), build()
+    ctx.shard(model, resolve_precision("float32", "mixed"), param_offload=offload)
+    # 12 completion tokens in all: one process divides by 12; each rank by 12 / W = 6 and FSDP averages the 2 ranks
+    (neg_logp(model, [2 * r, 2 * r + 1]) / 6).backward()
+    norm = ctx.sync_and_clip_grads(list(model.parameters()), max_norm=1e9)
+    (neg_logp(reference, [0, 1, 2, 3]) / 12).backward()
+    full = dict(gather_named_tensors(((n, p.grad) for n, p in model.named_parameters()), ctx.device))
+    ref = dict(reference.named_parameters())
+    with torch.no_grad():
+        scored = completion_logprobs(model, ids, mask, plen, comp, cmask)[0]
+    out[f"offload={offload}"] = {
+        "norm": norm, "expected_norm": float(torch.nn.utils.clip_grad_norm_(list(reference.parameters()), 1e9)),
+        "grad_gap": max(float((full[n] - ref[n].grad).abs().max()) for n in full), "names": sorted(full),
+        "head_grad": float(ref["model.embed_tokens.weight"].grad.abs().sum()),
+        "logp_gap": float((scored - completion_logprobs(reference, ids, mask, plen, comp, cmask)[0]).abs().max()),
+        "sharded_after_scoring": all(hasattr(p, "to_local") for p in model.parameters()),
+    }
+
+
+class Recorder:  # rank 0's engine: walks the stream twice (sizes, then tensors) like the remote engine
+    def __init__(self):
+        self.held, self.names, self.fail = [], [], False
+
+    def update_weights(self, stream, version):
+        for walk in range(2):
+            seen = []
+            for name, tensor in stream:
+                seen.append(weakref.ref(tensor))
+                self.held.append(sum(ref() is not None for ref in seen))  # full tensors alive as this one arrives
+                if self.fail and walk == 1:
+                    raise ValueError("engine refused")
+                del tensor
+            self.names.append(len(seen))
+        return 123
+
+
+engine = MainOnlyEngine(Recorder() if r == 0 else None, ctx)
+stream = WeightStream(lambda: ((n, p.detach()) for n, p in model.named_parameters()))  # as the trainer pushes
+out["sent"] = engine.update_weights(stream, 1)
+if r == 0:
+    out["peak_held"], out["walks"] = max(engine.engine.held), list(engine.engine.names)
+    engine.engine.fail = True
+try:
+    engine.update_weights(stream, 2)
+except Exception as exc:
+    out["failure"] = f"{type(exc).__name__}: {exc}"
+with open(os.path.join(sys.argv[1], f"rank{r}.json"), "w") as f:
+    json.dump(out, f)
+ctx.close()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)  # as in COLLECTIVES: no interpreter finalization with FSDP modules alive (pytorch/pytorch#179291)
+"""
+
+
+@pytest.mark.slow
+def test_root_sharding_and_a_streamed_push_on_two_gloo_ranks(tmp_path):
+    """Every weight sharded (root included): the gradient of the log-prob kernel equals one process's, with and without
+    CPU offload; a push hands rank 0's engine one full tensor at a time, over as many walks as it takes, and a failing
+    engine fails every rank."""
+    script = tmp_path / "root_and_stream.py"
+    script.write_text(ROOT_AND_STREAM)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for out in ranks:
+        for offload in ("offload=False", "offload=True"):
+            case = out[offload]
+            # 2 layers × 12 tensors + the tied embedding/head + the final norm: 26 parameters, every one a shard
+            assert len(case["names"]) == 26 and "model.embed_tokens.weight" in case["names"]
+            assert case["grad_gap"] < 1e-6 and case["head_grad"] > 1e-2  # the head/embedding gradient is real and equal
+            assert case["norm"] == pytest.approx(case["expected_norm"], rel=1e-6)
+            assert case["logp_gap"] < 1e-6 and case["sharded_after_scoring"]  # a no-grad pass reshards the root
+        assert out["sent"] == 123  # rank 0's engine's answer reaches every rank
+    assert ranks[0]["walks"] == [26, 26] and ranks[0]["peak_held"] == 1  # one full tensor alive at a time
+    assert ranks[0]["failure"] == "ValueError: engine refused"
+    assert ranks[1]["failure"] == "RuntimeError: rank 0's rollout engine failed to take the weights: ValueError: engine refused"

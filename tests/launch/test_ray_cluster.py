@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from cohort.config import load_config
-from cohort.launch.ray_cluster import AUTH_FAILURE, _connection_problem, cluster_problems
+from cohort.launch.ray_cluster import AUTH_FAILURE, _connection_problem, actor_device_env, cluster_problems, local_ray_resources
 
 TOKEN = "cohort-test-token-0123456789abcdef"
 
@@ -45,6 +45,20 @@ def test_the_rollout_share_is_cut_too_when_it_alone_fills_the_cluster():
     problems = cluster_problems(_cfg("distributed.cpus_per_rollout=2"), {"CPU": 2.0}, [{"CPU": 2.0}], "h:1")
     assert problems[0].endswith("set distributed.cpus_per_trainer=0.66 and distributed.cpus_per_rollout=0.66, or add nodes "
                                 "to the cluster, or lower train.num_processes")
+
+
+def test_an_actor_sees_only_the_gpus_ray_assigned_it():
+    # GPU 3 of the node: visible as the actor's cuda:0, which train.device=auto (cuda:LOCAL_RANK) picks
+    assert actor_device_env([3]) == {"CUDA_VISIBLE_DEVICES": "3", "LOCAL_RANK": "0"}
+    assert actor_device_env([0, 5]) == {"CUDA_VISIBLE_DEVICES": "0,5", "LOCAL_RANK": "0"}  # a rollout server's 2 GPUs
+    assert actor_device_env([]) == {"CUDA_VISIBLE_DEVICES": "", "LOCAL_RANK": "0"}  # none reserved: none visible (CPU)
+
+
+def test_a_local_ray_declares_the_gpus_that_exist():
+    # actors ask for 2 × 1.5 + 1 = 4 CPUs on a 2-core machine: 4 logical CPUs; GPUs: exactly what torch sees
+    assert local_ray_resources(4.0, 2, 0) == {"num_cpus": 4, "num_gpus": 0}
+    assert local_ray_resources(3.5, 16, 8) == {"num_cpus": 16, "num_gpus": 8}
+    assert local_ray_resources(16.25, 16, 2) == {"num_cpus": 17, "num_gpus": 2}  # a fraction rounds up
 
 
 def test_gpus_and_node_sizes_are_checked():
