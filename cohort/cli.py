@@ -154,8 +154,10 @@ def cmd_config_show(ns) -> int:
 def cmd_plan(ns) -> int:
     cfg, plan = _load(ns.config, say_source=sys.stdout)
     from cohort.plan import format_plan
+    from cohort.validation import plan_gpu_memory
 
-    print(format_plan(cfg, plan))
+    total = None if ns.gpu_memory_gib is None else int(ns.gpu_memory_gib * 2**30)
+    print(format_plan(cfg, plan, gpu=plan_gpu_memory(cfg, plan, total)))  # (None: no GPU split to show)
     return 0
 
 
@@ -213,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(func=cmd_config_show)
     plan = sub.add_parser("plan", help="validate a config and print its batch schedule, loading nothing")
     plan.add_argument("config", nargs="*", help="[CONFIG.yaml] [section.field=value ...]")
+    plan.add_argument("--gpu-memory-gib", type=float, default=None,
+                      help="also show how a GPU of this many GiB would be split between the trainer and vLLM (on a "
+                           "machine whose training device is a GPU, that GPU's split is shown without it)")
     plan.set_defaults(func=cmd_plan)
     ev = sub.add_parser("eval", help="score model.path on the eval data with the configured rewards")
     ev.add_argument("config", nargs="*", help="[CONFIG.yaml] [section.field=value ...]")

@@ -137,7 +137,30 @@ class RolloutConfig(_Section):
     enforce_eager: bool = Field(True, description="vLLM: skip graph compilation (faster start; on CPU the compiled mode gains little for tiny models).")
     enable_prefix_caching: bool = Field(True, description="vLLM: reuse the prompt's KV cache across the G completions of a prompt.")
     kv_cache_gib: float = Field(1.0, description="vLLM on CPU: KV cache size in GiB.")
-    gpu_memory_utilization: float = Field(0.5, description="vLLM on GPU: fraction of GPU memory vLLM may take.")
+    gpu_memory_utilization: float | None = Field(
+        None,
+        description="vLLM on GPU: the fraction of the GPU's total memory vLLM may take (its weights, KV cache and working "
+        "memory; vLLM refuses to start when less than this is free). None (default): derived before anything loads "
+        "(`cohort plan` shows the split): colocated, vLLM's weights + the KV cache of one generation batch's sequences + "
+        "its working memory, plus a 10% margin, over the GPU's memory, and a config whose trainer and vLLM cannot share "
+        "the GPU is refused with both numbers; a rollout server alone on its GPU takes 0.9 (vLLM's own default). TRL: "
+        "vllm_gpu_memory_utilization; verl: rollout.gpu_memory_utilization.",
+    )
+    sleep_mode: Literal[0, 1, 2] = Field(
+        0,
+        description="vLLM on a GPU it shares with the trainer (rollout.mode=colocate): put vLLM to sleep while the trainer "
+        "updates, so the update can use vLLM's memory. 1: the KV cache is discarded and the weights are copied to CPU "
+        "memory (and back on waking; P x 2 bytes of host RAM for a bfloat16 model); 2: the KV cache and the weights are "
+        "discarded (the push after the update rewrites every weight anyway: the cheaper choice for training). The weights "
+        "are woken just before the push, the KV cache just before generation. 0: off. Needs CUDA. TRL: "
+        "vllm_enable_sleep_mode; verl: free_cache_engine.",
+    )
+    tensor_parallel_size: int = Field(
+        1,
+        description="vLLM: GPUs one model is split across (tensor parallelism). > 1 needs an engine in its own process "
+        "(rollout.mode=local_server, which gives it the GPUs after the trainer's, or server). verl: "
+        "rollout.tensor_model_parallel_size; TRL: vllm_tensor_parallel_size.",
+    )
     sync_check_tolerance: float | None = Field(
         None,
         description="After each weight sync the engine's and the trainer's log-probs of a few canary completions are compared, "

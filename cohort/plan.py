@@ -14,11 +14,20 @@
   train.precision=mixed —, an optional reference model, activations of one
   micro-batch of the longest sequences, one log-prob chunk of logits; with LoRA
   the frozen base in model.dtype and the adapter's float32 weights, gradients
-  and moments).
+  and moments). Activations per token and layer are counted from what autograd
+  keeps in a Qwen2-like decoder layer (`activation_bytes_per_token_layer`).
+- `gpu_memory_plan(cfg, plan, facts, total_bytes)`: one GPU split between the
+  trainer's peak (the estimate above) and vLLM's share (its weights, the KV
+  cache of one generation batch's sequences, a fixed working memory), the
+  `rollout.gpu_memory_utilization` derived from it when unset (colocated:
+  vLLM's share + 10% over the GPU's memory, rounded up to 0.01; vLLM alone on
+  its GPU: 0.9), and whether it fits, with rollout.sleep_mode releasing vLLM's
+  memory during the update. Pure: `cohort.validation` reads the GPU's size from
+  CUDA and refuses what cannot fit (`gpu_fit_problems`).
 
 Left out: checks (every check of a config, including what the model's
-config.json forbids, is in `cohort.validation`); the allocator, CUDA context and
-fragmentation, which come on top of the memory estimate. This module reads the
+config.json forbids, is in `cohort.validation`); the allocator's fragmentation; on a
+GPU the CUDA context is a fixed allowance (CUDA_CONTEXT_BYTES), not a measurement. This module reads the
 config and never the reverse.
 """
 
@@ -233,22 +242,49 @@ def kv_bytes_per_token(cfg: CohortConfig, facts: ModelFacts) -> int:
 # --------------------------------------------------------------------------- the printout
 
 
+def activation_bytes_per_token_layer(facts: ModelFacts, compute_bytes: int) -> int:
+    """Bytes autograd keeps for the backward per token and decoder layer of a Qwen2-like (Llama-like) model.
+
+    Counted from the tensors autograd saves in transformers' Qwen2DecoderLayer, the method of Korthikanti et al.
+    2022 ("Reducing Activation Recomputation in Large Transformer Models", §4.1; their GPT layer keeps 34·h bytes
+    per token in 16-bit, with dropout masks and T×T attention scores this layer does not have):
+    - attention: the RMSNorm's float32 input (4·h bytes; the residual stream itself under autocast, an upcast copy
+      in pure 16-bit), the normalised values before and after the norm's weight (2·h), q and k, v repeated to every
+      head (transformers repeats grouped keys/values when an attention mask is passed, and cohort always passes one:
+      3·h), the attention output (h); SDPA's memory-efficient kernel keeps a log-sum-exp, no T×T scores;
+    - MLP (SwiGLU): the RMSNorm's float32 input (4·h bytes), its two outputs (2·h), gate, SiLU(gate), up and their
+      product (4·intermediate).
+    Total: compute_bytes · (8·h + 4·intermediate) + 8·h. Left out: the (B, 1, T, T) mask, shared by the layers.
+    """
+    h, i = facts.hidden_size, facts.intermediate_size
+    return compute_bytes * (8 * h + 4 * i) + 8 * h
+
+
+def _activation_row(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts, b: int) -> tuple[str, int, str]:
+    """Activations of the largest micro-batch: every layer's (above), or with gradient checkpointing each layer's
+    input (the residual stream: float32 under mixed precision) plus one layer recomputed in the backward."""
+    sequence = plan.max_tokens_per_sequence or facts.max_positions or 0  # unmeasured prompts: the model's positions
+    tokens = plan.micro_batch_size * sequence
+    if cfg.train.max_tokens_per_microbatch is not None:
+        tokens = min(tokens, max(cfg.train.max_tokens_per_microbatch, sequence))  # (one sequence always fits)
+    per_layer = activation_bytes_per_token_layer(facts, b)
+    if cfg.train.gradient_checkpointing:
+        residual = 4 if cfg.train.precision == "mixed" else b  # autocast keeps the residual stream in float32
+        return ("activations", tokens * (facts.num_layers * facts.hidden_size * residual + per_layer),
+                f"{tokens:,} tokens × ({facts.num_layers} layer inputs × hidden × {residual} B + one layer recomputed, "
+                f"{per_layer:,} B) (gradient checkpointing)")
+    return ("activations", tokens * facts.num_layers * per_layer,
+            f"{tokens:,} tokens (micro-batch × longest sequence) × {facts.num_layers} layers × {per_layer:,} B "
+            f"({b}·(8·hidden + 4·intermediate) + 8·hidden)")
+
+
 def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> list[tuple[str, int, str]]:
-    """(item, bytes, how it was counted) for the training process."""
+    """(item, bytes, how it was counted) for the training process at the peak of its update."""
     b = BYTES[cfg.model.dtype]  # the compute dtype: activations
     mixed = cfg.train.precision == "mixed" and b < 4
     w = 4 if mixed else b  # the trained weights, their gradients and AdamW moments: float32 master copies when mixed
     how_w = f"float32 master weights (train.precision = mixed, computing in {cfg.model.dtype})" if mixed else cfg.model.dtype
     p = facts.num_params
-    # unmeasured prompts (data not read): bound the sequence by the model's positions
-    tokens = plan.micro_batch_size * (plan.max_tokens_per_sequence or facts.max_positions or 0)
-    per_layer = 8 * facts.hidden_size + 4 * facts.intermediate_size  # values kept per token per layer for the backward
-    if cfg.train.gradient_checkpointing:
-        activations = tokens * b * (facts.num_layers * facts.hidden_size + per_layer)
-        act_how = f"{tokens:,} tokens × ({facts.num_layers} layer inputs + one layer recomputed) (gradient checkpointing)"
-    else:
-        activations = tokens * b * facts.num_layers * per_layer
-        act_how = f"{tokens:,} tokens (micro-batch × longest sequence) × {facts.num_layers} layers × (8·hidden + 4·intermediate)"
     chunk = min(cfg.train.logprob_chunk_size, max(1, MAX_CHUNK_LOGITS // max(1, facts.vocab_size)))  # rows per LM-head chunk
     trained, what = p, "the weights"
     weights = ("weights", p * w, f"{p:,} parameters × {w} B ({how_w})")
@@ -263,7 +299,7 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
         weights,
         ("gradients", trained * w, "same size as " + what),
         ("AdamW moments", 2 * trained * w, f"two per parameter of {what}, in the weights' dtype"),
-        ("activations", activations, act_how),
+        _activation_row(cfg, plan, facts, b),
         ("log-prob chunk", chunk * facts.vocab_size * 4 * 2, f"two ({chunk} tokens × vocab {facts.vocab_size:,}) fp32 buffers (cohort.models.logprobs)"),
     ]
     if mixed and not cfg.model.lora_rank:  # (LoRA: the base is already in model.dtype; the adapter's copies are small)
@@ -273,6 +309,151 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
     if cfg.algorithm.name in ALGORITHMS_WITH_CRITIC:
         rows.append(("critic", 4 * p * w, f"{cfg.algorithm.name}: weights, gradients and moments of a policy-sized critic"))
     return rows
+
+
+# --------------------------------------------------------------------------- one GPU: the trainer and vLLM
+
+
+GIB = 2**30
+CUDA_CONTEXT_BYTES = 512 * 2**20  # per process: the CUDA context, cuBLAS workspaces, allocator slack (outside torch's count)
+VLLM_WORKING_BYTES = 1 * GIB  # vLLM's memory besides weights and KV cache (its profile run's activations, the sampler's
+# logits for up to 256 sequences: 256 × 151,936 × 4 B = 148 MiB for Qwen2.5, buffers), eager (rollout.enforce_eager)
+VLLM_CUDA_GRAPH_BYTES = 1 * GIB  # on top when CUDA graphs are captured (rollout.enforce_eager = false)
+VLLM_BLOCK_TOKENS = 16  # vLLM's KV cache block on CUDA: a sequence takes whole blocks
+VLLM_SHARE_MARGIN = 0.10  # the derived gpu_memory_utilization covers vLLM's share + 10%, rounded up to 0.01
+OWN_GPU_UTILIZATION = 0.9  # vLLM's own default, for an engine alone on its GPU
+
+
+@dataclass(frozen=True)
+class GpuMemoryPlan:
+    """One GPU's memory: the trainer's peak (its update) and vLLM's share, with the fraction vLLM is given.
+
+    `utilization` × `total` is what vLLM takes once started (it sizes its KV cache to fill it). Without sleep mode
+    that sits beside the trainer's peak; with rollout.sleep_mode vLLM releases it during the update, so the two
+    phases are the update (the trainer's peak alone) and generation (the trainer's resident state + vLLM)."""
+
+    total: int  # the GPU's memory, bytes
+    trainer: list[tuple[str, int, str]]  # the trainer's peak (`memory_estimate`); [] when vLLM is alone on the GPU
+    trainer_resident: int  # what the trainer keeps between updates: weights, AdamW moments, reference, critic
+    engine: list[tuple[str, int, str]]  # vLLM's share (`engine_share`)
+    engine_minimum: int  # vLLM's weights + working memory + one longest sequence's KV: less and vLLM refuses to start
+    utilization: float  # rollout.gpu_memory_utilization: the user's, or derived from `engine`
+    derived: bool  # True when `utilization` was derived (the user left it unset)
+    shared: bool  # the trainer and vLLM on this GPU (colocate); False: vLLM alone on its GPU(s)
+    sleep_mode: int
+
+    @property
+    def trainer_peak(self) -> int:
+        return sum(size for _, size, _ in self.trainer)
+
+    @property
+    def engine_need(self) -> int:
+        return sum(size for _, size, _ in self.engine)
+
+    @property
+    def engine_bytes(self) -> int:
+        """What vLLM takes once started: utilization × total (its KV cache fills whatever its weights leave)."""
+        return math.ceil(self.utilization * self.total)
+
+    @property
+    def needed(self) -> int:
+        """The busier phase's bytes, the CUDA context included."""
+        if not self.shared:
+            return CUDA_CONTEXT_BYTES + self.engine_bytes
+        if self.sleep_mode:  # vLLM asleep during the update; awake (the trainer's resident state beside it) to generate
+            return CUDA_CONTEXT_BYTES + max(self.trainer_peak, self.trainer_resident + self.engine_bytes)
+        return CUDA_CONTEXT_BYTES + self.trainer_peak + self.engine_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.needed <= self.total and self.engine_bytes >= self.engine_minimum
+
+
+def engine_share(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> list[tuple[str, int, str]]:
+    """vLLM's memory on each of its GPUs: weights in the generation dtype, the KV cache of one generation batch's
+    sequences (each in whole 16-token blocks; the prefix cache's sharing of a group's prompt is not counted on), and
+    a fixed working memory; weights and KV split over rollout.tensor_parallel_size GPUs."""
+    tp, g = cfg.rollout.tensor_parallel_size, BYTES[cfg.generation_dtype]
+    blocks = _sequence_blocks(plan, facts)
+    per_token = kv_bytes_per_token(cfg, facts)
+    split = f" / tensor_parallel_size {tp}" if tp > 1 else ""
+    return [
+        ("vLLM weights", facts.num_params * g // tp, f"{facts.num_params:,} parameters × {g} B ({cfg.generation_dtype}){split}"),
+        ("vLLM KV cache", plan.generation_batch_size * blocks * per_token // tp,
+         f"{plan.generation_batch_size} sequences × {blocks:,} tokens × {per_token:,} B per token{split}"),
+        ("vLLM working memory", VLLM_WORKING_BYTES + (0 if cfg.rollout.enforce_eager else VLLM_CUDA_GRAPH_BYTES),
+         "profile-run activations, sampler logits, buffers (a fixed allowance)"
+         + ("" if cfg.rollout.enforce_eager else " + CUDA graphs (rollout.enforce_eager = false)")),
+    ]
+
+
+def _sequence_blocks(plan: BatchPlan, facts: ModelFacts) -> int:
+    """Tokens of KV cache one longest sequence takes: whole 16-token blocks (the model's positions when unmeasured)."""
+    sequence = plan.max_tokens_per_sequence or facts.max_positions or 0
+    return math.ceil(sequence / VLLM_BLOCK_TOKENS) * VLLM_BLOCK_TOKENS
+
+
+def gpu_memory_plan(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts, total_bytes: int, *,
+                    shared: bool = True) -> GpuMemoryPlan:
+    """The split of a GPU of `total_bytes` (pure: validation passes the real GPU's size, tests any size).
+
+    shared: the trainer and vLLM on this GPU (rollout.mode=colocate); False: vLLM alone on it (a local server on
+    the GPUs after the trainer's). rollout.gpu_memory_utilization when set, else derived: shared, vLLM's share
+    + VLLM_SHARE_MARGIN over the total, rounded up to 0.01; alone, OWN_GPU_UTILIZATION."""
+    trainer = memory_estimate(cfg, plan, facts) if shared else []
+    resident = sum(size for name, size, _ in trainer if name in ("weights", "AdamW moments", "reference model", "critic"))
+    engine = engine_share(cfg, plan, facts)
+    tp = cfg.rollout.tensor_parallel_size
+    minimum = engine[0][1] + engine[2][1] + _sequence_blocks(plan, facts) * kv_bytes_per_token(cfg, facts) // tp
+    utilization, derived = cfg.rollout.gpu_memory_utilization, cfg.rollout.gpu_memory_utilization is None
+    if derived:
+        need = sum(size for _, size, _ in engine) * (1 + VLLM_SHARE_MARGIN)
+        utilization = min(1.0, math.ceil(need / total_bytes * 100) / 100) if shared else OWN_GPU_UTILIZATION
+    return GpuMemoryPlan(total_bytes, trainer, resident, engine, minimum, utilization, derived, shared, cfg.rollout.sleep_mode)
+
+
+def gpu_fit_problems(cfg: CohortConfig, gpu: GpuMemoryPlan) -> list[str]:
+    """Why this GPU cannot hold the run, both numbers and the fixes; [] when it can."""
+    if gpu.fits:
+        return []
+    where = f"the GPU's {_human(gpu.total)}"
+    util = (f"rollout.gpu_memory_utilization = {gpu.utilization:g}" + (" (derived)" if gpu.derived else "")
+            + f": {_human(gpu.engine_bytes)}")
+    if gpu.engine_bytes < gpu.engine_minimum:
+        return [f"{util} is less than vLLM needs to start ({_human(gpu.engine_minimum)}: its weights, working memory and "
+                f"one sequence's KV cache); raise rollout.gpu_memory_utilization to at least "
+                f"{math.ceil(gpu.engine_minimum / gpu.total * 100) / 100:g} or unset it (null) to derive it"]
+    if not gpu.shared:
+        return [f"vLLM alone on its GPU: {util} + the CUDA context {_human(CUDA_CONTEXT_BYTES)} exceed {where}; lower "
+                "rollout.gpu_memory_utilization or unset it (0.9)"]
+    phase = ("the update (vLLM asleep)" if gpu.trainer_peak >= gpu.trainer_resident + gpu.engine_bytes
+             else "generation (vLLM awake beside the trainer's weights and optimizer state)") if gpu.sleep_mode else "the update"
+    fixes = ["train.micro_batch_size smaller (activations scale with it)",
+             "train.gradient_checkpointing=true" if not cfg.train.gradient_checkpointing else None,
+             "rollout.sleep_mode=2 (vLLM's memory released during the update)" if not gpu.sleep_mode else None,
+             "rollout.max_completion_length or data.max_prompt_length shorter",
+             "rollout.mode=local_server with a second GPU for vLLM",
+             "lower rollout.gpu_memory_utilization" if not gpu.derived else None]
+    return [f"the trainer's peak {_human(gpu.trainer_peak)} + vLLM's {util} + the CUDA context "
+            f"{_human(CUDA_CONTEXT_BYTES)} need {_human(gpu.needed)} in {phase}, more than {where} "
+            f"(`cohort plan` shows each part); fixes: {'; '.join(f for f in fixes if f)}"]
+
+
+def format_gpu_plan(gpu: GpuMemoryPlan) -> list[str]:
+    """`cohort plan`'s lines for one GPU's split."""
+    lines = [f"GPU memory ({_human(gpu.total)} per GPU; an estimate, docs/gpu.md)"]
+    if gpu.shared:
+        lines.append(f"  trainer's peak (the update)  {_human(gpu.trainer_peak):>10}   (the rows above); between updates "
+                     f"{_human(gpu.trainer_resident)} (weights, AdamW moments, reference)")
+    lines += [f"  {name:<28}  {_human(size):>10}   {how}" for name, size, how in gpu.engine]
+    lines.append(f"  {'CUDA context':<28}  {_human(CUDA_CONTEXT_BYTES):>10}   per process (fixed allowance)")
+    source = "derived: vLLM's share + 10%, rounded up" if gpu.derived and gpu.shared else (
+        "derived: vLLM alone on its GPU" if gpu.derived else "as set")
+    lines.append(f"  rollout.gpu_memory_utilization  {gpu.utilization:g} = {_human(gpu.engine_bytes)} ({source})")
+    sleep = f", vLLM asleep during the update (rollout.sleep_mode = {gpu.sleep_mode})" if gpu.shared and gpu.sleep_mode else ""
+    verdict = "fits" if gpu.fits else "does NOT fit"
+    lines.append(f"  needed at the busier phase   {_human(gpu.needed):>10}   of {_human(gpu.total)}: {verdict}{sleep}")
+    return lines
 
 
 def _reference_line(cfg: CohortConfig) -> str:
@@ -328,7 +509,8 @@ def _stream_line(cfg: CohortConfig) -> str:
     return line
 
 
-def format_plan(cfg: CohortConfig, plan: BatchPlan) -> str:
+def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = None) -> str:
+    """The printout of `cohort plan`; `gpu`: a GPU's split between the trainer and vLLM, shown at the end."""
     accumulation = plan.micro_batches_per_step
     lag = plan.optimizer_steps_per_generation - 1
     lines = [
@@ -362,6 +544,9 @@ def format_plan(cfg: CohortConfig, plan: BatchPlan) -> str:
     if cfg.rollout.engine == "vllm":
         per_token = kv_bytes_per_token(cfg, facts)
         lines.append(f"  rollout engine (vLLM) on top: its weights and KV cache (rollout.kv_cache_gib on CPU, "
-                     f"rollout.gpu_memory_utilization on GPU); KV {_human(per_token)} per token")
+                     f"rollout.gpu_memory_utilization on GPU: `cohort plan --gpu-memory-gib N` shows the split); "
+                     f"KV {_human(per_token)} per token")
     lines.append("  the loss value is not progress: docs/algorithms.md#what-the-loss-value-means")
+    if gpu is not None:
+        lines += format_gpu_plan(gpu)
     return "\n".join(lines)

@@ -12,10 +12,18 @@
   looked up, never built), the output directory, the weights' headers, the
   prompts measured as the trainer will keep them (the data and the model's
   tokenizer, no weights; skipped for `tiny:*` models, whose tokenizer is built
-  with the model) against the model's positions, and the vLLM CPU KV cache.
+  with the model) against the model's positions, and the vLLM CPU KV cache;
+- on a GPU, with vLLM colocated or in a local server child: the GPU memory plan
+  (`cohort.plan.gpu_memory_plan`, against the GPU's total memory read from
+  CUDA), refusing a split that cannot fit with both numbers and the fixes.
 
 It builds nothing: no model, no tokenizer of a `tiny:*` model, no engine, and
-writes nothing. `cohort train` validates twice (the CLI, then the Trainer); the
+writes no file. It changes one field: when rollout.gpu_memory_utilization is
+unset (None) and the GPU plan applies, the derived fraction is written into the
+config, so every engine built from it (colocated, a local server child,
+torchrun's children reading config.yaml) gets the same value and the saved
+config.yaml records what vLLM was given (a resumed run takes it as set; unset it
+to derive it again on another GPU). `cohort train` validates twice (the CLI, then the Trainer); the
 last prompt measurement is kept so the second costs nothing.
 
 Left out: whatever needs the weights (a checkpoint whose tensors do not fit its
@@ -37,9 +45,11 @@ from cohort.data.datasets import DataError, check_data_config
 from cohort.models import loading
 from cohort.models.devices import DeviceError, auto_dtype, has_bf16_units, resolve_device
 from cohort.models.lora import lora_problems
+from cohort.models.placement import engine_gpus, training_processes, visible_gpus
 from cohort.models.tiny import cached_tiny_dir
-from cohort.plan import (GROUP_RELATIVE, BatchPlan, MeasuredPrompts, ModelFacts, UnreadableWeights, batch_plan,
-                         kv_bytes_per_token, model_facts, stream_update_blockers, with_measured_prompts)
+from cohort.plan import (GROUP_RELATIVE, BatchPlan, GpuMemoryPlan, MeasuredPrompts, ModelFacts, UnreadableWeights,
+                         batch_plan, gpu_fit_problems, gpu_memory_plan, kv_bytes_per_token, model_facts,
+                         stream_update_active, stream_update_blockers, with_measured_prompts)
 from cohort.data.loading import load_data
 from cohort.prompts import encode_prompts, fit_problems, max_positions_of
 from cohort.rewards.columns import reward_column_problems
@@ -53,6 +63,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
     if device_problems:
         raise ConfigError(device_problems)
     problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_overlap(cfg) + check_streaming(cfg) + check_partial(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
+    problems += check_gpu_settings(cfg, _device_type(cfg, problems), visible_gpus())
     if check_files:
         problems += check_data_config(cfg.data) + loading.check_model_dir(cfg.model.path)
         if cfg.critic.path:
@@ -67,9 +78,16 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
     if check_files:
         outside, measured = _check_outside(cfg)
         problems += outside
+    plan = with_measured_prompts(cfg, batch_plan(cfg), measured) if check_files else batch_plan(cfg)
+    gpu = None
+    if check_files and not problems:
+        gpu = plan_gpu_memory(cfg, plan)
+        problems += gpu_fit_problems(cfg, gpu) if gpu is not None else []
     if problems:
         raise ConfigError(problems)
-    return with_measured_prompts(cfg, batch_plan(cfg), measured) if check_files else batch_plan(cfg)
+    if gpu is not None and gpu.derived:  # the one field validation fills in (module docstring)
+        cfg.rollout.gpu_memory_utilization = gpu.utilization
+    return plan
 
 
 # --------------------------------------------------------------------------- the device and model.dtype = auto
@@ -346,7 +364,76 @@ def check_rollout_mode(cfg: CohortConfig) -> list[str]:
 
 def training_world_size(cfg: CohortConfig) -> int:
     """Processes training together: torchrun's WORLD_SIZE when launched by it, else train.num_processes."""
-    return int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else cfg.train.num_processes
+    return training_processes(cfg)
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+def _device_type(cfg: CohortConfig, problems: list[str]) -> str:
+    """The training side's device type (`cohort.models.devices.resolve_device`); a train.device that names no device
+    this process has is reported into `problems` (and counts as the CPU here)."""
+    try:
+        return resolve_device(cfg.train.device).type
+    except DeviceError as exc:
+        problems.append(str(exc))
+        return "cpu"
+
+
+def check_gpu_settings(cfg: CohortConfig, device_type: str, visible: int) -> list[str]:
+    """rollout.sleep_mode, rollout.tensor_parallel_size and rollout.gpu_memory_utilization against the rollout mode,
+    the training device (`device_type`) and the GPUs this process sees (`visible`)."""
+    r, problems = cfg.rollout, []
+    child = r.mode == "local_server" or (r.mode == "colocate" and r.engine == "vllm" and training_world_size(cfg) > 1)
+    if r.gpu_memory_utilization is not None and not 0 < r.gpu_memory_utilization <= 1:
+        problems.append(f"rollout.gpu_memory_utilization = {r.gpu_memory_utilization}: must be in (0, 1] (a fraction of "
+                        "the GPU's memory), or unset (null) for the planner's value")
+    if r.sleep_mode:
+        why = ("rollout.engine = hf has no sleep mode; set rollout.engine=vllm" if r.engine != "vllm" else
+               f"rollout.mode = {r.mode}: the engine is not in the trainer's process, so it has nothing to release "
+               "for the update" if r.mode != "colocate" or child else
+               "vLLM's sleep mode needs CUDA, and the training device is the CPU" if device_type != "cuda" else
+               "the engine generates while the trainer updates (rollout.overlap / rollout.max_staleness / the streamed "
+               "update); turn those off (rollout.stream_update=off)" if r.overlap or r.max_staleness is not None
+               or stream_update_active(cfg, training_world_size(cfg)) else None)
+        if why:
+            problems.append(f"rollout.sleep_mode = {r.sleep_mode}: {why}; or set rollout.sleep_mode=0")
+    if r.tensor_parallel_size < 1:
+        problems.append(f"rollout.tensor_parallel_size = {r.tensor_parallel_size}: must be at least 1")
+    elif r.tensor_parallel_size > 1:
+        if r.engine != "vllm" or (r.mode == "colocate" and not child):
+            problems.append(f"rollout.tensor_parallel_size = {r.tensor_parallel_size} needs vLLM in its own process(es): "
+                            "set rollout.mode=local_server (its GPUs follow the trainer's) or server")
+        elif child and visible and r.tensor_parallel_size > visible:
+            problems.append(f"rollout.tensor_parallel_size = {r.tensor_parallel_size}: this process sees {visible} GPU(s); "
+                            f"use at most {visible}")
+    return problems
+
+
+def plan_gpu_memory(cfg: CohortConfig, plan: BatchPlan, total_bytes: int | None = None) -> GpuMemoryPlan | None:
+    """The GPU split for a run whose vLLM sits on a GPU (colocated, or a local server child), None otherwise (CPU,
+    transformers engine, remote servers, or a model directory not readable yet). `total_bytes`: the GPU's memory
+    (default: the training device's, read from CUDA; `cohort plan --gpu-memory-gib` passes one)."""
+    r = cfg.rollout
+    if r.engine != "vllm" or r.mode == "server":
+        return None
+    try:
+        facts = model_facts(cfg.model.path)
+    except UnreadableWeights:
+        return None
+    if facts is None:
+        return None
+    shared, world = True, training_world_size(cfg)
+    if r.mode == "local_server" or world > 1:  # vLLM in a child, on the GPUs after the trainer's when there are enough
+        visible = visible_gpus() if total_bytes is None else world + r.tensor_parallel_size  # (a GPU asked about: enough)
+        gpus = engine_gpus(world, r.tensor_parallel_size, visible)
+        shared = gpus is None or gpus.shared
+    if total_bytes is None:
+        device = resolve_device(cfg.train.device)
+        if device.type != "cuda":
+            return None
+        total_bytes = torch.cuda.get_device_properties(device).total_memory  # (thin: the one CUDA read)
+    return gpu_memory_plan(cfg, plan, facts, total_bytes, shared=shared)
 
 
 def check_processes(cfg: CohortConfig) -> list[str]:
@@ -432,8 +519,6 @@ def _check_run_section(cfg: CohortConfig) -> list[str]:
                         "bit); unset it (null) for the calibrated check, or use about 1e-3 for float32")
     if r.engine == "vllm" and r.kv_cache_gib <= 0:
         problems.append(f"rollout.kv_cache_gib = {r.kv_cache_gib}: must be > 0 (GiB of KV cache for vLLM on CPU); 1.0 is the default")
-    if r.engine == "vllm" and not 0 < r.gpu_memory_utilization <= 1:
-        problems.append(f"rollout.gpu_memory_utilization = {r.gpu_memory_utilization}: must be in (0, 1] (a fraction of GPU memory)")
     if cfg.data.eval_max_samples is not None and cfg.data.eval_max_samples < 1:
         problems.append(f"data.eval_max_samples = {cfg.data.eval_max_samples}: must be >= 1, or None for all eval rows")
     return problems

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
+import struct
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,8 @@ import torch
 
 from cohort import cli
 from cohort.config import ConfigError, load_config
-from cohort.plan import batch_plan, format_plan, memory_estimate, model_facts
+from cohort.plan import (ModelFacts, activation_bytes_per_token_layer, batch_plan, format_plan, gpu_fit_problems, gpu_memory_plan,
+                         memory_estimate, model_facts)
 from cohort.validation import validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -274,3 +277,136 @@ def test_plan_says_when_partial_rollouts_or_asynchronous_generation_train_off_po
     assert "streamed update       off (rollout.max_staleness): each batch's groups are taken as they finish" in out
     assert ("asynchronous          on: generation runs up to 2 policy version(s) ahead; tokens staler when trained: drop; "
             "off-policy tokens: decoupled") in out
+
+
+# --------------------------------------------------------------------------- one GPU: the trainer and vLLM
+
+# Qwen2.5-0.5B's shape: hidden 896, 24 layers, 14 heads, 2 KV heads of 64, intermediate 4864, vocab 151,936, tied
+# embeddings. Parameters: embedding 151,936 × 896 = 136,134,656; per layer q 896·896 + 896 = 803,712, k and v
+# 896·128 + 128 = 114,816 each, o 896·896 = 802,816, MLP 3 · 896 · 4864 = 13,074,432, two norms 1,792: 14,912,384;
+# × 24 = 357,897,216; + the final norm 896: P = 494,032,768.
+QWEN05_SHAPES = {"model.embed_tokens.weight": [151936, 896], "model.norm.weight": [896]}
+for _layer in range(24):
+    QWEN05_SHAPES.update({f"model.layers.{_layer}.{name}": shape for name, shape in {
+        "self_attn.q_proj.weight": [896, 896], "self_attn.q_proj.bias": [896], "self_attn.k_proj.weight": [128, 896],
+        "self_attn.k_proj.bias": [128], "self_attn.v_proj.weight": [128, 896], "self_attn.v_proj.bias": [128],
+        "self_attn.o_proj.weight": [896, 896], "mlp.gate_proj.weight": [4864, 896], "mlp.up_proj.weight": [4864, 896],
+        "mlp.down_proj.weight": [896, 4864], "input_layernorm.weight": [896], "post_attention_layernorm.weight": [896]}.items()})
+QWEN05 = ["model.dtype=bfloat16", "data.max_prompt_length=768", "rollout.max_completion_length=256",
+          "train.micro_batch_size=8", "train.prompts_per_step=8", "rollout.num_generations=8"]  # 1,024 tokens, 64 per batch
+GIB = 2**30
+
+
+@pytest.fixture
+def qwen05_dir(tmp_path):
+    return write_qwen05_dir(tmp_path / "qwen05")
+
+
+def write_qwen05_dir(d: Path) -> Path:
+    """config.json and a safetensors *header* of Qwen2.5-0.5B's tensors (no data: the planner reads headers only)."""
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768,
+        "tie_word_embeddings": True}))
+    header, offset = {}, 0
+    for name, shape in QWEN05_SHAPES.items():
+        size = 2 * math.prod(shape)
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
+    return d
+
+
+def qwen05_gpu(total_gib, *overrides, model_dir):
+    cfg = load_config(None, [f"model.path={model_dir}", *QWEN05, *overrides])
+    return gpu_memory_plan(cfg, batch_plan(cfg), model_facts(str(model_dir)), int(total_gib * GIB)), cfg
+
+
+def test_the_activation_formula_per_token_and_layer():
+    # bf16, Qwen2.5-0.5B: 2·(8·896 + 4·4864) + 8·896 = 2·(7,168 + 19,456) + 7,168 = 53,248 + 7,168 = 60,416 B
+    facts = ModelFacts(494_032_768, 896, 4864, 24, 14, 2, 64, 151936, 32768)
+    assert activation_bytes_per_token_layer(facts, 2) == 60_416
+
+
+def test_gpu_plan_of_a_qwen05_shaped_model_without_checkpointing(qwen05_dir):
+    """bf16 mixed, micro-batch 8 × 1,024 tokens, 64 completions per generation batch, beta 0.
+
+    trainer (P = 494,032,768):
+      weights (float32 masters) 4P = 1,976,131,072; gradients 4P = 1,976,131,072; AdamW 8P = 3,952,262,144;
+      autocast bf16 copies 2P = 988,065,536 — together 18P = 8,892,589,824
+      activations 8 × 1,024 = 8,192 tokens × 24 layers × 60,416 B = 11,878,268,928
+      log-prob chunk: rows = min(1024, 2^24 // 151,936 = 110) → 110 × 151,936 × 4 B × 2 = 133,703,680
+      peak = 8,892,589,824 + 11,878,268,928 + 133,703,680 = 20,904,562,432 (19.47 GiB)
+      resident between updates: weights + moments = 12P = 5,928,393,216
+    vLLM: weights 2P = 988,065,536; KV per token 2 (K, V) × 24 layers × 2 heads × 64 × 2 B = 12,288;
+      64 sequences × 1,024 tokens (64 whole blocks of 16) × 12,288 = 805,306,368; working memory 1 GiB = 1,073,741,824
+      share = 2,867,113,728; + 10% = 3,153,825,100.8
+    80 GiB = 85,899,345,920: 3,153,825,100.8 / 85,899,345,920 = 0.0367 → 0.04 (3.2 GiB = 3,435,973,837 B)
+      needed = 512 MiB (536,870,912) + 20,904,562,432 + 3,435,973,837 = 24,877,407,181 ≤ 80 GiB: fits
+    141 GiB = 151,397,597,184: 0.02083 → 0.03 (4,541,927,916 B); needed 25,983,361,260: fits
+    """
+    gpu, _ = qwen05_gpu(80, model_dir=qwen05_dir)
+    rows = {name: size for name, size, _ in gpu.trainer}
+    assert rows == {"weights": 1_976_131_072, "gradients": 1_976_131_072, "AdamW moments": 3_952_262_144,
+                    "activations": 11_878_268_928, "log-prob chunk": 133_703_680, "autocast weight copies": 988_065_536}
+    assert (gpu.trainer_peak, gpu.trainer_resident) == (20_904_562_432, 5_928_393_216)
+    assert [size for _, size, _ in gpu.engine] == [988_065_536, 805_306_368, 1_073_741_824]
+    assert (gpu.utilization, gpu.derived, gpu.engine_bytes, gpu.needed, gpu.fits) == (0.04, True, 3_435_973_837, 24_877_407_181, True)
+    gpu141, _ = qwen05_gpu(141, model_dir=qwen05_dir)
+    assert (gpu141.utilization, gpu141.needed, gpu141.fits) == (0.03, 25_983_361_260, True)
+
+
+def test_gpu_plan_with_gradient_checkpointing(qwen05_dir):
+    """Checkpointing keeps each layer's input (the float32 residual stream under autocast) and recomputes one layer:
+    8,192 tokens × (24 × 896 × 4 B + 60,416 B) = 8,192 × (86,016 + 60,416) = 8,192 × 146,432 = 1,199,570,944 (1.12 GiB,
+    against 11.06 GiB without). Peak 8,892,589,824 + 1,199,570,944 + 133,703,680 = 10,225,864,448 (9.52 GiB).
+    A 16 GiB GPU (17,179,869,184): 0.1836 → 0.19 (3,264,175,145 B); needed 536,870,912 + 10,225,864,448 +
+    3,264,175,145 = 14,026,910,505 (13.06 GiB): fits; without checkpointing 24,705,608,489 (23.0 GiB) does not."""
+    gpu, _ = qwen05_gpu(16, "train.gradient_checkpointing=true", model_dir=qwen05_dir)
+    assert dict((n, s) for n, s, _ in gpu.trainer)["activations"] == 1_199_570_944
+    assert (gpu.trainer_peak, gpu.utilization, gpu.needed, gpu.fits) == (10_225_864_448, 0.19, 14_026_910_505, True)
+    gpu, _ = qwen05_gpu(80, "train.gradient_checkpointing=true", model_dir=qwen05_dir)
+    assert (gpu.utilization, gpu.fits) == (0.04, True)  # (vLLM's share does not depend on the trainer)
+    bare, _ = qwen05_gpu(16, model_dir=qwen05_dir)
+    assert (bare.needed, bare.fits) == (24_705_608_489, False)
+
+
+def test_gpu_plan_with_sleep_mode_offload_and_the_refusal(qwen05_dir):
+    """A 22 GiB GPU (23,622,320,128), no checkpointing: 3,153,825,100.8 / 23,622,320,128 = 0.1335 → 0.14
+    (0.14 × 23,622,320,128 = 3,307,124,817.92 → 3,307,124,818 B). Without sleep: 536,870,912 + 20,904,562,432 +
+    3,307,124,818 = 24,748,558,162 > 22 GiB: refused,
+    both numbers and the fixes named. With rollout.sleep_mode=2 vLLM releases its 0.14 during the update: the
+    busier phase is max(update 20,904,562,432, generation 5,928,393,216 + 3,307,124,818 = 9,235,518,034) + 536,870,912
+    = 21,441,433,344 (19.97 GiB) ≤ 22 GiB: fits."""
+    gpu, cfg = qwen05_gpu(22, model_dir=qwen05_dir)
+    assert (gpu.utilization, gpu.engine_bytes, gpu.fits) == (0.14, 3_307_124_818, False)
+    assert gpu.needed == 536_870_912 + 20_904_562_432 + 3_307_124_818 == 24_748_558_162
+    (problem,) = gpu_fit_problems(cfg, gpu)
+    for piece in ("the trainer's peak 19.47 GiB", "rollout.gpu_memory_utilization = 0.14 (derived): 3.08 GiB",
+                  "need 23.05 GiB in the update, more than the GPU's 22.00 GiB", "train.micro_batch_size smaller",
+                  "train.gradient_checkpointing=true", "rollout.sleep_mode=2", "rollout.max_completion_length"):
+        assert piece in problem, problem
+    asleep, cfg = qwen05_gpu(22, "rollout.sleep_mode=2", model_dir=qwen05_dir)
+    assert (asleep.needed, asleep.fits, gpu_fit_problems(cfg, asleep)) == (21_441_433_344, True, [])
+
+
+def test_gpu_plan_of_an_engine_alone_and_of_a_fraction_too_small(qwen05_dir):
+    """vLLM alone on its GPU takes 0.9 (vLLM's default) and no trainer row. A user's 0.01 of 80 GiB (858,993,459 B) is
+    less than vLLM's weights 988,065,536 + 1 GiB + one sequence's KV 1,024 × 12,288 = 12,582,912 = 2,074,390,272:
+    refused with the least fraction, 2,074,390,272 / 85,899,345,920 = 0.0241 → 0.03."""
+    alone = gpu_memory_plan(load_config(None, [f"model.path={qwen05_dir}", *QWEN05]),
+                            batch_plan(load_config(None, QWEN05)), model_facts(str(qwen05_dir)), 80 * GIB, shared=False)
+    assert (alone.utilization, alone.trainer, alone.fits) == (0.9, [], True)
+    small, cfg = qwen05_gpu(80, "rollout.gpu_memory_utilization=0.01", model_dir=qwen05_dir)
+    assert (small.derived, small.engine_minimum, small.fits) == (False, 2_074_390_272, False)
+    assert "raise rollout.gpu_memory_utilization to at least 0.03" in gpu_fit_problems(cfg, small)[0]
+
+
+def test_plan_prints_the_gpu_split_when_asked(qwen05_dir, capsys):
+    assert cli.main(["plan", f"model.path={qwen05_dir}", *QWEN05, "--gpu-memory-gib", "80"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU memory (80.00 GiB per GPU" in out and "vLLM KV cache" in out and "768.00 MiB" in out
+    assert "rollout.gpu_memory_utilization  0.04 = 3.20 GiB (derived: vLLM's share + 10%, rounded up)" in out
+    assert "fits" in out

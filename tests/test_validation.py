@@ -6,8 +6,13 @@ import json
 import subprocess
 import sys
 
-from cohort.config import load_config
-from cohort.validation import validate_config
+import pytest
+import torch
+
+from cohort.config import ConfigError, load_config
+from tests.test_plan import QWEN05, write_qwen05_dir
+from cohort import validation
+from cohort.validation import check_gpu_settings, validate_config
 
 
 def test_validating_a_tiny_model_builds_nothing(monkeypatch, tmp_path):
@@ -45,3 +50,62 @@ def test_plan_imports_only_the_config_and_validation_no_trainer():
     loaded = _cohort_modules_after("import cohort.validation")["cohort"]
     assert "cohort.validation" in loaded and "cohort.plan" in loaded
     assert [m for m in loaded if m.startswith(("cohort.trainer", "cohort.rollout", "cohort.distributed"))] == []
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+def _problems(overrides, device_type="cpu", visible=0):
+    return check_gpu_settings(load_config(None, overrides), device_type, visible)
+
+
+def test_sleep_mode_is_refused_where_it_cannot_work_with_the_fix():
+    (cpu,) = _problems(["rollout.sleep_mode=1"])
+    assert "rollout.sleep_mode = 1: vLLM's sleep mode needs CUDA" in cpu and "set rollout.sleep_mode=0" in cpu
+    assert _problems(["rollout.sleep_mode=2"], "cuda", 1) == []  # colocated vLLM on a GPU: served
+    (hf,) = _problems(["rollout.sleep_mode=2", "rollout.engine=hf"], "cuda", 1)
+    assert "rollout.engine = hf has no sleep mode" in hf
+    (child,) = _problems(["rollout.sleep_mode=2", "rollout.mode=local_server"], "cuda", 2)
+    assert "not in the trainer's process" in child
+    (busy,) = _problems(["rollout.sleep_mode=2", "rollout.overlap=true"], "cuda", 1)
+    assert "generates while the trainer updates" in busy
+
+
+def test_tensor_parallel_needs_its_own_process_and_enough_gpus():
+    (colocated,) = _problems(["rollout.tensor_parallel_size=2"], "cuda", 4)
+    assert "needs vLLM in its own process(es): set rollout.mode=local_server" in colocated
+    assert _problems(["rollout.tensor_parallel_size=2", "rollout.mode=local_server"], "cuda", 4) == []
+    (few,) = _problems(["rollout.tensor_parallel_size=4", "rollout.mode=local_server"], "cuda", 2)
+    assert "this process sees 2 GPU(s); use at most 2" in few
+    assert "must be at least 1" in _problems(["rollout.tensor_parallel_size=0"])[0]
+
+
+def test_gpu_memory_utilization_is_unset_by_default_and_checked_when_set():
+    assert load_config(None, []).rollout.gpu_memory_utilization is None
+    (bad,) = _problems(["rollout.gpu_memory_utilization=1.5"])
+    assert "must be in (0, 1]" in bad and "unset (null) for the planner's value" in bad
+
+
+def _fake_gpu(monkeypatch, total_gib):
+    """validate_config on a machine whose training device is a GPU of `total_gib`: the two CUDA reads replaced."""
+
+    monkeypatch.setattr(validation, "resolve_device", lambda setting="auto": torch.device("cuda", 0))
+    monkeypatch.setattr(validation.torch.cuda, "get_device_properties",
+                        lambda device: type("Props", (), {"total_memory": int(total_gib * 2**30)})())
+
+
+def test_validation_derives_the_fraction_on_a_gpu_and_refuses_what_cannot_fit(monkeypatch, tmp_path):
+    """The Qwen2.5-0.5B-shaped config of tests/test_plan.py: 0.04 of an 80 GiB GPU is written into the config; on a
+    22 GiB GPU the trainer's 19.47 GiB peak + vLLM's 3.08 GiB do not fit, and the refusal says so before loading."""
+    model_dir = write_qwen05_dir(tmp_path / "qwen05")
+    _fake_gpu(monkeypatch, 80)
+    cfg = load_config(None, [f"model.path={model_dir}", *QWEN05])
+    validate_config(cfg)
+    assert cfg.rollout.gpu_memory_utilization == 0.04
+    _fake_gpu(monkeypatch, 22)
+    with pytest.raises(ConfigError) as err:
+        validate_config(load_config(None, [f"model.path={model_dir}", *QWEN05]))
+    assert "the trainer's peak 19.47 GiB" in str(err.value) and "more than the GPU's 22.00 GiB" in str(err.value)
+    cfg = load_config(None, [f"model.path={model_dir}", *QWEN05, "rollout.sleep_mode=2"])
+    validate_config(cfg)  # asleep during the update: fits
+    assert cfg.rollout.gpu_memory_utilization == 0.14

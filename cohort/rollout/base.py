@@ -23,6 +23,11 @@ flight (`update_weights(..., in_flight=True)`, asynchronous training): they
 continue under the new weights, every token sampled afterwards carries the new
 version; the others raise when asked.
 
+Memory: an engine that shares the trainer's GPU may have `release_memory()`, which frees what it can while the
+trainer updates (vLLM's sleep mode); the trainer calls `release_engine_memory(engine)` just before its update, a
+no-op for engines without it. Such an engine wakes by itself: its weights before it loads a push, its KV cache
+before it samples or scores.
+
 Threads: an engine is not thread-safe. A caller may drive it from two threads
 (e.g. `poll(timeout)` on a background thread, `submit` / `update_weights` /
 `abort` / `score` on the main one) only if it serialises every call with its own
@@ -260,6 +265,14 @@ class RolloutEngine(Protocol):
         An engine with `in_flight_updates` scores with requests in flight too, without taking any of their results."""
 
     def close(self) -> None: ...
+
+
+def release_engine_memory(engine) -> bool:
+    """Let the engine free its GPU memory for the trainer's update (`release_memory()`, e.g. vLLM's sleep mode);
+    False and nothing done for an engine without it. Looked up by name, so wrappers that pass unknown attributes to
+    their inner engine (the tool loop's) pass this on too."""
+    release = getattr(engine, "release_memory", None)
+    return bool(release()) if release is not None else False
 
 
 class WeightStream:

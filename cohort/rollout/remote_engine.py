@@ -60,6 +60,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
+from cohort.models.placement import engine_gpus, training_processes, visible_gpus
 from cohort.rollout.base import Request, RequestEngineMixin, Trajectory
 from cohort.rollout.server import TOKEN_ENV, LocalServer, completion_from_json, request_to_json, split_cores
 from cohort.rollout.server_stream import MAX_POLL_WAIT_S
@@ -418,9 +419,11 @@ class LocalServerEngine(RequestEngineMixin):
     """
 
     def __init__(self, model_dir, cfg, *, max_model_len: int, dtype: str):
+        gpus = engine_gpus(training_processes(cfg), cfg.rollout.tensor_parallel_size, visible_gpus())
         self.server = LocalServer(model_dir, dtype=dtype, max_model_len=max_model_len, seed=cfg.rollout.seed,
                                   kv_cache_gib=cfg.rollout.kv_cache_gib, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-                                  cpu_cores=engine_cores(cfg)[0])
+                                  cpu_cores=engine_cores(cfg)[0], cuda_devices=gpus.devices if gpus else None,
+                                  tensor_parallel_size=cfg.rollout.tensor_parallel_size)
         try:
             self.remote = RemoteEngine([self.server.url], token=self.server.token, timeout_s=cfg.rollout.server_timeout_s,
                                        agreement_tolerance=cfg.server_agreement_tolerance, min_model_len=max_model_len)

@@ -334,6 +334,15 @@ def split_cores(cores: list[int], engine_threads: int | None, overlap: bool) -> 
     return cores[-k:], (max(1, len(cores) - k) if overlap else None)
 
 
+def child_visible_devices(parent: str | None, indices: list[int]) -> str:
+    """CUDA_VISIBLE_DEVICES for a child that must see this process's GPUs `indices` (numbered as this process sees
+    them): the parent's own list, when it has one, maps them back to the machine's ids ("4,5,6,7" and [1] -> "5")."""
+    visible = [d.strip() for d in parent.split(",") if d.strip()] if parent else None
+    if visible is not None and max(indices) >= len(visible):
+        raise ValueError(f"GPU {max(indices)} is not among this process's CUDA_VISIBLE_DEVICES={parent}")
+    return ",".join(visible[i] if visible is not None else str(i) for i in indices)
+
+
 class LocalServer:
     """`cohort serve` in a child process on a free loopback port, with a fresh token; `close()` stops it.
 
@@ -349,8 +358,8 @@ class LocalServer:
                     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
     def __init__(self, model_dir, *, dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
-                 kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5, start_timeout_s: float = 600.0,
-                 cpu_cores: list[int] | None = None):
+                 kv_cache_gib: float = 1.0, gpu_memory_utilization: float | None = None, start_timeout_s: float = 600.0,
+                 cpu_cores: list[int] | None = None, cuda_devices: list[int] | None = None, tensor_parallel_size: int = 1):
         import secrets
         import subprocess
 
@@ -360,8 +369,12 @@ class LocalServer:
         if cpu_cores:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cpu_cores)
             env["OMP_NUM_THREADS"] = str(len(cpu_cores))
+        if cuda_devices:  # the GPUs cohort chose for the engine (remote_engine.engine_gpus), as this process numbers them
+            env["CUDA_VISIBLE_DEVICES"] = child_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), cuda_devices)
         cmd = [sys.executable, "-m", "cohort.cli", "serve", str(model_dir), "--port", "0", "--dtype", dtype, "--seed", str(seed),
-               "--kv-cache-gib", str(kv_cache_gib), "--gpu-memory-utilization", str(gpu_memory_utilization)]
+               "--kv-cache-gib", str(kv_cache_gib), "--tensor-parallel-size", str(tensor_parallel_size)]
+        if gpu_memory_utilization is not None:
+            cmd += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
         if max_model_len:
             cmd += ["--max-model-len", str(max_model_len)]
         self.process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=None, text=True)
@@ -410,7 +423,9 @@ def add_serve_command(sub) -> None:
     serve.add_argument("--max-model-len", type=int, default=None, help="longest prompt + completion in tokens (default: the model's)")
     serve.add_argument("--seed", type=int, default=0, help="engine seed (every request also carries per-completion seeds)")
     serve.add_argument("--kv-cache-gib", type=float, default=1.0, help="vLLM on CPU: KV cache size in GiB")
-    serve.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="vLLM on GPU: fraction of GPU memory to take")
+    serve.add_argument("--gpu-memory-utilization", type=float, default=None,
+                       help="vLLM on GPU: fraction of the GPU's memory to take (default 0.9: the engine alone on its GPU)")
+    serve.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM: GPUs the model is split across")
     serve.set_defaults(func=cmd_serve)
 
 
@@ -423,7 +438,8 @@ def cmd_serve(ns) -> int:
     model_dir = resolve_model_dir(ns.model)
     start = time.perf_counter()
     engine = VLLMEngine(model_dir, dtype=ns.dtype, max_model_len=ns.max_model_len, seed=ns.seed,
-                        kv_cache_gib=ns.kv_cache_gib, gpu_memory_utilization=ns.gpu_memory_utilization)
+                        kv_cache_gib=ns.kv_cache_gib, gpu_memory_utilization=ns.gpu_memory_utilization,
+                        tensor_parallel_size=ns.tensor_parallel_size)
     model_config = engine.llm.llm_engine.model_config
     service = RolloutService(engine, token, model=str(model_dir), max_model_len=model_config.max_model_len,
                              vocab_size=model_config.get_vocab_size())

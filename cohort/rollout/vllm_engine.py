@@ -75,6 +75,26 @@ any seeded request whose prompt was split across steps failed: a batch of long p
 budget, resumed requests (prompt + sampled tokens), in-flight updates' recomputation. With it off, each prefill is
 scheduled whole (tests/rollout/test_vllm_requests.py pins a 19,200-token seeded batch). vLLM warns that the model
 "does not officially support disabling chunked prefill"; the log-prob tests agree with transformers as before.
+
+On a GPU (CUDA only; none of this runs on the CPU backend, where validation refuses rollout.sleep_mode):
+- `gpu_memory_utilization` is the fraction of the GPU's *total* memory vLLM takes (vLLM 0.32 refuses to start when
+  less than that is free, and sizes its KV cache to fill what its weights and profile run leave of it); cohort's
+  planner derives it (cohort/plan.py); None here means vLLM alone on its GPU: 0.9, vLLM's own default.
+- Sleep mode (rollout.sleep_mode, vLLM built with enable_sleep_mode, which turns on its CuMem allocator):
+  `release_memory()`, which the trainer calls before its update, runs `LLM.sleep(level)`. vLLM first pauses its
+  scheduler (aborting whatever it holds, which is nothing: it sleeps only when no request is in flight) and clears
+  the prefix cache; level 1 then copies the weights to pinned CPU memory and discards the KV cache; level 2 discards
+  both, keeping CPU copies of only the model's buffers (rotary caches) and vLLM's runtime and graph pools. Waking is
+  in two halves, each only when needed: `update_weights` wakes the weights just before loading the push (at level 2
+  they come back as uninitialised memory, which the push overwrites whole), then the KV cache just after, so the
+  canary and the next generation find it; `submit`/`score` wake whatever still sleeps. Before each wake the
+  process's cached CUDA blocks are returned to the driver (`torch.cuda.empty_cache`): the trainer's freed
+  activations would otherwise stay reserved by PyTorch's allocator, out of reach of vLLM's. A level-2 engine whose
+  weights were discarded and not pushed since refuses to generate (it would sample from uninitialised weights).
+- The in-process push hands the trainer's tensors to vLLM's loader as they are: a CUDA tensor goes device to device
+  (vLLM's `param.copy_`), never through host memory; the trainer's stream makes each tensor (its cast) when vLLM
+  reads it, and vLLM's layerwise reload holds at most one decoder layer's tensors before processing them, which
+  bounds the bytes in flight.
 """
 
 from __future__ import annotations
@@ -143,6 +163,29 @@ def expected_reload_warnings_dropped(tied_head: bool):
         logger.removeFilter(quiet)
 
 
+OWN_GPU_UTILIZATION = 0.9  # vLLM's own default: the engine alone on its GPU (cohort.plan derives it when shared)
+
+
+def llm_options(model_dir: Path, *, dtype: str, seed: int, max_model_len: int, enforce_eager: bool,
+                enable_prefix_caching: bool, cuda: bool, gpu_memory_utilization: float | None, sleep_mode: int,
+                tensor_parallel_size: int) -> dict:
+    """The keyword arguments of `vllm.LLM` for this engine: the GPU ones only on CUDA, the CPU's chunked-prefill
+    switch only on CPU (module docstring); sleep mode only when asked (vLLM then allocates through its CuMem pool)."""
+    kwargs = dict(
+        model=str(model_dir), tokenizer=str(model_dir), dtype=dtype, seed=seed, max_model_len=max_model_len,
+        enforce_eager=enforce_eager, enable_prefix_caching=enable_prefix_caching, logprobs_mode="processed_logprobs",
+    )
+    if cuda:
+        kwargs["gpu_memory_utilization"] = OWN_GPU_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
+    else:  # (module docstring: vLLM's CPU sampler cannot rewind a seeded request's generator after a partial prefill)
+        kwargs["enable_chunked_prefill"] = False
+    if sleep_mode:
+        kwargs["enable_sleep_mode"] = True
+    if tensor_parallel_size > 1:
+        kwargs["tensor_parallel_size"] = tensor_parallel_size
+    return kwargs
+
+
 class _Live:
     """A request inside vLLM: what it has streamed back so far (token ids, log-probs, the version of each token)."""
 
@@ -164,19 +207,19 @@ class VLLMEngine(RequestEngineMixin):
     in_flight_updates = True  # update_weights(..., in_flight=True) loads between steps (module docstring)
 
     def __init__(self, model_dir: Path, *, dtype: str, max_model_len: int, seed: int = 0, enforce_eager: bool = True,
-                 enable_prefix_caching: bool = True, kv_cache_gib: float = 1.0, gpu_memory_utilization: float = 0.5):
+                 enable_prefix_caching: bool = True, kv_cache_gib: float = 1.0, gpu_memory_utilization: float | None = None,
+                 sleep_mode: int = 0, tensor_parallel_size: int = 1):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
         from vllm import LLM
 
-        kwargs = dict(
-            model=str(model_dir), tokenizer=str(model_dir), dtype=dtype, seed=seed, max_model_len=max_model_len,
-            enforce_eager=enforce_eager, enable_prefix_caching=enable_prefix_caching, logprobs_mode="processed_logprobs",
-        )
-        if torch.cuda.is_available():
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        else:  # (module docstring: vLLM's CPU sampler cannot rewind a seeded request's generator after a partial prefill)
-            kwargs["enable_chunked_prefill"] = False
+        kwargs = llm_options(model_dir, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
+                             enable_prefix_caching=enable_prefix_caching, cuda=torch.cuda.is_available(),
+                             gpu_memory_utilization=gpu_memory_utilization, sleep_mode=sleep_mode,
+                             tensor_parallel_size=tensor_parallel_size)
         self.llm = LLM(**kwargs)
+        self.sleep_mode = sleep_mode
+        self._asleep: set[str] = set()  # "weights", "kv_cache": what vLLM holds asleep now (sleep mode)
+        self._weights_discarded = False  # level 2 slept and no push since: the weights are uninitialised memory
         self.policy_version = 0
         self.stop_token_ids = stop_token_ids(model_dir, load_tokenizer(model_dir))  # the checkpoint's set, as every engine's
         self._live: dict[str, _Live] = {}  # request id -> its progress, for the requests inside vLLM
@@ -223,6 +266,7 @@ class VLLMEngine(RequestEngineMixin):
         from vllm.inputs import TokensPrompt
 
         self._ensure_parallel_state()
+        self._wake(("weights", "kv_cache"))
         added: list[str] = []
         current = None
         try:
@@ -315,17 +359,44 @@ class VLLMEngine(RequestEngineMixin):
                                "them to the end or abort them first, or pass in_flight=True to load the new weights "
                                "under them (asynchronous training)")
         self._ensure_parallel_state()
+        self._wake(("weights",))  # (sleep mode: the weights first, the KV cache once they are loaded)
         runner = self._model_runner()
         tied = getattr(getattr(runner.get_model(), "config", None), "tie_word_embeddings", False)
-        with expected_reload_warnings_dropped(tied):
+        with expected_reload_warnings_dropped(tied):  # each tensor as it is: a CUDA one is copied device to device
             runner.reload_weights(weights_iterator=((n, t.detach()) for n, t in named_tensors))
         _refresh_tied_lm_head(runner.get_model())
+        self._weights_discarded = False
+        self._wake(("kv_cache",))
         # reset_running_requests: preempt the running requests (their KV recomputed with the new weights) so that
         # every block is free; vLLM refuses (returns False) to reset a cache whose blocks are in use
         if not self.llm.reset_prefix_cache(reset_running_requests=bool(self._live)):
             raise RuntimeError("VLLMEngine.update_weights: vLLM refused to reset its prefix cache after the new weights "
                                "were loaded; KV computed with the old weights could be reused")
         self.policy_version = version
+
+    def release_memory(self) -> bool:
+        """Sleep while the trainer updates (rollout.sleep_mode 1 or 2; module docstring): the KV cache, and the weights,
+        leave the GPU. A no-op (False) without sleep mode, when already asleep, or with requests in flight (vLLM would
+        abort them)."""
+        if not self.sleep_mode or self._asleep or self._live or self._scoring or self._done:
+            return False
+        self.llm.sleep(level=self.sleep_mode)
+        self._asleep = {"weights", "kv_cache"}
+        self._weights_discarded = self.sleep_mode == 2
+        return True
+
+    def _wake(self, tags: tuple[str, ...]) -> None:
+        """Wake those of `tags` that sleep, after handing the process's cached CUDA blocks back to the driver."""
+        todo = [tag for tag in tags if tag in self._asleep]
+        if not todo:
+            return
+        if "kv_cache" in todo and self._weights_discarded:
+            raise RuntimeError("VLLMEngine: the weights were discarded by rollout.sleep_mode = 2 and no weights were "
+                               "pushed since; push the policy (update_weights) before generating or scoring")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the trainer's freed blocks, held by PyTorch's cache, to vLLM's allocator
+        self.llm.wake_up(tags=todo)
+        self._asleep -= set(todo)
 
     def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
         """The engine's log-probs of each completion after its prompt, also with requests in flight: the scoring
@@ -335,6 +406,7 @@ class VLLMEngine(RequestEngineMixin):
         from vllm.sampling_params import RequestOutputKind
 
         self._ensure_parallel_state()
+        self._wake(("weights", "kv_cache"))
         params = SamplingParams(max_tokens=1, temperature=temperature, prompt_logprobs=0, detokenize=False,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         ids = [f"cohort-score/{next(self._score_ids)}" for _ in prompts]

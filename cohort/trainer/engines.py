@@ -90,7 +90,8 @@ def build_engine(cfg, model_dir: Path, tokenizer, *, max_model_len: int, precisi
         return HFEngine(policy, pad_token_id=tokenizer.pad_token_id, stop_token_ids=stops, compute_context=precision.autocast)
     return VLLMEngine(model_dir, dtype=cfg.generation_dtype, max_model_len=max_model_len, seed=cfg.rollout.seed,
                       enforce_eager=cfg.rollout.enforce_eager, enable_prefix_caching=cfg.rollout.enable_prefix_caching,
-                      kv_cache_gib=cfg.rollout.kv_cache_gib, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)
+                      kv_cache_gib=cfg.rollout.kv_cache_gib, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                      sleep_mode=cfg.rollout.sleep_mode)
 
 
 def rank0_engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, *, max_model_len: int,

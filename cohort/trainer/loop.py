@@ -57,7 +57,7 @@ from cohort.config import CohortConfig, default_output_dir
 from cohort.models.batching import length_sorted_micro_batches, pack_right_padded, pad_rows
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES, float32_weights
-from cohort.rollout.base import SamplingConfig, WeightStream, completion_seeds
+from cohort.rollout.base import SamplingConfig, WeightStream, completion_seeds, release_engine_memory
 from cohort.tools.metrics import tool_metrics
 from cohort.trainer.metric_sums import host_values, running_max
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
@@ -552,6 +552,7 @@ class Trainer:
         start = (slot % plan.steps_per_generation) * per_step
         indices = list(range(start, start + per_step))
         self.step_indices = indices
+        release_engine_memory(self.engine)  # vLLM's sleep mode: its KV cache (and weights) off the GPU for the update
         with self.phases("update"):
             metrics = self.update(self.batch, indices)
         if self.critic is not None:

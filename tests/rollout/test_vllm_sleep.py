@@ -1,0 +1,115 @@
+"""VLLMEngine on a GPU, decided without one: the LLM's arguments, the sleep/wake order around a push, tensors handed
+to vLLM as they are, and where a local server's vLLM is placed. A recording stand-in replaces vLLM's LLM (vLLM's
+sleep mode needs CUDA); the engine's own code runs unchanged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from cohort.models.placement import engine_gpus
+from cohort.rollout.base import release_engine_memory
+from cohort.rollout.server import child_visible_devices
+from cohort.rollout.vllm_engine import VLLMEngine, llm_options
+
+
+class _Runner:
+    def __init__(self, calls):
+        self.calls, self.received = calls, []
+
+    def get_model(self):
+        return torch.nn.Module()  # no config: no tied head to refresh
+
+    def reload_weights(self, weights_iterator):
+        self.calls.append("reload_weights")
+        self.received = list(weights_iterator)
+
+
+class _LLM:
+    """Records the calls VLLMEngine makes into vLLM's LLM."""
+
+    def __init__(self):
+        self.calls: list = []
+        self.runner = _Runner(self.calls)
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags):
+        self.calls.append(("wake_up", tuple(tags)))
+        return True
+
+    def reset_prefix_cache(self, reset_running_requests=False):
+        self.calls.append("reset_prefix_cache")
+        return True
+
+
+def _engine(sleep_mode: int) -> VLLMEngine:
+    engine = VLLMEngine.__new__(VLLMEngine)  # (no vLLM start: the state __init__ declares, with the stand-in)
+    engine.llm, engine.sleep_mode, engine._asleep, engine._weights_discarded = _LLM(), sleep_mode, set(), False
+    engine.policy_version, engine._live, engine._done, engine._scoring = 0, {}, [], {}
+    engine._ensure_parallel_state = lambda: None
+    engine._model_runner = lambda: engine.llm.runner
+    return engine
+
+
+def test_llm_options_on_a_gpu_and_on_the_cpu():
+    common = dict(dtype="bfloat16", seed=0, max_model_len=1024, enforce_eager=True, enable_prefix_caching=True)
+    gpu = llm_options(Path("m"), cuda=True, gpu_memory_utilization=0.04, sleep_mode=2, tensor_parallel_size=2, **common)
+    assert (gpu["gpu_memory_utilization"], gpu["enable_sleep_mode"], gpu["tensor_parallel_size"]) == (0.04, True, 2)
+    assert "enable_chunked_prefill" not in gpu
+    alone = llm_options(Path("m"), cuda=True, gpu_memory_utilization=None, sleep_mode=0, tensor_parallel_size=1, **common)
+    assert alone["gpu_memory_utilization"] == 0.9 and "enable_sleep_mode" not in alone and "tensor_parallel_size" not in alone
+    cpu = llm_options(Path("m"), cuda=False, gpu_memory_utilization=None, sleep_mode=0, tensor_parallel_size=1, **common)
+    assert cpu["enable_chunked_prefill"] is False and "gpu_memory_utilization" not in cpu
+
+
+def test_sleep_before_the_update_weights_woken_before_the_push_and_kv_cache_after():
+    engine = _engine(sleep_mode=2)
+    assert release_engine_memory(engine) is True
+    assert release_engine_memory(engine) is False  # already asleep: nothing more to release
+    weight = torch.ones(3)
+    engine.update_weights([("w", weight)], version=1)
+    assert engine.llm.calls == [("sleep", 2), ("wake_up", ("weights",)), "reload_weights", ("wake_up", ("kv_cache",)),
+                                "reset_prefix_cache"]
+    assert engine.policy_version == 1 and not engine._asleep
+
+
+def test_a_push_hands_vllm_each_tensor_as_it_is_never_a_host_copy():
+    """A `meta` tensor stands for a CUDA one: `.cpu()` of it would raise, and what vLLM receives is the same storage."""
+    engine = _engine(sleep_mode=0)
+    tensors = [("a", torch.empty(4, 4, device="meta")), ("b", torch.ones(2))]
+    engine.update_weights(iter(tensors), version=3)
+    received = engine.llm.runner.received
+    assert [name for name, _ in received] == ["a", "b"] and received[0][1].device.type == "meta"
+    assert received[1][1].data_ptr() == tensors[1][1].data_ptr()
+    assert engine.llm.calls == ["reload_weights", "reset_prefix_cache"]  # no sleep mode: no sleep, no wake
+
+
+def test_no_sleep_without_sleep_mode_or_with_requests_in_flight_and_no_sampling_from_discarded_weights():
+    assert release_engine_memory(_engine(sleep_mode=0)) is False
+    busy = _engine(sleep_mode=1)
+    busy._live = {"r": object()}
+    assert release_engine_memory(busy) is False and busy.llm.calls == []
+    discarded = _engine(sleep_mode=2)
+    release_engine_memory(discarded)
+    with pytest.raises(RuntimeError, match="discarded by rollout.sleep_mode = 2 and no weights were pushed"):
+        discarded._wake(("weights", "kv_cache"))
+    level1 = _engine(sleep_mode=1)  # level 1 keeps a CPU copy of the weights: waking without a push is fine
+    release_engine_memory(level1)
+    level1._wake(("weights", "kv_cache"))
+    assert level1.llm.calls == [("sleep", 1), ("wake_up", ("weights", "kv_cache"))]
+
+
+def test_a_local_servers_gpus_follow_the_trainers():
+    # one trainer process, 2 GPUs: vLLM on GPU 1; 4 trainers + tensor parallel 2 on 8 GPUs: GPUs 4 and 5
+    assert (engine_gpus(1, 1, 2).devices, engine_gpus(1, 1, 2).shared) == ([1], False)
+    assert engine_gpus(4, 2, 8).devices == [4, 5]
+    assert (engine_gpus(1, 1, 1).devices, engine_gpus(1, 1, 1).shared) == ([0], True)  # one GPU: shared, split by the planner
+    assert engine_gpus(1, 4, 2) is None and engine_gpus(1, 1, 0) is None
+    # the child's CUDA_VISIBLE_DEVICES in the machine's numbering when the parent has its own list
+    assert child_visible_devices("4,5,6,7", [1]) == "5" and child_visible_devices(None, [2, 3]) == "2,3"
+    with pytest.raises(ValueError, match="not among"):
+        child_visible_devices("0,1", [2])
