@@ -136,13 +136,17 @@ def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: 
     timed = records[1:] or records  # the first step pays for kernels' first use
     update_s = sum(r["update_s"] for r in timed)
     tokens_per_s = sum(r["trained_tokens"] for r in timed) / update_s
-    estimate = {name: size for name, size, _ in memory_estimate(cfg, trainer.plan, model_facts(str(model_dir)))}
+    rows = memory_estimate(cfg, trainer.plan, model_facts(str(model_dir)))  # the planner's trainer peak (cohort plan)
+    engine_copy = 2 * parameters  # the engine's own bf16 copy (DetachedHFEngine), which the trainer's peak leaves out
+    estimate = sum(size for _, size, _ in rows) + engine_copy
     return {"shape": shape, "parameters": parameters, "steps": steps, "completion_tokens": tokens,
             "s_per_step": sum(r["step_s"] for r in timed) / len(timed),
             "generate_s_per_step": sum(r["generate_s"] for r in timed) / len(timed),
             "update_s_per_step": update_s / len(timed), "update_tokens_per_s": tokens_per_s,
             "update_mfu": 6 * parameters * tokens_per_s / rate,
             "peak_device_memory_bytes": peak, "planner_estimate_bytes": estimate,
+            "planner_rows": {name: size for name, size, _ in rows}, "engine_copy_bytes": engine_copy,
+            "peak_over_estimate": peak / estimate if peak else None,
             "canary_gap_max": max((r["canary_gap_max"] or 0.0) for r in records),
             "last_canary_gap": trainer.last_canary_gap}
 

@@ -63,7 +63,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
     if device_problems:
         raise ConfigError(device_problems)
     problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_overlap(cfg) + check_streaming(cfg) + check_partial(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
-    problems += check_gpu_settings(cfg, _device_type(cfg, problems), visible_gpus())
+    problems += check_gpu_settings(cfg, _device_type(cfg, problems), visible_gpus()) + check_colocated_gpu(cfg)
     if check_files:
         problems += check_data_config(cfg.data) + loading.check_model_dir(cfg.model.path)
         if cfg.critic.path:
@@ -408,6 +408,19 @@ def check_gpu_settings(cfg: CohortConfig, device_type: str, visible: int) -> lis
             problems.append(f"rollout.tensor_parallel_size = {r.tensor_parallel_size}: this process sees {visible} GPU(s); "
                             f"use at most {visible}")
     return problems
+
+
+def check_colocated_gpu(cfg: CohortConfig) -> list[str]:
+    """vLLM inside the trainer's process runs on that process's first GPU (cuda:0, its worker's local rank); a trainer
+    placed on another GPU of the same process would not share a GPU with it as colocate means (and as the planner
+    assumes)."""
+    device = resolve_device(cfg.train.device)
+    r = cfg.rollout
+    if device.type != "cuda" or not device.index or r.engine != "vllm" or r.mode != "colocate" or training_world_size(cfg) > 1:
+        return []
+    return [f"train.device = {cfg.train.device} with rollout.mode = colocate: vLLM in this process runs on cuda:0, not "
+            f"on GPU {device.index}; give the process only that GPU (CUDA_VISIBLE_DEVICES={device.index} and "
+            "train.device=auto), or put vLLM in its own process (rollout.mode=local_server)"]
 
 
 def plan_gpu_memory(cfg: CohortConfig, plan: BatchPlan, total_bytes: int | None = None) -> GpuMemoryPlan | None:

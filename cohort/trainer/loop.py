@@ -435,7 +435,7 @@ class Trainer:
     def _clip_and_step(self, loss: float) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
-        grad_norm = self.dist.sync_and_clip_grads(params, max_norm)  # multi-process: replicated grads averaged first
+        grad_norm = self.dist.sync_and_clip_grads(params, max_norm)  # multi-process: the global norm over every shard
         check_finite(self.step_count + 1, loss=loss, grad_norm=grad_norm)  # raises before the weights change
         self.optimizer.step()
         self.scheduler.step()

@@ -40,9 +40,12 @@ def test_environment_and_gpu_keep_pytorchs_default(calls, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     set_torch_threads(load_config(None, []), num_parameters=1_000_000)
     monkeypatch.delenv("OMP_NUM_THREADS")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    set_torch_threads(load_config(None, []), num_parameters=1_000_000)
+    # the default keys on the training device in use, not on whether CUDA exists: a model trained on a GPU keeps
+    # PyTorch's count (its CPU threads only feed the GPU)
+    set_torch_threads(load_config(None, []), num_parameters=1_000_000, device=torch.device("cuda", 0))
     assert calls == []
+    set_torch_threads(load_config(None, []), num_parameters=1_000_000, device=torch.device("cpu"))
+    assert calls == [1]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "gemma2"])  # untied, and a tied output layer (stored once)
