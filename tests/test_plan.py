@@ -213,8 +213,9 @@ def test_activation_estimate_is_close_to_what_autograd_saves(tiny_model_dir):
 
     from cohort.models.logprobs import decoder_and_head
 
-    cfg = load_config(None, [f"model.path={tiny_model_dir}", "data.max_prompt_length=16", "rollout.max_completion_length=100",
-                             "rollout.num_generations=4", "train.prompts_per_step=4", "train.micro_batch_size=16"])
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", "model.dtype=float32", "data.max_prompt_length=16",
+                             "rollout.max_completion_length=100", "rollout.num_generations=4", "train.prompts_per_step=4",
+                             "train.micro_batch_size=16"])
     estimate = dict((name, size) for name, size, _ in memory_estimate(cfg, batch_plan(cfg), model_facts(str(tiny_model_dir))))
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
     model.train()

@@ -115,10 +115,10 @@ def auto_dtype(device_type: str, bf16_units: bool, num_parameters: int | None) -
     - anything else (an older GPU, a CPU without bf16 units): float32.
     """
     if not bf16_units:
-        return "float32", f"{device_type} without bfloat16 units"
+        return "float32", f"no bfloat16 units on {device_type}"
     if device_type == "cuda":
         return "bfloat16", "a GPU with bfloat16 units"
     if device_type == "cpu" and num_parameters is not None and num_parameters >= CPU_BF16_MIN_PARAMETERS:
-        return "bfloat16", f"a CPU with bfloat16 units and {num_parameters / 1e6:.1f}M parameters"
-    size = f"{num_parameters / 1e6:.1f}M parameters" if num_parameters is not None else "an unknown size"
-    return "float32", f"{size} on {device_type} (bfloat16 pays from {CPU_BF16_MIN_PARAMETERS / 1e6:.0f}M on CPU)"
+        return "bfloat16", f"{num_parameters / 1e6:.1f}M parameters on a CPU with bfloat16 units"
+    size = f"{num_parameters / 1e6:.1f}M parameters" if num_parameters is not None else "a model of unknown size"
+    return "float32", f"{size} on {device_type}: bfloat16 pays from {CPU_BF16_MIN_PARAMETERS / 1e6:.0f}M there"
