@@ -109,7 +109,7 @@ def settle_model_dtype(cfg: CohortConfig) -> tuple[str | None, list[str]]:
         model_dir = cached_tiny_dir(cfg.model.path.split(":", 1)[1])
     try:
         parameters = loading.checkpoint_parameters(model_dir) if model_dir is not None and model_dir.is_dir() else None
-    except (OSError, ValueError):
+    except Exception:  # an unreadable header (SafetensorError, OSError): the weights check below names the file
         parameters = None
     dtype, why = auto_dtype(device.type, has_bf16_units(device), parameters)
     cfg.model.dtype = dtype

@@ -150,17 +150,22 @@ os._exit(0)
 '''
 
 
-@pytest.mark.slow
-def test_collectives_on_two_gloo_ranks(tmp_path):
-    """reduce_metrics, global_count, broadcast and sync_and_clip_grads with 2 real ranks, against one-process answers."""
-    script = tmp_path / "collectives.py"
-    script.write_text(COLLECTIVES)
+def run_two_ranks(tmp_path, name: str, source: str) -> list[dict]:
+    """`source` run as a script by torchrun on 2 gloo ranks (one thread each); each rank's rank{r}.json, read back."""
+    script = tmp_path / name
+    script.write_text(source)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
                            str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_collectives_on_two_gloo_ranks(tmp_path):
+    """reduce_metrics, global_count, broadcast and sync_and_clip_grads with 2 real ranks, against one-process answers."""
+    ranks = run_two_ranks(tmp_path, "collectives.py", COLLECTIVES)
     for out in ranks:
         # loss: mean of 1 and 2; tokens summed; the running max maxed; a token-weighted "..._max" metric summed, not maxed;
         # a metric only rank 1 had still arrives (0 from rank 0)
@@ -264,14 +269,7 @@ def test_root_sharding_and_a_streamed_push_on_two_gloo_ranks(tmp_path):
     """Every weight sharded (root included): the gradient of the log-prob kernel equals one process's, with and without
     CPU offload; a push hands rank 0's engine one full tensor at a time, over as many walks as it takes, and a failing
     engine fails every rank."""
-    script = tmp_path / "root_and_stream.py"
-    script.write_text(ROOT_AND_STREAM)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("WORLD_SIZE", None)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = run_two_ranks(tmp_path, "root_and_stream.py", ROOT_AND_STREAM)
     for out in ranks:
         for offload in ("offload=False", "offload=True"):
             case = out[offload]
