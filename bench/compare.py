@@ -5,7 +5,7 @@ For each workload × variant × load, one subprocess runs N optimizer steps and 
 the run's processes from /proc. Each run is a fresh process (its own engine, its own OpenMP runtime).
 
 Workloads (same model directory, prompts, reward, batch shape, lr 1e-4, beta 0, dapo loss on both sides; cohort's precision
-is model.dtype=auto's choice: float32 below 20M parameters, bf16 mixed at m31 on a CPU with bf16 units, which TRL's
+is model.dtype=auto's choice: float32 below 3M parameters (tiny, long*), bf16 mixed at m6 and m31 on a CPU with bf16 units, which TRL's
 `trl_bf16` matches and `trl_default`, bf16=False, does not):
   tiny     4 prompts × G=8, 16 tokens, the tiny Qwen2 (hidden 128, 4 layers; bench/_common.py)
   long128  8 × 8, 128 tokens, the same model
@@ -255,7 +255,7 @@ def run_one(name: str, workload_name: str, load: str, steps: int, model_dir: Pat
     start = time.perf_counter()
     try:
         with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, env=env, cwd=common.REPO, stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(cmd, env=env, cwd=variant.checkout or common.REPO, stdout=log, stderr=subprocess.STDOUT)
             sampler = Sampler(proc.pid, spinner.pid if spinner else None, run_dir / "metrics.jsonl")
             while proc.poll() is None:
                 sampler.poll()

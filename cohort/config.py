@@ -60,7 +60,7 @@ class ModelConfig(_Section):
         "(unless rollout.dtype says otherwise). With bfloat16, train.precision decides whether float32 master weights are "
         "kept (mixed, the default) or the bfloat16 weights are trained directly (pure). `auto`: bfloat16 where the "
         "training device has bf16 units and it pays — a CUDA GPU from Ampere on; a CPU with AVX512-BF16 or AMX for a "
-        "model of 20M parameters or more — else float32; the `config:` line says which (docs/gpu.md, \"Precision\").",
+        "model of 3M parameters or more — else float32; the `config:` line says which (docs/gpu.md, \"Precision\").",
     )
     # LoRA (cohort/models/lora.py, docs/lora.md): flat fields, as the config stays two levels deep.
     lora_rank: int = Field(

@@ -186,10 +186,10 @@ def test_cli_says_which_config_it_used(capsys, tiny_model_dir, data_file):
     # the preset, then model.dtype=auto's choice: float32 for the demo's ~1M model on a CPU (unknown size before it is built)
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("config: the embedded arith demo preset (examples/arith.yaml); model.dtype auto = float32 (")
-    assert first.endswith(" on cpu: bfloat16 pays from 20M there)")
+    assert first.endswith(" on cpu: bfloat16 pays from 3M there)")
     # (the random tiny model has 128 positions: the default 256-token completion would leave no room for a prompt)
     assert cli.main(["plan", f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]", "rollout.max_completion_length=64"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     # the random tiny checkpoint's 329,216 parameters, read from its safetensors headers: 0.3M
     assert first.startswith("config: the field defaults (a model or data of your own")
-    assert first.endswith("+ 3 overrides; model.dtype auto = float32 (0.3M parameters on cpu: bfloat16 pays from 20M there)")
+    assert first.endswith("+ 3 overrides; model.dtype auto = float32 (0.3M parameters on cpu: bfloat16 pays from 3M there)")
