@@ -41,14 +41,15 @@ def _fields_help() -> str:
     return "\n".join(lines)
 
 
-def _load(args_list: list[str], *, check_files: bool = True, say_source=None):
-    """(config, plan); with say_source (a stream), first write the one line that says where the values came from."""
+def _load(args_list: list[str], *, check_files: bool = True, say_source=None, for_gpu: bool = False):
+    """(config, plan); with say_source (a stream), first write the one line that says where the values came from.
+    `for_gpu`: settle model.dtype=auto as on a GPU (planning a GPU run from another machine)."""
     from cohort.config import resolve_config
     from cohort.validation import settle_model_dtype, validate_config
 
     path, overrides = _split_config_args(args_list)
     resolved = resolve_config(path, overrides)
-    chosen, _ = settle_model_dtype(resolved.config)  # (a train.device problem is reported by validate_config below)
+    chosen, _ = settle_model_dtype(resolved.config, for_gpu=for_gpu)  # (a train.device problem: validate_config reports it)
     if say_source is not None and "WORLD_SIZE" not in os.environ:  # torchrun children: their parent said it
         print(f"config: {resolved.source}" + (f"; {chosen}" if chosen else ""), file=say_source, flush=True)
     plan = validate_config(resolved.config, check_files=check_files)
@@ -152,7 +153,7 @@ def cmd_config_show(ns) -> int:
 
 
 def cmd_plan(ns) -> int:
-    cfg, plan = _load(ns.config, say_source=sys.stdout)
+    cfg, plan = _load(ns.config, say_source=sys.stdout, for_gpu=ns.gpu_memory_gib is not None)
     from cohort.plan import format_plan
     from cohort.validation import plan_gpu_memory
 

@@ -93,17 +93,19 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
 # --------------------------------------------------------------------------- the device and model.dtype = auto
 
 
-def settle_model_dtype(cfg: CohortConfig) -> tuple[str | None, list[str]]:
+def settle_model_dtype(cfg: CohortConfig, *, for_gpu: bool = False) -> tuple[str | None, list[str]]:
     """Resolve train.device and `model.dtype = auto` (cohort/models/devices.py) and write the chosen dtype into the
     config, so the saved config.yaml, the plan and every part read one concrete dtype. Returns (what was chosen and
-    why, for the `config:` line; None when model.dtype was already concrete) and the problems found (a train.device
-    this process cannot have). Reads the checkpoint's safetensors headers for its size, never the weights."""
+    why, for the `config:` line; None when nothing was auto) and the problems found (a train.device this process
+    cannot have). Reads the checkpoint's safetensors headers for its size, never the weights. `for_gpu`: choose as on
+    a GPU with bf16 units, whatever this machine has (`cohort plan --gpu-memory-gib`, planning a GPU run)."""
     try:
-        device = resolve_device(cfg.train.device)
+        device = torch.device("cuda", 0) if for_gpu else resolve_device(cfg.train.device)
     except DeviceError as exc:
         return None, [str(exc)]
+    placed = f"train.device auto = {device}" if cfg.train.device == "auto" and device.type != "cpu" and not for_gpu else None
     if cfg.model.dtype != "auto":
-        return None, []
+        return placed, []
     model_dir = None if cfg.model.path.startswith("tiny:") else Path(cfg.model.path).expanduser()
     if model_dir is None:  # an embedded model: its cached checkpoint when built (never built here)
         model_dir = cached_tiny_dir(cfg.model.path.split(":", 1)[1])
@@ -111,9 +113,11 @@ def settle_model_dtype(cfg: CohortConfig) -> tuple[str | None, list[str]]:
         parameters = loading.checkpoint_parameters(model_dir) if model_dir is not None and model_dir.is_dir() else None
     except Exception:  # an unreadable header (SafetensorError, OSError): the weights check below names the file
         parameters = None
-    dtype, why = auto_dtype(device.type, has_bf16_units(device), parameters)
+    dtype, why = auto_dtype(device.type, for_gpu or has_bf16_units(device), parameters)
     cfg.model.dtype = dtype
-    return f"model.dtype auto = {dtype} ({why})", []
+    why = "as on a GPU with bfloat16 units: --gpu-memory-gib plans a GPU run" if for_gpu else why
+    chosen = f"model.dtype auto = {dtype} ({why})"
+    return "; ".join(note for note in (placed, chosen) if note), []
 
 
 # --------------------------------------------------------------------------- the config alone

@@ -75,3 +75,17 @@ def test_auto_dtype_is_settled_once_into_the_config(tiny_model_dir):
     assert settle_model_dtype(cfg) == (None, [])  # already concrete: nothing more to say
     explicit = load_config(None, [f"model.path={tiny_model_dir}", "model.dtype=bfloat16"])
     assert settle_model_dtype(explicit) == (None, []) and explicit.model.dtype == "bfloat16"
+
+
+def test_planning_a_gpu_run_settles_auto_as_a_gpu_would(tiny_model_dir, monkeypatch):
+    # `cohort plan --gpu-memory-gib N` on this CPU machine: auto is settled as on a GPU with bf16 units (bf16 at any
+    # size), not as this machine would (float32 for a 0.3M model)
+    cfg = load_config(None, [f"model.path={tiny_model_dir}"])
+    chosen, problems = settle_model_dtype(cfg, for_gpu=True)
+    assert problems == [] and cfg.model.dtype == "bfloat16" and "--gpu-memory-gib" in chosen
+    # on a GPU machine the device chosen by train.device=auto is named too
+    import cohort.validation as validation
+    monkeypatch.setattr(validation, "resolve_device", lambda setting="auto": torch.device("cuda", 1))
+    monkeypatch.setattr(validation, "has_bf16_units", lambda device: True)
+    cfg = load_config(None, [f"model.path={tiny_model_dir}"])
+    assert settle_model_dtype(cfg)[0] == "train.device auto = cuda:1; model.dtype auto = bfloat16 (a GPU with bfloat16 units)"
