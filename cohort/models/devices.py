@@ -15,9 +15,9 @@ per thread). Both are plain decisions, unit-tested without a GPU
 (tests/models/test_devices.py).
 
 Left out: several devices per process (one process per GPU, as torchrun and
-Ray place them), and device kinds other than CPU and CUDA (a `meta` or other
-device given explicitly is taken as written, which is how the tests run a step
-on a device other than the CPU's default).
+Ray place them), and device kinds other than CPU and CUDA (another device given
+explicitly is taken as written: tests/test_devices.py runs a step on PyTorch's
+`lazy` device, which refuses CPU tensors as CUDA does).
 """
 
 from __future__ import annotations
