@@ -60,10 +60,11 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
     """All checks that need no model; raises ConfigError listing every problem, else returns the batch plan
     (with check_files, its token bound taken from the longest prompt kept)."""
     device_problems = settle_model_dtype(cfg)[1]  # model.dtype = auto -> the hardware's choice, before anything reads it
-    if device_problems:
+    if device_problems:  # (a train.device this process cannot have: nothing below can be judged)
         raise ConfigError(device_problems)
+    device = resolve_device(cfg.train.device)
     problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_overlap(cfg) + check_streaming(cfg) + check_partial(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
-    problems += check_gpu_settings(cfg, _device_type(cfg, problems), visible_gpus()) + check_colocated_gpu(cfg)
+    problems += check_gpu_settings(cfg, device.type, visible_gpus()) + check_colocated_gpu(cfg, device)
     if check_files:
         problems += check_data_config(cfg.data) + loading.check_model_dir(cfg.model.path)
         if cfg.critic.path:
@@ -374,16 +375,6 @@ def training_world_size(cfg: CohortConfig) -> int:
 # --------------------------------------------------------------------------- GPUs
 
 
-def _device_type(cfg: CohortConfig, problems: list[str]) -> str:
-    """The training side's device type (`cohort.models.devices.resolve_device`); a train.device that names no device
-    this process has is reported into `problems` (and counts as the CPU here)."""
-    try:
-        return resolve_device(cfg.train.device).type
-    except DeviceError as exc:
-        problems.append(str(exc))
-        return "cpu"
-
-
 def check_gpu_settings(cfg: CohortConfig, device_type: str, visible: int) -> list[str]:
     """rollout.sleep_mode, rollout.tensor_parallel_size and rollout.gpu_memory_utilization against the rollout mode,
     the training device (`device_type`) and the GPUs this process sees (`visible`)."""
@@ -414,11 +405,10 @@ def check_gpu_settings(cfg: CohortConfig, device_type: str, visible: int) -> lis
     return problems
 
 
-def check_colocated_gpu(cfg: CohortConfig) -> list[str]:
+def check_colocated_gpu(cfg: CohortConfig, device: torch.device) -> list[str]:
     """vLLM inside the trainer's process runs on that process's first GPU (cuda:0, its worker's local rank); a trainer
     placed on another GPU of the same process would not share a GPU with it as colocate means (and as the planner
-    assumes)."""
-    device = resolve_device(cfg.train.device)
+    assumes). `device`: the training side's (train.device resolved)."""
     r = cfg.rollout
     if device.type != "cuda" or not device.index or r.engine != "vllm" or r.mode != "colocate" or training_world_size(cfg) > 1:
         return []

@@ -16,7 +16,6 @@ CI has no GPU, so the step runs on a simulated one, combining two checks:
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from cohort.distributed.rank0 import DetachedHFEngine
 from cohort.models.batching import pad_rows
 from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir, stop_token_ids
 from cohort.trainer.loop import Trainer
+from tests.trainer.test_fast_path import data_file  # noqa: F401  (a fixture: prompts and a reward with spread)
 
 COHORT_DIR = str(Path(cohort.__file__).resolve().parent)
 TORCH_DIR = str(Path(torch.__file__).resolve().parent)
@@ -66,18 +66,6 @@ def lazy_device() -> torch.device:
     return torch.device("lazy")
 
 
-@pytest.fixture
-def data_file(tmp_path, monkeypatch):
-    # a reward with spread on any model (the share of digits), so advantages and gradients are not all zero
-    (tmp_path / "device_rewards.py").write_text(
-        "def digit_share(completions, **kwargs):\n"
-        "    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    path = tmp_path / "train.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(8)))
-    return path
-
-
 def test_step_and_sync_make_nothing_off_the_model_device(tmp_path, data_file, tiny_model_dir, lazy_device):
     # beta != 0 (a reference model), two optimizer steps per generation batch
     # with num_iterations 1: old log-probs are scored, and the batch's tensors are reused across steps
@@ -86,7 +74,7 @@ def test_step_and_sync_make_nothing_off_the_model_device(tmp_path, data_file, ti
         "rollout.engine=hf", "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=2",
         "train.steps_per_generation=2", "train.micro_batch_size=4", "train.max_steps=2", "train.learning_rate=1e-3",
         "train.device=lazy", "algorithm.beta=0.04", "algorithm.loss_type=grpo",
-        "rewards=[{name: 'device_rewards:digit_share'}]", f"run.output_dir={tmp_path / 'run'}", "run.progress=false",
+        "rewards=[{name: 'fast_path_rewards:digit_share'}]", f"run.output_dir={tmp_path / 'run'}", "run.progress=false",
         "run.loggers=[jsonl]",
     ])
     model_dir = resolve_model_dir(str(tiny_model_dir))

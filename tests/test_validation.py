@@ -111,12 +111,11 @@ def test_validation_derives_the_fraction_on_a_gpu_and_refuses_what_cannot_fit(mo
     assert cfg.rollout.gpu_memory_utilization == 0.14
 
 
-def test_colocated_vllm_and_a_trainer_on_another_gpu_are_refused(monkeypatch, tmp_path):
+def test_colocated_vllm_and_a_trainer_on_another_gpu_are_refused():
     # vLLM in the trainer's process sits on cuda:0; a trainer on cuda:1 of the same process would not share its GPU
-    monkeypatch.setattr(validation, "resolve_device", lambda setting="auto": torch.device("cuda", 1))
-    problems = validation.check_colocated_gpu(load_config(None, ["train.device=cuda:1"]))
+    gpu1, gpu0 = torch.device("cuda", 1), torch.device("cuda", 0)
+    problems = validation.check_colocated_gpu(load_config(None, ["train.device=cuda:1"]), gpu1)
     assert len(problems) == 1 and "CUDA_VISIBLE_DEVICES=1" in problems[0] and "rollout.mode=local_server" in problems[0]
-    assert validation.check_colocated_gpu(load_config(None, ["train.device=cuda:1", "rollout.mode=local_server"])) == []
-    assert validation.check_colocated_gpu(load_config(None, ["train.device=cuda:1", "rollout.engine=hf"])) == []
-    monkeypatch.setattr(validation, "resolve_device", lambda setting="auto": torch.device("cuda", 0))
-    assert validation.check_colocated_gpu(load_config(None, [])) == []
+    assert validation.check_colocated_gpu(load_config(None, ["train.device=cuda:1", "rollout.mode=local_server"]), gpu1) == []
+    assert validation.check_colocated_gpu(load_config(None, ["train.device=cuda:1", "rollout.engine=hf"]), gpu1) == []
+    assert validation.check_colocated_gpu(load_config(None, []), gpu0) == []

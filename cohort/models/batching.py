@@ -35,16 +35,13 @@ def pack_right_padded(prompts: list[list[int]], completions: list[list[int]], pa
                       device: torch.device | str | None = None) -> PackedBatch:
     """Prompt + completion rows, right-padded, as tensors on `device` (the model's; None: the CPU). The rows are padded
     as Python lists and each tensor is made in one call on `device`: one host-to-device copy per tensor, not one per row."""
-    seq_lens = [len(p) + len(c) for p, c in zip(prompts, completions)]
-    width = max(seq_lens)
-    tc = max(1, max(len(c) for c in completions))
     sequences = [list(p) + list(c) for p, c in zip(prompts, completions)]
-    input_ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in sequences], dtype=torch.long, device=device)  # (B, L)
-    attention_mask = torch.tensor([[1] * n + [0] * (width - n) for n in seq_lens], dtype=torch.long, device=device)  # (B, L)
-    completion_ids = torch.tensor([list(c) + [pad_id] * (tc - len(c)) for c in completions], dtype=torch.long,
-                                  device=device)  # (B, Tc)
-    completion_mask = torch.tensor([[1.0] * len(c) + [0.0] * (tc - len(c)) for c in completions], dtype=torch.float32,
-                                   device=device)  # (B, Tc)
+    width = max(len(s) for s in sequences)
+    tc = max(1, max(len(c) for c in completions))
+    input_ids = padded_tensor(sequences, width, torch.long, device, fill=pad_id)  # (B, L)
+    attention_mask = padded_tensor([[1] * len(s) for s in sequences], width, torch.long, device)  # (B, L)
+    completion_ids = padded_tensor(completions, tc, torch.long, device, fill=pad_id)  # (B, Tc)
+    completion_mask = padded_tensor([[1.0] * len(c) for c in completions], tc, torch.float32, device)  # (B, Tc)
     prompt_lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)  # (B,)
     return PackedBatch(input_ids, attention_mask, prompt_lengths, completion_ids, completion_mask)
 
@@ -69,6 +66,13 @@ def length_sorted_micro_batches(lengths: list[int], micro_batch_size: int, max_t
         else:
             batches.append([i])
     return batches
+
+
+def padded_tensor(rows: list[list], width: int, dtype: torch.dtype, device: torch.device | str | None,
+                  fill: float = 0) -> torch.Tensor:
+    """(len(rows), width) of Python lists right-padded with `fill`, made in one call on `device` (one host-to-device
+    copy, never one per row). Rows longer than `width` are an error of the caller."""
+    return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype, device=device).reshape(len(rows), width)
 
 
 def pad_rows(rows: list[torch.Tensor], width: int, device: torch.device | str | None = None) -> torch.Tensor:

@@ -54,7 +54,7 @@ from cohort.algorithms import aggregate_loss, aggregation_count, kl_penalty, mas
 from cohort.algorithms import advantage_stats
 from cohort.algorithms.specs import AdvantageInputs
 from cohort.config import CohortConfig, default_output_dir
-from cohort.models.batching import length_sorted_micro_batches, pack_right_padded, pad_rows
+from cohort.models.batching import length_sorted_micro_batches, pack_right_padded, pad_rows, padded_tensor
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES, float32_weights
 from cohort.rollout.base import SamplingConfig, WeightStream, completion_seeds, release_engine_memory
@@ -399,8 +399,7 @@ class Trainer:
 
     def _engine_logp(self, batch: RolloutBatch, mb: list[int], width: int) -> torch.Tensor:
         """(B, width) float32 on the device: the engine's log-probs of the micro-batch's tokens, 0 on padding."""
-        rows = [batch.engine_logp[i][:width] for i in mb]
-        return torch.tensor([r + [0.0] * (width - len(r)) for r in rows], dtype=torch.float32, device=self.device)
+        return padded_tensor([batch.engine_logp[i][:width] for i in mb], width, torch.float32, self.device)
 
     def _accumulate_staleness(self, sums, batch: RolloutBatch, mb: list[int], mask: torch.Tensor, off: torch.Tensor) -> None:
         """staleness/* (versions between each trained token's sampler and the policy training on it) and the

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cohort.models.batching import padded_tensor
 from cohort.rollout.base import Trajectory
 
 
@@ -54,7 +55,7 @@ class RolloutBatch:
     def token_mask(self, rows: list[int], width: int, device: torch.device | None = None) -> torch.Tensor:
         """(B, width) float on `device`: 1.0 on the completion tokens of `rows` that are trained on (the trajectories'
         loss masks: 0 on tool-output tokens), 0.0 on tool tokens and padding."""
-        return _padded_rows([self._loss_mask(i)[:width] for i in rows], width, torch.float32, device)
+        return padded_tensor([self._loss_mask(i)[:width] for i in rows], width, torch.float32, device)
 
     def _loss_mask(self, i: int) -> list[int]:
         return self.loss_masks[i] if self.loss_masks is not None else [1] * len(self.completion_ids[i])
@@ -86,13 +87,13 @@ class RolloutBatch:
     def off_policy(self, rows: list[int], width: int, device: torch.device | None = None) -> torch.Tensor:
         """(len(rows), width) on `device`: 1.0 on tokens sampled by a policy older than `taken_version` (resumed
         prefixes of partial rollouts, a batch generated behind the update), 0.0 elsewhere and on padding."""
-        return _padded_rows([[float(v < self.taken_version) for v in self._token_versions(i, width)] for i in rows],
-                            width, torch.float32, device)
+        return padded_tensor([[float(v < self.taken_version) for v in self._token_versions(i, width)] for i in rows],
+                             width, torch.float32, device)
 
     def staleness(self, rows: list[int], width: int, version: int, device: torch.device | None = None) -> torch.Tensor:
         """(len(rows), width) on `device`: how many versions each token's sampler is behind `version` (0 on padding)."""
-        return _padded_rows([[float(version - v) for v in self._token_versions(i, width)] for i in rows],
-                            width, torch.float32, device)
+        return padded_tensor([[float(version - v) for v in self._token_versions(i, width)] for i in rows],
+                             width, torch.float32, device)
 
     def sequence_advantage(self, i: int) -> float:
         """Completion i's mean advantage over its trained tokens (its one advantage for outcome-level algorithms;
@@ -100,8 +101,3 @@ class RolloutBatch:
         n = len(self.completion_ids[i])
         trained = self.token_mask([i], n, self.advantages.device)[0].bool() if n else None
         return float(self.advantages[i, :n][trained].mean()) if n and trained.any() else 0.0
-
-
-def _padded_rows(rows: list[list[float]], width: int, dtype: torch.dtype, device: torch.device | None) -> torch.Tensor:
-    """(len(rows), width) of `rows` right-padded with zeros, made in one call on `device` (one host-to-device copy)."""
-    return torch.tensor([list(r) + [0] * (width - len(r)) for r in rows], dtype=dtype, device=device).reshape(len(rows), width)

@@ -113,7 +113,7 @@ def _engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, external, *, ma
         return external, False
     if dist.world_size > 1:  # rank 0 builds the engine; every rank gets its results
         return rank0_engine(cfg, dist, model_dir, tokenizer, max_model_len=max_model_len, precision=precision,
-                            device=next(policy.parameters()).device), True
+                            device=dist.device), True
     return build_engine(cfg, model_dir, tokenizer, max_model_len=max_model_len, precision=precision, policy=policy), True
 
 
