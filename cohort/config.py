@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -172,7 +172,7 @@ class RolloutConfig(_Section):
     mode: Literal["colocate", "local_server", "server"] = Field(
         "colocate",
         description="Where generation runs: `colocate` builds rollout.engine inside the trainer process; `local_server` starts "
-        "vLLM as a private `cohort serve` child process on this machine (with rollout.overlap, generation and training then "
+        "vLLM as a private `cohort serve` child process on this machine (with rollout.max_staleness >= 1, generation and training then "
         "run on separate cores at the same time: the fastest setting on CPU, see docs/performance.md) and stops it at the "
         "end; `server` sends prompts and new weights to the `cohort serve` servers in rollout.server_urls (token from "
         "COHORT_SERVER_TOKEN).",
@@ -180,7 +180,7 @@ class RolloutConfig(_Section):
     num_threads: int | None = Field(
         None,
         description="rollout.mode=local_server on CPU: cores for the engine's process, whose threads are bound to the last "
-        "ones this process may use. None: half of them with rollout.overlap or rollout.max_staleness (the trainer's "
+        "ones this process may use. None: half of them with rollout.max_staleness >= 1 (the trainer's "
         "train.num_threads defaults to the rest), all of them without (generation and training then take turns).",
     )
     server_urls: list[str] = Field(
@@ -192,10 +192,8 @@ class RolloutConfig(_Section):
     )
     overlap: bool = Field(
         False,
-        description="Generate the next batch in a background thread while this one trains (one step off-policy, corrected by "
-        "truncated importance weights, see algorithm.rollout_correction). Needs an engine with its own weights (vllm, or rollout.mode local_server or "
-        "server) and one optimizer step per generation batch. Fastest with rollout.mode=local_server, where generation runs on "
-        "its own cores.",
+        description="The former name of rollout.max_staleness = 1 (generate the next batch while this one trains, one "
+        "version ahead): true is settled into max_staleness = 1 when the config is read.",
     )
     stream_update: Literal["auto", "on", "off"] = Field(
         "auto",
@@ -203,7 +201,7 @@ class RolloutConfig(_Section):
         "summing the loss unnormalised and applying the loss normaliser once the batch is known: the same on-policy "
         "gradient as the batch update. Exact only with group-local advantages (grpo, rloo, algorithm.scale_rewards "
         "group or none), one optimizer step per generation batch, algorithm.loss_type other than bnpo, beta 0 or the KL "
-        "in the loss with a fixed coefficient, rollout.overlap off and one training process. `auto`: on exactly there "
+        "in the loss with a fixed coefficient, rollout.max_staleness 0 and one training process. `auto`: on exactly there "
         "and when the engine has its own cores (rollout.mode local_server or server); `on`: wherever it is exact (a "
         "config where it is not is refused, naming the fields); `off`: the batch update. `cohort plan` says which.",
     )
@@ -213,7 +211,7 @@ class RolloutConfig(_Section):
         "frac_reward_zero_std) is dropped and a new prompt is requested in its place, until the batch holds its full "
         "number of groups; every trained batch then has frac_reward_zero_std 0. Metrics dynamic_sampling/"
         "groups_generated|kept|dropped|refill_rounds. For group-relative algorithms (grpo, rloo, "
-        "reinforce_pp_baseline), one training process, rollout.overlap off.",
+        "reinforce_pp_baseline), one training process; with rollout.max_staleness >= 1 too.",
     )
     max_refill_rounds: int = Field(
         30,
@@ -232,7 +230,8 @@ class RolloutConfig(_Section):
         "groups to finish, and interrupt the rest; their members keep the tokens, engine log-probs and policy versions "
         "sampled so far in a continuation buffer and are resumed first next step, from their token ids (docs/runs.md). "
         "Cuts the wait for the longest completions; resumed tokens come from older policies and are trained by "
-        "algorithm.off_policy_objective. 1: off. One training process, rollout.overlap off.",
+        "algorithm.off_policy_objective. With rollout.max_staleness >= 1 nothing is interrupted: this many times the "
+        "batch's groups are kept in flight and the surplus generates on through the update. 1: off. One training process.",
     )
     max_aborts: int = Field(
         2,
@@ -242,13 +241,13 @@ class RolloutConfig(_Section):
 
     max_staleness: int | None = Field(
         None,
-        description="Asynchronous training: the engine generates continuously, new weights are loaded between its steps "
-        "with requests in flight (each token stamped with the version that sampled it), and generation batch n is "
-        "admitted once the policy reaches version n - max_staleness, so it runs at most this many versions ahead of "
-        "training; the trainer takes each batch's groups in the order they finish. Tokens found staler than this when "
-        "trained are handled by rollout.stale_tokens. 0: the synchronous trainer exactly. None (default): synchronous. "
-        "Needs an engine with its own weights (vllm, local_server, server), one optimizer step per generation batch, "
-        "one training process; not with rollout.overlap, over_provision or dynamic_sampling (docs/runs.md).",
+        description="The rollout scheduler's staleness bound k: generation batch n is admitted once batch n - k - 1 is "
+        "trained. 0 or None (default): synchronous training. k >= 1 (asynchronous): the engine generates through the "
+        "update, new weights are loaded between its steps with requests in flight (each token stamped with the version "
+        "that sampled it), the trainer takes groups in the order they finish, and tokens staler than k when trained are "
+        "handled by rollout.stale_tokens. k >= 1 needs an engine with its own weights (vllm, local_server, server), one "
+        "optimizer step per generation batch and one training process; it combines with over_provision, "
+        "dynamic_sampling and tools (docs/runs.md).",
     )
     stale_tokens: Literal["mask", "drop"] = Field(
         "mask",
@@ -322,6 +321,17 @@ class RolloutConfig(_Section):
         """YAML reads a bare on/off as true/false: take them back."""
         return {True: "on", False: "off"}[value] if isinstance(value, bool) else value
 
+    @model_validator(mode="after")
+    def _overlap_is_staleness_one(self):
+        """rollout.overlap (the name before the scheduler) is the staleness bound 1: settled here, once."""
+        if self.overlap:
+            if self.max_staleness not in (None, 1):
+                raise ValueError(f"rollout.overlap = true is rollout.max_staleness = 1, but rollout.max_staleness = "
+                                 f"{self.max_staleness} is set too; drop rollout.overlap")
+            object.__setattr__(self, "max_staleness", 1)
+            object.__setattr__(self, "overlap", False)
+        return self
+
 
 class AlgorithmConfig(_Section):
     name: Literal["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"] = Field(
@@ -374,14 +384,14 @@ class AlgorithmConfig(_Section):
         "auto",
         description="Importance weights pi_trainer / pi_sampler from the engine's log-probs, multiplied into the per-token loss: "
         "`truncate` caps them at algorithm.rollout_correction_cap (TIS), `mask` drops tokens above it (MIS), `none` never; "
-        "`auto`: truncate where some token of the micro-batch was sampled by an older policy (rollout.overlap, partial "
+        "`auto`: truncate where some token of the micro-batch was sampled by an older policy (rollout.max_staleness >= 1, partial "
         "rollouts, asynchronous training), none otherwise. The weights' numerator is the proximal policy "
         "(algorithm.off_policy_objective = decoupled).",
     )
     rollout_correction_cap: float = Field(2.0, description="Cap of the rollout-correction importance weights (> 0).")
     off_policy_objective: Literal["decoupled", "coupled", "mask_stale"] = Field(
         "decoupled",
-        description="How tokens sampled by an older policy than the one being trained (rollout.overlap, partial rollouts, "
+        description="How tokens sampled by an older policy than the one being trained (rollout.max_staleness >= 1, partial rollouts, "
         "asynchronous training) "
         "enter the loss (formulas in docs/algorithms.md): `decoupled` (AReaL) clips the ratio to the proximal policy (the "
         "trainer's weights before this update) and multiplies each token by the behaviour weight pi_prox / pi_engine, "
@@ -423,7 +433,7 @@ class TrainConfig(_Section):
     num_threads: int | None = Field(
         None,
         description="CPU threads for PyTorch in the trainer. None: with rollout.mode=local_server the cores the engine's "
-        "process leaves free (rollout.overlap or rollout.max_staleness), else one thread for a model of fewer than 3M "
+        "process leaves free (rollout.max_staleness >= 1), else one thread for a model of fewer than 3M "
         "parameters on CPU when OMP_NUM_THREADS is unset (measured faster: docs/performance.md, \"Threads\"), else "
         "PyTorch's default (all cores). With rollout.mode=colocate, vLLM in the same process generates on these threads "
         "(and ignores later changes). `cohort eval` takes the same default (the size read from the checkpoint's "

@@ -108,12 +108,11 @@ def stream_update_blockers(cfg: CohortConfig, world_size: int = 1) -> list[str]:
         out.append(f"train.steps_per_generation = {t.steps_per_generation}, algorithm.num_iterations = {a.num_iterations}, "
                    "rollout.generation_batch_size: one optimizer step per generation batch is needed (set the first two "
                    "to 1, leave generation_batch_size unset)")
-    if r.overlap:
-        out.append("rollout.overlap = true: the batch is generated behind the previous update; set rollout.overlap=false")
     if world_size > 1:
         out.append(f"{world_size} training processes: the streamed update runs in one; set train.num_processes=1")
-    if r.max_staleness is not None:
-        out.append("rollout.max_staleness: asynchronous batches are trained when taken; unset it")
+    if r.max_staleness:
+        out.append(f"rollout.max_staleness = {r.max_staleness}: groups may come from older policies, trained when the "
+                   "batch is taken; set it to 0 (or unset)")
     return out
 
 
@@ -487,8 +486,8 @@ def _stream_line(cfg: CohortConfig) -> str:
     """Whether groups are trained as they finish, and if not, what waits for the whole batch."""
     r = cfg.rollout
     head = "  streamed update       "
-    if r.max_staleness is not None:
-        line = head + "off (rollout.max_staleness): each batch's groups are taken as they finish, then scored and trained"
+    if r.max_staleness:
+        line = head + "off (rollout.max_staleness >= 1): each batch's groups are taken as they finish, then scored and trained"
     elif stream_update_active(cfg):
         line = head + "on: each finished group's forward/backward runs while the rest generate; one optimizer step after the last"
     else:
@@ -499,11 +498,14 @@ def _stream_line(cfg: CohortConfig) -> str:
     if r.dynamic_sampling:
         line += (f"\n  dynamic sampling      on: groups with all-equal rewards are replaced, at most "
                  f"{r.max_refill_rounds} refill rounds (rollout.max_refill_rounds)")
-    if r.over_provision > 1:
+    if r.over_provision > 1 and r.max_staleness:
+        line += (f"\n  partial rollouts      on: {r.over_provision:g}× the batch's groups kept in flight, the first to finish "
+                 "trained, the rest generating on through the update (under the staleness bound)")
+    elif r.over_provision > 1:
         line += (f"\n  partial rollouts      on: {r.over_provision:g}× the batch's groups requested, the first to finish "
                  f"trained, the rest resumed next step (at most {r.max_aborts} cuts per request); resumed tokens are "
                  f"off-policy ({cfg.algorithm.off_policy_objective})")
-    if r.max_staleness is not None:
+    if r.max_staleness:
         line += (f"\n  asynchronous          on: generation runs up to {r.max_staleness} policy version(s) ahead; tokens "
                  f"staler when trained: {r.stale_tokens}; off-policy tokens: {cfg.algorithm.off_policy_objective}")
     return line

@@ -4,7 +4,7 @@
 `ConfigError`, each naming its fields and a fix, and returns the run's
 `BatchPlan`. It runs, in this order:
 
-- the config alone: batch arithmetic, value ranges, rollout.overlap, the rollout
+- the config alone: batch arithmetic, value ranges, the scheduler's rules, the rollout
   mode and the distributed settings, training processes, the run/logger/optimizer
   fields, and that every reward spec resolves;
 - with check_files, the outside world, cheaply: the data files and their columns
@@ -63,7 +63,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
     if device_problems:  # (a train.device this process cannot have: nothing below can be judged)
         raise ConfigError(device_problems)
     device = resolve_device(cfg.train.device)
-    problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_overlap(cfg) + check_streaming(cfg) + check_partial(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
+    problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_correction(cfg) + check_streaming(cfg) + check_partial(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
     problems += check_gpu_settings(cfg, device.type, visible_gpus()) + check_colocated_gpu(cfg, device)
     if check_files:
         problems += check_data_config(cfg.data) + loading.check_model_dir(cfg.model.path)
@@ -229,26 +229,11 @@ def _check_algorithm_ranges(cfg: CohortConfig) -> list[str]:
     return problems
 
 
-def check_overlap(cfg: CohortConfig) -> list[str]:
-    """rollout.overlap needs an engine with its own weights and one optimizer step per generation batch."""
-    r, t, problems = cfg.rollout, cfg.train, []
+def check_correction(cfg: CohortConfig) -> list[str]:
+    """algorithm.rollout_correction_cap: a cap > 0."""
     if cfg.algorithm.rollout_correction_cap <= 0:
-        problems.append(f"algorithm.rollout_correction_cap = {cfg.algorithm.rollout_correction_cap}: must be > 0 (2.0 is TRL's default)")
-    if not r.overlap:
-        return problems
-    if r.engine == "hf" and r.mode == "colocate":
-        problems.append("rollout.overlap = true with rollout.engine = hf: the transformers engine samples with the trainer's own "
-                        "module, which the update changes meanwhile; use rollout.engine=vllm or set rollout.overlap=false")
-    if t.steps_per_generation != 1 or cfg.algorithm.num_iterations != 1:
-        problems.append(f"rollout.overlap = true needs one optimizer step per generation batch (train.steps_per_generation = "
-                        f"{t.steps_per_generation}, algorithm.num_iterations = {cfg.algorithm.num_iterations}); set both to 1 or "
-                        "rollout.overlap=false")
-    if cfg.rollout.generation_batch_size not in (None, t.prompts_per_step * r.num_generations):
-        problems.append("rollout.overlap = true needs rollout.generation_batch_size unset (one optimizer step per generation batch)")
-    if getattr(t, "num_processes", 1) > 1:
-        problems.append(f"rollout.overlap = true runs in one training process; got train.num_processes = {t.num_processes}: "
-                        "set train.num_processes=1 or rollout.overlap=false")
-    return problems
+        return [f"algorithm.rollout_correction_cap = {cfg.algorithm.rollout_correction_cap}: must be > 0 (2.0 is TRL's default)"]
+    return []
 
 
 def check_streaming(cfg: CohortConfig) -> list[str]:
@@ -266,9 +251,6 @@ def check_streaming(cfg: CohortConfig) -> list[str]:
         problems.append(f"rollout.dynamic_sampling = true with algorithm.name = {cfg.algorithm.name}: under it a group whose "
                         "rewards are all equal still has non-zero advantages (batch whitening or a critic), so dropping it "
                         f"throws signal away; use one of {list(GROUP_RELATIVE)} or set rollout.dynamic_sampling=false")
-    if r.overlap:
-        problems.append("rollout.dynamic_sampling = true with rollout.overlap = true: refills are not served behind an update "
-                        "yet; set one of them to false")
     if world > 1:
         problems.append(f"rollout.dynamic_sampling = true with {world} training processes: served in one process only; "
                         "set train.num_processes=1 or rollout.dynamic_sampling=false")
@@ -286,9 +268,6 @@ def check_partial(cfg: CohortConfig) -> list[str]:
     problems += _check_async(cfg)
     if r.over_provision <= 1:
         return problems
-    if r.overlap:
-        problems.append("rollout.over_provision > 1 with rollout.overlap = true: a batch generated behind the update cannot be "
-                        "interrupted when the next one starts yet; set rollout.over_provision=1 or rollout.overlap=false")
     world = training_world_size(cfg)
     if world > 1:
         problems.append(f"rollout.over_provision > 1 with {world} training processes: partial rollouts run in one process only; "
@@ -297,14 +276,14 @@ def check_partial(cfg: CohortConfig) -> list[str]:
 
 
 def _check_async(cfg: CohortConfig) -> list[str]:
-    """rollout.max_staleness (asynchronous training): a bound >= 0 and the settings it is served with."""
+    """rollout.max_staleness = k: a bound >= 0; k >= 1 (generation through the update) and the settings it needs."""
     r, t, a, problems = cfg.rollout, cfg.train, cfg.algorithm, []
     if r.engine_timeout_s <= 0:
         problems.append(f"rollout.engine_timeout_s = {r.engine_timeout_s}: must be > 0 seconds")
-    if r.max_staleness is None:
-        return problems
-    if r.max_staleness < 0:
+    if r.max_staleness is not None and r.max_staleness < 0:
         problems.append(f"rollout.max_staleness = {r.max_staleness}: must be >= 0 (0: synchronous; 1-4 are usual), or unset")
+    if not r.max_staleness or r.max_staleness < 0:
+        return problems  # (k = 0 is the synchronous trainer: nothing more to check)
     if r.engine == "hf" and r.mode == "colocate":
         problems.append("rollout.max_staleness with rollout.engine = hf: the transformers engine samples with the trainer's "
                         "own module, which cannot change between its steps; use rollout.engine=vllm (or a local_server/server "
@@ -312,11 +291,6 @@ def _check_async(cfg: CohortConfig) -> list[str]:
     if t.steps_per_generation != 1 or a.num_iterations != 1 or r.generation_batch_size not in (None, t.prompts_per_step * r.num_generations):
         problems.append("rollout.max_staleness needs one optimizer step per generation batch: train.steps_per_generation = 1, "
                         "algorithm.num_iterations = 1 and rollout.generation_batch_size unset")
-    for name, on in (("rollout.overlap", r.overlap), ("rollout.dynamic_sampling", r.dynamic_sampling),
-                     ("rollout.over_provision > 1", r.over_provision > 1)):
-        if on:
-            problems.append(f"rollout.max_staleness with {name}: not served together yet; asynchronous generation already "
-                            f"hides the long tail, so unset one of them")
     if r.stream_update == "on":
         problems.append("rollout.max_staleness with rollout.stream_update = on: groups are trained when the batch is taken; "
                         "set rollout.stream_update=auto")
@@ -347,7 +321,7 @@ def check_rollout_mode(cfg: CohortConfig) -> list[str]:
         cores = len(os.sched_getaffinity(0))
         if r.num_threads < 1 or r.num_threads > cores:
             problems.append(f"rollout.num_threads = {r.num_threads}: must be between 1 and the {cores} core(s) this process "
-                            "may use, or unset it (half of them with rollout.overlap)")
+                            "may use, or unset it (half of them with rollout.max_staleness >= 1)")
         elif r.mode != "local_server":
             problems.append(f"rollout.num_threads = {r.num_threads} only applies with rollout.mode = local_server (got "
                             f"{r.mode}); set rollout.mode=local_server or unset rollout.num_threads")
@@ -388,8 +362,8 @@ def check_gpu_settings(cfg: CohortConfig, device_type: str, visible: int) -> lis
                f"rollout.mode = {r.mode}: the engine is not in the trainer's process, so it has nothing to release "
                "for the update" if r.mode != "colocate" or child else
                "vLLM's sleep mode needs CUDA, and the training device is the CPU" if device_type != "cuda" else
-               "the engine generates while the trainer updates (rollout.overlap / rollout.max_staleness / the streamed "
-               "update); turn those off (rollout.stream_update=off)" if r.overlap or r.max_staleness is not None
+               "the engine generates while the trainer updates (rollout.max_staleness >= 1 / the streamed "
+               "update); turn those off (rollout.stream_update=off)" if r.max_staleness
                or stream_update_active(cfg, training_world_size(cfg)) else None)
         if why:
             problems.append(f"rollout.sleep_mode = {r.sleep_mode}: {why}; or set rollout.sleep_mode=0")

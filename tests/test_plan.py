@@ -249,9 +249,9 @@ def test_stream_update_on_names_every_field_that_makes_it_inexact():
 def test_dynamic_sampling_is_refused_where_a_constant_group_still_has_advantages():
     reject(["rollout.dynamic_sampling=true", "algorithm.name=reinforce_pp"],
            "rollout.dynamic_sampling = true with algorithm.name = reinforce_pp")
-    reject(["rollout.dynamic_sampling=true", "rollout.overlap=true"], "rollout.dynamic_sampling = true with rollout.overlap")
     reject(["rollout.dynamic_sampling=true", "rollout.max_refill_rounds=-1"], "rollout.max_refill_rounds = -1")
     validate_config(load_config(None, ["rollout.dynamic_sampling=true", "algorithm.name=rloo"]))
+    validate_config(load_config(None, ["rollout.dynamic_sampling=true", "rollout.max_staleness=1"]))  # one scheduler: combined
 
 
 def test_plan_says_whether_the_update_streams_and_what_waits_for_the_batch(data_file, capsys):
@@ -275,7 +275,7 @@ def test_plan_says_when_partial_rollouts_or_asynchronous_generation_train_off_po
             "next step (at most 2 cuts per request); resumed tokens are off-policy (mask_stale)") in out
     cli.main(["plan", *base, "rollout.max_staleness=2", "rollout.stale_tokens=drop"])
     out = capsys.readouterr().out
-    assert "streamed update       off (rollout.max_staleness): each batch's groups are taken as they finish" in out
+    assert "streamed update       off (rollout.max_staleness >= 1): each batch's groups are taken as they finish" in out
     assert ("asynchronous          on: generation runs up to 2 policy version(s) ahead; tokens staler when trained: drop; "
             "off-policy tokens: decoupled") in out
 

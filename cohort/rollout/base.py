@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
@@ -142,6 +143,30 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
+TOOL_STATUSES = ("ok", "truncated", "tool_timeout", "error")  # in rising severity
+
+
+@dataclass
+class Episode:
+    """One trajectory's multi-turn record (the tool loop, cohort/tools/loop.py, writes it): what reward functions (`conversations=`, `environments=`) and the tool
+    metrics read. `segments`: (start, end, role) token ranges of the completion, role "assistant" or "tool"."""
+
+    conversation: list[dict[str, Any]] = field(default_factory=list)
+    environment: Any = None
+    status: str = "ok"
+    turns: int = 0
+    calls: Counter = field(default_factory=Counter)  # tool name -> calls run
+    failed_calls: int = 0  # calls that timed out or raised
+    timeouts: int = 0
+    parse_errors: int = 0
+    argument_errors: int = 0  # unknown tool, missing or unexpected arguments
+    segments: list[tuple[int, int, str]] = field(default_factory=list)
+
+    def mark(self, status: str) -> None:
+        if TOOL_STATUSES.index(status) > TOOL_STATUSES.index(self.status):
+            self.status = status
+
+
 @dataclass
 class Trajectory:
     """One completion as the engine sampled it; what every later phase (rewards, advantages, the update) reads.
@@ -163,7 +188,7 @@ class Trajectory:
     prompt_ids: list[int] = field(default_factory=list)
     request_id: str = ""
     error: str | None = None
-    episode: Any = None  # multi-turn tool calling: its conversation, environment and tool status (cohort/tools/loop.py)
+    episode: Episode | None = None  # multi-turn tool calling: its conversation, environment and tool status
 
     def __post_init__(self):
         if self.status not in STATUSES:

@@ -403,8 +403,8 @@ class RemoteEngine(RequestEngineMixin):
 
 def engine_cores(cfg) -> tuple[list[int] | None, int | None]:
     """(cores bound to a local server's engine, the trainer's default thread count) for this config (`split_cores`):
-    split when generation runs beside the update (rollout.overlap, or asynchronous training)."""
-    concurrent = cfg.rollout.overlap or cfg.rollout.max_staleness is not None
+    split when generation runs beside the update (rollout.max_staleness >= 1)."""
+    concurrent = bool(cfg.rollout.max_staleness)
     return split_cores(sorted(os.sched_getaffinity(0)), cfg.rollout.num_threads, concurrent)
 
 
@@ -412,7 +412,7 @@ class LocalServerEngine(RequestEngineMixin):
     """vLLM as a private loopback rollout server (`LocalServer`), driven like server mode; weights go over loopback as safetensors.
 
     Used by rollout.mode=local_server, where generation gets its own process
-    and cores (with rollout.overlap it runs while the trainer updates, free of
+    and cores (with rollout.max_staleness >= 1 it runs while the trainer updates, free of
     the trainer's GIL and OpenMP pool), and by rank 0 of a multi-process run,
     since vLLM cannot live inside a rank of a multi-process group (it builds
     its own torch.distributed groups, which would wait for every rank).

@@ -31,7 +31,8 @@ import contextlib
 import threading
 from typing import Iterable, Sequence
 
-from cohort.rollout.base import EngineLock, Request, Trajectory, engine_thread
+from cohort.rollout.base import EngineLock, Request, Trajectory
+from cohort.rollout.driver import EngineDriver
 from cohort.rollout.server_requests import BadRequest
 
 DRIVER_POLL_S = 0.02  # the longest one engine poll may run while HTTP handlers wait for the lock
@@ -51,9 +52,8 @@ class RequestStream:
         self.pending: dict[str, Request] = {}  # submitted, not yet handed back by /poll or /abort
         self.outbox: dict[str, Trajectory] = {}  # finished, not yet handed back
         self.ready = threading.Condition()  # guards pending and outbox
-        self.stopped = False
-        self.thread = threading.Thread(target=engine_thread(self._drive), name="cohort-rollout-driver", daemon=True)
-        self.thread.start()
+        self.driver = EngineDriver("cohort-rollout-driver", lock, busy=lambda: self.generating > 0, step=self._step)
+        self.driver.start()
 
     @property
     def generating(self) -> int:
@@ -85,6 +85,7 @@ class RequestStream:
                 raise
             with self.ready:
                 self.ready.notify_all()
+            self.driver.wake()
 
     def poll(self, timeout_s: float) -> list[Trajectory]:
         """The finished trajectories, waiting up to timeout_s (capped) for one; [] when nothing is in flight."""
@@ -105,9 +106,7 @@ class RequestStream:
                 return self._hand_back([i for i in ids if i in self.outbox])
 
     def close(self) -> None:
-        with self.ready:
-            self.stopped = True
-            self.ready.notify_all()
+        self.driver.close(timeout_s=0)
 
     # ------------------------------------------------------------------ internals (self.ready held)
 
@@ -132,28 +131,21 @@ class RequestStream:
                 self.outbox[i] = self.pending[i].complete(Trajectory([], [], "error", version, error=reason))
         self.ready.notify_all()
 
-    # ------------------------------------------------------------------ the driver thread
+    # ------------------------------------------------------------------ one poll of the driver thread
 
-    def _drive(self) -> None:
-        while True:
-            with self.ready:
-                self.ready.wait_for(lambda: self.stopped or self.generating > 0)
-                if self.stopped:
-                    return
-            with self.lock.driver():
-                with self.ready:
-                    if self.generating == 0:
-                        continue  # aborted while we waited for the lock
-                try:
-                    got, failure = self.engine.poll(timeout=DRIVER_POLL_S), None
-                except Exception as exc:  # the engine failed: every request still generating gets the reason
-                    got, failure = [], f"{type(exc).__name__}: {exc}"
-                    with contextlib.suppress(Exception):
-                        self.engine.abort(None)
-                with self.ready:
-                    self._collect(got)
-                    running = [i for i in self.pending if i not in self.outbox]
-                    if failure is not None:
-                        self._lost(running, failure)
-                    elif running and not got and not self.engine.in_flight:
-                        self._lost(running)
+    def _step(self) -> None:
+        """One engine poll (driver lock held): what finished goes to the outbox; an engine failure, or requests the
+        engine silently dropped, become "error" trajectories for every request still generating."""
+        try:
+            got, failure = self.engine.poll(timeout=DRIVER_POLL_S), None
+        except Exception as exc:  # the engine failed: every request still generating gets the reason
+            got, failure = [], f"{type(exc).__name__}: {exc}"
+            with contextlib.suppress(Exception):
+                self.engine.abort(None)
+        with self.ready:
+            self._collect(got)
+            running = [i for i in self.pending if i not in self.outbox]
+            if failure is not None:
+                self._lost(running, failure)
+            elif running and not got and not self.engine.in_flight:
+                self._lost(running)

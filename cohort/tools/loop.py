@@ -47,35 +47,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from cohort.rewards.calling import DaemonThreads
-from cohort.rollout.base import Request, RequestEngineMixin, Trajectory, continuation_seed
+from cohort.rollout.base import TOOL_STATUSES, Episode, Request, RequestEngineMixin, Trajectory, continuation_seed
 from cohort.tools.parsers import ParsedTurn, Parser, ToolCall
 from cohort.tools.render import ToolRenderer
 from cohort.tools.schema import Tool, environment_tools
 
-TOOL_STATUSES = ("ok", "truncated", "tool_timeout", "error")  # in rising severity
 FAILED = ("tool_timeout", "error")
 CLOSE_POLL_S = 0.05  # how long one inner poll may block while tool calls are running
-
-
-@dataclass
-class Episode:
-    """One trajectory's multi-turn record: what reward functions (`conversations=`, `environments=`) and the tool
-    metrics read. `segments`: (start, end, role) token ranges of the completion, role "assistant" or "tool"."""
-
-    conversation: list[dict[str, Any]] = field(default_factory=list)
-    environment: Any = None
-    status: str = "ok"
-    turns: int = 0
-    calls: Counter = field(default_factory=Counter)  # tool name -> calls run
-    failed_calls: int = 0  # calls that timed out or raised
-    timeouts: int = 0
-    parse_errors: int = 0
-    argument_errors: int = 0  # unknown tool, missing or unexpected arguments
-    segments: list[tuple[int, int, str]] = field(default_factory=list)
-
-    def mark(self, status: str) -> None:
-        if TOOL_STATUSES.index(status) > TOOL_STATUSES.index(self.status):
-            self.status = status
 
 
 @dataclass

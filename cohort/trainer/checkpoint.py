@@ -67,6 +67,9 @@ PREFIX = "step-"
 LOGS_WITH_STEPS = ("metrics.jsonl", "completions.jsonl", "eval.jsonl", "warnings.jsonl")
 
 
+RENAMED_PARTS = {"async_rollout": "rollout", "continuations": "rollout"}  # older checkpoints: the rollout scheduler's state
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message says which and what to do."""
 
@@ -314,6 +317,7 @@ def load_checkpoint(trainer, directory: Path) -> dict[str, Any]:
         load_weights(trainer.policy, directory / "model")
     parts = stateful_parts(trainer)
     for name, part_state in state["parts"].items():
+        name = RENAMED_PARTS.get(name, name)
         if name not in parts:
             raise CheckpointError(f"{directory} holds state for trainer part {name!r}, which this trainer does not have")
         parts[name].load_state_dict(part_state)

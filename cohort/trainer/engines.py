@@ -45,7 +45,7 @@ def set_torch_threads(cfg, *, num_parameters: int | None = None, device: torch.d
     under OMP_WAIT_POLICY=PASSIVE, a 5.9M one 14% slower)."""
     threads = cfg.train.num_threads
     if threads is None and cfg.rollout.mode == "local_server":
-        threads = engine_cores(cfg)[1]  # with rollout.overlap: the cores the engine's process leaves free
+        threads = engine_cores(cfg)[1]  # with rollout.max_staleness >= 1: the cores the engine's process leaves free
     elif threads is None and small_cpu_model(num_parameters, device):
         threads = 1
     if threads:

@@ -22,14 +22,16 @@ slices 0..S−1, then again for the next iteration). The maths is in
 - every forward pass of a trained model runs under `self.precision.autocast()`:
   bf16 maths over float32 master weights under train.precision=mixed, nothing
   otherwise (cohort/models/precision.py); backward passes run outside it;
-- with `rollout.overlap` the next batch is generated in a background thread
-  behind the update (cohort/trainer/overlap.py) and arrives one step stale; the
-  update then weights each token by `algorithm.rollout_correction`;
-- generation goes through the group stream (cohort/trainer/streaming.py): rewards
-  per group as groups finish, dynamic sampling's refills, and with
-  `rollout.stream_update` the forward/backward passes of finished groups while
-  the rest generate (`finish_streamed_update` then divides by the normaliser and
-  steps).
+- generation goes through the rollout scheduler (cohort/rollout/scheduler.py),
+  one mechanism whose admission rules compose: the staleness bound k
+  (`rollout.max_staleness`; k = 0 is synchronous training, k >= 1 generates
+  through the update and pushes weights in flight, each token stamped with its
+  version), partial rollouts (`rollout.over_provision`) and dynamic sampling's
+  refills. The batch is collected by cohort/trainer/collect.py: rewards per
+  group as groups finish and, with `rollout.stream_update`, the forward/backward
+  passes of finished groups while the rest generate (`finish_streamed_update`
+  then divides by the normaliser and steps). Off-policy tokens are weighted by
+  `algorithm.rollout_correction`.
 
 Several training processes differ only through `self.dist` (cohort/distributed/fsdp.py:
 this rank's groups, the global loss normaliser, reduced metrics and gradients — all
@@ -57,19 +59,17 @@ from cohort.config import CohortConfig, default_output_dir
 from cohort.models.batching import length_sorted_micro_batches, pack_right_padded, pad_rows, padded_tensor
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES, float32_weights
-from cohort.rollout.base import SamplingConfig, WeightStream, completion_seeds, release_engine_memory
+from cohort.rollout.base import SamplingConfig, WeightStream, release_engine_memory
+from cohort.rollout.scheduler import AdmissionRules, Scheduler
 from cohort.tools.metrics import tool_metrics
 from cohort.trainer.metric_sums import host_values, running_max
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
-from cohort.trainer.overlap import BackgroundRollout, PendingGeneration
-from cohort.trainer.async_rollout import AsyncRollout
-from cohort.trainer.partial import ContinuationBuffer
 from cohort.trainer.parts import PART_NAMES, TrainerParts
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.trainer.run import run_training
 from cohort.trainer.setup import setup
 from cohort.trainer.stopping import check_finite
-from cohort.trainer.streaming import StreamedGradients, collect_async, collect_batch, drain_batch, score_drained
+from cohort.trainer.collect import CollectContext, Collected, StreamedGradients, collect_batch
 from cohort.trainer.sync_check import SyncCheck, canary_tokens
 from cohort.plan import stream_update_active
 from cohort.validation import training_world_size, validate_config
@@ -110,7 +110,6 @@ class Trainer:
         self.log = log
         self.phases = Phases()
         self.step_count = 0  # optimizer steps taken
-        self.generation_index = 0  # generation batches requested (seeds every completion's sampling)
         self.policy_version = 0  # bumped by each optimizer step
         self.synced_version = -1  # the policy version the engine holds (-1: not pushed yet)
         self.batch: RolloutBatch | None = None  # the generation batch the current steps train on
@@ -122,13 +121,14 @@ class Trainer:
         self.sync_bytes_sent = 0.0  # bytes the engine reports sending since the last step's metrics (server mode)
         run_dir = Path(run_dir or cfg.run.output_dir or default_output_dir())
         self.parts: TrainerParts = setup(cfg, self.plan, run_dir, pack=self._pack, external_engine=engine)
-        self.pending: PendingGeneration | None = None  # the next generation batch, sampling in the background (rollout.overlap)
-        self.background = BackgroundRollout() if cfg.rollout.overlap else None
-        self.stream_update = stream_update_active(cfg, training_world_size(cfg))  # train groups as they finish (streaming.py)
-        self.streamed: StreamedGradients | None = None  # the streamed update's sums while its batch generates
-        self.async_rollout = AsyncRollout(self) if cfg.rollout.max_staleness is not None else None  # (async_rollout.py)
-        self.continuations = (ContinuationBuffer(cfg.rollout.over_provision, cfg.rollout.max_aborts)  # partial rollouts
-                              if cfg.rollout.over_provision > 1 else None)  # (trainer/partial.py; checkpointed)
+        r, plan = cfg.rollout, self.plan
+        self.rollout = Scheduler(  # what is in flight and what is admitted next (cohort/rollout/scheduler.py; checkpointed)
+            self.engine, self.sampler, self.train_ids, SamplingConfig(r.max_completion_length, r.temperature, r.top_p, r.top_k),
+            plan.num_generations, plan.generation_batch_size // plan.num_generations, AdmissionRules.from_config(r),
+            seed=r.seed, generations=-(-plan.max_steps // plan.optimizer_steps_per_generation))
+        # the streamed update (train groups as they finish, collect.py): its sums while its batch generates
+        self.train_groups = self._train_groups if stream_update_active(cfg, training_world_size(cfg)) else None
+        self.streamed: StreamedGradients | None = None
 
     def __getattr__(self, name: str):
         """`self.policy` and every other part: read from `self.parts` (only called when normal lookup fails)."""
@@ -141,49 +141,42 @@ class Trainer:
         """A part assigned on the trainer (`trainer.engine = wrapped`) replaces it in `self.parts`, never shadows it."""
         if name in PART_NAMES and "parts" in self.__dict__:
             setattr(self.parts, name, value)
+            if name == "engine" and "rollout" in self.__dict__:
+                self.rollout.engine = value  # (the scheduler sends every request to it)
         else:
             object.__setattr__(self, name, value)
 
+    @property
+    def generation_index(self) -> int:
+        """Generation batches admitted (seeds every completion's sampling): the rollout scheduler's count, checkpointed."""
+        return self.rollout.generation_index
+
+    @generation_index.setter
+    def generation_index(self, value: int) -> None:
+        self.rollout.generation_index = value
+
     # ------------------------------------------------------------------ phases
 
-    def _request_generation(self) -> PendingGeneration:
-        """The next generation batch's prompts and seeds; with rollout.overlap, the engine call run in the background."""
-        cfg = self.cfg
-        self.sync_weights()  # the engine samples from the current policy
-        rows = self.sampler.next_batch()
-        prompts = [self.train_ids[i] for i in rows]
-        sampling = SamplingConfig(cfg.rollout.max_completion_length, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k)
-        seeds = completion_seeds(cfg.rollout.seed, self.generation_index, len(prompts))
-        pending = PendingGeneration(rows, prompts, self.policy_version, seeds, sampling, self.generation_index)
-        pending.run = lambda: drain_batch(self.engine, pending, self.plan.num_generations)
-        self.generation_index += 1
-        return pending
-
     def generate_batch(self) -> RolloutBatch:
-        """The next generation batch through the group stream (trainer/streaming.py), in submission order: rewards
-        per group as groups finish; with the streamed update, the forward/backward passes too."""
-        cfg, plan = self.cfg, self.plan
-        if self.async_rollout is not None:
-            collected, sampled_version = collect_async(self)
-            with self._engine_lock():  # (the pump polls between engine calls, never during one)
-                self._calibrate_sync_check(sampled_version, collected.prompts, collected.outs)
-            return self._finish_batch(collected, sampled_version)
-        pending, self.pending = self.pending or self._request_generation(), None
-        if pending.future is not None:  # rollout.overlap: generated behind the last update, scored now
-            with self.phases("generate"):
-                pending.wait()
-            collected = score_drained(self, pending, pending.result())
-        else:
-            if self.stream_update:
-                self.optimizer.zero_grad(set_to_none=True)
-                self.streamed = StreamedGradients()
-            collected = collect_batch(self, pending)
-        self._calibrate_sync_check(pending.policy_version, collected.prompts, collected.outs)  # (the engine must be idle)
-        if self.background is not None and self.step_count + plan.optimizer_steps_per_generation < plan.max_steps:
-            self.pending = self.background.start(self._request_generation())  # the next batch, behind this update
-        return self._finish_batch(collected, pending.policy_version)
+        """The next generation batch from the scheduler (collect.py), in submission order: rewards per group as groups
+        finish; with the streamed update, the forward/backward passes too."""
+        self.sync_weights()  # the engine samples from the current policy (a no-op unless a resume left it behind)
+        if self.train_groups is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.streamed = StreamedGradients()
+        try:
+            collected = collect_batch(CollectContext(
+                self.rollout, self.rewards, self.tokenizer, self.train_data, self.train_ids, self.plan.num_generations,
+                self.phases, self.policy_version, self.step_count // self.plan.optimizer_steps_per_generation,
+                self.cfg.rollout.max_refill_rounds if self.cfg.rollout.dynamic_sampling else None, self.train_groups))
+        except BaseException:
+            self.streamed = None  # no half-accumulated gradient stands in for the next update
+            raise
+        with self._engine_lock():  # (a driver thread polls between engine calls, never during one)
+            self._calibrate_sync_check(collected.sampled_version, collected.prompts, collected.outs)
+        return self._finish_batch(collected, collected.sampled_version)
 
-    def _finish_batch(self, collected, sampled_version: int) -> RolloutBatch:
+    def _finish_batch(self, collected: Collected, sampled_version: int) -> RolloutBatch:
         """The batch from its collected groups: metrics, old and reference log-probs, critic values, advantages."""
         outs, scored = collected.outs, collected.scored
         rewards_t = torch.tensor(scored.total, dtype=torch.float32, device=self.device)  # (N,)
@@ -210,9 +203,6 @@ class Trainer:
             with self.lora.adapter_disabled():
                 return self._score_all(self.policy, batch)
         return None
-
-    def _as_completion(self, prompt: Any, text: str) -> Any:
-        return [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
 
     def _batch_metrics(self, batch: RolloutBatch, rewards: torch.Tensor, reward_metrics: dict[str, float]) -> dict[str, float]:
         lengths = np.array(batch.trained_lengths(), dtype=np.float64)  # sampled tokens only: tool output left out
@@ -272,6 +262,23 @@ class Trainer:
         grad_norm = self._clip_and_step(sums["loss"])
         return self._update_metrics(sums, grad_norm)
 
+    def _train_groups(self, rows: list[int], trajectories, rewards: np.ndarray) -> list[torch.Tensor] | None:
+        """The streamed update (collect.py): forward/backward over whole kept groups, the loss summed unnormalised into
+        `self.streamed`, their advantages from their own rewards. Returns their reference log-probs (None: beta = 0)."""
+        part = RolloutBatch.from_trajectories(rows, [self.train_ids[i] for i in rows], trajectories, rewards=rewards,
+                                              per_function=np.empty((len(rows), 0)), texts=[], policy_version=self.policy_version)
+        a = self.cfg.algorithm
+        with self.phases("update"):
+            part.ref_logp = self.reference_logprobs(part)  # None without a reference (beta = 0)
+            part.advantages = self.algorithm.spec.advantages(AdvantageInputs(
+                rewards=torch.tensor(part.rewards, dtype=torch.float32, device=self.device), mask=self.advantage_mask(part),
+                group_size=self.plan.num_generations, scale=a.scale_rewards, gamma=a.gamma, lam=a.lam)).advantages
+            micro = self._micro_batches(part, list(range(len(part))))
+            packed = [self._pack(part, mb) for mb in micro]
+            self.streamed.count += float(sum(aggregation_count(p[1], self.aggregation) for p in packed))
+            self.backward_micro_batches(part, micro, packed, 1.0, self.streamed.sums)
+        return part.ref_logp
+
     def backward_micro_batches(self, batch: RolloutBatch, micro: list[list[int]], packed, num_items, sums) -> None:
         """Forward and backward over each micro-batch (gradients accumulate), the loss divided by `num_items`. The
         metrics accumulate in `sums` as tensors on the device (no host sync per micro-batch; `host_values` reads them)."""
@@ -320,8 +327,9 @@ class Trainer:
         mask = pb.completion_mask * batch.token_mask(mb, width, self.device) * self._kept(batch, mb)[:, None]
         if self.cfg.algorithm.off_policy_objective == "mask_stale":
             mask = mask * (1.0 - batch.off_policy(mb, width, self.device))  # tokens of older policies: out of the loss
-        if self.async_rollout is not None and batch.versions:  # tokens staler than rollout.max_staleness: out of it
-            mask = mask * (batch.staleness(mb, width, self.policy_version, self.device) <= self.async_rollout.k).float()
+        bound = self.rollout.token_staleness_bound  # tokens staler than rollout.max_staleness (k >= 1): out of it
+        if bound < float("inf") and batch.versions:
+            mask = mask * (batch.staleness(mb, width, self.policy_version, self.device) <= bound).float()
         return pb, mask
 
     def _kept(self, batch: RolloutBatch, rows: list[int]) -> torch.Tensor:
@@ -384,7 +392,7 @@ class Trainer:
             return prox, None
         if not has_engine:
             raise RuntimeError("algorithm.rollout_correction needs the engine's log-probs of every sampled token; this engine "
-                               "returned none. Set algorithm.rollout_correction=none (and rollout.overlap=false)")
+                               "returned none. Set algorithm.rollout_correction=none (and rollout.max_staleness=0)")
         engine = self._engine_logp(batch, mb, width)
         mode = "truncate" if a.rollout_correction == "auto" else a.rollout_correction
         weights, metrics = rollout_correction(prox.detach().float(), engine, mask, level="token", mode=mode,
@@ -451,8 +459,7 @@ class Trainer:
         staleness_tokens = sums.pop("staleness_tokens", 0.0)
         staleness_sum, staleness_max = sums.pop("staleness_sum", 0.0), sums.pop("staleness_max", 0.0)
         off_tokens = sums.pop("off_policy_tokens", 0.0)
-        off_policy_run = self.async_rollout is not None or self.continuations is not None or self.background is not None
-        if staleness_tokens and (off_policy_run or staleness_sum > 0):  # (an on-policy run shows no zeros)
+        if staleness_tokens and (self.rollout.rules.off_policy or staleness_sum > 0):  # (an on-policy run shows no zeros)
             out.update({"staleness/mean": staleness_sum / staleness_tokens, "staleness/max": staleness_max,
                         "staleness/off_policy_frac": off_tokens / staleness_tokens})
         ess_w, ess_w2 = sums.pop("ess_w", 0.0), sums.pop("ess_w2", 0.0)
@@ -472,12 +479,9 @@ class Trainer:
     def sync_weights(self) -> None:
         """Push the policy into the engine if it changed since the last push, then check the canary.
 
-        A generation running in the background is waited for first (its result is kept): weights never
-        change under a generation in flight."""
+        With requests in flight (a staleness bound k >= 1) the engine loads them between two of its steps."""
         if self.synced_version == self.policy_version:
             return
-        if self.pending is not None:
-            self.pending.wait()
         with self.phases("sync"), self._engine_lock():  # (asynchronous: between two of the engine's steps)
             if self.engine_shares_policy:
                 self.engine.update_weights((), self.policy_version)  # nothing to copy: only the version its tokens carry
@@ -498,14 +502,13 @@ class Trainer:
         self.synced_version = self.policy_version
 
     def _engine_lock(self):
-        """The asynchronous rollout's engine lock (its pump polls between our calls), or nothing."""
-        return self.async_rollout.lock if self.async_rollout is not None else contextlib.nullcontext()
+        """The rollout scheduler's engine lock (a driver thread polls between our calls)."""
+        return self.rollout.lock
 
     def _push(self, stream: WeightStream):
-        """update_weights, between engine steps with requests in flight under asynchronous training."""
-        if self.async_rollout is not None and self.engine.in_flight:
-            return self.engine.update_weights(stream, self.policy_version, in_flight=True)
-        return self.engine.update_weights(stream, self.policy_version)
+        """update_weights; between two engine steps when requests are in flight (a staleness bound k >= 1)."""
+        in_flight = {"in_flight": True} if self.engine.in_flight else {}
+        return self.engine.update_weights(stream, self.policy_version, **in_flight)
 
     def _canary_logprobs(self) -> tuple[torch.Tensor, torch.Tensor, float | None]:
         """Flat (M,) log-probs of every canary token, the engine's and the trainer's (temperature 1), and under mixed
@@ -558,8 +561,8 @@ class Trainer:
             with self.phases("critic"):
                 metrics.update(self.critic.update(self.batch, self._micro_batches(self.batch, indices)))
         self.step_count += 1
-        if self.background is None and self.step_count % plan.optimizer_steps_per_generation == 0 and self.step_count < plan.max_steps:
-            self.sync_weights()  # (with rollout.overlap the engine is busy: the sync happens before the next request)
+        if self.step_count % plan.optimizer_steps_per_generation == 0 and self.step_count < plan.max_steps:
+            self.sync_weights()
         out = {**(self.batch.metrics if slot == 0 else {}), **metrics, **self.phases.pop()}
         out["timing/step_s"] = time.perf_counter() - step_start
         if self.sync_bytes_sent:
@@ -575,10 +578,8 @@ class Trainer:
     def close(self) -> None:
         """Release the engine, rewards and process group; call it from a `finally` (it sees whether a failure is unwinding)."""
         clean = sys.exc_info()[0] is None  # in a `finally` reached by an exception, that exception is still current
-        if self.background is not None:
-            self.background.close()  # waits for a generation still in flight
-        if self.async_rollout is not None:
-            self.async_rollout.close()  # stops the pump, aborts what is in flight
+        if "rollout" in self.__dict__:
+            self.rollout.close()  # stops a driver thread, aborts what is in flight
         self.rewards.close()
         if self.owns_engine:
             self.engine.close()

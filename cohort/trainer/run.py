@@ -39,8 +39,8 @@ def run_eval(trainer, label: str, sink: JsonlWriter) -> dict:
         return {}
     trainer.sync_weights()
     start = time.perf_counter()
-    engine = trainer.async_rollout if getattr(trainer, "async_rollout", None) is not None else trainer.engine  # (shares it)
-    result = evaluate(engine, trainer.tokenizer, trainer.eval_data, trainer.eval_ids, trainer.rewards,
+    # through the rollout scheduler, which shares the engine with the groups in flight
+    result = evaluate(trainer.rollout, trainer.tokenizer, trainer.eval_data, trainer.eval_ids, trainer.rewards,
                       max_tokens=trainer.cfg.rollout.max_completion_length)
     record = {"label": label, "step": trainer.step_count, "accuracy": result["accuracy"], "reward": result["reward"],
               "num_prompts": result["num_prompts"], "seconds": time.perf_counter() - start}

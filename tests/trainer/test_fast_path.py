@@ -152,16 +152,20 @@ def test_reference_and_old_logprobs_once_per_generation_batch(tmp_path, data_fil
 # --------------------------------------------------------------------------- rollout.overlap and rollout correction
 
 
-def test_overlap_config_checks(tmp_path, data_file, tiny_model_dir):
+def test_overlap_is_the_staleness_bound_1_and_checked_as_such(tmp_path, data_file, tiny_model_dir):
     from cohort.config import ConfigError
     from cohort.validation import validate_config
 
     base = [f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]", "rollout.overlap=true", "data.max_prompt_length=16",
             "rollout.max_completion_length=8",
             "rewards=[{name: 'fast_path_rewards:digit_share'}]"]
-    with pytest.raises(ConfigError, match="rollout.engine = hf"):
+    settled = load_config(None, base).rollout
+    assert settled.max_staleness == 1 and not settled.overlap  # the old name, settled once into the scheduler's rule
+    with pytest.raises(ConfigError, match="rollout.overlap = true is rollout.max_staleness = 1"):
+        load_config(None, base + ["rollout.max_staleness=2"])
+    with pytest.raises(ConfigError, match="rollout.max_staleness with rollout.engine = hf"):
         validate_config(load_config(None, base + ["rollout.engine=hf"]))
-    with pytest.raises(ConfigError, match="train.steps_per_generation = 2"):
+    with pytest.raises(ConfigError, match="one optimizer step per generation batch"):
         validate_config(load_config(None, base + ["train.steps_per_generation=2"]))
     with pytest.raises(ConfigError, match="rollout_correction_cap"):
         validate_config(load_config(None, base + ["algorithm.rollout_correction_cap=0"]))

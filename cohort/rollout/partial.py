@@ -29,11 +29,11 @@ partial/ratio (fraction of the batch's trajectories holding tokens from an earli
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from cohort.rollout.base import Trajectory, continuation_seed
+from cohort.rollout.base import Episode, Trajectory, continuation_seed
 
 @dataclass
 class BufferedGroup:
@@ -78,10 +78,6 @@ def _member_from_state(state: dict[str, Any]) -> Trajectory:
     state = dict(state)
     episode = state.pop("episode", None)
     if episode is not None:
-        from collections import Counter
-
-        from cohort.tools.loop import Episode  # (only multi-turn runs buffer episodes)
-
         episode = Episode(**{**episode, "calls": Counter(episode["calls"]),
                              "segments": [tuple(x) for x in episode["segments"]]})
     return Trajectory(**state, episode=episode)
