@@ -364,11 +364,40 @@ class AlgorithmConfig(_Section):
     gamma: float = Field(1.0, description="ppo and reinforce_pp*: discount per completion token in GAE / the reward-to-go (1.0: none).")
     lam: float = Field(0.95, description="ppo: GAE λ (1.0: Monte-Carlo returns minus the value; 0: one-step TD).")
     epsilon_low: float = Field(0.2, description="Lower clip range: ratios below 1 − epsilon_low are clipped.")
-    epsilon_high: float = Field(0.2, description="Upper clip range (DAPO clip-higher): ratios above 1 + epsilon_high are clipped.")
+    epsilon_high: float = Field(
+        0.2,
+        description="Upper clip range (DAPO clip-higher): ratios above 1 + epsilon_high are clipped. loss_type=cispo (TRL's "
+        "meaning): the cap of the IS weight itself, ScaleRL's eps_max (5.0 recommended).",
+    )
     delta: float | None = Field(None, description="Two-sided clipping cap on the ratio for negative advantages (TRL's `delta`); None: off.")
-    loss_type: Literal["grpo", "dapo", "bnpo", "dr_grpo"] = Field(
+    clip_ratio_c: float | None = Field(
+        None,
+        description="Dual clip (verl's actor.clip_ratio_c, e.g. 3.0): for negative advantages the clipped loss is capped at "
+        "−A·c, so a huge ratio cannot push one token's loss without bound. > 1; None: off.",
+    )
+    loss_type: Literal["grpo", "dapo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo"] = Field(
         "dapo",
-        description="Loss aggregation as TRL names it: grpo = mean over tokens then sequences; dapo = mean over all tokens of the step; bnpo = mean over the micro-batch's tokens; dr_grpo = token sum / max_completion_length.",
+        description="Loss as TRL names it. Aggregations of the clipped loss: grpo = mean over tokens then sequences; dapo = "
+        "mean over all tokens of the step; bnpo = mean over the micro-batch's tokens; dr_grpo = token sum / "
+        "max_completion_length. Losses of their own (docs/algorithms.md): cispo (capped, stop-gradient IS weight; token "
+        "mean), sapo (soft sigmoid gate; sequence mean), luspo (GSPO with each sequence's loss times its length), vespo "
+        "(Gamma-shaped weight of the sequence ratio; token mean).",
+    )
+    sapo_temperature_pos: float = Field(1.0, description="loss_type=sapo: gate temperature for tokens with positive advantage (> 0).")
+    sapo_temperature_neg: float = Field(1.05, description="loss_type=sapo: gate temperature for tokens with advantage <= 0 (> 0).")
+    vespo_k_pos: float = Field(2.0, description="loss_type=vespo, advantage >= 0: power k of the weight w^k·e^(λ(1−w)) (how fast it falls for w < 1).")
+    vespo_lambda_pos: float = Field(3.0, description="loss_type=vespo, advantage >= 0: decay λ of the weight (how fast it falls for w > 1).")
+    vespo_k_neg: float = Field(3.0, description="loss_type=vespo, advantage < 0: power k of the weight.")
+    vespo_lambda_neg: float = Field(2.0, description="loss_type=vespo, advantage < 0: decay λ of the weight.")
+    entropy_coeff: float = Field(
+        0.0,
+        description="Entropy bonus (verl's actor.entropy_coeff): the loss minus coeff × the tokens' entropy, aggregated as "
+        "the policy loss. 0: off (the entropy is then not differentiated).",
+    )
+    top_entropy_quantile: float = Field(
+        1.0,
+        description="TRL's top_entropy_quantile ρ (Beyond the 80/20 rule): only tokens whose entropy is in the top ρ "
+        "fraction of each micro-batch carry the policy loss (the normaliser is unchanged). 1.0: all tokens; 0.2 in the paper.",
     )
     scale_rewards: Literal["group", "batch", "none"] = Field(
         "group", description="GRPO advantage scale: divide by the group's std, the whole batch's std, or not at all."

@@ -100,6 +100,9 @@ def stream_update_blockers(cfg: CohortConfig, world_size: int = 1) -> list[str]:
     if a.loss_type == "bnpo":
         out.append("algorithm.loss_type = bnpo: a token mean per micro-batch depends on how the batch is split; "
                    "use dapo (the whole step's token mean), grpo or dr_grpo")
+    if a.top_entropy_quantile < 1:
+        out.append(f"algorithm.top_entropy_quantile = {a.top_entropy_quantile}: the entropy threshold is a quantile of "
+                   "each micro-batch, which depends on how the batch is split; use 1.0")
     placement = a.kl_placement if a.kl_placement != "auto" else ("loss" if a.name == "grpo" else "reward")
     if a.beta != 0 and (placement == "reward" or a.kl_controller == "adaptive"):
         out.append(f"algorithm.beta = {a.beta} with the KL in the reward or an adaptive coefficient: measured over the "

@@ -4,7 +4,8 @@
 `ConfigError`, each naming its fields and a fix, and returns the run's
 `BatchPlan`. It runs, in this order:
 
-- the config alone: batch arithmetic, value ranges, the scheduler's rules, the rollout
+- the config alone: batch arithmetic, value ranges (the loss fields' in
+  `cohort.loss_checks`), the scheduler's rules, the rollout
   mode and the distributed settings, training processes, the run/logger/optimizer
   fields, and that every reward spec resolves;
 - with check_files, the outside world, cheaply: the data files and their columns
@@ -42,6 +43,7 @@ import torch
 from cohort import rewards as reward_registry
 from cohort.config import ALGORITHM_MIN_GENERATIONS, ALGORITHMS_WITH_CRITIC, CohortConfig, ConfigError
 from cohort.data.datasets import DataError, check_data_config
+from cohort.loss_checks import loss_problems
 from cohort.models import loading
 from cohort.models.devices import DeviceError, auto_dtype, has_bf16_units, resolve_device
 from cohort.models.lora import lora_problems
@@ -203,7 +205,7 @@ def check_ranges(cfg: CohortConfig) -> list[str]:
         problems.append(f"train.logprob_chunk_size = {t.logprob_chunk_size}: must be >= 1")
     if t.max_tokens_per_microbatch is not None and t.max_tokens_per_microbatch < 1:
         problems.append(f"train.max_tokens_per_microbatch = {t.max_tokens_per_microbatch}: must be >= 1, or unset it (null) for no token cap")
-    problems += _check_algorithm_ranges(cfg)
+    problems += _check_algorithm_ranges(cfg) + loss_problems(cfg)
     return problems
 
 

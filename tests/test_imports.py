@@ -35,7 +35,7 @@ LAYERS = [
     {"cohort.rollout", "cohort.tools"},  # engines (vLLM, transformers, remote), the rollout server; the tool loop over them
     {"cohort.config"},  # the typed config, loading and overrides
     {"cohort.prompts"},  # prompts as token ids under the model's length limit (before any weights load)
-    {"cohort.validation", "cohort.plan"},  # every check of a config; the batch plan and memory estimate
+    {"cohort.validation", "cohort.loss_checks", "cohort.plan"},  # every check of a config; the batch plan and memory estimate
     {"cohort.distributed"},  # process groups, FSDP, rank 0's engine and rewards: no trainer
     {"cohort.trainer"},  # the driver loop and what it builds
     {"cohort.launch"},  # whatever runs a Trainer elsewhere: torchrun, Ray actors

@@ -6,7 +6,8 @@ entries share a signature, so the trainer picks them by name:
 
 - advantages (`advantages.py`): grpo, dr_grpo, rloo, reinforce_pp,
   reinforce_pp_baseline via `compute_advantages`; `advantage_stats`;
-- policy losses (`losses.py`): ppo_clip, gspo, seq_sum_clip, cispo, sapo via `policy_loss`;
+- policy losses (`losses.py`): ppo_clip, gspo, seq_sum_clip, cispo, sapo, luspo, vespo via
+  `policy_loss`;
 - KL estimators (`kl.py`): k1, k2, k3, low_var_kl via `kl_penalty`; `kl_in_reward`;
 - aggregations (`aggregation.py`): token_mean, seq_mean_token_mean,
   seq_mean_token_sum, seq_mean_token_sum_norm, bnpo via `aggregate_loss`;

@@ -24,13 +24,25 @@ Entries (r = pi_theta / pi_old per token, A = advantage, all losses minimised):
   each token carries ``1/T_row`` of the sequence loss's value, so the row sum
   is TRL's per-sequence loss in value and gradient (``seq_mean_token_sum``
   aggregation gives TRL's mean over sequences exactly).
-- ``cispo``: ``-sg(min(r, 1 + eps_high)) * A * logp`` (MiniMax-M1): the IS
-  weight is clipped from above only and never blocks the gradient. eps_low is
-  not used (MiniMax set no lower bound; TRL's cispo neither).
+- ``cispo``: ``-sg(min(r, c)) * A * logp`` (MiniMax-M1): the IS weight is
+  capped from above only and never blocks the gradient. ``c = cispo_cap``
+  when given (TRL passes its ``epsilon_high`` itself: ScaleRL's eps_max,
+  recommended 5.0), else ``1 + eps_high`` (MiniMax's form). eps_low is not
+  used (MiniMax set no lower bound; TRL's cispo neither).
 - ``sapo``: ``-A * 4/tau * sigmoid(tau (r - 1))`` (SAPO, Gao et al. 2025), a soft
   gate instead of a hard clip; ``tau = sapo_tau_pos`` if A > 0 else
   ``sapo_tau_neg`` (defaults 1.0 / 1.05 as in the paper and TRL). At r = 1 its
   gradient equals the unclipped policy gradient. No hard clip: clip metrics 0.
+- ``luspo``: the gspo objective with each token's loss multiplied by its row's
+  active-token count ``|y|`` (LUSPO): under ``seq_mean_token_mean`` a row
+  contributes ``|y| * l(s)`` instead of GSPO's ``l(s)``, so long completions
+  are no longer down-weighted (TRL's ``luspo``: per-sequence sums, averaged).
+- ``vespo``: ``-sg(phi(w)) * A * logp`` (VESPO) with the sequence ratio
+  ``w = exp(sum of the row's token log-ratios)`` (clamped to [1e-8, e^20])
+  and the Gamma-shaped weight ``phi(w) = exp(lam + k log w - lam w)``
+  (= 1 at w = 1, largest there for k = lam, falling off on both sides);
+  ``k, lam = vespo_k_pos, vespo_lambda_pos`` where A >= 0, else the ``_neg``
+  pair (TRL's defaults 2, 3 and 3, 2). No hard clip; ``ratio`` is w.
 
 The log-ratio is clamped to [-20, 20] before every exp so a wild token cannot
 produce inf * 0 = NaN; at that size the clip has long zeroed its gradient.
@@ -49,11 +61,16 @@ ratio into ``per_token_loss``. The mask is read as 0/1; weights go here, not
 into the mask.
 
 Left out: the KL-to-reference term (add ``beta * aggregate_loss(kl_penalty(...))``,
-aggregation is linear) and the entropy bonus.
+aggregation is linear) and the entropy bonus (the trainer subtracts
+``coef * aggregate_loss(entropy, ...)``). cispo, sapo and vespo exist at the
+token level only (TRL also allows cispo and sapo on GSPO's sequence ratio).
+TRL folds the engine-mismatch weights into VESPO's w; here every entry's
+``token_weights`` multiply the per-token loss alike.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -65,6 +82,7 @@ from .registry import Registry
 from .stats import float_mask, masked_max, masked_mean, masked_sum
 
 LOG_RATIO_LIMIT = 20.0
+VESPO_MIN_LOG_WEIGHT = math.log(1e-8)  # VESPO's floor of w (its reference code's)
 
 
 @dataclass(frozen=True)
@@ -81,6 +99,11 @@ class LossInputs:
     delta: float | None = None
     sapo_tau_pos: float = 1.0
     sapo_tau_neg: float = 1.05
+    cispo_cap: float | None = None  # None: 1 + eps_high
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -154,12 +177,12 @@ def seq_sum_clip(inputs: LossInputs) -> TokenLosses:
 
 @POLICY_LOSSES.register("cispo")
 def cispo(inputs: LossInputs) -> TokenLosses:
-    """CISPO: stop-gradient IS weight ``min(r, 1 + eps_high)`` times ``-A * logp``."""
+    """CISPO: stop-gradient IS weight ``min(r, cap)`` times ``-A * logp``; cap = cispo_cap or 1 + eps_high."""
+    cap = inputs.cispo_cap if inputs.cispo_cap is not None else 1.0 + inputs.eps_high
     ratio = torch.exp(_log_ratio(inputs)).detach()
-    weight = ratio.clamp(max=1.0 + inputs.eps_high)
-    loss = -weight * inputs.advantages * inputs.logp
+    loss = -ratio.clamp(max=cap) * inputs.advantages * inputs.logp
     no = torch.zeros_like(ratio, dtype=torch.bool)
-    return TokenLosses(loss, ratio, no, ratio > 1.0 + inputs.eps_high, no)
+    return TokenLosses(loss, ratio, no, ratio > cap, no)
 
 
 @POLICY_LOSSES.register("sapo")
@@ -172,6 +195,29 @@ def sapo(inputs: LossInputs) -> TokenLosses:
     gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
     no = torch.zeros_like(ratio, dtype=torch.bool)
     return TokenLosses(-adv * gate, ratio.detach(), no, no, no)
+
+
+@POLICY_LOSSES.register("luspo")
+def luspo(inputs: LossInputs) -> TokenLosses:
+    """LUSPO: gspo's per-token loss times the row's active-token count (each sequence's loss scaled by its length)."""
+    out = gspo(inputs)
+    length = inputs.mask.sum(dim=-1, keepdim=True)  # (B, 1)
+    return TokenLosses(out.loss * length, out.ratio, out.clipped_low, out.clipped_high, out.capped)
+
+
+@POLICY_LOSSES.register("vespo")
+def vespo(inputs: LossInputs) -> TokenLosses:
+    """VESPO: stop-gradient Gamma weight ``phi(w)`` of the sequence ratio w times ``-A * logp``."""
+    token = _log_ratio(inputs).detach()
+    log_w = masked_sum(token, inputs.mask, dim=-1).unsqueeze(-1)  # (B, 1): log of the product of token ratios
+    log_w = log_w.clamp(min=VESPO_MIN_LOG_WEIGHT, max=LOG_RATIO_LIMIT)
+    adv = inputs.advantages
+    nonneg = adv >= 0
+    k = torch.where(nonneg, inputs.vespo_k_pos, inputs.vespo_k_neg).to(adv.dtype)  # (B, T)
+    lam = torch.where(nonneg, inputs.vespo_lambda_pos, inputs.vespo_lambda_neg).to(adv.dtype)
+    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    no = torch.zeros_like(adv, dtype=torch.bool)
+    return TokenLosses(-phi * adv * inputs.logp, torch.exp(log_w).expand_as(adv), no, no, no)
 
 
 def _check(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
@@ -219,6 +265,11 @@ def policy_loss(
     delta: float | None = None,
     sapo_tau_pos: float = 1.0,
     sapo_tau_neg: float = 1.05,
+    cispo_cap: float | None = None,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
     token_weights: Tensor | None = None,
     aggregation: str = "token_mean",
     max_length: int | None = None,
@@ -226,7 +277,8 @@ def policy_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Scalar policy loss and its metrics.
 
-    ``name``: ppo_clip | gspo | seq_sum_clip | cispo | sapo. ``logp`` (B, T) carries the
+    ``name``: ppo_clip | gspo | seq_sum_clip | cispo | sapo | luspo | vespo (the
+    per-entry parameters are read only by their entry; module docstring). ``logp`` (B, T) carries the
     gradient; ``old_logp`` (B, T) is the sampling policy's (pass
     ``logp.detach()`` on-policy); ``advantages`` (B,) or (B, T); ``mask``
     (B, T) bool or float, read as 0/1. ``token_weights`` (B, T), optional:
@@ -240,6 +292,9 @@ def policy_loss(
         raise ValueError(f"dual_clip must be > 1 (verl uses 3.0); got {dual_clip}")
     if delta is not None and delta <= 1.0 + eps_high:
         raise ValueError(f"delta must be > 1 + eps_high = {1.0 + eps_high}; got {delta}")
+    if min(vespo_lambda_pos, vespo_lambda_neg) <= 0 or min(vespo_k_pos, vespo_k_neg) < 0:
+        raise ValueError("vespo's lambdas must be > 0 and its k's >= 0 (TRL: k 2/3, lambda 3/2); got "
+                         f"k {vespo_k_pos}/{vespo_k_neg}, lambda {vespo_lambda_pos}/{vespo_lambda_neg}")
     inputs = LossInputs(
         logp=logp,
         old_logp=old_logp.detach(),
@@ -251,6 +306,11 @@ def policy_loss(
         delta=delta,
         sapo_tau_pos=sapo_tau_pos,
         sapo_tau_neg=sapo_tau_neg,
+        cispo_cap=cispo_cap,
+        vespo_k_pos=vespo_k_pos,
+        vespo_lambda_pos=vespo_lambda_pos,
+        vespo_k_neg=vespo_k_neg,
+        vespo_lambda_neg=vespo_lambda_neg,
     )
     out = entry(inputs)
     per_token = out.loss

@@ -47,6 +47,16 @@ A completion no reward function could score (NaN) gets advantage 0 everywhere;
 for ppo its returns are set to its own values, so the critic is not pulled
 anywhere by it.
 
+`LOSS_TYPES` is the other table the trainer reads: `algorithm.loss_type` (TRL's
+names and meanings) to the policy-loss entry and the aggregation of
+`cohort.algorithms`. grpo, dapo, bnpo and dr_grpo are aggregations of the
+clipped surrogate whose ratio follows `importance_sampling_level`
+(`POLICY_LOSS_OF_LEVEL`); cispo, sapo, luspo and vespo name their own entry,
+which fixes the ratio level (`importance_sampling_level` must be `auto` or that
+level). Aggregations as TRL's: sapo and luspo average per sequence first (luspo's
+entry already scales each sequence by its length), cispo and vespo take the
+token mean of the whole step.
+
 Left out: process (per-step) rewards. (REINFORCE++'s k2-in-the-loss variant
 needs no code: `algorithm.kl_placement=loss`, `algorithm.kl_estimator=k2`.)
 """
@@ -108,6 +118,30 @@ class AlgorithmSpec:
 
 
 ALGORITHMS: Registry[AlgorithmSpec] = Registry("algorithm")
+
+
+@dataclass(frozen=True)
+class LossType:
+    """What one `algorithm.loss_type` means: its policy-loss entry and aggregation."""
+
+    policy_loss: str | None  # entry of POLICY_LOSSES; None: POLICY_LOSS_OF_LEVEL[the ratio level]
+    aggregation: str  # entry of AGGREGATIONS
+    ratio_level: str | None  # the ratio level the entry fixes (token | sequence); None: importance_sampling_level's
+    hard_clip: bool  # the ppo clip applies: epsilon_low, delta and clip_ratio_c mean something
+
+
+POLICY_LOSS_OF_LEVEL = {"token": "ppo_clip", "sequence": "gspo", "sequence_sum": "seq_sum_clip"}
+
+LOSS_TYPES: dict[str, LossType] = {
+    "grpo": LossType(None, "seq_mean_token_mean", None, hard_clip=True),
+    "dapo": LossType(None, "token_mean", None, hard_clip=True),
+    "bnpo": LossType(None, "bnpo", None, hard_clip=True),
+    "dr_grpo": LossType(None, "seq_mean_token_sum_norm", None, hard_clip=True),
+    "cispo": LossType("cispo", "token_mean", "token", hard_clip=False),
+    "sapo": LossType("sapo", "seq_mean_token_mean", "token", hard_clip=False),
+    "luspo": LossType("luspo", "seq_mean_token_mean", "sequence", hard_clip=True),
+    "vespo": LossType("vespo", "token_mean", "token", hard_clip=False),
+}
 
 
 def _outcome(estimator: str) -> AdvantageFn:

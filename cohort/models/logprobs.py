@@ -14,7 +14,10 @@ place: at most about two (rows, V) float32 buffers are alive at a time, in the
 forward and the backward alike (plain activation checkpointing of the same
 maths held ~5: logits, their temperature-scaled copy, softmax, the product for
 the entropy, the logits' gradient). Temperature divides the logits before the
-softmax, the same temperature the sampler used.
+softmax, the same temperature the sampler used. The entropy carries a gradient
+only when asked (`entropy_grad=True`, for an entropy bonus): the backward then
+adds ``−g_H · p · (log p + H)`` per logit (dH/dz_k = −p_k (log p_k + H)) to the
+same buffer, with one more (C, V) buffer alive while it is formed.
 
 Left out: packing several sequences into one row (needs a varlen attention
 kernel); right padding within a micro-batch is used instead, and the trainer
@@ -63,11 +66,12 @@ class LinearLogProb(torch.autograd.Function):
     recomputed and turned in place into d logp / d logits = onehot − softmax,
     scaled by the incoming gradient (and by the temperature and softcap
     derivatives), then the two matmuls give the hidden-state and weight
-    gradients. The entropy carries no gradient.
+    gradients. The entropy carries a gradient only with ``entropy_grad``:
+    d logits += −g_H · p · (log p + H).
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature: float, softcap: float | None):
+    def forward(ctx, hidden, weight, bias, targets, temperature: float, softcap: float | None, entropy_grad: bool = False):
         logits, _ = _logits(hidden, weight, bias, temperature, softcap)
         lse = torch.logsumexp(logits, dim=-1)  # (C,)
         logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
@@ -75,20 +79,27 @@ class LinearLogProb(torch.autograd.Function):
         # H = lse − Σ p·logits (summing p·logits, not p·log p, keeps float32 error small over a large vocabulary);
         # the batched dot product avoids a third (C, V) buffer for the elementwise product.
         entropy = lse - (probs[:, None, :] @ logits[:, :, None]).reshape(-1)
-        ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.temperature, ctx.softcap = temperature, softcap
-        ctx.mark_non_differentiable(entropy)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
+        ctx.temperature, ctx.softcap, ctx.entropy_grad = temperature, softcap, entropy_grad
+        if not entropy_grad:
+            ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
         hidden_dtype = hidden.dtype
         if hidden.dtype != weight.dtype:  # a float32 stream into a head held in bf16 (LoRA under mixed): as autocast did
             hidden = hidden.to(weight.dtype)
         with torch.no_grad():
             logits, squashed = _logits(hidden, weight, bias, ctx.temperature, ctx.softcap)
-            grad = logits.sub_(lse[:, None]).exp_().mul_(-grad_logp[:, None])  # −g · softmax
+            log_probs = logits.sub_(lse[:, None])
+            if ctx.entropy_grad and grad_entropy is not None:  # −p (g + g_H (log p + H)): the entropy's term joins
+                scale = (log_probs + entropy[:, None]).mul_(grad_entropy[:, None]).add_(grad_logp[:, None])
+                grad = log_probs.exp_().mul_(scale).neg_()
+                del scale
+            else:
+                grad = log_probs.exp_().mul_(-grad_logp[:, None])  # −g · softmax
             grad.scatter_add_(-1, targets[:, None], grad_logp[:, None].to(grad.dtype))  # + g · onehot
             if ctx.temperature != 1.0:
                 grad.div_(ctx.temperature)
@@ -98,7 +109,7 @@ class LinearLogProb(torch.autograd.Function):
             grad_hidden = (grad @ weight).to(hidden_dtype) if ctx.needs_input_grad[0] else None
             grad_weight = grad.t() @ hidden if ctx.needs_input_grad[1] else None
             grad_bias = grad.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 
 def completion_logprobs(
@@ -112,22 +123,26 @@ def completion_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     max_chunk_logits: int = 2**24,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs and entropies of the completion tokens, (B, Tc) each, 0 at padding.
 
-    Log-probs carry gradients when grad is enabled; entropies never do. A chunk
+    Log-probs carry gradients when grad is enabled; entropies only with ``entropy_grad``. A chunk
     holds at most `chunk_size` tokens and at most `max_chunk_logits` logits.
     """
     root_forward = getattr(model, ROOT_FORWARD, None)  # FSDP2-sharded root: the kernel runs inside its forward hooks
     if root_forward is not None:
         return root_forward(_completion_logprobs, model, input_ids, attention_mask, prompt_lengths, completion_ids,
-                            completion_mask, temperature=temperature, chunk_size=chunk_size, max_chunk_logits=max_chunk_logits)
+                            completion_mask, temperature=temperature, chunk_size=chunk_size, max_chunk_logits=max_chunk_logits,
+                            entropy_grad=entropy_grad)
     return _completion_logprobs(model, input_ids, attention_mask, prompt_lengths, completion_ids, completion_mask,
-                                temperature=temperature, chunk_size=chunk_size, max_chunk_logits=max_chunk_logits)
+                                temperature=temperature, chunk_size=chunk_size, max_chunk_logits=max_chunk_logits,
+                                entropy_grad=entropy_grad)
 
 
 def _completion_logprobs(model, input_ids, attention_mask, prompt_lengths, completion_ids, completion_mask, *,
-                         temperature: float, chunk_size: int, max_chunk_logits: int) -> tuple[torch.Tensor, torch.Tensor]:
+                         temperature: float, chunk_size: int, max_chunk_logits: int,
+                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """completion_logprobs' body (shapes there)."""
     body, head = decoder_and_head(model)
     hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
@@ -145,14 +160,15 @@ def _completion_logprobs(model, input_ids, attention_mask, prompt_lengths, compl
     logps, entropies = [], []
     for start in range(0, h.shape[0], rows_per_chunk):
         end = start + rows_per_chunk
-        lp, ent = LinearLogProb.apply(h[start:end], weight, bias, targets[start:end], temperature, softcap)
+        lp, ent = LinearLogProb.apply(h[start:end], weight, bias, targets[start:end], temperature, softcap, entropy_grad)
         logps.append(lp)
         entropies.append(ent)
     out_logp = hidden.new_zeros((b, tc), dtype=torch.float32)
     out_ent = torch.zeros((b, tc), dtype=torch.float32, device=input_ids.device)
     if logps:
-        out_logp = out_logp.index_put((rows, torch.nonzero(active, as_tuple=True)[1]), torch.cat(logps))
-        out_ent[active] = torch.cat(entropies)
+        index = (rows, torch.nonzero(active, as_tuple=True)[1])
+        out_logp = out_logp.index_put(index, torch.cat(logps))
+        out_ent = out_ent.index_put(index, torch.cat(entropies).float())  # (out of place: keeps the entropy's graph)
     return out_logp, out_ent
 
 

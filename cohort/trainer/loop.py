@@ -52,7 +52,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from cohort.algorithms import aggregate_loss, aggregation_count, kl_penalty, masked_mean, policy_loss, rollout_correction
+from cohort.algorithms import (aggregate_loss, aggregation_count, kl_penalty, masked_mean, policy_loss, rollout_correction,
+                               top_entropy_mask)
 from cohort.algorithms import advantage_stats
 from cohort.algorithms.specs import AdvantageInputs
 from cohort.config import CohortConfig, default_output_dir
@@ -287,15 +288,21 @@ class Trainer:
             with self.precision.autocast():  # float32 master weights, low-precision maths when mixed; backward outside
                 logp, entropy = completion_logprobs(self.policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths,
                                                     pb.completion_ids, mask, temperature=cfg.rollout.temperature,
-                                                    chunk_size=cfg.train.logprob_chunk_size)
+                                                    chunk_size=cfg.train.logprob_chunk_size, entropy_grad=a.entropy_coeff != 0)
             width = logp.shape[1]
             old = pad_rows([batch.old_logp[i] for i in mb], width) if batch.old_logp is not None else logp.detach()
             adv = batch.advantages[mb][:, :width].to(logp.dtype)  # (B, width) of the batch's (N, T)
             old, weights = self._off_policy(batch, mb, logp, old, mask, sums)
-            loss, metrics = policy_loss(self.loss_name, logp, old, adv, mask, eps_low=a.epsilon_low, eps_high=a.epsilon_high,
-                                        token_weights=weights,
-                                        delta=a.delta, aggregation=self.aggregation, max_length=cfg.rollout.max_completion_length,
-                                        num_items=num_items)
+            if a.top_entropy_quantile < 1:  # TRL's rho: only the micro-batch's top-rho tokens by entropy carry the loss
+                keep = top_entropy_mask(entropy.detach(), mask, 1.0 - a.top_entropy_quantile)
+                weights = keep.to(logp.dtype) if weights is None else weights * keep
+                sums["entropy/kept_frac"] += keep.sum()
+            loss, metrics = policy_loss(self.loss_name, logp, old, adv, mask, token_weights=weights, aggregation=self.aggregation,
+                                        max_length=cfg.rollout.max_completion_length, num_items=num_items,
+                                        **self.algorithm.loss_params)
+            if a.entropy_coeff != 0:  # verl's entropy bonus, aggregated as the policy loss
+                loss = loss - a.entropy_coeff * aggregate_loss(entropy, mask, self.aggregation, num_items=num_items,
+                                                               max_length=cfg.rollout.max_completion_length)
             if self.algorithm.kl_placement == "loss":
                 kl = kl_penalty(logp, pad_rows([batch.ref_logp[i] for i in mb], width), self.algorithm.kl_estimator)
                 loss = loss + self.kl_controller.value * aggregate_loss(kl, mask, self.aggregation, num_items=num_items,

@@ -87,7 +87,7 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
         train_data=prompts.train, train_ids=prompts.train_ids, eval_data=prompts.eval, eval_ids=prompts.eval_ids,
         sampler=sampler, precision=precision, policy=policy, lora=lora, ref_model=ref_model, optimizer=optimizer, scheduler=scheduler,
         algorithm=algorithm, kl_controller=algorithms.kl_controller(cfg),
-        aggregation=algorithms.LOSS_AGGREGATION[cfg.algorithm.loss_type], loss_name=algorithm.loss_name, critic=critic,
+        aggregation=algorithm.aggregation, loss_name=algorithm.loss_name, critic=critic,
         engine=engine, owns_engine=owns_engine, engine_shares_policy=getattr(engine, "model", None) is policy,
     )
 

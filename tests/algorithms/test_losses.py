@@ -200,7 +200,7 @@ def test_every_entry_takes_the_same_call_and_keeps_dtype(name, dtype):
 
 def test_bad_inputs_raise():
     logp = torch.zeros(2, 3)
-    with pytest.raises(ValueError, match="valid names: ppo_clip, gspo, seq_sum_clip, cispo, sapo"):
+    with pytest.raises(ValueError, match="valid names: ppo_clip, gspo, seq_sum_clip, cispo, sapo, luspo, vespo"):
         policy_loss("grpo", logp, logp, torch.zeros(2), torch.ones(2, 3))
     with pytest.raises(ValueError, match=r"advantages must be \(B,\) or \(B, T\)"):
         policy_loss("ppo_clip", logp, logp, torch.zeros(3), torch.ones(2, 3))

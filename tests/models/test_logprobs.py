@@ -103,3 +103,48 @@ def test_chunk_rows_capped_by_logit_budget(policy):
         small, _ = completion_logprobs(*args, chunk_size=1024, max_chunk_logits=2 * vocab)
         ref, _ = naive_completion_logprobs(*args)
     assert torch.allclose(small, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature,softcap", [(1.0, None), (0.7, None), (1.3, 5.0)])
+def test_entropy_gradient_when_asked(temperature, softcap):
+    # With entropy_grad the backward adds the entropy's term to the logits' gradient:
+    # H = -sum_k p_k log p_k, d log p_j / d z_k = [j = k] - p_k, so
+    # dH/dz_k = -sum_j p_j (log p_j + 1)([j = k] - p_k) = -p_k (log p_k + 1) + p_k sum_j p_j (log p_j + 1)
+    #         = -p_k (log p_k + 1) + p_k (1 - H) = -p_k (log p_k + H).
+    # Any mix of the two outputs' upstream gradients must then equal plain autograd's over the whole logits.
+    from cohort.models.logprobs import LinearLogProb
+
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(5, 12, generator=g, requires_grad=True)
+    weight = torch.randn(30, 12, generator=g, requires_grad=True)
+    bias = torch.randn(30, generator=g, requires_grad=True)
+    targets = torch.randint(0, 30, (5,), generator=g)
+    up_logp, up_ent = torch.randn(5, generator=g), torch.randn(5, generator=g)
+    logp, ent = LinearLogProb.apply(hidden, weight, bias, targets, temperature, softcap, True)
+    assert ent.requires_grad
+    ((logp * up_logp).sum() + (ent * up_ent).sum()).backward()
+    fused = [t.grad.clone() for t in (hidden, weight, bias)]
+    for t in (hidden, weight, bias):
+        t.grad = None
+    ref_logp, ref_ent = _plain_logp_entropy(hidden, weight, bias, targets, temperature, softcap)
+    ((ref_logp * up_logp).sum() + (ref_ent * up_ent).sum()).backward()
+    for got, t in zip(fused, (hidden, weight, bias)):
+        torch.testing.assert_close(got, t.grad, rtol=0, atol=1e-5)
+
+
+def test_completion_entropy_gradient_matches_naive(policy):
+    # Through the model (chunked, temperature 0.7): d(sum of active entropies)/d params equals autograd over the full
+    # logits; without entropy_grad the entropy stays out of the graph. The kernel sums in float32 and these gradients
+    # reach ~19: they agree to ~2.5e-5 (~1e-6 relative, as the log-probs' gradients do), so 5e-5 is the bound.
+    b = _batch()
+    args = (policy, b.input_ids, b.attention_mask, b.prompt_lengths, b.completion_ids, b.completion_mask)
+    _, ent = completion_logprobs(*args, chunk_size=3, temperature=0.7, entropy_grad=True)
+    (ent * b.completion_mask).sum().backward()
+    fused = [p.grad.clone() for p in policy.parameters()]
+    policy.zero_grad()
+    total = (naive_completion_logprobs(*args, temperature=0.7)[1]).sum()  # the full logits' entropies carry autograd's
+    total.backward()
+    for got, p in zip(fused, policy.parameters()):
+        torch.testing.assert_close(got, p.grad, rtol=0, atol=5e-5)
+    policy.zero_grad()
+    assert not completion_logprobs(*args, chunk_size=3)[1].requires_grad

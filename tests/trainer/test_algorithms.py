@@ -23,8 +23,9 @@ import typing
 import pytest
 import torch
 
-from cohort.algorithms import POLICY_LOSSES, compute_advantages
-from cohort.algorithms.specs import ALGORITHMS, AdvantageInputs
+from cohort.algorithms import (AGGREGATIONS, POLICY_LOSSES, aggregate_loss, aggregation_count, compute_advantages, policy_loss,
+                               top_entropy_mask)
+from cohort.algorithms.specs import ALGORITHMS, LOSS_TYPES, AdvantageInputs
 from cohort.config import ALGORITHM_MIN_GENERATIONS, ALGORITHMS_WITH_CRITIC, AlgorithmConfig, load_config
 from cohort.trainer.algorithms import resolve
 
@@ -140,6 +141,11 @@ def test_specs_match_the_config():
     (["algorithm.name=reinforce_pp", "algorithm.beta=0.01", "algorithm.kl_estimator=k2"], "ppo_clip", "reward", "k2", True),
     (["algorithm.name=ppo"], "ppo_clip", None, "k1", False),
     (["algorithm.name=ppo", "algorithm.num_iterations=2"], "ppo_clip", None, "k1", True),  # off-policy
+    # TRL's loss types with an entry of their own: that entry, whatever the algorithm's ratio level
+    (["algorithm.loss_type=cispo"], "cispo", None, "k1", False),
+    (["algorithm.name=rloo", "algorithm.loss_type=sapo"], "sapo", None, "k1", False),
+    (["algorithm.loss_type=luspo"], "luspo", None, "k1", False),
+    (["algorithm.name=ppo", "algorithm.loss_type=vespo"], "vespo", None, "k1", False),
 ])
 def test_auto_fields_resolve_per_algorithm(overrides, loss_name, placement, estimator, old_logp):
     cfg = load_config(None, overrides)
@@ -149,6 +155,46 @@ def test_auto_fields_resolve_per_algorithm(overrides, loss_name, placement, esti
     assert (choice.loss_name, choice.kl_placement, choice.kl_estimator, choice.score_old_logp) == (
         loss_name, placement, estimator, old_logp)
     assert choice.loss_name in POLICY_LOSSES
+
+
+def test_loss_params_carry_trls_meanings():
+    # cispo's cap is epsilon_high itself (TRL), the dual clip is clip_ratio_c, the aggregation is the loss type's row.
+    cfg = load_config(None, ["algorithm.loss_type=cispo", "algorithm.epsilon_high=5.0", "algorithm.sapo_temperature_neg=2.0"])
+    choice = resolve(cfg, off_policy=False)
+    assert choice.aggregation == "token_mean" and choice.loss_params["cispo_cap"] == 5.0
+    assert choice.loss_params["sapo_tau_neg"] == 2.0 and choice.loss_params["dual_clip"] is None
+    choice = resolve(load_config(None, ["algorithm.loss_type=grpo", "algorithm.clip_ratio_c=3"]), off_policy=False)
+    assert (choice.loss_name, choice.aggregation, choice.loss_params["dual_clip"]) == ("ppo_clip", "seq_mean_token_mean", 3.0)
+
+
+def test_loss_types_match_the_config():
+    assert set(typing.get_args(AlgorithmConfig.model_fields["loss_type"].annotation)) == set(LOSS_TYPES)
+    for row in LOSS_TYPES.values():
+        assert row.policy_loss is None or row.policy_loss in POLICY_LOSSES
+        assert row.aggregation in AGGREGATIONS
+
+
+def test_config_checks_the_loss_fields():
+    from cohort.config import ConfigError
+    from cohort.validation import validate_config
+
+    validate_config(load_config(None, ["algorithm.loss_type=luspo", "algorithm.importance_sampling_level=sequence",
+                                       "algorithm.clip_ratio_c=3", "algorithm.entropy_coeff=0.01",
+                                       "algorithm.top_entropy_quantile=0.2"]), check_files=False)
+    with pytest.raises(ConfigError) as err:
+        validate_config(load_config(None, ["algorithm.loss_type=sapo", "algorithm.clip_ratio_c=3", "algorithm.delta=2",
+                                           "algorithm.importance_sampling_level=sequence", "algorithm.top_entropy_quantile=0",
+                                           "algorithm.sapo_temperature_pos=0", "algorithm.vespo_k_neg=-1"]),
+                        check_files=False)
+    text = str(err.value)
+    assert "algorithm.clip_ratio_c = 3.0 with algorithm.loss_type = sapo: that loss has no hard clip" in text
+    assert "unset algorithm.delta or use a clipped loss type (grpo, dapo, bnpo, dr_grpo, luspo)" in text
+    assert "algorithm.loss_type = sapo computes its own token-level ratio, but algorithm.importance_sampling_level = sequence" in text
+    assert "algorithm.top_entropy_quantile = 0.0: must be in (0, 1]" in text
+    assert "algorithm.sapo_temperature_pos = 0.0: must be > 0 (TRL's default is 1.0)" in text
+    assert "algorithm.vespo_k_neg = -1.0: must be >= 0 (TRL's default is 3.0)" in text
+    with pytest.raises(ConfigError, match=r"algorithm.clip_ratio_c = 1.0: must be > 1"):
+        validate_config(load_config(None, ["algorithm.clip_ratio_c=1"]), check_files=False)
 
 
 def test_config_checks_group_size_and_kl_controller():
@@ -301,6 +347,63 @@ def test_every_algorithm_learns_the_toy_reward(toy, tiny_model_dir, name, extra)
     assert first < 0.15 and last > 0.8, (first, last)
     if name == "ppo":  # the critic learned the (now nearly constant) return: its error rose to ~0.24, then fell to ~0.003
         assert critic_errors[-1] < 0.05 < max(critic_errors), critic_errors
+
+
+def test_entropy_bonus_and_top_entropy_reach_the_loss(toy, tiny_model_dir):
+    # The trainer's gradient over a generated batch (two micro-batches of 8) equals, per micro-batch m, that of
+    #   policy_loss(logp, adv, token_weights = top_entropy_mask(H, mask, 1 - 0.5)) - 0.1 * aggregate_loss(H, mask)
+    # with both terms divided by the step's token count (dapo: token_mean), logp and H taken from the full logits
+    # (naive_completion_logprobs: H carries autograd's gradient). Only the kept tokens carry the policy loss; the
+    # bonus covers every token (verl's entropy_coeff; the quantile only selects the policy loss's tokens).
+    from collections import defaultdict
+
+    from cohort.models.logprobs import naive_completion_logprobs
+
+    trainer = _trainer(toy, tiny_model_dir, "grpo", "algorithm.entropy_coeff=0.1", "algorithm.top_entropy_quantile=0.5",
+                       "rollout.temperature=1.0", steps=2)
+    batch = trainer.generate_batch()
+    g = torch.Generator().manual_seed(0)  # the random model scores ~0 everywhere: give every completion an advantage
+    batch.advantages = torch.randn(len(batch), 1, generator=g) * trainer.advantage_mask(batch)
+    indices = list(range(len(batch)))
+    micro = trainer._micro_batches(batch, indices)
+    packed = [trainer._pack(batch, mb) for mb in micro]
+    num_items = sum(aggregation_count(mask, "token_mean") for _, mask in packed)
+    sums = defaultdict(float)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.backward_micro_batches(batch, micro, packed, num_items, sums)
+    ours = [p.grad.clone() for p in trainer.policy.parameters()]
+    trainer.optimizer.zero_grad(set_to_none=True)
+    kept = 0.0
+    for mb, (pb, mask) in zip(micro, packed):
+        logp, entropy = naive_completion_logprobs(trainer.policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths,
+                                                  pb.completion_ids, mask)
+        keep = top_entropy_mask(entropy.detach(), mask, 0.5)
+        kept += float(keep.sum())
+        adv = batch.advantages[mb][:, : logp.shape[1]]
+        loss, _ = policy_loss("ppo_clip", logp, logp.detach(), adv, mask, token_weights=keep, num_items=num_items)
+        (loss - 0.1 * aggregate_loss(entropy, mask, "token_mean", num_items=num_items)).backward()
+    for got, p in zip(ours, trainer.policy.parameters()):
+        torch.testing.assert_close(got, p.grad, rtol=0, atol=2e-5)
+    assert float(sums["entropy/kept_frac"]) == kept and 0.4 < kept / float(num_items) < 0.7  # about half the tokens
+    metrics = trainer.step()  # and through a whole step: the kept fraction is reported
+    assert 0.4 < metrics["entropy/kept_frac"] < 0.7
+    trainer.close()
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "vespo"])
+def test_a_trl_loss_type_trains_end_to_end(toy, tiny_model_dir, loss_type):
+    # Two steps by name. On-policy every ratio is 1: cispo's weight min(1, 5) = 1 and vespo's phi(1) = 1, so both are
+    # the plain policy gradient -A logp: ratio/mean is exactly 1 and nothing is capped. (A reward that varies within
+    # a group from the first step: the completion's length mod 3.)
+    (toy[0] / "loss_rewards.py").write_text("def varied(prompts, completions, **kw):\n    return [len(c) % 3 for c in completions]\n")
+    trainer = _trainer(toy, tiny_model_dir, "grpo", f"algorithm.loss_type={loss_type}", "algorithm.epsilon_high=5",
+                       "rewards=[{name: 'loss_rewards:varied'}]", steps=2)
+    assert (trainer.loss_name, trainer.aggregation) == (loss_type, "token_mean")
+    for _ in range(2):
+        metrics = trainer.step()
+        assert metrics["ratio/mean"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_ratio/high"] == 0.0
+        assert metrics["grad_norm"] > 0
+    trainer.close()
 
 
 @pytest.mark.vllm
