@@ -16,7 +16,7 @@ Left out, on purpose: every check across fields or against the outside world
 (`cohort.validation.validate_config`, which reports all problems at once with
 their fixes) and the batch arithmetic (`cohort.plan`). Both import this module;
 this module imports no other module of cohort at its top but the mapping tables of
-`cohort convert` (`cohort.convert.hints`, pure data: an unknown key that is verl's or
+`cohort convert` (`cohort.mapping.hints`, pure data: an unknown key that is verl's or
 TRL's name is refused with cohort's spelling), so `import cohort.config`
 loads neither torch nor the rewards package (a reward given as a Python function is
 named by `cohort.rewards.registry.reference`, imported only then).
@@ -35,7 +35,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator
 
-from cohort.convert.hints import foreign_key_hint  # (pure tables: imports nothing else of cohort)
+from cohort.mapping.hints import foreign_key_hint  # (pure tables: imports nothing else of cohort)
 
 
 class ConfigError(ValueError):

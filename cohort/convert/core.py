@@ -22,9 +22,9 @@ from pydantic import ValidationError
 
 from cohort.config import SECTIONS, CohortConfig, describe_fields
 from cohort.convert.sources import count_rows, detect, read_trl, read_verl
-from cohort.convert.rules import MISSING, Entry, Options, Rule, Unmappable, flow
-from cohort.convert.trl_rules import TRL_RULES
-from cohort.convert.verl_rules import VERL_RULES
+from cohort.mapping.rules import MISSING, Entry, Options, Rule, Unmappable, flow
+from cohort.mapping.trl_rules import TRL_RULES
+from cohort.mapping.verl_rules import VERL_RULES
 
 TABLES: dict[str, tuple[str, tuple[Rule, ...]]] = {"verl": ("verl", VERL_RULES), "trl": ("TRL", TRL_RULES)}
 # The source's defaults that conversions read but need not apply (equal to cohort's, or only part of a product).

@@ -8,9 +8,9 @@ nothing of cohort beyond them (they import nothing of cohort), so `import cohort
 
 from __future__ import annotations
 
-from cohort.convert.rules import Rule
-from cohort.convert.trl_rules import TRL_RULES
-from cohort.convert.verl_rules import VERL_RULES
+from cohort.mapping.rules import Rule
+from cohort.mapping.trl_rules import TRL_RULES
+from cohort.mapping.verl_rules import VERL_RULES
 
 SOURCES: tuple[tuple[str, tuple[Rule, ...], str], ...] = (("verl", VERL_RULES, "script"), ("TRL", TRL_RULES, "config"))
 

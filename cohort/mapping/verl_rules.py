@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cohort.convert.rules import (MISSING, Entry, Options, Rule, Unmappable, flow, mapped, model_path, none_of,
+from cohort.mapping.rules import (MISSING, Entry, Options, Rule, Unmappable, flow, mapped, model_path, none_of,
                                   steps_for_epochs, whole)
 
 AR = "actor_rollout_ref."

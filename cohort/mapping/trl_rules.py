@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cohort.convert.rules import (MISSING, Entry, Options, Rule, Unmappable, flow, mapped, model_path, none_of,
+from cohort.mapping.rules import (MISSING, Entry, Options, Rule, Unmappable, flow, mapped, model_path, none_of,
                                   steps_for_epochs, whole)
 
 PD, GA, G = "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations"

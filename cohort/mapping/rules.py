@@ -13,7 +13,7 @@ from cohort's and changes the run: the rule is then applied even when the key is
 absent, so the converted run keeps the source's behaviour (and says so).
 
 This module imports nothing of cohort: cohort.config reads the tables (through
-`cohort.convert.hints`) to name the cohort spelling of a foreign key.
+`cohort.mapping.hints`) to name the cohort spelling of a foreign key.
 """
 
 from __future__ import annotations
@@ -95,14 +95,21 @@ def flow(value: Any) -> str:
 def mapped(source: str, target: str, table: Mapping[Any, Any], note: str = "", *, default: Any = MISSING) -> Rule:
     """A rule whose values are renamed by `table`; a value outside it is unmappable, naming the ones that map."""
 
+    usable = {k: v for k, v in table.items() if v is not MISSING}
+    if all(flow(k) == flow(v) for k, v in usable.items()):
+        values = f"the same values: {', '.join(flow(k) for k in usable)}"
+    else:
+        values = ", ".join(f"{flow(k)} → {flow(v)}" for k, v in usable.items())
+    missing = [flow(k) for k, v in table.items() if v is MISSING]
+    values += f"; {', '.join(missing)}: no counterpart" if missing else ""
+
     def convert(value: Any, options: Options) -> list[Entry]:
         key = value.lower() if isinstance(value, str) else value
-        if key not in table or table[key] is MISSING:
-            known = ", ".join(f"{flow(k)} -> {flow(v)}" for k, v in table.items() if v is not MISSING)
-            raise Unmappable(f"{flow(value)} has no cohort counterpart ({target} takes: {known}). {note}".strip())
-        return [Entry(target, table[key], options.show(source))]
+        if key not in usable:
+            raise Unmappable(f"{flow(value)} has no cohort counterpart ({target}: {values})")
+        return [Entry(target, usable[key], options.show(source))]
 
-    return Rule(source, (target,), convert, note, default)
+    return Rule(source, (target,), convert, f"{values}{'; ' + note if note else ''}", default)
 
 
 def model_path(field: str, key: str) -> Callable[[Any, Options], list[Entry]]:
