@@ -48,7 +48,7 @@ from cohort.models.devices import DeviceError, auto_dtype, has_bf16_units, resol
 from cohort.models.lora import lora_problems
 from cohort.models.placement import engine_gpus, training_processes, visible_gpus
 from cohort.models.tiny import cached_tiny_dir
-from cohort.models.tokenizer_check import tokenizer_problems
+from cohort.models.tokenizer_check import tokenizer_file_problems, tokenizer_problems
 from cohort.plan import (GROUP_RELATIVE, BatchPlan, GpuMemoryPlan, MeasuredPrompts, ModelFacts, UnreadableWeights,
                          batch_plan, gpu_fit_problems, gpu_memory_plan, kv_bytes_per_token, model_facts,
                          stream_update_active, stream_update_blockers, with_measured_prompts)
@@ -69,7 +69,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
     problems += check_gpu_settings(cfg, device.type, visible_gpus()) + check_colocated_gpu(cfg, device)
     if check_files:
         model_problems = loading.check_model_dir(cfg.model.path)
-        problems += check_data_config(cfg.data) + (model_problems or tokenizer_problems(cfg.model.path))
+        problems += check_data_config(cfg.data) + (model_problems or tokenizer_file_problems(cfg.model.path))
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in loading.check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
@@ -548,6 +548,8 @@ def _check_outside(cfg: CohortConfig) -> tuple[list[str], MeasuredPrompts | None
         facts = model_facts(cfg.model.path)
     except UnreadableWeights as exc:
         return problems + [f"model.path = {cfg.model.path!r}: {exc}; re-save or re-download the checkpoint"], None
+    if not tokenizer_file_problems(cfg.model.path):  # (missing files: reported with the model directory's checks)
+        problems += tokenizer_problems(cfg.model.path)  # it loads, and text encodes to tokens
     measured = measure_prompts(cfg)
     problems += measured.problems if measured else fit_problems(cfg, max_positions_of(cfg.model.path))
     if facts is not None and not (measured and measured.problems):
