@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cohort.mapping.rules import (MISSING, Entry, Options, Rule, Unmappable, flow, mapped, model_path, none_of,
+from cohort.mapping.rules import (Entry, Options, Rule, Unmappable, flow, mapped, model_path, none_of,
                                   steps_for_epochs, whole)
 
 PD, GA, G = "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations"
@@ -38,7 +38,6 @@ def completions_per_step(o: Options) -> tuple[int, str]:
 
 def generation_completions(o: Options) -> int:
     """Completions per generation batch, as TRL derives it."""
-    per_step, _ = completions_per_step(o)
     if o.get("generation_batch_size") is not None:
         return o.get("generation_batch_size")
     micro = o.get("steps_per_generation") or o.get(GA)
