@@ -1,4 +1,4 @@
-"""The `cohort` command line: train (and --resume), eval, plan, report, compare, config show, tasks, rewards list.
+"""The `cohort` command line: train (and --resume), eval, plan, report, compare, config show, convert, tasks, rewards list.
 
 Every command takes an optional YAML config file followed by dotted overrides
 (`rollout.num_generations=8`). Configuration problems are reported before any
@@ -175,6 +175,32 @@ def cmd_eval(ns) -> int:
     return 0
 
 
+def cmd_convert(ns) -> int:
+    from cohort.convert.core import convert_input, render
+    from cohort.convert.sources import SourceError
+
+    try:
+        conversion = convert_input(ns.source, kind=ns.kind, rows=ns.rows, num_processes=ns.num_processes)
+    except (SourceError, OSError) as exc:
+        print(f"cohort convert: {exc}", file=sys.stderr)
+        return 2
+    text = render(conversion)
+    if ns.out:
+        with open(ns.out, "w") as f:
+            f.write(text)
+    else:
+        print(text, end="")
+    where = ns.out or "the YAML above"
+    print(f"cohort convert: {len(conversion.entries)} cohort fields set from {conversion.source_name}'s options; "
+          f"{len(conversion.unmapped)} not mapped:", file=sys.stderr)
+    for item in conversion.unmapped:
+        print(f"  - {item.line(conversion.source_name)}", file=sys.stderr)
+    for note in conversion.notes:
+        print(f"  note: {note}", file=sys.stderr)
+    print(f"check {where} without loading anything: cohort plan {ns.out or 'CONFIG.yaml'}", file=sys.stderr)
+    return 0
+
+
 def cmd_tasks(ns) -> int:
     from cohort.data.tasks import get_task, list_tasks
 
@@ -225,6 +251,20 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--num-samples", type=int, default=1, help="samples per prompt (>1: sampled, reports pass@k)")
     ev.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy; 1.0 used when --num-samples > 1 and this is 0)")
     ev.set_defaults(func=cmd_eval)
+    conv = sub.add_parser("convert", help="rewrite a verl main_ppo launch script (or its arguments) or a TRL GRPO "
+                          "config (YAML or JSON) as a cohort YAML, each line naming the option it came from")
+    conv.add_argument("source", nargs="+", help="a verl launch script; verl's key=value arguments (put `--` first when "
+                      "they start with python3 -m ...); or the YAML `trl grpo --config` takes, or GRPOConfig's keyword "
+                      "arguments as a .json file")
+    conv.add_argument("-o", "--out", help="write the cohort YAML here (default: standard output); what is not mapped "
+                      "also goes to standard error")
+    conv.add_argument("--from", dest="kind", choices=["verl", "trl"], help="the source (default: .yaml/.yml/.json is "
+                      "TRL, anything else verl)")
+    conv.add_argument("--rows", type=int, help="training prompts in the data, to turn epochs into train.max_steps when "
+                      "the data file is not on this machine")
+    conv.add_argument("--num-processes", type=int, default=1, help="TRL: accelerate's --num_processes (the completions "
+                      "of an optimizer step are per_device_train_batch_size × this × gradient_accumulation_steps)")
+    conv.set_defaults(func=cmd_convert)
     tasks = sub.add_parser("tasks", help="list the built-in tasks")
     tasks.set_defaults(func=cmd_tasks)
     rewards = sub.add_parser("rewards", help="reward functions")

@@ -15,7 +15,9 @@ Choices:
 Left out, on purpose: every check across fields or against the outside world
 (`cohort.validation.validate_config`, which reports all problems at once with
 their fixes) and the batch arithmetic (`cohort.plan`). Both import this module;
-this module imports no other module of cohort at its top, so `import cohort.config`
+this module imports no other module of cohort at its top but the mapping tables of
+`cohort convert` (`cohort.mapping.hints`, pure data: an unknown key that is verl's or
+TRL's name is refused with cohort's spelling), so `import cohort.config`
 loads neither torch nor the rewards package (a reward given as a Python function is
 named by `cohort.rewards.registry.reference`, imported only then).
 """
@@ -32,6 +34,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator, model_validator
+
+from cohort.mapping.hints import foreign_key_hint  # (pure tables: imports nothing else of cohort)
 
 
 class ConfigError(ValueError):
@@ -644,6 +648,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key, _, raw = item.partition("=")
     path = [p for p in key.strip().split(".") if p]
     if not path or path[0] not in SECTIONS:
+        hint = foreign_key_hint(key.strip().lstrip("+"))
+        if hint:
+            raise ConfigError([hint])
         raise ConfigError([f"override {item!r}: {key!r} does not start with a section; sections are {', '.join(SECTIONS)}"])
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
@@ -752,6 +759,9 @@ def load_config(path: str | os.PathLike | Mapping[str, Any] | None = None, overr
 def _describe_pydantic_error(err: dict) -> str:
     where = ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
+        hint = foreign_key_hint(where)
+        if hint:
+            return hint
         section = err["loc"][0] if err["loc"] else ""
         known = _fields_of(section)
         hint = f"; valid fields in {section}: {', '.join(known)}" if known else ""

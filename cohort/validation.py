@@ -10,7 +10,8 @@
   fields, and that every reward spec resolves;
 - with check_files, the outside world, cheaply: the data files and their columns
   (each reward's columns too), the model directory (`tiny:*` names are only
-  looked up, never built), the output directory, the weights' headers, the
+  looked up, never built) and its tokenizer (files present, text encodes to tokens:
+  cohort.models.tokenizer_check), the output directory, the weights' headers, the
   prompts measured as the trainer will keep them (the data and the model's
   tokenizer, no weights; skipped for `tiny:*` models, whose tokenizer is built
   with the model) against the model's positions, and the vLLM CPU KV cache;
@@ -49,6 +50,7 @@ from cohort.models.devices import DeviceError, auto_dtype, has_bf16_units, resol
 from cohort.models.lora import lora_problems
 from cohort.models.placement import engine_gpus, training_processes, visible_gpus
 from cohort.models.tiny import cached_tiny_dir
+from cohort.models.tokenizer_check import tokenizer_file_problems, tokenizer_problems
 from cohort.plan import (GROUP_RELATIVE, BatchPlan, GpuMemoryPlan, MeasuredPrompts, ModelFacts, UnreadableWeights,
                          batch_plan, gpu_fit_problems, gpu_memory_plan, kv_bytes_per_token, model_facts,
                          stream_update_active, stream_update_blockers, with_measured_prompts)
@@ -68,7 +70,8 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
     problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_correction(cfg) + check_streaming(cfg) + check_partial(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
     problems += check_gpu_settings(cfg, device.type, visible_gpus()) + check_colocated_gpu(cfg, device)
     if check_files:
-        problems += check_data_config(cfg.data) + loading.check_model_dir(cfg.model.path)
+        model_problems = loading.check_model_dir(cfg.model.path)
+        problems += check_data_config(cfg.data) + (model_problems or tokenizer_file_problems(cfg.model.path))
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in loading.check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
@@ -521,6 +524,8 @@ def _check_outside(cfg: CohortConfig) -> tuple[list[str], MeasuredPrompts | None
         facts = model_facts(cfg.model.path)
     except UnreadableWeights as exc:
         return problems + [f"model.path = {cfg.model.path!r}: {exc}; re-save or re-download the checkpoint"], None
+    if not tokenizer_file_problems(cfg.model.path):  # (missing files: reported with the model directory's checks)
+        problems += tokenizer_problems(cfg.model.path)  # it loads, and text encodes to tokens
     measured = measure_prompts(cfg)
     problems += measured.problems if measured else fit_problems(cfg, max_positions_of(cfg.model.path))
     if facts is not None and not (measured and measured.problems):
@@ -552,6 +557,8 @@ def measure_prompts(cfg: CohortConfig) -> MeasuredPrompts | None:
     """Read the data and the model's tokenizer and encode every prompt as the trainer will; None for a `tiny:*` model
     or a model directory whose tokenizer cannot be read (loading reports that later)."""
     if cfg.model.path.startswith("tiny:") or not (Path(cfg.model.path).expanduser() / "config.json").is_file():
+        return None
+    if tokenizer_problems(cfg.model.path):  # (reported by validate_config; an empty tokenizer measures nothing)
         return None
     files = [Path(f) for f in cfg.data.train_files + cfg.data.eval_files]
     stamps = tuple((str(f), f.stat().st_mtime_ns if f.exists() else None) for f in files)

@@ -15,3 +15,11 @@ def test_readme_config_reference_is_current():
 def test_ci_runs_the_readme_test_command():
     ci = (README.parent / ".ci" / "run").read_text()
     assert "make test" in README.read_text() and ci.strip().endswith("make test")
+
+
+def test_migrating_option_tables_are_generated_from_the_mapping_tables():
+    from cohort.convert.docs import markers, render as render_tables
+
+    page = (README.parent / "docs" / "migrating.md").read_text()
+    assert all(markers(kind)[0] in page and markers(kind)[1] in page for kind in ("verl", "trl"))
+    assert render_tables(page) == page, "docs/migrating.md option tables are stale: run `.venv/bin/python -m cohort.docs`"

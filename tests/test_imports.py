@@ -27,7 +27,7 @@ ROOT = Path(cohort.__file__).resolve().parent
 
 # Lowest first. A package may import packages of its own layer or below (docs/architecture.md says why each sits where).
 LAYERS = [
-    {"cohort.console", "cohort.report"},  # terminal output, HTML reports: import no other cohort package
+    {"cohort.console", "cohort.report", "cohort.mapping"},  # terminal output, HTML reports, verl/TRL option tables: import no other cohort package
     {"cohort.algorithms"},  # pure tensor maths behind registries
     {"cohort.data"},  # datasets, built-in tasks, the repeat sampler
     {"cohort.models"},  # loading models and tokenizers, the tiny models, log-prob kernels, batch packing
@@ -35,7 +35,7 @@ LAYERS = [
     {"cohort.rollout", "cohort.tools"},  # engines (vLLM, transformers, remote), the rollout server; the tool loop over them
     {"cohort.config"},  # the typed config, loading and overrides
     {"cohort.prompts"},  # prompts as token ids under the model's length limit (before any weights load)
-    {"cohort.validation", "cohort.loss_checks", "cohort.plan"},  # every check of a config; the batch plan and memory estimate
+    {"cohort.validation", "cohort.loss_checks", "cohort.plan", "cohort.convert"},  # every check of a config; the batch plan and memory estimate; `cohort convert`
     {"cohort.distributed"},  # process groups, FSDP, rank 0's engine and rewards: no trainer
     {"cohort.trainer"},  # the driver loop and what it builds
     {"cohort.launch"},  # whatever runs a Trainer elsewhere: torchrun, Ray actors

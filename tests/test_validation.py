@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cohort.config import ConfigError, load_config
-from tests.test_plan import QWEN05, write_qwen05_dir
+from tests.test_plan import QWEN05, without_tokenizer_check, write_qwen05_dir
 from cohort import validation
 from cohort.validation import check_gpu_settings, validate_config
 
@@ -40,13 +40,18 @@ def _cohort_modules_after(statement: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_config_imports_nothing_of_cohort_and_no_torch():
+MAPPING = ["cohort.mapping", "cohort.mapping.hints", "cohort.mapping.rules", "cohort.mapping.trl_rules",
+           "cohort.mapping.verl_rules"]  # verl's and TRL's option tables (pure data), for config's foreign-key hints
+
+
+def test_config_imports_nothing_of_cohort_but_the_mapping_tables_and_no_torch():
     loaded = _cohort_modules_after("import cohort.config")
-    assert loaded == {"cohort": ["cohort", "cohort.config"], "torch": False}
+    assert loaded == {"cohort": ["cohort", "cohort.config", *MAPPING], "torch": False}
 
 
 def test_plan_imports_only_the_config_and_validation_no_trainer():
-    assert _cohort_modules_after("import cohort.plan") == {"cohort": ["cohort", "cohort.config", "cohort.plan"], "torch": False}
+    assert _cohort_modules_after("import cohort.plan") == {"cohort": ["cohort", "cohort.config", *MAPPING, "cohort.plan"],
+                                                          "torch": False}
     loaded = _cohort_modules_after("import cohort.validation")["cohort"]
     assert "cohort.validation" in loaded and "cohort.plan" in loaded
     assert [m for m in loaded if m.startswith(("cohort.trainer", "cohort.rollout", "cohort.distributed"))] == []
@@ -98,6 +103,7 @@ def test_validation_derives_the_fraction_on_a_gpu_and_refuses_what_cannot_fit(mo
     """The Qwen2.5-0.5B-shaped config of tests/test_plan.py: 0.04 of an 80 GiB GPU is written into the config; on a
     22 GiB GPU the trainer's 19.47 GiB peak + vLLM's 3.08 GiB do not fit, and the refusal says so before loading."""
     model_dir = write_qwen05_dir(tmp_path / "qwen05")
+    without_tokenizer_check(monkeypatch)
     _fake_gpu(monkeypatch, 80)
     cfg = load_config(None, [f"model.path={model_dir}", *QWEN05])
     validate_config(cfg)
