@@ -45,6 +45,7 @@ def test_config_imports_nothing_of_cohort_and_no_torch():
     assert loaded == {"cohort": ["cohort", "cohort.config"], "torch": False}
 
 
+@pytest.mark.slow
 def test_plan_imports_only_the_config_and_validation_no_trainer():
     assert _cohort_modules_after("import cohort.plan") == {"cohort": ["cohort", "cohort.config", "cohort.plan"], "torch": False}
     loaded = _cohort_modules_after("import cohort.validation")["cohort"]

@@ -101,6 +101,7 @@ def run_uninterrupted(tmp_path, data, model_dir, engine, vllm_engine=None) -> Pa
 # --------------------------------------------------------------------------- in process
 
 
+@pytest.mark.slow
 def test_resume_from_every_checkpoint_equals_uninterrupted(user_setup, tiny_model_dir):
     """hf, num_iterations=2 (old log-probs saved with the batch): resuming after step 1..5 always ends identical."""
     tmp_path, data = user_setup
@@ -124,6 +125,7 @@ def test_resume_from_every_checkpoint_equals_uninterrupted(user_setup, tiny_mode
         assert_same_run(ref, copy, tiny_model_dir)
 
 
+@pytest.mark.slow
 def test_a_new_stateful_part_is_saved_and_restored(user_setup, tiny_model_dir):
     """The hook: any trainer attribute with state_dict/load_state_dict (e.g. an adaptive KL controller) is checkpointed."""
     tmp_path, data = user_setup
@@ -277,6 +279,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(user_setup, 
     assert max(float((resumed[k] - uninterrupted[k]).abs().max()) for k in resumed) <= 1e-6
     assert [p.name for p in checkpoint.list_checkpoints(run_dir)] == ["step-000004", "step-000006"]  # step 6 saved anew
 
+@pytest.mark.slow
 def test_kill_during_save_leaves_the_previous_checkpoint_loadable(user_setup, tiny_model_dir):
     tmp_path, data = user_setup
     script = tmp_path / "kill_during_save.py"
@@ -298,6 +301,7 @@ def test_kill_during_save_leaves_the_previous_checkpoint_loadable(user_setup, ti
     trainer.close()
 
 
+@pytest.mark.slow
 def test_keep_checkpoints_and_write_failures(user_setup, tiny_model_dir, monkeypatch):
     tmp_path, data = user_setup
     run_dir = tmp_path / "keep"
