@@ -391,8 +391,9 @@ def _set_aside(skipped: list[tuple[Path, str]], loaded: Path) -> str:
     """Rename the damaged checkpoints to `damaged-step-N` (pruning and later resumes ignore them); the line that says so."""
     moved = []
     for path, why in skipped:
-        aside = path.with_name(DAMAGED_PREFIX + path.name)
-        shutil.rmtree(aside, ignore_errors=True)
+        aside, n = path.with_name(DAMAGED_PREFIX + path.name), 1
+        while aside.exists():  # set aside before (the same step damaged twice): both kept
+            aside, n = path.with_name(f"{DAMAGED_PREFIX}{path.name}-{n}"), n + 1
         os.rename(path, aside)
         moved.append(f"{path.name} ({why}; kept as {aside})")
     return f"skipped damaged checkpoint {', '.join(moved)}; resuming from the newest intact one, {loaded.name}"

@@ -121,6 +121,9 @@ def test_a_run_directory_falls_back_to_the_newest_intact_checkpoint(tmp_path):
     ]
     assert aside.is_dir() and not step4.exists()  # set aside: pruning keeps counting intact checkpoints only
     assert checkpoint.list_checkpoints(tmp_path) == [step2]
+    (fake_checkpoint(tmp_path, 4) / "state.pt").unlink()  # step 4 saved again and damaged again: both copies kept
+    checkpoint.resume(tmp_path, load)
+    assert aside.is_dir() and aside.with_name("damaged-step-000004-1").is_dir()
 
 
 def test_a_named_damaged_checkpoint_is_refused_without_falling_back(tmp_path):
