@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: install install-gpu demo test bench bench-compare bench-env bench-env-vllm gpu-check-wheels clean
+.PHONY: install install-gpu demo test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels clean
 
 # A venv that `make install-gpu` made stays a GPU one: `make install` (and so demo and test) then keeps its CUDA builds.
 GPU_STAMP := $(VENV)/.cohort-gpu-installed
@@ -64,6 +64,10 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q tests
+
+# The fast lane while working: every test not marked slow (tests/conftest.py says what is slow); make test runs all.
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" tests
 
 bench: install
 	$(PY) bench/run_all.py

@@ -61,10 +61,11 @@ def _resume_config(target: str, overrides: list[str]):
     from pathlib import Path
 
     from cohort.config import ConfigError, resolve_config
+    from cohort.trainer.checkpoint import is_checkpoint_dir
     from cohort.validation import validate_config
 
     path = Path(target)
-    run_dir = path.parent.parent if (path / "meta.json").is_file() else path
+    run_dir = path.parent.parent if is_checkpoint_dir(path) else path
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError([f"--resume {target}: no config.yaml in {run_dir}; give the run directory of an earlier `cohort train`"])
     bad = [o for o in overrides if "=" not in o]

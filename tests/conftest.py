@@ -135,3 +135,73 @@ def tiny_reward_model_dir(tmp_path_factory):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+# --------------------------------------------------------------------------- the fast lane: `make test-fast` = -m "not slow"
+#
+# A test is `slow` when it starts vLLM, a `cohort serve` child, torch.distributed or Ray, or trains a model for more
+# than about a second. Three things keep the split true as tests are added:
+# - tests marked `vllm`, and tests using a fixture of SLOW_FIXTURES (it starts an engine), are marked `slow` here;
+# - in the fast lane, starting vLLM, a server child or a process group fails the test with the fix (NOT_IN_FAST_LANE);
+# - the fast lane ends with the tests that took more than FAST_TEST_BUDGET_S, each to be sped up or marked slow.
+
+SLOW_FIXTURES = {"vllm_engine"}
+FAST_TEST_BUDGET_S = 2.0  # setup + call, on the 2-core development machine (measured: the fast lane's tests take < 1.5 s)
+NOT_IN_FAST_LANE = (  # (module, attribute, what it starts)
+    ("cohort.rollout.vllm_engine", "VLLMEngine.__init__", "vLLM"),
+    ("cohort.rollout.server", "LocalServer.__init__", "a `cohort serve` child process"),
+    ("torch.distributed", "init_process_group", "a torch.distributed process group"),
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "vllm" in item.keywords or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+def _fast_lane(config) -> bool:
+    return "not slow" in (config.getoption("markexpr", "") or "")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _refuse_slow_work_in_the_fast_lane(request):
+    """In the fast lane, what NOT_IN_FAST_LANE names fails the test (pytest.fail: no `except Exception` swallows it)."""
+    if not _fast_lane(request.config):
+        yield
+        return
+    import importlib
+
+    def refuse(what: str):
+        def refused(*args, **kwargs):
+            pytest.fail(f"this test starts {what}, which the fast lane (-m 'not slow', make test-fast) never does: "
+                        "mark it @pytest.mark.slow (tests/conftest.py says what counts as slow)", pytrace=False)
+        return refused
+
+    with pytest.MonkeyPatch.context() as patch:
+        for module, attribute, what in NOT_IN_FAST_LANE:
+            owner = importlib.import_module(module)
+            *path, name = attribute.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            patch.setattr(owner, name, refuse(what))
+        yield
+
+
+_over_budget: list[tuple[float, str]] = []
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.when in ("setup", "call"):
+        _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+    if report.when == "call" and "slow" not in report.keywords and _durations[report.nodeid] > FAST_TEST_BUDGET_S:
+        _over_budget.append((_durations[report.nodeid], report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _fast_lane(config) or not _over_budget:
+        return
+    terminalreporter.section(f"fast-lane tests over {FAST_TEST_BUDGET_S} s (speed them up or mark them slow)")
+    for seconds, nodeid in sorted(_over_budget, reverse=True):
+        terminalreporter.write_line(f"{seconds:6.2f} s  {nodeid}")

@@ -38,6 +38,7 @@ def _no_loading(monkeypatch):
     monkeypatch.setattr("cohort.trainer.setup.load_policy", refuse)
 
 
+@pytest.mark.slow
 def test_lambda_and_list_of_dicts_train_and_the_reward_rises(tmp_path, tiny_model_dir):
     calls = []
 

@@ -46,6 +46,7 @@ def write_run(run_dir, *, steps=20, with_kl=True, reward_offset=0.0):
     return run_dir
 
 
+@pytest.mark.slow
 def test_report_writes_every_plot_and_embeds_them(tmp_path):
     run_dir = write_run(tmp_path / "run")
     page = write_report(run_dir)
@@ -115,6 +116,7 @@ def real_run(tiny_model_dir, tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_report_on_a_real_run(real_run, capsys):
     assert cli.main(["report", str(real_run)]) == 0
     assert f"report: {real_run}/report/report.html" in capsys.readouterr().out
@@ -128,6 +130,7 @@ def test_report_on_a_real_run(real_run, capsys):
     assert html.count("<details") == 4  # completions logged at steps 1, 2, 4, 6
 
 
+@pytest.mark.slow  # (real_run trains)
 def test_tensorboard_events_hold_the_metrics(real_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -49,6 +49,7 @@ def test_config_imports_nothing_of_cohort_but_the_mapping_tables_and_no_torch():
     assert loaded == {"cohort": ["cohort", "cohort.config", *MAPPING], "torch": False}
 
 
+@pytest.mark.slow
 def test_plan_imports_only_the_config_and_validation_no_trainer():
     assert _cohort_modules_after("import cohort.plan") == {"cohort": ["cohort", "cohort.config", *MAPPING, "cohort.plan"],
                                                           "torch": False}

@@ -6,6 +6,8 @@ Layout, one directory per saved step (`RUN_DIR/checkpoints/step-000012/`):
                  `cohort eval model.path=RUN_DIR/checkpoints/step-000012/model` works
     state.pt     the rest of the trainer state (below), read back with weights_only=True
     meta.json    step, policy version, generation index, time: for people and tools
+    manifest.json  every other file with its size and sha256, written last
+                 (cohort/trainer/manifest.py)
 
 `state.pt` holds
 - the counters: optimizer steps taken, policy version, generation index. Every
@@ -28,11 +30,22 @@ Layout, one directory per saved step (`RUN_DIR/checkpoints/step-000012/`):
 Under train.precision=mixed the weights saved here are the float32 master
 weights (final/ holds the model.dtype copy, cohort/trainer/run.py).
 
-Atomicity: everything is written into `checkpoints/.tmp-step-N-PID/`, every file
-and the directory are fsynced, then the directory is renamed to `step-N` and the
-parent fsynced. A crash at any moment leaves every earlier checkpoint intact;
-half-written `.tmp-*` directories are ignored and swept at the next save. Only
-the newest `run.keep_checkpoints` survive a save.
+Atomicity: everything is written into `checkpoints/.tmp-step-N-PID/`, the
+manifest last, every file and the directory are fsynced, then the directory is
+renamed to `step-N` and the parent fsynced. A crash at any moment leaves every
+earlier checkpoint intact; half-written `.tmp-*` directories are ignored and swept
+at the next save. Only the newest `run.keep_checkpoints` survive a save.
+
+Resuming (`resume`) checks a checkpoint against its manifest before loading it.
+Given a run directory, a damaged checkpoint (manifest missing, a file missing, a
+size or hash that differs) is named with what is wrong, moved aside to
+`checkpoints/damaged-step-N/` (so pruning never counts it as one of the kept), and
+the newest intact one is loaded instead; none intact is an error that says what to
+do. Given one checkpoint directory, a damaged one is refused: the user named it.
+A checkpoint written before manifests existed (its meta.json does not mention
+one) is "unverified": it is loaded as before, and when loading fails it counts
+as damaged. A failed load of such a checkpoint may have changed part of the
+trainer; the next candidate's load overwrites every part of it.
 
 With LoRA (model.lora_rank > 0) `model/` holds the adapter alone (peft's
 adapter_config.json + adapter_model.safetensors, float32) and the optimizer
@@ -50,20 +63,23 @@ import copy
 import dataclasses
 import json
 import os
+import pickle
 import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from cohort.trainer.manifest import MANIFEST, Verdict, verify, write_manifest
 from cohort.trainer.rollout_batch import RolloutBatch
 
 CHECKPOINTS = "checkpoints"
 PREFIX = "step-"
+DAMAGED_PREFIX = "damaged-"
 LOGS_WITH_STEPS = ("metrics.jsonl", "completions.jsonl", "eval.jsonl", "warnings.jsonl")
 
 
@@ -212,6 +228,7 @@ def save_checkpoint(trainer, keep: int | None = None) -> Path:
         _sweep_partials(root)
         tmp.mkdir()
         _write_contents(trainer, tmp)
+        write_manifest(tmp)  # last: it lists every file above, complete
         _fsync_tree(tmp)
         if final.exists():  # the same step saved twice (resumed and stopped at once): replace it
             shutil.rmtree(final)
@@ -246,8 +263,8 @@ def _write_contents(trainer, directory: Path) -> None:
     torch.save(state, directory / "state.pt")
     meta = {"step": trainer.step_count, "policy_version": trainer.policy_version, "generation_index": trainer.generation_index,
             "mid_generation": state["batch"] is not None, "generation_batch_size": trainer.plan.generation_batch_size,
-            "saved_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    (directory / "meta.json").write_text(json.dumps(meta, indent=2))  # written last: its presence marks a complete write
+            "saved_at": time.strftime("%Y-%m-%d %H:%M:%S"), "manifest": MANIFEST}  # (so a missing manifest reads as damage)
+    (directory / "meta.json").write_text(json.dumps(meta, indent=2))
 
 
 def _fsync_tree(directory: Path) -> None:
@@ -292,6 +309,99 @@ def prune(root: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+# --------------------------------------------------------------------------- choosing what to resume from
+
+
+@dataclasses.dataclass
+class Resumed:
+    """The checkpoint a resume loaded, its meta.json, its verdict, and notes for the log (checkpoints skipped as damaged)."""
+
+    path: Path
+    meta: dict[str, Any]
+    verdict: Verdict
+    notes: list[str]
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """Whether `path` is one checkpoint (`step-N` with its meta.json or manifest) rather than a run directory."""
+    path = Path(path)
+    return path.name.startswith(PREFIX) and ((path / "meta.json").is_file() or (path / MANIFEST).is_file())
+
+
+def check(directory: Path) -> Verdict:
+    """`directory` against its manifest; without one, meta.json says whether it was written before manifests existed."""
+    directory = Path(directory)
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+    except FileNotFoundError:
+        meta = None
+    except (OSError, ValueError):
+        meta = {"manifest": MANIFEST}  # unreadable: only the manifest can tell whether that is damage
+    if meta is None and not (directory / MANIFEST).is_file():
+        return Verdict("damaged", ("meta.json and manifest.json are missing",))
+    return verify(directory, expects_manifest=meta is None or bool(meta.get("manifest")))
+
+
+def resume(target: Path, load: Callable[[Path], dict[str, Any]]) -> Resumed:
+    """Verify and `load` (a function of the checkpoint directory returning its meta) the checkpoint to resume from.
+
+    `target` is one checkpoint (refused when damaged) or a run directory (its newest intact checkpoint; damaged newer
+    ones are moved aside and named in `notes`). See the module docstring for checkpoints without a manifest."""
+    target = Path(target)
+    if is_checkpoint_dir(target):
+        verdict = check(target)
+        if verdict.status == "damaged":
+            run_dir = target.parent.parent
+            raise CheckpointError(
+                f"the checkpoint {target} is damaged: {verdict.summary}. Resume from the run directory instead "
+                f"(`cohort train --resume {run_dir}` starts from its newest intact checkpoint), or restore the file from a copy"
+            )
+        return Resumed(target, load(target), verdict, [])
+    skipped: list[tuple[Path, str]] = []
+    for path in reversed(_step_dirs(target)):
+        verdict = check(path)
+        if verdict.status == "damaged":
+            skipped.append((path, verdict.summary))
+            continue
+        try:
+            meta = load(path)
+        except CheckpointError as exc:
+            if verdict.status != "unverified":  # it matches its manifest: the problem is not damage (the config, say)
+                raise
+            skipped.append((path, f"it has no manifest (written before checkpoints were verified) and did not load: {exc}"))
+            continue
+        return Resumed(path, meta, verdict, [_set_aside(skipped, path)] if skipped else [])
+    if skipped:
+        named = "; ".join(f"{p.name}: {why}" for p, why in skipped)
+        raise CheckpointError(
+            f"{target} has no intact checkpoint to resume from ({named}). Restore the damaged files from a copy, "
+            "or start the run again with a new run.output_dir"
+        )
+    raise CheckpointError(
+        f"{target} has no complete checkpoint under {CHECKPOINTS}/ to resume from "
+        "(checkpoints are written every run.save_every steps and when a run is stopped by a signal)"
+    )
+
+
+def _step_dirs(run_dir: Path) -> list[Path]:
+    """Every `step-N` directory (complete or not), oldest first."""
+    root = Path(run_dir) / CHECKPOINTS
+    found = [p for p in root.glob(f"{PREFIX}*") if p.is_dir() and p.name[len(PREFIX):].isdigit()] if root.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def _set_aside(skipped: list[tuple[Path, str]], loaded: Path) -> str:
+    """Rename the damaged checkpoints to `damaged-step-N` (pruning and later resumes ignore them); the line that says so."""
+    moved = []
+    for path, why in skipped:
+        aside, n = path.with_name(DAMAGED_PREFIX + path.name), 1
+        while aside.exists():  # set aside before (the same step damaged twice): both kept
+            aside, n = path.with_name(f"{DAMAGED_PREFIX}{path.name}-{n}"), n + 1
+        os.rename(path, aside)
+        moved.append(f"{path.name} ({why}; kept as {aside})")
+    return f"skipped damaged checkpoint {', '.join(moved)}; resuming from the newest intact one, {loaded.name}"
+
+
 # --------------------------------------------------------------------------- reading
 
 
@@ -300,9 +410,12 @@ def load_checkpoint(trainer, directory: Path) -> dict[str, Any]:
     directory = Path(directory)
     try:
         meta = json.loads((directory / "meta.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {directory / 'meta.json'}: {exc}") from exc
+    try:
         state = torch.load(directory / "state.pt", weights_only=True, map_location="cpu")  # (RNG states must be CPU tensors)
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"cannot read the checkpoint {directory}: {exc}") from exc
+    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        raise CheckpointError(f"cannot read {directory / 'state.pt'}: {exc}") from exc
     if state["batch"] is not None and meta.get("generation_batch_size") != trainer.plan.generation_batch_size:
         raise CheckpointError(
             f"{directory} was saved inside a generation batch of {meta.get('generation_batch_size')} completions but the "
@@ -341,7 +454,10 @@ def load_weights(model: torch.nn.Module, directory: Path) -> None:
         raise CheckpointError(f"{directory}: no .safetensors weights")
     weights: dict[str, torch.Tensor] = {}
     for f in files:
-        weights.update(load_file(str(f)))
+        try:
+            weights.update(load_file(str(f)))
+        except Exception as exc:  # safetensors raises its own SafetensorError (an Exception) for a damaged file
+            raise CheckpointError(f"cannot read {f}: {type(exc).__name__}: {exc}") from exc
     missing, unexpected = model.load_state_dict(weights, strict=False)
     current = model.state_dict()
     loaded_storage = {current[name].data_ptr() for name in weights if name in current}

@@ -23,7 +23,8 @@ whether `optimizer.step()` was entered during the step, seen by a step pre-hook)
   is saved and the message names the newest earlier checkpoint, if any.
 A failure between steps (logging, a mid-run eval) leaves the state after the last
 recorded step, which is saved. Before the first completed step nothing is saved
-(resuming would be starting over). Multi-process runs save nothing
+(resuming would be starting over); the message then names the newest checkpoint
+already there, if any (a resume that failed before its first step). Multi-process runs save nothing
 (`checkpoint.unsupported`).
 """
 
@@ -123,6 +124,9 @@ def _save_last_good_state(trainer, state: str) -> str:
                 f"is half-updated; {found}")
     if (reason := checkpoint.unsupported(trainer)) is not None:
         return f"Nothing saved: {reason}."
+    if trainer.step_count == 0 and latest is not None:  # e.g. a resume that failed before its first step
+        return (f"Nothing new saved (no step completed in this process); the checkpoints already saved are unchanged, "
+                f"the newest is {latest}. {resume}")
     if trainer.step_count == 0:
         return "Nothing saved (no step had completed); run again once the cause is fixed."
     if latest is None or latest.name != checkpoint.checkpoint_dir(trainer.run_dir, trainer.step_count).name:

@@ -13,8 +13,10 @@ non-finite loss or gradient norm rewinds to the start of that step (the weights
 never changed), saves that last good state and raises `RunHalted`. Any other
 failure saves the last consistent state the same way where there is one and
 raises `RunFailed` (cohort/trainer/failure.py says which state that is).
-Resuming (`resume_from`) restores a checkpoint, drops log lines written after it
-by the interrupted process, skips the "before" eval and appends.
+Resuming (`resume_from`) restores a checkpoint (the newest intact one of a run
+directory: damaged ones are named and set aside, cohort/trainer/checkpoint.py),
+drops log lines written after it by the interrupted process, skips the "before"
+eval and appends.
 """
 
 from __future__ import annotations
@@ -192,19 +194,16 @@ def _guarded_step(trainer) -> dict:
 
 
 def _resume(trainer, resume_from: str | Path) -> str:
-    """Restore the newest checkpoint of a run directory (or the given checkpoint); returns a line for the log."""
-    target = Path(resume_from)
-    path = target if (target / "meta.json").is_file() else checkpoint.latest_checkpoint(target)
-    if path is None:
-        raise checkpoint.CheckpointError(
-            f"{target} has no complete checkpoint under {checkpoint.CHECKPOINTS}/ to resume from "
-            "(checkpoints are written every run.save_every steps and when a run is stopped by a signal)"
-        )
-    meta = checkpoint.load_checkpoint(trainer, path)
+    """Restore the newest intact checkpoint of a run directory (or the given checkpoint); returns the lines for the log."""
+    resumed = checkpoint.resume(Path(resume_from), lambda path: checkpoint.load_checkpoint(trainer, path))
+    meta = resumed.meta
     dropped = checkpoint.truncate_logs(trainer.run_dir, meta["step"])
     lost = sum(dropped.values())
     extra = f"; dropped {lost} log line(s) written after it" if lost else ""
-    return f"resumed from {path} at step {meta['step']} (policy version {meta['policy_version']}){extra}"
+    if resumed.verdict.status == "unverified":
+        extra += "; unverified: it has no manifest (written before checkpoints were verified)"
+    line = f"resumed from {resumed.path} at step {meta['step']} (policy version {meta['policy_version']}){extra}"
+    return "\n".join([*resumed.notes, line])
 
 
 def _read_jsonl(path: Path) -> list[dict]:

@@ -67,6 +67,7 @@ def test_merged_weights_equal_peft_merge_and_unload_and_carry_base_names(tiny_mo
 
 
 @pytest.mark.parametrize("precision", [None, MIXED_BF16], ids=["pure", "mixed"])
+@pytest.mark.slow
 def test_base_weights_bit_identical_after_1000_merges(tiny_model_dir, precision):
     # bf16 base (under mixed: bf16 matrices, float32 vectors): where merge/unmerge in place drifts (TRL #6688)
     model, lora = _lora(tiny_model_dir, rank=4, dtype="bfloat16", precision=precision)

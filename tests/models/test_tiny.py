@@ -95,6 +95,7 @@ def toy_recipe(monkeypatch):
     return builds
 
 
+@pytest.mark.slow
 def test_build_is_cached_and_keyed_by_the_recipe(tmp_path, monkeypatch, toy_recipe):
     first = tiny.build_tiny_model("toy", cache_dir=tmp_path)
     assert (first / "config.json").is_file() and (first / "model.safetensors").is_file()

@@ -93,7 +93,8 @@ def _train_chat(tmp_path, model_dir, engine: str, monkeypatch):
     return batch, stops, lines
 
 
-@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])])
+@pytest.mark.slow  # (each engine trains)
+@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_chat_prompts_train_through_each_engine(tmp_path, tiny_chat_model_dir, engine, monkeypatch):
     if engine == "vllm":
         pytest.importorskip("vllm")

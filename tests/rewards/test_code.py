@@ -54,6 +54,7 @@ UNSORTED = "```python\ndef similar_elements(a, b):\n    return tuple(x for x in 
 BROKEN = "```python\ndef similar_elements(a, b)\n    return ()\n```"  # syntax error
 
 
+@pytest.mark.slow
 def test_scores_mbpp_rows(code_tests):
     chat = [{"role": "assistant", "content": CORRECT}]
     completions = [CORRECT, chat, UNSORTED, BROKEN, "```python\nwhile True: pass\n```", CORRECT]

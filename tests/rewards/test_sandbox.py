@@ -92,10 +92,12 @@ for _ in range(64):
     assert sandbox_processes() == set()
 
 
+@pytest.mark.slow
 def test_infinite_loop(sandbox):
     run_hostile(sandbox, "while True:\n    pass\n", expect_timeout=True)
 
 
+@pytest.mark.slow
 def test_sleep_past_timeout(sandbox):
     run_hostile(sandbox, "import time\ntime.sleep(60)\n", expect_timeout=True)
 
@@ -106,6 +108,7 @@ def test_memory_bomb(sandbox):
     assert result.timed_out or "MemoryError" in result.setup_error
 
 
+@pytest.mark.slow
 def test_fork_bomb(sandbox):
     bomb = "import os\nwhile True:\n    try:\n        if os.fork() == 0:\n            os.setsid()\n    except OSError:\n        pass\n"
     run_hostile(sandbox, bomb, expect_timeout=True)  # capped at 16 processes, see the test above
@@ -195,6 +198,7 @@ def test_results_cannot_be_printed(sandbox):
     assert result.score == 0.0
 
 
+@pytest.mark.slow
 def test_partial_credit_survives_a_timeout(sandbox):
     code = "def f(x):\n    while x > 1:\n        pass\n    return x\n"
     result = sandbox.run(code, ["assert f(1) == 1", "assert f(2) == 2"])

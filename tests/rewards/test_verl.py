@@ -58,6 +58,7 @@ def score(rs, completions, **columns):
 # -- accuracy reads ground_truth -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_accuracy_reads_the_gold_from_ground_truth_as_a_boxed_answer():
     accuracy = get("accuracy", num_workers=1)
     try:

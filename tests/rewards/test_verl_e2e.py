@@ -29,6 +29,7 @@ QUESTIONS = [("lighteval/MATH", "Half of 1?", r"\frac{1}{2}"), ("openai/gsm8k", 
              ("lighteval/MATH", "Root of 4?", "2"), ("openai/gsm8k", "7+0?", "7")]
 
 
+@pytest.mark.slow
 def test_cohort_train_on_a_verl_parquet_with_accuracy_and_a_verl_function(tmp_path, monkeypatch, tiny_model_dir, verl_parquet, capsys):
     (tmp_path / "user_verl_e2e.py").write_text(VERL_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -166,7 +166,13 @@ def test_short_polls_of_a_stuck_server_fail_within_the_timeout_and_each_returns_
 # --------------------------------------------------------------------------- a real `cohort serve` child (vLLM)
 
 pytest_vllm = pytest.mark.vllm
-SERVER_TIMEOUT_S = 5.0
+SERVER_TIMEOUT_S = 5.0  # the timeout the stall test checks (it sets it on the client for itself)
+# Every other test's timeout: generous, since none of them is about it. rollout.server_timeout_s bounds each HTTP
+# call and the time a server may go without finishing a request; with 5 s, the in-flight weights test failed on this
+# 2-core machine under other test runs (three 120-token requests; with two busy-looping processes beside it the test
+# body took 10.6 s, the push itself 0.10 s: the engine lock lets a caller in between two engine polls, as
+# tests/rollout/test_server_stream.py checks, so the wall clock was the only fragile part).
+GENEROUS_TIMEOUT_S = 300.0
 TOL = 1e-4  # vLLM's float32 log-probs against the trainer's
 
 
@@ -175,7 +181,7 @@ def child(tiny_model_dir):
     """rollout.mode=local_server's engine: `cohort serve` in a child process, on the tiny model."""
     pytest.importorskip("vllm")
     cfg = load_config({"model": {"path": str(tiny_model_dir)},
-                       "rollout": {"mode": "local_server", "server_timeout_s": SERVER_TIMEOUT_S}})
+                       "rollout": {"mode": "local_server", "server_timeout_s": GENEROUS_TIMEOUT_S}})
     engine = LocalServerEngine(tiny_model_dir, cfg, max_model_len=128, dtype="float32")
     yield engine
     engine.close()
@@ -225,7 +231,8 @@ def test_cohort_serve_loads_weights_under_running_requests(child, policies, tiny
 
 
 @pytest_vllm
-def test_a_stalled_cohort_serve_fails_poll_within_the_timeout(child, tiny_model_dir):
+def test_a_stalled_cohort_serve_fails_poll_within_the_timeout(child, tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(child.remote, "timeout_s", SERVER_TIMEOUT_S)  # the timeout under test, for this test only
     child.submit([Request("stalled", (5, 6, 7), SamplingConfig(120, 1.0), seed=3)])
     os.kill(child.server.process.pid, signal.SIGSTOP)  # alive, answering nothing (a hung engine, a swapped-out host)
     try:

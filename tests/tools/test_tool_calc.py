@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from cohort.config import load_config
 from cohort.data.tasks import get_task
 from cohort.models.loading import load_tokenizer
@@ -15,6 +17,7 @@ from cohort.validation import validate_config
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tool_calc.yaml"
 
 
+@pytest.mark.slow
 def test_tool_calc_rows_and_fixed_eval_split():
     task, other = get_task("tool_calc", seed=0), get_task("tool_calc", seed=1)
     assert len(task.eval_rows) == 200 and len(task.train_rows) == 990 * 90 - 200  # a in 10..999, b in 10..99

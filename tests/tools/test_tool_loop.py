@@ -248,6 +248,7 @@ def test_environment_instance_per_trajectory_reset_with_the_row_and_closed(tok):
     assert all(env.closed for env in Tally.instances)
 
 
+@pytest.mark.slow
 def test_abort_between_turns_then_resume_equals_the_uninterrupted_trajectory(tok):
     stop = tok.convert_tokens_to_ids("<|im_end|>")
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731

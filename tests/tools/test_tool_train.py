@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 import yaml
 
 import cohort
@@ -51,6 +52,7 @@ def _check_run(run_dir):
     assert line["tool_status"] == "truncated" and line["turns"] == 3
 
 
+@pytest.mark.slow
 def test_user_tool_module_trains_through_yaml_and_the_python_api(tmp_path, quick_stop_chat_model, monkeypatch):
     (tmp_path / "cohort_user_tools.py").write_text(TOOL_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -28,6 +28,7 @@ def every_turn_calls_count(text: str) -> ParsedTurn:
     return ParsedTurn(calls=[ToolCall("count", {})])
 
 
+@pytest.mark.vllm
 def test_tool_turns_round_trip_through_vllm(quick_stop_chat_model):
     pytest.importorskip("vllm")
     from cohort.rollout.vllm_engine import VLLMEngine

@@ -244,6 +244,7 @@ def _trainer(toy, model_dir, name, *extra, steps=30, engine=None):
     return Trainer(cfg, engine=engine)
 
 
+@pytest.mark.slow
 def test_switching_algorithm_changes_nothing_else_in_the_loop(toy, tiny_model_dir):
     seen = {}
     for name, extra in [("grpo", ()), ("rloo", ()), ("reinforce_pp", ()), ("reinforce_pp_baseline", ()), ("ppo", ()),
@@ -269,6 +270,7 @@ def test_switching_algorithm_changes_nothing_else_in_the_loop(toy, tiny_model_di
         assert value == reference, key  # same prompts, seeds, completions and rewards at step 1; same prompts at step 2
 
 
+@pytest.mark.slow
 def test_adaptive_kl_controller_moves_beta_once_per_generation_batch(toy, tiny_model_dir):
     trainer = _trainer(toy, tiny_model_dir, "rloo", "algorithm.beta=0.1", "algorithm.kl_controller=adaptive",
                        "algorithm.kl_target=0.01", "algorithm.kl_horizon=100")
@@ -310,6 +312,7 @@ def test_critic_values_read_the_state_before_each_completion_token(toy, tiny_mod
     trainer.close()
 
 
+@pytest.mark.slow
 def test_critic_and_kl_controller_are_checkpointed(toy, tiny_model_dir):
     from cohort.trainer import checkpoint
 
@@ -331,6 +334,7 @@ def test_critic_and_kl_controller_are_checkpointed(toy, tiny_model_dir):
     ("rloo", ()), ("reinforce_pp", ()), ("reinforce_pp_baseline", ()),
     ("ppo", ("critic.learning_rate=1e-3",)),
 ])
+@pytest.mark.slow
 def test_every_algorithm_learns_the_toy_reward(toy, tiny_model_dir, name, extra):
     # The random tiny model starts near 0 (about 1 token in 259 is "7"). Measured with these settings: the first five
     # steps average 0.02, the reward first passes 0.9 at step 18 (rloo), 14 (reinforce_pp), 16 (_baseline), 13 (ppo),

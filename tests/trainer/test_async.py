@@ -60,6 +60,7 @@ def _run(cfg, steps):
     return batches, metrics, weights
 
 
+@pytest.mark.slow
 def test_max_staleness_0_is_the_synchronous_trainer(tmp_path, data_file, tiny_model_dir):
     sync = _run(_config(tmp_path, data_file, tiny_model_dir, name="sync"), 5)
     async0 = _run(_config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=0", name="async"), 5)
@@ -72,6 +73,7 @@ def test_max_staleness_0_is_the_synchronous_trainer(tmp_path, data_file, tiny_mo
         assert torch.equal(value, async0[2][name]), name
 
 
+@pytest.mark.slow
 def test_max_staleness_2_bounds_every_trained_token(tmp_path, data_file, tiny_model_dir):
     batches, metrics, _ = _run(_config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=2",
                                        "train.max_steps=6", name="k2"), 6)
@@ -82,6 +84,7 @@ def test_max_staleness_2_bounds_every_trained_token(tmp_path, data_file, tiny_mo
     assert metrics[0]["async/in_flight_groups"] == 4  # batches 1 and 2 (2 groups each) admitted behind batch 0
 
 
+@pytest.mark.slow
 def test_too_stale_groups_are_masked_or_dropped(tmp_path, data_file, tiny_model_dir):
     # A group whose first two tokens come from version 0, taken when the policy is at 3 with k = 1: the oldest
     # allowed version is 2. mask: the 2 old tokens of each of its 4 members leave the loss (counted: 8); drop: the
@@ -109,6 +112,7 @@ def test_too_stale_groups_are_masked_or_dropped(tmp_path, data_file, tiny_model_
             trainer.close()
 
 
+@pytest.mark.slow
 def test_admitted_groups_survive_a_checkpoint_no_prompt_lost_or_repeated(tmp_path, data_file, tiny_model_dir):
     cfg = _config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=1", "train.max_steps=4", name="ckpt")
     trainer = Trainer(cfg, **QUIET)
@@ -140,6 +144,7 @@ def test_admitted_groups_survive_a_checkpoint_no_prompt_lost_or_repeated(tmp_pat
     assert trained + left == expected
 
 
+@pytest.mark.slow
 def test_a_dead_engine_fails_the_run_within_the_timeout(tmp_path, data_file, tiny_model_dir):
     cfg = _config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=1", "rollout.mode=local_server",
                   "rollout.server_timeout_s=20", "rollout.engine_timeout_s=20", "rollout.max_completion_length=120",
@@ -165,6 +170,7 @@ def test_async_config_is_validated_before_any_model_loads(tmp_path, data_file, t
             validate_config(_config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=1", bad))
 
 
+@pytest.mark.slow
 def test_an_eval_while_groups_are_in_flight_loses_none_of_them(tmp_path, data_file, tiny_model_dir):
     # k = 2: after step 1, batch 3 is admitted and generating (batches 1-2 may be done). A held-out eval through the shared engine gets
     # its own completions back (greedy, finished), and every admitted group still arrives: the next steps train

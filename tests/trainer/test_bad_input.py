@@ -123,6 +123,7 @@ def test_all_prompts_overlong_is_an_error(char_tokenizer):
         PromptRenderer(char_tokenizer, 2, "filter").encode_dataset(dataset(["1+1=", "2+2="]), "train")
 
 
+@pytest.mark.slow
 def test_the_filtered_count_is_reported_when_training_starts(tmp_path, tiny_model_dir, capsys):
     data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(4)] +
                        [{"prompt": "1" * 40 + "+1=", "answer": "0"}])
@@ -163,6 +164,7 @@ def test_a_prompt_the_model_cannot_hold_is_refused_before_loading(tmp_path, tiny
     assert f"train data: every prompt is longer than {LIMIT}; lower rollout.max_completion_length" in err
 
 
+@pytest.mark.slow
 def test_prompts_the_model_cannot_hold_are_filtered_by_default(tmp_path, tiny_model_dir, capsys):
     data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(4)] + [TOO_LONG])
     run_dir = tmp_path / "run"

@@ -30,6 +30,7 @@ def chat_data(tmp_path, monkeypatch):
     return tmp_path, path
 
 
+@pytest.mark.slow
 def test_chat_prompts_use_template_and_chat_completions(chat_data, tiny_model_dir):
     tmp_path, path = chat_data
     cfg = load_config(None, [f"model.path={tiny_model_dir}", f"data.train_files=[{path}]", "rollout.engine=hf",
@@ -49,6 +50,7 @@ def test_chat_prompts_use_template_and_chat_completions(chat_data, tiny_model_di
     assert isinstance(completion, list) and completion[0]["role"] == "assistant" and isinstance(completion[0]["content"], str)
 
 
+@pytest.mark.slow
 def test_cli_eval_reports_accuracy_and_pass_at_k(tmp_path, tiny_model_dir, capsys):
     path = tmp_path / "eval.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"{i}+0=", "answer": str(i)}) + "\n" for i in range(6)))
@@ -62,6 +64,7 @@ def test_cli_eval_reports_accuracy_and_pass_at_k(tmp_path, tiny_model_dir, capsy
     assert 0.0 <= out["accuracy"] <= out["pass@3"] <= 1.0
 
 
+@pytest.mark.slow
 def test_cli_eval_builds_no_trainer_and_no_optimizer(tmp_path, tiny_model_dir, capsys, monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("cohort eval built a Trainer or an optimizer")

@@ -1,4 +1,5 @@
-"""Checkpoints: exact resume (in process, and after `kill -9` with both engines), atomic writes, pruning, disk space.
+"""Checkpoints: exact resume (in process, and after `kill -9` with both engines), atomic writes, pruning, disk space,
+falling back past a damaged checkpoint (the failure modes one by one: tests/trainer/test_manifest.py).
 
 "Exact" means: the resumed run samples the same completions (same text, rewards
 and advantages in completions.jsonl) and ends with the same weights (max abs
@@ -100,6 +101,7 @@ def run_uninterrupted(tmp_path, data, model_dir, engine, vllm_engine=None) -> Pa
 # --------------------------------------------------------------------------- in process
 
 
+@pytest.mark.slow
 def test_resume_from_every_checkpoint_equals_uninterrupted(user_setup, tiny_model_dir):
     """hf, num_iterations=2 (old log-probs saved with the batch): resuming after step 1..5 always ends identical."""
     tmp_path, data = user_setup
@@ -123,6 +125,7 @@ def test_resume_from_every_checkpoint_equals_uninterrupted(user_setup, tiny_mode
         assert_same_run(ref, copy, tiny_model_dir)
 
 
+@pytest.mark.slow
 def test_a_new_stateful_part_is_saved_and_restored(user_setup, tiny_model_dir):
     """The hook: any trainer attribute with state_dict/load_state_dict (e.g. an adaptive KL controller) is checkpointed."""
     tmp_path, data = user_setup
@@ -246,6 +249,37 @@ KILL_DURING_SAVE = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(user_setup, tiny_model_dir):
+    """Checkpoints of steps 4 and 6 kept; step 6's weights truncated after the run: `cohort train --resume RUN_DIR` names
+    the damage, resumes from step 4 and, resuming being exact, ends with the uninterrupted run's weights."""
+    tmp_path, data = user_setup
+    run_dir = tmp_path / "damaged"
+    trainer = Trainer(load_config(None, overrides(tiny_model_dir, data, run_dir, "hf", "run.save_every=2",
+                                                  "run.keep_checkpoints=2")))
+    trainer.train()
+    trainer.close()
+    step4, step6 = checkpoint.list_checkpoints(run_dir)
+    assert (step4.name, step6.name) == ("step-000004", "step-000006")
+    listed = json.loads((step6 / "manifest.json").read_text())["files"]
+    assert {"meta.json", "state.pt", "model/model.safetensors", "model/config.json"} <= set(listed)
+    uninterrupted = final_weights(run_dir)
+    weights = step6 / "model" / "model.safetensors"
+    size = weights.stat().st_size
+    with weights.open("r+b") as fh:
+        fh.truncate(size // 2)
+    out = resume_cli(tmp_path, run_dir)
+    aside = run_dir / "checkpoints" / "damaged-step-000006"
+    assert (f"skipped damaged checkpoint step-000006 (model/model.safetensors is {size // 2} bytes, the manifest says "
+            f"{size} (truncated); kept as {aside}); resuming from the newest intact one, step-000004") in out
+    assert f"resumed from {step4} at step 4" in out
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]  # steps 5 and 6 dropped from the log and trained again
+    resumed = final_weights(run_dir)
+    assert max(float((resumed[k] - uninterrupted[k]).abs().max()) for k in resumed) <= 1e-6
+    assert [p.name for p in checkpoint.list_checkpoints(run_dir)] == ["step-000004", "step-000006"]  # step 6 saved anew
+
+@pytest.mark.slow
 def test_kill_during_save_leaves_the_previous_checkpoint_loadable(user_setup, tiny_model_dir):
     tmp_path, data = user_setup
     script = tmp_path / "kill_during_save.py"
@@ -267,6 +301,7 @@ def test_kill_during_save_leaves_the_previous_checkpoint_loadable(user_setup, ti
     trainer.close()
 
 
+@pytest.mark.slow
 def test_keep_checkpoints_and_write_failures(user_setup, tiny_model_dir, monkeypatch):
     tmp_path, data = user_setup
     run_dir = tmp_path / "keep"

@@ -68,6 +68,7 @@ def run_cli(tmp_path, args, **env_extra):
                           timeout=600)
 
 
+@pytest.mark.slow
 def test_reward_that_raises_at_step_3_saves_step_2_and_resume_finishes_the_run(user_setup, tiny_model_dir):
     tmp_path, data = user_setup
     run_dir = tmp_path / "run"
@@ -106,6 +107,7 @@ def test_reward_that_raises_at_step_3_saves_step_2_and_resume_finishes_the_run(u
         reference.close()
 
 
+@pytest.mark.slow
 def test_a_contract_breach_at_step_1_saves_nothing_and_says_so(user_setup, tiny_model_dir, capsys):
     tmp_path, data = user_setup
     run_dir = tmp_path / "short"
@@ -124,6 +126,7 @@ def small_trainer(model_dir, data, run_dir, *extra) -> Trainer:
     return Trainer(load_config(None, overrides(model_dir, data, run_dir, "sevens", "train.max_steps=4", *extra)))
 
 
+@pytest.mark.slow
 def test_failure_after_the_optimizer_step_saves_nothing_half_updated(user_setup, tiny_model_dir):
     # a step post-hook that raises in step 2: the weights are step 2's, the counters still step 1's
     tmp_path, data = user_setup
@@ -146,6 +149,7 @@ def test_failure_after_the_optimizer_step_saves_nothing_half_updated(user_setup,
     assert checkpoint.latest_checkpoint(tmp_path / "half").name == "step-000001"  # from run.save_every=1, nothing newer
 
 
+@pytest.mark.slow
 def test_failed_weight_push_after_a_complete_step_saves_that_step(user_setup, tiny_model_dir, monkeypatch):
     tmp_path, data = user_setup
     trainer = small_trainer(tiny_model_dir, data, tmp_path / "push")

@@ -68,6 +68,7 @@ def _gradients_of_update(trainer, batch, indices):
     return {n: p.grad.clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.slow
 def test_token_budget_update_equals_one_micro_batch(tmp_path, data_file, tiny_model_dir):
     trainer = _trainer(tmp_path, data_file, tiny_model_dir)
     batch = trainer.generate_batch()
@@ -123,6 +124,7 @@ class PassCounter:
         body.register_forward_pre_hook(count_forward, with_kwargs=True)
 
 
+@pytest.mark.slow
 def test_no_extra_passes_on_policy_without_kl(tmp_path, data_file, tiny_model_dir):
     trainer = _trainer(tmp_path, data_file, tiny_model_dir, "algorithm.beta=0", "train.max_tokens_per_microbatch=64")
     counter = PassCounter(trainer)
@@ -135,6 +137,7 @@ def test_no_extra_passes_on_policy_without_kl(tmp_path, data_file, tiny_model_di
     trainer.close()
 
 
+@pytest.mark.slow
 def test_reference_and_old_logprobs_once_per_generation_batch(tmp_path, data_file, tiny_model_dir):
     # 2 optimizer steps per generation batch (off-policy on the second), beta > 0 with the KL in the loss:
     # 4 steps = 2 generation batches → exactly 2 reference passes and 2 old-log-prob passes.
@@ -172,6 +175,7 @@ def test_overlap_is_the_staleness_bound_1_and_checked_as_such(tmp_path, data_fil
     validate_config(load_config(None, base))  # vllm, one step per generation batch: fine
 
 
+@pytest.mark.slow
 def test_rollout_correction_weights_by_hand(tmp_path, data_file, tiny_model_dir):
     # Engine log-probs below the trainer's by log 1.5 → weight 1.5; by log 3 → ratio 3, truncated at the cap 2;
     # above by log 2 → 0.5. Padding gets 0. mode=mask drops the capped token (0) instead.

@@ -111,6 +111,7 @@ def test_a_sync_that_leaves_the_engine_on_the_base_is_caught(user_setup, tiny_mo
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.slow
 def test_lora_resume_is_exact(user_setup, tiny_model_dir, dtype):
     """hf engine, beta > 0, LoRA dropout on, a checkpoint inside a generation batch: resuming at step 3 ends identical
     (bfloat16: train.precision=mixed with the base held in bf16, read again from model.path on resume)."""
@@ -159,6 +160,7 @@ def test_lora_learns_with_a_local_server(user_setup, tiny_model_dir):
 
 
 @pytest.mark.parametrize("precision", ["mixed", "pure"])
+@pytest.mark.slow
 def test_lora_in_bfloat16_trains_float32_adapters_and_leaves_the_base(user_setup, tiny_model_dir, precision):
     """model.dtype=bfloat16: the frozen base is held in bfloat16 under mixed and pure alike (no float32 masters for
     weights that never change: cohort.models.lora.base_dtype) and peft keeps the adapter in float32 either way, so

@@ -216,6 +216,7 @@ def test_off_policy_objectives_by_hand(tmp_path, data_file, tiny_model_dir, obje
         trainer.close()
 
 
+@pytest.mark.slow
 def test_vllm_partial_rollouts_resume_with_log_probs_of_the_policy_that_sampled_each_token(tmp_path, data_file, tiny_model_dir):
     # Real vLLM in-process. G = 2, B = 2, over_provision 3: 6 groups per step for 2; the random model stops at a
     # random length (its EOS is one of 64 tokens), so some groups finish early and the others are cut off. Every

@@ -38,6 +38,7 @@ def _config(tmp_path, data, model_dir, *extra):
         "rewards=[{name: user_rewards_precision.score}]", "run.progress=false", "run.loggers=[jsonl]", *extra])
 
 
+@pytest.mark.slow
 def test_mixed_precision_updates_float32_masters_as_float32_does_where_pure_bf16_rounds_updates_away(setup_dir, tiny_model_dir):
     tmp_path, data = setup_dir
 

@@ -65,6 +65,7 @@ def overrides(model_dir, data, run_dir, reward, *extra):
     ]
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_step_saves_and_exits_0(user_setup, tiny_model_dir):
     tmp_path, data = user_setup
     run_dir, marker = tmp_path / "run", tmp_path / "in-step-2"
@@ -127,6 +128,7 @@ def test_check_finite_names_the_first_bad_metric():
         check_finite(7, loss=float("nan"), grad_norm=float("nan"))
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_after_saving_the_last_good_state(user_setup, tiny_model_dir, capsys):
     tmp_path, data = user_setup
     run_dir = tmp_path / "nan"

@@ -93,6 +93,7 @@ def _old_batch_path(trainer: Trainer) -> tuple[RolloutBatch, object]:
     return batch, scored
 
 
+@pytest.mark.slow
 def test_streamed_batch_equals_the_batch_path_bit_for_bit(tmp_path, data_file, tiny_model_dir):
     streamed = Trainer(_config(tmp_path, data_file, tiny_model_dir, "train.prompts_per_step=4", name="a"), log=lambda *a, **k: None)
     plain = Trainer(_config(tmp_path, data_file, tiny_model_dir, "train.prompts_per_step=4", name="b"), log=lambda *a, **k: None)
@@ -123,6 +124,7 @@ def _gradients(trainer: Trainer, order_per_poll: int | None) -> dict[str, torch.
 
 
 @pytest.mark.parametrize("loss_type,beta", [("dapo", 0.0), ("grpo", 0.0), ("dr_grpo", 0.0), ("dapo", 0.5)])
+@pytest.mark.slow
 def test_streamed_update_gradient_equals_the_batch_update(tmp_path, data_file, tiny_model_dir, loss_type, beta):
     # dapo: token_mean (the step's token count), grpo: seq_mean_token_mean (rows), dr_grpo: sums / max_length (rows):
     # every normaliser is a sum over rows or tokens, so the sum of unnormalised group losses / that count is the
@@ -173,6 +175,7 @@ def _dynamic_run(tmp_path, data_file, model_dir, *extra):
     return trainer, submitted
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_drops_constant_groups_and_refills_them(tmp_path, data_file, tiny_model_dir):
     trainer, submitted = _dynamic_run(tmp_path, data_file, tiny_model_dir)
     try:
@@ -195,6 +198,7 @@ def test_dynamic_sampling_drops_constant_groups_and_refills_them(tmp_path, data_
     assert sum(submitted) == 4 * (5 + 2 + 3)  # every generated group's G requests, nothing more
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_stops_with_a_clear_error_at_the_refill_bound(tmp_path, data_file, tiny_model_dir):
     trainer, submitted = _dynamic_run(tmp_path, data_file, tiny_model_dir, "rewards=[{name: 'stream_rewards:constant'}]",
                                       "rollout.max_refill_rounds=2")
@@ -257,6 +261,7 @@ def test_local_server_streamed_update_equals_the_batch_update_over_5_steps(tmp_p
 
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_resumes_exactly(tmp_path, data_file, tiny_model_dir):
     # The refills draw from the sampler (RepeatSampler.next_group), whose state is checkpointed: resuming after step 1
     # (which used 3 refills) gives the same completions and weights as the uninterrupted run.

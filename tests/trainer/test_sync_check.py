@@ -189,6 +189,7 @@ def test_a_stale_tied_lm_head_is_caught(vllm_engine, tiny_model_dir, sevens_data
     assert version == 3
 
 
+@pytest.mark.slow
 def test_bfloat16_run_has_no_false_alarm_and_a_stale_bfloat16_engine_is_caught(tiny_model_dir, sevens_data, tmp_path):
     # one bfloat16 engine for both halves, in a child process (rollout.mode=local_server: a second in-process vLLM would
     # tear down the process-wide parallel state the session's engine uses when it closes). First 12 honest syncs (the

@@ -68,6 +68,7 @@ def _check_run(run_dir, model_dir):
     assert (run_dir / "completions.jsonl").read_text().strip()
 
 
+@pytest.mark.slow
 def test_user_reward_module_learns_with_hf(user_setup, tiny_model_dir):
     tmp_path, data = user_setup
     trainer = Trainer(_config(tmp_path, data, tiny_model_dir, "hf", "user_rewards_e2e:sevens"))
@@ -91,6 +92,7 @@ def test_async_user_reward_learns_with_vllm(user_setup, tiny_model_dir, vllm_eng
     assert trainer.last_canary_gap < 1e-4
 
 
+@pytest.mark.slow
 def test_reward_model_scores_reach_the_trainer(tmp_path, tiny_model_dir, tiny_reward_model_dir):
     """A `reward_model` reward in cohort train: each logged reward equals a direct forward of the classifier."""
     import transformers
@@ -145,6 +147,7 @@ def test_a_512_position_model_with_short_prompts_validates_at_the_field_defaults
         assert plan.max_tokens_per_sequence == 6 + (8 if extra else 256)  # the longest prompt kept + the completion
 
 
+@pytest.mark.slow
 def test_a_512_position_model_trains_with_the_default_config(tmp_path, model_512, capsys):
     """`cohort train model.path=M data.train_files=[D]` and nothing else but the run's length and engine."""
     from cohort import cli
