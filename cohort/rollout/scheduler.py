@@ -6,8 +6,10 @@ whole run), queues each group the moment its G members are back, and hands them 
 (cohort/trainer/collect.py), which scores them and decides what to keep. What is submitted, and when, follows the
 rules (`AdmissionRules`, read once from the config):
 
-- **staleness bound k** (`rollout.max_staleness`, unset = 0): generation batch n (B groups: the sampler's next
-  prompts, the seeds of generation index n) is admitted once batch n − k − 1 has been trained. k = 0 is the
+- **staleness bound k** (`rollout.max_staleness`, unset = 0): when a batch is collected, new generation batches
+  (B groups each: the sampler's next prompts, the seeds of the next generation index) are admitted while fewer
+  than (k + 1) × B admitted groups wait to be taken: with one batch taken per update, batch n starts once batch
+  n − k − 1 is trained, so generation runs at most k versions ahead. k = 0 is the
   synchronous trainer: the next batch only after the update before it, with the weights it made; nothing else is
   in flight, and the collection takes the B groups in submission order. With k ≥ 1 a driver thread
   (cohort/rollout/driver.py) keeps polling the engine, so it generates through the update, and new weights are
@@ -103,7 +105,7 @@ class Scheduler:
                  batch_groups: int, rules: AdmissionRules, *, seed: int, generations: int):
         self.sampler, self.prompt_ids = sampler, prompt_ids
         self.sampling, self.g, self.batch_groups, self.rules = sampling, group_size, batch_groups, rules
-        self.seed, self.generations = seed, generations  # generations: how many batches the run needs at most
+        self.seed, self.generations = seed, generations  # generations: how many batches the run needs (admitted ahead)
         self.generation_index = 0  # generation batches admitted (seeds every completion's sampling; checkpointed)
         self.stream = GroupStream(engine, "rollout")
         self.lock = EngineLock()
@@ -131,11 +133,13 @@ class Scheduler:
 
     # ------------------------------------------------------------------ admission
 
-    def admit(self, batches_trained: int, version: int) -> None:
-        """Submit what the rules allow now: carried groups first, then every batch n <= batches_trained + k (and, with
-        partial rollouts, the continuation buffer first and extra groups up to ceil(f × B) in flight)."""
+    def admit(self, version: int) -> None:
+        """Submit what the rules allow now: carried groups first (from a checkpoint; with partial rollouts, the
+        continuation buffer), then new generation batches while fewer than (k + 1) × B admitted groups wait, then
+        extra groups up to ceil(f × B) in flight."""
         entries = [self._entry(o) for o in self.carry]
         origins, self.carry = list(self.carry), []
+        waiting = len(self.origins) + len(origins)  # admitted, not taken (the buffer's groups are this batch's own)
         for o in origins:
             o.version = version
         partial: list[BufferedGroup | None] = [None] * len(entries)
@@ -145,7 +149,9 @@ class Scheduler:
             origins += [Origin(self.generation_index, g.rows, g.seeds, version) for g in groups]
             partial += groups
         new_batches = 0
-        while self.generation_index <= batches_trained + self.rules.max_staleness and self.generation_index < self.generations:
+        # (batches ahead stop at the run's last one; the batch needed now is always admitted)
+        while waiting < (self.rules.max_staleness + 1) * self.batch_groups and (
+                self.generation_index < self.generations or waiting == 0):
             rows = self.sampler.next_batch()
             seeds = completion_seeds(self.seed, self.generation_index, len(rows))
             for k in range(0, len(rows), self.g):
@@ -154,6 +160,7 @@ class Scheduler:
                 partial.append(None)
             self.submitted_for[self.generation_index] = 0
             self.generation_index += 1
+            waiting += len(rows) // self.g
             new_batches += 1
         self._submit(entries, origins, partial)
         if new_batches and self.rules.over_provision > 1:

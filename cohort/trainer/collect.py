@@ -77,7 +77,6 @@ class CollectContext:
     group_size: int  # G
     phases: Any  # the trainer's phase timers: phases("generate") / phases("reward")
     version: int  # the policy version that trains on this batch
-    batches_trained: int  # generation batches trained before this one (the staleness bound's clock)
     max_refill_rounds: int | None  # dynamic sampling's bound; None: off
     # the streamed update: (rows, trajectories, rewards) of whole kept groups -> their reference log-probs (or None)
     train_groups: Callable[[list[int], list[Trajectory], np.ndarray], list[torch.Tensor] | None] | None = None
@@ -172,7 +171,7 @@ def collect_batch(ctx: CollectContext) -> Collected:
     they finish until the batch's B are kept; with `ctx.train_groups`, train each kept group as it arrives."""
     scheduler = ctx.scheduler
     with ctx.phases("generate"):  # (a rollout server that is gone fails here: the error names the phase)
-        scheduler.admit(ctx.batches_trained, ctx.version)
+        scheduler.admit(ctx.version)
     ledger = None
     if ctx.max_refill_rounds is not None:
         first = min(scheduler.origins, default=0)

@@ -168,8 +168,7 @@ class Trainer:
         try:
             collected = collect_batch(CollectContext(
                 self.rollout, self.rewards, self.tokenizer, self.train_data, self.train_ids, self.plan.num_generations,
-                self.phases, self.policy_version, self.step_count // self.plan.optimizer_steps_per_generation,
-                self.cfg.rollout.max_refill_rounds if self.cfg.rollout.dynamic_sampling else None, self.train_groups))
+                self.phases, self.policy_version, self.cfg.rollout.max_refill_rounds if self.cfg.rollout.dynamic_sampling else None, self.train_groups))
         except BaseException:
             self.streamed = None  # no half-accumulated gradient stands in for the next update
             raise

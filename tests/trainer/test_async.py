@@ -183,7 +183,7 @@ def test_an_eval_while_groups_are_in_flight_loses_none_of_them(tmp_path, data_fi
     try:
         trainer.step()
         trained.update(trainer.batch.row_indices)
-        trainer.rollout.admit(1, 1)  # version 1: batch 3 may start now (as the next step would admit it)
+        trainer.rollout.admit(1)  # batch 3 may start now (as the next step would admit it)
         assert trainer.rollout.stream.pending > 0  # groups in flight during the eval
         outs = trainer.rollout.generate([trainer.train_ids[0], trainer.train_ids[1]], SamplingConfig(8, 0.0), [1, 2])
         assert len(outs) == 2 and all(o.finished and o.token_ids for o in outs)
