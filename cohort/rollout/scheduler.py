@@ -206,6 +206,10 @@ class Scheduler:
         if refill:
             self._submit_new(origin.generation_index, version, 1)
 
+    def top_up(self, n: int, version: int) -> None:
+        """`n` new groups for the batch being collected, when nothing it could take is left in flight."""
+        self._submit_new(max(self.generation_index - 1, 0), version, n)
+
     # ------------------------------------------------------------------ taking groups
 
     @property

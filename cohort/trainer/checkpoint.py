@@ -14,18 +14,15 @@ Layout, one directory per saved step (`RUN_DIR/checkpoints/step-000012/`):
   completion's sampling seed derives from rollout.seed and the generation index
   (`cohort.rollout.base.completion_seeds`), so restoring it restores the samples;
 - the RNG states of python, numpy and torch (CPU, and CUDA when present);
-- every trainer attribute (its declared parts, `trainer.parts`, and its own
-  attributes, by name) that has `state_dict()` and `load_state_dict()` and is
-  not a torch module: today the optimizer, the LR schedule and the prompt sampler;
-  an adaptive KL controller or a critic's optimizer added later is picked up with
-  no change here (that is the hook);
-- every other torch module of the trainer with trainable parameters (a PPO
-  critic), as a state dict;
+- the state dicts of the trainer parts named in `STATEFUL` (an explicit list:
+  a part with state that is not listed there is not saved): the optimizer, the
+  LR schedule, the prompt sampler, the KL controller, a PPO critic (its model,
+  optimizer and schedule), the weight-sync check and the rollout scheduler (the
+  groups admitted and not trained, the continuation buffer);
 - the current generation batch when the checkpoint falls inside one
   (train.steps_per_generation × algorithm.num_iterations > 1), so the resumed run
   trains on the same completions, old and reference log-probs;
-- the weight-sync check's canaries, noise floor and last verified log-probs
-  (`trainer.sync_check`, a stateful part like the others).
+- (`sync_check`: the canaries, noise floor and last verified log-probs.)
 
 Under train.precision=mixed the weights saved here are the float32 master
 weights (final/ holds the model.dtype copy, cohort/trainer/run.py).
@@ -93,31 +90,14 @@ class CheckpointError(RuntimeError):
 # --------------------------------------------------------------------------- what is saved
 
 
-def attributes(trainer) -> dict[str, Any]:
-    """The trainer's attributes by name: each field of `trainer.parts` (cohort/trainer/parts.py), then its own."""
-    parts = getattr(trainer, "parts", None)
-    named = {f.name: getattr(parts, f.name) for f in dataclasses.fields(parts)} if parts is not None else {}
-    named.update((name, value) for name, value in vars(trainer).items() if name != "parts")
-    return named
+# The trainer parts whose state a checkpoint holds, by the name each is saved under (renaming one renames its entry in
+# state.pt: RENAMED_PARTS reads the old name). Absent parts (no critic, say) are skipped.
+STATEFUL = ("optimizer", "scheduler", "sampler", "kl_controller", "critic", "sync_check", "rollout")
 
 
 def stateful_parts(trainer) -> dict[str, Any]:
-    """Trainer attributes with state_dict/load_state_dict that are not torch modules (optimizer, scheduler, sampler, …)."""
-    parts = {}
-    for name, value in attributes(trainer).items():
-        if name.startswith("_") or isinstance(value, torch.nn.Module):
-            continue
-        kind = type(value)  # methods of the class, so a proxy's __getattr__ cannot fake them
-        if callable(getattr(kind, "state_dict", None)) and callable(getattr(kind, "load_state_dict", None)):
-            parts[name] = value
-    return parts
-
-
-def extra_modules(trainer) -> dict[str, torch.nn.Module]:
-    """Trainable torch modules besides the policy (a critic); the frozen reference model is left out."""
-    return {name: value for name, value in attributes(trainer).items()
-            if isinstance(value, torch.nn.Module) and name != "policy" and not name.startswith("_")
-            and any(p.requires_grad for p in value.parameters())}
+    """The parts in `STATEFUL` this trainer has, by name."""
+    return {name: part for name in STATEFUL if (part := getattr(trainer, name, None)) is not None}
 
 
 def rng_state() -> dict[str, Any]:
@@ -257,7 +237,7 @@ def _write_contents(trainer, directory: Path) -> None:
         "step": trainer.step_count, "policy_version": trainer.policy_version, "generation_index": trainer.generation_index,
         "rng": rng_state(),
         "parts": {name: part.state_dict() for name, part in stateful_parts(trainer).items()},
-        "modules": {name: module.state_dict() for name, module in extra_modules(trainer).items()},
+        "modules": {},  # (checkpoints before STATEFUL listed trainable modules here; none was ever saved)
         "batch": batch_to_state(trainer.batch) if trainer.batch is not None and mid_generation(trainer) else None,
     }
     torch.save(state, directory / "state.pt")
@@ -434,9 +414,6 @@ def load_checkpoint(trainer, directory: Path) -> dict[str, Any]:
         if name not in parts:
             raise CheckpointError(f"{directory} holds state for trainer part {name!r}, which this trainer does not have")
         parts[name].load_state_dict(part_state)
-    modules = extra_modules(trainer)
-    for name, module_state in state["modules"].items():
-        modules[name].load_state_dict(module_state)
     trainer.step_count, trainer.policy_version = state["step"], state["policy_version"]
     trainer.generation_index = state["generation_index"]
     if "sync_check" not in state["parts"] and state.get("canary"):  # a checkpoint from before the calibrated check

@@ -233,8 +233,9 @@ def _drive(ctx: CollectContext, ledger: RefillLedger | None, calls: list[_Call],
             return _cut(ctx, candidates, [grp for grp in waiting if grp not in candidates], target)
         if ctx.train_groups is not None:
             _train(ctx, [grp for grp in _batch_choice(scheduler.pinned(), kept, target, sure=True)[0] if not grp.trained])
-        if finished is None and not waiting and not scheduler.pending:
-            return _cut(ctx, candidates, [], target)  # the sampler ran dry of batches: fewer than B groups
+        if finished is None and not waiting and not scheduler.pending:  # nothing left in flight and the batch lacks
+            with ctx.phases("generate"):  # groups (dropped ones not refilled under k >= 1, whose later batches were
+                scheduler.top_up(target - len(candidates), ctx.version)  # counted live, or the run's last batch)
 
 
 def _batch_choice(pinned: set[int], kept: list[_Group], target: int, sure: bool = False) -> tuple[list[_Group], list[_Group]]:

@@ -6,10 +6,10 @@ each as an attribute of its own (`trainer.policy`, `trainer.engine`, ...). The
 Trainer's other state (counters, the current batch, the weight-sync check, phase
 timers) is declared in its `__init__`.
 
-The checkpoint module (cohort/trainer/checkpoint.py) saves every part that has
-`state_dict`/`load_state_dict` under the part's name here (optimizer, scheduler,
-sampler, critic, an adaptive KL controller), so renaming a field renames its
-entry in state.pt: old checkpoints would then not load.
+The checkpoint module (cohort/trainer/checkpoint.py) saves the state dicts of the
+parts listed in its `STATEFUL` (optimizer, scheduler, sampler, critic, KL
+controller, ...) under the part's name here, so renaming a field renames its
+entry in state.pt (`RENAMED_PARTS` there reads old names).
 """
 
 from __future__ import annotations

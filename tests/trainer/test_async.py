@@ -211,3 +211,26 @@ def test_a_local_server_engine_gets_its_own_cores_under_asynchronous_training(tm
     cfg = _config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=1", "rollout.mode=local_server")
     assert engine_cores(cfg) == (cores[-k:], max(1, len(cores) - k))
     assert engine_cores(_config(tmp_path, data_file, tiny_model_dir, "rollout.mode=local_server")) == (None, None)
+
+
+def test_dynamic_sampling_and_partial_rollouts_combine_with_a_staleness_bound(tmp_path, tiny_model_dir, monkeypatch):
+    # One scheduler, its rules composed. Rows alternate kind const (reward 1.0 for every member: a constant group,
+    # dropped under dynamic sampling) and vary (rewards 0, 1, 2, ... by position: never constant). With k = 1 every
+    # batch must still hold exactly B = 2 groups, none of them constant, every token at most 1 version old, through
+    # the run's last step (where no later batch is admitted: the batch is topped up instead of coming back short).
+    (tmp_path / "kind_rewards.py").write_text(
+        "def by_kind(completions, kind, **kwargs):\n"
+        "    return [1.0 if k == 'const' else float(i) for i, k in enumerate(kind)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = tmp_path / "kinds.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "kind": "const" if a % 2 else "vary"}) + "\n"
+                            for a in range(12)))
+    for extra in (["rollout.dynamic_sampling=true"], ["rollout.over_provision=2"]):
+        cfg = _config(tmp_path, data, tiny_model_dir, "rollout.max_staleness=1", "rewards=[{name: 'kind_rewards:by_kind'}]",
+                      "train.max_steps=4", *extra, name="combined-" + extra[0].split(".")[1].split("=")[0])
+        batches, metrics, _ = _run(cfg, 4)
+        for step, (batch, m) in enumerate(zip(batches, metrics)):
+            assert len(batch) == 2 * 4 and m["staleness/max"] <= 1
+            if "rollout.dynamic_sampling=true" in extra:
+                assert m["frac_reward_zero_std"] == 0.0  # every constant group was dropped and replaced
+                assert all(batch.row_indices[i] % 2 == 0 for i in range(len(batch)))  # only vary rows trained

@@ -126,8 +126,9 @@ def test_resume_from_every_checkpoint_equals_uninterrupted(user_setup, tiny_mode
 
 
 @pytest.mark.slow
-def test_a_new_stateful_part_is_saved_and_restored(user_setup, tiny_model_dir):
-    """The hook: any trainer attribute with state_dict/load_state_dict (e.g. an adaptive KL controller) is checkpointed."""
+def test_a_new_stateful_part_is_saved_and_restored_once_listed(user_setup, tiny_model_dir, monkeypatch):
+    """The explicit list: a part with state_dict/load_state_dict is checkpointed once it is named in STATEFUL, and
+    only then (an attribute hung on the trainer from outside is not saved by reflection)."""
     tmp_path, data = user_setup
 
     class Counter:
@@ -143,6 +144,8 @@ def test_a_new_stateful_part_is_saved_and_restored(user_setup, tiny_model_dir):
     trainer = Trainer(load_config(None, overrides(tiny_model_dir, data, tmp_path / "a", "hf")))
     trainer.my_controller = Counter()
     trainer.my_controller.value = 41
+    assert "my_controller" not in checkpoint.stateful_parts(trainer)  # not listed: not saved
+    monkeypatch.setattr(checkpoint, "STATEFUL", checkpoint.STATEFUL + ("my_controller",))
     trainer.step()
     path = checkpoint.save_checkpoint(trainer)
     trainer.close()
