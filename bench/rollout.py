@@ -14,8 +14,8 @@ Variants (the vLLM settings the issue asks to choose by measurement):
 - `vllm_nobind`: VLLM_CPU_OMP_THREADS_BIND=nobind;
 - `vllm_no_prefix_cache`: enable_prefix_caching=False;
 - `vllm_kv4g`: a 4 GiB KV cache;
-- `vllm_one_core`: one thread bound to the last core (what rollout.mode=local_server
-  with rollout.overlap gives the engine on a 2-core machine);
+- `vllm_one_core`: one thread bound to the last core (what engine.mode=local_server
+  with pipeline.max_staleness=1 gives the engine on a 2-core machine);
 - `hf`: transformers `generate` on the policy (cohort's fallback engine).
 
     .venv/bin/python bench/rollout.py [--variants vllm hf ...] [--workloads tiny long] [--repeats 5]
