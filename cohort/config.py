@@ -149,7 +149,7 @@ class PipelineConfig(_Section):
     max_refill_rounds: int = Field(30, description="pipeline.dynamic_sampling: rounds of replacement groups one batch may take before "
         "the run stops with an error (its groups' rewards are nearly always all equal). 0: no refills. docs/runs.md.")
     stream_update: Literal["auto", "on", "off"] = Field("auto", description="Run the update's forward/backward on each finished group "
-        "while the rest still generate (the same gradient, where that is exact: docs/runs.md). `auto`: on where exact and the engine "
+        "while the rest still generate (the same gradient, where that is exact: docs/performance.md). `auto`: on where exact and the engine "
         "has its own cores; `on`: wherever exact (else refused); `off`: the batch update. `cohort plan` says which.")
 
     @field_validator("stream_update", mode="before")

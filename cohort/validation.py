@@ -445,7 +445,7 @@ def check_processes(cfg: CohortConfig) -> list[str]:
 
 
 def _check_lora(cfg: CohortConfig, check_files: bool) -> list[str]:
-    """model.lora_* ranges, the combinations LoRA serves, and (with files) target modules the architecture has."""
+    """lora.* ranges, the combinations LoRA serves, and (with files) target modules the architecture has."""
     lora_dir = None
     if check_files and cfg.lora.rank > 0 and not cfg.model.path.startswith("tiny:") and not loading.check_model_dir(cfg.model.path):
         lora_dir = loading.resolve_model_dir(cfg.model.path)  # (an embedded tiny model is built on first use: not for a check)

@@ -331,7 +331,7 @@ TRL_RULES: tuple[Rule, ...] = (
     Rule("lora_dropout", ("lora.dropout",), _peft("lora_dropout", "lora.dropout"), "with use_peft", default=0.05),
     Rule("lora_target_modules", ("lora.target_modules",), _peft("lora_target_modules", "lora.target_modules"),
          "with use_peft; unset, peft picks per architecture and cohort takes all-linear"),
-    *(none_of(k, "not in cohort's LoRA (model.lora_*)") for k in ("use_rslora", "use_dora", "lora_modules_to_save",
+    *(none_of(k, "not in cohort's LoRA (the lora section)") for k in ("use_rslora", "use_dora", "lora_modules_to_save",
                                                                   "lora_target_parameters", "lora_task_type")),
     *(none_of(k, "cohort trains unquantised weights") for k in ("load_in_4bit", "load_in_8bit", "use_bnb_nested_quant")),
     none_of("attn_implementation", "cohort uses transformers' default attention for the checkpoint"),

@@ -1,7 +1,7 @@
 """LoRA with peft: the adapter is trained, the base weights are never modified.
 
-`attach_lora` wraps the loaded policy with a peft LoRA adapter (model.lora_*
-fields). The trainer keeps training the same transformers module object (peft
+`attach_lora` wraps the loaded policy with a peft LoRA adapter (the lora
+section). The trainer keeps training the same transformers module object (peft
 injects its layers into it); `LoraPolicy` holds the peft wrapper and does the
 four things full fine-tuning does differently:
 
@@ -187,7 +187,7 @@ class LoraPolicy:
         expected = set(self.adapter_state())
         if set(saved) != expected:
             missing, unexpected = sorted(expected - set(saved)), sorted(set(saved) - expected)
-            raise ValueError(f"{directory}: the adapter does not match model.lora_* (missing {missing[:3]}, unexpected "
+            raise ValueError(f"{directory}: the adapter does not match the lora section (missing {missing[:3]}, unexpected "
                              f"{unexpected[:3]}); resume with the LoRA settings of the original run")
         set_peft_model_state_dict(self.peft_model, saved)
 

@@ -1,5 +1,5 @@
 """LoRA pieces on the random tiny Qwen2: merged weights, the base left untouched, the reference, adapter save/load,
-validation of the model.lora_* fields (cohort/models/lora.py)."""
+validation of the lora section (cohort/models/lora.py)."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def test_adapter_save_and_load_round_trip_exactly(tiny_model_dir, tmp_path):
     saved, loaded = lora.adapter_state(), other.adapter_state()
     assert set(saved) == set(loaded) and all(torch.equal(saved[k], loaded[k]) for k in saved)
     _, wrong = _lora(tiny_model_dir, rank=4, targets=["q_proj"])
-    with pytest.raises(ValueError, match="does not match model.lora_"):
+    with pytest.raises(ValueError, match="does not match the lora section"):
         wrong.load_adapter(tmp_path / "adapter")
 
 
