@@ -22,7 +22,7 @@ def cohort_overrides(model_dir: Path, data_file: Path, *, prompts_per_step: int,
     per_step = prompts_per_step * num_generations
     return [
         f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16",
-        f"rollout.engine={engine}", f"rollout.num_generations={num_generations}", f"rollout.max_completion_length={max_completion_length}",
+        f"engine.name={engine}", f"rollout.num_generations={num_generations}", f"rollout.max_completion_length={max_completion_length}",
         "rollout.temperature=1.0", "algorithm.beta=0.0", "algorithm.loss_type=dapo",
         # the whole step in one micro-batch as TRL does (per_device_train_batch_size = completions per step), split by
         # the token budget where sequences are long: the fast path
@@ -41,7 +41,7 @@ def run_steps(overrides: list[str], steps: int, *, limits: bool = False) -> dict
     `limits`: afterwards, also time the phases' limits on the last batch (see `phase_limits`).
     """
     sys.path.insert(0, str(common.REPO))
-    from cohort.config import load_config
+    from cohort.config_loading import load_config
     from cohort.trainer.loop import Trainer
 
     start = time.perf_counter()

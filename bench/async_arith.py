@@ -1,11 +1,11 @@
-"""Asynchronous training (rollout.max_staleness) against the synchronous trainer on the arith demo, as users run it.
+"""Asynchronous training (pipeline.max_staleness) against the synchronous trainer on the arith demo, as users run it.
 
     .venv/bin/python bench/async_arith.py [--arms sync async2 local_async2] [--seeds 0 1 2] [--out bench/async_arith.json]
                                           [overrides...]
 
 Each run is `cohort train examples/arith.yaml` (the demo's preset, 300 steps) in its own process with `train.seed` and
 `rollout.seed` set to the seed and a greedy held-out eval every 25 steps (`run.eval_every=25`). Arms: `sync` (as is),
-`async2` (rollout.max_staleness=2, vLLM in the trainer's process), `local_async2` (the same with rollout.mode=local_server:
+`async2` (pipeline.max_staleness=2, vLLM in the trainer's process), `local_async2` (the same with engine.mode=local_server:
 vLLM in a child process on its own core). Per run: the accuracy curve against the cumulative step time (evals and
 start-up left out: `train_s`), the final accuracy, and the whole run's wall time. The summary per arm: mean and spread
 of the final accuracy and of train_s, and `time_to_sync_final`: the train_s at the first eval whose accuracy reaches the
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import _common as common
 
-ARMS = {"sync": [], "async2": ["rollout.max_staleness=2"],
-        "local_async2": ["rollout.max_staleness=2", "rollout.mode=local_server"]}
+ARMS = {"sync": [], "async2": ["pipeline.max_staleness=2"],
+        "local_async2": ["pipeline.max_staleness=2", "engine.mode=local_server"]}
 
 
 def run_one(arm: str, seed: int, overrides: list[str], work: Path) -> dict:

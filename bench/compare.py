@@ -29,7 +29,7 @@ Per run: median s/step over steps 2..N (`timing/step_s`, the first step excluded
 between the first and the last metrics line / (N-1): also what the loop does between steps, logging included), per
 phase its median and share of the median step, and idle fractions over the same window (first to last metrics line):
 - `trainer_cpu_cores`, `engine_cpu_cores`: CPU seconds per wall second of the trainer process (all its threads, from
-  /proc/<pid>/stat utime+stime) and of its descendants (rollout.mode=local_server: the `cohort serve` engine child;
+  /proc/<pid>/stat utime+stime) and of its descendants (engine.mode=local_server: the `cohort serve` engine child;
   colocate: none, the engine is inside the trainer);
 - `trainer_idle_fraction` = 1 − trainer_cpu_cores / trainer_cores and `engine_idle_fraction` = 1 − engine_cpu_cores /
   engine_cores: trainer_cores is the number of CPUs in the union of the trainer's threads' affinity masks (all of
@@ -102,7 +102,7 @@ class Variant:
 
 
 OMP_DEFAULT = {"OMP_WAIT_POLICY": "default"}  # an invalid value: libgomp ignores it = unset (OMP_DISPLAY_ENV shows spin 300000)
-LOCAL = ("rollout.mode=local_server",)
+LOCAL = ("engine.mode=local_server",)
 VARIANTS = {
     "cohort_default": Variant("cohort", "`cohort train` as is: the CLI's environment, every performance setting at its default"),
     "cohort_omp_default": Variant("cohort", "OpenMP's own default wait policy (spin 300k iterations, then sleep) instead of what "
@@ -121,28 +121,28 @@ VARIANTS = {
                                 ("train.micro_batch_size={per_step}",)),
     "cohort_one_micro_threads2": Variant("cohort", "one micro-batch per step and train.num_threads=2",
                                          ("train.micro_batch_size={per_step}", "train.num_threads=2")),
-    "cohort_hf": Variant("cohort", "rollout.engine=hf (transformers generation on the trainer's own weights)", ("rollout.engine=hf",)),
-    "cohort_hf_omp_default": Variant("cohort", "rollout.engine=hf, OpenMP's default wait policy", ("rollout.engine=hf",), OMP_DEFAULT),
-    "cohort_hf_threads1": Variant("cohort", "rollout.engine=hf, train.num_threads=1 (no OpenMP hand-offs at all)",
-                                  ("rollout.engine=hf", "train.num_threads=1")),
-    "cohort_local": Variant("cohort", "rollout.mode=local_server (vLLM in a child process, on-policy)", LOCAL),
+    "cohort_hf": Variant("cohort", "engine.name=hf (transformers generation on the trainer's own weights)", ("engine.name=hf",)),
+    "cohort_hf_omp_default": Variant("cohort", "engine.name=hf, OpenMP's default wait policy", ("engine.name=hf",), OMP_DEFAULT),
+    "cohort_hf_threads1": Variant("cohort", "engine.name=hf, train.num_threads=1 (no OpenMP hand-offs at all)",
+                                  ("engine.name=hf", "train.num_threads=1")),
+    "cohort_local": Variant("cohort", "engine.mode=local_server (vLLM in a child process, on-policy)", LOCAL),
     "cohort_local_split": Variant("cohort", "local_server on-policy, the engine's process on the last core and the trainer on "
                                   "one thread (the update streams over finished groups while the rest generate)",
-                                  (*LOCAL, "rollout.num_threads=1", "train.num_threads=1")),
+                                  (*LOCAL, "engine.num_threads=1", "train.num_threads=1")),
     "cohort_local_omp_default": Variant("cohort", "local_server, OpenMP's default wait policy", LOCAL, OMP_DEFAULT),
     "cohort_local_active": Variant("cohort", "local_server, OMP_WAIT_POLICY=ACTIVE", LOCAL, {"OMP_WAIT_POLICY": "ACTIVE"}),
-    "cohort_local_overlap": Variant("cohort", "local_server + rollout.overlap: one step off-policy (never a default)",
-                                    LOCAL + ("rollout.overlap=true",), candidate=False),
-    "cohort_partial": Variant("cohort", "rollout.over_provision=1.5: partial rollouts (resumed prefixes one or more steps "
-                              "off-policy, never a default)", ("rollout.over_provision=1.5",), candidate=False),
-    "cohort_partial2": Variant("cohort", "rollout.over_provision=2: partial rollouts, twice the step's groups in flight "
-                               "(never a default)", ("rollout.over_provision=2",), candidate=False),
-    "cohort_partial3": Variant("cohort", "rollout.over_provision=3: partial rollouts, three times the step's groups in flight "
-                               "(never a default)", ("rollout.over_provision=3",), candidate=False),
-    "cohort_async2": Variant("cohort", "rollout.max_staleness=2: asynchronous, up to 2 versions off-policy (never a default)",
-                             ("rollout.max_staleness=2",), candidate=False),
-    "cohort_local_async2": Variant("cohort", "local_server + rollout.max_staleness=2 (never a default)",
-                                   LOCAL + ("rollout.max_staleness=2",), candidate=False),
+    "cohort_local_overlap": Variant("cohort", "local_server + pipeline.max_staleness=1: one step off-policy (never a default)",
+                                    LOCAL + ("pipeline.max_staleness=1",), candidate=False),
+    "cohort_partial": Variant("cohort", "pipeline.over_provision=1.5: partial rollouts (resumed prefixes one or more steps "
+                              "off-policy, never a default)", ("pipeline.over_provision=1.5",), candidate=False),
+    "cohort_partial2": Variant("cohort", "pipeline.over_provision=2: partial rollouts, twice the step's groups in flight "
+                               "(never a default)", ("pipeline.over_provision=2",), candidate=False),
+    "cohort_partial3": Variant("cohort", "pipeline.over_provision=3: partial rollouts, three times the step's groups in flight "
+                               "(never a default)", ("pipeline.over_provision=3",), candidate=False),
+    "cohort_async2": Variant("cohort", "pipeline.max_staleness=2: asynchronous, up to 2 versions off-policy (never a default)",
+                             ("pipeline.max_staleness=2",), candidate=False),
+    "cohort_local_async2": Variant("cohort", "local_server + pipeline.max_staleness=2 (never a default)",
+                                   LOCAL + ("pipeline.max_staleness=2",), candidate=False),
     "cohort_float32": Variant("cohort", "model.dtype=float32 (the default before model.dtype=auto)", ("model.dtype=float32",)),
     "cohort_bf16": Variant("cohort", "model.dtype=bfloat16 (bf16 mixed precision, float32 masters)", ("model.dtype=bfloat16",)),
     "trl_default": Variant("trl", "TRL 1.16 GRPOTrainer at its defaults but bf16=False (bench/trl_grpo_step.py's docstring)"),

@@ -36,7 +36,7 @@ MODES = ("colocate", "server", "two_process")
 
 def _overrides(run_dir, steps: int) -> list[str]:
     return [f"model.path={common.tiny_model_dir()}", f"data.train_files=[{common.addition_file(64)}]", "data.max_prompt_length=16",
-            "rollout.engine=vllm", "rollout.num_generations=8", "rollout.max_completion_length=16", "algorithm.beta=0.0",
+            "engine.name=vllm", "rollout.num_generations=8", "rollout.max_completion_length=16", "algorithm.beta=0.0",
             "train.prompts_per_step=4", "train.micro_batch_size=32", "train.learning_rate=1e-4", f"train.max_steps={steps}",
             "rewards=[{name: 'bench._common:addition_reward'}]", f"run.output_dir={run_dir}", "run.progress=false",
             "run.loggers=[jsonl]", "run.log_completions_every=0", "run.diagnostics=false"]
@@ -77,7 +77,7 @@ def run_mode(mode: str, steps: int) -> dict:
     started_s = time.perf_counter() - start
     try:
         env["COHORT_SERVER_TOKEN"] = server.token
-        out = _train(["train.num_threads=2", "rollout.mode=server", f"rollout.server_urls=[{server.url}]"], run_dir, steps, env)
+        out = _train(["train.num_threads=2", "engine.mode=server", f"engine.server_urls=[{server.url}]"], run_dir, steps, env)
     finally:
         server.close()
     return {"mode": mode, "processes": 1, "server_start_s": started_s} | out

@@ -4,7 +4,7 @@
     python bench/gpu_check.py --device cpu     # the same script here, as a smoke check (small shapes, few steps)
 
 Made for a machine that has only PyTorch, transformers and peft (no vLLM, pydantic or network): everything runs
-with the transformers engine (`rollout.engine=hf`), and the missing small packages travel as wheels
+with the transformers engine (`engine.name=hf`), and the missing small packages travel as wheels
 (`make gpu-check-wheels` fetches them into .whl/; docs/gpu.md says how to run it there).
 
 Two parts, each timed separately:
@@ -41,7 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's cohort, without an install
 
 from cohort.api import train as cohort_train  # noqa: E402
-from cohort.config import load_config  # noqa: E402
+from cohort.config_loading import load_config  # noqa: E402
 from cohort.distributed.rank0 import DetachedHFEngine  # noqa: E402
 from cohort.models.devices import resolve_device  # noqa: E402
 from cohort.models.loading import load_policy, load_tokenizer, stop_token_ids  # noqa: E402
@@ -81,7 +81,7 @@ def run_demo(device: torch.device, steps: int, out_dir: Path) -> dict:
     """The embedded demo through cohort.train (its preset), the transformers engine on `device`."""
     start = time.perf_counter()
     summary = cohort_train(None, overrides=[
-        "rollout.engine=hf", f"train.device={device}", f"train.max_steps={steps}", f"run.output_dir={out_dir / 'demo'}",
+        "engine.name=hf", f"train.device={device}", f"train.max_steps={steps}", f"run.output_dir={out_dir / 'demo'}",
         "run.progress=false", "run.loggers=[jsonl]"])
     config = json.loads(json.dumps(load_config(out_dir / "demo" / "config.yaml").to_dict()))
     return {"steps": steps, "model_dtype": config["model"]["dtype"], "wall_s": time.perf_counter() - start,
@@ -107,7 +107,7 @@ def build_random_qwen2(out_dir: Path, shape: str, max_positions: int) -> Path:
 def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: Path, rate: float) -> dict:
     """GRPO steps of the random Qwen2 on the arith prompts, measured step by step (see the module docstring)."""
     model_dir = build_random_qwen2(out_dir / f"qwen2-{shape}", shape, max_positions=tokens + 64)
-    overrides = [f"model.path={model_dir}", "model.dtype=bfloat16", "data.task=arith", "rollout.engine=hf",
+    overrides = [f"model.path={model_dir}", "model.dtype=bfloat16", "data.task=arith", "engine.name=hf",
                  "rollout.num_generations=8", f"rollout.max_completion_length={tokens}", "train.prompts_per_step=8",
                  "train.micro_batch_size=8", f"train.max_steps={steps}", "train.learning_rate=1e-6",
                  f"train.device={device}", "rewards=[{name: numeric_match}]", f"run.output_dir={out_dir / 'big'}",

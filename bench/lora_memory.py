@@ -10,7 +10,7 @@ peft/cohort (and vLLM for colocate) and built the config but loaded no model: th
 
 --rollout picks where the engine runs, the same for both modes: `hf` (transformers generation with the policy
 itself: no engine copy, no sync), `colocate` (vLLM inside the trainer process: its weights, KV cache
-(rollout.kv_cache_gib=0.25) and runtime are in the trainer's RSS), `local_server` (vLLM in a `cohort serve`
+(engine.kv_cache_gib=0.25) and runtime are in the trainer's RSS), `local_server` (vLLM in a `cohort serve`
 child: `*_engine_peak_mib` is the child's peak, the trainer's own excludes it, and each sync pushes the weights
 over loopback HTTP).
 
@@ -73,9 +73,9 @@ def build_model(out_dir: Path, dtype: str, layers: int = LAYERS) -> Path:
 
 
 ROLLOUTS = {  # --rollout: where the engine runs
-    "hf": ["rollout.engine=hf"],  # transformers generation with the policy itself: no engine copy, no sync
-    "colocate": ["rollout.engine=vllm", "rollout.mode=colocate", "rollout.kv_cache_gib=0.25"],  # vLLM in the trainer
-    "local_server": ["rollout.engine=vllm", "rollout.mode=local_server", "rollout.kv_cache_gib=0.25"],  # vLLM child
+    "hf": ["engine.name=hf"],  # transformers generation with the policy itself: no engine copy, no sync
+    "colocate": ["engine.name=vllm", "engine.mode=colocate", "engine.kv_cache_gib=0.25"],  # vLLM in the trainer
+    "local_server": ["engine.name=vllm", "engine.mode=local_server", "engine.kv_cache_gib=0.25"],  # vLLM child
 }
 
 
@@ -119,12 +119,12 @@ def _phase_peaks(loop_module, peaks: dict[str, float]) -> None:
 def child(model_dir: str, data: str, run_dir: str, lora_rank: int, steps: int, load: bool, micro: int, rollout: str,
           dtype: str) -> None:
     import cohort.trainer.loop as loop_module
-    from cohort.config import load_config
+    from cohort.config_loading import load_config
 
     cfg = load_config(None, [
         f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", *ROLLOUTS[rollout],
         "rollout.num_generations=8", "rollout.max_completion_length=32", "train.prompts_per_step=8", f"train.micro_batch_size={micro}",
-        f"train.max_steps={steps}", "algorithm.beta=0.04", f"model.lora_rank={lora_rank}", "train.num_threads=2",
+        f"train.max_steps={steps}", "algorithm.beta=0.04", f"lora.rank={lora_rank}", "train.num_threads=2",
         f"model.dtype={dtype}", "train.precision=mixed",
         "rewards=[{name: 'bench._common:addition_reward'}]", f"run.output_dir={run_dir}", "run.progress=false",
         "run.loggers=[jsonl]", "run.save_every=0", "run.log_completions_every=0"])

@@ -32,13 +32,13 @@ RANK = 16
 def _lora_policy(model_dir: Path, step: int):
     import torch
 
-    from cohort.config import load_config
+    from cohort.config_loading import load_config
     from cohort.models.loading import load_policy
     from cohort.models.lora import attach_lora
 
-    cfg = load_config({"model": {"path": str(model_dir), "lora_rank": RANK}})
+    cfg = load_config({"model": {"path": str(model_dir)}, "lora": {"rank": RANK}})
     model = load_policy(model_dir, "float32")
-    lora = attach_lora(model, cfg.model)
+    lora = attach_lora(model, cfg.lora)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in lora.trainable_parameters():

@@ -1,8 +1,8 @@
-"""Does rollout.overlap change what is learned? The same short run with overlap off and on, per step and per second.
+"""Does pipeline.max_staleness=1 (generating through the update) change what is learned? The same short run with overlap off and on, per step and per second.
 
 Three arms: `off` (on-policy, vLLM in the trainer), `on` (overlap with vLLM in
 the trainer's process) and `local` (overlap with vLLM in a private child
-process on its own core: rollout.mode=local_server, the trainer's threads
+process on its own core: engine.mode=local_server, the trainer's threads
 left to the split).
 
 Workload: the tiny benchmark model, 64 addition prompts, 4 prompts × G=8,
@@ -32,15 +32,15 @@ def digit_share(completions, **kwargs) -> list[float]:
     return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
 
-ARMS = {"off": ["rollout.overlap=false"], "on": ["rollout.overlap=true"],
-        "local": ["rollout.overlap=true", "rollout.mode=local_server", "train.num_threads=null"]}
+ARMS = {"off": ["pipeline.max_staleness=0"], "on": ["pipeline.max_staleness=1"],
+        "local": ["pipeline.max_staleness=1", "engine.mode=local_server", "train.num_threads=null"]}
 
 
 def child(arm: str, seed: int, steps: int) -> dict:
     common.set_threads(2)
     from _cohort_run import cohort_overrides, default_run_dir
 
-    from cohort.config import load_config
+    from cohort.config_loading import load_config
     from cohort.trainer.loop import Trainer
 
     overrides = cohort_overrides(common.tiny_model_dir(), common.addition_file(64), prompts_per_step=4, num_generations=8,

@@ -7,15 +7,15 @@ engine start, two warm-up batches, then `--repeats` timed batches with fresh
 seeds; tokens/s is generated tokens over the median batch time.
 
 Variants (the vLLM settings the issue asks to choose by measurement):
-- `vllm`: the defaults in cohort.config.RolloutConfig (eager, prefix caching,
+- `vllm`: the defaults in cohort.config.EngineConfig (eager, prefix caching,
   1 GiB KV cache, OMP_WAIT_POLICY=PASSIVE, vLLM's automatic thread binding);
 - `vllm_compiled`: enforce_eager=False (torch.compile + CPU graph capture);
 - `vllm_active_wait`: OMP_WAIT_POLICY=ACTIVE (spinning OpenMP workers);
 - `vllm_nobind`: VLLM_CPU_OMP_THREADS_BIND=nobind;
 - `vllm_no_prefix_cache`: enable_prefix_caching=False;
 - `vllm_kv4g`: a 4 GiB KV cache;
-- `vllm_one_core`: one thread bound to the last core (what rollout.mode=local_server
-  with rollout.overlap gives the engine on a 2-core machine);
+- `vllm_one_core`: one thread bound to the last core (what engine.mode=local_server
+  with pipeline.max_staleness=1 gives the engine on a 2-core machine);
 - `hf`: transformers `generate` on the policy (cohort's fallback engine).
 
     .venv/bin/python bench/rollout.py [--variants vllm hf ...] [--workloads tiny long] [--repeats 5]
@@ -49,7 +49,7 @@ VARIANTS = {
 
 def child(variant: str, workload: str, repeats: int) -> dict:
     common.set_threads(2)
-    from cohort.config import RolloutConfig
+    from cohort.config import EngineConfig
     from cohort.models.char_tokenizer import EOS_TOKEN_ID
     from cohort.rollout.base import SamplingConfig
 
@@ -67,7 +67,7 @@ def child(variant: str, workload: str, repeats: int) -> dict:
     else:
         from cohort.rollout.vllm_engine import VLLMEngine
 
-        d = RolloutConfig().model_dump() | settings
+        d = EngineConfig().model_dump() | settings
         engine = VLLMEngine(model_dir, dtype="float32", max_model_len=16 + max_tokens + 1, seed=0, enforce_eager=d["enforce_eager"],
                             enable_prefix_caching=d["enable_prefix_caching"], kv_cache_gib=d["kv_cache_gib"])
     start_s = time.perf_counter() - start

@@ -31,7 +31,7 @@ TRL_PYTHON = common.BENCH_DIR / ".trl-venv" / "bin" / "python"
 TRL_HOWTO = "make bench-env (and make bench-env-vllm for TRL's vLLM path)"
 LONG_LENGTHS = (128, 256)
 # generation in a private child process on its own core, overlapped with the update (the trainer's threads: the other cores)
-LOCAL_OVERLAP = ["rollout.mode=local_server", "rollout.overlap=true", "train.num_threads=null"]
+LOCAL_OVERLAP = ["engine.mode=local_server", "pipeline.max_staleness=1", "train.num_threads=null"]
 
 
 IDLE_WAIT_S = 600
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     if "grpo_step" in wanted:
         record("grpo_step", "cohort_vllm", cohort_grpo(args.retries, "vllm"))
-        record("grpo_step", "cohort_vllm_overlap", cohort_grpo(args.retries, "vllm", ["rollout.overlap=true"]))
+        record("grpo_step", "cohort_vllm_overlap", cohort_grpo(args.retries, "vllm", ["pipeline.max_staleness=1"]))
         record("grpo_step", "cohort_local_overlap", cohort_grpo(args.retries, "vllm", LOCAL_OVERLAP))
         record("grpo_step", "cohort_hf", cohort_grpo(args.retries, "hf"))
         record("grpo_step", "trl_transformers", trl(args.retries))
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict:
     if "long_completion" in wanted:
         for n in LONG_LENGTHS:
             record("long_completion", f"cohort_default_{n}", cohort_long(args.retries, n))
-            record("long_completion", f"cohort_overlap_{n}", cohort_long(args.retries, n, ["rollout.overlap=true"]))
+            record("long_completion", f"cohort_overlap_{n}", cohort_long(args.retries, n, ["pipeline.max_staleness=1"]))
             record("long_completion", f"cohort_local_overlap_{n}", cohort_long(args.retries, n, LOCAL_OVERLAP))
             record("long_completion", f"trl_transformers_{n}", trl_long(args.retries, n, vllm=False))
             if not args.no_trl_vllm:

@@ -27,14 +27,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 MODES: dict[str, list[str]] = {
     "synchronous": [],
-    "max_staleness=0": ["rollout.max_staleness=0"],
-    "max_staleness=1": ["rollout.max_staleness=1"],
-    "max_staleness=2": ["rollout.max_staleness=2"],
-    "over_provision=2": ["rollout.over_provision=2"],
-    "over_provision=2+max_staleness=2": ["rollout.over_provision=2", "rollout.max_staleness=2"],
-    "dynamic_sampling+max_staleness=1": ["rollout.dynamic_sampling=true", "rollout.max_staleness=1"],
-    "tool_calc+max_staleness=1": ["examples/tool_calc.yaml", "rollout.max_staleness=1"],
-    "local_server+max_staleness=1": ["rollout.mode=local_server", "rollout.max_staleness=1"],
+    "max_staleness=0": ["pipeline.max_staleness=0"],
+    "max_staleness=1": ["pipeline.max_staleness=1"],
+    "max_staleness=2": ["pipeline.max_staleness=2"],
+    "over_provision=2": ["pipeline.over_provision=2"],
+    "over_provision=2+max_staleness=2": ["pipeline.over_provision=2", "pipeline.max_staleness=2"],
+    "dynamic_sampling+max_staleness=1": ["pipeline.dynamic_sampling=true", "pipeline.max_staleness=1"],
+    "tool_calc+max_staleness=1": ["examples/tool_calc.yaml", "pipeline.max_staleness=1"],
+    "local_server+max_staleness=1": ["engine.mode=local_server", "pipeline.max_staleness=1"],
 }
 COUNTED = ("partial/aborted", "partial/resumed", "dynamic_sampling/groups_dropped", "async/stale_dropped",
            "async/stale_masked_tokens")

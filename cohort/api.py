@@ -35,6 +35,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from cohort.config import CohortConfig, ConfigError, default_output_dir, load_config
+from cohort.config import CohortConfig, ConfigError, default_output_dir
+from cohort.config_loading import resolve_config
 from cohort.launch.launch import launch_elsewhere
 from cohort.rewards.registry import IN_PROCESS_MARK
 from cohort.trainer.loop import Trainer
@@ -65,7 +67,7 @@ def train(config: Mapping[str, Any] | str | os.PathLike | CohortConfig | None = 
         an import path), or a spec dict (`{"name": ..., "weight": ...}`, where `name` may also be a callable).
     train_dataset / eval_dataset: a `datasets.Dataset`, a list of dicts, or one or more file paths; they replace
         `data.train_files` / `data.eval_files`.
-    tools / environment: replace `rollout.tools` / `rollout.environment` (multi-turn tool calling, docs/tools.md):
+    tools / environment: replace `tools.functions` / `tools.environment` (multi-turn tool calling, docs/tools.md):
         tool functions (TRL's: typed, with a docstring) or import paths; an environment class or its import path.
     Raises ConfigError (every problem, before any model loads) for a config that cannot work.
     """
@@ -84,9 +86,9 @@ def build_config(config: Any = None, *, overrides: Sequence[str] = (), reward_fu
         if reward_funcs is not None:
             _set_rewards(cfg, reward_funcs)
         if tools is not None:
-            cfg.rollout.tools = [tools] if callable(tools) or isinstance(tools, str) else list(tools)
+            cfg.tools.functions = [tools] if callable(tools) or isinstance(tools, str) else list(tools)
         if environment is not None:
-            cfg.rollout.environment = environment
+            cfg.tools.environment = environment
         validate_config(cfg)
         _check_single_process(cfg)
         cfg.run.output_dir = cfg.run.output_dir or default_output_dir()
@@ -123,7 +125,10 @@ def _load(config: Any, overrides: list[str]) -> CohortConfig:
         config = config.model_dump()  # python mode: reward callables stay objects
     if config is not None and not isinstance(config, (Mapping, str, os.PathLike)):
         raise ConfigError([f"config: expected a dict, a YAML path or a CohortConfig, got {type(config).__name__}"])
-    return load_config(config, list(overrides))
+    resolved = resolve_config(config, list(overrides))
+    for note in resolved.notes:  # an old field name, read as its new one (cohort.config_renames)
+        warnings.warn(note, FutureWarning, stacklevel=4)
+    return resolved.config
 
 
 def _set_rewards(cfg: CohortConfig, reward_funcs: Any) -> None:

@@ -32,7 +32,7 @@ def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
 
 
 def _fields_help() -> str:
-    from cohort.config import describe_fields
+    from cohort.config_fields import describe_fields
 
     lines = ["configuration fields (set in the YAML file or as section.field=value):"]
     for key, typ, default, help_text in describe_fields():
@@ -44,11 +44,12 @@ def _fields_help() -> str:
 def _load(args_list: list[str], *, check_files: bool = True, say_source=None, for_gpu: bool = False):
     """(config, plan); with say_source (a stream), first write the one line that says where the values came from.
     `for_gpu`: settle model.dtype=auto as on a GPU (planning a GPU run from another machine)."""
-    from cohort.config import resolve_config
+    from cohort.config_loading import resolve_config
     from cohort.validation import settle_model_dtype, validate_config
 
     path, overrides = _split_config_args(args_list)
     resolved = resolve_config(path, overrides)
+    _say_notes(resolved.notes)
     chosen, _ = settle_model_dtype(resolved.config, for_gpu=for_gpu)  # (a train.device problem: validate_config reports it)
     if say_source is not None and "WORLD_SIZE" not in os.environ:  # torchrun children: their parent said it
         print(f"config: {resolved.source}" + (f"; {chosen}" if chosen else ""), file=say_source, flush=True)
@@ -56,11 +57,19 @@ def _load(args_list: list[str], *, check_files: bool = True, say_source=None, fo
     return resolved.config, plan
 
 
+def _say_notes(notes: tuple[str, ...]) -> None:
+    """One line on stderr per old field name the config used (torchrun children read their parent's new-layout file)."""
+    if "WORLD_SIZE" not in os.environ:
+        for note in notes:
+            print(f"config: {note}", file=sys.stderr, flush=True)
+
+
 def _resume_config(target: str, overrides: list[str]):
     """The config of the run being resumed (RUN_DIR/config.yaml) with `overrides`; the run directory stays the same."""
     from pathlib import Path
 
-    from cohort.config import ConfigError, resolve_config
+    from cohort.config import ConfigError
+    from cohort.config_loading import resolve_config
     from cohort.trainer.checkpoint import is_checkpoint_dir
     from cohort.validation import validate_config
 
@@ -72,6 +81,7 @@ def _resume_config(target: str, overrides: list[str]):
     if bad:
         raise ConfigError([f"--resume takes overrides only (section.field=value), got {', '.join(bad)}"])
     resolved = resolve_config(run_dir / "config.yaml", overrides)  # a config file: never re-preset
+    _say_notes(resolved.notes)  # a run saved before a field was renamed
     if "WORLD_SIZE" not in os.environ:
         print(f"config: {resolved.source} (the run being resumed)", flush=True)
     cfg = resolved.config

@@ -6,7 +6,7 @@ prints — vLLM's logging, transformers' and tqdm's load bars, Python and torch
 warnings, and what C++ code writes straight to file descriptors 1 and 2 (NUMA and
 c10 notices) — goes to the engine log. The redirection therefore works on the file
 descriptors (dup2), which also catches child processes that inherit them (the
-`cohort serve` child of rollout.mode=local_server).
+`cohort serve` child of engine.mode=local_server).
 
 - `capture_output(log_path, verbose=False)`: the context that moves fds 1 and 2 into
   the log; with `verbose` a thread copies the same bytes to the terminal as well (a tee).

@@ -19,9 +19,9 @@
 - `gpu_memory_plan(cfg, plan, facts, total_bytes)`: one GPU split between the
   trainer's peak (the estimate above) and vLLM's share (its weights, the KV
   cache of one generation batch's sequences, a fixed working memory), the
-  `rollout.gpu_memory_utilization` derived from it when unset (colocated:
+  `engine.gpu_memory_utilization` derived from it when unset (colocated:
   vLLM's share + 10% over the GPU's memory, rounded up to 0.01; vLLM alone on
-  its GPU: 0.9), and whether it fits, with rollout.sleep_mode releasing vLLM's
+  its GPU: 0.9), and whether it fits, with engine.sleep_mode releasing vLLM's
   memory during the update. Pure: `cohort.validation` reads the GPU's size from
   CUDA and refuses what cannot fit (`gpu_fit_problems`).
 
@@ -113,17 +113,17 @@ def stream_update_blockers(cfg: CohortConfig, world_size: int = 1) -> list[str]:
                    "to 1, leave generation_batch_size unset)")
     if world_size > 1:
         out.append(f"{world_size} training processes: the streamed update runs in one; set train.num_processes=1")
-    if r.max_staleness:
-        out.append(f"rollout.max_staleness = {r.max_staleness}: groups may come from older policies, trained when the "
+    if cfg.pipeline.max_staleness:
+        out.append(f"pipeline.max_staleness = {cfg.pipeline.max_staleness}: groups may come from older policies, trained when the "
                    "batch is taken; set it to 0 (or unset)")
     return out
 
 
 def stream_update_active(cfg: CohortConfig, world_size: int = 1) -> bool:
-    """Whether the trainer runs the update group by group (rollout.stream_update; see `stream_update_blockers`)."""
-    if cfg.rollout.stream_update == "off" or stream_update_blockers(cfg, world_size):
+    """Whether the trainer runs the update group by group (pipeline.stream_update; see `stream_update_blockers`)."""
+    if cfg.pipeline.stream_update == "off" or stream_update_blockers(cfg, world_size):
         return False
-    return cfg.rollout.stream_update == "on" or cfg.rollout.mode in ("local_server", "server")
+    return cfg.pipeline.stream_update == "on" or cfg.engine.mode in ("local_server", "server")
 
 
 def batch_plan(cfg: CohortConfig) -> BatchPlan:
@@ -290,11 +290,11 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
     chunk = min(cfg.train.logprob_chunk_size, max(1, MAX_CHUNK_LOGITS // max(1, facts.vocab_size)))  # rows per LM-head chunk
     trained, what = p, "the weights"
     weights = ("weights", p * w, f"{p:,} parameters × {w} B ({how_w})")
-    if cfg.model.lora_rank:  # LoRA: gradients and moments of the adapter only, no reference copy (cohort/models/lora.py)
+    if cfg.lora.rank:  # LoRA: gradients and moments of the adapter only, no reference copy (cohort/models/lora.py)
         from cohort.models.lora import adapter_parameters_bound
 
-        trained = adapter_parameters_bound(facts.hidden_size, facts.intermediate_size, facts.num_layers, cfg.model.lora_rank)
-        what = f"the LoRA adapter's ≤ {trained:,} parameters (rank {cfg.model.lora_rank}, every linear layer)"
+        trained = adapter_parameters_bound(facts.hidden_size, facts.intermediate_size, facts.num_layers, cfg.lora.rank)
+        what = f"the LoRA adapter's ≤ {trained:,} parameters (rank {cfg.lora.rank}, every linear layer)"
         w = 4  # peft keeps the adapter in float32 over any base; the frozen base stays in model.dtype, even when mixed
         weights = ("weights", p * b + trained * w, f"{p:,} frozen base parameters × {b} B ({cfg.model.dtype}) + {what} × 4 B")
     rows = [
@@ -304,9 +304,9 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
         _activation_row(cfg, plan, facts, b),
         ("log-prob chunk", chunk * facts.vocab_size * 4 * 2, f"two ({chunk} tokens × vocab {facts.vocab_size:,}) fp32 buffers (cohort.models.logprobs)"),
     ]
-    if mixed and not cfg.model.lora_rank:  # (LoRA: the base is already in model.dtype; the adapter's copies are small)
+    if mixed and not cfg.lora.rank:  # (LoRA: the base is already in model.dtype; the adapter's copies are small)
         rows.append(("autocast weight copies", p * b, f"each weight cast to {cfg.model.dtype} once per forward pass"))
-    if cfg.algorithm.beta and not cfg.model.lora_rank:  # (LoRA: the reference is the adapter disabled)
+    if cfg.algorithm.beta and not cfg.lora.rank:  # (LoRA: the reference is the adapter disabled)
         rows.append(("reference model", p * w, f"a frozen copy (algorithm.beta = {cfg.algorithm.beta:g})"))
     if cfg.algorithm.name in ALGORITHMS_WITH_CRITIC:
         rows.append(("critic", 4 * p * w, f"{cfg.algorithm.name}: weights, gradients and moments of a policy-sized critic"))
@@ -319,8 +319,8 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
 GIB = 2**30
 CUDA_CONTEXT_BYTES = 512 * 2**20  # per process: the CUDA context, cuBLAS workspaces, allocator slack (outside torch's count)
 VLLM_WORKING_BYTES = 1 * GIB  # vLLM's memory besides weights and KV cache (its profile run's activations, the sampler's
-# logits for up to 256 sequences: 256 × 151,936 × 4 B = 148 MiB for Qwen2.5, buffers), eager (rollout.enforce_eager)
-VLLM_CUDA_GRAPH_BYTES = 1 * GIB  # on top when CUDA graphs are captured (rollout.enforce_eager = false)
+# logits for up to 256 sequences: 256 × 151,936 × 4 B = 148 MiB for Qwen2.5, buffers), eager (engine.enforce_eager)
+VLLM_CUDA_GRAPH_BYTES = 1 * GIB  # on top when CUDA graphs are captured (engine.enforce_eager = false)
 VLLM_BLOCK_TOKENS = 16  # vLLM's KV cache block on CUDA: a sequence takes whole blocks
 VLLM_SHARE_MARGIN = 0.10  # the derived gpu_memory_utilization covers vLLM's share + 10%, rounded up to 0.01
 OWN_GPU_UTILIZATION = 0.9  # vLLM's own default, for an engine alone on its GPU
@@ -331,7 +331,7 @@ class GpuMemoryPlan:
     """One GPU's memory: the trainer's peak (its update) and vLLM's share, with the fraction vLLM is given.
 
     `utilization` × `total` is what vLLM takes once started (it sizes its KV cache to fill it). Without sleep mode
-    that sits beside the trainer's peak; with rollout.sleep_mode vLLM releases it during the update, so the two
+    that sits beside the trainer's peak; with engine.sleep_mode vLLM releases it during the update, so the two
     phases are the update (the trainer's peak alone) and generation (the trainer's resident state + vLLM)."""
 
     total: int  # the GPU's memory, bytes
@@ -339,7 +339,7 @@ class GpuMemoryPlan:
     trainer_resident: int  # what the trainer keeps between updates: weights, AdamW moments, reference, critic
     engine: list[tuple[str, int, str]]  # vLLM's share (`engine_share`)
     engine_minimum: int  # vLLM's weights + working memory + one longest sequence's KV: less and vLLM refuses to start
-    utilization: float  # rollout.gpu_memory_utilization: the user's, or derived from `engine`
+    utilization: float  # engine.gpu_memory_utilization: the user's, or derived from `engine`
     derived: bool  # True when `utilization` was derived (the user left it unset)
     shared: bool  # the trainer and vLLM on this GPU (colocate); False: vLLM alone on its GPU(s)
     sleep_mode: int
@@ -374,8 +374,8 @@ class GpuMemoryPlan:
 def engine_share(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> list[tuple[str, int, str]]:
     """vLLM's memory on each of its GPUs: weights in the generation dtype, the KV cache of one generation batch's
     sequences (each in whole 16-token blocks; the prefix cache's sharing of a group's prompt is not counted on), and
-    a fixed working memory; weights and KV split over rollout.tensor_parallel_size GPUs."""
-    tp, g = cfg.rollout.tensor_parallel_size, BYTES[cfg.generation_dtype]
+    a fixed working memory; weights and KV split over engine.tensor_parallel_size GPUs."""
+    tp, g = cfg.engine.tensor_parallel_size, BYTES[cfg.generation_dtype]
     blocks = _sequence_blocks(plan, facts)
     per_token = kv_bytes_per_token(cfg, facts)
     split = f" / tensor_parallel_size {tp}" if tp > 1 else ""
@@ -383,9 +383,9 @@ def engine_share(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> list[
         ("vLLM weights", facts.num_params * g // tp, f"{facts.num_params:,} parameters × {g} B ({cfg.generation_dtype}){split}"),
         ("vLLM KV cache", plan.generation_batch_size * blocks * per_token // tp,
          f"{plan.generation_batch_size} sequences × {blocks:,} tokens × {per_token:,} B per token{split}"),
-        ("vLLM working memory", VLLM_WORKING_BYTES + (0 if cfg.rollout.enforce_eager else VLLM_CUDA_GRAPH_BYTES),
+        ("vLLM working memory", VLLM_WORKING_BYTES + (0 if cfg.engine.enforce_eager else VLLM_CUDA_GRAPH_BYTES),
          "profile-run activations, sampler logits, buffers (a fixed allowance)"
-         + ("" if cfg.rollout.enforce_eager else " + CUDA graphs (rollout.enforce_eager = false)")),
+         + ("" if cfg.engine.enforce_eager else " + CUDA graphs (engine.enforce_eager = false)")),
     ]
 
 
@@ -399,19 +399,19 @@ def gpu_memory_plan(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts, total
                     shared: bool = True) -> GpuMemoryPlan:
     """The split of a GPU of `total_bytes` (pure: validation passes the real GPU's size, tests any size).
 
-    shared: the trainer and vLLM on this GPU (rollout.mode=colocate); False: vLLM alone on it (a local server on
-    the GPUs after the trainer's). rollout.gpu_memory_utilization when set, else derived: shared, vLLM's share
+    shared: the trainer and vLLM on this GPU (engine.mode=colocate); False: vLLM alone on it (a local server on
+    the GPUs after the trainer's). engine.gpu_memory_utilization when set, else derived: shared, vLLM's share
     + VLLM_SHARE_MARGIN over the total, rounded up to 0.01; alone, OWN_GPU_UTILIZATION."""
     trainer = memory_estimate(cfg, plan, facts) if shared else []
     resident = sum(size for name, size, _ in trainer if name in ("weights", "AdamW moments", "reference model", "critic"))
     engine = engine_share(cfg, plan, facts)
-    tp = cfg.rollout.tensor_parallel_size
+    tp = cfg.engine.tensor_parallel_size
     minimum = engine[0][1] + engine[2][1] + _sequence_blocks(plan, facts) * kv_bytes_per_token(cfg, facts) // tp
-    utilization, derived = cfg.rollout.gpu_memory_utilization, cfg.rollout.gpu_memory_utilization is None
+    utilization, derived = cfg.engine.gpu_memory_utilization, cfg.engine.gpu_memory_utilization is None
     if derived:
         need = sum(size for _, size, _ in engine) * (1 + VLLM_SHARE_MARGIN)
         utilization = min(1.0, math.ceil(need / total_bytes * 100) / 100) if shared else OWN_GPU_UTILIZATION
-    return GpuMemoryPlan(total_bytes, trainer, resident, engine, minimum, utilization, derived, shared, cfg.rollout.sleep_mode)
+    return GpuMemoryPlan(total_bytes, trainer, resident, engine, minimum, utilization, derived, shared, cfg.engine.sleep_mode)
 
 
 def gpu_fit_problems(cfg: CohortConfig, gpu: GpuMemoryPlan) -> list[str]:
@@ -419,23 +419,23 @@ def gpu_fit_problems(cfg: CohortConfig, gpu: GpuMemoryPlan) -> list[str]:
     if gpu.fits:
         return []
     where = f"the GPU's {_human(gpu.total)}"
-    util = (f"rollout.gpu_memory_utilization = {gpu.utilization:g}" + (" (derived)" if gpu.derived else "")
+    util = (f"engine.gpu_memory_utilization = {gpu.utilization:g}" + (" (derived)" if gpu.derived else "")
             + f": {_human(gpu.engine_bytes)}")
     if gpu.engine_bytes < gpu.engine_minimum:
         return [f"{util} is less than vLLM needs to start ({_human(gpu.engine_minimum)}: its weights, working memory and "
-                f"one sequence's KV cache); raise rollout.gpu_memory_utilization to at least "
+                f"one sequence's KV cache); raise engine.gpu_memory_utilization to at least "
                 f"{math.ceil(gpu.engine_minimum / gpu.total * 100) / 100:g} or unset it (null) to derive it"]
     if not gpu.shared:
         return [f"vLLM alone on its GPU: {util} + the CUDA context {_human(CUDA_CONTEXT_BYTES)} exceed {where}; lower "
-                "rollout.gpu_memory_utilization or unset it (0.9)"]
+                "engine.gpu_memory_utilization or unset it (0.9)"]
     phase = ("the update (vLLM asleep)" if gpu.trainer_peak >= gpu.trainer_resident + gpu.engine_bytes
              else "generation (vLLM awake beside the trainer's weights and optimizer state)") if gpu.sleep_mode else "the update"
     fixes = ["train.micro_batch_size smaller (activations scale with it)",
              "train.gradient_checkpointing=true" if not cfg.train.gradient_checkpointing else None,
-             "rollout.sleep_mode=2 (vLLM's memory released during the update)" if not gpu.sleep_mode else None,
+             "engine.sleep_mode=2 (vLLM's memory released during the update)" if not gpu.sleep_mode else None,
              "rollout.max_completion_length or data.max_prompt_length shorter",
-             "rollout.mode=local_server with a second GPU for vLLM",
-             "lower rollout.gpu_memory_utilization" if not gpu.derived else None]
+             "engine.mode=local_server with a second GPU for vLLM",
+             "lower engine.gpu_memory_utilization" if not gpu.derived else None]
     return [f"the trainer's peak {_human(gpu.trainer_peak)} + vLLM's {util} + the CUDA context "
             f"{_human(CUDA_CONTEXT_BYTES)} need {_human(gpu.needed)} in {phase}, more than {where} "
             f"(`cohort plan` shows each part); fixes: {'; '.join(f for f in fixes if f)}"]
@@ -451,8 +451,8 @@ def format_gpu_plan(gpu: GpuMemoryPlan) -> list[str]:
     lines.append(f"  {'CUDA context':<28}  {_human(CUDA_CONTEXT_BYTES):>10}   per process (fixed allowance)")
     source = "derived: vLLM's share + 10%, rounded up" if gpu.derived and gpu.shared else (
         "derived: vLLM alone on its GPU" if gpu.derived else "as set")
-    lines.append(f"  rollout.gpu_memory_utilization  {gpu.utilization:g} = {_human(gpu.engine_bytes)} ({source})")
-    sleep = f", vLLM asleep during the update (rollout.sleep_mode = {gpu.sleep_mode})" if gpu.shared and gpu.sleep_mode else ""
+    lines.append(f"  engine.gpu_memory_utilization  {gpu.utilization:g} = {_human(gpu.engine_bytes)} ({source})")
+    sleep = f", vLLM asleep during the update (engine.sleep_mode = {gpu.sleep_mode})" if gpu.shared and gpu.sleep_mode else ""
     verdict = "fits" if gpu.fits else "does NOT fit"
     lines.append(f"  needed at the busier phase   {_human(gpu.needed):>10}   of {_human(gpu.total)}: {verdict}{sleep}")
     return lines
@@ -461,7 +461,7 @@ def format_gpu_plan(gpu: GpuMemoryPlan) -> list[str]:
 def _reference_line(cfg: CohortConfig) -> str:
     if not cfg.algorithm.beta:
         return "none (beta = 0)"
-    return f"the policy with its LoRA adapter disabled (beta = {cfg.algorithm.beta:g})" if cfg.model.lora_rank else f"yes (beta = {cfg.algorithm.beta:g})"
+    return f"the policy with its LoRA adapter disabled (beta = {cfg.algorithm.beta:g})" if cfg.lora.rank else f"yes (beta = {cfg.algorithm.beta:g})"
 
 
 def _human(n: float) -> str:
@@ -487,30 +487,29 @@ def _tokens_per_step_line(cfg: CohortConfig, plan: BatchPlan) -> str:
 
 def _stream_line(cfg: CohortConfig) -> str:
     """Whether groups are trained as they finish, and if not, what waits for the whole batch."""
-    r = cfg.rollout
     head = "  streamed update       "
-    if r.max_staleness:
-        line = head + "off (rollout.max_staleness >= 1): each batch's groups are taken as they finish, then scored and trained"
+    if cfg.pipeline.max_staleness:
+        line = head + "off (pipeline.max_staleness >= 1): each batch's groups are taken as they finish, then scored and trained"
     elif stream_update_active(cfg):
         line = head + "on: each finished group's forward/backward runs while the rest generate; one optimizer step after the last"
     else:
         blockers = stream_update_blockers(cfg)
-        why = ("rollout.stream_update = off" if r.stream_update == "off" else "; ".join(b.split(":")[0] for b in blockers)
-               or f"rollout.mode = {r.mode}: the engine shares the trainer's cores")
+        why = ("pipeline.stream_update = off" if cfg.pipeline.stream_update == "off" else "; ".join(b.split(":")[0] for b in blockers)
+               or f"engine.mode = {cfg.engine.mode}: the engine shares the trainer's cores")
         line = head + f"off ({why}): rewards per group as groups finish, the update after the whole batch"
-    if r.dynamic_sampling:
+    if cfg.pipeline.dynamic_sampling:
         line += (f"\n  dynamic sampling      on: groups with all-equal rewards are replaced, at most "
-                 f"{r.max_refill_rounds} refill rounds (rollout.max_refill_rounds)")
-    if r.over_provision > 1 and r.max_staleness:
-        line += (f"\n  partial rollouts      on: {r.over_provision:g}× the batch's groups kept in flight, the first to finish "
+                 f"{cfg.pipeline.max_refill_rounds} refill rounds (pipeline.max_refill_rounds)")
+    if cfg.pipeline.over_provision > 1 and cfg.pipeline.max_staleness:
+        line += (f"\n  partial rollouts      on: {cfg.pipeline.over_provision:g}× the batch's groups kept in flight, the first to finish "
                  "trained, the rest generating on through the update (under the staleness bound)")
-    elif r.over_provision > 1:
-        line += (f"\n  partial rollouts      on: {r.over_provision:g}× the batch's groups requested, the first to finish "
-                 f"trained, the rest resumed next step (at most {r.max_aborts} cuts per request); resumed tokens are "
+    elif cfg.pipeline.over_provision > 1:
+        line += (f"\n  partial rollouts      on: {cfg.pipeline.over_provision:g}× the batch's groups requested, the first to finish "
+                 f"trained, the rest resumed next step (at most {cfg.pipeline.max_aborts} cuts per request); resumed tokens are "
                  f"off-policy ({cfg.algorithm.off_policy_objective})")
-    if r.max_staleness:
-        line += (f"\n  asynchronous          on: generation runs up to {r.max_staleness} policy version(s) ahead; tokens "
-                 f"staler when trained: {r.stale_tokens}; off-policy tokens: {cfg.algorithm.off_policy_objective}")
+    if cfg.pipeline.max_staleness:
+        line += (f"\n  asynchronous          on: generation runs up to {cfg.pipeline.max_staleness} policy version(s) ahead; tokens "
+                 f"staler when trained: {cfg.pipeline.stale_tokens}; off-policy tokens: {cfg.algorithm.off_policy_objective}")
     return line
 
 
@@ -531,7 +530,7 @@ def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = 
         _tokens_per_step_line(cfg, plan),
         f"  tokens generated      ≤ {plan.generation_batch_size * cfg.rollout.max_completion_length:,} per generation batch",
         f"  reference model       {_reference_line(cfg)}",
-        f"  rollout engine        {cfg.rollout.engine}",
+        f"  rollout engine        {cfg.engine.name}",
         _stream_line(cfg),
         f"  checkpoints           {'every %d steps, newest %d kept' % (cfg.run.save_every, cfg.run.keep_checkpoints) if cfg.run.save_every else 'only on a stop (run.save_every = 0)'}",
     ]
@@ -546,10 +545,10 @@ def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = 
     lines.append(f"memory of the training process (rough estimate; {facts.num_params:,} parameters)")
     lines += [f"  {name:<20}  {_human(size):>10}   {how}" for name, size, how in rows]
     lines.append(f"  {'total':<20}  {_human(sum(size for _, size, _ in rows)):>10}")
-    if cfg.rollout.engine == "vllm":
+    if cfg.engine.name == "vllm":
         per_token = kv_bytes_per_token(cfg, facts)
-        lines.append(f"  rollout engine (vLLM) on top: its weights and KV cache (rollout.kv_cache_gib on CPU, "
-                     f"rollout.gpu_memory_utilization on GPU: `cohort plan --gpu-memory-gib N` shows the split); "
+        lines.append(f"  rollout engine (vLLM) on top: its weights and KV cache (engine.kv_cache_gib on CPU, "
+                     f"engine.gpu_memory_utilization on GPU: `cohort plan --gpu-memory-gib N` shows the split); "
                      f"KV {_human(per_token)} per token")
     lines.append("  the loss value is not progress: docs/algorithms.md#what-the-loss-value-means")
     if gpu is not None:

@@ -20,7 +20,7 @@
   CUDA), refusing a split that cannot fit with both numbers and the fixes.
 
 It builds nothing: no model, no tokenizer of a `tiny:*` model, no engine, and
-writes no file. It changes one field: when rollout.gpu_memory_utilization is
+writes no file. It changes one field: when engine.gpu_memory_utilization is
 unset (None) and the GPU plan applies, the derived fraction is written into the
 config, so every engine built from it (colocated, a local server child,
 torchrun's children reading config.yaml) gets the same value and the saved
@@ -75,7 +75,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in loading.check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
-    problems += tool_problems(cfg.rollout)
+    problems += tool_problems(cfg.tools)
     problems += _check_lora(cfg, check_files)
     if check_files:
         problems += reward_column_problems(cfg)  # the columns each reward reads, in the data
@@ -92,7 +92,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
     if problems:
         raise ConfigError(problems)
     if gpu is not None and gpu.derived:  # the one field validation fills in (module docstring)
-        cfg.rollout.gpu_memory_utilization = gpu.utilization
+        cfg.engine.gpu_memory_utilization = gpu.utilization
     return plan
 
 
@@ -242,96 +242,95 @@ def check_correction(cfg: CohortConfig) -> list[str]:
 
 
 def check_streaming(cfg: CohortConfig) -> list[str]:
-    """rollout.stream_update=on only where the streamed update is exact; rollout.dynamic_sampling where it is served."""
-    r, problems = cfg.rollout, []
+    """pipeline.stream_update=on only where the streamed update is exact; pipeline.dynamic_sampling where it is served."""
+    problems = []
     world = training_world_size(cfg)
-    if r.stream_update == "on":
-        problems += [f"rollout.stream_update = on, but the per-group update would not equal the batch update: {b} "
-                     "(or set rollout.stream_update=auto/off)" for b in stream_update_blockers(cfg, world)]
-    if r.max_refill_rounds < 0:
-        problems.append(f"rollout.max_refill_rounds = {r.max_refill_rounds}: must be >= 0 (0: no replacement groups)")
-    if not r.dynamic_sampling:
+    if cfg.pipeline.stream_update == "on":
+        problems += [f"pipeline.stream_update = on, but the per-group update would not equal the batch update: {b} "
+                     "(or set pipeline.stream_update=auto/off)" for b in stream_update_blockers(cfg, world)]
+    if cfg.pipeline.max_refill_rounds < 0:
+        problems.append(f"pipeline.max_refill_rounds = {cfg.pipeline.max_refill_rounds}: must be >= 0 (0: no replacement groups)")
+    if not cfg.pipeline.dynamic_sampling:
         return problems
     if cfg.algorithm.name not in GROUP_RELATIVE:
-        problems.append(f"rollout.dynamic_sampling = true with algorithm.name = {cfg.algorithm.name}: under it a group whose "
+        problems.append(f"pipeline.dynamic_sampling = true with algorithm.name = {cfg.algorithm.name}: under it a group whose "
                         "rewards are all equal still has non-zero advantages (batch whitening or a critic), so dropping it "
-                        f"throws signal away; use one of {list(GROUP_RELATIVE)} or set rollout.dynamic_sampling=false")
+                        f"throws signal away; use one of {list(GROUP_RELATIVE)} or set pipeline.dynamic_sampling=false")
     if world > 1:
-        problems.append(f"rollout.dynamic_sampling = true with {world} training processes: served in one process only; "
-                        "set train.num_processes=1 or rollout.dynamic_sampling=false")
+        problems.append(f"pipeline.dynamic_sampling = true with {world} training processes: served in one process only; "
+                        "set train.num_processes=1 or pipeline.dynamic_sampling=false")
     return problems
 
 
 def check_partial(cfg: CohortConfig) -> list[str]:
-    """rollout.over_provision (partial rollouts) and rollout.max_aborts: ranges, and where they are served."""
-    r, problems = cfg.rollout, []
-    if not (r.over_provision >= 1 and math.isfinite(r.over_provision)):
-        problems.append(f"rollout.over_provision = {r.over_provision}: must be a number >= 1 (1: off; 1.5 requests half as "
+    """pipeline.over_provision (partial rollouts) and pipeline.max_aborts: ranges, and where they are served."""
+    problems = []
+    if not (cfg.pipeline.over_provision >= 1 and math.isfinite(cfg.pipeline.over_provision)):
+        problems.append(f"pipeline.over_provision = {cfg.pipeline.over_provision}: must be a number >= 1 (1: off; 1.5 requests half as "
                         "many groups again as the batch needs)")
-    if r.max_aborts < 0:
-        problems.append(f"rollout.max_aborts = {r.max_aborts}: must be >= 0 (0: a request interrupted once runs to the end next step)")
+    if cfg.pipeline.max_aborts < 0:
+        problems.append(f"pipeline.max_aborts = {cfg.pipeline.max_aborts}: must be >= 0 (0: a request interrupted once runs to the end next step)")
     problems += _check_async(cfg)
-    if r.over_provision <= 1:
+    if cfg.pipeline.over_provision <= 1:
         return problems
     world = training_world_size(cfg)
     if world > 1:
-        problems.append(f"rollout.over_provision > 1 with {world} training processes: partial rollouts run in one process only; "
-                        "set train.num_processes=1 or rollout.over_provision=1")
+        problems.append(f"pipeline.over_provision > 1 with {world} training processes: partial rollouts run in one process only; "
+                        "set train.num_processes=1 or pipeline.over_provision=1")
     return problems
 
 
 def _check_async(cfg: CohortConfig) -> list[str]:
-    """rollout.max_staleness = k: a bound >= 0; k >= 1 (generation through the update) and the settings it needs."""
+    """pipeline.max_staleness = k: a bound >= 0; k >= 1 (generation through the update) and the settings it needs."""
     r, t, a, problems = cfg.rollout, cfg.train, cfg.algorithm, []
-    if r.engine_timeout_s <= 0:
-        problems.append(f"rollout.engine_timeout_s = {r.engine_timeout_s}: must be > 0 seconds")
-    if r.max_staleness is not None and r.max_staleness < 0:
-        problems.append(f"rollout.max_staleness = {r.max_staleness}: must be >= 0 (0: synchronous; 1-4 are usual), or unset")
-    if not r.max_staleness or r.max_staleness < 0:
+    if cfg.pipeline.engine_timeout_s <= 0:
+        problems.append(f"pipeline.engine_timeout_s = {cfg.pipeline.engine_timeout_s}: must be > 0 seconds")
+    if cfg.pipeline.max_staleness is not None and cfg.pipeline.max_staleness < 0:
+        problems.append(f"pipeline.max_staleness = {cfg.pipeline.max_staleness}: must be >= 0 (0: synchronous; 1-4 are usual), or unset")
+    if not cfg.pipeline.max_staleness or cfg.pipeline.max_staleness < 0:
         return problems  # (k = 0 is the synchronous trainer: nothing more to check)
-    if r.engine == "hf" and r.mode == "colocate":
-        problems.append("rollout.max_staleness with rollout.engine = hf: the transformers engine samples with the trainer's "
-                        "own module, which cannot change between its steps; use rollout.engine=vllm (or a local_server/server "
-                        "mode) or unset rollout.max_staleness")
+    if cfg.engine.name == "hf" and cfg.engine.mode == "colocate":
+        problems.append("pipeline.max_staleness with engine.name = hf: the transformers engine samples with the trainer's "
+                        "own module, which cannot change between its steps; use engine.name=vllm (or a local_server/server "
+                        "mode) or unset pipeline.max_staleness")
     if t.steps_per_generation != 1 or a.num_iterations != 1 or r.generation_batch_size not in (None, t.prompts_per_step * r.num_generations):
-        problems.append("rollout.max_staleness needs one optimizer step per generation batch: train.steps_per_generation = 1, "
+        problems.append("pipeline.max_staleness needs one optimizer step per generation batch: train.steps_per_generation = 1, "
                         "algorithm.num_iterations = 1 and rollout.generation_batch_size unset")
-    if r.stream_update == "on":
-        problems.append("rollout.max_staleness with rollout.stream_update = on: groups are trained when the batch is taken; "
-                        "set rollout.stream_update=auto")
+    if cfg.pipeline.stream_update == "on":
+        problems.append("pipeline.max_staleness with pipeline.stream_update = on: groups are trained when the batch is taken; "
+                        "set pipeline.stream_update=auto")
     if training_world_size(cfg) > 1:
-        problems.append("rollout.max_staleness runs in one training process; set train.num_processes=1 or unset it")
+        problems.append("pipeline.max_staleness runs in one training process; set train.num_processes=1 or unset it")
     return problems
 
 
 def check_rollout_mode(cfg: CohortConfig) -> list[str]:
-    """rollout.mode=server needs server URLs, a timeout and the token the servers were started with; local_server needs vLLM."""
-    r = cfg.rollout
+    """engine.mode=server needs server URLs, a timeout and the token the servers were started with; local_server needs vLLM."""
     problems = []
     spawned = cfg.distributed.backend == "ray"  # Ray starts the servers (when no URLs are given) and makes a token
-    if r.mode == "server":
-        if not r.server_urls and not spawned:
-            problems.append("rollout.mode = server but rollout.server_urls is empty; start `cohort serve MODEL_DIR --port 8400` "
-                            "and set rollout.server_urls=[http://127.0.0.1:8400]")
-        bad = [u for u in r.server_urls if not u.startswith(("http://", "https://"))]
+    if cfg.engine.mode == "server":
+        if not cfg.engine.server_urls and not spawned:
+            problems.append("engine.mode = server but engine.server_urls is empty; start `cohort serve MODEL_DIR --port 8400` "
+                            "and set engine.server_urls=[http://127.0.0.1:8400]")
+        bad = [u for u in cfg.engine.server_urls if not u.startswith(("http://", "https://"))]
         if bad:
-            problems.append(f"rollout.server_urls = {bad}: each must start with http:// or https:// (e.g. http://127.0.0.1:8400)")
+            problems.append(f"engine.server_urls = {bad}: each must start with http:// or https:// (e.g. http://127.0.0.1:8400)")
         if not os.environ.get("COHORT_SERVER_TOKEN") and not spawned:
-            problems.append("rollout.mode = server needs the servers' token in the environment: export COHORT_SERVER_TOKEN=<the token "
+            problems.append("engine.mode = server needs the servers' token in the environment: export COHORT_SERVER_TOKEN=<the token "
                             "`cohort serve` was started with>")
-    if r.mode == "local_server" and r.engine != "vllm":
-        problems.append(f"rollout.mode = local_server runs vLLM in a child process; got rollout.engine = {r.engine}: set "
-                        "rollout.engine=vllm, or rollout.mode=colocate to generate with transformers in the trainer")
-    if r.num_threads is not None:
+    if cfg.engine.mode == "local_server" and cfg.engine.name != "vllm":
+        problems.append(f"engine.mode = local_server runs vLLM in a child process; got engine.name = {cfg.engine.name}: set "
+                        "engine.name=vllm, or engine.mode=colocate to generate with transformers in the trainer")
+    if cfg.engine.num_threads is not None:
         cores = len(os.sched_getaffinity(0))
-        if r.num_threads < 1 or r.num_threads > cores:
-            problems.append(f"rollout.num_threads = {r.num_threads}: must be between 1 and the {cores} core(s) this process "
-                            "may use, or unset it (half of them with rollout.max_staleness >= 1)")
-        elif r.mode != "local_server":
-            problems.append(f"rollout.num_threads = {r.num_threads} only applies with rollout.mode = local_server (got "
-                            f"{r.mode}); set rollout.mode=local_server or unset rollout.num_threads")
-    if r.server_timeout_s <= 0:
-        problems.append(f"rollout.server_timeout_s = {r.server_timeout_s}: must be > 0 (seconds; 300 is the default)")
+        if cfg.engine.num_threads < 1 or cfg.engine.num_threads > cores:
+            problems.append(f"engine.num_threads = {cfg.engine.num_threads}: must be between 1 and the {cores} core(s) this process "
+                            "may use, or unset it (half of them with pipeline.max_staleness >= 1)")
+        elif cfg.engine.mode != "local_server":
+            problems.append(f"engine.num_threads = {cfg.engine.num_threads} only applies with engine.mode = local_server (got "
+                            f"{cfg.engine.mode}); set engine.mode=local_server or unset engine.num_threads")
+    if cfg.engine.server_timeout_s <= 0:
+        problems.append(f"engine.server_timeout_s = {cfg.engine.server_timeout_s}: must be > 0 (seconds; 300 is the default)")
     d = cfg.distributed
     if d.num_rollout_servers < 1:
         problems.append(f"distributed.num_rollout_servers = {d.num_rollout_servers}: must be at least 1")
@@ -355,31 +354,31 @@ def training_world_size(cfg: CohortConfig) -> int:
 
 
 def check_gpu_settings(cfg: CohortConfig, device_type: str, visible: int) -> list[str]:
-    """rollout.sleep_mode, rollout.tensor_parallel_size and rollout.gpu_memory_utilization against the rollout mode,
+    """engine.sleep_mode, engine.tensor_parallel_size and engine.gpu_memory_utilization against the rollout mode,
     the training device (`device_type`) and the GPUs this process sees (`visible`)."""
-    r, problems = cfg.rollout, []
-    child = r.mode == "local_server" or (r.mode == "colocate" and r.engine == "vllm" and training_world_size(cfg) > 1)
-    if r.gpu_memory_utilization is not None and not 0 < r.gpu_memory_utilization <= 1:
-        problems.append(f"rollout.gpu_memory_utilization = {r.gpu_memory_utilization}: must be in (0, 1] (a fraction of "
+    problems = []
+    child = cfg.engine.mode == "local_server" or (cfg.engine.mode == "colocate" and cfg.engine.name == "vllm" and training_world_size(cfg) > 1)
+    if cfg.engine.gpu_memory_utilization is not None and not 0 < cfg.engine.gpu_memory_utilization <= 1:
+        problems.append(f"engine.gpu_memory_utilization = {cfg.engine.gpu_memory_utilization}: must be in (0, 1] (a fraction of "
                         "the GPU's memory), or unset (null) for the planner's value")
-    if r.sleep_mode:
-        why = ("rollout.engine = hf has no sleep mode; set rollout.engine=vllm" if r.engine != "vllm" else
-               f"rollout.mode = {r.mode}: the engine is not in the trainer's process, so it has nothing to release "
-               "for the update" if r.mode != "colocate" or child else
+    if cfg.engine.sleep_mode:
+        why = ("engine.name = hf has no sleep mode; set engine.name=vllm" if cfg.engine.name != "vllm" else
+               f"engine.mode = {cfg.engine.mode}: the engine is not in the trainer's process, so it has nothing to release "
+               "for the update" if cfg.engine.mode != "colocate" or child else
                "vLLM's sleep mode needs CUDA, and the training device is the CPU" if device_type != "cuda" else
-               "the engine generates while the trainer updates (rollout.max_staleness >= 1 / the streamed "
-               "update); turn those off (rollout.stream_update=off)" if r.max_staleness
+               "the engine generates while the trainer updates (pipeline.max_staleness >= 1 / the streamed "
+               "update); turn those off (pipeline.stream_update=off)" if cfg.pipeline.max_staleness
                or stream_update_active(cfg, training_world_size(cfg)) else None)
         if why:
-            problems.append(f"rollout.sleep_mode = {r.sleep_mode}: {why}; or set rollout.sleep_mode=0")
-    if r.tensor_parallel_size < 1:
-        problems.append(f"rollout.tensor_parallel_size = {r.tensor_parallel_size}: must be at least 1")
-    elif r.tensor_parallel_size > 1:
-        if r.engine != "vllm" or (r.mode == "colocate" and not child):
-            problems.append(f"rollout.tensor_parallel_size = {r.tensor_parallel_size} needs vLLM in its own process(es): "
-                            "set rollout.mode=local_server (its GPUs follow the trainer's) or server")
-        elif child and visible and r.tensor_parallel_size > visible:
-            problems.append(f"rollout.tensor_parallel_size = {r.tensor_parallel_size}: this process sees {visible} GPU(s); "
+            problems.append(f"engine.sleep_mode = {cfg.engine.sleep_mode}: {why}; or set engine.sleep_mode=0")
+    if cfg.engine.tensor_parallel_size < 1:
+        problems.append(f"engine.tensor_parallel_size = {cfg.engine.tensor_parallel_size}: must be at least 1")
+    elif cfg.engine.tensor_parallel_size > 1:
+        if cfg.engine.name != "vllm" or (cfg.engine.mode == "colocate" and not child):
+            problems.append(f"engine.tensor_parallel_size = {cfg.engine.tensor_parallel_size} needs vLLM in its own process(es): "
+                            "set engine.mode=local_server (its GPUs follow the trainer's) or server")
+        elif child and visible and cfg.engine.tensor_parallel_size > visible:
+            problems.append(f"engine.tensor_parallel_size = {cfg.engine.tensor_parallel_size}: this process sees {visible} GPU(s); "
                             f"use at most {visible}")
     return problems
 
@@ -388,20 +387,18 @@ def check_colocated_gpu(cfg: CohortConfig, device: torch.device) -> list[str]:
     """vLLM inside the trainer's process runs on that process's first GPU (cuda:0, its worker's local rank); a trainer
     placed on another GPU of the same process would not share a GPU with it as colocate means (and as the planner
     assumes). `device`: the training side's (train.device resolved)."""
-    r = cfg.rollout
-    if device.type != "cuda" or not device.index or r.engine != "vllm" or r.mode != "colocate" or training_world_size(cfg) > 1:
+    if device.type != "cuda" or not device.index or cfg.engine.name != "vllm" or cfg.engine.mode != "colocate" or training_world_size(cfg) > 1:
         return []
-    return [f"train.device = {cfg.train.device} with rollout.mode = colocate: vLLM in this process runs on cuda:0, not "
+    return [f"train.device = {cfg.train.device} with engine.mode = colocate: vLLM in this process runs on cuda:0, not "
             f"on GPU {device.index}; give the process only that GPU (CUDA_VISIBLE_DEVICES={device.index} and "
-            "train.device=auto), or put vLLM in its own process (rollout.mode=local_server)"]
+            "train.device=auto), or put vLLM in its own process (engine.mode=local_server)"]
 
 
 def plan_gpu_memory(cfg: CohortConfig, plan: BatchPlan, total_bytes: int | None = None) -> GpuMemoryPlan | None:
     """The GPU split for a run whose vLLM sits on a GPU (colocated, or a local server child), None otherwise (CPU,
     transformers engine, remote servers, or a model directory not readable yet). `total_bytes`: the GPU's memory
     (default: the training device's, read from CUDA; `cohort plan --gpu-memory-gib` passes one)."""
-    r = cfg.rollout
-    if r.engine != "vllm" or r.mode == "server":
+    if cfg.engine.name != "vllm" or cfg.engine.mode == "server":
         return None
     try:
         facts = model_facts(cfg.model.path)
@@ -410,9 +407,9 @@ def plan_gpu_memory(cfg: CohortConfig, plan: BatchPlan, total_bytes: int | None 
     if facts is None:
         return None
     shared, world = True, training_world_size(cfg)
-    if r.mode == "local_server" or world > 1:  # vLLM in a child, on the GPUs after the trainer's when there are enough
-        visible = visible_gpus() if total_bytes is None else world + r.tensor_parallel_size  # (a GPU asked about: enough)
-        gpus = engine_gpus(world, r.tensor_parallel_size, visible)
+    if cfg.engine.mode == "local_server" or world > 1:  # vLLM in a child, on the GPUs after the trainer's when there are enough
+        visible = visible_gpus() if total_bytes is None else world + cfg.engine.tensor_parallel_size  # (a GPU asked about: enough)
+        gpus = engine_gpus(world, cfg.engine.tensor_parallel_size, visible)
         shared = gpus is None or gpus.shared
     if total_bytes is None:
         device = resolve_device(cfg.train.device)
@@ -448,9 +445,9 @@ def check_processes(cfg: CohortConfig) -> list[str]:
 
 
 def _check_lora(cfg: CohortConfig, check_files: bool) -> list[str]:
-    """model.lora_* ranges, the combinations LoRA serves, and (with files) target modules the architecture has."""
+    """lora.* ranges, the combinations LoRA serves, and (with files) target modules the architecture has."""
     lora_dir = None
-    if check_files and cfg.model.lora_rank > 0 and not cfg.model.path.startswith("tiny:") and not loading.check_model_dir(cfg.model.path):
+    if check_files and cfg.lora.rank > 0 and not cfg.model.path.startswith("tiny:") and not loading.check_model_dir(cfg.model.path):
         lora_dir = loading.resolve_model_dir(cfg.model.path)  # (an embedded tiny model is built on first use: not for a check)
     return lora_problems(cfg, lora_dir, needs_critic=cfg.algorithm.name in ALGORITHMS_WITH_CRITIC,
                          world_size=training_world_size(cfg))
@@ -499,12 +496,11 @@ def _check_run_section(cfg: CohortConfig) -> list[str]:
         problems.append(f"train.max_grad_norm = {t.max_grad_norm}: must be >= 0 (0 turns clipping off; 1.0 is usual)")
     if t.num_threads is not None and t.num_threads < 1:
         problems.append(f"train.num_threads = {t.num_threads}: must be >= 1, or unset it to keep PyTorch's default")
-    r = cfg.rollout
-    if r.sync_check_tolerance is not None and r.sync_check_tolerance <= 0:
-        problems.append(f"rollout.sync_check_tolerance = {r.sync_check_tolerance}: must be > 0 (engines never agree to the last "
+    if cfg.engine.sync_check_tolerance is not None and cfg.engine.sync_check_tolerance <= 0:
+        problems.append(f"engine.sync_check_tolerance = {cfg.engine.sync_check_tolerance}: must be > 0 (engines never agree to the last "
                         "bit); unset it (null) for the calibrated check, or use about 1e-3 for float32")
-    if r.engine == "vllm" and r.kv_cache_gib <= 0:
-        problems.append(f"rollout.kv_cache_gib = {r.kv_cache_gib}: must be > 0 (GiB of KV cache for vLLM on CPU); 1.0 is the default")
+    if cfg.engine.name == "vllm" and cfg.engine.kv_cache_gib <= 0:
+        problems.append(f"engine.kv_cache_gib = {cfg.engine.kv_cache_gib}: must be > 0 (GiB of KV cache for vLLM on CPU); 1.0 is the default")
     if cfg.data.eval_max_samples is not None and cfg.data.eval_max_samples < 1:
         problems.append(f"data.eval_max_samples = {cfg.data.eval_max_samples}: must be >= 1, or None for all eval rows")
     return problems
@@ -589,16 +585,16 @@ def _measure(cfg: CohortConfig) -> MeasuredPrompts | None:
 
 def _check_kv_cache(cfg: CohortConfig, facts: ModelFacts, measured: MeasuredPrompts | None) -> list[str]:
     """vLLM on CPU: the KV cache must hold one whole sequence (the longest prompt kept + the completion)."""
-    if cfg.rollout.engine != "vllm" or cfg.rollout.mode not in ("colocate", "local_server") or torch.cuda.is_available():
+    if cfg.engine.name != "vllm" or cfg.engine.mode not in ("colocate", "local_server") or torch.cuda.is_available():
         return []
     prompt = measured.longest if measured and measured.longest is not None else cfg.data.max_prompt_length
     if prompt is None:
         return []
     longest = prompt + cfg.rollout.max_completion_length
     per_token = kv_bytes_per_token(cfg, facts)
-    gib = max(1, int(round(cfg.rollout.kv_cache_gib)))  # what VLLMEngine hands vLLM (whole GiB)
+    gib = max(1, int(round(cfg.engine.kv_cache_gib)))  # what VLLMEngine hands vLLM (whole GiB)
     if per_token * longest <= gib * 2**30:
         return []
-    return [f"rollout.kv_cache_gib = {cfg.rollout.kv_cache_gib} ({gib} GiB) cannot hold one sequence of {longest} tokens "
-            f"({per_token * longest / 2**30:.2f} GiB at {per_token:,} bytes per token); raise rollout.kv_cache_gib to at least "
+    return [f"engine.kv_cache_gib = {cfg.engine.kv_cache_gib} ({gib} GiB) cannot hold one sequence of {longest} tokens "
+            f"({per_token * longest / 2**30:.2f} GiB at {per_token:,} bytes per token); raise engine.kv_cache_gib to at least "
             f"{-(-per_token * longest // 2**30)} or shorten data.max_prompt_length / rollout.max_completion_length"]

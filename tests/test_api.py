@@ -25,7 +25,7 @@ ROWS = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(32)]
 
 def _config(model_dir, out, **train):
     return {"model": {"path": str(model_dir)}, "data": {"max_prompt_length": 16},
-            "rollout": {"engine": "hf", "num_generations": 4, "max_completion_length": 6},
+            "rollout": {"num_generations": 4, "max_completion_length": 6}, "engine": {"name": "hf"},
             "train": {"prompts_per_step": 4, "micro_batch_size": 8, "learning_rate": 3e-3, **train},
             "run": {"output_dir": str(out), "progress": False, "loggers": ["jsonl"]}}
 

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from cohort import cli
-from cohort.config import ConfigError, describe_fields, load_config
+from cohort.config import ConfigError
+from cohort.config_fields import describe_fields
+from cohort.config_loading import load_config
 from cohort.plan import batch_plan
 from cohort.validation import validate_config
 
@@ -71,9 +73,9 @@ BAD = [
     (["data.train_files=[/nonexistent/train.jsonl]"], "data.train_files: '/nonexistent/train.jsonl' does not exist", "fix the path"),
     (["rollout.temperature=0"], "rollout.temperature = 0.0", "must be > 0"),
     (["model.path=/nonexistent/model"], "model.path = '/nonexistent/model'", "local transformers checkpoint"),
-    (["rollout.mode=local_server", "rollout.engine=hf"], "rollout.mode = local_server runs vLLM", "set rollout.engine=vllm"),
-    (["rollout.mode=local_server", "rollout.num_threads=0"], "rollout.num_threads = 0", "must be between 1 and the"),
-    (["rollout.num_threads=1"], "rollout.num_threads = 1 only applies with rollout.mode = local_server", "set rollout.mode=local_server"),
+    (["engine.mode=local_server", "engine.name=hf"], "engine.mode = local_server runs vLLM", "set engine.name=vllm"),
+    (["engine.mode=local_server", "engine.num_threads=0"], "engine.num_threads = 0", "must be between 1 and the"),
+    (["engine.num_threads=1"], "engine.num_threads = 1 only applies with engine.mode = local_server", "set engine.mode=local_server"),
 ]
 
 
@@ -121,7 +123,7 @@ def values(cfg) -> dict:
 
 
 def test_no_config_at_all_is_the_demo_with_its_preset():
-    from cohort.config import resolve_config
+    from cohort.config_loading import resolve_config
 
     resolved = resolve_config(None, [])
     assert values(resolved.config) == PRESET_VALUES and resolved.demo_preset
@@ -136,7 +138,7 @@ def test_no_config_at_all_is_the_demo_with_its_preset():
 def test_a_model_or_data_of_ones_own_gets_the_field_defaults(own, tmp_path, data_file, tiny_model_dir):
     # before: `cohort train model.path=... data.train_files=[...]` silently trained at the demo's lr 3e-4 with
     # 24-token prompts and 8-token completions
-    from cohort.config import resolve_config
+    from cohort.config_loading import resolve_config
 
     args = {"model": [f"model.path={tiny_model_dir}"], "data": [f"data.train_files=[{data_file}]"],
             "both": [f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]"]}[own]
@@ -150,7 +152,7 @@ def test_a_config_file_starts_from_the_field_defaults(tmp_path):
     # a YAML file is complete on its own (a resumed run's config.yaml included): never re-preset
     path = tmp_path / "partial.yaml"
     path.write_text("model: {path: 'tiny:arith'}\ntrain: {max_steps: 7}\n")
-    from cohort.config import resolve_config
+    from cohort.config_loading import resolve_config
 
     resolved = resolve_config(path, ["rollout.max_completion_length=8"])
     assert resolved.config.train.learning_rate == 1e-6 and resolved.config.data.max_prompt_length is None
@@ -158,7 +160,7 @@ def test_a_config_file_starts_from_the_field_defaults(tmp_path):
 
 
 def test_the_python_api_decides_the_same_way():
-    from cohort.config import resolve_config
+    from cohort.config_loading import resolve_config
 
     assert resolve_config({"train": {"max_steps": 5}}).config.train.learning_rate == 3e-4  # the embedded demo, as a dict
     own = resolve_config({"train": {"max_steps": 5}}, own_data=True)  # a dataset given as an object
@@ -168,7 +170,7 @@ def test_the_python_api_decides_the_same_way():
 def test_examples_arith_yaml_is_the_preset():
     from pathlib import Path
 
-    from cohort.config import DEMO_PRESET, DEMO_PRESET_FILE
+    from cohort.demo_preset import DEMO_PRESET, DEMO_PRESET_FILE
 
     example = Path(__file__).resolve().parents[1] / DEMO_PRESET_FILE
     assert yaml_load(example) == DEMO_PRESET

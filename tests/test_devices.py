@@ -24,7 +24,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import cohort
-from cohort.config import load_config
+from cohort.config_loading import load_config
 from cohort.distributed.rank0 import DetachedHFEngine
 from cohort.models.batching import pad_rows
 from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir, stop_token_ids
@@ -72,7 +72,7 @@ def test_step_and_sync_make_nothing_off_the_model_device(tmp_path, data_file, ti
     # with num_iterations 1: old log-probs are scored, and the batch's tensors are reused across steps
     cfg = load_config(None, [
         f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16",
-        "rollout.engine=hf", "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=2",
+        "engine.name=hf", "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=2",
         "train.steps_per_generation=2", "train.micro_batch_size=4", "train.max_steps=2", "train.learning_rate=1e-3",
         "train.device=lazy", "algorithm.beta=0.04", "algorithm.loss_type=grpo",
         "rewards=[{name: 'fast_path_rewards:digit_share'}]", f"run.output_dir={tmp_path / 'run'}", "run.progress=false",

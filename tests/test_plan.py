@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from cohort import cli
-from cohort.config import ConfigError, load_config
+from cohort.config import ConfigError
+from cohort.config_loading import load_config
 from cohort.plan import (ModelFacts, activation_bytes_per_token_layer, batch_plan, format_plan, gpu_fit_problems, gpu_memory_plan,
                          memory_estimate, model_facts)
 from cohort.validation import validate_config
@@ -86,7 +87,7 @@ def test_negative_grad_clip():
 
 
 def test_zero_sync_tolerance():
-    reject(["rollout.sync_check_tolerance=0"], "rollout.sync_check_tolerance = 0.0: must be > 0", "unset it (null) for the calibrated check")
+    reject(["engine.sync_check_tolerance=0"], "engine.sync_check_tolerance = 0.0: must be > 0", "unset it (null) for the calibrated check")
 
 
 def test_a_kept_prompt_longer_than_the_model_positions_is_refused_before_loading(tmp_path, tiny_model_dir, monkeypatch):
@@ -120,13 +121,13 @@ def test_no_room_for_a_prompt_is_refused_even_without_the_data(data_file):
            "lower it (e.g. to 64)")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="rollout.kv_cache_gib is the CPU backend's KV cache")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="engine.kv_cache_gib is the CPU backend's KV cache")
 def test_kv_cache_too_small_for_one_sequence(big_model_dir):
     # K and V × 32 layers × 8 heads × 128 dims × 4 bytes = 262,144 bytes per token; 512 + 8192 tokens = 2.125 GiB > 1 GiB
-    reject([f"model.path={big_model_dir}", "rollout.engine=vllm", "data.max_prompt_length=512",
-            "rollout.max_completion_length=8192", "rollout.kv_cache_gib=1"],
-           "rollout.kv_cache_gib = 1.0 (1 GiB) cannot hold one sequence of 8704 tokens (2.12 GiB at 262,144 bytes per token)",
-           "raise rollout.kv_cache_gib to at least 3")
+    reject([f"model.path={big_model_dir}", "engine.name=vllm", "data.max_prompt_length=512",
+            "rollout.max_completion_length=8192", "engine.kv_cache_gib=1"],
+           "engine.kv_cache_gib = 1.0 (1 GiB) cannot hold one sequence of 8704 tokens (2.12 GiB at 262,144 bytes per token)",
+           "raise engine.kv_cache_gib to at least 3")
 
 
 def test_output_dir_inside_a_file(tmp_path):
@@ -246,30 +247,30 @@ def test_activation_estimate_is_close_to_what_autograd_saves(tiny_model_dir):
 
 
 def test_stream_update_on_names_every_field_that_makes_it_inexact():
-    reject(["rollout.stream_update=on", "algorithm.name=reinforce_pp", "algorithm.loss_type=bnpo", "train.steps_per_generation=2",
+    reject(["pipeline.stream_update=on", "algorithm.name=reinforce_pp", "algorithm.loss_type=bnpo", "train.steps_per_generation=2",
             "train.prompts_per_step=2", "rollout.num_generations=4"],
-           "rollout.stream_update = on, but", "algorithm.name = reinforce_pp", "algorithm.loss_type = bnpo",
-           "train.steps_per_generation = 2", "(or set rollout.stream_update=auto/off)")
-    reject(["rollout.stream_update=on", "algorithm.beta=0.1", "algorithm.kl_controller=adaptive"], "algorithm.beta = 0.1")
-    validate_config(load_config(None, ["rollout.stream_update=on", "algorithm.beta=0.1"]))  # KL in the loss, fixed: exact
+           "pipeline.stream_update = on, but", "algorithm.name = reinforce_pp", "algorithm.loss_type = bnpo",
+           "train.steps_per_generation = 2", "(or set pipeline.stream_update=auto/off)")
+    reject(["pipeline.stream_update=on", "algorithm.beta=0.1", "algorithm.kl_controller=adaptive"], "algorithm.beta = 0.1")
+    validate_config(load_config(None, ["pipeline.stream_update=on", "algorithm.beta=0.1"]))  # KL in the loss, fixed: exact
 
 
 def test_dynamic_sampling_is_refused_where_a_constant_group_still_has_advantages():
-    reject(["rollout.dynamic_sampling=true", "algorithm.name=reinforce_pp"],
-           "rollout.dynamic_sampling = true with algorithm.name = reinforce_pp")
-    reject(["rollout.dynamic_sampling=true", "rollout.max_refill_rounds=-1"], "rollout.max_refill_rounds = -1")
-    validate_config(load_config(None, ["rollout.dynamic_sampling=true", "algorithm.name=rloo"]))
-    validate_config(load_config(None, ["rollout.dynamic_sampling=true", "rollout.max_staleness=1"]))  # one scheduler: combined
+    reject(["pipeline.dynamic_sampling=true", "algorithm.name=reinforce_pp"],
+           "pipeline.dynamic_sampling = true with algorithm.name = reinforce_pp")
+    reject(["pipeline.dynamic_sampling=true", "pipeline.max_refill_rounds=-1"], "pipeline.max_refill_rounds = -1")
+    validate_config(load_config(None, ["pipeline.dynamic_sampling=true", "algorithm.name=rloo"]))
+    validate_config(load_config(None, ["pipeline.dynamic_sampling=true", "pipeline.max_staleness=1"]))  # one scheduler: combined
 
 
 def test_plan_says_whether_the_update_streams_and_what_waits_for_the_batch(data_file, capsys):
     base = [f"data.train_files=[{data_file}]", "rollout.max_completion_length=8"]
-    cli.main(["plan", *base, "rollout.mode=local_server"])
+    cli.main(["plan", *base, "engine.mode=local_server"])
     assert "streamed update       on: each finished group's forward/backward runs while the rest generate" in capsys.readouterr().out
     cli.main(["plan", *base])
-    assert ("streamed update       off (rollout.mode = colocate: the engine shares the trainer's cores): rewards per group"
+    assert ("streamed update       off (engine.mode = colocate: the engine shares the trainer's cores): rewards per group"
             in capsys.readouterr().out)
-    cli.main(["plan", *base, "rollout.mode=local_server", "algorithm.scale_rewards=batch", "rollout.dynamic_sampling=true"])
+    cli.main(["plan", *base, "engine.mode=local_server", "algorithm.scale_rewards=batch", "pipeline.dynamic_sampling=true"])
     out = capsys.readouterr().out
     assert "streamed update       off (algorithm.scale_rewards = batch)" in out
     assert "dynamic sampling      on: groups with all-equal rewards are replaced, at most 30 refill rounds" in out
@@ -277,13 +278,13 @@ def test_plan_says_whether_the_update_streams_and_what_waits_for_the_batch(data_
 
 def test_plan_says_when_partial_rollouts_or_asynchronous_generation_train_off_policy_tokens(data_file, capsys):
     base = [f"data.train_files=[{data_file}]", "rollout.max_completion_length=8"]
-    cli.main(["plan", *base, "rollout.over_provision=1.5", "algorithm.off_policy_objective=mask_stale"])
+    cli.main(["plan", *base, "pipeline.over_provision=1.5", "algorithm.off_policy_objective=mask_stale"])
     out = capsys.readouterr().out
     assert ("partial rollouts      on: 1.5× the batch's groups requested, the first to finish trained, the rest resumed "
             "next step (at most 2 cuts per request); resumed tokens are off-policy (mask_stale)") in out
-    cli.main(["plan", *base, "rollout.max_staleness=2", "rollout.stale_tokens=drop"])
+    cli.main(["plan", *base, "pipeline.max_staleness=2", "pipeline.stale_tokens=drop"])
     out = capsys.readouterr().out
-    assert "streamed update       off (rollout.max_staleness >= 1): each batch's groups are taken as they finish" in out
+    assert "streamed update       off (pipeline.max_staleness >= 1): each batch's groups are taken as they finish" in out
     assert ("asynchronous          on: generation runs up to 2 policy version(s) ahead; tokens staler when trained: drop; "
             "off-policy tokens: decoupled") in out
 
@@ -387,18 +388,18 @@ def test_gpu_plan_with_sleep_mode_offload_and_the_refusal(qwen05_dir):
     """A 22 GiB GPU (23,622,320,128), no checkpointing: 3,153,825,100.8 / 23,622,320,128 = 0.1335 → 0.14
     (0.14 × 23,622,320,128 = 3,307,124,817.92 → 3,307,124,818 B). Without sleep: 536,870,912 + 20,904,562,432 +
     3,307,124,818 = 24,748,558,162 > 22 GiB: refused,
-    both numbers and the fixes named. With rollout.sleep_mode=2 vLLM releases its 0.14 during the update: the
+    both numbers and the fixes named. With engine.sleep_mode=2 vLLM releases its 0.14 during the update: the
     busier phase is max(update 20,904,562,432, generation 5,928,393,216 + 3,307,124,818 = 9,235,518,034) + 536,870,912
     = 21,441,433,344 (19.97 GiB) ≤ 22 GiB: fits."""
     gpu, cfg = qwen05_gpu(22, model_dir=qwen05_dir)
     assert (gpu.utilization, gpu.engine_bytes, gpu.fits) == (0.14, 3_307_124_818, False)
     assert gpu.needed == 536_870_912 + 20_904_562_432 + 3_307_124_818 == 24_748_558_162
     (problem,) = gpu_fit_problems(cfg, gpu)
-    for piece in ("the trainer's peak 19.47 GiB", "rollout.gpu_memory_utilization = 0.14 (derived): 3.08 GiB",
+    for piece in ("the trainer's peak 19.47 GiB", "engine.gpu_memory_utilization = 0.14 (derived): 3.08 GiB",
                   "need 23.05 GiB in the update, more than the GPU's 22.00 GiB", "train.micro_batch_size smaller",
-                  "train.gradient_checkpointing=true", "rollout.sleep_mode=2", "rollout.max_completion_length"):
+                  "train.gradient_checkpointing=true", "engine.sleep_mode=2", "rollout.max_completion_length"):
         assert piece in problem, problem
-    asleep, cfg = qwen05_gpu(22, "rollout.sleep_mode=2", model_dir=qwen05_dir)
+    asleep, cfg = qwen05_gpu(22, "engine.sleep_mode=2", model_dir=qwen05_dir)
     assert (asleep.needed, asleep.fits, gpu_fit_problems(cfg, asleep)) == (21_441_433_344, True, [])
 
 
@@ -409,14 +410,14 @@ def test_gpu_plan_of_an_engine_alone_and_of_a_fraction_too_small(qwen05_dir):
     alone = gpu_memory_plan(load_config(None, [f"model.path={qwen05_dir}", *QWEN05]),
                             batch_plan(load_config(None, QWEN05)), model_facts(str(qwen05_dir)), 80 * GIB, shared=False)
     assert (alone.utilization, alone.trainer, alone.fits) == (0.9, [], True)
-    small, cfg = qwen05_gpu(80, "rollout.gpu_memory_utilization=0.01", model_dir=qwen05_dir)
+    small, cfg = qwen05_gpu(80, "engine.gpu_memory_utilization=0.01", model_dir=qwen05_dir)
     assert (small.derived, small.engine_minimum, small.fits) == (False, 2_074_390_272, False)
-    assert "raise rollout.gpu_memory_utilization to at least 0.03" in gpu_fit_problems(cfg, small)[0]
+    assert "raise engine.gpu_memory_utilization to at least 0.03" in gpu_fit_problems(cfg, small)[0]
 
 
 def test_plan_prints_the_gpu_split_when_asked(qwen05_dir, capsys):
     assert cli.main(["plan", f"model.path={qwen05_dir}", *QWEN05, "--gpu-memory-gib", "80"]) == 0
     out = capsys.readouterr().out
     assert "GPU memory (80.00 GiB per GPU" in out and "vLLM KV cache" in out and "768.00 MiB" in out
-    assert "rollout.gpu_memory_utilization  0.04 = 3.20 GiB (derived: vLLM's share + 10%, rounded up)" in out
+    assert "engine.gpu_memory_utilization  0.04 = 3.20 GiB (derived: vLLM's share + 10%, rounded up)" in out
     assert "fits" in out

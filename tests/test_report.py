@@ -97,7 +97,7 @@ def test_compare_overlays_runs(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def real_run(tiny_model_dir, tmp_path_factory):
-    from cohort.config import load_config
+    from cohort.config_loading import load_config
     from cohort.trainer.loop import Trainer
 
     root = tmp_path_factory.mktemp("report-run")
@@ -107,7 +107,7 @@ def real_run(tiny_model_dir, tmp_path_factory):
     # max_completion_length 4: the random model rarely stops that early, so the length-limit warning fires at step 3
     trainer = Trainer(load_config(None, [
         f"model.path={tiny_model_dir}", f"data.train_files=[{data}]", f"data.eval_files=[{data}]", "data.max_prompt_length=16",
-        "rollout.engine=hf", "rollout.num_generations=4", "rollout.max_completion_length=4", "train.prompts_per_step=2",
+        "engine.name=hf", "rollout.num_generations=4", "rollout.max_completion_length=4", "train.prompts_per_step=2",
         "train.micro_batch_size=8", "train.max_steps=6", "train.learning_rate=1e-3", "algorithm.beta=0.01",
         "rewards=[{name: numeric_match}]", f"run.output_dir={run_dir}", "run.progress=false",
         "run.loggers=[jsonl, tensorboard]", "run.log_completions_every=2"]))

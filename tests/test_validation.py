@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from cohort.config import ConfigError, load_config
+from cohort.config import ConfigError
+from cohort.config_loading import load_config
 from tests.test_plan import QWEN05, without_tokenizer_check, write_qwen05_dir
 from cohort import validation
 from cohort.validation import check_gpu_settings, validate_config
@@ -41,17 +42,19 @@ def _cohort_modules_after(statement: str) -> dict:
 
 
 MAPPING = ["cohort.mapping", "cohort.mapping.hints", "cohort.mapping.rules", "cohort.mapping.trl_rules",
-           "cohort.mapping.verl_rules"]  # verl's and TRL's option tables (pure data), for config's foreign-key hints
+           "cohort.mapping.verl_rules"]  # verl's and TRL's option tables (pure data), for the loader's foreign-key hints
 
 
-def test_config_imports_nothing_of_cohort_but_the_mapping_tables_and_no_torch():
-    loaded = _cohort_modules_after("import cohort.config")
-    assert loaded == {"cohort": ["cohort", "cohort.config", *MAPPING], "torch": False}
+def test_config_imports_nothing_of_cohort_and_its_loader_only_the_mapping_tables_and_no_torch():
+    assert _cohort_modules_after("import cohort.config") == {"cohort": ["cohort", "cohort.config"], "torch": False}
+    loaded = _cohort_modules_after("import cohort.config_loading")
+    assert loaded == {"cohort": ["cohort", "cohort.config", "cohort.config_fields", "cohort.config_loading", "cohort.config_renames",
+                                 "cohort.demo_preset", *MAPPING], "torch": False}
 
 
 @pytest.mark.slow
 def test_plan_imports_only_the_config_and_validation_no_trainer():
-    assert _cohort_modules_after("import cohort.plan") == {"cohort": ["cohort", "cohort.config", *MAPPING, "cohort.plan"],
+    assert _cohort_modules_after("import cohort.plan") == {"cohort": ["cohort", "cohort.config", "cohort.plan"],
                                                           "torch": False}
     loaded = _cohort_modules_after("import cohort.validation")["cohort"]
     assert "cohort.validation" in loaded and "cohort.plan" in loaded
@@ -66,29 +69,29 @@ def _problems(overrides, device_type="cpu", visible=0):
 
 
 def test_sleep_mode_is_refused_where_it_cannot_work_with_the_fix():
-    (cpu,) = _problems(["rollout.sleep_mode=1"])
-    assert "rollout.sleep_mode = 1: vLLM's sleep mode needs CUDA" in cpu and "set rollout.sleep_mode=0" in cpu
-    assert _problems(["rollout.sleep_mode=2"], "cuda", 1) == []  # colocated vLLM on a GPU: served
-    (hf,) = _problems(["rollout.sleep_mode=2", "rollout.engine=hf"], "cuda", 1)
-    assert "rollout.engine = hf has no sleep mode" in hf
-    (child,) = _problems(["rollout.sleep_mode=2", "rollout.mode=local_server"], "cuda", 2)
+    (cpu,) = _problems(["engine.sleep_mode=1"])
+    assert "engine.sleep_mode = 1: vLLM's sleep mode needs CUDA" in cpu and "set engine.sleep_mode=0" in cpu
+    assert _problems(["engine.sleep_mode=2"], "cuda", 1) == []  # colocated vLLM on a GPU: served
+    (hf,) = _problems(["engine.sleep_mode=2", "engine.name=hf"], "cuda", 1)
+    assert "engine.name = hf has no sleep mode" in hf
+    (child,) = _problems(["engine.sleep_mode=2", "engine.mode=local_server"], "cuda", 2)
     assert "not in the trainer's process" in child
-    (busy,) = _problems(["rollout.sleep_mode=2", "rollout.overlap=true"], "cuda", 1)
+    (busy,) = _problems(["engine.sleep_mode=2", "pipeline.max_staleness=1"], "cuda", 1)
     assert "generates while the trainer updates" in busy
 
 
 def test_tensor_parallel_needs_its_own_process_and_enough_gpus():
-    (colocated,) = _problems(["rollout.tensor_parallel_size=2"], "cuda", 4)
-    assert "needs vLLM in its own process(es): set rollout.mode=local_server" in colocated
-    assert _problems(["rollout.tensor_parallel_size=2", "rollout.mode=local_server"], "cuda", 4) == []
-    (few,) = _problems(["rollout.tensor_parallel_size=4", "rollout.mode=local_server"], "cuda", 2)
+    (colocated,) = _problems(["engine.tensor_parallel_size=2"], "cuda", 4)
+    assert "needs vLLM in its own process(es): set engine.mode=local_server" in colocated
+    assert _problems(["engine.tensor_parallel_size=2", "engine.mode=local_server"], "cuda", 4) == []
+    (few,) = _problems(["engine.tensor_parallel_size=4", "engine.mode=local_server"], "cuda", 2)
     assert "this process sees 2 GPU(s); use at most 2" in few
-    assert "must be at least 1" in _problems(["rollout.tensor_parallel_size=0"])[0]
+    assert "must be at least 1" in _problems(["engine.tensor_parallel_size=0"])[0]
 
 
 def test_gpu_memory_utilization_is_unset_by_default_and_checked_when_set():
-    assert load_config(None, []).rollout.gpu_memory_utilization is None
-    (bad,) = _problems(["rollout.gpu_memory_utilization=1.5"])
+    assert load_config(None, []).engine.gpu_memory_utilization is None
+    (bad,) = _problems(["engine.gpu_memory_utilization=1.5"])
     assert "must be in (0, 1]" in bad and "unset (null) for the planner's value" in bad
 
 
@@ -108,21 +111,21 @@ def test_validation_derives_the_fraction_on_a_gpu_and_refuses_what_cannot_fit(mo
     _fake_gpu(monkeypatch, 80)
     cfg = load_config(None, [f"model.path={model_dir}", *QWEN05])
     validate_config(cfg)
-    assert cfg.rollout.gpu_memory_utilization == 0.04
+    assert cfg.engine.gpu_memory_utilization == 0.04
     _fake_gpu(monkeypatch, 22)
     with pytest.raises(ConfigError) as err:
         validate_config(load_config(None, [f"model.path={model_dir}", *QWEN05]))
     assert "the trainer's peak 19.47 GiB" in str(err.value) and "more than the GPU's 22.00 GiB" in str(err.value)
-    cfg = load_config(None, [f"model.path={model_dir}", *QWEN05, "rollout.sleep_mode=2"])
+    cfg = load_config(None, [f"model.path={model_dir}", *QWEN05, "engine.sleep_mode=2"])
     validate_config(cfg)  # asleep during the update: fits
-    assert cfg.rollout.gpu_memory_utilization == 0.14
+    assert cfg.engine.gpu_memory_utilization == 0.14
 
 
 def test_colocated_vllm_and_a_trainer_on_another_gpu_are_refused():
     # vLLM in the trainer's process sits on cuda:0; a trainer on cuda:1 of the same process would not share its GPU
     gpu1, gpu0 = torch.device("cuda", 1), torch.device("cuda", 0)
     problems = validation.check_colocated_gpu(load_config(None, ["train.device=cuda:1"]), gpu1)
-    assert len(problems) == 1 and "CUDA_VISIBLE_DEVICES=1" in problems[0] and "rollout.mode=local_server" in problems[0]
-    assert validation.check_colocated_gpu(load_config(None, ["train.device=cuda:1", "rollout.mode=local_server"]), gpu1) == []
-    assert validation.check_colocated_gpu(load_config(None, ["train.device=cuda:1", "rollout.engine=hf"]), gpu1) == []
+    assert len(problems) == 1 and "CUDA_VISIBLE_DEVICES=1" in problems[0] and "engine.mode=local_server" in problems[0]
+    assert validation.check_colocated_gpu(load_config(None, ["train.device=cuda:1", "engine.mode=local_server"]), gpu1) == []
+    assert validation.check_colocated_gpu(load_config(None, ["train.device=cuda:1", "engine.name=hf"]), gpu1) == []
     assert validation.check_colocated_gpu(load_config(None, []), gpu0) == []

@@ -20,7 +20,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from cohort.config import SECTIONS, CohortConfig, describe_fields
+from cohort.config import SECTIONS, CohortConfig
+from cohort.config_fields import describe_fields
 from cohort.convert.sources import count_rows, detect, read_trl, read_verl
 from cohort.mapping.rules import MISSING, Entry, Options, Rule, Unmappable, flow
 from cohort.mapping.trl_rules import TRL_RULES

@@ -263,7 +263,7 @@ class RepeatSampler:
         return [i for i in self.next_prompts() for _ in range(self.num_generations)]
 
     def next_group(self) -> list[int]:
-        """One more prompt, repeated G times: a refill group (rollout.dynamic_sampling). It is the prompt the next
+        """One more prompt, repeated G times: a refill group (pipeline.dynamic_sampling). It is the prompt the next
         batch would have started with, so the state (epoch, position) stays all there is to checkpoint."""
         return [i for i in self.next_prompts(1) for _ in range(self.num_generations)]
 

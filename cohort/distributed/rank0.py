@@ -12,11 +12,11 @@ walks it twice: sizes, then tensors) is announced to the other ranks, which join
 its all-gathers in the same order and drop what they receive.
 
 Which engine rank 0 holds (chosen by `cohort.trainer.engines.rank0_engine`):
-- rollout.mode=server: the client of the rollout servers (`RemoteEngine`);
-- rollout.engine=hf: `DetachedHFEngine`, transformers on an unsharded copy of
+- engine.mode=server: the client of the rollout servers (`RemoteEngine`);
+- engine.name=hf: `DetachedHFEngine`, transformers on an unsharded copy of
   the policy (generating with the sharded module would need every rank in
   every decoding step);
-- rollout.engine=vllm (rollout.mode colocate or local_server): `LocalServerEngine`,
+- engine.name=vllm (engine.mode colocate or local_server): `LocalServerEngine`,
   a private `cohort serve` child on loopback — vLLM builds torch.distributed groups of its own, which cannot
   nest inside a multi-rank process (it waits for ranks that never come).
 """
@@ -181,7 +181,7 @@ class DetachedHFEngine:
     def update_weights(self, named_tensors, version: int, *, in_flight: bool = False) -> None:
         if in_flight:
             raise RuntimeError("DetachedHFEngine cannot update weights with requests in flight (in_flight_updates is "
-                               "False); use rollout.engine=vllm for asynchronous training")
+                               "False); use engine.name=vllm for asynchronous training")
         for name, tensor in named_tensors:
             target = self.params.get(name, self.buffers.get(name))
             if target is None:

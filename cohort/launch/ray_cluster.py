@@ -4,7 +4,7 @@
 
 1. it joins the cluster at `distributed.ray_address` (`auto`, or the address
    `ray start --head` printed), or starts a local Ray just for this run;
-2. when `rollout.mode=server` and no `rollout.server_urls` are given, it starts
+2. when `engine.mode=server` and no `engine.server_urls` are given, it starts
    `distributed.num_rollout_servers` actors, each a vLLM engine behind the
    rollout server (`cohort.rollout.server`) bound to its node's address, with
    `distributed.cpus_per_rollout` / `gpus_per_rollout` each;
@@ -235,7 +235,7 @@ def _resource_fix(key: str, have: float, world: int, servers: int, per_rollout: 
 
 
 def _servers_to_start(cfg) -> int:
-    spawn = cfg.rollout.mode == "server" and not cfg.rollout.server_urls
+    spawn = cfg.engine.mode == "server" and not cfg.engine.server_urls
     return cfg.distributed.num_rollout_servers if spawn else 0
 
 
@@ -279,19 +279,19 @@ def train_with_ray(cfg) -> dict[str, Any]:
     actors: list = []
     try:
         _check_cluster(cfg)
-        urls = list(cfg.rollout.server_urls)
+        urls = list(cfg.engine.server_urls)
         if servers_n:
             remote = ray.remote(RolloutServerActor).options(
                 num_cpus=d.cpus_per_rollout, num_gpus=d.gpus_per_rollout,
                 runtime_env={"env_vars": _actor_env(token, d.cpus_per_rollout)})
-            servers = [remote.remote(os.getcwd(), cfg.model.path, cfg.generation_dtype, cfg.rollout.seed + i, cfg.rollout.kv_cache_gib,
-                                     cfg.rollout.gpu_memory_utilization) for i in range(servers_n)]
+            servers = [remote.remote(os.getcwd(), cfg.model.path, cfg.generation_dtype, cfg.rollout.seed + i, cfg.engine.kv_cache_gib,
+                                     cfg.engine.gpu_memory_utilization) for i in range(servers_n)]
             actors += servers
             urls = _wait_all([s.url.remote() for s in servers])
             print(f"cohort: {servers_n} rollout server actor(s) at {', '.join(urls)}", flush=True)
         tree = cfg.to_dict()
         tree["distributed"]["backend"] = "none"  # the actors train; they must not launch further actors
-        tree["rollout"]["server_urls"] = urls
+        tree["engine"]["server_urls"] = urls
         tree["run"]["output_dir"] = os.path.abspath(cfg.run.output_dir or default_output_dir())
         remote = ray.remote(TrainerActor).options(num_cpus=d.cpus_per_trainer, num_gpus=d.gpus_per_trainer,
                                                   runtime_env={"env_vars": _actor_env(token, d.cpus_per_trainer)})

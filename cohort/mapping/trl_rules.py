@@ -161,8 +161,8 @@ def _peft(key: str, target: str):
 
 def _use_peft(value: bool, o: Options) -> list[Entry]:
     if not value:
-        return [Entry("model.lora_rank", 0, o.show("use_peft") + ": full fine-tuning")]
-    return [Entry("model.lora_rank", o.get("lora_r"), f"{o.show('use_peft')}, {o.show('lora_r')}")]
+        return [Entry("lora.rank", 0, o.show("use_peft") + ": full fine-tuning")]
+    return [Entry("lora.rank", o.get("lora_r"), f"{o.show('use_peft')}, {o.show('lora_r')}")]
 
 
 def _rewards(value: list[str] | None, o: Options) -> list[Entry]:
@@ -197,19 +197,19 @@ def _dataset(value: str, o: Options) -> list[Entry]:
 
 def _vllm_mode(value: str, o: Options) -> list[Entry]:
     if value == "colocate" and o.get("vllm_tensor_parallel_size", 1) > 1:
-        return [Entry("rollout.mode", "local_server", f"{o.show('vllm_mode')} with {o.show('vllm_tensor_parallel_size')}: "
+        return [Entry("engine.mode", "local_server", f"{o.show('vllm_mode')} with {o.show('vllm_tensor_parallel_size')}: "
                       "cohort splits a model over GPUs only with vLLM in its own process")]
     table = {"colocate": "colocate", "server": "server"}
     if value not in table:
-        raise Unmappable(f"{value}: cohort's rollout.mode is colocate, local_server or server")
-    return [Entry("rollout.mode", table[value], o.show("vllm_mode") + (" (with `cohort serve`, token in COHORT_SERVER_TOKEN)"
+        raise Unmappable(f"{value}: cohort's engine.mode is colocate, local_server or server")
+    return [Entry("engine.mode", table[value], o.show("vllm_mode") + (" (with `cohort serve`, token in COHORT_SERVER_TOKEN)"
                                                                          if value == "server" else ""))]
 
 
 def _tensor_parallel(value: int, o: Options) -> list[Entry]:
-    out = [Entry("rollout.tensor_parallel_size", value, o.show("vllm_tensor_parallel_size"))]
+    out = [Entry("engine.tensor_parallel_size", value, o.show("vllm_tensor_parallel_size"))]
     if value > 1 and not o.has("vllm_mode"):
-        out.append(Entry("rollout.mode", "local_server", f"{o.show('vllm_tensor_parallel_size')}: cohort splits a model "
+        out.append(Entry("engine.mode", "local_server", f"{o.show('vllm_tensor_parallel_size')}: cohort splits a model "
                          "over GPUs only with vLLM in its own process"))
     return out
 
@@ -224,7 +224,7 @@ def _server_url(key: str):
             return []  # (the base URL wins, as in TRL)
         url = o.get("vllm_server_base_url") or f"http://{o.get('vllm_server_host')}:{o.get('vllm_server_port')}"
         shown = o.show(key) if key == "vllm_server_base_url" else f"{o.show('vllm_server_host')}, {o.show('vllm_server_port')}"
-        return [Entry("rollout.server_urls", [url], shown)] if key != "vllm_server_port" else []
+        return [Entry("engine.server_urls", [url], shown)] if key != "vllm_server_port" else []
 
     return convert
 
@@ -261,8 +261,8 @@ def _scale_rewards(value: Any, o: Options) -> list[Entry]:
 
 def _max_turns(value: int | None, o: Options) -> list[Entry]:
     if value is None:
-        raise Unmappable("no limit in TRL; cohort's rollout.max_turns always bounds the assistant turns (4 by default)")
-    return [Entry("rollout.max_turns", value + 1, f"{o.show('max_tool_calling_iterations')} tool-calling turns + the "
+        raise Unmappable("no limit in TRL; cohort's tools.max_turns always bounds the assistant turns (4 by default)")
+    return [Entry("tools.max_turns", value + 1, f"{o.show('max_tool_calling_iterations')} tool-calling turns + the "
                   f"answering turn = {value + 1} assistant turns")]
 
 
@@ -325,13 +325,13 @@ TRL_RULES: tuple[Rule, ...] = (
     Rule("bf16", ("model.dtype",), _bf16, "True: bfloat16 autocast over float32 masters (train.precision=mixed); "
          "unset, cohort's model.dtype=auto picks by the hardware"),
     none_of("fp16", "float16 needs loss scaling, which cohort does not do: use bf16"),
-    Rule("use_peft", ("model.lora_rank",), _use_peft, "True: model.lora_rank = lora_r"),
-    Rule("lora_r", ("model.lora_rank",), _peft("lora_r", "model.lora_rank"), "with use_peft", default=16),
-    Rule("lora_alpha", ("model.lora_alpha",), _peft("lora_alpha", "model.lora_alpha"), "with use_peft", default=32),
-    Rule("lora_dropout", ("model.lora_dropout",), _peft("lora_dropout", "model.lora_dropout"), "with use_peft", default=0.05),
-    Rule("lora_target_modules", ("model.lora_target_modules",), _peft("lora_target_modules", "model.lora_target_modules"),
+    Rule("use_peft", ("lora.rank",), _use_peft, "True: lora.rank = lora_r"),
+    Rule("lora_r", ("lora.rank",), _peft("lora_r", "lora.rank"), "with use_peft", default=16),
+    Rule("lora_alpha", ("lora.alpha",), _peft("lora_alpha", "lora.alpha"), "with use_peft", default=32),
+    Rule("lora_dropout", ("lora.dropout",), _peft("lora_dropout", "lora.dropout"), "with use_peft", default=0.05),
+    Rule("lora_target_modules", ("lora.target_modules",), _peft("lora_target_modules", "lora.target_modules"),
          "with use_peft; unset, peft picks per architecture and cohort takes all-linear"),
-    *(none_of(k, "not in cohort's LoRA (model.lora_*)") for k in ("use_rslora", "use_dora", "lora_modules_to_save",
+    *(none_of(k, "not in cohort's LoRA (the lora section)") for k in ("use_rslora", "use_dora", "lora_modules_to_save",
                                                                   "lora_target_parameters", "lora_task_type")),
     *(none_of(k, "cohort trains unquantised weights") for k in ("load_in_4bit", "load_in_8bit", "use_bnb_nested_quant")),
     none_of("attn_implementation", "cohort uses transformers' default attention for the checkpoint"),
@@ -366,18 +366,18 @@ TRL_RULES: tuple[Rule, ...] = (
                                              "vllm_model_impl", "vllm_structured_outputs_regex", "vllm_max_model_length")),
     none_of("chat_template_kwargs", "cohort renders chat prompts with the tokenizer's chat template as it is"),
     none_of("num_generations_eval", "cohort's eval is greedy, one completion per prompt; `cohort eval --num-samples K`"),
-    mapped("use_vllm", "rollout.engine", {True: "vllm", False: "hf"},
+    mapped("use_vllm", "engine.name", {True: "vllm", False: "hf"},
            "False: transformers; unset, cohort uses vLLM (TRL's default is transformers)"),
-    Rule("vllm_mode", ("rollout.mode",), _vllm_mode, "colocate or server (with `cohort serve`)"),
-    Rule("vllm_server_base_url", ("rollout.server_urls",), _server_url("vllm_server_base_url"), "with vllm_mode=server"),
-    Rule("vllm_server_host", ("rollout.server_urls",), _server_url("vllm_server_host"), "with vllm_mode=server"),
-    Rule("vllm_server_port", ("rollout.server_urls",), _server_url("vllm_server_port"), "with vllm_mode=server"),
-    Rule("vllm_server_timeout", ("rollout.server_timeout_s",), None, "seconds"),
+    Rule("vllm_mode", ("engine.mode",), _vllm_mode, "colocate or server (with `cohort serve`)"),
+    Rule("vllm_server_base_url", ("engine.server_urls",), _server_url("vllm_server_base_url"), "with vllm_mode=server"),
+    Rule("vllm_server_host", ("engine.server_urls",), _server_url("vllm_server_host"), "with vllm_mode=server"),
+    Rule("vllm_server_port", ("engine.server_urls",), _server_url("vllm_server_port"), "with vllm_mode=server"),
+    Rule("vllm_server_timeout", ("engine.server_timeout_s",), None, "seconds"),
     none_of("vllm_group_port", "cohort pushes weights to its servers over HTTP"),
-    Rule("vllm_gpu_memory_utilization", ("rollout.gpu_memory_utilization",), None, "unset in cohort: derived by the planner"),
-    Rule("vllm_tensor_parallel_size", ("rollout.tensor_parallel_size", "rollout.mode"), _tensor_parallel,
-         "> 1 needs vLLM in its own process (rollout.mode=local_server)"),
-    mapped("vllm_enable_sleep_mode", "rollout.sleep_mode", {True: 2, False: 0}, "level 2, as TRL sleeps"),
+    Rule("vllm_gpu_memory_utilization", ("engine.gpu_memory_utilization",), None, "unset in cohort: derived by the planner"),
+    Rule("vllm_tensor_parallel_size", ("engine.tensor_parallel_size", "engine.mode"), _tensor_parallel,
+         "> 1 needs vLLM in its own process (engine.mode=local_server)"),
+    mapped("vllm_enable_sleep_mode", "engine.sleep_mode", {True: 2, False: 0}, "level 2, as TRL sleeps"),
     Rule(ISC, ("algorithm.rollout_correction",), _correction, "with vllm_importance_sampling_mode: token_truncate: "
          "truncate, token_mask: mask; False: none"),
     Rule(ISM, ("algorithm.rollout_correction",), _correction_mode, "token_truncate: truncate, token_mask: mask"),
@@ -408,7 +408,7 @@ TRL_RULES: tuple[Rule, ...] = (
     none_of("off_policy_mask_threshold", "no off-policy sequence masking; algorithm.off_policy_objective=mask_stale masks stale tokens"),
     none_of("use_bias_correction_kl", "cohort's KL term is not multiplied by the importance ratio"),
     Rule("shuffle_dataset", ("data.shuffle",), None),
-    Rule("max_tool_calling_iterations", ("rollout.max_turns",), _max_turns, "tool-calling turns + 1 = assistant turns"),
+    Rule("max_tool_calling_iterations", ("tools.max_turns",), _max_turns, "tool-calling turns + 1 = assistant turns"),
     Rule("log_completions", ("run.log_completions_every",), _log_completions, "True: every logging_steps"),
     Rule("num_completions_to_print", ("run.num_completions_to_log",), None),
     *(none_of(k, "cohort writes sample completions to completions.jsonl") for k in ("log_unique_prompts", "log_multimodal",

@@ -151,20 +151,20 @@ def _top_k(value: int, o: Options) -> list[Entry]:
 
 
 def _tensor_parallel(value: int, o: Options) -> list[Entry]:
-    out = [Entry("rollout.tensor_parallel_size", value, o.show(ROLLOUT + "tensor_model_parallel_size"))]
+    out = [Entry("engine.tensor_parallel_size", value, o.show(ROLLOUT + "tensor_model_parallel_size"))]
     if value > 1:
-        out.append(Entry("rollout.mode", "local_server", f"{o.show(ROLLOUT + 'tensor_model_parallel_size')}: cohort splits "
+        out.append(Entry("engine.mode", "local_server", f"{o.show(ROLLOUT + 'tensor_model_parallel_size')}: cohort splits "
                          "a model over GPUs only with vLLM in its own process (on the GPUs after the trainer's)"))
     return out
 
 
 def _free_cache(value: bool, o: Options) -> list[Entry]:
     if not value:
-        return [Entry("rollout.sleep_mode", 0, o.show(ROLLOUT + "free_cache_engine"))]
+        return [Entry("engine.sleep_mode", 0, o.show(ROLLOUT + "free_cache_engine"))]
     if o.get(ROLLOUT + "tensor_model_parallel_size", 1) > 1 or _processes(o) > 1:
-        raise Unmappable("cohort's rollout.sleep_mode is for vLLM inside the one training process; with tensor "
+        raise Unmappable("cohort's engine.sleep_mode is for vLLM inside the one training process; with tensor "
                          "parallelism or several processes vLLM runs in its own process")
-    return [Entry("rollout.sleep_mode", 2, f"{o.show(ROLLOUT + 'free_cache_engine')}: level 2 discards the KV cache and "
+    return [Entry("engine.sleep_mode", 2, f"{o.show(ROLLOUT + 'free_cache_engine')}: level 2 discards the KV cache and "
                   "the weights during the update (the push rewrites every weight)")]
 
 
@@ -313,9 +313,9 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule(MODEL + "enable_gradient_checkpointing", ("train.gradient_checkpointing",), None, default=True),
     none_of(MODEL + "use_remove_padding", "cohort pads within length-sorted micro-batches; train.max_tokens_per_microbatch "
             "caps the padded tokens of one"),
-    Rule(MODEL + "lora_rank", ("model.lora_rank",), None, "0: full fine-tuning"),
-    Rule(MODEL + "lora_alpha", ("model.lora_alpha",), None),
-    Rule(MODEL + "target_modules", ("model.lora_target_modules",), None),
+    Rule(MODEL + "lora_rank", ("lora.rank",), None, "0: full fine-tuning"),
+    Rule(MODEL + "lora_alpha", ("lora.alpha",), None),
+    Rule(MODEL + "target_modules", ("lora.target_modules",), None),
     none_of(MODEL + "trust_remote_code", "cohort loads no remote code"),
     none_of(MODEL + "use_shm", "cohort reads the checkpoint from its directory"),
     none_of(MODEL + "use_liger", "cohort uses the model's own transformers kernels"),
@@ -383,18 +383,18 @@ VERL_RULES: tuple[Rule, ...] = (
     none_of(REF + "log_prob_max_token_len_per_gpu", LOGPROB_NOTE),
     none_of(REF + "fsdp_config.param_offload", "the reference is offloaded with the policy (train.param_offload); no separate switch"),
     none_of(REF + "strategy", "the reference is sharded as the policy is"),
-    mapped(ROLLOUT + "name", "rollout.engine", {"vllm": "vllm", "hf": "hf", "sglang": MISSING}, "hf: transformers"),
-    none_of(ROLLOUT + "mode", "cohort streams requests to the engine either way; rollout.max_staleness is its asynchronous mode"),
+    mapped(ROLLOUT + "name", "engine.name", {"vllm": "vllm", "hf": "hf", "sglang": MISSING}, "hf: transformers"),
+    none_of(ROLLOUT + "mode", "cohort streams requests to the engine either way; pipeline.max_staleness is its asynchronous mode"),
     Rule(N, ("rollout.num_generations",), None, "completions per prompt", default=1),
     Rule(ROLLOUT + "temperature", ("rollout.temperature",), None),
     Rule(ROLLOUT + "top_p", ("rollout.top_p",), None),
     Rule(ROLLOUT + "top_k", ("rollout.top_k",), _top_k, "verl's -1 (off) is cohort's 0"),
-    Rule(ROLLOUT + "gpu_memory_utilization", ("rollout.gpu_memory_utilization",), None, "unset in cohort: derived by the planner"),
-    Rule(ROLLOUT + "tensor_model_parallel_size", ("rollout.tensor_parallel_size", "rollout.mode"), _tensor_parallel,
-         "> 1 needs vLLM in its own process (rollout.mode=local_server)"),
-    Rule(ROLLOUT + "free_cache_engine", ("rollout.sleep_mode",), _free_cache, "True: level 2, vLLM in the trainer's process"),
-    Rule(ROLLOUT + "enforce_eager", ("rollout.enforce_eager",), None),
-    mapped(ROLLOUT + "dtype", "rollout.dtype", {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}),
+    Rule(ROLLOUT + "gpu_memory_utilization", ("engine.gpu_memory_utilization",), None, "unset in cohort: derived by the planner"),
+    Rule(ROLLOUT + "tensor_model_parallel_size", ("engine.tensor_parallel_size", "engine.mode"), _tensor_parallel,
+         "> 1 needs vLLM in its own process (engine.mode=local_server)"),
+    Rule(ROLLOUT + "free_cache_engine", ("engine.sleep_mode",), _free_cache, "True: level 2, vLLM in the trainer's process"),
+    Rule(ROLLOUT + "enforce_eager", ("engine.enforce_eager",), None),
+    mapped(ROLLOUT + "dtype", "engine.dtype", {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}),
     none_of(ROLLOUT + "log_prob_micro_batch_size_per_gpu", LOGPROB_NOTE),
     none_of(ROLLOUT + "log_prob_micro_batch_size", LOGPROB_NOTE),
     none_of(ROLLOUT + "log_prob_use_dynamic_bsz", LOGPROB_NOTE),
@@ -406,7 +406,7 @@ VERL_RULES: tuple[Rule, ...] = (
     none_of(ROLLOUT + "do_sample", "cohort always samples in training (rollout.temperature); eval is greedy"),
     none_of(ROLLOUT + "calculate_log_probs", "cohort always keeps the engine's log-probs"),
     none_of(ROLLOUT + "val_kwargs.*", "cohort's eval is greedy; `cohort eval --num-samples K --temperature T` samples"),
-    none_of(ROLLOUT + "multi_turn.*", "multi-turn tools are rollout.tools / rollout.environment (docs/tools.md)"),
+    none_of(ROLLOUT + "multi_turn.*", "multi-turn tools are tools.functions / tools.environment (docs/tools.md)"),
     Rule("trainer.total_epochs", ("train.max_steps",), _total_epochs,
          "epochs × floor(rows / data.train_batch_size) generation batches × optimizer steps per generation batch",
          default=30),

@@ -1,7 +1,7 @@
 """LoRA with peft: the adapter is trained, the base weights are never modified.
 
-`attach_lora` wraps the loaded policy with a peft LoRA adapter (model.lora_*
-fields). The trainer keeps training the same transformers module object (peft
+`attach_lora` wraps the loaded policy with a peft LoRA adapter (the lora
+section). The trainer keeps training the same transformers module object (peft
 injects its layers into it); `LoraPolicy` holds the peft wrapper and does the
 four things full fine-tuning does differently:
 
@@ -16,7 +16,7 @@ four things full fine-tuning does differently:
 - checkpoints (`save_adapter` / `load_adapter`): only the adapter's tensors,
   float32 as trained, so a resumed run continues bit-exactly.
 - the final model (`save_final`): `final/adapter/` (peft's format) always, and
-  with model.lora_save_merged a merged transformers checkpoint in `final/`
+  with lora.save_merged a merged transformers checkpoint in `final/`
   itself that `from_pretrained` and vLLM load.
 
 Precision (`base_dtype`, `attach_lora(precision=...)`): the frozen base is held
@@ -24,7 +24,7 @@ in model.dtype even under train.precision=mixed; only the adapter is float32.
 Its vectors stay float32 and the embeddings' outputs are upcast, so the forward
 is the float32-master one (docs/lora.md, "Precision").
 
-LoRA dropout (model.lora_dropout) applies only to forward passes that build a
+LoRA dropout (lora.dropout) applies only to forward passes that build a
 graph (the update): scoring runs under no_grad (old and reference log-probs, the
 sync check's canaries) and must be deterministic, so peft's dropout modules are
 swapped for `TrainOnlyDropout`.
@@ -61,9 +61,9 @@ class TrainOnlyDropout(torch.nn.Dropout):
         return super().forward(x) if torch.is_grad_enabled() and self.training else x
 
 
-def lora_alpha(model_cfg) -> float:
-    """model.lora_alpha, or 2 × rank when unset."""
-    return float(model_cfg.lora_alpha) if model_cfg.lora_alpha is not None else 2.0 * model_cfg.lora_rank
+def lora_alpha(lora_cfg) -> float:
+    """lora.alpha, or 2 × rank when unset."""
+    return float(lora_cfg.alpha) if lora_cfg.alpha is not None else 2.0 * lora_cfg.rank
 
 
 def base_dtype(precision: Precision) -> torch.dtype:
@@ -75,7 +75,7 @@ def base_dtype(precision: Precision) -> torch.dtype:
     return precision.compute_dtype
 
 
-def attach_lora(model: torch.nn.Module, model_cfg, *, precision: Precision | None = None,
+def attach_lora(model: torch.nn.Module, lora_cfg, *, precision: Precision | None = None,
                 gradient_checkpointing: bool = False) -> "LoraPolicy":
     """Inject a LoRA adapter into `model` in place (peft); only the adapter's parameters require grad afterwards.
 
@@ -85,8 +85,8 @@ def attach_lora(model: torch.nn.Module, model_cfg, *, precision: Precision | Non
     is that of the float32-master model bit for bit (autocast rounds every matrix to the same bfloat16 values)."""
     from peft import LoraConfig, get_peft_model  # heavy optional dependency, only for LoRA runs
 
-    targets = model_cfg.lora_target_modules
-    config = LoraConfig(r=model_cfg.lora_rank, lora_alpha=lora_alpha(model_cfg), lora_dropout=model_cfg.lora_dropout,
+    targets = lora_cfg.target_modules
+    config = LoraConfig(r=lora_cfg.rank, lora_alpha=lora_alpha(lora_cfg), lora_dropout=lora_cfg.dropout,
                         target_modules=targets if isinstance(targets, str) else list(targets), bias="none",
                         task_type="CAUSAL_LM")
     if gradient_checkpointing:
@@ -152,7 +152,7 @@ class LoraPolicy:
         """W + scaling · B @ A of one LoRA layer in float32 (transposed for fan_in_fan_out layers such as GPT-2's Conv1D)."""
         layer = self.layers[layer_name]
         if self.adapter not in layer.lora_A:
-            raise TypeError(f"{layer_name}: LoRA is supported on linear layers only (model.lora_target_modules)")
+            raise TypeError(f"{layer_name}: LoRA is supported on linear layers only (lora.target_modules)")
         a = layer.lora_A[self.adapter].weight.detach().float()  # (r, in)
         b = layer.lora_B[self.adapter].weight.detach().float()  # (out, r)
         delta = (b @ a) * layer.scaling[self.adapter]  # (out, in)
@@ -187,7 +187,7 @@ class LoraPolicy:
         expected = set(self.adapter_state())
         if set(saved) != expected:
             missing, unexpected = sorted(expected - set(saved)), sorted(set(saved) - expected)
-            raise ValueError(f"{directory}: the adapter does not match model.lora_* (missing {missing[:3]}, unexpected "
+            raise ValueError(f"{directory}: the adapter does not match the lora section (missing {missing[:3]}, unexpected "
                              f"{unexpected[:3]}); resume with the LoRA settings of the original run")
         set_peft_model_state_dict(self.peft_model, saved)
 
@@ -245,29 +245,27 @@ def _conv1d_kind() -> tuple[type, ...]:
 
 
 def lora_problems(cfg, model_dir: Path | None = None, *, needs_critic: bool = False, world_size: int = 1) -> list[str]:
-    """Every problem with the model.lora_* fields, with its fix; `model_dir` (when given) to check target modules.
+    """Every problem with the lora section's fields, with its fix; `model_dir` (when given) to check target modules.
 
     `needs_critic` (the algorithm trains a critic) and `world_size` (training processes) come from the caller, which
     sits above this module."""
-    m = cfg.model
-    if m.lora_rank == 0:  # LoRA off: a LoRA field changed from its default would be silently ignored
-        fields = ("lora_alpha", "lora_dropout", "lora_target_modules", "lora_save_merged")
-        changed = [f for f in fields if getattr(m, f) != type(m).model_fields[f].default]
-        return [f"model.{f} is set but model.lora_rank = 0 (LoRA off): set model.lora_rank (e.g. 16) or drop model.{f}"
-                for f in changed]
+    if cfg.lora.rank == 0:  # LoRA off: a LoRA field changed from its default would be silently ignored
+        changed = [f for f in ("alpha", "dropout", "target_modules", "save_merged")
+                   if getattr(cfg.lora, f) != type(cfg.lora).model_fields[f].default]
+        return [f"lora.{f} is set but lora.rank = 0 (LoRA off): set lora.rank (e.g. 16) or drop lora.{f}" for f in changed]
     problems = []
-    if m.lora_rank < 0:
-        problems.append(f"model.lora_rank = {m.lora_rank}: must be >= 1 for LoRA (e.g. 16), or 0 to train every weight")
-    if m.lora_alpha is not None and not m.lora_alpha > 0:
-        problems.append(f"model.lora_alpha = {m.lora_alpha}: must be > 0 (the adapter is scaled by alpha / rank; unset: 2 × rank)")
-    if not 0.0 <= m.lora_dropout < 1.0:
-        problems.append(f"model.lora_dropout = {m.lora_dropout}: must be in [0, 1) (0.05 is common; 0 turns it off)")
-    targets = m.lora_target_modules
+    if cfg.lora.rank < 0:
+        problems.append(f"lora.rank = {cfg.lora.rank}: must be >= 1 for LoRA (e.g. 16), or 0 to train every weight")
+    if cfg.lora.alpha is not None and not cfg.lora.alpha > 0:
+        problems.append(f"lora.alpha = {cfg.lora.alpha}: must be > 0 (the adapter is scaled by alpha / rank; unset: 2 × rank)")
+    if not 0.0 <= cfg.lora.dropout < 1.0:
+        problems.append(f"lora.dropout = {cfg.lora.dropout}: must be in [0, 1) (0.05 is common; 0 turns it off)")
+    targets = cfg.lora.target_modules
     if isinstance(targets, str) and targets != "all-linear":
-        problems.append(f"model.lora_target_modules = {targets!r}: give `all-linear` or a list of module names such as "
+        problems.append(f"lora.target_modules = {targets!r}: give `all-linear` or a list of module names such as "
                         "[q_proj, v_proj]")
     elif isinstance(targets, list) and not targets:
-        problems.append("model.lora_target_modules = []: name at least one module, or `all-linear`")
+        problems.append("lora.target_modules = []: name at least one module, or `all-linear`")
     problems += _combination_problems(cfg, needs_critic, world_size)
     if model_dir is not None and isinstance(targets, list) and targets:
         problems += _target_problems(model_dir, targets)
@@ -277,24 +275,24 @@ def lora_problems(cfg, model_dir: Path | None = None, *, needs_critic: bool = Fa
 def _combination_problems(cfg, needs_critic: bool, world_size: int) -> list[str]:
     problems = []
     if needs_critic:
-        problems.append(f"model.lora_rank = {cfg.model.lora_rank} with algorithm.name = {cfg.algorithm.name}: the critic is not "
-                        "trained with LoRA yet; use grpo (or another critic-free algorithm), or model.lora_rank=0")
+        problems.append(f"lora.rank = {cfg.lora.rank} with algorithm.name = {cfg.algorithm.name}: the critic is not "
+                        "trained with LoRA yet; use grpo (or another critic-free algorithm), or lora.rank=0")
     if world_size > 1:
-        problems.append(f"model.lora_rank = {cfg.model.lora_rank} with {world_size} training processes: sharded "
-                        "LoRA training is not supported yet; use train.num_processes=1 or model.lora_rank=0")
-    return problems  # every rollout.mode serves LoRA: the engine receives merged weights under the base names
+        problems.append(f"lora.rank = {cfg.lora.rank} with {world_size} training processes: sharded "
+                        "LoRA training is not supported yet; use train.num_processes=1 or lora.rank=0")
+    return problems  # every engine.mode serves LoRA: the engine receives merged weights under the base names
 
 
 def _target_problems(model_dir: Path, targets: list[str]) -> list[str]:
     try:
         linear, other = linear_module_names(model_dir)
     except Exception as exc:  # an unreadable config is reported by the model checks; nothing more to say here
-        return [f"model.lora_target_modules: cannot read the architecture from {model_dir}/config.json ({exc})"]
+        return [f"lora.target_modules: cannot read the architecture from {model_dir}/config.json ({exc})"]
     problems = []
     for name in targets:
         if name in linear:
             continue
         why = "is not a linear layer (LoRA here adapts linear layers only)" if name in other else "is not a module of this model"
-        problems.append(f"model.lora_target_modules: {name!r} {why}; this model's linear layers are "
+        problems.append(f"lora.target_modules: {name!r} {why}; this model's linear layers are "
                         f"{', '.join(sorted(linear))} (or use all-linear)")
     return problems

@@ -2,7 +2,7 @@
 
 `engine_gpus(trainer_processes, tensor_parallel_size, visible)`: rank r of the
 trainer trains on GPU r (`cohort.models.devices.resolve_device`), so a local
-rollout server (rollout.mode=local_server, and rank 0's vLLM child in a
+rollout server (engine.mode=local_server, and rank 0's vLLM child in a
 multi-process run) takes the `tensor_parallel_size` GPUs after the trainer's;
 with too few left it shares the first ones with the trainer, and the planner
 then splits their memory as for a colocated engine. A plain decision, unit-tested

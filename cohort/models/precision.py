@@ -1,7 +1,7 @@
 """Training precision: which dtype the weights are kept in, and which dtype the maths runs in.
 
 `model.dtype` names the precision the model computes in (and generates in,
-unless `rollout.dtype` says otherwise); `train.precision` names what the
+unless `engine.dtype` says otherwise); `train.precision` names what the
 optimizer updates:
 
 - `mixed` (the default): float32 master weights, float32 gradients and AdamW

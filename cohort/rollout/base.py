@@ -35,7 +35,7 @@ lock, never two at once; a short `timeout` (0.1 s) bounds how long a `poll`
 holds that lock (remote engines included), and `poll(timeout)` returning []
 says nothing finished yet, not that the engine is idle (read `in_flight`).
 Liveness: an engine that dies or stops making progress raises from `poll`
-(RemoteEngine: within rollout.server_timeout_s, however short the caller's
+(RemoteEngine: within engine.server_timeout_s, however short the caller's
 timeouts) or returns its requests with status "error" (vLLM in-process); it
 never leaves `poll` returning [] forever with requests in flight.
 

@@ -206,7 +206,7 @@ class HFEngine(BatchRequests):
         if in_flight:
             raise RuntimeError("HFEngine cannot update weights with requests in flight (in_flight_updates is False): "
                                "it samples with the trainer's own module, whose weights the optimizer changes; use "
-                               "rollout.engine=vllm for asynchronous training")
+                               "engine.name=vllm for asynchronous training")
         self.policy_version = version  # the engine *is* the policy module: nothing to copy
 
     def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0) -> list[list[float]]:

@@ -1,6 +1,6 @@
 """Partial rollouts (APRIL): over-provision each generation batch, keep what was cut off, resume it next step.
 
-With `rollout.over_provision` = f > 1, a step submits ceil(f × B) groups for its B (the continuation buffer's
+With `pipeline.over_provision` = f > 1, a step submits ceil(f × B) groups for its B (the continuation buffer's
 groups first, in the order they were buffered, then the batch's new prompts, then extra prompts from the
 sampler). As soon as B whole groups are done and scored (and kept, under dynamic sampling) the step takes
 them and interrupts the rest (`GroupStream.interrupt`): each unfinished group goes into the buffer whole —
@@ -10,7 +10,7 @@ request again with `resume=` its partial trajectory, so the engine continues fro
 sampled (never from re-tokenized text). Groups that completed beyond the step's B are buffered complete and
 are the first ones taken next step. A group is never split across steps.
 
-The abort cap (`rollout.max_aborts`): a member cut off that many times pins its group; a step does not end
+The abort cap (`pipeline.max_aborts`): a member cut off that many times pins its group; a step does not end
 while a pinned group is still generating (it runs to the end; being first in line, it is usually done long
 before), so no trajectory collects tokens from more than max_aborts + 1 policy versions.
 

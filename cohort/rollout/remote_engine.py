@@ -172,7 +172,7 @@ class RemoteEngine(RequestEngineMixin):
     def __init__(self, urls: list[str], *, token: str | None = None, timeout_s: float = 300.0,
                  agreement_tolerance: float = 1e-3, min_model_len: int | None = None, stop_token_ids: list[int] | None = None):
         if not urls:
-            raise ValueError("RemoteEngine needs at least one server url (rollout.server_urls)")
+            raise ValueError("RemoteEngine needs at least one server url (engine.server_urls)")
         self.urls = [u.rstrip("/") for u in urls]
         self.token = token if token is not None else os.environ.get(TOKEN_ENV, "")
         self.timeout_s = timeout_s
@@ -219,7 +219,7 @@ class RemoteEngine(RequestEngineMixin):
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise RemoteEngineError(
-                f"rollout server {url}{path}: {reason} (no answer within rollout.server_timeout_s = {self.timeout_s} s, or unreachable); "
+                f"rollout server {url}{path}: {reason} (no answer within engine.server_timeout_s = {self.timeout_s} s, or unreachable); "
                 "is `cohort serve` running there?"
             ) from None
 
@@ -352,7 +352,7 @@ class RemoteEngine(RequestEngineMixin):
             if now - self._quiet_since[i] > self.timeout_s:
                 raise RemoteEngineError(
                     f"rollout server {self.urls[i]}: {load[i]} request(s) in flight and none finished within "
-                    f"rollout.server_timeout_s = {self.timeout_s} s; is its engine stuck?")
+                    f"engine.server_timeout_s = {self.timeout_s} s; is its engine stuck?")
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *,
                        in_flight: bool = False) -> int:
@@ -403,29 +403,29 @@ class RemoteEngine(RequestEngineMixin):
 
 def engine_cores(cfg) -> tuple[list[int] | None, int | None]:
     """(cores bound to a local server's engine, the trainer's default thread count) for this config (`split_cores`):
-    split when generation runs beside the update (rollout.max_staleness >= 1)."""
-    concurrent = bool(cfg.rollout.max_staleness)
-    return split_cores(sorted(os.sched_getaffinity(0)), cfg.rollout.num_threads, concurrent)
+    split when generation runs beside the update (pipeline.max_staleness >= 1)."""
+    concurrent = bool(cfg.pipeline.max_staleness)
+    return split_cores(sorted(os.sched_getaffinity(0)), cfg.engine.num_threads, concurrent)
 
 
 class LocalServerEngine(RequestEngineMixin):
     """vLLM as a private loopback rollout server (`LocalServer`), driven like server mode; weights go over loopback as safetensors.
 
-    Used by rollout.mode=local_server, where generation gets its own process
-    and cores (with rollout.max_staleness >= 1 it runs while the trainer updates, free of
+    Used by engine.mode=local_server, where generation gets its own process
+    and cores (with pipeline.max_staleness >= 1 it runs while the trainer updates, free of
     the trainer's GIL and OpenMP pool), and by rank 0 of a multi-process run,
     since vLLM cannot live inside a rank of a multi-process group (it builds
     its own torch.distributed groups, which would wait for every rank).
     """
 
     def __init__(self, model_dir, cfg, *, max_model_len: int, dtype: str):
-        gpus = engine_gpus(training_processes(cfg), cfg.rollout.tensor_parallel_size, visible_gpus())
+        gpus = engine_gpus(training_processes(cfg), cfg.engine.tensor_parallel_size, visible_gpus())
         self.server = LocalServer(model_dir, dtype=dtype, max_model_len=max_model_len, seed=cfg.rollout.seed,
-                                  kv_cache_gib=cfg.rollout.kv_cache_gib, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                                  kv_cache_gib=cfg.engine.kv_cache_gib, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
                                   cpu_cores=engine_cores(cfg)[0], cuda_devices=gpus.devices if gpus else None,
-                                  tensor_parallel_size=cfg.rollout.tensor_parallel_size)
+                                  tensor_parallel_size=cfg.engine.tensor_parallel_size)
         try:
-            self.remote = RemoteEngine([self.server.url], token=self.server.token, timeout_s=cfg.rollout.server_timeout_s,
+            self.remote = RemoteEngine([self.server.url], token=self.server.token, timeout_s=cfg.engine.server_timeout_s,
                                        agreement_tolerance=cfg.server_agreement_tolerance, min_model_len=max_model_len)
         except Exception:
             self.server.close()

@@ -6,7 +6,7 @@ whole run), queues each group the moment its G members are back, and hands them 
 (cohort/trainer/collect.py), which scores them and decides what to keep. What is submitted, and when, follows the
 rules (`AdmissionRules`, read once from the config):
 
-- **staleness bound k** (`rollout.max_staleness`, unset = 0): when a batch is collected, new generation batches
+- **staleness bound k** (`pipeline.max_staleness`, unset = 0): when a batch is collected, new generation batches
   (B groups each: the sampler's next prompts, the seeds of the next generation index) are admitted while fewer
   than (k + 1) × B admitted groups wait to be taken: with one batch taken per update, batch n starts once batch
   n − k − 1 is trained, so generation runs at most k versions ahead. k = 0 is the
@@ -15,15 +15,15 @@ rules (`AdmissionRules`, read once from the config):
   (cohort/rollout/driver.py) keeps polling the engine, so it generates through the update, and new weights are
   pushed between two of its steps with requests in flight: every token carries the version that sampled it. A
   group taken with tokens more than k versions behind the policy that trains on it has them masked out of the loss
-  (`rollout.stale_tokens = mask`) or is dropped and replaced by a fresh prompt (`drop`).
-- **over-provisioning** (`rollout.over_provision` = f > 1, partial rollouts): when a batch is admitted, extra new
+  (`pipeline.stale_tokens = mask`) or is dropped and replaced by a fresh prompt (`drop`).
+- **over-provisioning** (`pipeline.over_provision` = f > 1, partial rollouts): when a batch is admitted, extra new
   groups are submitted so that ceil(f × B) groups are in flight or queued; the batch takes the first B to finish.
   With k = 0 nothing may generate across an update, so at the batch's end the rest is interrupted: each group
   keeps what its members sampled (token ids, engine log-probs, versions) in the continuation buffer
   (cohort/rollout/partial.py) and is resumed first, from those tokens, when the next batch is admitted; a member
-  cut off `rollout.max_aborts` times pins its group (the batch waits for it). With k ≥ 1 nothing is aborted: the
+  cut off `pipeline.max_aborts` times pins its group (the batch waits for it). With k ≥ 1 nothing is aborted: the
   surplus keeps generating under the staleness bound and is taken by the next batches.
-- **refills** (`rollout.dynamic_sampling`): the collection drops a group whose rewards are all equal and asks for
+- **refills** (`pipeline.dynamic_sampling`): the collection drops a group whose rewards are all equal and asks for
   one replacement (`drop(index, refill=True)`), a new prompt whose seeds continue its generation batch's slot
   numbering.
 
@@ -58,7 +58,7 @@ POLL_S = 0.02  # the driver's longest single poll: how long a trainer's engine c
 
 @dataclass(frozen=True)
 class AdmissionRules:
-    """What the scheduler admits (module docstring); `from_config` reads them from `rollout.*`."""
+    """What the scheduler admits (module docstring); `from_config` reads them from `pipeline.*`."""
 
     max_staleness: int = 0  # k
     over_provision: float = 1.0  # f
@@ -67,9 +67,9 @@ class AdmissionRules:
     engine_timeout_s: float = 600.0
 
     @classmethod
-    def from_config(cls, rollout) -> AdmissionRules:
-        return cls(rollout.max_staleness or 0, rollout.over_provision, rollout.max_aborts, rollout.stale_tokens,
-                   rollout.engine_timeout_s)
+    def from_config(cls, pipeline) -> AdmissionRules:
+        return cls(pipeline.max_staleness or 0, pipeline.over_provision, pipeline.max_aborts, pipeline.stale_tokens,
+                   pipeline.engine_timeout_s)
 
     @property
     def generates_through_updates(self) -> bool:
@@ -269,8 +269,8 @@ class Scheduler:
         if stalled > self.rules.engine_timeout_s:
             raise RuntimeError(
                 f"the rollout engine finished nothing for {stalled:.0f} s with {self.stream.pending} group(s) in flight "
-                f"(rollout.engine_timeout_s = {self.rules.engine_timeout_s:g}); it has stalled or died. Check its logs; "
-                "raise rollout.engine_timeout_s if single completions really take this long")
+                f"(pipeline.engine_timeout_s = {self.rules.engine_timeout_s:g}); it has stalled or died. Check its logs; "
+                "raise pipeline.engine_timeout_s if single completions really take this long")
 
     def origin(self, index: int) -> Origin:
         return self.origins[index]
@@ -383,7 +383,7 @@ class Scheduler:
                 quiet_since = time.monotonic() if got else quiet_since
                 if time.monotonic() - quiet_since > self.rules.engine_timeout_s:
                     raise RuntimeError(f"the rollout engine finished nothing for {self.rules.engine_timeout_s:g} s while "
-                                       "evaluating (rollout.engine_timeout_s); it has stalled or died")
+                                       "evaluating (pipeline.engine_timeout_s); it has stalled or died")
         return out  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ state, shutdown

@@ -1,6 +1,6 @@
 """The rollout server: a rollout engine behind HTTP (`cohort serve MODEL_DIR`).
 
-The trainer reaches it through `RemoteEngine` (rollout.mode=server), which
+The trainer reaches it through `RemoteEngine` (engine.mode=server), which
 speaks the same `RolloutEngine` protocol as the in-process engines, so the
 driver loop does not know where generation runs.
 
@@ -346,7 +346,7 @@ def child_visible_devices(parent: str | None, indices: list[int]) -> str:
 class LocalServer:
     """`cohort serve` in a child process on a free loopback port, with a fresh token; `close()` stops it.
 
-    For a process that cannot or should not hold vLLM itself: rollout.mode=local_server
+    For a process that cannot or should not hold vLLM itself: engine.mode=local_server
     (generation in its own process, on its own cores), rank 0 of a multi-process
     run (vLLM builds its own torch.distributed groups, which would need every
     rank), and benchmarks. The child gets none of torchrun's variables;
@@ -414,7 +414,7 @@ class LocalServer:
 
 
 def add_serve_command(sub) -> None:
-    serve = sub.add_parser("serve", help="run a vLLM rollout server for rollout.mode=server (needs COHORT_SERVER_TOKEN)",
+    serve = sub.add_parser("serve", help="run a vLLM rollout server for engine.mode=server (needs COHORT_SERVER_TOKEN)",
                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("model", help="model directory (a transformers checkpoint) or tiny:arith")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 exposes it to the network)")

@@ -76,11 +76,11 @@ budget, resumed requests (prompt + sampled tokens), in-flight updates' recomputa
 scheduled whole (tests/rollout/test_vllm_requests.py pins a 19,200-token seeded batch). vLLM warns that the model
 "does not officially support disabling chunked prefill"; the log-prob tests agree with transformers as before.
 
-On a GPU (CUDA only; none of this runs on the CPU backend, where validation refuses rollout.sleep_mode):
+On a GPU (CUDA only; none of this runs on the CPU backend, where validation refuses engine.sleep_mode):
 - `gpu_memory_utilization` is the fraction of the GPU's *total* memory vLLM takes (vLLM 0.32 refuses to start when
   less than that is free, and sizes its KV cache to fill what its weights and profile run leave of it); cohort's
   planner derives it (cohort/plan.py); None here means vLLM alone on its GPU: 0.9, vLLM's own default.
-- Sleep mode (rollout.sleep_mode, vLLM built with enable_sleep_mode, which turns on its CuMem allocator):
+- Sleep mode (engine.sleep_mode, vLLM built with enable_sleep_mode, which turns on its CuMem allocator):
   `release_memory()`, which the trainer calls before its update, runs `LLM.sleep(level)`. vLLM first pauses its
   scheduler (aborting whatever it holds, which is nothing: it sleeps only when no request is in flight) and clears
   the prefix cache; level 1 then copies the weights to pinned CPU memory and discards the KV cache; level 2 discards
@@ -375,7 +375,7 @@ class VLLMEngine(RequestEngineMixin):
         self.policy_version = version
 
     def release_memory(self) -> bool:
-        """Sleep while the trainer updates (rollout.sleep_mode 1 or 2; module docstring): the KV cache, and the weights,
+        """Sleep while the trainer updates (engine.sleep_mode 1 or 2; module docstring): the KV cache, and the weights,
         leave the GPU. A no-op (False) without sleep mode, when already asleep, or with requests in flight (vLLM would
         abort them)."""
         if not self.sleep_mode or self._asleep or self._live or self._scoring or self._done:
@@ -391,7 +391,7 @@ class VLLMEngine(RequestEngineMixin):
         if not todo:
             return
         if "kv_cache" in todo and self._weights_discarded:
-            raise RuntimeError("VLLMEngine: the weights were discarded by rollout.sleep_mode = 2 and no weights were "
+            raise RuntimeError("VLLMEngine: the weights were discarded by engine.sleep_mode = 2 and no weights were "
                                "pushed since; push the policy (update_weights) before generating or scoring")
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # the trainer's freed blocks, held by PyTorch's cache, to vLLM's allocator

@@ -2,8 +2,8 @@
 unconfined; `calculator` evaluates an arithmetic expression (no code runs: the expression is parsed, and only numbers,
 + - * / // % ** and parentheses are evaluated).
 
-    rollout:
-      tools: [cohort.tools.builtin.python, cohort.tools.builtin.calculator]
+    tools:
+      functions: [cohort.tools.builtin.python, cohort.tools.builtin.calculator]
 
 Each call is a fresh sandboxed process (no network, private /tmp, CPU/memory/process limits, everything it started
 killed afterwards; see the sandbox's docstring for the isolation modes). What the model gets back is what the code

@@ -181,7 +181,7 @@ class ToolEngine(RequestEngineMixin):
                 reset = getattr(episode.environment, "reset", None)
                 observation = reset(**row) if reset is not None else None
             except Exception as exc:
-                raise RuntimeError(f"rollout.environment {self.environment.__name__}: building it or reset(**row) failed "
+                raise RuntimeError(f"tools.environment {self.environment.__name__}: building it or reset(**row) failed "
                                    f"for request {request.request_id} (row columns {sorted(row)}): "
                                    f"{type(exc).__name__}: {exc}") from exc
             if observation:

@@ -1,4 +1,4 @@
-"""Tool-call parsers behind one registry (`rollout.tool_parser`): an assistant turn's text in, its tool calls out.
+"""Tool-call parsers behind one registry (`tools.parser`): an assistant turn's text in, its tool calls out.
 
 - `hermes` (Qwen2.5/Qwen3, Hermes, and every template that renders calls the same way):
   `<tool_call>{"name": "multiply", "arguments": {"a": 3, "b": 4}}</tool_call>`, several blocks for several calls.
@@ -116,11 +116,11 @@ def get_parser(name: str) -> Parser:
     if name in PARSERS:
         return PARSERS[name]
     if "." not in name and ":" not in name:
-        raise ValueError(f"rollout.tool_parser = {name!r} is not a parser; choose one of {sorted(PARSERS)} or give an "
+        raise ValueError(f"tools.parser = {name!r} is not a parser; choose one of {sorted(PARSERS)} or give an "
                          "import path to your own function (text -> cohort.tools.parsers.ParsedTurn)")
-    function = import_object(name, "rollout.tool_parser")
+    function = import_object(name, "tools.parser")
     if not callable(function):
-        raise ValueError(f"rollout.tool_parser {name!r} is a {type(function).__name__}, not a function")
+        raise ValueError(f"tools.parser {name!r} is a {type(function).__name__}, not a function")
 
     def user_parser(text: str) -> ParsedTurn:
         result = function(text)

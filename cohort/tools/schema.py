@@ -2,13 +2,13 @@
 
 A tool is a plain function, `def` or `async def`, typed and with a Google-style docstring: its JSON schema is what
 `transformers.utils.get_json_schema` builds (the schema chat templates render in their tools block), so a TRL
-tool function works unchanged. `rollout.tools` names them by import path (`my_module.multiply` or
+tool function works unchanged. `tools.functions` names them by import path (`my_module.multiply` or
 `my_module:multiply`); the Python API may pass the functions themselves.
 
-An environment (`rollout.environment: my_module.MyEnv`) is a class: one instance per trajectory, built with no
+An environment (`tools.environment: my_module.MyEnv`) is a class: one instance per trajectory, built with no
 arguments; `reset(**row)` gets the dataset row and may return a first observation (recorded as a user message at
 the head of the trajectory's conversation, not tokenized into the prompt); its public methods (not
-`reset`, `close`, nor names starting with `_`) are the trajectory's tools, on top of `rollout.tools`; `close()`,
+`reset`, `close`, nor names starting with `_`) are the trajectory's tools, on top of `tools.functions`; `close()`,
 when it has one, runs when the trajectory ends, whatever ended it (the instance's attributes stay readable, so a
 reward function receiving `environments=` can still read its state).
 
@@ -73,29 +73,29 @@ class Tool:
 
 
 def resolve_tools(specs: Sequence[str | Callable[..., Any]]) -> list[Tool]:
-    """`rollout.tools` entries (import paths or callables) as Tools; a duplicate name or a bad entry raises."""
+    """`tools.functions` entries (import paths or callables) as Tools; a duplicate name or a bad entry raises."""
     tools, seen = [], set()
     for i, spec in enumerate(specs):
-        function = import_object(spec, f"rollout.tools[{i}]") if isinstance(spec, str) else spec
+        function = import_object(spec, f"tools.functions[{i}]") if isinstance(spec, str) else spec
         if not callable(function):
-            raise ValueError(f"rollout.tools[{i}] = {spec!r} is a {type(function).__name__}, not a function")
+            raise ValueError(f"tools.functions[{i}] = {spec!r} is a {type(function).__name__}, not a function")
         tool = Tool(function.__name__, function, tool_schema(function))
         if tool.name in seen:
-            raise ValueError(f"rollout.tools: two tools are named {tool.name!r}; tool names must be unique")
+            raise ValueError(f"tools.functions: two tools are named {tool.name!r}; tool names must be unique")
         seen.add(tool.name)
         tools.append(tool)
     return tools
 
 
 def resolve_environment(spec: str | type | None) -> type | None:
-    """`rollout.environment` as a class whose public methods all have schemas (checked now, before any model loads)."""
+    """`tools.environment` as a class whose public methods all have schemas (checked now, before any model loads)."""
     if spec is None:
         return None
-    cls = import_object(spec, "rollout.environment") if isinstance(spec, str) else spec
+    cls = import_object(spec, "tools.environment") if isinstance(spec, str) else spec
     if not inspect.isclass(cls):
-        raise ValueError(f"rollout.environment = {spec!r} is a {type(cls).__name__}, not a class")
+        raise ValueError(f"tools.environment = {spec!r} is a {type(cls).__name__}, not a class")
     if not environment_methods(cls):
-        raise ValueError(f"rollout.environment {cls.__name__}: no public method to offer as a tool (methods other than "
+        raise ValueError(f"tools.environment {cls.__name__}: no public method to offer as a tool (methods other than "
                          f"{RESERVED_METHODS} whose names do not start with '_')")
     for name, method in environment_methods(cls).items():
         tool_schema(method, name)

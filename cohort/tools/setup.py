@@ -1,5 +1,5 @@
 """From the config to a tool loop: the wrapping of a built engine in a `ToolEngine` (cohort/trainer/setup.py calls
-`wrap_engine` when rollout.tools or rollout.environment is set; the config's checks are in cohort/tools/checks.py).
+`wrap_engine` when tools.functions or tools.environment is set; the config's checks are in cohort/tools/checks.py).
 
 `rows_by_prompt` maps a request's prompt token ids to its dataset row, which `reset(**row)` of an environment gets:
 the tool loop sees requests, not rows. Rows whose prompts tokenize identically get the first such row's columns.
@@ -23,10 +23,10 @@ def rows_by_prompt(prompt_ids: Sequence[Sequence[int]], rows: Sequence[dict[str,
     return lambda request: dict(index.get(tuple(request.prompt_ids), {}))
 
 
-def wrap_engine(rollout, engine, tokenizer, rows: Callable[[Request], dict[str, Any]] | None = None) -> ToolEngine:
-    """`engine` inside the tool loop the rollout section describes (the chat template is checked here)."""
-    return ToolEngine(engine, tokenizer, parser=get_parser(rollout.tool_parser), tools=resolve_tools(rollout.tools),
-                      environment=resolve_environment(rollout.environment), rows=rows, max_turns=rollout.max_turns,
-                      max_parallel_calls=rollout.max_parallel_calls, tool_timeout_s=rollout.tool_timeout_s,
-                      max_tool_response_length=rollout.max_tool_response_length,
-                      truncate_side=rollout.tool_response_truncate_side, failure_policy=rollout.tool_failure_policy)
+def wrap_engine(tools, engine, tokenizer, rows: Callable[[Request], dict[str, Any]] | None = None) -> ToolEngine:
+    """`engine` inside the tool loop the tools section describes (the chat template is checked here)."""
+    return ToolEngine(engine, tokenizer, parser=get_parser(tools.parser), tools=resolve_tools(tools.functions),
+                      environment=resolve_environment(tools.environment), rows=rows, max_turns=tools.max_turns,
+                      max_parallel_calls=tools.max_parallel_calls, tool_timeout_s=tools.timeout_s,
+                      max_tool_response_length=tools.max_response_length,
+                      truncate_side=tools.response_truncate_side, failure_policy=tools.failure_policy)

@@ -44,7 +44,7 @@ one) is "unverified": it is loaded as before, and when loading fails it counts
 as damaged. A failed load of such a checkpoint may have changed part of the
 trainer; the next candidate's load overwrites every part of it.
 
-With LoRA (model.lora_rank > 0) `model/` holds the adapter alone (peft's
+With LoRA (lora.rank > 0) `model/` holds the adapter alone (peft's
 adapter_config.json + adapter_model.safetensors, float32) and the optimizer
 state holds the adapter's moments only: the base weights are model.path's,
 never changed, and are read from there on resume.

@@ -13,20 +13,20 @@ exactly the kept rows (`RewardSet.merge`), so the batch's completions, rewards a
 the order the engine finished in. Under a staleness bound k >= 1 each group is screened when taken
 (`Scheduler.screen`: too-stale tokens masked, or the group replaced).
 
-Dynamic sampling (`rollout.dynamic_sampling`, DAPO): a group whose rewards are all equal (the rule of
+Dynamic sampling (`pipeline.dynamic_sampling`, DAPO): a group whose rewards are all equal (the rule of
 `frac_reward_zero_std`, NaN rows included: `advantage_stats`) is dropped, and one new prompt group is submitted in
 its place at once (`Scheduler.refill`; seeds continue the batch's slot numbering, so they are distinct and
 reproducible) unless the groups still live already fill the batch. Every dropped group is replaced by exactly one,
 so under k = 0 the kept groups are the first B non-constant groups of one fixed sequence: the same set whatever the
 completion order. Rounds are counted by position in that sequence (round 0: the groups in flight when the batch
-starts; round r+1: as many groups as round r dropped), so the bound `rollout.max_refill_rounds` is hit, or not,
+starts; round r+1: as many groups as round r dropped), so the bound `pipeline.max_refill_rounds` is hit, or not,
 independently of the order too.
 
 The batch's end (`_cut`): B kept groups are the batch (pinned partial rollouts first); the scheduler takes back the
 rest (`Scheduler.end_batch`: the queue keeps it under k >= 1; partial rollouts under k = 0 cut it off into the
 continuation buffer).
 
-Streamed update (`rollout.stream_update`; when it applies: `cohort.plan.stream_update_blockers`): each kept group is
+Streamed update (`pipeline.stream_update`; when it applies: `cohort.plan.stream_update_blockers`): each kept group is
 handed to `ctx.train_groups` (the trainer's forward/backward with its advantages from its own rewards, loss summed
 unnormalised); when the batch is complete the trainer divides the gradients by the loss normaliser and steps
 (`Trainer.finish_streamed_update`). The gradient equals the batch update's up to float rounding.
@@ -145,11 +145,11 @@ class RefillLedger:
         if len(sizes) > self.max_rounds + 1:  # (the second test: groups of later batches in flight, k >= 1)
             generated = sum(sizes[: self.max_rounds + 1])
             raise RuntimeError(
-                f"rollout.dynamic_sampling: after rollout.max_refill_rounds = {self.max_rounds} refill round(s) the batch "
+                f"pipeline.dynamic_sampling: after pipeline.max_refill_rounds = {self.max_rounds} refill round(s) the batch "
                 f"still lacks {sizes[self.max_rounds + 1]} of its {self.batch_groups} groups ({generated} groups generated, "
                 f"{sum(self.dropped.values())} dropped because every completion of the group got the same reward). Check "
                 "that the reward function can tell completions apart, use prompts that are neither always solved nor never "
-                "solved, raise rollout.max_refill_rounds, or set rollout.dynamic_sampling=false")
+                "solved, raise pipeline.max_refill_rounds, or set pipeline.dynamic_sampling=false")
 
     def metrics(self) -> dict[str, float]:
         dropped = sum(self.dropped.values())
@@ -204,7 +204,7 @@ def _drive(ctx: CollectContext, ledger: RefillLedger | None, calls: list[_Call],
             with ctx.phases("generate"):
                 finished = scheduler.next_group()  # None: no group left in flight
             if finished is not None and not scheduler.screen(finished, ctx.version):
-                continue  # too stale under rollout.stale_tokens=drop: a fresh prompt took its place
+                continue  # too stale under pipeline.stale_tokens=drop: a fresh prompt took its place
         if finished is not None:
             arrived.append(finished)
             if scheduler.ready and room > 1:

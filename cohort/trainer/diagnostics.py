@@ -129,7 +129,7 @@ def _advise_mismatch(value: float, metrics: dict) -> str:
     mean_text = f" (mean {mean:.3g})" if isinstance(mean, (int, float)) else ""
     return (f"mismatch/logprob_abs_max = {value:.3g} nats (> {MISMATCH_THRESHOLD}){mean_text}: the rollout engine and the trainer "
             "disagree about the log-probability of sampled tokens, so the engine samples from a different policy than the one "
-            "trained. Generate in the training dtype (rollout.dtype=auto), check that sampling settings (temperature, top_p, "
+            "trained. Generate in the training dtype (engine.dtype=auto), check that sampling settings (temperature, top_p, "
             "top_k) are what the trainer assumes, or correct with importance weights")
 
 

@@ -1,6 +1,6 @@
 """The rollout engine a config asks for, built for the trainer or for `cohort eval`.
 
-`build_engine` picks by `rollout.mode` and `rollout.engine`, in this process:
+`build_engine` picks by `engine.mode` and `engine.name`, in this process:
 - `server`: the client of the running rollout servers (`RemoteEngine`);
 - `local_server`: vLLM in a private `cohort serve` child (`LocalServerEngine`);
 - `colocate` + `hf`: transformers generation with the given model (the trainer's
@@ -39,13 +39,13 @@ SMALL_MODEL_PARAMETERS = 3_000_000  # below this a CPU step is fastest on one th
 
 
 def set_torch_threads(cfg, *, num_parameters: int | None = None, device: torch.device | None = None) -> None:
-    """train.num_threads; unset: with rollout.mode=local_server the cores the engine's process leaves free, and for a
+    """train.num_threads; unset: with engine.mode=local_server the cores the engine's process leaves free, and for a
     model of fewer than SMALL_MODEL_PARAMETERS (``num_parameters``, when known) trained on CPU one thread, unless the
     environment sets OMP_NUM_THREADS (measured: the 1M-parameter model's step 1.4-1.8x faster on one thread than on two
     under OMP_WAIT_POLICY=PASSIVE, a 5.9M one 14% slower)."""
     threads = cfg.train.num_threads
-    if threads is None and cfg.rollout.mode == "local_server":
-        threads = engine_cores(cfg)[1]  # with rollout.max_staleness >= 1: the cores the engine's process leaves free
+    if threads is None and cfg.engine.mode == "local_server":
+        threads = engine_cores(cfg)[1]  # with pipeline.max_staleness >= 1: the cores the engine's process leaves free
     elif threads is None and small_cpu_model(num_parameters, device):
         threads = 1
     if threads:
@@ -69,29 +69,29 @@ def engine_length(cfg, model_dir: Path, prompt_ids: list[list[int]]) -> int:
 
 
 def local_server_engine(cfg, model_dir: Path, max_model_len: int) -> LocalServerEngine:
-    """vLLM in a private `cohort serve` child (rollout.mode=local_server, and rank 0's vLLM in multi-process runs)."""
+    """vLLM in a private `cohort serve` child (engine.mode=local_server, and rank 0's vLLM in multi-process runs)."""
     return LocalServerEngine(model_dir, cfg, max_model_len=max_model_len, dtype=cfg.generation_dtype)
 
 
 def build_engine(cfg, model_dir: Path, tokenizer, *, max_model_len: int, precision: Precision,
                  policy: torch.nn.Module | None = None, device: torch.device | None = None):
-    """The engine of rollout.mode / rollout.engine in this process (see the module docstring); a transformers copy of
+    """The engine of engine.mode / engine.name in this process (see the module docstring); a transformers copy of
     model.path (no `policy` given) is loaded onto `device`."""
-    if cfg.rollout.mode == "local_server":
+    if cfg.engine.mode == "local_server":
         return local_server_engine(cfg, model_dir, max_model_len)
-    if cfg.rollout.mode == "server":
-        return RemoteEngine(cfg.rollout.server_urls, timeout_s=cfg.rollout.server_timeout_s,
+    if cfg.engine.mode == "server":
+        return RemoteEngine(cfg.engine.server_urls, timeout_s=cfg.engine.server_timeout_s,
                             agreement_tolerance=cfg.server_agreement_tolerance, min_model_len=max_model_len,
                             stop_token_ids=stop_token_ids(model_dir, tokenizer))
-    if cfg.rollout.engine == "hf":
+    if cfg.engine.name == "hf":
         if policy is None:  # `cohort eval`: no trainer, so a copy of model.path to generate with
             policy = load_policy(model_dir, precision.weights_dtype, device).eval()
         stops = stop_token_ids(model_dir, tokenizer)  # the set vLLM and the rollout server use too
         return HFEngine(policy, pad_token_id=tokenizer.pad_token_id, stop_token_ids=stops, compute_context=precision.autocast)
     return VLLMEngine(model_dir, dtype=cfg.generation_dtype, max_model_len=max_model_len, seed=cfg.rollout.seed,
-                      enforce_eager=cfg.rollout.enforce_eager, enable_prefix_caching=cfg.rollout.enable_prefix_caching,
-                      kv_cache_gib=cfg.rollout.kv_cache_gib, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-                      sleep_mode=cfg.rollout.sleep_mode)
+                      enforce_eager=cfg.engine.enforce_eager, enable_prefix_caching=cfg.engine.enable_prefix_caching,
+                      kv_cache_gib=cfg.engine.kv_cache_gib, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
+                      sleep_mode=cfg.engine.sleep_mode)
 
 
 def rank0_engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, *, max_model_len: int,
@@ -99,10 +99,10 @@ def rank0_engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, *, max_mod
     """Several training processes: rank 0's engine (none on the other ranks), wrapped so every rank gets its results."""
     engine = None
     if dist.is_main:
-        if cfg.rollout.mode == "colocate" and cfg.rollout.engine == "hf":
+        if cfg.engine.mode == "colocate" and cfg.engine.name == "hf":
             engine = DetachedHFEngine(load_policy(model_dir, cfg.model.dtype, device), pad_token_id=tokenizer.pad_token_id,
                                       stop_token_ids=stop_token_ids(model_dir, tokenizer))
-        elif cfg.rollout.mode in ("colocate", "local_server"):  # vLLM cannot nest in a multi-rank process group
+        elif cfg.engine.mode in ("colocate", "local_server"):  # vLLM cannot nest in a multi-rank process group
             engine = local_server_engine(cfg, model_dir, max_model_len)
         else:
             engine = build_engine(cfg, model_dir, tokenizer, max_model_len=max_model_len, precision=precision)

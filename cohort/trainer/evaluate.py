@@ -74,8 +74,8 @@ def evaluate_model(cfg, *, num_samples: int = 1, temperature: float = 0.0) -> di
         prompts = encode_prompts(cfg, tokenizer, model_dir, train, evals)  # raises if one cannot fit
         engine = build_engine(cfg, model_dir, tokenizer, precision=resolve_precision(cfg.model.dtype, cfg.train.precision, device),
                               device=device, max_model_len=engine_length(cfg, model_dir, prompts.train_ids + prompts.eval_ids))
-        if cfg.rollout.uses_tools:  # multi-turn, as in training
-            engine = wrap_engine(cfg.rollout, engine, tokenizer, rows_by_prompt(prompts.eval_ids, prompts.eval.rows))
+        if cfg.tools.enabled:  # multi-turn, as in training
+            engine = wrap_engine(cfg.tools, engine, tokenizer, rows_by_prompt(prompts.eval_ids, prompts.eval.rows))
         return evaluate(engine, tokenizer, prompts.eval, prompts.eval_ids, rewards, max_tokens=cfg.rollout.max_completion_length,
                         num_samples=num_samples, temperature=temperature, seed=cfg.rollout.seed)
     finally:

@@ -27,10 +27,10 @@ CONSOLE_KEYS = {  # metric → its short name on the console step line (metrics.
     "reward": "reward", "reward_std": "reward_std", "frac_reward_zero_std": "zero_std", "loss": "loss", "kl": "kl",
     "entropy": "entropy", "grad_norm": "grad_norm", "eval/accuracy": "accuracy", "completions/mean_length": "length",
     "timing/step_s": "step_s",
-    "dynamic_sampling/groups_dropped": "dropped",  # (rollout.dynamic_sampling only: constant groups replaced this step)
-    "partial/aborted": "cut",  # (rollout.over_provision only: requests interrupted this step, resumed later)
-    "staleness/max": "stale",  # (off-policy tokens only: versions behind the policy, at most rollout.max_staleness)
-    "tools/call_frequency": "calls",  # (rollout.tools / rollout.environment only: share of trajectories that called one)
+    "dynamic_sampling/groups_dropped": "dropped",  # (pipeline.dynamic_sampling only: constant groups replaced this step)
+    "partial/aborted": "cut",  # (pipeline.over_provision only: requests interrupted this step, resumed later)
+    "staleness/max": "stale",  # (off-policy tokens only: versions behind the policy, at most pipeline.max_staleness)
+    "tools/call_frequency": "calls",  # (tools.functions / tools.environment only: share of trajectories that called one)
 }
 
 

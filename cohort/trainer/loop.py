@@ -24,11 +24,11 @@ slices 0..S−1, then again for the next iteration). The maths is in
   otherwise (cohort/models/precision.py); backward passes run outside it;
 - generation goes through the rollout scheduler (cohort/rollout/scheduler.py),
   one mechanism whose admission rules compose: the staleness bound k
-  (`rollout.max_staleness`; k = 0 is synchronous training, k >= 1 generates
+  (`pipeline.max_staleness`; k = 0 is synchronous training, k >= 1 generates
   through the update and pushes weights in flight, each token stamped with its
-  version), partial rollouts (`rollout.over_provision`) and dynamic sampling's
+  version), partial rollouts (`pipeline.over_provision`) and dynamic sampling's
   refills. The batch is collected by cohort/trainer/collect.py: rewards per
-  group as groups finish and, with `rollout.stream_update`, the forward/backward
+  group as groups finish and, with `pipeline.stream_update`, the forward/backward
   passes of finished groups while the rest generate (`finish_streamed_update`
   then divides by the normaliser and steps). Off-policy tokens are weighted by
   `algorithm.rollout_correction`.
@@ -115,8 +115,8 @@ class Trainer:
         self.synced_version = -1  # the policy version the engine holds (-1: not pushed yet)
         self.batch: RolloutBatch | None = None  # the generation batch the current steps train on
         self.step_indices: list[int] = []  # this step's completions within self.batch (what the step's logs show)
-        self.sync_check = SyncCheck(cfg.rollout.sync_check_tolerance,  # canaries + noise floor (trainer/sync_check.py)
-                                    **({"min_gap": LORA_MIN_GAP_NATS} if cfg.model.lora_rank else {}))  # LoRA: lora_sync.py
+        self.sync_check = SyncCheck(cfg.engine.sync_check_tolerance,  # canaries + noise floor (trainer/sync_check.py)
+                                    **({"min_gap": LORA_MIN_GAP_NATS} if cfg.lora.rank else {}))  # LoRA: lora_sync.py
         self.sync_metrics: dict[str, float] = {}  # the last sync check's statistics, reported with the next step
         self.last_canary_gap: float | None = None  # largest per-token canary gap at the last sync, nats
         self.sync_bytes_sent = 0.0  # bytes the engine reports sending since the last step's metrics (server mode)
@@ -125,7 +125,7 @@ class Trainer:
         r, plan = cfg.rollout, self.plan
         self.rollout = Scheduler(  # what is in flight and what is admitted next (cohort/rollout/scheduler.py; checkpointed)
             self.engine, self.sampler, self.train_ids, SamplingConfig(r.max_completion_length, r.temperature, r.top_p, r.top_k),
-            plan.num_generations, plan.generation_batch_size // plan.num_generations, AdmissionRules.from_config(r),
+            plan.num_generations, plan.generation_batch_size // plan.num_generations, AdmissionRules.from_config(cfg.pipeline),
             seed=r.seed, generations=-(-plan.max_steps // plan.optimizer_steps_per_generation))
         # the streamed update (train groups as they finish, collect.py): its sums while its batch generates
         self.train_groups = self._train_groups if stream_update_active(cfg, training_world_size(cfg)) else None
@@ -168,7 +168,7 @@ class Trainer:
         try:
             collected = collect_batch(CollectContext(
                 self.rollout, self.rewards, self.tokenizer, self.train_data, self.train_ids, self.plan.num_generations,
-                self.phases, self.policy_version, self.cfg.rollout.max_refill_rounds if self.cfg.rollout.dynamic_sampling else None, self.train_groups))
+                self.phases, self.policy_version, self.cfg.pipeline.max_refill_rounds if self.cfg.pipeline.dynamic_sampling else None, self.train_groups))
         except BaseException:
             self.streamed = None  # no half-accumulated gradient stands in for the next update
             raise
@@ -333,7 +333,7 @@ class Trainer:
         mask = pb.completion_mask * batch.token_mask(mb, width, self.device) * self._kept(batch, mb)[:, None]
         if self.cfg.algorithm.off_policy_objective == "mask_stale":
             mask = mask * (1.0 - batch.off_policy(mb, width, self.device))  # tokens of older policies: out of the loss
-        bound = self.rollout.token_staleness_bound  # tokens staler than rollout.max_staleness (k >= 1): out of it
+        bound = self.rollout.token_staleness_bound  # tokens staler than pipeline.max_staleness (k >= 1): out of it
         if bound < float("inf") and batch.versions:
             mask = mask * (batch.staleness(mb, width, self.policy_version, self.device) <= bound).float()
         return pb, mask
@@ -398,7 +398,7 @@ class Trainer:
             return prox, None
         if not has_engine:
             raise RuntimeError("algorithm.rollout_correction needs the engine's log-probs of every sampled token; this engine "
-                               "returned none. Set algorithm.rollout_correction=none (and rollout.max_staleness=0)")
+                               "returned none. Set algorithm.rollout_correction=none (and pipeline.max_staleness=0)")
         engine = self._engine_logp(batch, mb, width)
         mode = "truncate" if a.rollout_correction == "auto" else a.rollout_correction
         weights, metrics = rollout_correction(prox.detach().float(), engine, mask, level="token", mode=mode,

@@ -50,7 +50,7 @@ def adapter_effect(engine: torch.Tensor, trainer: torch.Tensor, base: torch.Tens
         raise SyncCheckError(
             f"LoRA weight sync check failed: the engine shows {followed:.0%} of the adapter's change to the canaries' "
             f"log-probs (rms {signal:.3g} nats; an engine holding base + adapter shows ~100%, one left on the base ~0%). "
-            "The merged weights did not reach the engine under the names it expects (model.lora_target_modules on a "
+            "The merged weights did not reach the engine under the names it expects (lora.target_modules on a "
             "layer the engine names differently?)")
     return metrics
 

@@ -52,7 +52,7 @@ class TrainerParts:
     sampler: RepeatSampler  # which rows form each generation batch (each prompt G times in a row)
     precision: Precision  # weights dtype and autocast of every trained model (train.precision)
     policy: torch.nn.Module  # the trained model (FSDP-sharded under several processes; peft-wrapped under LoRA)
-    lora: LoraPolicy | None  # model.lora_rank > 0: the adapter's handle (merged weights, adapter off), else None
+    lora: LoraPolicy | None  # lora.rank > 0: the adapter's handle (merged weights, adapter off), else None
     ref_model: torch.nn.Module | None  # frozen copy of the initial policy, only when algorithm.beta != 0
     optimizer: torch.optim.Optimizer  # the policy's AdamW
     scheduler: torch.optim.lr_scheduler.LRScheduler  # its learning-rate schedule

@@ -35,7 +35,7 @@ class RolloutBatch:
     values: list[torch.Tensor] | None = None  # the critic's, at generation time (algorithms with a critic)
     returns: torch.Tensor | None = None  # (N, T) the critic's targets
     metrics: dict[str, float] = field(default_factory=dict)
-    policy_version: int = 0  # the policy version that sampled the batch (older than the trainer's under rollout.max_staleness >= 1)
+    policy_version: int = 0  # the policy version that sampled the batch (older than the trainer's under pipeline.max_staleness >= 1)
     versions: list[list[int]] = field(default_factory=list)  # per completion token: the policy version that sampled it
     taken_version: int = 0  # the trainer's version when the batch was assembled: tokens sampled before it are off-policy
     loss_masks: list[list[int]] | None = None  # per completion token, 0 on tool-output tokens (None: every token trained)

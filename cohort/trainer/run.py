@@ -66,7 +66,7 @@ def save_model(trainer, directory: Path) -> None:
     """The trained model as a transformers checkpoint in model.dtype (float32 master weights cast down when mixed)."""
     if getattr(trainer, "lora", None) is not None:  # LoRA: final/adapter/, and final/ merged when asked (models/lora.py)
         trainer.lora.save_final(directory, trainer.tokenizer, trainer.precision.compute_dtype,
-                                merged=trainer.cfg.model.lora_save_merged)
+                                merged=trainer.cfg.lora.save_merged)
         return
     state = trainer.dist.full_state_dict(trainer.policy)  # multi-process: gathered on rank 0 (collective); else None
     if not trainer.dist.is_main:

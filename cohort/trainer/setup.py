@@ -6,7 +6,7 @@ weights load), the policy, the optional reference model (only when
 algorithm.beta != 0), the optimizer and the schedule, the algorithm's resolved
 choices (`cohort.trainer.algorithms`), the critic (only for an algorithm that
 needs one), and last the rollout engine (the slowest to start,
-cohort/trainer/engines.py), wrapped in the tool loop when rollout.tools or rollout.environment is set.
+cohort/trainer/engines.py), wrapped in the tool loop when tools.functions or tools.environment is set.
 
 Nothing here touches a Trainer: `setup` returns the parts and the Trainer holds them.
 """
@@ -57,13 +57,13 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
     sampler = RepeatSampler(len(prompts.train), plan.prompts_per_generation, plan.num_generations,
                             shuffle=cfg.data.shuffle, seed=cfg.train.seed)
     precision = resolve_precision(cfg.model.dtype, cfg.train.precision, device)  # float32 master weights when mixed
-    policy = load_policy(model_dir, base_dtype(precision) if cfg.model.lora_rank else precision.weights_dtype,  # LoRA: frozen
+    policy = load_policy(model_dir, base_dtype(precision) if cfg.lora.rank else precision.weights_dtype,  # LoRA: frozen
                          device=device)
     set_torch_threads(cfg, num_parameters=sum(p.numel() for p in policy.parameters()), device=device)  # before any engine
     if cfg.train.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
-    lora = attach_lora(policy, cfg.model, precision=precision,
-                       gradient_checkpointing=cfg.train.gradient_checkpointing) if cfg.model.lora_rank else None
+    lora = attach_lora(policy, cfg.lora, precision=precision,
+                       gradient_checkpointing=cfg.train.gradient_checkpointing) if cfg.lora.rank else None
     policy.train()
     check_disk_space(run_dir, policy, cfg.run.keep_checkpoints, cfg.run.save_every)
     # the reference (beta != 0) is a frozen copy; under LoRA it is the policy with its adapter disabled (no copy)
@@ -79,7 +79,7 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
     max_model_len = engine_length(cfg, model_dir, prompts.train_ids + (prompts.eval_ids or []))
     engine, owns_engine = _engine(cfg, dist, model_dir, tokenizer, external_engine, max_model_len=max_model_len,
                                   precision=precision, policy=policy)
-    if cfg.rollout.uses_tools:  # multi-turn: every request goes through the tool loop (cohort/tools/loop.py)
+    if cfg.tools.enabled:  # multi-turn: every request goes through the tool loop (cohort/tools/loop.py)
         engine = _with_tools(cfg, engine, tokenizer, prompts)
     return TrainerParts(
         dist=dist, device=device, run_dir=run_dir, rewards=rewards, model_dir=model_dir, tokenizer=tokenizer,
@@ -124,9 +124,9 @@ def _with_tools(cfg, engine, tokenizer, prompts):
                           prompts.train.rows + (prompts.eval.rows if prompts.eval is not None else []))
     if isinstance(engine, MainOnlyEngine):
         if engine.engine is not None:
-            engine.engine = wrap_engine(cfg.rollout, engine.engine, tokenizer, rows)
+            engine.engine = wrap_engine(cfg.tools, engine.engine, tokenizer, rows)
         return engine
-    return wrap_engine(cfg.rollout, engine, tokenizer, rows)
+    return wrap_engine(cfg.tools, engine, tokenizer, rows)
 
 
 def _check_writable(run_dir) -> None:

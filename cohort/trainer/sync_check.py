@@ -40,7 +40,7 @@ check calibrates itself:
      engine those are the noise outliers; for a stale one the remaining tokens
      still moved with the update and it still scores ~0%.
 
-`rollout.sync_check_tolerance`, when a user sets it, keeps its old meaning: the
+`engine.sync_check_tolerance`, when a user sets it, keeps its old meaning: the
 largest per-token gap must not exceed it (no calibration, no following test).
 
 What it cannot see: an update too small to rise above the noise (a stale engine
@@ -98,7 +98,7 @@ def judge(engine: torch.Tensor, trainer: torch.Tensor, previous: torch.Tensor | 
     if fixed_tolerance is not None:
         ok = gap_max <= fixed_tolerance
         return Verdict(ok, gap_mean, gap_max, fixed_tolerance, None,
-                       "" if ok else f"the largest per-token gap {gap_max:.3g} > rollout.sync_check_tolerance = {fixed_tolerance:g}")
+                       "" if ok else f"the largest per-token gap {gap_max:.3g} > engine.sync_check_tolerance = {fixed_tolerance:g}")
     bound = max(FLOOR_MULTIPLE * floor_mean * noise_scale, min_gap)
     followed = None
     if previous is not None:
@@ -130,7 +130,7 @@ class SyncCheck:
 
     def __init__(self, fixed_tolerance: float | None = None, min_gap: float = MIN_GAP_NATS):
         self.min_gap = min_gap  # the closeness bound's floor in nats (LoRA runs pass a larger one: trainer/lora_sync.py)
-        self.fixed_tolerance = fixed_tolerance  # rollout.sync_check_tolerance (None: calibrated)
+        self.fixed_tolerance = fixed_tolerance  # engine.sync_check_tolerance (None: calibrated)
         self.canaries: list[tuple[list[int], list[int]]] = []  # (prompt ids, completion ids)
         self.floor: tuple[float, float] | None = None  # (mean, rms) per-token gap at calibration
         self.sensitivity: float | None = None  # the trainer's own low-precision vs float32 gap at calibration (mixed only)
@@ -185,7 +185,7 @@ class SyncCheck:
             raise SyncCheckError(
                 f"weight sync check failed at policy version {version}: {verdict.reason}. The rollout engine would sample "
                 "from a policy other than the one being trained (a weight that was not pushed, or pushed under another "
-                "name). If this is noise from a change of kernels, set rollout.sync_check_tolerance to a fixed bound "
+                "name). If this is noise from a change of kernels, set engine.sync_check_tolerance to a fixed bound "
                 "on the largest per-token gap in nats")
         self.previous = trainer.tolist()
         metrics = {"sync/canary_gap_mean": verdict.gap_mean, "sync/canary_gap_max": verdict.gap_max, "sync/noise_scale": scale}

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from cohort.config import resolve_config
+from cohort.config_loading import resolve_config
 from cohort.convert.core import convert_input, render
 from cohort.convert.sources import read_trl, read_verl
 from cohort.validation import validate_config
@@ -61,7 +61,7 @@ def test_the_verl_example_converts_with_its_units(monkeypatch):
     # verl's defaults that differ from cohort's and change the run: weight decay 0.01 (cohort 0)
     assert tree["train"]["weight_decay"] == 0.01
     assert tree["rewards"] == [{"name": "verl_default"}]
-    assert tree["rollout"]["tensor_parallel_size"] == 2 and tree["rollout"]["mode"] == "local_server"
+    assert tree["engine"]["tensor_parallel_size"] == 2 and tree["engine"]["mode"] == "local_server"
 
 
 def _swapped(model_dir, data) -> list[str]:

@@ -28,7 +28,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cohort.config import ConfigError, load_config
+from cohort.config import ConfigError
+from cohort.config_loading import load_config
 from cohort.validation import validate_config
 from cohort.distributed.fsdp import DistContext, LocalContext
 from cohort.trainer.loop import Trainer
@@ -42,7 +43,7 @@ def _overrides(tmp_path, model_dir, out):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(32)))
     (tmp_path / "fsdp_rewards.py").write_text(REWARD)
-    return [f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "rollout.engine=hf",
+    return [f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "engine.name=hf",
             "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=4", "train.micro_batch_size=4",
             "train.steps_per_generation=2", "train.max_steps=4", "train.learning_rate=3e-3", "algorithm.beta=0.04",
             "algorithm.rollout_correction=none", "rewards=[{name: fsdp_rewards.scrambled}]", "run.progress=false", "run.loggers=[jsonl]", "run.log_completions_every=0",

@@ -33,7 +33,7 @@ def _run(tmp_path, model_dir, out, *extra):
     args = [f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "rollout.num_generations=4",
             "rollout.max_completion_length=6", "train.prompts_per_step=4", "train.micro_batch_size=4", "train.learning_rate=3e-3",
             "rewards=[{name: ray_rewards.sevens}]", "run.progress=false", "run.loggers=[jsonl]", "run.log_completions_every=0",
-            "rollout.mode=server", "distributed.backend=ray", "train.num_processes=2", f"run.output_dir={out}", *extra]
+            "engine.mode=server", "distributed.backend=ray", "train.num_processes=2", f"run.output_dir={out}", *extra]
     assert TOKEN not in env
     return subprocess.run([sys.executable, "-m", "cohort.cli", "train", *args], env=env, capture_output=True, text=True, timeout=900)
 
@@ -56,7 +56,7 @@ def test_a_failing_actor_fails_the_run_instead_of_hanging(tmp_path, tiny_model_d
     """Rank 0's reward raises while rank 1 waits for the batch in a collective: the driver must stop both."""
     (tmp_path / "ray_boom.py").write_text("def boom(prompts, completions, **kw):\n    raise RuntimeError('boom from the reward')\n")
     start = time.perf_counter()
-    proc = _run(tmp_path, tiny_model_dir, tmp_path / "boom", "train.max_steps=3", "rollout.mode=colocate", "rollout.engine=hf",
+    proc = _run(tmp_path, tiny_model_dir, tmp_path / "boom", "train.max_steps=3", "engine.mode=colocate", "engine.name=hf",
                 "rewards=[{name: ray_boom.boom}]")
     assert proc.returncode != 0
     assert "boom from the reward" in proc.stdout + proc.stderr

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from cohort.config import load_config
+from cohort.config_loading import load_config
 from cohort.launch.ray_cluster import AUTH_FAILURE, _connection_problem, actor_device_env, cluster_problems, local_ray_resources
 
 TOKEN = "cohort-test-token-0123456789abcdef"
 
 
 def _cfg(*overrides):
-    return load_config(None, ["distributed.backend=ray", "rollout.mode=server", "train.num_processes=2", *overrides])
+    return load_config(None, ["distributed.backend=ray", "engine.mode=server", "train.num_processes=2", *overrides])
 
 
 def test_a_cluster_with_too_few_cpus_is_refused_with_both_numbers_and_a_fit():
@@ -63,7 +63,7 @@ def test_a_local_ray_declares_the_gpus_that_exist():
 
 def test_gpus_and_node_sizes_are_checked():
     # no GPU anywhere: 2 × 1 GPU asked for
-    problems = cluster_problems(_cfg("rollout.mode=colocate", "distributed.gpus_per_trainer=1"), {"CPU": 8.0}, [{"CPU": 8.0}], "h:1")
+    problems = cluster_problems(_cfg("engine.mode=colocate", "distributed.gpus_per_trainer=1"), {"CPU": 8.0}, [{"CPU": 8.0}], "h:1")
     assert problems == ["the run needs 2 GPUs (2 trainer actor(s) × 1), the Ray cluster at h:1 has 0: set "
                         "distributed.gpus_per_trainer=0 and distributed.gpus_per_rollout=0, or add nodes to the cluster, or "
                         "lower train.num_processes"]
@@ -139,17 +139,17 @@ def _train(tmp_path, tiny_model_dir, address, *extra, auth=True, timeout_s=120):
 @pytest.mark.slow
 def test_the_recipe_on_a_real_head_refuses_fast_then_trains(tmp_path, tiny_model_dir, ray_head):
     # without the cluster's token: refused, naming the setting (Ray retries the connection for about 20 s first)
-    proc, _ = _train(tmp_path, tiny_model_dir, ray_head, "rollout.mode=server", auth=False)
+    proc, _ = _train(tmp_path, tiny_model_dir, ray_head, "engine.mode=server", auth=False)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "RAY_AUTH_MODE=token" in proc.stderr and AUTH_FAILURE in proc.stderr
     # the docs' recipe on a 2-CPU head: 2 trainers × 1 + 1 rollout server × 1 = 3 CPUs; refused before any actor starts
-    proc, seconds = _train(tmp_path, tiny_model_dir, ray_head, "rollout.mode=server")
+    proc, seconds = _train(tmp_path, tiny_model_dir, ray_head, "engine.mode=server")
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"the run needs 3 CPUs (2 trainer actor(s) × 1 + 1 rollout server actor(s) × 1), the Ray cluster at {ray_head} has 2: " \
            "set distributed.cpus_per_trainer=0.5" in proc.stderr
     assert "rollout server actor(s) at" not in proc.stdout and seconds < 60, seconds  # measured: 13 s, mostly imports and connecting
     # what fits: two 1-CPU trainer actors, rank 0 generating with transformers; three steps on the joined cluster
-    proc, _ = _train(tmp_path, tiny_model_dir, ray_head, "rollout.mode=colocate", "rollout.engine=hf", "train.max_steps=3",
+    proc, _ = _train(tmp_path, tiny_model_dir, ray_head, "engine.mode=colocate", "engine.name=hf", "train.max_steps=3",
                       timeout_s=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

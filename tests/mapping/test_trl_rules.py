@@ -55,7 +55,7 @@ def test_rewards_weights_loss_names_and_turns():
                      "loss_type": "dr_grpo", "max_tool_calling_iterations": 3, "epsilon": 0.2})
     assert out["rewards"].value == [{"name": "accuracy", "weight": 1.0}, {"name": "my_rewards.brevity", "weight": 0.1}]
     assert out["algorithm.loss_type"].value == "dr_grpo"
-    assert out["rollout.max_turns"].value == 4  # 3 tool-calling turns + the answer
+    assert out["tools.max_turns"].value == 4  # 3 tool-calling turns + the answer
     assert out["algorithm.epsilon_high"].value == 0.2  # TRL: epsilon_high defaults to epsilon
 
 

@@ -1,5 +1,5 @@
 """LoRA pieces on the random tiny Qwen2: merged weights, the base left untouched, the reference, adapter save/load,
-validation of the model.lora_* fields (cohort/models/lora.py)."""
+validation of the lora section (cohort/models/lora.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 
 pytest.importorskip("peft")
 
-from cohort.config import ConfigError, load_config  # noqa: E402
+from cohort.config import ConfigError  # noqa: E402
+from cohort.config_loading import load_config
 from cohort.validation import validate_config  # noqa: E402
 from cohort.models.loading import load_policy  # noqa: E402
 from cohort.models.logprobs import completion_logprobs  # noqa: E402
@@ -20,10 +21,9 @@ from cohort.models.batching import pack_right_padded  # noqa: E402
 
 
 def _lora(model_dir, rank=4, dropout=0.0, targets="all-linear", dtype="float32", precision=None):
-    cfg = load_config({"model": {"path": str(model_dir), "lora_rank": rank, "lora_dropout": dropout,
-                                 "lora_target_modules": targets}})
+    cfg = load_config({"model": {"path": str(model_dir)}, "lora": {"rank": rank, "dropout": dropout, "target_modules": targets}})
     model = load_policy(model_dir, dtype)
-    return model, attach_lora(model, cfg.model, precision=precision)
+    return model, attach_lora(model, cfg.lora, precision=precision)
 
 
 MIXED_BF16 = resolve_precision("bfloat16", "mixed")
@@ -118,7 +118,7 @@ def test_adapter_save_and_load_round_trip_exactly(tiny_model_dir, tmp_path):
     saved, loaded = lora.adapter_state(), other.adapter_state()
     assert set(saved) == set(loaded) and all(torch.equal(saved[k], loaded[k]) for k in saved)
     _, wrong = _lora(tiny_model_dir, rank=4, targets=["q_proj"])
-    with pytest.raises(ValueError, match="does not match model.lora_"):
+    with pytest.raises(ValueError, match="does not match the lora section"):
         wrong.load_adapter(tmp_path / "adapter")
 
 
@@ -151,38 +151,38 @@ def test_linear_module_names_from_config_only(tiny_model_dir):
     assert "embed_tokens" in other
 
 
-def _problems(model_dir, **model):
+def _problems(model_dir, **lora):
     with pytest.raises(ConfigError) as err:
-        validate_config(load_config({"model": {"path": str(model_dir), **model}, "rollout": {"max_completion_length": 16}}))
+        validate_config(load_config({"model": {"path": str(model_dir)}, "lora": lora, "rollout": {"max_completion_length": 16}}))
     return err.value.problems
 
 
 def test_validation_errors_name_the_field_and_the_fix(tiny_model_dir):
-    problems = _problems(tiny_model_dir, lora_rank=-1, lora_alpha=0, lora_dropout=1.0)
-    assert any("model.lora_rank = -1: must be >= 1" in p for p in problems)
-    assert any("model.lora_alpha = 0.0: must be > 0" in p for p in problems)
-    assert any("model.lora_dropout = 1.0: must be in [0, 1)" in p for p in problems)
-    problems = _problems(tiny_model_dir, lora_rank=8, lora_target_modules=["q_proj", "c_attn", "embed_tokens"])
+    problems = _problems(tiny_model_dir, rank=-1, alpha=0, dropout=1.0)
+    assert any("lora.rank = -1: must be >= 1" in p for p in problems)
+    assert any("lora.alpha = 0.0: must be > 0" in p for p in problems)
+    assert any("lora.dropout = 1.0: must be in [0, 1)" in p for p in problems)
+    problems = _problems(tiny_model_dir, rank=8, target_modules=["q_proj", "c_attn", "embed_tokens"])
     assert len(problems) == 2
     assert "'c_attn' is not a module of this model" in problems[0] and "down_proj, gate_proj" in problems[0]
     assert "'embed_tokens' is not a linear layer" in problems[1]
-    off = _problems(tiny_model_dir, lora_alpha=16, lora_dropout=0.1, lora_target_modules=["q_proj"], lora_save_merged=False)
-    assert [p.split(" is set")[0] for p in off] == ["model.lora_alpha", "model.lora_dropout", "model.lora_target_modules",
-                                                    "model.lora_save_merged"]
-    assert "but model.lora_rank = 0 (LoRA off): set model.lora_rank (e.g. 16) or drop model.lora_alpha" in off[0]
-    assert lora_alpha(load_config({"model": {"lora_rank": 8}}).model) == 16.0
+    off = _problems(tiny_model_dir, alpha=16, dropout=0.1, target_modules=["q_proj"], save_merged=False)
+    assert [p.split(" is set")[0] for p in off] == ["lora.alpha", "lora.dropout", "lora.target_modules",
+                                                    "lora.save_merged"]
+    assert "but lora.rank = 0 (LoRA off): set lora.rank (e.g. 16) or drop lora.alpha" in off[0]
+    assert lora_alpha(load_config({"lora": {"rank": 8}}).lora) == 16.0
 
 
 def test_validation_refuses_combinations_not_served(tiny_model_dir):
-    cfg = {"model": {"path": str(tiny_model_dir), "lora_rank": 8}, "algorithm": {"name": "ppo"},
-           "rollout": {"mode": "local_server", "max_completion_length": 16}, "train": {"num_processes": 2, "prompts_per_step": 32}, "run": {"save_every": 0}}
+    cfg = {"model": {"path": str(tiny_model_dir)}, "lora": {"rank": 8}, "algorithm": {"name": "ppo"},
+           "engine": {"mode": "local_server"}, "rollout": {"max_completion_length": 16}, "train": {"num_processes": 2, "prompts_per_step": 32}, "run": {"save_every": 0}}
     with pytest.raises(ConfigError) as err:
         validate_config(load_config(cfg))
     text = str(err.value)
     assert "algorithm.name = ppo: the critic is not trained with LoRA yet" in text
     assert "with 2 training processes: sharded LoRA training is not supported yet" in text
-    assert "rollout.mode" not in text  # every mode gets merged weights (tests/trainer/test_lora_train.py: local_server)
-    validate_config(load_config({"model": {"path": str(tiny_model_dir), "lora_rank": 8, "lora_target_modules": ["q_proj", "v_proj"]},
+    assert "engine.mode" not in text  # every mode gets merged weights (tests/trainer/test_lora_train.py: local_server)
+    validate_config(load_config({"model": {"path": str(tiny_model_dir)}, "lora": {"rank": 8, "target_modules": ["q_proj", "v_proj"]},
                                  "rollout": {"max_completion_length": 16}}))  # a valid one passes
 
 
@@ -191,7 +191,7 @@ def test_plan_memory_counts_the_adapter_and_no_reference_copy(tiny_model_dir):
     from cohort.plan import memory_estimate, model_facts
 
     def rows(rank, dtype="float32"):
-        cfg = load_config({"model": {"path": str(tiny_model_dir), "lora_rank": rank, "dtype": dtype}, "algorithm": {"beta": 0.04},
+        cfg = load_config({"model": {"path": str(tiny_model_dir), "dtype": dtype}, "lora": {"rank": rank}, "algorithm": {"beta": 0.04},
                            "rollout": {"max_completion_length": 16}})
         return {name: size for name, size, _ in memory_estimate(cfg, batch_plan(cfg), model_facts(cfg.model.path))}
 
@@ -214,11 +214,11 @@ def test_gradient_checkpointing_gives_the_adapter_the_same_grads(tiny_model_dir,
     precision = MIXED_BF16 if mixed else resolve_precision("float32", "mixed")
     grads = []
     for checkpointing in (False, True):
-        cfg = load_config({"model": {"path": str(tiny_model_dir), "lora_rank": 4}})
+        cfg = load_config({"model": {"path": str(tiny_model_dir)}, "lora": {"rank": 4}})
         model = load_policy(tiny_model_dir, base_dtype(precision))
         if checkpointing:
             model.gradient_checkpointing_enable()
-        lora = attach_lora(model, cfg.model, precision=precision, gradient_checkpointing=checkpointing)
+        lora = attach_lora(model, cfg.lora, precision=precision, gradient_checkpointing=checkpointing)
         _randomize_adapter(lora)
         model.train()
         with precision.autocast():
@@ -240,7 +240,7 @@ def test_gpt2_conv1d_layers_merge_like_peft(tmp_path):
     linear, _ = linear_module_names(tmp_path)
     assert linear == {"c_attn", "c_proj", "c_fc"}  # (lm_head excluded)
     model = load_policy(tmp_path, "float32")
-    lora = attach_lora(model, load_config({"model": {"lora_rank": 4, "lora_target_modules": ["c_attn", "c_fc"]}}).model)
+    lora = attach_lora(model, load_config({"lora": {"rank": 4, "target_modules": ["c_attn", "c_fc"]}}).lora)
     _randomize_adapter(lora)
     merged = dict(lora.merged_weights())
     expected = dict(copy.deepcopy(lora.peft_model).merge_and_unload().named_parameters())

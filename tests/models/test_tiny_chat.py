@@ -9,7 +9,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from cohort.config import load_config
+from cohort.config_loading import load_config
 from cohort.models.loading import chat_end_of_turn_id, load_policy, load_tokenizer, stop_token_ids
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import SamplingConfig
@@ -76,7 +76,7 @@ def _train_chat(tmp_path, model_dir, engine: str, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"{a}+{a % 10}="}]}) + "\n" for a in range(16)))
-    cfg = load_config(None, [f"model.path={model_dir}", f"data.train_files=[{data}]", f"rollout.engine={engine}",
+    cfg = load_config(None, [f"model.path={model_dir}", f"data.train_files=[{data}]", f"engine.name={engine}",
                              "rollout.num_generations=4", "rollout.max_completion_length=16", "data.max_prompt_length=64",
                              "train.prompts_per_step=4", "train.micro_batch_size=16", "train.max_steps=2",
                              "rewards=[{name: 'chat_rewards_tiny:short_answer'}]", f"run.output_dir={tmp_path / 'run'}",

@@ -37,7 +37,7 @@ def test_cohort_train_on_a_verl_parquet_with_accuracy_and_a_verl_function(tmp_pa
     run_dir = tmp_path / "run"
     code = cli.main([
         "train", f"model.path={tiny_model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=64",
-        "rollout.engine=hf", "rollout.num_generations=2", "rollout.max_completion_length=8", "train.prompts_per_step=2",
+        "engine.name=hf", "rollout.num_generations=2", "rollout.max_completion_length=8", "train.prompts_per_step=2",
         "train.micro_batch_size=4", "train.max_steps=3", "train.learning_rate=1e-3",
         "rewards=[{name: accuracy, num_workers: 1}, {name: user_verl_e2e.compute_score, weight: 0.5}]",
         f"run.output_dir={run_dir}", "run.progress=false", "run.loggers=[jsonl]", "run.log_completions_every=1",

@@ -52,7 +52,7 @@ def test_engines_on_the_trainers_module_refuse_in_flight_weight_updates(policy, 
 
     engine = HFEngine(policy, pad_token_id=EOS, stop_token_ids=[EOS])
     assert engine.in_flight_updates is False
-    with pytest.raises(RuntimeError, match=r"HFEngine cannot update weights with requests in flight .*rollout.engine=vllm"):
+    with pytest.raises(RuntimeError, match=r"HFEngine cannot update weights with requests in flight .*engine.name=vllm"):
         engine.update_weights(policy.named_parameters(), 1, in_flight=True)
     assert engine.policy_version == 0
     engine.update_weights(policy.named_parameters(), 1)  # the synchronous sync still works

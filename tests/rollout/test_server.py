@@ -143,7 +143,7 @@ def test_a_silent_server_times_out_instead_of_hanging():
     url = f"http://127.0.0.1:{listener.getsockname()[1]}"
     start = time.perf_counter()
     try:
-        with pytest.raises(RemoteEngineError, match="rollout.server_timeout_s = 0.5"):
+        with pytest.raises(RemoteEngineError, match="engine.server_timeout_s = 0.5"):
             RemoteEngine([url], token=TOKEN, timeout_s=0.5)
     finally:
         listener.close()
@@ -279,22 +279,23 @@ def test_concurrent_health_answers_during_a_slow_generation(served):
 
 
 def test_server_mode_config_problems_name_the_fix(monkeypatch):
-    from cohort.config import ConfigError, load_config
+    from cohort.config import ConfigError
+    from cohort.config_loading import load_config
     from cohort.validation import validate_config
 
     monkeypatch.delenv("COHORT_SERVER_TOKEN", raising=False)
     with pytest.raises(ConfigError) as info:
-        validate_config(load_config(None, ["rollout.mode=server", "rollout.server_timeout_s=0"]), check_files=False)
+        validate_config(load_config(None, ["engine.mode=server", "engine.server_timeout_s=0"]), check_files=False)
     text = str(info.value)
-    assert "rollout.server_urls is empty; start `cohort serve MODEL_DIR --port 8400`" in text
-    assert "export COHORT_SERVER_TOKEN" in text and "rollout.server_timeout_s = 0" in text
+    assert "engine.server_urls is empty; start `cohort serve MODEL_DIR --port 8400`" in text
+    assert "export COHORT_SERVER_TOKEN" in text and "engine.server_timeout_s = 0" in text
     monkeypatch.setenv("COHORT_SERVER_TOKEN", "t")
     with pytest.raises(ConfigError, match=r"must start with http:// or https://"):
-        validate_config(load_config(None, ["rollout.mode=server", "rollout.server_urls=[127.0.0.1:8400]"]), check_files=False)
-    validate_config(load_config(None, ["rollout.mode=server", "rollout.server_urls=[http://127.0.0.1:8400]"]), check_files=False)
+        validate_config(load_config(None, ["engine.mode=server", "engine.server_urls=[127.0.0.1:8400]"]), check_files=False)
+    validate_config(load_config(None, ["engine.mode=server", "engine.server_urls=[http://127.0.0.1:8400]"]), check_files=False)
     monkeypatch.delenv("COHORT_SERVER_TOKEN")  # under Ray the driver starts the servers and makes the token
     if importlib.util.find_spec("ray") is not None:
-        validate_config(load_config(None, ["rollout.mode=server", "distributed.backend=ray"]), check_files=False)
+        validate_config(load_config(None, ["engine.mode=server", "distributed.backend=ray"]), check_files=False)
 
 
 def test_split_cores_between_a_local_server_and_the_trainer():

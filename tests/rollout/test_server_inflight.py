@@ -2,7 +2,7 @@
 polling with short timeouts, and a server that stalls or dies.
 
 Fast tests use `TickingFake` (one token per running request per engine step, each stamped with the version held) behind
-an in-thread server; the rest run a real `cohort serve` child (`LocalServerEngine`, rollout.mode=local_server) on the
+an in-thread server; the rest run a real `cohort serve` child (`LocalServerEngine`, engine.mode=local_server) on the
 tiny random model, started once for the module. The test that kills it comes last in this file.
 """
 
@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 import torch
 
-from cohort.config import load_config
+from cohort.config_loading import load_config
 from cohort.models.loading import load_policy, load_tokenizer
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout import remote_engine
@@ -153,7 +153,7 @@ def test_short_polls_of_a_stuck_server_fail_within_the_timeout_and_each_returns_
     engine = RemoteEngine([serve(TickingFake(stall=True))], token=TOKEN, timeout_s=1.0)
     engine.submit([Request("stuck", (1,), SamplingConfig(5), 1)])
     start, longest = time.monotonic(), 0.0
-    with pytest.raises(RemoteEngineError, match=r"1 request\(s\) in flight and none finished within rollout.server_timeout_s = 1.0 s"):
+    with pytest.raises(RemoteEngineError, match=r"1 request\(s\) in flight and none finished within engine.server_timeout_s = 1.0 s"):
         while time.monotonic() - start < 10:  # before: each poll(0.1) returned [] before the progress check, forever
             began = time.monotonic()
             assert engine.poll(0.1) == []
@@ -167,7 +167,7 @@ def test_short_polls_of_a_stuck_server_fail_within_the_timeout_and_each_returns_
 
 pytest_vllm = pytest.mark.vllm
 SERVER_TIMEOUT_S = 5.0  # the timeout the stall test checks (it sets it on the client for itself)
-# Every other test's timeout: generous, since none of them is about it. rollout.server_timeout_s bounds each HTTP
+# Every other test's timeout: generous, since none of them is about it. engine.server_timeout_s bounds each HTTP
 # call and the time a server may go without finishing a request; with 5 s, the in-flight weights test failed on this
 # 2-core machine under other test runs (three 120-token requests; with two busy-looping processes beside it the test
 # body took 10.6 s, the push itself 0.10 s: the engine lock lets a caller in between two engine polls, as
@@ -178,10 +178,10 @@ TOL = 1e-4  # vLLM's float32 log-probs against the trainer's
 
 @pytest.fixture(scope="module")
 def child(tiny_model_dir):
-    """rollout.mode=local_server's engine: `cohort serve` in a child process, on the tiny model."""
+    """engine.mode=local_server's engine: `cohort serve` in a child process, on the tiny model."""
     pytest.importorskip("vllm")
     cfg = load_config({"model": {"path": str(tiny_model_dir)},
-                       "rollout": {"mode": "local_server", "server_timeout_s": GENEROUS_TIMEOUT_S}})
+                       "engine": {"mode": "local_server", "server_timeout_s": GENEROUS_TIMEOUT_S}})
     engine = LocalServerEngine(tiny_model_dir, cfg, max_model_len=128, dtype="float32")
     yield engine
     engine.close()
@@ -237,7 +237,7 @@ def test_a_stalled_cohort_serve_fails_poll_within_the_timeout(child, tiny_model_
     os.kill(child.server.process.pid, signal.SIGSTOP)  # alive, answering nothing (a hung engine, a swapped-out host)
     try:
         start = time.monotonic()
-        with pytest.raises(RemoteEngineError, match=rf"/poll: .*rollout.server_timeout_s = {SERVER_TIMEOUT_S} s"):
+        with pytest.raises(RemoteEngineError, match=rf"/poll: .*engine.server_timeout_s = {SERVER_TIMEOUT_S} s"):
             while time.monotonic() - start < 4 * SERVER_TIMEOUT_S:
                 child.poll(0.1)
         assert time.monotonic() - start < SERVER_TIMEOUT_S + 2.0

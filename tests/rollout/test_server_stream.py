@@ -250,7 +250,7 @@ def test_a_new_client_takes_the_server_over_and_a_silent_engine_fails_the_run(se
     slow = RemoteEngine([url], token=TOKEN, timeout_s=0.5)
     slow.submit([Request("s", (1,), SamplingConfig(2), 1)])
     start = time.monotonic()
-    with pytest.raises(RemoteEngineError, match=r"1 request\(s\) in flight and none finished within rollout.server_timeout_s = 0.5 s"):
+    with pytest.raises(RemoteEngineError, match=r"1 request\(s\) in flight and none finished within engine.server_timeout_s = 0.5 s"):
         slow.poll()
     assert time.monotonic() - start < 3
 

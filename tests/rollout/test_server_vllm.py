@@ -3,7 +3,7 @@ session's shared engine served on a thread (never a second engine in the pytest 
 
 - the CLI server refuses requests without the token, takes a pushed weight set and
   generates with it, reporting the new version, with log-probs equal to the trainer's;
-- `cohort train` logic in rollout.mode=server splits generation across both servers,
+- `cohort train` logic in engine.mode=server splits generation across both servers,
   pushes weights after every step (bytes and time reported) and ends with both
   servers holding exactly the trainer's policy;
 - deliberately corrupted weights are caught by the canary and stop the run;
@@ -23,7 +23,7 @@ import urllib.request
 import pytest
 import torch
 
-from cohort.config import load_config
+from cohort.config_loading import load_config
 from cohort.models.loading import load_policy, load_tokenizer
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import FINISHED, Request, SamplingConfig, Trajectory
@@ -96,8 +96,8 @@ def _config(tmp_path, model_dir, urls, steps):
     (tmp_path / "server_rewards.py").write_text(
         "def sevens(prompts, completions, **kw):\n    return [c.count('7') / max(1, len(c)) for c in completions]\n")
     return load_config(None, [
-        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "rollout.mode=server",
-        f"rollout.server_urls={json.dumps(urls)}", "rollout.server_timeout_s=120", "rollout.num_generations=4",
+        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "engine.mode=server",
+        f"engine.server_urls={json.dumps(urls)}", "engine.server_timeout_s=120", "rollout.num_generations=4",
         "rollout.max_completion_length=6", "train.prompts_per_step=4", "train.micro_batch_size=16", f"train.max_steps={steps}",
         "train.learning_rate=3e-3", "rewards=[{name: 'server_rewards:sevens'}]", f"run.output_dir={tmp_path / 'run'}",
         "run.progress=false", "run.loggers=[jsonl]", "run.log_completions_every=0",

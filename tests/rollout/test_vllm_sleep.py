@@ -95,7 +95,7 @@ def test_no_sleep_without_sleep_mode_or_with_requests_in_flight_and_no_sampling_
     assert release_engine_memory(busy) is False and busy.llm.calls == []
     discarded = _engine(sleep_mode=2)
     release_engine_memory(discarded)
-    with pytest.raises(RuntimeError, match="discarded by rollout.sleep_mode = 2 and no weights were pushed"):
+    with pytest.raises(RuntimeError, match="discarded by engine.sleep_mode = 2 and no weights were pushed"):
         discarded._wake(("weights", "kv_cache"))
     level1 = _engine(sleep_mode=1)  # level 1 keeps a CPU copy of the weights: waking without a push is fine
     release_engine_memory(level1)

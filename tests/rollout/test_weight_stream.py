@@ -65,13 +65,13 @@ def test_part_size_bounds_what_a_push_holds():
 
 def test_lora_merged_weights_streamed_are_bit_identical_to_the_merged_state_dict(tiny_model_dir):
     pytest.importorskip("peft")
-    from cohort.config import load_config
+    from cohort.config_loading import load_config
     from cohort.models.loading import load_policy
     from cohort.models.lora import attach_lora
 
-    cfg = load_config({"model": {"path": str(tiny_model_dir), "lora_rank": 4}})
+    cfg = load_config({"model": {"path": str(tiny_model_dir)}, "lora": {"rank": 4}})
     model = load_policy(tiny_model_dir, "float32")
-    lora = attach_lora(model, cfg.model)
+    lora = attach_lora(model, cfg.lora)
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for _, p in lora.trainable_parameters():

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from cohort.config import ConfigError, load_config
+from cohort.config import ConfigError
+from cohort.config_loading import load_config
 from cohort.models.loading import load_tokenizer
 from cohort.rewards import RewardSet
 from cohort.tools.parsers import ToolCall, get_parser, parse_compact, parse_hermes
@@ -106,22 +107,22 @@ def test_prefix_check_accepts_the_tiny_chat_template_and_refuses_one_that_is_not
 
 
 def test_tool_fields_are_validated_before_any_model_loads(tmp_path):
-    cfg = load_config(None, ["rollout.tools=[no_such_module.multiply]", "rollout.tool_parser=qwen", "rollout.max_turns=0",
-                             "rollout.environment=json.dumps"])
+    cfg = load_config(None, ["tools.functions=[no_such_module.multiply]", "tools.parser=qwen", "tools.max_turns=0",
+                             "tools.environment=json.dumps"])
     with pytest.raises(ConfigError) as info:
         validate_config(cfg, check_files=False)
     text = str(info.value)
-    assert "rollout.tools[0] 'no_such_module.multiply': cannot import 'no_such_module'" in text
-    assert "rollout.tool_parser = 'qwen' is not a parser" in text
-    assert "rollout.max_turns = 0 must be >= 1" in text
-    assert "rollout.environment = 'json.dumps' is a function, not a class" in text
+    assert "tools.functions[0] 'no_such_module.multiply': cannot import 'no_such_module'" in text
+    assert "tools.parser = 'qwen' is not a parser" in text
+    assert "tools.max_turns = 0 must be >= 1" in text
+    assert "tools.environment = 'json.dumps' is a function, not a class" in text
 
 
 def test_config_with_callables_saves_their_import_paths():
     cfg = load_config(None, [])
-    cfg.rollout.tools = [multiply, "cohort.tools.builtin.python"]
+    cfg.tools.functions = [multiply, "cohort.tools.builtin.python"]
     validate_config(cfg, check_files=False)
-    assert cfg.to_dict()["rollout"]["tools"] == [f"{__name__}:multiply", "cohort.tools.builtin.python"]
+    assert cfg.to_dict()["tools"]["functions"] == [f"{__name__}:multiply", "cohort.tools.builtin.python"]
 
 
 def test_rewards_get_conversations_and_environments_only_when_they_name_them():

@@ -1,6 +1,6 @@
 """A user's own tool module and dataset train through YAML and through `cohort.train(tools=...)` (the transformers
 engine on `quick_stop_chat_model`, whose turns end after a few tokens; the module's parser reads every turn as a call
-to `count`, so with rollout.max_turns = 3 every trajectory makes exactly 2 calls over 3 assistant turns)."""
+to `count`, so with tools.max_turns = 3 every trajectory makes exactly 2 calls over 3 assistant turns)."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def length(completions, **kwargs):
 
 def _config(tmp_path, model_dir, name):
     return {"model": {"path": str(model_dir)}, "data": {"max_prompt_length": 32},
-            "rollout": {"engine": "hf", "num_generations": 2, "max_completion_length": 96, "max_turns": 3,
-                        "tool_parser": "cohort_user_tools.parse"},
+            "rollout": {"num_generations": 2, "max_completion_length": 96}, "engine": {"name": "hf"},
+            "tools": {"max_turns": 3, "parser": "cohort_user_tools.parse"},
             "train": {"prompts_per_step": 2, "micro_batch_size": 4, "max_steps": 1},
             "rewards": [{"name": "cohort_user_tools.saw_tool"}, {"name": "cohort_user_tools.length", "weight": 0.01}],
             "run": {"output_dir": str(tmp_path / name), "progress": False, "loggers": ["jsonl"], "log_completions_every": 1}}
@@ -61,12 +61,12 @@ def test_user_tool_module_trains_through_yaml_and_the_python_api(tmp_path, quick
     # YAML, the tools by import path
     yaml_cfg = _config(tmp_path, quick_stop_chat_model, "yaml")
     yaml_cfg["data"]["train_files"] = [str(data)]
-    yaml_cfg["rollout"]["tools"] = ["cohort_user_tools.count"]
+    yaml_cfg["tools"]["functions"] = ["cohort_user_tools.count"]
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(yaml_cfg))
     cohort.train(str(tmp_path / "run.yaml"))
     _check_run(tmp_path / "yaml")
     saved = yaml.safe_load((tmp_path / "yaml" / "config.yaml").read_text())
-    assert saved["rollout"]["tools"] == ["cohort_user_tools.count"]
+    assert saved["tools"]["functions"] == ["cohort_user_tools.count"]
     # the Python API, the function itself and an in-memory dataset
     import cohort_user_tools
 

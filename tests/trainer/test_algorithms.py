@@ -26,7 +26,8 @@ import torch
 from cohort.algorithms import (AGGREGATIONS, POLICY_LOSSES, aggregate_loss, aggregation_count, compute_advantages, policy_loss,
                                top_entropy_mask)
 from cohort.algorithms.specs import ALGORITHMS, LOSS_TYPES, AdvantageInputs
-from cohort.config import ALGORITHM_MIN_GENERATIONS, ALGORITHMS_WITH_CRITIC, AlgorithmConfig, load_config
+from cohort.config import ALGORITHM_MIN_GENERATIONS, ALGORITHMS_WITH_CRITIC, AlgorithmConfig
+from cohort.config_loading import load_config
 from cohort.trainer.algorithms import resolve
 
 
@@ -235,7 +236,7 @@ def _trainer(toy, model_dir, name, *extra, steps=30, engine=None):
 
     tmp_path, data = toy
     cfg = load_config(None, [
-        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "rollout.engine=hf",
+        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "engine.name=hf",
         "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=4", "train.micro_batch_size=8",
         f"train.max_steps={steps}", "train.learning_rate=3e-3", "rewards=[{name: 'algo_rewards:sevens'}]",
         f"algorithm.name={name}", f"run.output_dir={tmp_path / ('run-' + name)}", "run.progress=false", "run.loggers=[jsonl]",
@@ -416,7 +417,7 @@ def test_ppo_with_a_kl_term_learns_through_the_shared_vllm_engine(toy, tiny_mode
     # old log-probs of the KL in the reward come from the trainer, not the engine; the critic, the reference model and
     # the adaptive controller all run. Measured: reward 0.0-0.03 over steps 1-5, 0.95-1.0 over steps 36-40 (it passes
     # 0.9 at step ~29); canary gap 4e-6; trainer-engine log-prob gap at most 1.4e-5.
-    trainer = _trainer(toy, tiny_model_dir, "ppo", "rollout.engine=vllm", "critic.learning_rate=1e-3", "algorithm.beta=0.01",
+    trainer = _trainer(toy, tiny_model_dir, "ppo", "engine.name=vllm", "critic.learning_rate=1e-3", "algorithm.beta=0.01",
                        "algorithm.kl_controller=adaptive", "algorithm.kl_target=1.0", engine=vllm_engine)
     assert trainer.engine_shares_policy is False and trainer.ref_model is not None and trainer.critic is not None
     history = [trainer.step() for _ in range(40)]

@@ -1,4 +1,4 @@
-"""Asynchronous training (rollout.max_staleness): k = 0 is the synchronous trainer; k = 2 keeps every trained token
+"""Asynchronous training (pipeline.max_staleness): k = 0 is the synchronous trainer; k = 2 keeps every trained token
 within 2 versions; too-stale tokens are masked or their group dropped; groups admitted and untrained survive a
 checkpoint; a dead engine fails the run instead of hanging it. Real vLLM (in-process, or a `cohort serve` child)."""
 
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from cohort.config import ConfigError, load_config
+from cohort.config import ConfigError
+from cohort.config_loading import load_config
 from cohort.rollout.base import Trajectory
 from cohort.rollout.stream import FinishedGroup
 from cohort.trainer import checkpoint
@@ -40,7 +41,7 @@ def data_file(tmp_path, monkeypatch):
 def _config(tmp_path, data_file, model_dir, *extra, name="run"):
     return load_config(None, [
         f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16",
-        "rollout.num_generations=4", "rollout.max_completion_length=24", "rollout.kv_cache_gib=0.25",
+        "rollout.num_generations=4", "rollout.max_completion_length=24", "engine.kv_cache_gib=0.25",
         "train.prompts_per_step=2", "train.micro_batch_size=8", "train.max_steps=5", "train.learning_rate=3e-3",
         "train.max_grad_norm=0", "rewards=[{name: 'async_rewards:digit_share'}]", f"run.output_dir={tmp_path / name}",
         "run.progress=false", "run.loggers=[jsonl]", *extra,
@@ -63,7 +64,7 @@ def _run(cfg, steps):
 @pytest.mark.slow
 def test_max_staleness_0_is_the_synchronous_trainer(tmp_path, data_file, tiny_model_dir):
     sync = _run(_config(tmp_path, data_file, tiny_model_dir, name="sync"), 5)
-    async0 = _run(_config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=0", name="async"), 5)
+    async0 = _run(_config(tmp_path, data_file, tiny_model_dir, "pipeline.max_staleness=0", name="async"), 5)
     for a, b in zip(sync[0], async0[0]):
         assert a.row_indices == b.row_indices and a.completion_ids == b.completion_ids
         np.testing.assert_array_equal(a.rewards, b.rewards)
@@ -75,7 +76,7 @@ def test_max_staleness_0_is_the_synchronous_trainer(tmp_path, data_file, tiny_mo
 
 @pytest.mark.slow
 def test_max_staleness_2_bounds_every_trained_token(tmp_path, data_file, tiny_model_dir):
-    batches, metrics, _ = _run(_config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=2",
+    batches, metrics, _ = _run(_config(tmp_path, data_file, tiny_model_dir, "pipeline.max_staleness=2",
                                        "train.max_steps=6", name="k2"), 6)
     for step, (batch, m) in enumerate(zip(batches, metrics)):
         staleness = [step - v for versions in batch.versions for v in versions]  # the policy at step s is version s
@@ -90,8 +91,8 @@ def test_too_stale_groups_are_masked_or_dropped(tmp_path, data_file, tiny_model_
     # allowed version is 2. mask: the 2 old tokens of each of its 4 members leave the loss (counted: 8); drop: the
     # group is discarded, counted, and a fresh prompt is admitted in its place.
     for mode in ("mask", "drop"):
-        trainer = Trainer(_config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=1",
-                                  f"rollout.stale_tokens={mode}", name=mode), **QUIET)
+        trainer = Trainer(_config(tmp_path, data_file, tiny_model_dir, "pipeline.max_staleness=1",
+                                  f"pipeline.stale_tokens={mode}", name=mode), **QUIET)
         rollout = trainer.rollout
         try:
             trainer.policy_version = 3
@@ -114,7 +115,7 @@ def test_too_stale_groups_are_masked_or_dropped(tmp_path, data_file, tiny_model_
 
 @pytest.mark.slow
 def test_admitted_groups_survive_a_checkpoint_no_prompt_lost_or_repeated(tmp_path, data_file, tiny_model_dir):
-    cfg = _config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=1", "train.max_steps=4", name="ckpt")
+    cfg = _config(tmp_path, data_file, tiny_model_dir, "pipeline.max_staleness=1", "train.max_steps=4", name="ckpt")
     trainer = Trainer(cfg, **QUIET)
     trained = Counter()
     try:
@@ -126,7 +127,7 @@ def test_admitted_groups_survive_a_checkpoint_no_prompt_lost_or_repeated(tmp_pat
     finally:
         trainer.close()
     assert saved  # batch 2 was admitted at version 1 and is not trained yet
-    resumed = Trainer(_config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=1", "train.max_steps=4", name="ckpt2"), **QUIET)
+    resumed = Trainer(_config(tmp_path, data_file, tiny_model_dir, "pipeline.max_staleness=1", "train.max_steps=4", name="ckpt2"), **QUIET)
     try:
         checkpoint.load_checkpoint(resumed, path)
         for _ in range(2):
@@ -146,8 +147,8 @@ def test_admitted_groups_survive_a_checkpoint_no_prompt_lost_or_repeated(tmp_pat
 
 @pytest.mark.slow
 def test_a_dead_engine_fails_the_run_within_the_timeout(tmp_path, data_file, tiny_model_dir):
-    cfg = _config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=1", "rollout.mode=local_server",
-                  "rollout.server_timeout_s=20", "rollout.engine_timeout_s=20", "rollout.max_completion_length=120",
+    cfg = _config(tmp_path, data_file, tiny_model_dir, "pipeline.max_staleness=1", "engine.mode=local_server",
+                  "engine.server_timeout_s=20", "pipeline.engine_timeout_s=20", "rollout.max_completion_length=120",
                   "train.max_steps=20", name="dead")
     trainer = Trainer(cfg, **QUIET)
     try:
@@ -163,21 +164,21 @@ def test_a_dead_engine_fails_the_run_within_the_timeout(tmp_path, data_file, tin
 
 
 def test_async_config_is_validated_before_any_model_loads(tmp_path, data_file, tiny_model_dir):
-    for bad, msg in (("rollout.max_staleness=-1", "rollout.max_staleness = -1"),
-                     ("rollout.engine=hf", "rollout.max_staleness with rollout.engine = hf"),
+    for bad, msg in (("pipeline.max_staleness=-1", "pipeline.max_staleness = -1"),
+                     ("engine.name=hf", "pipeline.max_staleness with engine.name = hf"),
                      ("train.steps_per_generation=2", "one optimizer step per generation batch")):
         with pytest.raises(ConfigError, match=msg.replace(".", r"\.")):
-            validate_config(_config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=1", bad))
+            validate_config(_config(tmp_path, data_file, tiny_model_dir, "pipeline.max_staleness=1", bad))
 
 
 @pytest.mark.slow
 def test_an_eval_while_groups_are_in_flight_loses_none_of_them(tmp_path, data_file, tiny_model_dir):
     # k = 2: after step 1, batch 3 is admitted and generating (batches 1-2 may be done). A held-out eval through the shared engine gets
     # its own completions back (greedy, finished), and every admitted group still arrives: the next steps train
-    # exactly the rows drawn, none lost (a lost group would stall the run until rollout.engine_timeout_s).
+    # exactly the rows drawn, none lost (a lost group would stall the run until pipeline.engine_timeout_s).
     from cohort.rollout.base import SamplingConfig
-    cfg = _config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=2", "train.max_steps=4",
-                  "rollout.engine_timeout_s=60", "rollout.max_completion_length=100", name="eval")
+    cfg = _config(tmp_path, data_file, tiny_model_dir, "pipeline.max_staleness=2", "train.max_steps=4",
+                  "pipeline.engine_timeout_s=60", "rollout.max_completion_length=100", name="eval")
     trainer = Trainer(cfg, **QUIET)
     trained = Counter()
     try:
@@ -202,17 +203,18 @@ def test_an_eval_while_groups_are_in_flight_loses_none_of_them(tmp_path, data_fi
 
 
 def test_a_local_server_engine_gets_its_own_cores_under_asynchronous_training(tmp_path, data_file, tiny_model_dir):
-    # Generation and the update run at once (as with rollout.overlap): on this machine's N cores the engine takes the
+    # Generation and the update run at once (as with pipeline.max_staleness=1): on this machine's N cores the engine takes the
     # last N // 2 (at least one) and the trainer's threads default to the rest; synchronous runs share them all.
     import os
     from cohort.rollout.remote_engine import engine_cores
     cores = sorted(os.sched_getaffinity(0))
     k = max(1, len(cores) // 2)
-    cfg = _config(tmp_path, data_file, tiny_model_dir, "rollout.max_staleness=1", "rollout.mode=local_server")
+    cfg = _config(tmp_path, data_file, tiny_model_dir, "pipeline.max_staleness=1", "engine.mode=local_server")
     assert engine_cores(cfg) == (cores[-k:], max(1, len(cores) - k))
-    assert engine_cores(_config(tmp_path, data_file, tiny_model_dir, "rollout.mode=local_server")) == (None, None)
+    assert engine_cores(_config(tmp_path, data_file, tiny_model_dir, "engine.mode=local_server")) == (None, None)
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_and_partial_rollouts_combine_with_a_staleness_bound(tmp_path, tiny_model_dir, monkeypatch):
     # One scheduler, its rules composed. Rows alternate kind const (reward 1.0 for every member: a constant group,
     # dropped under dynamic sampling) and vary (rewards 0, 1, 2, ... by position: never constant). With k = 1 every
@@ -225,12 +227,12 @@ def test_dynamic_sampling_and_partial_rollouts_combine_with_a_staleness_bound(tm
     data = tmp_path / "kinds.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "kind": "const" if a % 2 else "vary"}) + "\n"
                             for a in range(12)))
-    for extra in (["rollout.dynamic_sampling=true"], ["rollout.over_provision=2"]):
-        cfg = _config(tmp_path, data, tiny_model_dir, "rollout.max_staleness=1", "rewards=[{name: 'kind_rewards:by_kind'}]",
+    for extra in (["pipeline.dynamic_sampling=true"], ["pipeline.over_provision=2"]):
+        cfg = _config(tmp_path, data, tiny_model_dir, "pipeline.max_staleness=1", "rewards=[{name: 'kind_rewards:by_kind'}]",
                       "train.max_steps=4", *extra, name="combined-" + extra[0].split(".")[1].split("=")[0])
         batches, metrics, _ = _run(cfg, 4)
         for step, (batch, m) in enumerate(zip(batches, metrics)):
             assert len(batch) == 2 * 4 and m["staleness/max"] <= 1
-            if "rollout.dynamic_sampling=true" in extra:
+            if "pipeline.dynamic_sampling=true" in extra:
                 assert m["frac_reward_zero_std"] == 0.0  # every constant group was dropped and replaced
                 assert all(batch.row_indices[i] % 2 == 0 for i in range(len(batch)))  # only vary rows trained

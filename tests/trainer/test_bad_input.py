@@ -13,14 +13,15 @@ import shutil
 import pytest
 
 from cohort import cli
-from cohort.config import ConfigError, load_config
+from cohort.config import ConfigError
+from cohort.config_loading import load_config
 from cohort.data.datasets import DataError, PromptDataset
 from cohort.models.loading import load_tokenizer
 from cohort.prompts import PromptRenderer
 
 
 def train_args(model_dir, data, run_dir, *extra):
-    return ["train", f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "rollout.engine=hf",
+    return ["train", f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "engine.name=hf",
             "rollout.num_generations=2", "rollout.max_completion_length=4", "train.prompts_per_step=2", "train.micro_batch_size=4",
             "train.max_steps=2", "rewards=[{name: numeric_match}]", f"run.output_dir={run_dir}", "run.progress=false", *extra]
 

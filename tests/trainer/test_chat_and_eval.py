@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from cohort import cli
-from cohort.config import load_config
+from cohort.config_loading import load_config
 from cohort.trainer.loop import Trainer
 
 MODULE = textwrap.dedent('''
@@ -33,7 +33,7 @@ def chat_data(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_chat_prompts_use_template_and_chat_completions(chat_data, tiny_model_dir):
     tmp_path, path = chat_data
-    cfg = load_config(None, [f"model.path={tiny_model_dir}", f"data.train_files=[{path}]", "rollout.engine=hf",
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", f"data.train_files=[{path}]", "engine.name=hf",
                              "rollout.num_generations=2", "rollout.max_completion_length=3", "data.max_prompt_length=64", "train.prompts_per_step=2",
                              "train.micro_batch_size=4", "train.max_steps=1", "rewards=[{name: 'chat_rewards_mod:chat_reward'}]",
                              f"run.output_dir={tmp_path / 'run'}", "run.progress=false", "run.loggers=[jsonl]"])
@@ -55,7 +55,7 @@ def test_cli_eval_reports_accuracy_and_pass_at_k(tmp_path, tiny_model_dir, capsy
     path = tmp_path / "eval.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"{i}+0=", "answer": str(i)}) + "\n" for i in range(6)))
     code = cli.main(["eval", f"model.path={tiny_model_dir}", f"data.train_files=[{path}]", f"data.eval_files=[{path}]",
-                     "rollout.engine=hf", "rollout.max_completion_length=2", "data.max_prompt_length=16", "rewards=[{name: numeric_match}]",
+                     "engine.name=hf", "rollout.max_completion_length=2", "data.max_prompt_length=16", "rewards=[{name: numeric_match}]",
                      f"run.output_dir={tmp_path / 'run'}", "--num-samples", "3"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
@@ -74,7 +74,7 @@ def test_cli_eval_builds_no_trainer_and_no_optimizer(tmp_path, tiny_model_dir, c
     path = tmp_path / "eval.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"{i}+0=", "answer": str(i)}) + "\n" for i in range(4)))
     code = cli.main(["eval", f"model.path={tiny_model_dir}", f"data.train_files=[{path}]", f"data.eval_files=[{path}]",
-                     "rollout.engine=hf", "rollout.max_completion_length=2", "data.max_prompt_length=16",
+                     "engine.name=hf", "rollout.max_completion_length=2", "data.max_prompt_length=16",
                      "rewards=[{name: numeric_match}]", f"run.output_dir={tmp_path / 'run'}"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["num_prompts"] == 4 and "pass@1" in out

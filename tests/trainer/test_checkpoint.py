@@ -30,7 +30,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cohort.config import load_config
+from cohort.config_loading import load_config
 from cohort.trainer import checkpoint
 from cohort.trainer.loop import Trainer
 
@@ -61,7 +61,7 @@ def user_setup(tmp_path, monkeypatch):
 def overrides(model_dir, data, run_dir, engine, *extra):
     """6 steps; a generation batch serves 2 steps (so step 3 is inside one); 2 micro-batches per step."""
     return [
-        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", f"rollout.engine={engine}",
+        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", f"engine.name={engine}",
         "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=2", "train.steps_per_generation=2",
         "train.micro_batch_size=4", "train.max_steps=6", "train.learning_rate=3e-3", "train.num_threads=1",
         "rewards=[{name: 'ckpt_test_rewards:sevens'}]", f"run.output_dir={run_dir}", "run.progress=false", "run.loggers=[jsonl]",
@@ -230,7 +230,7 @@ def test_kill9_then_resume_is_exact_vllm(user_setup, tiny_model_dir, vllm_engine
 
 KILL_DURING_SAVE = textwrap.dedent('''
     import os, signal, sys
-    from cohort.config import load_config
+    from cohort.config_loading import load_config
     from cohort.trainer import checkpoint
     from cohort.trainer.loop import Trainer
 

@@ -1,6 +1,6 @@
 """Run-time failures: one short message, the traceback in logs/error.log, the last consistent state saved, exit 4.
 
-Run as a user runs it (`python -m cohort.cli train ...` in a subprocess, rollout.engine=hf:
+Run as a user runs it (`python -m cohort.cli train ...` in a subprocess, engine.name=hf:
 the engine is not the point). The failing reward behaves like `sevens` below except on
 the call named by COHORT_TEST_FAIL_AT_CALL, so the run it fails and the run that
 resumes it train on the same rewards as an uninterrupted run.
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from cohort import cli
-from cohort.config import load_config
+from cohort.config_loading import load_config
 from cohort.trainer import checkpoint, failure
 from cohort.trainer.loop import Trainer
 
@@ -52,7 +52,7 @@ def user_setup(tmp_path, monkeypatch):
 
 def overrides(model_dir, data, run_dir, reward, *extra):
     return [
-        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "rollout.engine=hf",
+        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "engine.name=hf",
         "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=2", "train.micro_batch_size=8",
         "train.learning_rate=3e-3", "train.num_threads=1", f"rewards=[{{name: 'fail_test_rewards:{reward}'}}]",
         f"run.output_dir={run_dir}", "run.progress=false", *extra,
@@ -187,8 +187,8 @@ def test_an_engine_that_cannot_start_is_one_message_and_exit_4(user_setup, tiny_
     run_dir = tmp_path / "noserver"
     monkeypatch.setenv("COHORT_SERVER_TOKEN", "t")
     # port 9 (discard) on loopback: nothing listens, the connection is refused at once
-    code = cli.main(["train", *overrides(tiny_model_dir, data, run_dir, "sevens", "rollout.mode=server",
-                                         "rollout.server_urls=[http://127.0.0.1:9]", "rollout.server_timeout_s=5")])
+    code = cli.main(["train", *overrides(tiny_model_dir, data, run_dir, "sevens", "engine.mode=server",
+                                         "engine.server_urls=[http://127.0.0.1:9]", "engine.server_timeout_s=5")])
     err = capsys.readouterr().err
     err = err[err.index("cohort: "):]
     assert code == 4

@@ -19,7 +19,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from cohort.config import load_config
+from cohort.config_loading import load_config
 from cohort.models.batching import length_sorted_micro_batches
 from cohort.trainer.loop import Trainer
 
@@ -52,7 +52,7 @@ def data_file(tmp_path, monkeypatch):
 
 def _trainer(tmp_path, data_file, model_dir, *extra):
     cfg = load_config(None, [
-        f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "rollout.engine=hf",
+        f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "engine.name=hf",
         "rollout.num_generations=4", "rollout.max_completion_length=12", "train.prompts_per_step=4", "train.micro_batch_size=16",
         "train.max_steps=4", "train.learning_rate=1e-3", "train.max_grad_norm=0", "algorithm.loss_type=dapo",
         "rewards=[{name: 'fast_path_rewards:digit_share'}]", f"run.output_dir={tmp_path / 'run'}", "run.progress=false", "run.loggers=[jsonl]",
@@ -152,22 +152,19 @@ def test_reference_and_old_logprobs_once_per_generation_batch(tmp_path, data_fil
     trainer.close()
 
 
-# --------------------------------------------------------------------------- rollout.overlap and rollout correction
+# --------------------------------------------------------------------------- the staleness bound 1 and rollout correction
 
 
-def test_overlap_is_the_staleness_bound_1_and_checked_as_such(tmp_path, data_file, tiny_model_dir):
+def test_staleness_bound_1_is_checked(tmp_path, data_file, tiny_model_dir):
     from cohort.config import ConfigError
     from cohort.validation import validate_config
 
-    base = [f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]", "rollout.overlap=true", "data.max_prompt_length=16",
+    base = [f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]", "pipeline.max_staleness=1", "data.max_prompt_length=16",
             "rollout.max_completion_length=8",
             "rewards=[{name: 'fast_path_rewards:digit_share'}]"]
-    settled = load_config(None, base).rollout
-    assert settled.max_staleness == 1 and not settled.overlap  # the old name, settled once into the scheduler's rule
-    with pytest.raises(ConfigError, match="rollout.overlap = true is rollout.max_staleness = 1"):
-        load_config(None, base + ["rollout.max_staleness=2"])
-    with pytest.raises(ConfigError, match="rollout.max_staleness with rollout.engine = hf"):
-        validate_config(load_config(None, base + ["rollout.engine=hf"]))
+    # (the old name pipeline.max_staleness=1 is read as pipeline.max_staleness=1: tests/test_config_renames.py)
+    with pytest.raises(ConfigError, match="pipeline.max_staleness with engine.name = hf"):
+        validate_config(load_config(None, base + ["engine.name=hf"]))
     with pytest.raises(ConfigError, match="one optimizer step per generation batch"):
         validate_config(load_config(None, base + ["train.steps_per_generation=2"]))
     with pytest.raises(ConfigError, match="rollout_correction_cap"):
@@ -223,8 +220,8 @@ def test_overlap_is_one_step_stale_corrected_and_learns(tmp_path, data_file, tin
     # Same workload as the end-to-end test (digit share; a working loop goes from ~0.1 to > 0.8 within 30 steps),
     # with the next batch generated behind each update.
     cfg = load_config(None, [
-        f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "rollout.engine=vllm",
-        "rollout.overlap=true", "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=4",
+        f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "engine.name=vllm",
+        "pipeline.max_staleness=1", "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=4",
         "train.micro_batch_size=16", "train.max_steps=30", "train.learning_rate=3e-3",
         "rewards=[{name: 'fast_path_rewards:digit_share'}]", f"run.output_dir={tmp_path / 'run'}", "run.progress=false",
         "run.loggers=[jsonl]",
@@ -243,15 +240,15 @@ def test_overlap_is_one_step_stale_corrected_and_learns(tmp_path, data_file, tin
 @pytest.mark.slow
 def test_local_server_overlap_runs_engine_and_trainer_on_separate_cores_and_learns(tmp_path, data_file, tiny_model_dir,
                                                                                     monkeypatch):
-    # rollout.mode=local_server: vLLM in a `cohort serve` child bound to the last core(s), the trainer on the rest, the next
+    # engine.mode=local_server: vLLM in a `cohort serve` child bound to the last core(s), the trainer on the rest, the next
     # batch generated there while this one trains. Same workload and bar as the in-process overlap test above.
     import os
 
     from cohort.rollout.server import split_cores
 
     cfg = load_config(None, [
-        f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "rollout.engine=vllm",
-        "rollout.mode=local_server", "rollout.overlap=true", "rollout.num_generations=4", "rollout.max_completion_length=6",
+        f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "engine.name=vllm",
+        "engine.mode=local_server", "pipeline.max_staleness=1", "rollout.num_generations=4", "rollout.max_completion_length=6",
         "train.prompts_per_step=4", "train.micro_batch_size=16", "train.max_steps=30", "train.learning_rate=3e-3",
         "rewards=[{name: 'fast_path_rewards:digit_share'}]", f"run.output_dir={tmp_path / 'run'}", "run.progress=false",
         "run.loggers=[jsonl]",

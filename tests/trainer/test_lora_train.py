@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 pytest.importorskip("peft")
 
-from cohort.config import load_config  # noqa: E402
+from cohort.config_loading import load_config  # noqa: E402
 from cohort.models.lora import LoraPolicy  # noqa: E402
 from cohort.trainer import checkpoint  # noqa: E402
 from cohort.trainer.loop import Trainer  # noqa: E402
@@ -42,9 +42,9 @@ def user_setup(tmp_path, monkeypatch):
 
 def _overrides(model_dir, data, run_dir, engine, *extra):
     return [
-        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", f"rollout.engine={engine}",
+        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", f"engine.name={engine}",
         "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=4", "train.micro_batch_size=8",
-        "train.max_steps=30", "train.learning_rate=2e-2", "model.lora_rank=8", "algorithm.beta=0.01",
+        "train.max_steps=30", "train.learning_rate=2e-2", "lora.rank=8", "algorithm.beta=0.01",
         "rewards=[{name: 'lora_test_rewards:sevens'}]", f"run.output_dir={run_dir}", "run.progress=false",
         "run.loggers=[jsonl]", *extra,
     ]
@@ -116,7 +116,7 @@ def test_lora_resume_is_exact(user_setup, tiny_model_dir, dtype):
     """hf engine, beta > 0, LoRA dropout on, a checkpoint inside a generation batch: resuming at step 3 ends identical
     (bfloat16: train.precision=mixed with the base held in bf16, read again from model.path on resume)."""
     tmp_path, data = user_setup
-    extra = (f"model.dtype={dtype}", "train.max_steps=6", "train.steps_per_generation=2", "train.prompts_per_step=2", "model.lora_dropout=0.1",
+    extra = (f"model.dtype={dtype}", "train.max_steps=6", "train.steps_per_generation=2", "train.prompts_per_step=2", "lora.dropout=0.1",
              "run.save_every=1", "run.keep_checkpoints=10", "run.log_completions_every=1", "run.num_completions_to_log=16")
     ref = tmp_path / "ref"
     trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, ref, "hf", *extra)))
@@ -143,10 +143,10 @@ def test_lora_resume_is_exact(user_setup, tiny_model_dir, dtype):
 
 @pytest.mark.vllm
 def test_lora_learns_with_a_local_server(user_setup, tiny_model_dir):
-    """rollout.mode=local_server: the merged weights travel over HTTP to a `cohort serve` child under the base names."""
+    """engine.mode=local_server: the merged weights travel over HTTP to a `cohort serve` child under the base names."""
     tmp_path, data = user_setup
     run_dir = tmp_path / "run-local-server"
-    trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, run_dir, "vllm", "rollout.mode=local_server")))
+    trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, run_dir, "vllm", "engine.mode=local_server")))
     try:
         trainer.train()
     finally:
@@ -193,7 +193,7 @@ def test_lora_in_bfloat16_mixed_syncs_a_bf16_base_through_a_local_server(user_se
     alarm; the engine follows the adapter; the base stays bit-identical through every merge."""
     tmp_path, data = user_setup
     run_dir = tmp_path / "run-bf16"
-    trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, run_dir, "vllm", "rollout.mode=local_server",
+    trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, run_dir, "vllm", "engine.mode=local_server",
                                                    "model.dtype=bfloat16", "train.max_steps=12")))
     base_before = _base_tensors(trainer.policy)
     try:

@@ -1,4 +1,4 @@
-"""Partial rollouts (rollout.over_provision): whole groups buffered FIFO, resumed from their tokens, the abort cap,
+"""Partial rollouts (pipeline.over_provision): whole groups buffered FIFO, resumed from their tokens, the abort cap,
 checkpointed; and the same through real vLLM, whose resumed log-probs match the trainer's.
 
 The buffer-semantics test drives a real Trainer (tiny model, transformers parts) whose engine is `Scripted`: a
@@ -14,7 +14,8 @@ import math
 import pytest
 import torch
 
-from cohort.config import ConfigError, load_config
+from cohort.config import ConfigError
+from cohort.config_loading import load_config
 from cohort.models.batching import pack_right_padded
 from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import Trajectory, continuation_seed
@@ -42,9 +43,9 @@ def data_file(tmp_path, monkeypatch):
 
 def _config(tmp_path, data_file, model_dir, *extra, name="run"):
     return load_config(None, [
-        f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "rollout.engine=hf",
+        f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "engine.name=hf",
         "rollout.num_generations=4", "rollout.max_completion_length=40", "train.prompts_per_step=2", "train.micro_batch_size=8",
-        "train.max_steps=4", "data.shuffle=false", "rollout.over_provision=2", "rollout.max_aborts=2",
+        "train.max_steps=4", "data.shuffle=false", "pipeline.over_provision=2", "pipeline.max_aborts=2",
         "rewards=[{name: 'partial_rewards:by_slot'}]", f"run.output_dir={tmp_path / name}", "run.progress=false",
         "run.loggers=[jsonl]", *extra,
     ])
@@ -177,10 +178,10 @@ def test_the_buffer_survives_a_checkpoint_and_resume_loses_and_repeats_no_prompt
 
 
 def test_over_provision_is_validated_before_any_model_loads(tmp_path, data_file, tiny_model_dir):
-    for bad, field in (("rollout.over_provision=0.5", "rollout.over_provision = 0.5"),
-                       ("rollout.max_aborts=-1", "rollout.max_aborts = -1")):
+    for bad, field in (("pipeline.over_provision=0.5", "pipeline.over_provision = 0.5"),
+                       ("pipeline.max_aborts=-1", "pipeline.max_aborts = -1")):
         with pytest.raises(ConfigError, match=field.replace(".", r"\.").replace("+", r"\+")):
-            validate_config(_config(tmp_path, data_file, tiny_model_dir, bad, "rollout.engine=vllm"))
+            validate_config(_config(tmp_path, data_file, tiny_model_dir, bad, "engine.name=vllm"))
 
 
 @pytest.mark.parametrize("objective", ["decoupled", "coupled", "mask_stale"])
@@ -225,8 +226,8 @@ def test_vllm_partial_rollouts_resume_with_log_probs_of_the_policy_that_sampled_
     pytest.importorskip("vllm")
     import copy
 
-    cfg = _config(tmp_path, data_file, tiny_model_dir, "rollout.engine=vllm", "rollout.num_generations=2",
-                  "rollout.over_provision=3", "rollout.max_completion_length=48", "rollout.kv_cache_gib=0.25",
+    cfg = _config(tmp_path, data_file, tiny_model_dir, "engine.name=vllm", "rollout.num_generations=2",
+                  "pipeline.over_provision=3", "rollout.max_completion_length=48", "engine.kv_cache_gib=0.25",
                   "train.learning_rate=3e-3", "train.max_steps=4", "rewards=[{name: 'partial_rewards:digit_share'}]")
     trainer = Trainer(cfg, **QUIET)
     copies, resumed_tokens, aborted = {}, 0, 0
@@ -255,7 +256,7 @@ def test_vllm_partial_rollouts_resume_with_log_probs_of_the_policy_that_sampled_
 def test_with_dynamic_sampling_the_batch_is_the_first_b_groups_kept(tmp_path, data_file, tiny_model_dir):
     # Rows 0-3 (lengths 3, 2, 4, 14): row 1 finishes first but its rewards are all equal, so it is dropped; rows 0 and
     # 2 are kept and are the batch; row 3 is cut off and buffered. No refill: 3 groups could still fill the batch of 2.
-    trainer = Trainer(_config(tmp_path, data_file, tiny_model_dir, "rollout.dynamic_sampling=true",
+    trainer = Trainer(_config(tmp_path, data_file, tiny_model_dir, "pipeline.dynamic_sampling=true",
                               "rewards=[{name: 'partial_rewards:constant_on_row1'}]"), **QUIET)
     lengths = {0: 3, 1: 2, 2: 4, 3: 14, 4: 5, 5: 6, 6: 2, 7: 3, 8: 2, 9: 2}
     trainer.engine = Scripted({tuple(trainer.train_ids[r]): n for r, n in lengths.items()}, trainer.engine.stop_token_ids[0])

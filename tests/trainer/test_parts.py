@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from cohort.config import load_config
+from cohort.config_loading import load_config
 from cohort.trainer import checkpoint
 from cohort.trainer.loop import Trainer
 from cohort.trainer.parts import PART_NAMES, TrainerParts
@@ -19,7 +19,7 @@ OWN_STATE = {"cfg", "plan", "log", "phases", "step_count", "policy_version", "sy
 def test_every_part_is_a_declared_field_and_assigning_one_replaces_it(tmp_path, tiny_model_dir):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(4)))
-    cfg = load_config(None, [f"model.path={tiny_model_dir}", f"data.train_files=[{data}]", "rollout.engine=hf",
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", f"data.train_files=[{data}]", "engine.name=hf",
                              "rollout.num_generations=2", "rollout.max_completion_length=2", "train.prompts_per_step=2",
                              "train.max_steps=1", "rewards=[{name: numeric_match}]", f"run.output_dir={tmp_path / 'run'}",
                              "run.progress=false", "run.loggers=[jsonl]"])
@@ -28,7 +28,7 @@ def test_every_part_is_a_declared_field_and_assigning_one_replaces_it(tmp_path, 
         assert isinstance(trainer.parts, TrainerParts)
         assert set(vars(trainer)) == OWN_STATE  # nothing assigned onto the trainer from outside
         assert trainer.policy is trainer.parts.policy and trainer.run_dir == tmp_path / "run"
-        assert trainer.engine_shares_policy  # rollout.engine=hf in one process generates with the policy itself
+        assert trainer.engine_shares_policy  # engine.name=hf in one process generates with the policy itself
         engine = trainer.engine
         trainer.engine = wrapped = object()  # a test's wrapper replaces the part, it does not shadow it
         assert trainer.parts.engine is wrapped and "engine" not in vars(trainer)

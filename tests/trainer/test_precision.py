@@ -13,7 +13,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from cohort.config import ConfigError, load_config
+from cohort.config import ConfigError
+from cohort.config_loading import load_config
 from cohort.models.precision import resolve_precision
 from cohort.plan import memory_estimate, model_facts
 from cohort.trainer.loop import Trainer
@@ -33,7 +34,7 @@ def setup_dir(tmp_path, monkeypatch):
 
 def _config(tmp_path, data, model_dir, *extra):
     return load_config(None, [
-        f"model.path={model_dir}", f"data.train_files=[{data}]", "rollout.engine=hf", "rollout.num_generations=4",
+        f"model.path={model_dir}", f"data.train_files=[{data}]", "engine.name=hf", "rollout.num_generations=4",
         "rollout.max_completion_length=6", "train.prompts_per_step=4", "train.micro_batch_size=16", "train.max_steps=2",
         "rewards=[{name: user_rewards_precision.score}]", "run.progress=false", "run.loggers=[jsonl]", *extra])
 

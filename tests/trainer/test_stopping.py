@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from cohort import cli
-from cohort.config import load_config
+from cohort.config_loading import load_config
 from cohort.trainer import checkpoint
 from cohort.trainer.loop import Trainer
 from cohort.trainer.stopping import GracefulStop, NonFiniteError, check_finite
@@ -58,7 +58,7 @@ def user_setup(tmp_path, monkeypatch):
 
 def overrides(model_dir, data, run_dir, reward, *extra):
     return [
-        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "rollout.engine=hf",
+        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "engine.name=hf",
         "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=2", "train.micro_batch_size=8",
         "train.learning_rate=3e-3", "train.num_threads=1", f"rewards=[{{name: 'stop_test_rewards:{reward}'}}]",
         f"run.output_dir={run_dir}", "run.progress=false", "run.loggers=[jsonl]", *extra,

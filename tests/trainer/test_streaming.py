@@ -3,7 +3,7 @@ and dynamic sampling refills constant groups within its bound.
 
 Engines: the transformers engine (fast to start) for the batch and the gradient checks, reordered by `Reordered`
 so groups come back out of order and across several polls (a test harness around the real engine: it only holds
-back and reorders what the engine returned); a real vLLM `cohort serve` child (rollout.mode=local_server) for the
+back and reorders what the engine returned); a real vLLM `cohort serve` child (engine.mode=local_server) for the
 5-step weights check.
 """
 
@@ -18,7 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cohort.config import ConfigError, load_config
+from cohort.config import ConfigError
+from cohort.config_loading import load_config
 from cohort.rollout.base import SamplingConfig, completion_seeds, completion_text
 from cohort.trainer import checkpoint
 from cohort.trainer.loop import Trainer
@@ -46,7 +47,7 @@ def data_file(tmp_path, monkeypatch):
 
 def _config(tmp_path, data_file, model_dir, *extra, name="run"):
     return load_config(None, [
-        f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "rollout.engine=hf",
+        f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "engine.name=hf",
         "rollout.num_generations=4", "rollout.max_completion_length=8", "train.prompts_per_step=2", "train.micro_batch_size=8",
         "train.max_steps=3", "train.learning_rate=1e-3", "train.max_grad_norm=0", "algorithm.loss_type=dapo",
         "rewards=[{name: 'stream_rewards:digit_share'}]", f"run.output_dir={tmp_path / name}", "run.progress=false",
@@ -159,15 +160,15 @@ def test_streamed_update_gradient_equals_the_batch_update(tmp_path, data_file, t
 
 def test_stream_update_on_is_refused_where_it_would_not_be_exact(tmp_path, data_file, tiny_model_dir):
     with pytest.raises(ConfigError) as err:
-        Trainer(_config(tmp_path, data_file, tiny_model_dir, "rollout.stream_update=on", "algorithm.loss_type=bnpo",
+        Trainer(_config(tmp_path, data_file, tiny_model_dir, "pipeline.stream_update=on", "algorithm.loss_type=bnpo",
                         "algorithm.scale_rewards=batch"), log=lambda *a, **k: None)
     text = str(err.value)
-    assert "rollout.stream_update = on" in text and "algorithm.loss_type = bnpo" in text
+    assert "pipeline.stream_update = on" in text and "algorithm.loss_type = bnpo" in text
     assert "algorithm.scale_rewards = batch" in text
 
 
 def _dynamic_run(tmp_path, data_file, model_dir, *extra):
-    trainer = Trainer(_config(tmp_path, data_file, model_dir, "rollout.dynamic_sampling=true", "data.shuffle=false",
+    trainer = Trainer(_config(tmp_path, data_file, model_dir, "pipeline.dynamic_sampling=true", "data.shuffle=false",
                               "rewards=[{name: 'stream_rewards:by_kind'}]", *extra), log=lambda *a, **k: None)
     submitted = []
     submit = trainer.engine.submit
@@ -201,9 +202,9 @@ def test_dynamic_sampling_drops_constant_groups_and_refills_them(tmp_path, data_
 @pytest.mark.slow
 def test_dynamic_sampling_stops_with_a_clear_error_at_the_refill_bound(tmp_path, data_file, tiny_model_dir):
     trainer, submitted = _dynamic_run(tmp_path, data_file, tiny_model_dir, "rewards=[{name: 'stream_rewards:constant'}]",
-                                      "rollout.max_refill_rounds=2")
+                                      "pipeline.max_refill_rounds=2")
     try:
-        with pytest.raises(RuntimeError, match="rollout.max_refill_rounds = 2") as err:
+        with pytest.raises(RuntimeError, match="pipeline.max_refill_rounds = 2") as err:
             trainer.generate_batch()
         assert trainer.engine.in_flight == 0  # nothing left in the engine
     finally:
@@ -235,8 +236,8 @@ def test_refill_ledger_rounds_do_not_depend_on_the_order_groups_finish():
 def test_local_server_streamed_update_equals_the_batch_update_over_5_steps(tmp_path, data_file, tiny_model_dir):
     # The same seeds through a real vLLM child: stream_update=auto (on: the engine has its own cores) vs off.
     def run(mode: str, name: str):
-        cfg = _config(tmp_path, data_file, tiny_model_dir, "rollout.engine=vllm", "rollout.mode=local_server",
-                      f"rollout.stream_update={mode}", "train.max_steps=5", "train.learning_rate=1e-4", name=name)
+        cfg = _config(tmp_path, data_file, tiny_model_dir, "engine.name=vllm", "engine.mode=local_server",
+                      f"pipeline.stream_update={mode}", "train.max_steps=5", "train.learning_rate=1e-4", name=name)
         trainer = Trainer(cfg, log=lambda *a, **k: None)
         try:
             start = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
@@ -265,7 +266,7 @@ def test_local_server_streamed_update_equals_the_batch_update_over_5_steps(tmp_p
 def test_dynamic_sampling_resumes_exactly(tmp_path, data_file, tiny_model_dir):
     # The refills draw from the sampler (RepeatSampler.next_group), whose state is checkpointed: resuming after step 1
     # (which used 3 refills) gives the same completions and weights as the uninterrupted run.
-    extra = ("rollout.dynamic_sampling=true", "data.shuffle=false", "rewards=[{name: 'stream_rewards:by_kind'}]",
+    extra = ("pipeline.dynamic_sampling=true", "data.shuffle=false", "rewards=[{name: 'stream_rewards:by_kind'}]",
              "run.save_every=1", "run.keep_checkpoints=5", "run.log_completions_every=1", "run.num_completions_to_log=8")
     ref = tmp_path / "ref"
     trainer = Trainer(_config(tmp_path, data_file, tiny_model_dir, *extra, name="ref"), log=lambda *a, **k: None)

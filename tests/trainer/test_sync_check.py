@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 
-from cohort.config import load_config
+from cohort.config_loading import load_config
 from cohort.rollout import vllm_engine as vllm_engine_module
 from cohort.trainer.loop import Trainer
 from cohort.trainer import sync_check
@@ -87,7 +87,7 @@ def test_following_ignores_a_few_bf16_outlier_tokens_but_not_a_stale_engine():
 def test_a_fixed_tolerance_keeps_its_old_meaning():
     # largest per-token gap 0.002 > 1e-3 fails; no calibration is needed
     v = judge(T([0.0, 0.002]), T([0.0, 0.0]), None, floor_mean=float("nan"), floor_rms=float("nan"), fixed_tolerance=1e-3)
-    assert not v.ok and "0.002 > rollout.sync_check_tolerance = 0.001" in v.reason
+    assert not v.ok and "0.002 > engine.sync_check_tolerance = 0.001" in v.reason
     assert judge(T([0.0, 0.0005]), T([0.0, 0.0]), None, floor_mean=float("nan"), floor_rms=float("nan"),
                  fixed_tolerance=1e-3).ok
 
@@ -130,7 +130,7 @@ def _config(tmp_path, model_dir, data, dtype="float32", lr=3e-3, steps=8):
         "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=4",
         "train.micro_batch_size=16", f"train.max_steps={steps}", f"train.learning_rate={lr}",
         "rewards=[{name: user_rewards_sync_check.sevens}]", f"run.output_dir={tmp_path / 'run'}", "run.progress=false",
-        "run.loggers=[jsonl]", "rollout.kv_cache_gib=1",
+        "run.loggers=[jsonl]", "engine.kv_cache_gib=1",
     ])
 
 
@@ -191,12 +191,12 @@ def test_a_stale_tied_lm_head_is_caught(vllm_engine, tiny_model_dir, sevens_data
 
 @pytest.mark.slow
 def test_bfloat16_run_has_no_false_alarm_and_a_stale_bfloat16_engine_is_caught(tiny_model_dir, sevens_data, tmp_path):
-    # one bfloat16 engine for both halves, in a child process (rollout.mode=local_server: a second in-process vLLM would
+    # one bfloat16 engine for both halves, in a child process (engine.mode=local_server: a second in-process vLLM would
     # tear down the process-wide parallel state the session's engine uses when it closes). First 12 honest syncs (the
     # old max-gap rule of 1e-3 died at version 2: bf16 kernels differ by ~0.05 nats on single tokens); then an engine
     # that keeps every old weight from version 14.
     cfg = _config(tmp_path, tiny_model_dir, sevens_data, dtype="bfloat16", steps=20)
-    cfg.rollout.mode = "local_server"
+    cfg.engine.mode = "local_server"
     trainer = Trainer(cfg)
     trainer.engine = Sabotaged(trainer.engine, 14, lambda n: True)  # still owned: close() stops the child
     try:

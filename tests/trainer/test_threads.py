@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cohort.config import load_config
+from cohort.config_loading import load_config
 from cohort.trainer import engines
 from cohort.models.loading import checkpoint_parameters
 from cohort.trainer.engines import SMALL_MODEL_PARAMETERS, set_torch_threads
@@ -28,7 +28,7 @@ def calls(monkeypatch):
     ([], 31_500_000, []),
     ([], None, []),  # size unknown (before the model is loaded): no change
     (["train.num_threads=2"], 1_027_712, [2]),  # the config wins
-    (["rollout.mode=local_server", "rollout.overlap=true", "rollout.num_threads=1"], 1_027_712, [1]),  # cores left: 2 - 1
+    (["engine.mode=local_server", "pipeline.max_staleness=1", "engine.num_threads=1"], 1_027_712, [1]),  # cores left: 2 - 1
 ])
 def test_default_threads(calls, monkeypatch, overrides, num_parameters, expected):
     monkeypatch.setattr(engines.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)

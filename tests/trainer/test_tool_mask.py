@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cohort.algorithms import aggregation_count
-from cohort.config import load_config
+from cohort.config_loading import load_config
 from cohort.rollout.base import Trajectory
 from cohort.trainer.loop import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
@@ -21,7 +21,7 @@ def trainer(tmp_path, tiny_model_dir):
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(4)))
     cfg = load_config(None, [
-        f"model.path={tiny_model_dir}", f"data.train_files=[{path}]", "data.max_prompt_length=16", "rollout.engine=hf",
+        f"model.path={tiny_model_dir}", f"data.train_files=[{path}]", "data.max_prompt_length=16", "engine.name=hf",
         "rollout.num_generations=2", "rollout.max_completion_length=8", "train.prompts_per_step=1",
         "train.micro_batch_size=4", "train.max_steps=1", "algorithm.loss_type=dapo", "rewards=[{name: 'numeric_match'}]",
         f"run.output_dir={tmp_path / 'run'}", "run.progress=false", "run.loggers=[jsonl]"])

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from cohort.config import load_config
+from cohort.config_loading import load_config
 from cohort.trainer.loop import Trainer
 
 REWARD_MODULE = textwrap.dedent('''
@@ -43,7 +43,7 @@ def user_setup(tmp_path, monkeypatch):
 
 def _config(tmp_path, data, model_dir, engine, reward):
     return load_config(None, [
-        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", f"rollout.engine={engine}",
+        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", f"engine.name={engine}",
         "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=4", "train.micro_batch_size=8",
         "train.max_steps=30", "train.learning_rate=3e-3", f"rewards=[{{name: '{reward}'}}]",
         f"run.output_dir={tmp_path / ('run-' + engine)}", "run.progress=false", "run.loggers=[jsonl]",
@@ -100,7 +100,7 @@ def test_reward_model_scores_reach_the_trainer(tmp_path, tiny_model_dir, tiny_re
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"the answer is {w}"}) + "\n" for w in ("one", "two", "three", "four")))
     cfg = load_config(None, [
-        f"model.path={tiny_model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=32", "rollout.engine=hf",
+        f"model.path={tiny_model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=32", "engine.name=hf",
         "rollout.num_generations=2", "rollout.max_completion_length=4", "train.prompts_per_step=2", "train.micro_batch_size=4",
         "train.max_steps=2", "train.steps_per_generation=2", "data.shuffle=false",
         f"rewards=[{{name: reward_model, model: '{tiny_reward_model_dir}'}}]",
@@ -154,7 +154,7 @@ def test_a_512_position_model_trains_with_the_default_config(tmp_path, model_512
 
     data, run_dir = six_token_prompts(tmp_path), tmp_path / "run"
     code = cli.main(["train", f"model.path={model_512}", f"data.train_files=[{data}]", "rewards=[{name: numeric_match}]",
-                     "train.max_steps=2", "rollout.engine=hf", f"run.output_dir={run_dir}", "run.progress=false"])
+                     "train.max_steps=2", "engine.name=hf", f"run.output_dir={run_dir}", "run.progress=false"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.splitlines()[0] == ("config: the field defaults (a model or data of your own: the demo preset is only for the "
@@ -177,7 +177,7 @@ def test_a_512_position_model_trains_with_the_default_config_through_vllm(tmp_pa
     data = six_token_prompts(tmp_path)
     cfg = load_config(None, [f"model.path={model_512}", f"data.train_files=[{data}]", "rewards=[{name: numeric_match}]",
                              "train.max_steps=2", f"run.output_dir={tmp_path / 'run'}", "run.progress=false"])
-    assert (cfg.rollout.engine, cfg.data.max_prompt_length, cfg.rollout.max_completion_length) == ("vllm", None, 256)
+    assert (cfg.engine.name, cfg.data.max_prompt_length, cfg.rollout.max_completion_length) == ("vllm", None, 256)
     trainer = Trainer(cfg)
     try:
         assert trainer.engine.llm.llm_engine.model_config.max_model_len == 6 + 256 + 1

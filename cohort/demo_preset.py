@@ -1,0 +1,29 @@
+"""The embedded demo's preset: what `cohort train` with no config file, no model and no data of one's own runs.
+
+Written out as examples/arith.yaml (tests/test_config.py keeps the two equal). Tuned on the arith task by
+measurement (held-out greedy accuracy after 300 steps from the 38.7% warm start, seed 0): lr 3e-5 +6, 1e-4 +7,
+3e-4 +18 (16 prompts/step) and +31 (32 prompts/step), 1e-3 -9 (collapse); cosine 5e-4 +22. Tuned for a 4-layer
+model and 3-token answers: never the defaults of a user's own model or data. `cohort.config_loading.resolve_config`
+decides when it applies; this module imports nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEMO_PRESET: dict[str, Any] = {
+    "model": {"path": "tiny:arith"},
+    "data": {"task": "arith", "max_prompt_length": 24},
+    "rollout": {"num_generations": 8, "max_completion_length": 8, "temperature": 1.0},
+    "algorithm": {"loss_type": "dapo", "beta": 0.0},
+    "train": {"prompts_per_step": 32, "micro_batch_size": 256, "learning_rate": 3e-4, "max_steps": 300, "lr_scheduler": "constant"},
+}
+DEMO_PRESET_FILE = "examples/arith.yaml"  # the same values as a config file
+
+
+def is_embedded_demo(tree: dict[str, Any]) -> bool:
+    """True when a config tree names no model and no data of its own: the embedded tiny model on a built-in task."""
+    model, data = tree.get("model") or {}, tree.get("data") or {}
+    path = model.get("path") if isinstance(model, dict) else None
+    files = data.get("train_files") if isinstance(data, dict) else None
+    return (path is None or str(path).startswith("tiny:")) and not files
