@@ -16,13 +16,13 @@ path) indexes by `FinishedGroup.index`. A trajectory with status "error" raises,
 with a hole cannot be scored). Trajectories whose id is not one of this stream's are ignored: one engine may
 serve several streams.
 
-Partial groups (partial rollouts, cohort/trainer/partial.py): `submit_groups` takes, per group, an optional
+Partial groups (partial rollouts, cohort/rollout/partial.py): `submit_groups` takes, per group, an optional
 list of what each member already has: a finished trajectory (kept as is, nothing submitted), an aborted one
 (submitted again with `resume=` it: the engine continues from its token ids), or None (sampled from the
 start). `interrupt(keep)` aborts every open group except those in `keep` and returns each one's members as
 they stand (finished, or aborted with what they had sampled): what a continuation buffer holds.
 
-Left out: admission by staleness (the trainer's async driver decides what to submit).
+Left out: admission (the rollout scheduler, cohort/rollout/scheduler.py, decides what to submit).
 """
 
 from __future__ import annotations
