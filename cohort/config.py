@@ -386,12 +386,6 @@ class CohortConfig(_Section):
 
 SECTIONS = tuple(CohortConfig.model_fields)
 
-# Completions per prompt each algorithm needs: a baseline computed within the group needs 2; PPO's critic and
-# REINFORCE++'s batch baseline need none. And the algorithms that train a critic beside the policy.
-# tests/trainer/test_algorithms.py keeps both equal to the trainer's specs (cohort.trainer.algorithms).
-ALGORITHM_MIN_GENERATIONS = {"grpo": 2, "rloo": 2, "reinforce_pp": 1, "reinforce_pp_baseline": 2, "ppo": 1}
-ALGORITHMS_WITH_CRITIC = frozenset({"ppo"})
-
 
 def default_output_dir() -> str:
     return os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))

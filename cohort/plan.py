@@ -40,7 +40,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from cohort.config import ALGORITHMS_WITH_CRITIC, CohortConfig
+from cohort.algorithms.specs import ALGORITHMS
+from cohort.config import CohortConfig
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MAX_CHUNK_LOGITS = 2**24  # cohort.models.logprobs.completion_logprobs: logits per LM-head chunk at most
@@ -80,8 +81,27 @@ class BatchPlan:
         return math.ceil(self.max_steps / self.optimizer_steps_per_generation)
 
 
-GROUP_LOCAL_ADVANTAGES = ("grpo", "rloo")  # algorithms whose advantages of a group read only that group's rewards
-GROUP_RELATIVE = ("grpo", "rloo", "reinforce_pp_baseline")  # a group whose rewards are all equal gets advantage 0
+GROUP_LOCAL_ADVANTAGES = tuple(n for n in ALGORITHMS.names() if ALGORITHMS.get(n).group_local)  # (for messages)
+GROUP_RELATIVE = tuple(n for n in ALGORITHMS.names() if ALGORITHMS.get(n).zero_for_constant_group)
+
+
+def one_step_per_generation(cfg: CohortConfig) -> bool:
+    """Each generation batch is trained by exactly one optimizer step (what the streamed update and a staleness
+    bound k >= 1 need): train.steps_per_generation = 1, algorithm.num_iterations = 1, generation_batch_size unset
+    (or the step's own)."""
+    r, t = cfg.rollout, cfg.train
+    return (t.steps_per_generation == 1 and cfg.algorithm.num_iterations == 1
+            and r.generation_batch_size in (None, t.prompts_per_step * r.num_generations))
+
+
+ONE_STEP_FIX = ("train.steps_per_generation = 1, algorithm.num_iterations = 1 and rollout.generation_batch_size unset "
+                "(one optimizer step per generation batch)")
+
+
+def engine_shares_policy_module(cfg: CohortConfig) -> bool:
+    """The transformers engine in the trainer's process samples with the policy module itself: its weights cannot
+    change under requests in flight."""
+    return cfg.engine.name == "hf" and cfg.engine.mode == "colocate"
 
 
 def stream_update_blockers(cfg: CohortConfig, world_size: int = 1) -> list[str]:
@@ -91,8 +111,9 @@ def stream_update_blockers(cfg: CohortConfig, world_size: int = 1) -> list[str]:
     batch is known, so it needs advantages that read only their own group, a normaliser that is a sum over rows
     (not bnpo's per-micro-batch mean), the batch trained in exactly one optimizer step, and nothing measured over
     the whole batch before the update (a KL in the reward, an adaptive beta, a critic, batch whitening)."""
-    a, r, t, out = cfg.algorithm, cfg.rollout, cfg.train, []
-    if a.name not in GROUP_LOCAL_ADVANTAGES:
+    a, t, out = cfg.algorithm, cfg.train, []
+    spec = ALGORITHMS.get(a.name)
+    if not spec.group_local:
         out.append(f"algorithm.name = {a.name}: its advantages need the whole batch (whitening or a critic); "
                    f"use {' or '.join(GROUP_LOCAL_ADVANTAGES)}")
     elif a.scale_rewards == "batch" and a.name == "grpo":
@@ -103,14 +124,13 @@ def stream_update_blockers(cfg: CohortConfig, world_size: int = 1) -> list[str]:
     if a.top_entropy_quantile < 1:
         out.append(f"algorithm.top_entropy_quantile = {a.top_entropy_quantile}: the entropy threshold is a quantile of "
                    "each micro-batch, which depends on how the batch is split; use 1.0")
-    placement = a.kl_placement if a.kl_placement != "auto" else ("loss" if a.name == "grpo" else "reward")
+    placement = a.kl_placement if a.kl_placement != "auto" else spec.kl_placement
     if a.beta != 0 and (placement == "reward" or a.kl_controller == "adaptive"):
         out.append(f"algorithm.beta = {a.beta} with the KL in the reward or an adaptive coefficient: measured over the "
                    "whole batch first; set algorithm.kl_placement=loss with kl_controller=fixed, or beta=0")
-    if t.steps_per_generation != 1 or a.num_iterations != 1 or r.generation_batch_size not in (None, t.prompts_per_step * r.num_generations):
+    if not one_step_per_generation(cfg):
         out.append(f"train.steps_per_generation = {t.steps_per_generation}, algorithm.num_iterations = {a.num_iterations}, "
-                   "rollout.generation_batch_size: one optimizer step per generation batch is needed (set the first two "
-                   "to 1, leave generation_batch_size unset)")
+                   f"rollout.generation_batch_size: set {ONE_STEP_FIX}")
     if world_size > 1:
         out.append(f"{world_size} training processes: the streamed update runs in one; set train.num_processes=1")
     if cfg.pipeline.max_staleness:
@@ -308,7 +328,7 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
         rows.append(("autocast weight copies", p * b, f"each weight cast to {cfg.model.dtype} once per forward pass"))
     if cfg.algorithm.beta and not cfg.lora.rank:  # (LoRA: the reference is the adapter disabled)
         rows.append(("reference model", p * w, f"a frozen copy (algorithm.beta = {cfg.algorithm.beta:g})"))
-    if cfg.algorithm.name in ALGORITHMS_WITH_CRITIC:
+    if ALGORITHMS.get(cfg.algorithm.name).needs_critic:
         rows.append(("critic", 4 * p * w, f"{cfg.algorithm.name}: weights, gradients and moments of a policy-sized critic"))
     return rows
 

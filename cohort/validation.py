@@ -42,7 +42,8 @@ from pathlib import Path
 import torch
 
 from cohort import rewards as reward_registry
-from cohort.config import ALGORITHM_MIN_GENERATIONS, ALGORITHMS_WITH_CRITIC, CohortConfig, ConfigError
+from cohort.algorithms.specs import ALGORITHMS
+from cohort.config import CohortConfig, ConfigError
 from cohort.data.datasets import DataError, check_data_config
 from cohort.loss_checks import loss_problems
 from cohort.models import loading
@@ -51,8 +52,8 @@ from cohort.models.lora import lora_problems
 from cohort.models.placement import engine_gpus, training_processes, visible_gpus
 from cohort.models.tiny import cached_tiny_dir
 from cohort.models.tokenizer_check import tokenizer_file_problems, tokenizer_problems
-from cohort.plan import (GROUP_RELATIVE, BatchPlan, GpuMemoryPlan, MeasuredPrompts, ModelFacts, UnreadableWeights,
-                         batch_plan, gpu_fit_problems, gpu_memory_plan, kv_bytes_per_token, model_facts,
+from cohort.plan import (GROUP_RELATIVE, ONE_STEP_FIX, BatchPlan, GpuMemoryPlan, MeasuredPrompts, ModelFacts, UnreadableWeights,
+                         batch_plan, engine_shares_policy_module, one_step_per_generation, gpu_fit_problems, gpu_memory_plan, kv_bytes_per_token, model_facts,
                          stream_update_active, stream_update_blockers, with_measured_prompts)
 from cohort.data.loading import load_data
 from cohort.prompts import encode_prompts, fit_problems, max_positions_of
@@ -137,7 +138,7 @@ def check_batch_arithmetic(cfg: CohortConfig) -> list[str]:
     """Every impossible batch combination, each with the fields involved and a fix."""
     problems = []
     g, t, r = cfg.rollout.num_generations, cfg.train, cfg.rollout
-    min_g = ALGORITHM_MIN_GENERATIONS[cfg.algorithm.name]
+    min_g = ALGORITHMS.get(cfg.algorithm.name).min_group_size
     if g < min_g:
         problems.append(
             f"rollout.num_generations = {g}: algorithm.name = {cfg.algorithm.name} needs at least {min_g} completions per prompt "
@@ -252,7 +253,7 @@ def check_streaming(cfg: CohortConfig) -> list[str]:
         problems.append(f"pipeline.max_refill_rounds = {cfg.pipeline.max_refill_rounds}: must be >= 0 (0: no replacement groups)")
     if not cfg.pipeline.dynamic_sampling:
         return problems
-    if cfg.algorithm.name not in GROUP_RELATIVE:
+    if not ALGORITHMS.get(cfg.algorithm.name).zero_for_constant_group:
         problems.append(f"pipeline.dynamic_sampling = true with algorithm.name = {cfg.algorithm.name}: under it a group whose "
                         "rewards are all equal still has non-zero advantages (batch whitening or a critic), so dropping it "
                         f"throws signal away; use one of {list(GROUP_RELATIVE)} or set pipeline.dynamic_sampling=false")
@@ -282,20 +283,19 @@ def check_partial(cfg: CohortConfig) -> list[str]:
 
 def _check_async(cfg: CohortConfig) -> list[str]:
     """pipeline.max_staleness = k: a bound >= 0; k >= 1 (generation through the update) and the settings it needs."""
-    r, t, a, problems = cfg.rollout, cfg.train, cfg.algorithm, []
+    problems = []
     if cfg.pipeline.engine_timeout_s <= 0:
         problems.append(f"pipeline.engine_timeout_s = {cfg.pipeline.engine_timeout_s}: must be > 0 seconds")
     if cfg.pipeline.max_staleness is not None and cfg.pipeline.max_staleness < 0:
         problems.append(f"pipeline.max_staleness = {cfg.pipeline.max_staleness}: must be >= 0 (0: synchronous; 1-4 are usual), or unset")
     if not cfg.pipeline.max_staleness or cfg.pipeline.max_staleness < 0:
         return problems  # (k = 0 is the synchronous trainer: nothing more to check)
-    if cfg.engine.name == "hf" and cfg.engine.mode == "colocate":
+    if engine_shares_policy_module(cfg):
         problems.append("pipeline.max_staleness with engine.name = hf: the transformers engine samples with the trainer's "
                         "own module, which cannot change between its steps; use engine.name=vllm (or a local_server/server "
                         "mode) or unset pipeline.max_staleness")
-    if t.steps_per_generation != 1 or a.num_iterations != 1 or r.generation_batch_size not in (None, t.prompts_per_step * r.num_generations):
-        problems.append("pipeline.max_staleness needs one optimizer step per generation batch: train.steps_per_generation = 1, "
-                        "algorithm.num_iterations = 1 and rollout.generation_batch_size unset")
+    if not one_step_per_generation(cfg):
+        problems.append(f"pipeline.max_staleness needs one optimizer step per generation batch: set {ONE_STEP_FIX}")
     if cfg.pipeline.stream_update == "on":
         problems.append("pipeline.max_staleness with pipeline.stream_update = on: groups are trained when the batch is taken; "
                         "set pipeline.stream_update=auto")
@@ -435,7 +435,7 @@ def check_processes(cfg: CohortConfig) -> list[str]:
         fits = [k for k in (lower, lower + world) if k > 0]
         problems.append(f"train.prompts_per_step = {t.prompts_per_step} must divide by the {world} training processes (each takes "
                         f"whole groups); use {' or '.join(map(str, fits))}")
-    if cfg.algorithm.name in ALGORITHMS_WITH_CRITIC:
+    if ALGORITHMS.get(cfg.algorithm.name).needs_critic:
         problems.append(f"algorithm.name = {cfg.algorithm.name}: the critic is not sharded across processes yet; use "
                         f"train.num_processes=1 with {cfg.algorithm.name}")
     if cfg.run.save_every:
@@ -449,7 +449,7 @@ def _check_lora(cfg: CohortConfig, check_files: bool) -> list[str]:
     lora_dir = None
     if check_files and cfg.lora.rank > 0 and not cfg.model.path.startswith("tiny:") and not loading.check_model_dir(cfg.model.path):
         lora_dir = loading.resolve_model_dir(cfg.model.path)  # (an embedded tiny model is built on first use: not for a check)
-    return lora_problems(cfg, lora_dir, needs_critic=cfg.algorithm.name in ALGORITHMS_WITH_CRITIC,
+    return lora_problems(cfg, lora_dir, needs_critic=ALGORITHMS.get(cfg.algorithm.name).needs_critic,
                          world_size=training_world_size(cfg))
 
 

@@ -23,7 +23,8 @@ configured algorithm for four things and never looks at the name:
 exactly when `algorithm.beta != 0`. The KL reaches the advantage functions
 already estimated per token (`AdvantageInputs.kl`, the configured estimator of
 the sampling policy's log-probs against the reference's, computed by the loop). `min_group_size` mirrors
-`cohort.config.ALGORITHM_MIN_GENERATIONS` (a test keeps the two equal).
+nothing else: validation and the planner read every algorithm fact here
+(`min_group_size`, `needs_critic`, `group_local`, `zero_for_constant_group`).
 
 The advantage functions (shapes: N completions, T = the batch's longest
 completion; `mask` (N, T) is 1 on completion tokens that enter the loss):
@@ -113,8 +114,10 @@ class AlgorithmSpec:
     ratio_level: str  # token | sequence | sequence_sum, used when importance_sampling_level = auto
     kl_placement: str  # loss | reward, used when kl_placement = auto
     needs_critic: bool
-    min_group_size: int
+    min_group_size: int  # completions per prompt the advantages need (rollout.num_generations at least this)
     summary: str
+    group_local: bool = False  # a group's advantages read only its own rewards (a streamed update is exact)
+    zero_for_constant_group: bool = False  # a group whose rewards are all equal gets advantage 0 (dynamic sampling)
 
 
 ALGORITHMS: Registry[AlgorithmSpec] = Registry("algorithm")
@@ -199,16 +202,19 @@ def _ppo(x: AdvantageInputs) -> AdvantageOutputs:
 
 ALGORITHMS.add("grpo", AlgorithmSpec(
     "grpo", _outcome("grpo"), ratio_level="token", kl_placement="loss", needs_critic=False, min_group_size=2,
-    summary="group-relative advantages (r − group mean) / group std; no critic"))
+    summary="group-relative advantages (r − group mean) / group std; no critic", group_local=True,
+    zero_for_constant_group=True))
 ALGORITHMS.add("rloo", AlgorithmSpec(
     "rloo", _outcome("rloo"), ratio_level="sequence_sum", kl_placement="reward", needs_critic=False, min_group_size=2,
-    summary="leave-one-out baseline; one ratio per completion; KL (k1, summed) in the reward"))
+    summary="leave-one-out baseline; one ratio per completion; KL (k1, summed) in the reward", group_local=True,
+    zero_for_constant_group=True))
 ALGORITHMS.add("reinforce_pp", AlgorithmSpec(
     "reinforce_pp", _reinforce_pp(group_baseline=False), ratio_level="token", kl_placement="reward", needs_critic=False,
     min_group_size=1, summary="REINFORCE++: token KL in the reward, reward-to-go whitened over the batch"))
 ALGORITHMS.add("reinforce_pp_baseline", AlgorithmSpec(
     "reinforce_pp_baseline", _reinforce_pp(group_baseline=True), ratio_level="token", kl_placement="reward",
-    needs_critic=False, min_group_size=2, summary="REINFORCE++ after subtracting each group's mean reward"))
+    needs_critic=False, min_group_size=2, summary="REINFORCE++ after subtracting each group's mean reward",
+    zero_for_constant_group=True))
 ALGORITHMS.add("ppo", AlgorithmSpec(
     "ppo", _ppo, ratio_level="token", kl_placement="reward", needs_critic=True, min_group_size=1,
     summary="a learned critic; GAE over completion tokens; KL in the reward, fixed or adaptive coefficient"))

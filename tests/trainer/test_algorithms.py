@@ -26,7 +26,7 @@ import torch
 from cohort.algorithms import (AGGREGATIONS, POLICY_LOSSES, aggregate_loss, aggregation_count, compute_advantages, policy_loss,
                                top_entropy_mask)
 from cohort.algorithms.specs import ALGORITHMS, LOSS_TYPES, AdvantageInputs
-from cohort.config import ALGORITHM_MIN_GENERATIONS, ALGORITHMS_WITH_CRITIC, AlgorithmConfig
+from cohort.config import AlgorithmConfig
 from cohort.config_loading import load_config
 from cohort.trainer.algorithms import resolve
 
@@ -124,8 +124,13 @@ def test_grpo_is_the_outcome_estimator_broadcast():
 def test_specs_match_the_config():
     names = set(typing.get_args(AlgorithmConfig.model_fields["name"].annotation))
     assert names == set(ALGORITHMS.names())
-    assert ALGORITHM_MIN_GENERATIONS == {name: ALGORITHMS.get(name).min_group_size for name in ALGORITHMS.names()}
-    assert ALGORITHMS_WITH_CRITIC == {name for name in ALGORITHMS.names() if ALGORITHMS.get(name).needs_critic}
+    # the algorithm facts validation and the planner read, by hand: a within-group baseline needs 2 completions (grpo,
+    # rloo, reinforce_pp_baseline); advantages that read only their group's rewards: grpo and rloo (reinforce_pp*
+    # whiten over the batch, ppo has a critic); a constant group gets advantage 0 wherever the group mean is removed
+    facts = {name: (ALGORITHMS.get(name).min_group_size, ALGORITHMS.get(name).group_local,
+                    ALGORITHMS.get(name).zero_for_constant_group) for name in ALGORITHMS.names()}
+    assert facts == {"grpo": (2, True, True), "rloo": (2, True, True), "reinforce_pp": (1, False, False),
+                     "reinforce_pp_baseline": (2, False, True), "ppo": (1, False, False)}
     for name in ALGORITHMS.names():
         spec = ALGORITHMS.get(name)
         assert spec.kl_placement in ("loss", "reward") and spec.needs_critic == (name == "ppo")
