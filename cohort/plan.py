@@ -42,6 +42,7 @@ from pathlib import Path
 
 from cohort.algorithms.specs import ALGORITHMS
 from cohort.config import CohortConfig
+from cohort.rollout.scheduler import AdmissionRules
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MAX_CHUNK_LOGITS = 2**24  # cohort.models.logprobs.completion_logprobs: logits per LM-head chunk at most
@@ -66,6 +67,9 @@ class BatchPlan:
     max_tokens_per_sequence: int | None  # longest prompt + rollout.max_completion_length; None: the data was not read
     max_steps: int
     prompt_tokens_from: str = "data.max_prompt_length"  # what bounds the prompt in max_tokens_per_sequence
+    # the run's mode, resolved once: what the rollout scheduler admits, and whether groups train as they finish
+    admission: AdmissionRules = AdmissionRules()
+    stream_update: bool = False
 
     @property
     def optimizer_steps_per_generation(self) -> int:
@@ -146,7 +150,8 @@ def stream_update_active(cfg: CohortConfig, world_size: int = 1) -> bool:
     return cfg.pipeline.stream_update == "on" or cfg.engine.mode in ("local_server", "server")
 
 
-def batch_plan(cfg: CohortConfig) -> BatchPlan:
+def batch_plan(cfg: CohortConfig, world_size: int = 1) -> BatchPlan:
+    """The batch arithmetic and the run's mode for `world_size` training processes."""
     g = cfg.rollout.num_generations
     per_step = cfg.train.prompts_per_step * g
     gen = cfg.rollout.generation_batch_size or per_step * cfg.train.steps_per_generation
@@ -164,6 +169,8 @@ def batch_plan(cfg: CohortConfig) -> BatchPlan:
         max_tokens_per_sequence=None if cfg.data.max_prompt_length is None else cfg.data.max_prompt_length + cfg.rollout.max_completion_length,
         max_steps=cfg.train.max_steps,
         prompt_tokens_from="data.max_prompt_length" if cfg.data.max_prompt_length is not None else "not measured (data not read)",
+        admission=AdmissionRules.from_config(cfg.pipeline),
+        stream_update=stream_update_active(cfg, world_size),
     )
 
 
@@ -505,12 +512,12 @@ def _tokens_per_step_line(cfg: CohortConfig, plan: BatchPlan) -> str:
     return line if plan.prompt_tokens_from == "data.max_prompt_length" else f"{line}; {plan.prompt_tokens_from}"
 
 
-def _stream_line(cfg: CohortConfig) -> str:
+def _stream_line(cfg: CohortConfig, plan: BatchPlan) -> str:
     """Whether groups are trained as they finish, and if not, what waits for the whole batch."""
     head = "  streamed update       "
-    if cfg.pipeline.max_staleness:
+    if plan.admission.generates_through_updates:
         line = head + "off (pipeline.max_staleness >= 1): each batch's groups are taken as they finish, then scored and trained"
-    elif stream_update_active(cfg):
+    elif plan.stream_update:
         line = head + "on: each finished group's forward/backward runs while the rest generate; one optimizer step after the last"
     else:
         blockers = stream_update_blockers(cfg)
@@ -551,7 +558,7 @@ def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = 
         f"  tokens generated      ≤ {plan.generation_batch_size * cfg.rollout.max_completion_length:,} per generation batch",
         f"  reference model       {_reference_line(cfg)}",
         f"  rollout engine        {cfg.engine.name}",
-        _stream_line(cfg),
+        _stream_line(cfg, plan),
         f"  checkpoints           {'every %d steps, newest %d kept' % (cfg.run.save_every, cfg.run.keep_checkpoints) if cfg.run.save_every else 'only on a stop (run.save_every = 0)'}",
     ]
     try:

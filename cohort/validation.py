@@ -85,7 +85,8 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
     if check_files:
         outside, measured = _check_outside(cfg)
         problems += outside
-    plan = with_measured_prompts(cfg, batch_plan(cfg), measured) if check_files else batch_plan(cfg)
+    plan = batch_plan(cfg, training_world_size(cfg))
+    plan = with_measured_prompts(cfg, plan, measured) if check_files else plan
     gpu = None
     if check_files and not problems:
         gpu = plan_gpu_memory(cfg, plan)

@@ -61,7 +61,7 @@ from cohort.models.batching import length_sorted_micro_batches, pack_right_padde
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES, float32_weights
 from cohort.rollout.base import SamplingConfig, WeightStream, release_engine_memory
-from cohort.rollout.scheduler import AdmissionRules, Scheduler
+from cohort.rollout.scheduler import Scheduler
 from cohort.tools.metrics import tool_metrics
 from cohort.trainer.metric_sums import host_values, running_max
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
@@ -72,8 +72,7 @@ from cohort.trainer.setup import setup
 from cohort.trainer.stopping import check_finite
 from cohort.trainer.collect import CollectContext, Collected, StreamedGradients, collect_batch
 from cohort.trainer.sync_check import SyncCheck, canary_tokens
-from cohort.plan import stream_update_active
-from cohort.validation import training_world_size, validate_config
+from cohort.validation import validate_config
 
 class Phases:
     """Wall-clock timing of named phases: `with phases("generate"): ...` adds to timing/generate_s."""
@@ -125,10 +124,10 @@ class Trainer:
         r, plan = cfg.rollout, self.plan
         self.rollout = Scheduler(  # what is in flight and what is admitted next (cohort/rollout/scheduler.py; checkpointed)
             self.engine, self.sampler, self.train_ids, SamplingConfig(r.max_completion_length, r.temperature, r.top_p, r.top_k),
-            plan.num_generations, plan.generation_batch_size // plan.num_generations, AdmissionRules.from_config(cfg.pipeline),
+            plan.num_generations, plan.generation_batch_size // plan.num_generations, plan.admission,
             seed=r.seed, generations=-(-plan.max_steps // plan.optimizer_steps_per_generation))
         # the streamed update (train groups as they finish, collect.py): its sums while its batch generates
-        self.train_groups = self._train_groups if stream_update_active(cfg, training_world_size(cfg)) else None
+        self.train_groups = self._train_groups if plan.stream_update else None
         self.streamed: StreamedGradients | None = None
 
     def __getattr__(self, name: str):
