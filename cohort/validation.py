@@ -35,7 +35,6 @@ config fails at load, naming the directory).
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 from pathlib import Path
 
@@ -43,6 +42,7 @@ import torch
 
 from cohort import rewards as reward_registry
 from cohort.algorithms.specs import ALGORITHMS
+from cohort.pipeline_checks import pipeline_problems
 from cohort.config import CohortConfig, ConfigError
 from cohort.data.datasets import DataError, check_data_config
 from cohort.loss_checks import loss_problems
@@ -52,9 +52,9 @@ from cohort.models.lora import lora_problems
 from cohort.models.placement import engine_gpus, training_processes, visible_gpus
 from cohort.models.tiny import cached_tiny_dir
 from cohort.models.tokenizer_check import tokenizer_file_problems, tokenizer_problems
-from cohort.plan import (GROUP_RELATIVE, ONE_STEP_FIX, BatchPlan, GpuMemoryPlan, MeasuredPrompts, ModelFacts, UnreadableWeights,
-                         batch_plan, engine_shares_policy_module, one_step_per_generation, gpu_fit_problems, gpu_memory_plan, kv_bytes_per_token, model_facts,
-                         stream_update_active, stream_update_blockers, with_measured_prompts)
+from cohort.plan import (BatchPlan, GpuMemoryPlan, MeasuredPrompts, ModelFacts, UnreadableWeights, batch_plan,
+                         gpu_fit_problems, gpu_memory_plan, kv_bytes_per_token, model_facts, stream_update_active,
+                         with_measured_prompts)
 from cohort.data.loading import load_data
 from cohort.prompts import encode_prompts, fit_problems, max_positions_of
 from cohort.rewards.columns import reward_column_problems
@@ -68,7 +68,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
     if device_problems:  # (a train.device this process cannot have: nothing below can be judged)
         raise ConfigError(device_problems)
     device = resolve_device(cfg.train.device)
-    problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_correction(cfg) + check_streaming(cfg) + check_partial(cfg) + check_rollout_mode(cfg) + check_processes(cfg)
+    problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_correction(cfg) + pipeline_problems(cfg, training_world_size(cfg)) + check_rollout_mode(cfg) + check_processes(cfg)
     problems += check_gpu_settings(cfg, device.type, visible_gpus()) + check_colocated_gpu(cfg, device)
     if check_files:
         model_problems = loading.check_model_dir(cfg.model.path)
@@ -241,68 +241,6 @@ def check_correction(cfg: CohortConfig) -> list[str]:
     if cfg.algorithm.rollout_correction_cap <= 0:
         return [f"algorithm.rollout_correction_cap = {cfg.algorithm.rollout_correction_cap}: must be > 0 (2.0 is TRL's default)"]
     return []
-
-
-def check_streaming(cfg: CohortConfig) -> list[str]:
-    """pipeline.stream_update=on only where the streamed update is exact; pipeline.dynamic_sampling where it is served."""
-    problems = []
-    world = training_world_size(cfg)
-    if cfg.pipeline.stream_update == "on":
-        problems += [f"pipeline.stream_update = on, but the per-group update would not equal the batch update: {b} "
-                     "(or set pipeline.stream_update=auto/off)" for b in stream_update_blockers(cfg, world)]
-    if cfg.pipeline.max_refill_rounds < 0:
-        problems.append(f"pipeline.max_refill_rounds = {cfg.pipeline.max_refill_rounds}: must be >= 0 (0: no replacement groups)")
-    if not cfg.pipeline.dynamic_sampling:
-        return problems
-    if not ALGORITHMS.get(cfg.algorithm.name).zero_for_constant_group:
-        problems.append(f"pipeline.dynamic_sampling = true with algorithm.name = {cfg.algorithm.name}: under it a group whose "
-                        "rewards are all equal still has non-zero advantages (batch whitening or a critic), so dropping it "
-                        f"throws signal away; use one of {list(GROUP_RELATIVE)} or set pipeline.dynamic_sampling=false")
-    if world > 1:
-        problems.append(f"pipeline.dynamic_sampling = true with {world} training processes: served in one process only; "
-                        "set train.num_processes=1 or pipeline.dynamic_sampling=false")
-    return problems
-
-
-def check_partial(cfg: CohortConfig) -> list[str]:
-    """pipeline.over_provision (partial rollouts) and pipeline.max_aborts: ranges, and where they are served."""
-    problems = []
-    if not (cfg.pipeline.over_provision >= 1 and math.isfinite(cfg.pipeline.over_provision)):
-        problems.append(f"pipeline.over_provision = {cfg.pipeline.over_provision}: must be a number >= 1 (1: off; 1.5 requests half as "
-                        "many groups again as the batch needs)")
-    if cfg.pipeline.max_aborts < 0:
-        problems.append(f"pipeline.max_aborts = {cfg.pipeline.max_aborts}: must be >= 0 (0: a request interrupted once runs to the end next step)")
-    problems += _check_async(cfg)
-    if cfg.pipeline.over_provision <= 1:
-        return problems
-    world = training_world_size(cfg)
-    if world > 1:
-        problems.append(f"pipeline.over_provision > 1 with {world} training processes: partial rollouts run in one process only; "
-                        "set train.num_processes=1 or pipeline.over_provision=1")
-    return problems
-
-
-def _check_async(cfg: CohortConfig) -> list[str]:
-    """pipeline.max_staleness = k: a bound >= 0; k >= 1 (generation through the update) and the settings it needs."""
-    problems = []
-    if cfg.pipeline.engine_timeout_s <= 0:
-        problems.append(f"pipeline.engine_timeout_s = {cfg.pipeline.engine_timeout_s}: must be > 0 seconds")
-    if cfg.pipeline.max_staleness is not None and cfg.pipeline.max_staleness < 0:
-        problems.append(f"pipeline.max_staleness = {cfg.pipeline.max_staleness}: must be >= 0 (0: synchronous; 1-4 are usual), or unset")
-    if not cfg.pipeline.max_staleness or cfg.pipeline.max_staleness < 0:
-        return problems  # (k = 0 is the synchronous trainer: nothing more to check)
-    if engine_shares_policy_module(cfg):
-        problems.append("pipeline.max_staleness with engine.name = hf: the transformers engine samples with the trainer's "
-                        "own module, which cannot change between its steps; use engine.name=vllm (or a local_server/server "
-                        "mode) or unset pipeline.max_staleness")
-    if not one_step_per_generation(cfg):
-        problems.append(f"pipeline.max_staleness needs one optimizer step per generation batch: set {ONE_STEP_FIX}")
-    if cfg.pipeline.stream_update == "on":
-        problems.append("pipeline.max_staleness with pipeline.stream_update = on: groups are trained when the batch is taken; "
-                        "set pipeline.stream_update=auto")
-    if training_world_size(cfg) > 1:
-        problems.append("pipeline.max_staleness runs in one training process; set train.num_processes=1 or unset it")
-    return problems
 
 
 def check_rollout_mode(cfg: CohortConfig) -> list[str]:

@@ -252,6 +252,17 @@ def _metrics(out: TokenLosses, inputs: LossInputs) -> dict[str, Tensor]:
     }
 
 
+def _check_params(x: LossInputs) -> None:
+    """The entries' parameters in range (the config is checked before anything loads; this guards direct calls)."""
+    if x.dual_clip is not None and x.dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (verl uses 3.0); got {x.dual_clip}")
+    if x.delta is not None and x.delta <= 1.0 + x.eps_high:
+        raise ValueError(f"delta must be > 1 + eps_high = {1.0 + x.eps_high}; got {x.delta}")
+    if min(x.vespo_lambda_pos, x.vespo_lambda_neg) <= 0 or min(x.vespo_k_pos, x.vespo_k_neg) < 0:
+        raise ValueError("vespo's lambdas must be > 0 and its k's >= 0 (TRL: k 2/3, lambda 3/2); got "
+                         f"k {x.vespo_k_pos}/{x.vespo_k_neg}, lambda {x.vespo_lambda_pos}/{x.vespo_lambda_neg}")
+
+
 def policy_loss(
     name: str,
     logp: Tensor,
@@ -288,30 +299,13 @@ def policy_loss(
     (module docstring).
     """
     entry = POLICY_LOSSES.get(name)
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (verl uses 3.0); got {dual_clip}")
-    if delta is not None and delta <= 1.0 + eps_high:
-        raise ValueError(f"delta must be > 1 + eps_high = {1.0 + eps_high}; got {delta}")
-    if min(vespo_lambda_pos, vespo_lambda_neg) <= 0 or min(vespo_k_pos, vespo_k_neg) < 0:
-        raise ValueError("vespo's lambdas must be > 0 and its k's >= 0 (TRL: k 2/3, lambda 3/2); got "
-                         f"k {vespo_k_pos}/{vespo_k_neg}, lambda {vespo_lambda_pos}/{vespo_lambda_neg}")
     inputs = LossInputs(
-        logp=logp,
-        old_logp=old_logp.detach(),
-        advantages=_check(logp, old_logp, advantages, mask),
-        mask=float_mask(mask, logp),
-        eps_low=eps_low,
-        eps_high=eps_high,
-        dual_clip=dual_clip,
-        delta=delta,
-        sapo_tau_pos=sapo_tau_pos,
-        sapo_tau_neg=sapo_tau_neg,
-        cispo_cap=cispo_cap,
-        vespo_k_pos=vespo_k_pos,
-        vespo_lambda_pos=vespo_lambda_pos,
-        vespo_k_neg=vespo_k_neg,
-        vespo_lambda_neg=vespo_lambda_neg,
+        logp=logp, old_logp=old_logp.detach(), advantages=_check(logp, old_logp, advantages, mask),
+        mask=float_mask(mask, logp), eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip, delta=delta,
+        sapo_tau_pos=sapo_tau_pos, sapo_tau_neg=sapo_tau_neg, cispo_cap=cispo_cap, vespo_k_pos=vespo_k_pos,
+        vespo_lambda_pos=vespo_lambda_pos, vespo_k_neg=vespo_k_neg, vespo_lambda_neg=vespo_lambda_neg,
     )
+    _check_params(inputs)
     out = entry(inputs)
     per_token = out.loss
     if token_weights is not None:
