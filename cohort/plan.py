@@ -512,6 +512,21 @@ def _tokens_per_step_line(cfg: CohortConfig, plan: BatchPlan) -> str:
     return line if plan.prompt_tokens_from == "data.max_prompt_length" else f"{line}; {plan.prompt_tokens_from}"
 
 
+def _lag_line(plan: BatchPlan) -> str:
+    """How old the completions an update trains on may be: steps per generation batch, then the scheduler's rules."""
+    lag, rules, head = plan.optimizer_steps_per_generation - 1, plan.admission, "  off-policy lag        "
+    if rules.generates_through_updates:
+        return (head + f"up to {rules.max_staleness} policy version(s) per token (pipeline.max_staleness: generation runs "
+                "through the update; older tokens: pipeline.stale_tokens)")
+    if lag:
+        return (head + f"{lag} optimizer step(s): the last update of a generation batch uses completions sampled "
+                f"{lag} policy version(s) earlier")
+    if rules.interrupts:
+        return head + (f"0 for new completions; resumed partial rollouts hold tokens up to {rules.max_aborts} "
+                       "version(s) old (pipeline.max_aborts)")
+    return head + "0: every update uses completions of the current policy"
+
+
 def _stream_line(cfg: CohortConfig, plan: BatchPlan) -> str:
     """Whether groups are trained as they finish, and if not, what waits for the whole batch."""
     head = "  streamed update       "
@@ -543,7 +558,6 @@ def _stream_line(cfg: CohortConfig, plan: BatchPlan) -> str:
 def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = None) -> str:
     """The printout of `cohort plan`; `gpu`: a GPU's split between the trainer and vLLM, shown at the end."""
     accumulation = plan.micro_batches_per_step
-    lag = plan.optimizer_steps_per_generation - 1
     lines = [
         "batch plan",
         f"  generation batch      {plan.prompts_per_generation} prompts × G={plan.num_generations} = {plan.generation_batch_size} completions",
@@ -551,8 +565,7 @@ def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = 
         f"  micro-batches         {accumulation} of ≤{plan.micro_batch_size} completions (gradient accumulation over {accumulation})",
         f"  steps per generation  {plan.steps_per_generation} slices × {plan.num_iterations} iterations = {plan.optimizer_steps_per_generation}"
         + (" (off-policy: old log-probs computed once per generation batch)" if plan.off_policy else " (on-policy: no old-log-prob pass)"),
-        f"  off-policy lag        {lag} optimizer step(s): the last update of a generation batch uses completions sampled "
-        f"{lag} policy version(s) earlier" if lag else "  off-policy lag        0: every update uses completions of the current policy",
+        _lag_line(plan),
         f"  generation batches    {plan.num_generation_batches} for {plan.max_steps} steps",
         _tokens_per_step_line(cfg, plan),
         f"  tokens generated      ≤ {plan.generation_batch_size * cfg.rollout.max_completion_length:,} per generation batch",

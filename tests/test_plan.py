@@ -282,11 +282,18 @@ def test_plan_says_when_partial_rollouts_or_asynchronous_generation_train_off_po
     out = capsys.readouterr().out
     assert ("partial rollouts      on: 1.5× the batch's groups requested, the first to finish trained, the rest resumed "
             "next step (at most 2 cuts per request); resumed tokens are off-policy (mask_stale)") in out
+    assert ("off-policy lag        0 for new completions; resumed partial rollouts hold tokens up to 2 version(s) old "
+            "(pipeline.max_aborts)") in out
     cli.main(["plan", *base, "pipeline.max_staleness=2", "pipeline.stale_tokens=drop"])
     out = capsys.readouterr().out
     assert "streamed update       off (pipeline.max_staleness >= 1): each batch's groups are taken as they finish" in out
     assert ("asynchronous          on: generation runs up to 2 policy version(s) ahead; tokens staler when trained: drop; "
             "off-policy tokens: decoupled") in out
+    assert "off-policy lag        up to 2 policy version(s) per token (pipeline.max_staleness:" in out  # not "0"
+    cli.main(["plan", *base, "pipeline.max_staleness=1", "pipeline.over_provision=3"])  # the rules compose
+    out = capsys.readouterr().out
+    assert ("partial rollouts      on: 3× the batch's groups kept in flight, the first to finish trained, the rest "
+            "generating on through the update (under the staleness bound)") in out
 
 
 # --------------------------------------------------------------------------- one GPU: the trainer and vLLM
