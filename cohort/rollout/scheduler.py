@@ -65,11 +65,13 @@ class AdmissionRules:
     max_aborts: int = 1
     stale_tokens: str = "mask"  # mask | drop
     engine_timeout_s: float = 600.0
+    refill: bool = False  # dynamic sampling: a dropped (constant) group is replaced by a new prompt
+    max_refill_rounds: int = 30
 
     @classmethod
     def from_config(cls, pipeline) -> AdmissionRules:
         return cls(pipeline.max_staleness or 0, pipeline.over_provision, pipeline.max_aborts, pipeline.stale_tokens,
-                   pipeline.engine_timeout_s)
+                   pipeline.engine_timeout_s, pipeline.dynamic_sampling, pipeline.max_refill_rounds)
 
     @property
     def generates_through_updates(self) -> bool:

@@ -120,6 +120,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def batch_to_state(batch: RolloutBatch) -> dict[str, Any]:
     out: dict[str, Any] = {"numpy": []}
     for f in dataclasses.fields(batch):
+        if f.name == "streamed":
+            continue  # (gradient sums live only until the batch's one step: never inside a checkpointed batch)
         value = getattr(batch, f.name)
         if isinstance(value, np.ndarray):
             value = torch.from_numpy(value.copy())

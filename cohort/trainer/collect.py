@@ -63,6 +63,7 @@ class Collected:
     metrics: dict[str, float] = field(default_factory=dict)  # dynamic_sampling/*, partial/*, async/*
     ref_logp: list[torch.Tensor] | None = None  # the streamed update's reference log-probs, when beta != 0
     sampled_version: int = 0  # the oldest policy version any of its groups was submitted under
+    streamed: StreamedGradients | None = None  # the streamed update's sums (its gradients are in the parameters' .grad)
 
 
 @dataclass
@@ -77,9 +78,9 @@ class CollectContext:
     group_size: int  # G
     phases: Any  # the trainer's phase timers: phases("generate") / phases("reward")
     version: int  # the policy version that trains on this batch
-    max_refill_rounds: int | None  # dynamic sampling's bound; None: off
-    # the streamed update: (rows, trajectories, rewards) of whole kept groups -> their reference log-probs (or None)
-    train_groups: Callable[[list[int], list[Trajectory], np.ndarray], list[torch.Tensor] | None] | None = None
+    stream_update: bool = False  # train each kept group as it arrives (the streamed update)
+    # (rows, trajectories, rewards, the batch's sums) of whole kept groups -> their reference log-probs (or None)
+    train_groups: Callable[..., list[torch.Tensor] | None] | None = None
 
 
 @dataclass
@@ -168,17 +169,17 @@ def all_equal(rewards: np.ndarray) -> bool:
 
 def collect_batch(ctx: CollectContext) -> Collected:
     """One generation batch from the scheduler (see the module docstring): admit what the rules allow, take groups as
-    they finish until the batch's B are kept; with `ctx.train_groups`, train each kept group as it arrives."""
+    they finish until the batch's B are kept; with `ctx.stream_update`, train each kept group as it arrives."""
     scheduler = ctx.scheduler
     with ctx.phases("generate"):  # (a rollout server that is gone fails here: the error names the phase)
         scheduler.admit(ctx.version)
     ledger = None
-    if ctx.max_refill_rounds is not None:
-        first = min(scheduler.origins, default=0)
-        ledger = RefillLedger(len(scheduler.origins), ctx.max_refill_rounds, first)
+    if scheduler.rules.refill:  # dynamic sampling: which groups were dropped, by round
+        ledger = RefillLedger(len(scheduler.origins), scheduler.rules.max_refill_rounds, min(scheduler.origins, default=0))
     calls: list[_Call] = []
+    streamed = StreamedGradients() if ctx.stream_update else None
     try:
-        kept = _drive(ctx, ledger, calls, scheduler.batch_groups)
+        kept = _drive(ctx, ledger, calls, scheduler.batch_groups, streamed)
     except BaseException:
         scheduler.abort()  # nothing of this batch stays in the engine (a reward error, the refill bound, an interrupt)
         raise
@@ -186,10 +187,12 @@ def collect_batch(ctx: CollectContext) -> Collected:
     collected = _assemble(ctx, kept, calls, ledger)
     collected.metrics.update(scheduler.metrics(collected.outs, ctx.version))
     collected.sampled_version = min([ctx.version] + [grp.version for grp in kept])
+    collected.streamed = streamed
     return collected
 
 
-def _drive(ctx: CollectContext, ledger: RefillLedger | None, calls: list[_Call], target: int) -> list[_Group]:
+def _drive(ctx: CollectContext, ledger: RefillLedger | None, calls: list[_Call], target: int,
+           streamed: StreamedGradients | None) -> list[_Group]:
     """Take groups as they finish until `target` are kept: rewards (one call per poll's groups), the staleness
     bound, dynamic sampling's decision and refills, the streamed update. Every reward call made is appended to
     `calls`."""
@@ -230,9 +233,9 @@ def _drive(ctx: CollectContext, ledger: RefillLedger | None, calls: list[_Call],
                 scheduler.drop(group.finished.index, ctx.version, refill=k < refills)
         candidates = kept + (waiting if ledger is None else [])  # without dynamic sampling every complete group is kept
         if len(candidates) >= target and not scheduler.pinned_open():
-            return _cut(ctx, candidates, [grp for grp in waiting if grp not in candidates], target)
-        if ctx.train_groups is not None:
-            _train(ctx, [grp for grp in _batch_choice(scheduler.pinned(), kept, target, sure=True)[0] if not grp.trained])
+            return _cut(ctx, candidates, [grp for grp in waiting if grp not in candidates], target, streamed)
+        if streamed is not None:
+            _train(ctx, streamed, [grp for grp in _batch_choice(scheduler.pinned(), kept, target, sure=True)[0] if not grp.trained])
         if finished is None and not waiting and not scheduler.pending:  # nothing left in flight and the batch lacks
             with ctx.phases("generate"):  # groups (dropped ones not refilled under k >= 1, whose later batches were
                 scheduler.top_up(target - len(candidates), ctx.version)  # counted live, or the run's last batch)
@@ -249,7 +252,8 @@ def _batch_choice(pinned: set[int], kept: list[_Group], target: int, sure: bool 
     return batch, [grp for grp in kept if grp not in batch]
 
 
-def _cut(ctx: CollectContext, kept: list[_Group], waiting: list[_Group], target: int) -> list[_Group]:
+def _cut(ctx: CollectContext, kept: list[_Group], waiting: list[_Group], target: int,
+         streamed: StreamedGradients | None) -> list[_Group]:
     """The batch is `target` of the kept groups (`_batch_choice`); the scheduler takes back the rest (the surplus
     and, with partial rollouts under k = 0, everything still generating: cut off into the continuation buffer)."""
     batch, surplus = _batch_choice(ctx.scheduler.pinned(), kept, target)
@@ -257,8 +261,8 @@ def _cut(ctx: CollectContext, kept: list[_Group], waiting: list[_Group], target:
         ctx.scheduler.end_batch([grp.finished for grp in batch], [grp.finished for grp in surplus + waiting])
     with ctx.phases("reward"):  # after the cut: a slow reward function never holds the engine's tail
         _read_rewards(kept + waiting, wait=True)  # (every reward call's output exists for the merge)
-    if ctx.train_groups is not None:
-        _train(ctx, [grp for grp in batch if not grp.trained])
+    if streamed is not None:
+        _train(ctx, streamed, [grp for grp in batch if not grp.trained])
     return batch
 
 
@@ -316,14 +320,15 @@ def _assemble(ctx: CollectContext, kept: list[_Group], calls: list[_Call], ledge
 
 # ------------------------------------------------------------------ the streamed update
 
-def _train(ctx: CollectContext, groups: list[_Group]) -> None:
-    """Forward/backward over these kept groups (`ctx.train_groups`); their reference log-probs kept for the batch."""
+def _train(ctx: CollectContext, streamed: StreamedGradients, groups: list[_Group]) -> None:
+    """Forward/backward over these kept groups (`ctx.train_groups`, into `streamed`); their reference log-probs kept
+    for the batch."""
     if not groups:
         return
     g = ctx.group_size
     ref_logp = ctx.train_groups([i for grp in groups for i in grp.rows],
                                 [t for grp in groups for t in grp.finished.trajectories],
-                                np.concatenate([grp.total for grp in groups]))
+                                np.concatenate([grp.total for grp in groups]), streamed)
     for k, grp in enumerate(groups):
         grp.trained = True
         grp.ref_logp = ref_logp[k * g:(k + 1) * g] if ref_logp is not None else None

@@ -126,9 +126,7 @@ class Trainer:
             self.engine, self.sampler, self.train_ids, SamplingConfig(r.max_completion_length, r.temperature, r.top_p, r.top_k),
             plan.num_generations, plan.generation_batch_size // plan.num_generations, plan.admission,
             seed=r.seed, generations=-(-plan.max_steps // plan.optimizer_steps_per_generation))
-        # the streamed update (train groups as they finish, collect.py): its sums while its batch generates
-        self.train_groups = self._train_groups if plan.stream_update else None
-        self.streamed: StreamedGradients | None = None
+        self.stream_update = plan.stream_update  # train groups as they finish (collect.py; the plan decided where exact)
 
     def __getattr__(self, name: str):
         """`self.policy` and every other part: read from `self.parts` (only called when normal lookup fails)."""
@@ -161,16 +159,10 @@ class Trainer:
         """The next generation batch from the scheduler (collect.py), in submission order: rewards per group as groups
         finish; with the streamed update, the forward/backward passes too."""
         self.sync_weights()  # the engine samples from the current policy (a no-op unless a resume left it behind)
-        if self.train_groups is not None:
-            self.optimizer.zero_grad(set_to_none=True)
-            self.streamed = StreamedGradients()
-        try:
-            collected = collect_batch(CollectContext(
-                self.rollout, self.rewards, self.tokenizer, self.train_data, self.train_ids, self.plan.num_generations,
-                self.phases, self.policy_version, self.cfg.pipeline.max_refill_rounds if self.cfg.pipeline.dynamic_sampling else None, self.train_groups))
-        except BaseException:
-            self.streamed = None  # no half-accumulated gradient stands in for the next update
-            raise
+        self.optimizer.zero_grad(set_to_none=True)  # (a streamed update accumulates into them during the collection)
+        collected = collect_batch(CollectContext(
+            self.rollout, self.rewards, self.tokenizer, self.train_data, self.train_ids, self.plan.num_generations,
+            self.phases, self.policy_version, self.stream_update, self._train_groups))
         with self._engine_lock():  # (a driver thread polls between engine calls, never during one)
             self._calibrate_sync_check(collected.sampled_version, collected.prompts, collected.outs)
         return self._finish_batch(collected, collected.sampled_version)
@@ -187,7 +179,9 @@ class Trainer:
         with self.phases("logprob"):
             if self.algorithm.score_old_logp:
                 batch.old_logp = self._score_all(self.policy, batch)
-            batch.ref_logp = collected.ref_logp if self.streamed is not None else self.reference_logprobs(batch)
+            # (the streamed update scored the reference per group already)
+            batch.ref_logp = collected.ref_logp if collected.ref_logp is not None else self.reference_logprobs(batch)
+        batch.streamed = collected.streamed
         if self.critic is not None:
             with self.phases("critic"):
                 batch.values = self.critic.values(batch, self._micro_batches(batch, list(range(len(batch)))))
@@ -236,8 +230,8 @@ class Trainer:
 
     def update(self, batch: RolloutBatch, indices: list[int]) -> dict[str, float]:
         """One optimizer step over `indices` of the batch, with gradient accumulation (or the streamed update's end)."""
-        if self.streamed is not None:
-            return self.finish_streamed_update()
+        if batch.streamed is not None:  # its groups were trained as they arrived: only the step is left
+            return self.finish_streamed_update(batch.streamed)
         micro = self._micro_batches(batch, self.dist.local_indices(indices, self.plan.num_generations))  # this rank's groups
         packed = [self._pack(batch, mb) for mb in micro]
         num_items = self.dist.global_count(sum(aggregation_count(p[1], self.aggregation) for p in packed))
@@ -248,10 +242,9 @@ class Trainer:
         grad_norm = self._clip_and_step(sums["loss"])
         return self._update_metrics(sums, grad_norm)
 
-    def finish_streamed_update(self) -> dict[str, float]:
+    def finish_streamed_update(self, streamed: StreamedGradients) -> dict[str, float]:
         """The streamed update's optimizer step: every group's gradients are in, each micro-batch's loss summed
         unnormalised; divide by the loss normaliser (the same count the batch update divides by), then clip and step."""
-        streamed, self.streamed = self.streamed, None
         count = streamed.count if streamed.count > 0 else 1.0  # (aggregate_loss: a zero count divides by 1)
         for p in self.policy.parameters():
             if p.grad is not None:
@@ -261,9 +254,10 @@ class Trainer:
         grad_norm = self._clip_and_step(sums["loss"])
         return self._update_metrics(sums, grad_norm)
 
-    def _train_groups(self, rows: list[int], trajectories, rewards: np.ndarray) -> list[torch.Tensor] | None:
+    def _train_groups(self, rows: list[int], trajectories, rewards: np.ndarray,
+                      streamed: StreamedGradients) -> list[torch.Tensor] | None:
         """The streamed update (collect.py): forward/backward over whole kept groups, the loss summed unnormalised into
-        `self.streamed`, their advantages from their own rewards. Returns their reference log-probs (None: beta = 0)."""
+        `streamed`, their advantages from their own rewards. Returns their reference log-probs (None: beta = 0)."""
         part = RolloutBatch.from_trajectories(rows, [self.train_ids[i] for i in rows], trajectories, rewards=rewards,
                                               per_function=np.empty((len(rows), 0)), texts=[], policy_version=self.policy_version)
         a = self.cfg.algorithm
@@ -274,8 +268,8 @@ class Trainer:
                 group_size=self.plan.num_generations, scale=a.scale_rewards, gamma=a.gamma, lam=a.lam)).advantages
             micro = self._micro_batches(part, list(range(len(part))))
             packed = [self._pack(part, mb) for mb in micro]
-            self.streamed.count += float(sum(aggregation_count(p[1], self.aggregation) for p in packed))
-            self.backward_micro_batches(part, micro, packed, 1.0, self.streamed.sums)
+            streamed.count += float(sum(aggregation_count(p[1], self.aggregation) for p in packed))
+            self.backward_micro_batches(part, micro, packed, 1.0, streamed.sums)
         return part.ref_logp
 
     def backward_micro_batches(self, batch: RolloutBatch, micro: list[list[int]], packed, num_items, sums) -> None:

@@ -141,11 +141,11 @@ def test_streamed_update_gradient_equals_the_batch_update(tmp_path, data_file, t
             with torch.no_grad():
                 for p in trainer.policy.parameters():
                     p.add_(0.02 * torch.randn(p.shape, generator=generator))
-        assert streamed.train_groups is None  # colocate: `auto` leaves it off...
-        streamed.train_groups = streamed._train_groups  # ...so this switch (tests only) runs the streamed path here
+        assert not streamed.stream_update  # colocate: `auto` leaves it off...
+        streamed.stream_update = True  # ...so this switch (tests only) runs the streamed path here
         calls = []
         finish = streamed.finish_streamed_update
-        streamed.finish_streamed_update = lambda: calls.append(1) or finish()
+        streamed.finish_streamed_update = lambda sums: calls.append(1) or finish(sums)
         got, want = _gradients(streamed, 4), _gradients(plain, None)
     finally:
         streamed.close()
@@ -245,7 +245,7 @@ def test_local_server_streamed_update_equals_the_batch_update_over_5_steps(tmp_p
             for _ in range(5):
                 metrics = trainer.step()
                 steps.append((trainer.batch.completion_ids, trainer.batch.rewards.tolist(), metrics["loss"]))
-            return trainer.train_groups is not None, start, {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}, steps
+            return trainer.stream_update, start, {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}, steps
         finally:
             trainer.close()
 
