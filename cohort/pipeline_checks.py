@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from cohort.algorithms.specs import ALGORITHMS
+from cohort.algorithm_facts import FACTS
 from cohort.config import CohortConfig
 from cohort.plan import GROUP_RELATIVE, ONE_STEP_FIX, engine_shares_policy_module, one_step_per_generation, stream_update_blockers
 
@@ -67,7 +67,7 @@ INCOMPATIBLE: tuple[Incompatible, ...] = (
                  lambda c, w: f"pipeline.over_provision > 1 with {w} training processes: partial rollouts run in one "
                               "process only", "set train.num_processes=1 or pipeline.over_provision=1"),
     Incompatible("dynamic_sampling", lambda c, w: c.pipeline.dynamic_sampling
-                 and not ALGORITHMS.get(c.algorithm.name).zero_for_constant_group,
+                 and not FACTS[c.algorithm.name].zero_for_constant_group,
                  lambda c, w: f"pipeline.dynamic_sampling = true with algorithm.name = {c.algorithm.name}: under it a group "
                               "whose rewards are all equal still has non-zero advantages (batch whitening or a critic), so "
                               "dropping it throws signal away",

@@ -40,15 +40,47 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from cohort.algorithms.specs import ALGORITHMS
+from cohort.algorithm_facts import FACTS
 from cohort.config import CohortConfig
-from cohort.rollout.scheduler import AdmissionRules
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MAX_CHUNK_LOGITS = 2**24  # cohort.models.logprobs.completion_logprobs: logits per LM-head chunk at most
 
 
 # --------------------------------------------------------------------------- the batch plan
+
+
+@dataclass(frozen=True)
+class AdmissionRules:
+    """What the rollout scheduler admits (cohort/rollout/scheduler.py), read once from `pipeline.*` (`from_config`)."""
+
+    max_staleness: int = 0  # k
+    over_provision: float = 1.0  # f
+    max_aborts: int = 1
+    stale_tokens: str = "mask"  # mask | drop
+    engine_timeout_s: float = 600.0
+    refill: bool = False  # dynamic sampling: a dropped (constant) group is replaced by a new prompt
+    max_refill_rounds: int = 30
+
+    @classmethod
+    def from_config(cls, pipeline) -> AdmissionRules:
+        return cls(pipeline.max_staleness or 0, pipeline.over_provision, pipeline.max_aborts, pipeline.stale_tokens,
+                   pipeline.engine_timeout_s, pipeline.dynamic_sampling, pipeline.max_refill_rounds)
+
+    @property
+    def generates_through_updates(self) -> bool:
+        """k >= 1: the engine keeps generating while the trainer updates (a driver thread polls it)."""
+        return self.max_staleness >= 1
+
+    @property
+    def interrupts(self) -> bool:
+        """Partial rollouts with k = 0: a batch's end aborts the rest into the continuation buffer."""
+        return self.over_provision > 1 and not self.generates_through_updates
+
+    @property
+    def off_policy(self) -> bool:
+        """Some trained tokens may come from an older policy (staleness metrics are worth showing)."""
+        return self.generates_through_updates or self.over_provision > 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +117,8 @@ class BatchPlan:
         return math.ceil(self.max_steps / self.optimizer_steps_per_generation)
 
 
-GROUP_LOCAL_ADVANTAGES = tuple(n for n in ALGORITHMS.names() if ALGORITHMS.get(n).group_local)  # (for messages)
-GROUP_RELATIVE = tuple(n for n in ALGORITHMS.names() if ALGORITHMS.get(n).zero_for_constant_group)
+GROUP_LOCAL_ADVANTAGES = tuple(n for n in FACTS if FACTS[n].group_local)  # (for messages)
+GROUP_RELATIVE = tuple(n for n in FACTS if FACTS[n].zero_for_constant_group)
 
 
 def one_step_per_generation(cfg: CohortConfig) -> bool:
@@ -116,7 +148,7 @@ def stream_update_blockers(cfg: CohortConfig, world_size: int = 1) -> list[str]:
     (not bnpo's per-micro-batch mean), the batch trained in exactly one optimizer step, and nothing measured over
     the whole batch before the update (a KL in the reward, an adaptive beta, a critic, batch whitening)."""
     a, t, out = cfg.algorithm, cfg.train, []
-    spec = ALGORITHMS.get(a.name)
+    spec = FACTS[a.name]
     if not spec.group_local:
         out.append(f"algorithm.name = {a.name}: its advantages need the whole batch (whitening or a critic); "
                    f"use {' or '.join(GROUP_LOCAL_ADVANTAGES)}")
@@ -335,7 +367,7 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
         rows.append(("autocast weight copies", p * b, f"each weight cast to {cfg.model.dtype} once per forward pass"))
     if cfg.algorithm.beta and not cfg.lora.rank:  # (LoRA: the reference is the adapter disabled)
         rows.append(("reference model", p * w, f"a frozen copy (algorithm.beta = {cfg.algorithm.beta:g})"))
-    if ALGORITHMS.get(cfg.algorithm.name).needs_critic:
+    if FACTS[cfg.algorithm.name].needs_critic:
         rows.append(("critic", 4 * p * w, f"{cfg.algorithm.name}: weights, gradients and moments of a policy-sized critic"))
     return rows
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from cohort import rewards as reward_registry
-from cohort.algorithms.specs import ALGORITHMS
+from cohort.algorithm_facts import FACTS
 from cohort.pipeline_checks import pipeline_problems
 from cohort.config import CohortConfig, ConfigError
 from cohort.data.datasets import DataError, check_data_config
@@ -139,7 +139,7 @@ def check_batch_arithmetic(cfg: CohortConfig) -> list[str]:
     """Every impossible batch combination, each with the fields involved and a fix."""
     problems = []
     g, t, r = cfg.rollout.num_generations, cfg.train, cfg.rollout
-    min_g = ALGORITHMS.get(cfg.algorithm.name).min_group_size
+    min_g = FACTS[cfg.algorithm.name].min_group_size
     if g < min_g:
         problems.append(
             f"rollout.num_generations = {g}: algorithm.name = {cfg.algorithm.name} needs at least {min_g} completions per prompt "
@@ -374,7 +374,7 @@ def check_processes(cfg: CohortConfig) -> list[str]:
         fits = [k for k in (lower, lower + world) if k > 0]
         problems.append(f"train.prompts_per_step = {t.prompts_per_step} must divide by the {world} training processes (each takes "
                         f"whole groups); use {' or '.join(map(str, fits))}")
-    if ALGORITHMS.get(cfg.algorithm.name).needs_critic:
+    if FACTS[cfg.algorithm.name].needs_critic:
         problems.append(f"algorithm.name = {cfg.algorithm.name}: the critic is not sharded across processes yet; use "
                         f"train.num_processes=1 with {cfg.algorithm.name}")
     if cfg.run.save_every:
@@ -388,7 +388,7 @@ def _check_lora(cfg: CohortConfig, check_files: bool) -> list[str]:
     lora_dir = None
     if check_files and cfg.lora.rank > 0 and not cfg.model.path.startswith("tiny:") and not loading.check_model_dir(cfg.model.path):
         lora_dir = loading.resolve_model_dir(cfg.model.path)  # (an embedded tiny model is built on first use: not for a check)
-    return lora_problems(cfg, lora_dir, needs_critic=ALGORITHMS.get(cfg.algorithm.name).needs_critic,
+    return lora_problems(cfg, lora_dir, needs_critic=FACTS[cfg.algorithm.name].needs_critic,
                          world_size=training_world_size(cfg))
 
 

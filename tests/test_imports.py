@@ -27,7 +27,7 @@ ROOT = Path(cohort.__file__).resolve().parent
 
 # Lowest first. A package may import packages of its own layer or below (docs/architecture.md says why each sits where).
 LAYERS = [
-    {"cohort.console", "cohort.report", "cohort.mapping"},  # terminal output, HTML reports, verl/TRL option tables: import no other cohort package
+    {"cohort.console", "cohort.report", "cohort.mapping", "cohort.algorithm_facts"},  # terminal output, HTML reports, verl/TRL option tables, the algorithms' facts: import no other cohort package
     {"cohort.algorithms"},  # pure tensor maths behind registries
     {"cohort.data"},  # datasets, built-in tasks, the repeat sampler
     {"cohort.models"},  # loading models and tokenizers, the tiny models, log-prob kernels, batch packing
@@ -203,13 +203,14 @@ def test_every_arrow_points_down_the_layers():
 
 
 def test_algorithms_import_only_torch_and_the_standard_library():
+    # (and cohort.algorithm_facts: each algorithm's facts as pure data, which the torch-free planner reads too)
     allowed = set(sys.stdlib_module_names) | {"torch", "cohort"}
     for name, path in all_modules().items():
         if package_of(name) != "cohort.algorithms":
             continue
         names = imported_names(ast.parse(path.read_text(encoding="utf-8")), name, path.name == "__init__.py")
         foreign = sorted(n for n in names if n.split(".")[0] not in allowed
-                         or (n.startswith("cohort.") and package_of(n) != "cohort.algorithms"))
+                         or (n.startswith("cohort.") and package_of(n) not in ("cohort.algorithms", "cohort.algorithm_facts")))
         assert foreign == [], f"{name} imports {foreign}"
 
 

@@ -22,9 +22,10 @@ configured algorithm for four things and never looks at the name:
 `AlgorithmChoice` the loop reads (every `auto` filled in). Whether a reference model exists is not per algorithm: it is loaded
 exactly when `algorithm.beta != 0`. The KL reaches the advantage functions
 already estimated per token (`AdvantageInputs.kl`, the configured estimator of
-the sampling policy's log-probs against the reference's, computed by the loop). `min_group_size` mirrors
-nothing else: validation and the planner read every algorithm fact here
-(`min_group_size`, `needs_critic`, `group_local`, `zero_for_constant_group`).
+the sampling policy's log-probs against the reference's, computed by the loop). Every spec is built from
+its facts: validation and the planner read them
+(`min_group_size`, `needs_critic`, `group_local`, `zero_for_constant_group`), written once in
+cohort/algorithm_facts.py (pure data, so the planner reads them without torch).
 
 The advantage functions (shapes: N completions, T = the batch's longest
 completion; `mask` (N, T) is 1 on completion tokens that enter the loss):
@@ -65,12 +66,14 @@ needs no code: `algorithm.kl_placement=loss`, `algorithm.kl_estimator=k2`.)
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch import Tensor
 
+from cohort.algorithm_facts import FACTS
 from cohort.algorithms.advantages import compute_advantages
 from cohort.algorithms.kl import kl_in_reward
 from cohort.algorithms.ppo import discounted_returns, gae
@@ -200,21 +203,7 @@ def _ppo(x: AdvantageInputs) -> AdvantageOutputs:
     return AdvantageOutputs(whiten(advantages, mask), returns, {"critic/returns_mean": masked_mean(returns, mask)})
 
 
-ALGORITHMS.add("grpo", AlgorithmSpec(
-    "grpo", _outcome("grpo"), ratio_level="token", kl_placement="loss", needs_critic=False, min_group_size=2,
-    summary="group-relative advantages (r − group mean) / group std; no critic", group_local=True,
-    zero_for_constant_group=True))
-ALGORITHMS.add("rloo", AlgorithmSpec(
-    "rloo", _outcome("rloo"), ratio_level="sequence_sum", kl_placement="reward", needs_critic=False, min_group_size=2,
-    summary="leave-one-out baseline; one ratio per completion; KL (k1, summed) in the reward", group_local=True,
-    zero_for_constant_group=True))
-ALGORITHMS.add("reinforce_pp", AlgorithmSpec(
-    "reinforce_pp", _reinforce_pp(group_baseline=False), ratio_level="token", kl_placement="reward", needs_critic=False,
-    min_group_size=1, summary="REINFORCE++: token KL in the reward, reward-to-go whitened over the batch"))
-ALGORITHMS.add("reinforce_pp_baseline", AlgorithmSpec(
-    "reinforce_pp_baseline", _reinforce_pp(group_baseline=True), ratio_level="token", kl_placement="reward",
-    needs_critic=False, min_group_size=2, summary="REINFORCE++ after subtracting each group's mean reward",
-    zero_for_constant_group=True))
-ALGORITHMS.add("ppo", AlgorithmSpec(
-    "ppo", _ppo, ratio_level="token", kl_placement="reward", needs_critic=True, min_group_size=1,
-    summary="a learned critic; GAE over completion tokens; KL in the reward, fixed or adaptive coefficient"))
+_ADVANTAGES = {"grpo": _outcome("grpo"), "rloo": _outcome("rloo"), "reinforce_pp": _reinforce_pp(group_baseline=False),
+               "reinforce_pp_baseline": _reinforce_pp(group_baseline=True), "ppo": _ppo}
+for _name, _facts in FACTS.items():  # the facts are written once, in cohort/algorithm_facts.py
+    ALGORITHMS.add(_name, AlgorithmSpec(_name, _ADVANTAGES[_name], **dataclasses.asdict(_facts)))

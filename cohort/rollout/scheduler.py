@@ -46,7 +46,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from cohort.rollout.base import EngineLock, SamplingConfig, Trajectory, batch_requests, completion_seeds
 from cohort.rollout.driver import EngineDriver
@@ -56,37 +56,20 @@ from cohort.rollout.stream import FinishedGroup, GroupStream
 POLL_S = 0.02  # the driver's longest single poll: how long a trainer's engine call may wait for the lock
 
 
-@dataclass(frozen=True)
-class AdmissionRules:
-    """What the scheduler admits (module docstring); `from_config` reads them from `pipeline.*`."""
+class AdmissionRules(Protocol):
+    """The rules the scheduler reads (module docstring); the run's are `cohort.plan.AdmissionRules`, resolved once from
+    `pipeline.*` with the rest of the run's mode (the planner sits above this package, so only their shape is here)."""
 
-    max_staleness: int = 0  # k
-    over_provision: float = 1.0  # f
-    max_aborts: int = 1
-    stale_tokens: str = "mask"  # mask | drop
-    engine_timeout_s: float = 600.0
-    refill: bool = False  # dynamic sampling: a dropped (constant) group is replaced by a new prompt
-    max_refill_rounds: int = 30
-
-    @classmethod
-    def from_config(cls, pipeline) -> AdmissionRules:
-        return cls(pipeline.max_staleness or 0, pipeline.over_provision, pipeline.max_aborts, pipeline.stale_tokens,
-                   pipeline.engine_timeout_s, pipeline.dynamic_sampling, pipeline.max_refill_rounds)
-
-    @property
-    def generates_through_updates(self) -> bool:
-        """k >= 1: the engine keeps generating while the trainer updates (a driver thread polls it)."""
-        return self.max_staleness >= 1
-
-    @property
-    def interrupts(self) -> bool:
-        """Partial rollouts with k = 0: a batch's end aborts the rest into the continuation buffer."""
-        return self.over_provision > 1 and not self.generates_through_updates
-
-    @property
-    def off_policy(self) -> bool:
-        """Some trained tokens may come from an older policy (staleness metrics are worth showing)."""
-        return self.generates_through_updates or self.over_provision > 1
+    max_staleness: int  # k
+    over_provision: float  # f
+    max_aborts: int
+    stale_tokens: str  # mask | drop
+    engine_timeout_s: float
+    refill: bool  # dynamic sampling
+    max_refill_rounds: int
+    generates_through_updates: bool  # k >= 1
+    interrupts: bool  # partial rollouts with k = 0
+    off_policy: bool
 
 
 @dataclass
