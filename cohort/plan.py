@@ -42,45 +42,13 @@ from pathlib import Path
 
 from cohort.algorithm_facts import FACTS
 from cohort.config import CohortConfig
+from cohort.run_mode import ONE_STEP_FIX, AdmissionRules, one_step_per_generation
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MAX_CHUNK_LOGITS = 2**24  # cohort.models.logprobs.completion_logprobs: logits per LM-head chunk at most
 
 
 # --------------------------------------------------------------------------- the batch plan
-
-
-@dataclass(frozen=True)
-class AdmissionRules:
-    """What the rollout scheduler admits (cohort/rollout/scheduler.py), read once from `pipeline.*` (`from_config`)."""
-
-    max_staleness: int = 0  # k
-    over_provision: float = 1.0  # f
-    max_aborts: int = 1
-    stale_tokens: str = "mask"  # mask | drop
-    engine_timeout_s: float = 600.0
-    refill: bool = False  # dynamic sampling: a dropped (constant) group is replaced by a new prompt
-    max_refill_rounds: int = 30
-
-    @classmethod
-    def from_config(cls, pipeline) -> AdmissionRules:
-        return cls(pipeline.max_staleness or 0, pipeline.over_provision, pipeline.max_aborts, pipeline.stale_tokens,
-                   pipeline.engine_timeout_s, pipeline.dynamic_sampling, pipeline.max_refill_rounds)
-
-    @property
-    def generates_through_updates(self) -> bool:
-        """k >= 1: the engine keeps generating while the trainer updates (a driver thread polls it)."""
-        return self.max_staleness >= 1
-
-    @property
-    def interrupts(self) -> bool:
-        """Partial rollouts with k = 0: a batch's end aborts the rest into the continuation buffer."""
-        return self.over_provision > 1 and not self.generates_through_updates
-
-    @property
-    def off_policy(self) -> bool:
-        """Some trained tokens may come from an older policy (staleness metrics are worth showing)."""
-        return self.generates_through_updates or self.over_provision > 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,25 +87,6 @@ class BatchPlan:
 
 GROUP_LOCAL_ADVANTAGES = tuple(n for n in FACTS if FACTS[n].group_local)  # (for messages)
 GROUP_RELATIVE = tuple(n for n in FACTS if FACTS[n].zero_for_constant_group)
-
-
-def one_step_per_generation(cfg: CohortConfig) -> bool:
-    """Each generation batch is trained by exactly one optimizer step (what the streamed update and a staleness
-    bound k >= 1 need): train.steps_per_generation = 1, algorithm.num_iterations = 1, generation_batch_size unset
-    (or the step's own)."""
-    r, t = cfg.rollout, cfg.train
-    return (t.steps_per_generation == 1 and cfg.algorithm.num_iterations == 1
-            and r.generation_batch_size in (None, t.prompts_per_step * r.num_generations))
-
-
-ONE_STEP_FIX = ("train.steps_per_generation = 1, algorithm.num_iterations = 1 and rollout.generation_batch_size unset "
-                "(one optimizer step per generation batch)")
-
-
-def engine_shares_policy_module(cfg: CohortConfig) -> bool:
-    """The transformers engine in the trainer's process samples with the policy module itself: its weights cannot
-    change under requests in flight."""
-    return cfg.engine.name == "hf" and cfg.engine.mode == "colocate"
 
 
 def stream_update_blockers(cfg: CohortConfig, world_size: int = 1) -> list[str]:

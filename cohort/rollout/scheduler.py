@@ -57,7 +57,7 @@ POLL_S = 0.02  # the driver's longest single poll: how long a trainer's engine c
 
 
 class AdmissionRules(Protocol):
-    """The rules the scheduler reads (module docstring); the run's are `cohort.plan.AdmissionRules`, resolved once from
+    """The rules the scheduler reads (module docstring); the run's are `cohort.run_mode.AdmissionRules`, resolved once from
     `pipeline.*` with the rest of the run's mode (the planner sits above this package, so only their shape is here)."""
 
     max_staleness: int  # k
