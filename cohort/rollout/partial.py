@@ -28,7 +28,6 @@ partial/ratio (fraction of the batch's trajectories holding tokens from an earli
 
 from __future__ import annotations
 
-import math
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -108,8 +107,8 @@ class StepCounts:
 class ContinuationBuffer:
     """FIFO of `BufferedGroup`s between steps; trainer state (checkpointed through state_dict)."""
 
-    def __init__(self, over_provision: float, max_aborts: int):
-        self.over_provision, self.max_aborts = over_provision, max_aborts
+    def __init__(self, max_aborts: int):
+        self.max_aborts = max_aborts
         self.groups: deque[BufferedGroup] = deque()
         self.counts = StepCounts()
         self.records: dict[int, BufferedGroup] = {}  # this step's stream index -> its group (rows, seeds, aborts)
@@ -118,14 +117,13 @@ class ContinuationBuffer:
     def __len__(self) -> int:
         return len(self.groups)
 
-    def submissions(self, batch_groups: int, train_ids: list[list[int]]) -> tuple[list[BufferedGroup], list[tuple], int]:
-        """Empty the buffer for a new step: its groups (FIFO), their `submit_groups` entries, and how many extra new
-        groups the step needs beyond its batch's own so that ceil(over_provision × B) are in flight."""
+    def submissions(self, batch_groups: int, train_ids: list[list[int]]) -> tuple[list[BufferedGroup], list[tuple]]:
+        """Empty the buffer for a new step: its groups (FIFO) and their `submit_groups` entries. (The extra new
+        groups that make ceil(over_provision × B) in flight are the scheduler's admission rule, `Scheduler.admit`.)"""
         self.counts, self.records, self.batch_groups = StepCounts(), {}, batch_groups
         groups, self.groups = list(self.groups), deque()
         self.counts.resumed = sum(1 for g in groups for m in g.members if m is not None and not m.finished)
-        extra = max(0, math.ceil(self.over_provision * batch_groups) - len(groups) - batch_groups)
-        return groups, [g.submission([train_ids[i] for i in g.rows]) for g in groups], extra
+        return groups, [g.submission([train_ids[i] for i in g.rows]) for g in groups]
 
     def record(self, index: int, group: BufferedGroup) -> None:
         """Stream group `index` of this step is `group` (a buffered one, or a new one with no members yet)."""

@@ -99,7 +99,7 @@ class Scheduler:
         self.origins: dict[int, Origin] = {}  # stream index -> origin, until taken
         self.submitted_for: dict[int, int] = {}  # generation index -> groups submitted for it (refill seeds)
         self.carry: list[Origin] = []  # from a checkpoint: resubmitted first
-        self.buffer = ContinuationBuffer(rules.over_provision, rules.max_aborts) if rules.interrupts else None
+        self.buffer = ContinuationBuffer(rules.max_aborts) if rules.interrupts else None
         self.driver = (EngineDriver("cohort-rollout-pump", self.lock, busy=lambda: self.stream.pending > 0,
                                     step=self._drive_step, on_failure=self._wake_all)
                        if rules.generates_through_updates else None)
@@ -129,7 +129,7 @@ class Scheduler:
             o.version = version
         partial: list[BufferedGroup | None] = [None] * len(entries)
         if self.buffer is not None:  # resumed first, from what they sampled
-            groups, resumed, _ = self.buffer.submissions(self.batch_groups, self.prompt_ids)
+            groups, resumed = self.buffer.submissions(self.batch_groups, self.prompt_ids)
             entries += [e[:3] for e in resumed]
             origins += [Origin(self.generation_index, g.rows, g.seeds, version) for g in groups]
             partial += groups
