@@ -1,4 +1,4 @@
-"""Typed run configuration: thirteen sections, each field declared once with its help text.
+"""Typed run configuration: fourteen sections, each field declared once with its help text.
 
 `cohort train --help` and the configuration reference in the README are generated from these declarations
 (cohort.config_fields); the help says what a field does, its unit and its default; the why and the
@@ -196,6 +196,27 @@ class ToolsConfig(_Section):
         return bool(self.functions) or self.environment is not None
 
 
+class AgentConfig(_Section):
+    """Agent functions as rollouts (cohort/agents, docs/agents.md, "Agent functions")."""
+
+    function: str | Callable[..., Any] | None = Field(None, description="An `async def agent(client, row) -> float | dict` by import "
+        "path (`my_module.agent` or `my_module:agent`); from Python the function itself. Each rollout request runs it once with an "
+        "`openai.AsyncOpenAI` client pointed at a loopback OpenAI-compatible endpoint in the training process and the dataset row; "
+        "its return value (the float, or the dict's `reward`) is the run's reward, the dict's other keys become `agent/<key>` "
+        "metrics. None: no agent.")
+    timeout_s: float = Field(300.0, description="Seconds one agent run may take, model calls included; a run past it is cancelled "
+        "and fails like a reward function that raises.")
+
+    @field_serializer("function", when_used="json")
+    def _function_as_text(self, function: str | Callable[..., Any] | None) -> str | None:
+        return _reference(function)
+
+    @property
+    def enabled(self) -> bool:
+        """True when rollouts are agent runs."""
+        return self.function is not None
+
+
 class AlgorithmConfig(_Section):
     name: Literal["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"] = Field("grpo", description="Algorithm, all through the "
         "same loop: `grpo` (group-relative advantages), `rloo` (leave-one-out baseline, sequence-level ratio), `reinforce_pp` "
@@ -360,6 +381,7 @@ class CohortConfig(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)

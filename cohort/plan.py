@@ -118,6 +118,9 @@ def stream_update_blockers(cfg: CohortConfig, world_size: int = 1) -> list[str]:
                    f"rollout.generation_batch_size: set {ONE_STEP_FIX}")
     if world_size > 1:
         out.append(f"{world_size} training processes: the streamed update runs in one; set train.num_processes=1")
+    if cfg.agent.enabled:
+        out.append("agent.function: a run that rewrote its history adds samples to the batch once it is taken; unset "
+                   "agent.function")
     if cfg.pipeline.max_staleness:
         out.append(f"pipeline.max_staleness = {cfg.pipeline.max_staleness}: groups may come from older policies, trained when the "
                    "batch is taken; set it to 0 (or unset)")

@@ -59,6 +59,7 @@ from cohort.data.loading import load_data
 from cohort.prompts import encode_prompts, fit_problems, max_positions_of
 from cohort.rewards.columns import reward_column_problems
 from cohort.tools.checks import tool_problems
+from cohort.agents.checks import agent_problems
 
 
 def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
@@ -77,6 +78,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
             problems += [p.replace("model.path", "critic.path", 1) for p in loading.check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
     problems += tool_problems(cfg.tools)
+    problems += agent_problems(cfg, training_world_size(cfg))
     problems += _check_lora(cfg, check_files)
     if check_files:
         problems += reward_column_problems(cfg)  # the columns each reward reads, in the data

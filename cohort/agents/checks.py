@@ -1,0 +1,69 @@
+"""The checks of the agent section that `validate_config` runs before any model loads: the range of agent.timeout_s,
+that agent.function resolves to an `async def` taking (client, row), and every combination the agent path cannot run,
+each naming the fields and the fix.
+
+Why each combination is refused:
+- tools.functions / tools.environment: the agent runs its own tool loop; cohort's would wrap the endpoint's engine
+  calls a second time.
+- rewards: the agent's return value is the run's reward.
+- pipeline.over_provision > 1 (partial rollouts under k = 0): an interrupted run cannot be resumed (the agent
+  program's state is gone), so the batch's end would throw away work it has to redo.
+- a critic (algorithm.name = ppo), more than one optimizer step per generation batch, several training processes:
+  a run that rewrote its history adds samples to the batch after its advantages are computed
+  (cohort/trainer/agent_samples.py), which those paths cannot take.
+
+Imports no engine (cohort.validation stays free of cohort.rollout).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from cohort.algorithm_facts import FACTS
+from cohort.run_mode import ONE_STEP_FIX, one_step_per_generation
+from cohort.tools.schema import import_object
+
+
+def resolve_agent(spec):
+    """The agent function of agent.function (an import path or the function); ValueError when it is not an
+    `async def` taking (client, row)."""
+    function = import_object(spec, "agent.function") if isinstance(spec, str) else spec
+    if not inspect.iscoroutinefunction(function):
+        raise ValueError(f"agent.function {spec!r} must be an `async def agent(client, row)`; got {type(function).__name__} "
+                         f"{getattr(function, '__name__', function)!r}")
+    try:
+        inspect.signature(function).bind(None, None)
+    except TypeError:
+        raise ValueError(f"agent.function {spec!r}: {function.__name__}{inspect.signature(function)} must take two "
+                         "arguments, (client, row)") from None
+    return function
+
+
+def agent_problems(cfg, world_size: int = 1) -> list[str]:
+    """Every problem with the agent section, alone and with the rest of the config ([] when fine)."""
+    agent = cfg.agent
+    if not agent.timeout_s > 0:
+        return [f"agent.timeout_s = {agent.timeout_s} must be > 0 seconds (300 is the default)"]
+    if not agent.enabled:
+        return []
+    problems = []
+    try:
+        resolve_agent(agent.function)
+    except ValueError as exc:
+        problems.append(str(exc))
+    name = agent.function if isinstance(agent.function, str) else getattr(agent.function, "__name__", "the agent")
+    for when, what, fix in (
+        (cfg.tools.enabled, "tools.functions / tools.environment", "the agent runs its own tool loop; unset the tools section"),
+        (cfg.rewards is not None, "rewards", "the agent's return value is the run's reward (return a dict for more "
+                                             "metrics); remove rewards"),
+        (cfg.pipeline.over_provision > 1, f"pipeline.over_provision = {cfg.pipeline.over_provision}",
+         "an interrupted agent run cannot be resumed; set pipeline.over_provision=1"),
+        (FACTS[cfg.algorithm.name].needs_critic, f"algorithm.name = {cfg.algorithm.name}",
+         "a run that rewrote its history becomes several samples, which a critic's per-token values cannot follow; use grpo, "
+         "rloo or reinforce_pp"),
+        (not one_step_per_generation(cfg), "more than one optimizer step per generation batch", f"set {ONE_STEP_FIX}"),
+        (world_size > 1, f"{world_size} training processes", "agent runs are served in one process; set train.num_processes=1"),
+    ):
+        if when:
+            problems.append(f"agent.function = {name!r} with {what}: {fix}")
+    return problems
