@@ -1,7 +1,8 @@
 """The datasets and reward specs a config names, loaded (no tokenizer, no model).
 
 `load_data(cfg)` reads `data.train_files` / `data.eval_files`, or the built-in
-`data.task` (whose reward specs apply when `rewards` is unset), and caps the
+`data.task` (whose reward specs apply when `rewards` is unset; with `agent.function`
+the agent's returned reward, cohort/agents/reward.py), and caps the
 eval set at `data.eval_max_samples`. The trainer, `cohort eval` and the planner
 all start from it, so they see the same rows.
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from cohort.data.datasets import PromptDataset, load_prompt_dataset, rows_dataset
 from cohort.data.tasks import get_task
+
+AGENT_REWARD = {"name": "cohort.agents.reward.agent_reward", "weight": 1.0}  # with agent.function: the reward set
 
 
 def load_data(cfg) -> tuple[PromptDataset, PromptDataset | None, list[dict] | None]:
@@ -26,6 +29,8 @@ def load_data(cfg) -> tuple[PromptDataset, PromptDataset | None, list[dict] | No
         evals = (load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files
                  else rows_dataset(task.eval_rows, "prompt", f"task {task.name} (eval)"))
         specs = specs if specs is not None else task.reward_specs
+    if cfg.agent.enabled:  # the run's reward is what the agent returned (cohort/agents/reward.py)
+        specs = [dict(AGENT_REWARD)]
     if evals is not None and cfg.data.eval_max_samples:
         evals.rows, evals.sources = evals.rows[: cfg.data.eval_max_samples], evals.sources[: cfg.data.eval_max_samples]
     return train, evals, specs

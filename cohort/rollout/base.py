@@ -168,6 +168,21 @@ class Episode:
 
 
 @dataclass
+class AgentRun:
+    """One agent run's record (cohort/agents/engine.py writes it on the run's trajectory as its `episode`): what the
+    agent returned (`outcome`: `reward` and its other keys) or why it failed (`error`, status "error" or "timeout"),
+    its model calls, the last call's messages and answer (`conversation`), and, when the agent rewrote its history,
+    its earlier calls as `samples` (this trajectory is its last call; cohort/agents/runs.py)."""
+
+    outcome: dict[str, float] | None = None
+    error: str | None = None
+    status: str = "ok"  # ok | error | timeout | aborted
+    turns: int = 0  # model calls
+    conversation: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[Trajectory] = field(default_factory=list)
+
+
+@dataclass
 class Trajectory:
     """One completion as the engine sampled it; what every later phase (rewards, advantages, the update) reads.
 
@@ -188,7 +203,7 @@ class Trajectory:
     prompt_ids: list[int] = field(default_factory=list)
     request_id: str = ""
     error: str | None = None
-    episode: Episode | None = None  # multi-turn tool calling: its conversation, environment and tool status
+    episode: Episode | AgentRun | None = None  # multi-turn: the tool loop's record, or an agent run's
 
     def __post_init__(self):
         if self.status not in STATUSES:

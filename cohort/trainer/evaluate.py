@@ -22,6 +22,7 @@ from cohort.models.precision import resolve_precision
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
 from cohort.rollout.base import SamplingConfig, completion_seeds, completion_text
+from cohort.agents import setup as agents
 from cohort.tools.metrics import tool_arguments
 from cohort.tools.setup import rows_by_prompt, wrap_engine
 from cohort.trainer.engines import build_engine, engine_length, set_torch_threads
@@ -76,6 +77,9 @@ def evaluate_model(cfg, *, num_samples: int = 1, temperature: float = 0.0) -> di
                               device=device, max_model_len=engine_length(cfg, model_dir, prompts.train_ids + prompts.eval_ids))
         if cfg.tools.enabled:  # multi-turn, as in training
             engine = wrap_engine(cfg.tools, engine, tokenizer, rows_by_prompt(prompts.eval_ids, prompts.eval.rows))
+        if cfg.agent.enabled:  # agent runs, as in training
+            engine = agents.wrap_engine(cfg, engine, tokenizer, rows_by_prompt(prompts.eval_ids, prompts.eval.rows),
+                                        max_model_len=engine_length(cfg, model_dir, prompts.train_ids + prompts.eval_ids))
         return evaluate(engine, tokenizer, prompts.eval, prompts.eval_ids, rewards, max_tokens=cfg.rollout.max_completion_length,
                         num_samples=num_samples, temperature=temperature, seed=cfg.rollout.seed)
     finally:

@@ -6,7 +6,8 @@ weights load), the policy, the optional reference model (only when
 algorithm.beta != 0), the optimizer and the schedule, the algorithm's resolved
 choices (`cohort.trainer.algorithms`), the critic (only for an algorithm that
 needs one), and last the rollout engine (the slowest to start,
-cohort/trainer/engines.py), wrapped in the tool loop when tools.functions or tools.environment is set.
+cohort/trainer/engines.py), wrapped in the tool loop when tools.functions or tools.environment is set, or in agent
+runs when agent.function is (cohort/agents).
 
 Nothing here touches a Trainer: `setup` returns the parts and the Trainer holds them.
 """
@@ -30,6 +31,7 @@ from cohort.models.lora import attach_lora, base_dtype
 from cohort.models.precision import Precision, resolve_precision
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
+from cohort.agents import setup as agents
 from cohort.tools.setup import rows_by_prompt, wrap_engine
 from cohort.trainer import algorithms
 from cohort.trainer.checkpoint import check_disk_space
@@ -81,6 +83,8 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
                                   precision=precision, policy=policy)
     if cfg.tools.enabled:  # multi-turn: every request goes through the tool loop (cohort/tools/loop.py)
         engine = _with_tools(cfg, engine, tokenizer, prompts)
+    if cfg.agent.enabled:  # every request is one run of the agent function (cohort/agents/engine.py)
+        engine = agents.wrap_engine(cfg, engine, tokenizer, _rows(prompts), max_model_len=max_model_len)
     return TrainerParts(
         dist=dist, device=device, run_dir=run_dir, rewards=rewards, model_dir=model_dir, tokenizer=tokenizer,
         pad_id=tokenizer.pad_token_id, renderer=prompts.renderer, prompts_filtered=prompts.filtered,
@@ -120,13 +124,18 @@ def _engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, external, *, ma
 def _with_tools(cfg, engine, tokenizer, prompts):
     """The engine inside the tool loop; under several processes the loop wraps rank 0's engine, so tools run once,
     beside it, and every rank receives the finished multi-turn trajectories."""
-    rows = rows_by_prompt(prompts.train_ids + (prompts.eval_ids or []),
-                          prompts.train.rows + (prompts.eval.rows if prompts.eval is not None else []))
+    rows = _rows(prompts)
     if isinstance(engine, MainOnlyEngine):
         if engine.engine is not None:
             engine.engine = wrap_engine(cfg.tools, engine.engine, tokenizer, rows)
         return engine
     return wrap_engine(cfg.tools, engine, tokenizer, rows)
+
+
+def _rows(prompts):
+    """A request -> its dataset row (train and eval), for environments and agents."""
+    return rows_by_prompt(prompts.train_ids + (prompts.eval_ids or []),
+                          prompts.train.rows + (prompts.eval.rows if prompts.eval is not None else []))
 
 
 def _check_writable(run_dir) -> None:

@@ -1,0 +1,28 @@
+"""From the config to agent runs: the wrapping of a built engine in an `AgentEngine` (cohort/trainer/setup.py and
+`cohort eval` call `wrap_engine` when agent.function is set; the config's checks are in cohort/agents/checks.py).
+
+The endpoint is the one `cohort serve` answers with (cohort/agents/chat.py's `ChatCompletions`): the checkpoint's
+chat template, its stop tokens, tools.parser for tool calls, the engine's max_model_len.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from cohort.agents.chat import ChatCompletions, Conversation
+from cohort.agents.checks import resolve_agent
+from cohort.agents.engine import AgentEngine
+from cohort.rollout.base import Request
+
+
+def wrap_engine(cfg, engine, tokenizer, rows: Callable[[Request], dict[str, Any]] | None = None, *,
+                max_model_len: int | None = None) -> AgentEngine:
+    """`engine` behind the agent endpoint, each request one run of agent.function."""
+    name = cfg.model.path
+
+    def chat(sample):
+        return ChatCompletions(tokenizer, engine.stop_token_ids, sample, parser=cfg.tools.parser, model_name=name,
+                               max_model_len=max_model_len)
+
+    return AgentEngine(engine, chat, Conversation, resolve_agent(cfg.agent.function), rows=rows,
+                       timeout_s=cfg.agent.timeout_s, model_name=name)
