@@ -314,7 +314,8 @@ def _assemble(ctx: CollectContext, kept: list[_Group], calls: list[_Call], ledge
     position = {id(call): k for k, call in enumerate(calls)}
     picks = [(position[id(grp.call)], grp.offset + j) for grp in kept for j in range(len(grp.rows))]
     scored = ctx.rewards.merge([call.output for call in calls], picks)
-    return Collected(rows, [ctx.prompt_ids[i] for i in rows], outs, [x for grp in kept for x in grp.texts], scored,
+    prompts = [t.prompt_ids or ctx.prompt_ids[i] for t, i in zip(outs, rows)]  # (an agent's: its first call's prompt)
+    return Collected(rows, prompts, outs, [x for grp in kept for x in grp.texts], scored,
                      ledger.metrics() if ledger else {}, ref)
 
 
