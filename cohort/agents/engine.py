@@ -278,11 +278,20 @@ def _outcome(future: concurrent.futures.Future, timeout_s: float) -> tuple[dict[
     except concurrent.futures.CancelledError:
         return None, "the run was cancelled", "aborted"
     except Exception as exc:  # noqa: BLE001 - the agent reward reports it (cohort/agents/reward.py)
-        return None, f"the agent raised {type(exc).__name__}: {exc}", "error"
+        return None, f"the agent raised {_described(exc)}", "error"
     try:
         return as_outcome(value), None, "ok"
     except ValueError as exc:
         return None, str(exc), "error"
+
+
+def _described(exc: BaseException) -> str:
+    """The exception and its causes, one line ("APIConnectionError: Connection error. <- ConnectError: ...")."""
+    parts, seen = [], 0
+    while exc is not None and seen < 4:
+        parts.append(f"{type(exc).__name__}: {exc}")
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return " <- ".join(parts)
 
 
 def as_outcome(value: Any) -> dict[str, float | None]:

@@ -39,7 +39,7 @@ class LoopbackServer:
         self._runs: dict[str, Any] = {}
         self._lock = threading.Lock()
         handler = type("LoopbackHandler", (_Handler,), {"owner": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = _Server(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="cohort-agent-endpoint", daemon=True)
@@ -69,6 +69,11 @@ class LoopbackServer:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # every run of a generation batch (or the held-out eval) may connect at once; the
+    # default backlog of 5 resets the connections beyond it (the client's "Connection error")
 
 
 class _Handler(BaseHTTPRequestHandler):

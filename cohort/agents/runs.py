@@ -16,7 +16,9 @@ versions). `run_trajectory(calls, ...)` decides between two shapes:
   trajectory is its last call; the earlier ones ride along as `AgentRun.samples` and join the batch with the run's
   advantage (cohort/trainer/agent_samples.py).
 
-A run that made no call has an empty completion (prompt: the request's prompt), which trains nothing.
+A last call that found the run's budget spent (AgentEngine answers it with nothing sampled, finish_reason "length")
+is left out and the run ends "length", as the tool loop ends a trajectory whose tool turn does not fit. A run that
+made no call has an empty completion (prompt: the request's prompt), which trains nothing.
 """
 
 from __future__ import annotations
@@ -76,8 +78,15 @@ def run_trajectory(calls: Sequence, request_id: str, prompt_ids: Sequence[int], 
                    ) -> tuple[Trajectory, list[Trajectory]]:
     """(the run's trajectory, its earlier samples): one chained trajectory and [] for a chain, else the last call and
     the calls before it (module docstring). No call: an empty completion of `prompt_ids`."""
+    cut = bool(calls) and not calls[-1].trajectory.token_ids and calls[-1].trajectory.status == "length"
+    if cut:  # the last call found the budget spent (nothing sampled): the run ends "length", that prompt not appended
+        calls = calls[:-1]
     if not calls:
-        return Trajectory([], [], "stop", policy_version, prompt_ids=list(prompt_ids), request_id=request_id), []
+        return Trajectory([], [], "length" if cut else "stop", policy_version, prompt_ids=list(prompt_ids),
+                          request_id=request_id), []
+    if cut:
+        trajectory, samples = run_trajectory(calls, request_id, prompt_ids, policy_version)
+        return replace(trajectory, status="length"), samples
     if is_chain(calls):
         return chain_trajectory(calls, request_id), []
     samples = call_samples(calls, request_id)

@@ -14,7 +14,8 @@ server child, and transformers on rank 0's own unsharded copy of the policy.
 
 `set_torch_threads` gives the trainer (or `cohort eval`) the cores a local
 server's engine leaves free. Every engine is sized by `engine_length`: the longest prompt kept +
-rollout.max_completion_length + 1, capped at the model's positions.
+rollout.max_completion_length + 1, capped at the model's positions (with agent.function: the model's positions, since
+an agent renders its own prompts).
 """
 
 from __future__ import annotations
@@ -62,9 +63,12 @@ def small_cpu_model(num_parameters: int | None, device: torch.device | None = No
 
 def engine_length(cfg, model_dir: Path, prompt_ids: list[list[int]]) -> int:
     """The sequence length every engine of the run must fit: the longest prompt kept + rollout.max_completion_length + 1,
-    never more than the model's positions (encode_prompts checked that prompt + completion fits them)."""
+    never more than the model's positions (encode_prompts checked that prompt + completion fits them); with
+    agent.function the model's positions (an agent's prompts are its own)."""
     longest = max(len(ids) for ids in prompt_ids)
     length, positions = longest + cfg.rollout.max_completion_length + 1, max_positions_of(model_dir)
+    if cfg.agent.enabled and positions:  # an agent writes its own prompts (a tools block, a system turn): the model's room
+        return positions
     return min(length, positions) if positions else length
 
 
