@@ -1,0 +1,171 @@
+"""AgentEngine (cohort/agents/engine.py) over a scripted engine, with the real `openai` client against the loopback
+endpoint: what the engine is asked (prompts, seeds, sampling), what the run becomes, and how failures end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from cohort.agents.chat import ChatCompletions, Conversation
+from cohort.agents.engine import AgentEngine, as_outcome
+from cohort.agents.reward import agent_reward
+from cohort.models.loading import load_tokenizer, stop_token_ids
+from cohort.rewards.calling import RewardRowError
+from cohort.rollout.base import AgentRun, BatchRequests, Request, SamplingConfig, Trajectory, continuation_seed
+
+pytest.importorskip("openai")
+
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'
+
+
+class ScriptedEngine(BatchRequests):
+    """Answers call k of a run (request id `<run>/c<k>`) with `script[k]`'s text and the stop token, log-prob -0.5."""
+
+    in_flight_updates = False
+
+    def __init__(self, tokenizer, stops, script):
+        self.tokenizer, self.stop_token_ids, self.script, self.policy_version = tokenizer, stops, script, 2
+        self.requests: list[Request] = []
+
+    def _sample(self, requests):
+        self.requests += requests
+        out = []
+        for r in requests:
+            ids = self.tokenizer(self.script[int(r.request_id.rsplit("/c", 1)[1])], add_special_tokens=False)["input_ids"]
+            ids = ids + [self.stop_token_ids[0]]
+            out.append(Trajectory(ids, [-0.5] * len(ids), "stop", self.policy_version))
+        return out
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def make_engine(tiny_chat_model_dir):
+    tokenizer = load_tokenizer(tiny_chat_model_dir)
+    stops = stop_token_ids(tiny_chat_model_dir, tokenizer)
+    engines = []
+
+    def make(agent, script=(CALL, "42"), timeout_s=30.0, rows=None):
+        inner = ScriptedEngine(tokenizer, stops, list(script))
+        chat = lambda sample: ChatCompletions(tokenizer, stops, sample, max_model_len=512)  # noqa: E731
+        engine = AgentEngine(inner, chat, Conversation, agent, rows=rows, timeout_s=timeout_s)
+        engines.append(engine)
+        return engine, inner, tokenizer
+
+    yield make
+    for engine in engines:
+        engine.close()
+
+
+async def calculator_agent(client, row):
+    """The shape of examples/agent_openai.py: call, run the tool, send its result back, answer."""
+    messages = [{"role": "user", "content": row["question"]}]
+    first = await client.chat.completions.create(model="m", messages=messages)
+    call = first.choices[0].message.tool_calls[0]
+    messages += [{"role": "assistant", "content": first.choices[0].message.content or "",
+                  "tool_calls": [call.model_dump()]},
+                 {"role": "tool", "tool_call_id": call.id, "content": str(eval(json.loads(call.function.arguments)["expression"]))}]
+    second = await client.chat.completions.create(model="m", messages=messages, temperature=0.3)
+    return {"reward": float(second.choices[0].message.content == "42"), "tool_calls": 1}
+
+
+def run_one(engine, prompt=(1, 2, 3), seed=11, max_tokens=200):
+    """One run of a request through the engine's submit/poll, as the scheduler drives it."""
+    engine.submit([Request("run0", tuple(prompt), SamplingConfig(max_tokens, temperature=1.0), seed)])
+    out = []
+    while not out:
+        out = engine.poll(1.0)
+    return out[0]
+
+
+def test_a_tool_loop_run_is_one_trajectory_with_the_tool_turn_masked(make_engine):
+    engine, inner, tokenizer = make_engine(calculator_agent, rows=lambda r: {"question": "6*7="})
+    t = run_one(engine)
+    first, second = inner.requests
+    # seeds: the tool loop's rule (call 0: the request's seed, call 1: continuation 1); sampling: the request's
+    # temperature (1.0) although the agent asked for 0.3; max_tokens: what the 200-token budget has left
+    assert (first.request_id, second.request_id) == ("run0/c0", "run0/c1")
+    assert (first.seed, second.seed) == (11, continuation_seed(11, 1))
+    assert (first.sampling.temperature, second.sampling.temperature) == (1.0, 1.0)
+    call_ids = tokenizer(CALL, add_special_tokens=False)["input_ids"] + [inner.stop_token_ids[0]]
+    assert list(second.prompt_ids[: len(first.prompt_ids) + len(call_ids)]) == list(first.prompt_ids) + call_ids  # token in, token out
+    added = len(second.prompt_ids) - len(first.prompt_ids) - len(call_ids)  # the tool turn + the assistant header
+    assert second.sampling.max_tokens == 200 - len(call_ids) - added
+    answer = tokenizer("42", add_special_tokens=False)["input_ids"] + [inner.stop_token_ids[0]]
+    assert t.prompt_ids == list(first.prompt_ids)
+    assert t.token_ids == call_ids + list(second.prompt_ids[len(first.prompt_ids) + len(call_ids):]) + answer
+    assert t.loss_mask == [1] * len(call_ids) + [0] * added + [1] * len(answer)
+    assert t.logprobs == [-0.5] * len(call_ids) + [0.0] * added + [-0.5] * len(answer)
+    run = t.episode
+    assert isinstance(run, AgentRun) and run.outcome == {"reward": 1.0, "tool_calls": 1.0} and run.error is None
+    assert (run.turns, run.samples, run.status) == (2, [], "ok")
+    assert agent_reward(["x"], agent_runs=[run]) == [1.0]
+
+
+def test_an_agent_that_raises_fails_its_reward_with_one_message(make_engine):
+    async def broken(client, row):
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        raise KeyError("answer")
+
+    engine, inner, _ = make_engine(broken)
+    t = run_one(engine)
+    assert t.episode.status == "error" and "the agent raised KeyError: 'answer'" in t.episode.error
+    assert t.token_ids and t.loss_mask == [1] * len(t.token_ids)  # its calls so far are kept
+    with pytest.raises(RewardRowError, match="agent run failed \\(error\\): the agent raised KeyError"):
+        agent_reward(["x"], agent_runs=[t.episode])
+
+
+def test_an_agent_past_its_timeout_is_cancelled(make_engine):
+    async def slow(client, row):
+        await asyncio.sleep(30)
+
+    engine, _, _ = make_engine(slow, timeout_s=0.3)
+    t = run_one(engine)
+    assert t.episode.status == "timeout" and "agent.timeout_s = 0.3 s" in t.episode.error
+    assert engine.in_flight == 0
+
+
+def test_abort_cancels_the_run_and_returns_its_calls_so_far(make_engine):
+    async def waits_after_one_call(client, row):
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        await asyncio.sleep(30)
+
+    engine, _, _ = make_engine(waits_after_one_call)
+    engine.submit([Request("run0", (1, 2), SamplingConfig(100), 0)])
+    while not engine.inner.requests:  # its first call reached the engine
+        engine.poll(0.05)
+    engine.poll(0.2)
+    [t] = engine.abort()
+    assert t.status == "aborted" and t.episode.status == "aborted" and t.token_ids
+    assert engine.in_flight == 0
+
+
+def test_a_wrong_key_gets_401(make_engine):
+    import openai
+
+    engine, _, _ = make_engine(calculator_agent)
+
+    async def call():
+        client = openai.AsyncOpenAI(base_url=engine.server.url, api_key="not-a-run", max_retries=0)
+        try:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        finally:
+            await client.close()
+
+    with pytest.raises(openai.AuthenticationError):
+        asyncio.run(call())
+
+
+@pytest.mark.parametrize("value, expected", [(1, {"reward": 1.0}), (None, {"reward": None}),
+                                             ({"reward": 0.5, "turns": 3}, {"reward": 0.5, "turns": 3.0})])
+def test_what_an_agent_may_return(value, expected):
+    assert as_outcome(value) == expected
+
+
+@pytest.mark.parametrize("value", ["1.0", {"score": 1.0}, {"reward": 1.0, "note": "text"}, True])
+def test_what_an_agent_may_not_return(value):
+    with pytest.raises(ValueError, match="agent returned"):
+        as_outcome(value)
