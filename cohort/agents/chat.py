@@ -34,7 +34,7 @@ import json
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from cohort.agents.chat_request import ChatRequest, ChatRequestError, chat_request, same_reply
@@ -102,7 +102,10 @@ class ChatCompletions:
     """`create(body)` -> (OpenAI chat.completion response, the SampledCalls); see the module docstring."""
 
     def __init__(self, tokenizer, stop_token_ids, sample: Sample, *, parser: str | Parser = "hermes",
-                 model_name: str = "", max_model_len: int | None = None):
+                 model_name: str = "", max_model_len: int | None = None, render_tools: bool = True):
+        """`render_tools` False: a request's `tools` are not rendered into the prompt (a checkpoint trained without the
+        template's tools block, as tiny:tool_calc and the in-process tool loop's prompts are); replies are parsed alike."""
+        self.render_tools = render_tools
         self.tokenizer = tokenizer
         self.renderer = ToolRenderer(tokenizer, stop_token_ids)
         self.sample = sample
@@ -115,6 +118,8 @@ class ChatCompletions:
         run's ledger), prompts reuse earlier sampled token ids and each call is appended to it; without it, nothing is
         recorded."""
         request = chat_request(body)
+        if not self.render_tools:
+            request = replace(request, tools=None)
         prompt, extends = self._prompt(request, conversation)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         sampling = SamplingConfig(self._max_tokens(request, len(prompt)), request.temperature, request.top_p)

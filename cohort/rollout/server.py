@@ -481,6 +481,10 @@ def add_serve_command(sub, chat: Callable[..., Any] | None = None) -> None:
     serve.add_argument("--tool-parser", default="hermes",
                        help="how /v1/chat/completions reads tool calls from the sampled text: hermes | compact | "
                             "my_module.my_parser (as tools.parser)")
+    serve.add_argument("--no-tools-in-prompt", dest="tools_in_prompt", action="store_false",
+                       help="do not render a request's tools into the prompt (the template's tools block): for a checkpoint "
+                            "trained without it, as tiny:tool_calc (whose 128 positions it would overflow) and the prompts of "
+                            "the in-process tool loop; tool calls are parsed alike")
     serve.set_defaults(func=lambda ns: cmd_serve(ns, chat))
 
 
@@ -500,7 +504,8 @@ def cmd_serve(ns, chat: Callable[..., Any] | None = None) -> int:
     max_model_len = model_config.max_model_len
     tokenizer = load_tokenizer(model_dir)
     make_chat = None if chat is None else (lambda sample: chat(tokenizer, engine.stop_token_ids, sample, parser=ns.tool_parser,
-                                                                model_name=ns.model, max_model_len=max_model_len))
+                                                                model_name=ns.model, max_model_len=max_model_len,
+                                                                render_tools=ns.tools_in_prompt))
     service = RolloutService(engine, token, model=str(model_dir), max_model_len=max_model_len,
                              vocab_size=model_config.get_vocab_size(), chat=make_chat)
     server = make_server(service, ns.host, ns.port)
