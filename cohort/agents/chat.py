@@ -165,8 +165,10 @@ class ChatCompletions:
             return request.max_tokens
         room = self.max_model_len - prompt_length
         if room < 1:
+            fix = ("; or leave the tools block out of the prompt (ChatCompletions(render_tools=False), `cohort serve "
+                   "--no-tools-in-prompt`) when the checkpoint was trained without it") if request.tools else ""
             raise ChatRequestError("messages", f"the prompt is {prompt_length} tokens and the model holds "
-                                               f"{self.max_model_len} (prompt and completion); shorten the conversation")
+                                               f"{self.max_model_len} (prompt and completion); shorten the conversation{fix}")
         if request.max_tokens is not None and request.max_tokens > room:
             raise ChatRequestError("max_tokens", f"{request.max_tokens} tokens after a {prompt_length}-token prompt exceed "
                                                  f"the model's {self.max_model_len}; ask for at most {room}")

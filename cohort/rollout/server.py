@@ -496,13 +496,19 @@ def cmd_serve(ns, chat: Callable[..., Any] | None = None) -> int:
               f"`export {TOKEN_ENV}=$(openssl rand -hex 16)`", file=sys.stderr)
         return 2
     model_dir = resolve_model_dir(ns.model)
+    tokenizer = load_tokenizer(model_dir)
+    if chat is not None:
+        try:  # a --tool-parser that does not exist fails now, not after the engine has loaded
+            chat(tokenizer, [], lambda requests: [], parser=ns.tool_parser)
+        except ValueError as exc:
+            print(f"cohort serve: --tool-parser: {exc}", file=sys.stderr)
+            return 2
     start = time.perf_counter()
     engine = VLLMEngine(model_dir, dtype=ns.dtype, max_model_len=ns.max_model_len, seed=ns.seed,
                         kv_cache_gib=ns.kv_cache_gib, gpu_memory_utilization=ns.gpu_memory_utilization,
                         tensor_parallel_size=ns.tensor_parallel_size)
     model_config = engine.llm.llm_engine.model_config
     max_model_len = model_config.max_model_len
-    tokenizer = load_tokenizer(model_dir)
     make_chat = None if chat is None else (lambda sample: chat(tokenizer, engine.stop_token_ids, sample, parser=ns.tool_parser,
                                                                 model_name=ns.model, max_model_len=max_model_len,
                                                                 render_tools=ns.tools_in_prompt))
