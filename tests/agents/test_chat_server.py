@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -48,7 +49,7 @@ def served(tiny_chat_model_dir):
     chat = lambda sample: ChatCompletions(tok, engine.stop_token_ids, sample, model_name="tiny:chat", max_model_len=128)
     service = RolloutService(engine, TOKEN, model="/models/tiny-chat", max_model_len=128, vocab_size=len(tok), chat=chat)
     server, url = serve_in_thread(service)
-    yield engine, url
+    yield engine, url, service
     server.shutdown()
     server.server_close()
     service.close()
@@ -66,7 +67,7 @@ def _call(url: str, body: dict | None = None, token: str | None = TOKEN, method:
 
 
 def test_a_tools_request_gets_an_openai_tool_call(served):
-    engine, url = served
+    engine, url, _ = served
     status, body = _call(f"{url}/v1/chat/completions", {"model": "tiny:chat", "messages": [{"role": "user", "content": "12*34="}],
                                                         "n": 2, "seed": 1})
     assert status == 200 and body["object"] == "chat.completion" and body["model"] == "tiny:chat"
@@ -77,7 +78,7 @@ def test_a_tools_request_gets_an_openai_tool_call(served):
 
 
 def test_models_and_errors_in_openais_shape(served, tiny_chat_model_dir):
-    _, url = served
+    _, url, _ = served
     assert _call(f"{url}/v1/models", method="GET") == (200, {"object": "list", "data": [
         {"id": "tiny:chat", "object": "model", "created": 0, "owned_by": "cohort", "max_model_len": 128}]})
     status, body = _call(f"{url}/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": -1})
@@ -92,23 +93,30 @@ def test_models_and_errors_in_openais_shape(served, tiny_chat_model_dir):
 
 
 def test_a_chat_call_never_reaches_the_trainers_poll(served):
-    """While a chat call's request is generating (the engine held at its gate), a trainer's /poll sees nothing in
-    flight and returns at once; its own /submit request comes back to its /poll, the chat's to the chat call."""
-    engine, url = served
+    """A trainer's request finished and not yet polled stays the trainer's while a chat call runs; while the chat's
+    request is generating (the engine held at its gate), the trainer's /poll sees nothing in flight and returns at
+    once; the chat call gets its own trajectory."""
+    engine, url, service = served
+    prompt = {"request_id": "trainer/0", "prompt_ids": [5, 6], "sampling": {"max_tokens": 30}}
+    assert _call(f"{url}/submit", {"requests": [prompt]})[0] == 200
     engine.gate = threading.Event()
     result: dict = {}
     chat = threading.Thread(target=lambda: result.update(reply=_call(f"{url}/v1/chat/completions",
                                                                        {"messages": [{"role": "user", "content": "1*2="}]})))
     chat.start()
+    deadline = time.monotonic() + 10
+    while not service.stream.claimed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(service.stream.claimed) == 1
     status, polled = _call(f"{url}/poll", {"timeout_s": 5})
-    assert status == 200 and polled["completions"] == [] and polled["in_flight"] == 0
-    prompt = {"request_id": "trainer/0", "prompt_ids": [5, 6], "sampling": {"max_tokens": 30}}
-    assert _call(f"{url}/submit", {"requests": [prompt]})[0] == 200
+    assert [c["request_id"] for c in polled["completions"]] == ["trainer/0"] and polled["in_flight"] == 0
+    start = time.monotonic()
+    status, polled = _call(f"{url}/poll", {"timeout_s": 5})
+    assert polled == {"completions": [], "in_flight": 0, "policy_version": 4} and time.monotonic() - start < 2.5
     engine.gate.set()
     chat.join(30)
     assert result["reply"][0] == 200 and result["reply"][1]["choices"][0]["finish_reason"] == "tool_calls"
-    status, polled = _call(f"{url}/poll", {"timeout_s": 5})
-    assert [c["request_id"] for c in polled["completions"]] == ["trainer/0"] and polled["in_flight"] == 0
+    assert not service.stream.claimed and not service.stream.pending
 
 
 def test_a_server_without_the_endpoint_says_so(tiny_chat_model_dir):
