@@ -22,7 +22,8 @@ The request level (cohort/rollout/base.py's submit / poll / abort / resume), whi
                                   resume: trajectory | null}]} -> {accepted, policy_version}
     POST /poll       {timeout_s} -> {completions: [trajectory], in_flight, policy_version}
                      waits up to timeout_s (at most 30 s) until a trajectory is finished, then returns
-                     every finished one; in_flight counts the requests not handed back yet
+                     every finished one; in_flight counts the requests not handed back yet (a
+                     /v1/chat/completions call's own requests are neither counted nor handed out)
     POST /abort      {request_ids: [id] | null (all)} -> {completions: [trajectory], in_flight, policy_version}
                      each request's trajectory so far (status "aborted"; one that had finished comes
                      back finished); submit it again as `resume` to continue it
