@@ -282,9 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
     rewards_sub = rewards.add_subparsers(dest="rewards_command")
     rl = rewards_sub.add_parser("list", help="list the built-in reward functions with their options")
     rl.set_defaults(func=cmd_rewards_list)
+    from cohort.agents.chat import ChatCompletions
     from cohort.rollout.server import add_serve_command
 
-    add_serve_command(sub)
+    add_serve_command(sub, chat=ChatCompletions)
     return parser
 
 

@@ -22,10 +22,22 @@ The request level (cohort/rollout/base.py's submit / poll / abort / resume), whi
                                   resume: trajectory | null}]} -> {accepted, policy_version}
     POST /poll       {timeout_s} -> {completions: [trajectory], in_flight, policy_version}
                      waits up to timeout_s (at most 30 s) until a trajectory is finished, then returns
-                     every finished one; in_flight counts the requests not handed back yet
+                     every finished one; in_flight counts the requests not handed back yet (a
+                     /v1/chat/completions call's own requests are neither counted nor handed out)
     POST /abort      {request_ids: [id] | null (all)} -> {completions: [trajectory], in_flight, policy_version}
                      each request's trajectory so far (status "aborted"; one that had finished comes
                      back finished); submit it again as `resume` to continue it
+
+OpenAI-compatible (cohort/agents/chat.py, when the server is given one: `cohort serve` always is):
+
+    POST /v1/chat/completions   OpenAI's chat-completions body (messages, tools, tool_choice, n, temperature,
+                     top_p, max_tokens / max_completion_tokens, stop, logprobs, seed) -> an OpenAI chat.completion;
+                     tool calls parsed by `--tool-parser`; sampled through the request stream (so it is answered
+                     while a trainer's requests generate), recorded nowhere
+    GET  /v1/models  -> {object: "list", data: [{id: model, object: "model", ...}]}
+
+Errors on /v1/ paths come in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}` (a bad field: 400
+with type "invalid_request_error" and `param` naming it).
 
 One driver thread moves the engine forward while requests are in flight
 (cohort/rollout/server_stream.py). A request id must be unique among the
@@ -81,17 +93,20 @@ import threading
 import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import parse_qs, urlparse
 
-from cohort.models.loading import resolve_model_dir
+from cohort.models.loading import load_tokenizer, resolve_model_dir
 from cohort.rollout import server_requests
 from cohort.rollout.base import EngineLock, Request, Trajectory, engine_thread
 from cohort.rollout.server_stream import Conflict, RequestStream
 from cohort.rollout.vllm_engine import VLLMEngine
 
 TOKEN_ENV = "COHORT_SERVER_TOKEN"
-POST_PATHS = ("/generate", "/score", "/weights", "/submit", "/poll", "/abort")
+POST_PATHS = ("/generate", "/score", "/weights", "/submit", "/poll", "/abort", "/v1/chat/completions")
+GET_PATHS = ("/health", "/v1/models")
+OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 409: "conflict_error",
+                      413: "invalid_request_error"}
 MAX_BODY_BYTES = 4 * 2**30  # one request (a weights part is at most remote_engine.PART_BYTES)
 READ_TIMEOUT_S = 120.0  # a client that stops sending mid-request frees its thread after this
 
@@ -144,7 +159,9 @@ class RolloutService:
     """The server's state: one engine, its lock, the weight stager, the token and a description."""
 
     def __init__(self, engine, token: str, *, model: str = "", max_model_len: int | None = None,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, chat: Callable[[Callable], Any] | None = None):
+        """`chat`: builds the /v1/chat/completions handler (cohort.agents.chat.ChatCompletions) from the blocking
+        sample function it is given (the request stream's `run`); None: the server has no OpenAI endpoint."""
         if not token:
             raise ValueError(f"the rollout server needs a token: set {TOKEN_ENV} (e.g. `export {TOKEN_ENV}=$(openssl rand -hex 16)`)")
         self.engine = engine
@@ -156,6 +173,7 @@ class RolloutService:
         self.lock = EngineLock()
         self.stream = RequestStream(engine, self.lock)
         self.stager = WeightStager()
+        self.chat = chat(self.stream.run) if chat is not None else None
 
     def authorized(self, header: str | None) -> bool:
         prefix = "Bearer "
@@ -220,9 +238,20 @@ class RolloutService:
     def abort(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._handed_back(self.stream.abort(server_requests.abort_request(body)))
 
+    def chat_completions(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.chat is None:
+            raise _HTTPError(HTTPStatus.NOT_FOUND, "this server has no OpenAI-compatible endpoint (start it with `cohort serve`)")
+        response, _ = self.chat.create(body)
+        return response
+
+    def models(self) -> dict[str, Any]:
+        name = getattr(self.chat, "model_name", "") or self.model  # the name clients send (`cohort serve`'s MODEL argument)
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "cohort",
+                                            "max_model_len": self.max_model_len}]}
+
     def _handed_back(self, trajectories: list[Trajectory]) -> dict[str, Any]:
         with self.stream.ready:
-            in_flight = len(self.stream.pending)
+            in_flight = self.stream.unclaimed
         return {"completions": [completion_to_json(t) for t in trajectories], "in_flight": in_flight,
                 "policy_version": self.engine.policy_version}
 
@@ -255,18 +284,39 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HTTPError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {length} bytes exceeds {MAX_BODY_BYTES}")
         return self.rfile.read(length)
 
-    def do_GET(self):
-        if urlparse(self.path).path == "/health":
-            self._reply(200, self.service.health())
+    def _error(self, status: int, message: str, param: str | None = None) -> None:
+        """An error reply: `{"error": message}`, or OpenAI's error object on /v1/ paths."""
+        if urlparse(self.path).path.startswith("/v1/"):
+            self._reply(status, {"error": {"message": message, "type": OPENAI_ERROR_TYPES.get(int(status), "server_error"),
+                                           "param": param, "code": None}})
         else:
-            self._reply(404, {"error": f"no such endpoint: GET {urlparse(self.path).path}; GET /health, POST {', '.join(POST_PATHS)}"})
+            self._reply(status, {"error": message})
+
+    def _authorize(self) -> None:
+        if not self.service.authorized(self.headers.get("Authorization")):
+            raise _HTTPError(HTTPStatus.UNAUTHORIZED, f"missing or wrong bearer token (the server's {TOKEN_ENV})")
+
+    def do_GET(self):
+        path = urlparse(self.path).path
+        try:
+            if path == "/health":
+                self._reply(200, self.service.health())
+            elif path == "/v1/models":
+                self._authorize()
+                self._reply(200, self.service.models())
+            else:
+                raise _HTTPError(HTTPStatus.NOT_FOUND, f"no such endpoint: GET {path}; GET {', '.join(GET_PATHS)}, "
+                                                       f"POST {', '.join(POST_PATHS)}")
+        except _HTTPError as exc:
+            self._error(exc.status, exc.message)
 
     def do_POST(self):
         url = urlparse(self.path)
         try:
-            if not self.service.authorized(self.headers.get("Authorization")):
-                raise _HTTPError(HTTPStatus.UNAUTHORIZED, f"missing or wrong bearer token (the server's {TOKEN_ENV})")
-            if url.path == "/generate":
+            self._authorize()
+            if url.path == "/v1/chat/completions":
+                self._reply(200, self.service.chat_completions(server_requests.json_object(self._body(), "chat.completions")))
+            elif url.path == "/generate":
                 self._reply(200, self.service.generate(server_requests.json_object(self._body(), "generate")))
             elif url.path == "/score":
                 self._reply(200, self.service.score(server_requests.json_object(self._body(), "score")))
@@ -277,15 +327,16 @@ class _Handler(BaseHTTPRequestHandler):
                 version, part, parts, in_flight = server_requests.weights_query(parse_qs(url.query))
                 self._reply(200, self.service.weights(version, part, parts, self._body(), in_flight))
             else:
-                raise _HTTPError(HTTPStatus.NOT_FOUND, f"no such endpoint: POST {url.path}; POST {', '.join(POST_PATHS)}, GET /health")
+                raise _HTTPError(HTTPStatus.NOT_FOUND, f"no such endpoint: POST {url.path}; POST {', '.join(POST_PATHS)}, "
+                                                       f"GET {', '.join(GET_PATHS)}")
         except _HTTPError as exc:
-            self._reply(exc.status, {"error": exc.message})
+            self._error(exc.status, exc.message)
         except Conflict as exc:  # the right request at the wrong time: the message says what to do first
-            self._reply(HTTPStatus.CONFLICT, {"error": str(exc)})
+            self._error(HTTPStatus.CONFLICT, str(exc))
         except server_requests.BadRequest as exc:  # the client's mistake, said plainly
-            self._reply(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+            self._error(HTTPStatus.BAD_REQUEST, str(exc), getattr(exc, "param", None))
         except Exception as exc:  # the trainer gets the reason, the server keeps serving
-            self._reply(500, {"error": f"{type(exc).__name__}: {exc}"})
+            self._error(500, f"{type(exc).__name__}: {exc}")
 
 
 class _HTTPError(Exception):
@@ -413,7 +464,9 @@ class LocalServer:
 # --------------------------------------------------------------------------- cohort serve
 
 
-def add_serve_command(sub) -> None:
+def add_serve_command(sub, chat: Callable[..., Any] | None = None) -> None:
+    """The `cohort serve` subcommand; `chat` builds its /v1/chat/completions (cohort.agents.chat.ChatCompletions, which
+    sits above this package, so the command line hands it in)."""
     serve = sub.add_parser("serve", help="run a vLLM rollout server for engine.mode=server (needs COHORT_SERVER_TOKEN)",
                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("model", help="model directory (a transformers checkpoint) or tiny:arith")
@@ -426,23 +479,42 @@ def add_serve_command(sub) -> None:
     serve.add_argument("--gpu-memory-utilization", type=float, default=None,
                        help="vLLM on GPU: fraction of the GPU's memory to take (default 0.9: the engine alone on its GPU)")
     serve.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM: GPUs the model is split across")
-    serve.set_defaults(func=cmd_serve)
+    serve.add_argument("--tool-parser", default="hermes",
+                       help="how /v1/chat/completions reads tool calls from the sampled text: hermes | compact | "
+                            "my_module.my_parser (as tools.parser)")
+    serve.add_argument("--no-tools-in-prompt", dest="tools_in_prompt", action="store_false",
+                       help="do not render a request's tools into the prompt (the template's tools block): for a checkpoint "
+                            "trained without it, as tiny:tool_calc (whose 128 positions it would overflow) and the prompts of "
+                            "the in-process tool loop; tool calls are parsed alike")
+    serve.set_defaults(func=lambda ns: cmd_serve(ns, chat))
 
 
-def cmd_serve(ns) -> int:
+def cmd_serve(ns, chat: Callable[..., Any] | None = None) -> int:
+    """`chat`: the OpenAI endpoint's class (cohort.agents.chat.ChatCompletions; the command line passes it)."""
     token = os.environ.get(TOKEN_ENV, "")
     if not token:
         print(f"cohort serve: set {TOKEN_ENV} first (the trainer sends the same token), e.g. "
               f"`export {TOKEN_ENV}=$(openssl rand -hex 16)`", file=sys.stderr)
         return 2
     model_dir = resolve_model_dir(ns.model)
+    tokenizer = load_tokenizer(model_dir)
+    if chat is not None:
+        try:  # a --tool-parser that does not exist fails now, not after the engine has loaded
+            chat(tokenizer, [], lambda requests: [], parser=ns.tool_parser)
+        except ValueError as exc:
+            print(f"cohort serve: --tool-parser: {exc}", file=sys.stderr)
+            return 2
     start = time.perf_counter()
     engine = VLLMEngine(model_dir, dtype=ns.dtype, max_model_len=ns.max_model_len, seed=ns.seed,
                         kv_cache_gib=ns.kv_cache_gib, gpu_memory_utilization=ns.gpu_memory_utilization,
                         tensor_parallel_size=ns.tensor_parallel_size)
     model_config = engine.llm.llm_engine.model_config
-    service = RolloutService(engine, token, model=str(model_dir), max_model_len=model_config.max_model_len,
-                             vocab_size=model_config.get_vocab_size())
+    max_model_len = model_config.max_model_len
+    make_chat = None if chat is None else (lambda sample: chat(tokenizer, engine.stop_token_ids, sample, parser=ns.tool_parser,
+                                                                model_name=ns.model, max_model_len=max_model_len,
+                                                                render_tools=ns.tools_in_prompt))
+    service = RolloutService(engine, token, model=str(model_dir), max_model_len=max_model_len,
+                             vocab_size=model_config.get_vocab_size(), chat=make_chat)
     server = make_server(service, ns.host, ns.port)
     host, port = server.server_address[:2]
     if host not in ("127.0.0.1", "::1", "localhost"):

@@ -21,8 +21,15 @@ finished; with a streaming engine each poll is one short slice of generation.
 An engine failure inside a poll turns every request still generating into a
 trajectory with status "error" and the reason (the client decides what to do);
 requests the engine silently dropped are reported the same way, so a client
-never waits for a request that no longer exists. Left out: more than one client
-per server (request ids are the client's; one trainer drives a server).
+never waits for a request that no longer exists.
+
+`run(requests)` is the blocking form for the server's own callers (the
+OpenAI-compatible /v1/chat/completions): it submits, waits for exactly these
+requests and hands them back; until then they are claimed, so a /poll, or an
+/abort of every request, from the trainer neither returns nor stops them (they
+still count as generating, so /generate and a sync /weights wait for them too).
+Left out: more than one client of /submit per server (request ids are the
+client's; one trainer drives a server).
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ class RequestStream:
         self.lock = lock
         self.pending: dict[str, Request] = {}  # submitted, not yet handed back by /poll or /abort
         self.outbox: dict[str, Trajectory] = {}  # finished, not yet handed back
+        self.claimed: set[str] = set()  # ids a `run` caller waits for: never handed to /poll or /abort(None)
         self.ready = threading.Condition()  # guards pending and outbox
         self.driver = EngineDriver("cohort-rollout-driver", lock, busy=lambda: self.generating > 0, step=self._step)
         self.driver.start()
@@ -87,17 +95,43 @@ class RequestStream:
                 self.ready.notify_all()
             self.driver.wake()
 
+    @property
+    def unclaimed(self) -> int:
+        """Requests in flight for /submit's client (not claimed by a `run` caller); call with `ready` held."""
+        return sum(1 for i in self.pending if i not in self.claimed)
+
     def poll(self, timeout_s: float) -> list[Trajectory]:
         """The finished trajectories, waiting up to timeout_s (capped) for one; [] when nothing is in flight."""
+        def finished() -> list[str]:
+            return [i for i in self.outbox if i not in self.claimed]
+
         with self.ready:
-            self.ready.wait_for(lambda: self.outbox or not self.pending, timeout=min(timeout_s, MAX_POLL_WAIT_S))
-            return self._hand_back(list(self.outbox))
+            self.ready.wait_for(lambda: finished() or not self.unclaimed, timeout=min(timeout_s, MAX_POLL_WAIT_S))
+            return self._hand_back(finished())
+
+    def run(self, requests: Sequence[Request]) -> list[Trajectory]:
+        """Submit these requests and wait for their trajectories (in order), which only this caller gets back."""
+        ids = [r.request_id for r in requests]
+        with self.ready:
+            self.claimed.update(ids)
+        try:
+            self.submit(requests)
+            with self.ready:
+                while not all(i in self.outbox for i in ids):
+                    if self.driver.failure is not None:
+                        raise RuntimeError(f"the engine driver stopped: {type(self.driver.failure).__name__}: {self.driver.failure}")
+                    self.ready.wait(timeout=1.0)
+                return self._hand_back(ids)
+        finally:
+            with self.ready:
+                self.claimed.difference_update(ids)
 
     def abort(self, request_ids: Iterable[str] | None) -> list[Trajectory]:
         """Stop these requests (None: all in flight); each one's trajectory so far, finished ones as they finished."""
         with self.lock:
             with self.ready:
-                ids = list(self.pending) if request_ids is None else [i for i in dict.fromkeys(request_ids) if i in self.pending]
+                candidates = self.pending if request_ids is None else dict.fromkeys(request_ids)
+                ids = [i for i in candidates if i in self.pending and i not in self.claimed]
                 running = [i for i in ids if i not in self.outbox]
             partial = self.engine.abort(running) if running else []
             with self.ready:

@@ -32,10 +32,13 @@ class ToolCall:
 
 @dataclass
 class ParsedTurn:
-    """An assistant turn's tool calls, and one message per call that could not be parsed."""
+    """An assistant turn's tool calls, one message per call that could not be parsed, and the turn's text outside its
+    calls (`content`: what the OpenAI-compatible endpoint returns as the message content; None when the parser does
+    not say, then the whole text is)."""
 
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    content: str | None = None
 
     @property
     def wants_tools(self) -> bool:
@@ -62,6 +65,7 @@ def parse_hermes(text: str) -> ParsedTurn:
             continue
         call = _call_from_payload(payload)
         (out.calls.append(call) if isinstance(call, ToolCall) else out.errors.append(call))
+    out.content = _HERMES.sub("", text).strip() if out.wants_tools else text
     return out
 
 
@@ -98,6 +102,7 @@ def parse_compact(text: str) -> ParsedTurn:
         out.calls.append(ToolCall(name, arguments))
     if not out.calls and not out.errors and "<<" in text:
         out.errors.append("a call starts with << but is not name(arguments)>>")
+    out.content = _COMPACT.sub("", text).strip() if out.wants_tools else text
     return out
 
 

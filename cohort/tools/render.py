@@ -21,6 +21,13 @@ Every real tool turn is checked again (`ToolTemplateError` names the template's 
 `base` is one fixed user turn: the suffix of a tool turn must not depend on the history (true of the ChatML,
 Qwen, Llama-3 and Hermes templates); the history itself is the sampled tokens.
 
+`turn_ids(assistant, messages)` is the same suffix for any messages after an assistant turn (tool results, user
+turns: what an agent sends back to the OpenAI-compatible endpoint, cohort/agents/chat.py); `tool_ids` is its case
+for the tool loop. After a turn the model did not end with a stop token (it hit its token budget, or the endpoint
+cut it at a stop string), `closed=False` keeps the template's end-of-turn token at the head of the suffix.
+`prompt_ids(messages, tools)` renders a whole conversation from scratch (a first turn, or an agent that rewrote
+its history); `tools` are JSON schemas passed to the template's `tools=` (its tools block).
+
 Tool responses longer than `max_response_tokens` (tokens of the response text alone) are cut on
 `truncate_side` ("right" keeps the beginning, "left" the end) before rendering.
 
@@ -51,9 +58,10 @@ class ToolRenderer:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool, tools: list[dict] | None = None) -> str:
         try:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+            return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                      add_generation_prompt=generation_prompt)
         except Exception as exc:  # noqa: BLE001 - jinja raises many kinds
             raise ToolTemplateError(f"the chat template cannot render a tool turn ({type(exc).__name__}: {exc}); use a "
                                     "checkpoint whose tokenizer_config.json chat_template has a `tool` role") from exc
@@ -68,24 +76,34 @@ class ToolRenderer:
         kept = ids[: self.max_response_tokens] if self.truncate_side == "right" else ids[len(ids) - self.max_response_tokens:]
         return self.tokenizer.decode(kept), True
 
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> list[int]:
+        """A whole conversation rendered from scratch, ending with the generation prompt (the next assistant header)."""
+        return self.encode(self._render(messages, True, tools))
+
     def tool_ids(self, calls: list[tuple[str, dict[str, Any]]], responses: list[tuple[str, str]]) -> list[int]:
         """The tokens appended after an assistant turn (ended by its stop token) that made `calls` ((name, arguments))
         and got `responses` ((tool name, content)): separator, tool messages, next assistant header."""
         assistant = {"role": "assistant", "content": "",
                      "tool_calls": [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]}
-        tools = [{"role": "tool", "name": name, "content": content} for name, content in responses]
-        history = self.encode(self._render(BASE, True))  # what the model samples after: ends with the assistant header
-        before = self.encode(self._render(BASE + [assistant], False))
-        after = self.encode(self._render(BASE + [assistant] + tools, True))
+        return self.turn_ids(assistant, [{"role": "tool", "name": name, "content": content} for name, content in responses])
+
+    def turn_ids(self, assistant: dict[str, Any], messages: list[dict[str, Any]], tools: list[dict] | None = None, *,
+                 closed: bool = True) -> list[int]:
+        """The tokens appended after the assistant turn `assistant` for the `messages` that follow it (tool results,
+        user turns), then the next assistant header. `closed`: the model ended its turn with a stop token; False keeps
+        the template's end-of-turn token at the head (the model never sampled it)."""
+        history = self.encode(self._render(BASE, True, tools))  # what the model samples after: ends with the header
+        before = self.encode(self._render(BASE + [assistant], False, tools))
+        after = self.encode(self._render(BASE + [assistant] + list(messages), True, tools))
         self._require_prefix(history, before, "the assistant turn after the generation prompt")
-        self._require_prefix(before, after, "the tool turn")
+        self._require_prefix(before, after, "the turn after the assistant's")
         ends = [i for i, t in enumerate(before) if t in self.stop_token_ids and i >= len(history)]
         if not ends:
             raise ToolTemplateError(
                 "the chat template's assistant turn contains none of the model's stop tokens "
                 f"{sorted(self.stop_token_ids)}, so the model cannot end a turn that calls a tool: "
                 f"{self.tokenizer.decode(before[len(history):])!r}")
-        return before[ends[-1] + 1:] + after[len(before):]
+        return before[ends[-1] + (1 if closed else 0):] + after[len(before):]
 
     def _require_prefix(self, shorter: list[int], longer: list[int], what: str) -> None:
         if longer[: len(shorter)] == shorter:

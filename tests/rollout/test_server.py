@@ -218,7 +218,8 @@ MALFORMED = [  # (method, path, body, status, what the message must say); the se
     ("POST", "/weights?version=one", b"x", 400, "weights: query parameter version must be an integer, got 'one'"),
     ("POST", "/weights?version=1&part=2&parts=2", b"x", 400, "weights: part 2 of parts=2 is out of range"),
     ("POST", "/weights?version=1", b"garbage", 400, "weights: the body is not a safetensors file"),
-    ("POST", "/nope", b"{}", 404, "no such endpoint: POST /nope; POST /generate, /score, /weights, /submit, /poll, /abort, GET /health"),
+    ("POST", "/nope", b"{}", 404, "no such endpoint: POST /nope; POST /generate, /score, /weights, /submit, /poll, /abort, /v1/chat/completions, "
+     "GET /health, /v1/models"),
     ("GET", "/nope", None, 404, "no such endpoint: GET /nope"),
 ]
 
