@@ -200,12 +200,16 @@ class AgentConfig(_Section):
     """Agent functions as rollouts (cohort/agents, docs/agents.md, "Agent functions")."""
 
     function: str | Callable[..., Any] | None = Field(None, description="An `async def agent(client, row) -> float | dict` by import "
-        "path (`my_module.agent` or `my_module:agent`); from Python the function itself. Each rollout request runs it once with an "
+        "path (`my_module.agent`, `my_module:agent`) or file (`examples/agent_openai.py:agent`, from the working directory); from "
+        "Python the function itself. Each rollout request runs it once with an "
         "`openai.AsyncOpenAI` client pointed at a loopback OpenAI-compatible endpoint in the training process and the dataset row; "
         "its return value (the float, or the dict's `reward`) is the run's reward, the dict's other keys become `agent/<key>` "
         "metrics. None: no agent.")
     timeout_s: float = Field(300.0, description="Seconds one agent run may take, model calls included; a run past it is cancelled "
         "and fails like a reward function that raises.")
+    render_tools: bool = Field(True, description="Render the `tools` of an agent's call into the prompt through the chat template's "
+        "tools block; false for a checkpoint trained without that block (tiny:tool_calc), as `cohort serve --no-tools-in-prompt`: "
+        "the calls are parsed either way (tools.parser).")
 
     @field_serializer("function", when_used="json")
     def _function_as_text(self, function: str | Callable[..., Any] | None) -> str | None:

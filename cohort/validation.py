@@ -60,6 +60,7 @@ from cohort.prompts import encode_prompts, fit_problems, max_positions_of
 from cohort.rewards.columns import reward_column_problems
 from cohort.tools.checks import tool_problems
 from cohort.agents.checks import agent_problems
+from cohort.run_mode import ONE_STEP_FIX, one_step_per_generation
 
 
 def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
@@ -78,7 +79,8 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
             problems += [p.replace("model.path", "critic.path", 1) for p in loading.check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
     problems += tool_problems(cfg.tools)
-    problems += agent_problems(cfg, training_world_size(cfg))
+    problems += agent_problems(cfg, world_size=training_world_size(cfg), one_step=one_step_per_generation(cfg),
+                               one_step_fix=ONE_STEP_FIX)
     problems += _check_lora(cfg, check_files)
     if check_files:
         problems += reward_column_problems(cfg)  # the columns each reward reads, in the data

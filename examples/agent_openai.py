@@ -6,10 +6,10 @@ answer without a call or after MAX_CALLS), and returns its reward: 1.0 when the 
 the row's answer. cohort points the client at its loopback endpoint, records every call token for token and
 trains on the run (pip install cohort[agents] for the `openai` package).
 
-`SEND_TOOL_SCHEMA`: a real model is told its tools through `tools=` (the chat template's tools block). tiny:tool_calc
-holds 128 positions and was warm-started without that block (it learned the calculator from examples, as the
-in-process tool loop's prompts have no tools block either), so here the schema is not sent; the endpoint parses the
-model's `<tool_call>` either way (`tool_choice` left at auto).
+The calculator's schema goes with every call (`tools=`), as for any model. tiny:tool_calc holds 128 positions and
+was warm-started without the chat template's tools block (as the in-process tool loop's prompts have none), so
+examples/agent_openai.yaml sets `agent.render_tools: false`: the endpoint parses the model's `<tool_call>` without
+rendering the schema into the prompt.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import re
 from cohort.tools.builtin import calculator
 
 MAX_CALLS = 2  # model calls per run (examples/tool_calc.yaml: tools.max_turns = 2)
-SEND_TOOL_SCHEMA = False  # (module docstring) True for a model that reads the tools block
 CALCULATOR_SCHEMA = {
     "type": "function",
     "function": {
@@ -51,10 +50,9 @@ def reward(answer: str | None, gold: str) -> float:
 async def agent(client, row) -> dict:
     """One episode of `a*b=`: the model may call the calculator, then answers."""
     messages = list(row["prompt"])
-    extra = {"tools": [CALCULATOR_SCHEMA]} if SEND_TOOL_SCHEMA else {}
     calls, answer = 0, None
     for _ in range(MAX_CALLS):
-        response = await client.chat.completions.create(model="policy", messages=messages, **extra)
+        response = await client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR_SCHEMA])
         calls += 1
         choice = response.choices[0]
         message = choice.message

@@ -17,17 +17,20 @@ Imports no engine (cohort.validation stays free of cohort.rollout).
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
+import sys
+from pathlib import Path
 
 from cohort.algorithm_facts import FACTS
-from cohort.run_mode import ONE_STEP_FIX, one_step_per_generation
 from cohort.tools.schema import import_object
 
 
 def resolve_agent(spec):
     """The agent function of agent.function (an import path or the function); ValueError when it is not an
     `async def` taking (client, row)."""
-    function = import_object(spec, "agent.function") if isinstance(spec, str) else spec
+    function = (_from_file(spec) if isinstance(spec, str) and ".py:" in spec
+                else import_object(spec, "agent.function") if isinstance(spec, str) else spec)
     if not inspect.iscoroutinefunction(function):
         raise ValueError(f"agent.function {spec!r} must be an `async def agent(client, row)`; got {type(function).__name__} "
                          f"{getattr(function, '__name__', function)!r}")
@@ -39,8 +42,28 @@ def resolve_agent(spec):
     return function
 
 
-def agent_problems(cfg, world_size: int = 1) -> list[str]:
-    """Every problem with the agent section, alone and with the rest of the config ([] when fine)."""
+def _from_file(spec: str):
+    """`path/to/file.py:name` (relative to the working directory): the file loaded as a module, once."""
+    path, _, name = spec.rpartition(":")
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise ValueError(f"agent.function {spec!r}: no file {str(file)!r} (a relative path is read from the working directory)")
+    module_name = f"cohort_agent_{file.stem}"
+    module = sys.modules.get(module_name)
+    if module is None or getattr(module, "__file__", None) != str(file):
+        loader = importlib.util.spec_from_file_location(module_name, file)
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[module_name] = module
+        loader.loader.exec_module(module)
+    if not hasattr(module, name):
+        raise ValueError(f"agent.function {spec!r}: {file.name} has no {name!r}")
+    return getattr(module, name)
+
+
+def agent_problems(cfg, *, world_size: int = 1, one_step: bool = True, one_step_fix: str = "") -> list[str]:
+    """Every problem with the agent section, alone and with the rest of the config ([] when fine). `one_step`: the
+    run trains each generation batch in one optimizer step (cohort.run_mode, above this package, decides; its fix
+    is `one_step_fix`)."""
     agent = cfg.agent
     if not agent.timeout_s > 0:
         return [f"agent.timeout_s = {agent.timeout_s} must be > 0 seconds (300 is the default)"]
@@ -61,7 +84,7 @@ def agent_problems(cfg, world_size: int = 1) -> list[str]:
         (FACTS[cfg.algorithm.name].needs_critic, f"algorithm.name = {cfg.algorithm.name}",
          "a run that rewrote its history becomes several samples, which a critic's per-token values cannot follow; use grpo, "
          "rloo or reinforce_pp"),
-        (not one_step_per_generation(cfg), "more than one optimizer step per generation batch", f"set {ONE_STEP_FIX}"),
+        (not one_step, "more than one optimizer step per generation batch", f"set {one_step_fix}"),
         (world_size > 1, f"{world_size} training processes", "agent runs are served in one process; set train.num_processes=1"),
     ):
         if when:

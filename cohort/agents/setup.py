@@ -2,7 +2,8 @@
 `cohort eval` call `wrap_engine` when agent.function is set; the config's checks are in cohort/agents/checks.py).
 
 The endpoint is the one `cohort serve` answers with (cohort/agents/chat.py's `ChatCompletions`): the checkpoint's
-chat template, its stop tokens, tools.parser for tool calls, the engine's max_model_len.
+chat template (its tools block unless agent.render_tools is false), its stop tokens, tools.parser for tool calls, the
+engine's max_model_len.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def wrap_engine(cfg, engine, tokenizer, rows: Callable[[Request], dict[str, Any]
 
     def chat(sample):
         return ChatCompletions(tokenizer, engine.stop_token_ids, sample, parser=cfg.tools.parser, model_name=name,
-                               max_model_len=max_model_len)
+                               max_model_len=max_model_len, render_tools=cfg.agent.render_tools)
 
     return AgentEngine(engine, chat, Conversation, resolve_agent(cfg.agent.function), rows=rows,
                        timeout_s=cfg.agent.timeout_s, model_name=name)
