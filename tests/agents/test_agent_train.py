@@ -1,0 +1,57 @@
+"""examples/agent_openai.py (the real `openai` client, its own tool loop) trains tiny:tool_calc through the loopback
+endpoint, and trains exactly what the in-process tool loop (examples/tool_calc.yaml) trains for the same seeds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cohort.config_loading import load_config
+from cohort.rollout.base import AgentRun
+from cohort.trainer.loop import Trainer
+
+pytest.importorskip("openai")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SMALL = ["train.max_steps=2", "train.prompts_per_step=4", "run.eval_every=0", "run.save_every=0"]
+
+
+def two_steps(name: str, run_dir: Path, overrides: list[str]) -> list[dict]:
+    """The batch each of two optimizer steps trained: prompts, completions, masks, rewards, metrics, episodes."""
+    trainer = Trainer(load_config(EXAMPLES / f"{name}.yaml", SMALL + overrides), run_dir=run_dir, log=lambda *a: None)
+    try:
+        out = []
+        for _ in range(2):
+            metrics = trainer.step()
+            b = trainer.batch
+            out.append({"prompts": b.prompt_ids, "completions": b.completion_ids, "masks": b.loss_masks,
+                        "rewards": b.rewards.tolist(), "metrics": metrics, "episodes": b.episodes})
+        return out
+    finally:
+        trainer.close()
+
+
+@pytest.mark.slow
+def test_the_openai_agent_trains_the_tool_loops_tokens_and_its_rewards(tmp_path):
+    tool = two_steps("tool_calc", tmp_path / "tool", [])
+    agent = two_steps("agent_openai", tmp_path / "agent", [f"agent.function={EXAMPLES / 'agent_openai.py'}:agent"])
+    for step, (t, a) in enumerate(zip(tool, agent)):
+        # the same seeds and tool outputs: the same prompt ids, token ids and loss masks, step after step (step 2 is
+        # sampled after the first update, so the updates were the same too)
+        assert a["prompts"] == t["prompts"], f"step {step + 1}"
+        assert a["completions"] == t["completions"], f"step {step + 1}"
+        assert a["masks"] == t["masks"], f"step {step + 1}"
+        assert any(0 in m for m in a["masks"]) and any(1 in m for m in a["masks"])  # tool turns masked, answers trained
+        # the rewards are the agent's: each row's reward is what its run returned, and they reach the metrics
+        runs = a["episodes"]
+        assert all(isinstance(r, AgentRun) and r.error is None for r in runs)
+        assert a["rewards"] == [r.outcome["reward"] for r in runs]
+        assert a["metrics"]["rewards/agent_reward/mean"] == pytest.approx(sum(a["rewards"]) / len(runs), abs=1e-12)
+        assert a["metrics"]["reward"] == pytest.approx(sum(a["rewards"]) / len(runs), abs=1e-12)
+        assert a["metrics"]["agent/model_calls"] == pytest.approx(sum(r.turns for r in runs) / len(runs), abs=1e-12)
+        assert a["metrics"]["agent/samples_mean"] == 1.0  # every run was one chain: one trajectory each
+        # the agent's reward (the final answer's last number) and numeric_match (the whole completion's) agree on
+        # every run whose last turn holds a number, the tool loop's reward on the same tokens
+        agree = sum(x == y for x, y in zip(a["rewards"], t["rewards"]))
+        assert agree >= len(runs) - 2, (a["rewards"], t["rewards"])
+        assert 0 < sum(a["rewards"]) < len(runs)
