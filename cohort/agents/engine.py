@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from cohort.agents.loopback import LoopbackServer, new_key
 from cohort.agents.runs import run_trajectory
-from cohort.rollout.base import AgentRun, Request, RequestEngineMixin, Trajectory, continuation_seed
+from cohort.rollout.base import AgentRun, Request, RequestEngineMixin, Trajectory, WrappedEngine, continuation_seed
 
 WAIT_S = 0.05  # how long one poll waits for calls to arrive while runs are busy outside the engine
 GATHER_QUIET_S = 0.01  # before the engine steps: wait while runs between calls keep sending calls this often...
@@ -64,7 +64,7 @@ class _Run:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class AgentEngine(RequestEngineMixin):
+class AgentEngine(RequestEngineMixin, WrappedEngine):
     """Each request is one agent run over `inner` (see the module docstring). `chat(sample)` builds the endpoint's
     `ChatCompletions` around a sample callable; `new_conversation()` makes a run's `Conversation`."""
 
@@ -86,19 +86,6 @@ class AgentEngine(RequestEngineMixin):
         self.server = LoopbackServer(self._answer, model_name)
 
     # ---------------------------------------------------------------- the engine protocol
-
-    @property
-    def policy_version(self) -> int:
-        return self.inner.policy_version
-
-    @property
-    def stop_token_ids(self) -> list[int]:
-        return self.inner.stop_token_ids
-
-    def __getattr__(self, name: str):  # update_weights, score, release_memory, ...: the inner engine's
-        if name in ("inner", "__setstate__"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     def submit(self, requests: Sequence[Request]) -> None:
         for r in requests:

@@ -315,6 +315,26 @@ def release_engine_memory(engine) -> bool:
     return bool(release()) if release is not None else False
 
 
+class WrappedEngine:
+    """What an engine that wraps another (`self.inner`: the tool loop, agent runs) passes through: the policy version,
+    the stop tokens, and every attribute it does not define (update_weights, score, release_memory, ...)."""
+
+    inner: Any
+
+    @property
+    def policy_version(self) -> int:
+        return self.inner.policy_version
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return self.inner.stop_token_ids
+
+    def __getattr__(self, name: str):
+        if name in ("inner", "__setstate__"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
 class WeightStream:
     """Named tensors that can be walked more than once without being held: each walk calls `make()` afresh.
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from cohort.rewards.calling import DaemonThreads
-from cohort.rollout.base import TOOL_STATUSES, Episode, Request, RequestEngineMixin, Trajectory, continuation_seed
+from cohort.rollout.base import TOOL_STATUSES, Episode, Request, RequestEngineMixin, Trajectory, WrappedEngine, continuation_seed
 from cohort.tools.parsers import ParsedTurn, Parser, ToolCall
 from cohort.tools.render import ToolRenderer
 from cohort.tools.schema import Tool, environment_tools
@@ -71,7 +71,7 @@ class _Result:
     outcome: str  # ok | timeout | error | parse_error | argument_error | skipped
 
 
-class ToolEngine(RequestEngineMixin):
+class ToolEngine(RequestEngineMixin, WrappedEngine):
     """Multi-turn tool calling over `inner` (any request-level engine); see the module docstring."""
 
     def __init__(self, inner, tokenizer, *, parser: Parser, tools: Sequence[Tool] = (), environment: type | None = None,
@@ -91,19 +91,6 @@ class ToolEngine(RequestEngineMixin):
         self._threads = DaemonThreads()
 
     # ---------------------------------------------------------------- the engine protocol
-
-    @property
-    def policy_version(self) -> int:
-        return self.inner.policy_version
-
-    @property
-    def stop_token_ids(self) -> list[int]:
-        return self.inner.stop_token_ids
-
-    def __getattr__(self, name: str):  # update_weights, score, close and anything engine-specific: the inner engine's
-        if name in ("inner", "__setstate__"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     def submit(self, requests: Sequence[Request]) -> None:
         started = []

@@ -15,7 +15,6 @@ from cohort.models.loading import load_tokenizer, stop_token_ids
 from cohort.rewards.calling import RewardRowError
 from cohort.rollout.base import AgentRun, BatchRequests, Request, SamplingConfig, Trajectory, continuation_seed
 
-pytest.importorskip("openai")
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'
 
