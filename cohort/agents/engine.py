@@ -12,9 +12,11 @@ govern every run and every call, and the inner engine is only ever touched from 
 
 Sampling during a run: each call's temperature, top_p and top_k are the request's (rollout.*: the trainer scores
 with rollout.temperature, so an agent's own values would make the log-probs disagree); its max_tokens is the
-smaller of the call's and what the request's budget has left (rollout.max_completion_length over the run's
-completion, model and tool tokens, as in the tool loop; an exhausted budget answers with nothing and
-finish_reason "length"). Seeds: the run's first call samples with the request's seed, call k with
+smaller of the call's and what the request's budget and the engine's context have left (rollout.max_completion_length
+over the run's completion, model and tool tokens, as in the tool loop; a spent budget, or a later call's prompt past
+the context, answers with nothing and finish_reason "length", so the run ends as the tool loop's trajectory whose
+tool turn does not fit; a first prompt past the context is the agent's mistake: 400). The endpoint's own context
+check is left to this (`wrap_engine` gives it no bound), since it would refuse the call instead. Seeds: the run's first call samples with the request's seed, call k with
 `continuation_seed(seed, k)`, the tool loop's rule (so the same tokens come out of both paths).
 
 When the agent returns, its calls become the run's trajectory (cohort/agents/runs.py: one trajectory with loss
@@ -39,6 +41,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
+from cohort.agents.chat import ChatRequestError
 from cohort.agents.loopback import LoopbackServer, new_key
 from cohort.agents.runs import run_trajectory
 from cohort.rollout.base import AgentRun, Request, RequestEngineMixin, Trajectory, WrappedEngine, continuation_seed
@@ -70,8 +73,9 @@ class AgentEngine(RequestEngineMixin, WrappedEngine):
 
     def __init__(self, inner, chat: Callable[[Callable], Any], new_conversation: Callable[[], Any],
                  agent: Callable[..., Any], *, rows: Callable[[Request], dict[str, Any]] | None = None,
-                 timeout_s: float = 300.0, model_name: str = "cohort"):
+                 timeout_s: float = 300.0, model_name: str = "cohort", max_model_len: int | None = None):
         self.inner, self.agent, self.rows, self.timeout_s = inner, agent, rows, timeout_s
+        self.max_model_len = max_model_len  # the engine's: prompt + completion of one call
         self.chat, self.new_conversation, self.model_name = chat(self._sample), new_conversation, model_name
         self._runs: dict[str, _Run] = {}
         self._done: list[Trajectory] = []
@@ -204,7 +208,11 @@ class AgentEngine(RequestEngineMixin, WrappedEngine):
         calls = run.conversation.calls
         first = list(calls[0].prompt_ids) if calls else list(r.prompt_ids)
         used = len(r.prompt_ids) - len(first) if list(r.prompt_ids[: len(first)]) == first else 0
-        budget = base.sampling.max_tokens - used
+        room = self.max_model_len - len(r.prompt_ids) if self.max_model_len is not None else base.sampling.max_tokens
+        if room < 1 and not calls:  # the agent's own first prompt does not fit: its mistake, said as the endpoint says it
+            raise ChatRequestError("messages", f"the prompt is {len(r.prompt_ids)} tokens and the model holds "
+                                               f"{self.max_model_len} (prompt and completion); shorten it")
+        budget = min(base.sampling.max_tokens - used, room)  # (a later call past the context: the run ends "length")
         with run.lock:
             k, run.calls_made = run.calls_made, run.calls_made + 1
         sampling = replace(base.sampling, max_tokens=max(1, min(r.sampling.max_tokens, budget)))

@@ -2,8 +2,8 @@
 `cohort eval` call `wrap_engine` when agent.function is set; the config's checks are in cohort/agents/checks.py).
 
 The endpoint is the one `cohort serve` answers with (cohort/agents/chat.py's `ChatCompletions`): the checkpoint's
-chat template (its tools block unless agent.render_tools is false), its stop tokens, tools.parser for tool calls, the
-engine's max_model_len.
+chat template (its tools block unless agent.render_tools is false), its stop tokens, tools.parser for tool calls; the
+context bound is AgentEngine's (a call past it ends the run "length", as the tool loop ends a turn that does not fit).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from cohort.agents.checks import resolve_agent
 from cohort.agents.engine import AgentEngine
 from cohort.rollout.base import Request
 
+UNBOUNDED = 2**31  # the endpoint's context: AgentEngine bounds each call by the engine's context and the run's budget
+
 
 def wrap_engine(cfg, engine, tokenizer, rows: Callable[[Request], dict[str, Any]] | None = None, *,
                 max_model_len: int | None = None) -> AgentEngine:
@@ -23,7 +25,7 @@ def wrap_engine(cfg, engine, tokenizer, rows: Callable[[Request], dict[str, Any]
 
     def chat(sample):
         return ChatCompletions(tokenizer, engine.stop_token_ids, sample, parser=cfg.tools.parser, model_name=name,
-                               max_model_len=max_model_len, render_tools=cfg.agent.render_tools)
+                               max_model_len=UNBOUNDED, render_tools=cfg.agent.render_tools)
 
     return AgentEngine(engine, chat, Conversation, resolve_agent(cfg.agent.function), rows=rows,
-                       timeout_s=cfg.agent.timeout_s, model_name=name)
+                       timeout_s=cfg.agent.timeout_s, model_name=name, max_model_len=max_model_len)

@@ -47,10 +47,10 @@ def make_engine(tiny_chat_model_dir):
     stops = stop_token_ids(tiny_chat_model_dir, tokenizer)
     engines = []
 
-    def make(agent, script=(CALL, "42"), timeout_s=30.0, rows=None):
+    def make(agent, script=(CALL, "42"), timeout_s=30.0, rows=None, max_model_len=512):
         inner = ScriptedEngine(tokenizer, stops, list(script))
-        chat = lambda sample: ChatCompletions(tokenizer, stops, sample, max_model_len=512)  # noqa: E731
-        engine = AgentEngine(inner, chat, Conversation, agent, rows=rows, timeout_s=timeout_s)
+        chat = lambda sample: ChatCompletions(tokenizer, stops, sample, max_model_len=2**31)  # noqa: E731 (as wrap_engine)
+        engine = AgentEngine(inner, chat, Conversation, agent, rows=rows, timeout_s=timeout_s, max_model_len=max_model_len)
         engines.append(engine)
         return engine, inner, tokenizer
 
@@ -102,6 +102,20 @@ def test_a_tool_loop_run_is_one_trajectory_with_the_tool_turn_masked(make_engine
     assert isinstance(run, AgentRun) and run.outcome == {"reward": 1.0, "tool_calls": 1.0} and run.error is None
     assert (run.turns, run.samples, run.status) == (2, [], "ok")
     assert agent_reward(["x"], agent_runs=[run]) == [1.0]
+
+
+def test_a_prompt_past_the_context_ends_the_run_length_and_a_first_one_is_refused(make_engine):
+    engine, inner, _ = make_engine(calculator_agent, rows=lambda r: {"question": "6*7="}, max_model_len=60)
+    t = run_one(engine)
+    # the first call fits (its prompt is < 60 tokens); the second's prompt (+ the call and the tool turn) does not:
+    # it is answered "length" with nothing sampled, so the run is the first call alone, ended "length"
+    [first] = inner.requests
+    assert len(first.prompt_ids) < 60 and first.sampling.max_tokens == 60 - len(first.prompt_ids)
+    assert (t.status, t.loss_mask) == ("length", [1] * len(t.token_ids))
+    assert t.episode.turns == 2 and t.episode.outcome == {"reward": 0.0, "tool_calls": 1.0}
+    engine, inner, _ = make_engine(calculator_agent, rows=lambda r: {"question": "6*7=" * 40}, max_model_len=60)
+    t = run_one(engine)
+    assert inner.requests == [] and "the prompt is" in t.episode.error and "holds 60" in t.episode.error
 
 
 def test_an_agent_that_raises_fails_its_reward_with_one_message(make_engine):
