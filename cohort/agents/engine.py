@@ -114,7 +114,7 @@ class AgentEngine(RequestEngineMixin, WrappedEngine):
                 done, self._done = self._done, []
                 return done
             left = WAIT_S if deadline is None else min(WAIT_S, max(0.0, deadline - time.monotonic()))
-            if self.inner.in_flight and self._gather():
+            if self.inner.in_flight and self._gather(deadline):
                 continue
             if self.inner.in_flight:
                 for t in self.inner.poll(left):
@@ -221,13 +221,14 @@ class AgentEngine(RequestEngineMixin, WrappedEngine):
 
     # ---------------------------------------------------------------- poll's side
 
-    def _gather(self) -> bool:
+    def _gather(self, deadline: float | None) -> bool:
         """Give the runs between two calls a moment to send their next one before the engine steps: a step holds
         the interpreter, so calls that arrive one per step make many small batches (measured on tool_calc: 8-15 s
-        of generation per batch without this, a few seconds with it). True when calls arrived."""
-        arrived, end = False, time.monotonic() + GATHER_MAX_S
+        of generation per batch without this, a few seconds with it). Never past the poll's `deadline` (a caller's
+        short timeout bounds how long it holds the engine's lock). True when calls arrived."""
+        arrived, end = False, min(time.monotonic() + GATHER_MAX_S, deadline if deadline is not None else float("inf"))
         while time.monotonic() < end and any(not run.waiting and not run.future.done() for run in self._runs.values()):
-            if not self._wake.wait(GATHER_QUIET_S):
+            if not self._wake.wait(min(GATHER_QUIET_S, max(0.0, end - time.monotonic()))):
                 break  # nobody sent anything for a quiet period: they are busy in their own code
             self._wake.clear()
             arrived = True
