@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from cohort.config_loading import load_config
 from cohort.rollout.base import AgentRun
@@ -54,3 +55,36 @@ def test_the_openai_agent_trains_the_tool_loops_tokens_and_its_rewards(tmp_path)
         agree = sum(x == y for x, y in zip(a["rewards"], t["rewards"]))
         assert agree >= len(runs) - 2, (a["rewards"], t["rewards"])
         assert 0 < sum(a["rewards"]) < len(runs)
+
+
+async def forgetful_agent(client, row):
+    """Asks, then asks again with only the question (it drops its first reply): a history rewrite."""
+    messages = list(row["prompt"])
+    await client.chat.completions.create(model="m", messages=messages, max_tokens=8)
+    again = await client.chat.completions.create(model="m", messages=messages + [{"role": "user", "content": "again"}],
+                                                 max_tokens=8)
+    return float(len(again.choices[0].message.content or "") % 2)  # (any reward that differs within a group)
+
+
+@pytest.mark.slow
+def test_a_rewriting_agent_trains_one_sample_per_call(tmp_path):
+    cfg = load_config(EXAMPLES / "agent_openai.yaml", ["train.max_steps=1", "train.prompts_per_step=2", "run.eval_every=0"])
+    cfg.agent.function = forgetful_agent
+    trainer = Trainer(cfg, run_dir=tmp_path, log=lambda *a: None)
+    try:
+        metrics = trainer.step()
+        b = trainer.batch
+    finally:
+        trainer.close()
+    # 2 prompts x G = 8 runs, two calls each, never a chain: 32 samples, each run's first call just before its row
+    assert metrics["agent/samples_mean"] == 2.0 and metrics["agent/calls_mean"] == 2.0
+    assert len(b) == 32 and b.row_indices[0::2] == b.row_indices[1::2]
+    assert all(len(c) <= 8 for c in b.completion_ids) and all(set(m) == {1} for m in b.loss_masks)
+    assert all(len(b.prompt_ids[2 * i]) < len(b.prompt_ids[2 * i + 1]) for i in range(16))  # "again" made the second longer
+    assert b.rewards[0::2].tolist() == b.rewards[1::2].tolist()
+    for i in range(16):  # each first call carries its run's advantage on every one of its tokens
+        run_advantage = b.sequence_advantage(2 * i + 1)
+        first = b.advantages[2 * i, : len(b.completion_ids[2 * i])]
+        assert torch.allclose(first, torch.full_like(first, run_advantage), atol=1e-6)
+    assert len({round(b.sequence_advantage(i), 6) for i in range(32)}) > 1  # (not all zero: the group's rewards differ)
+    assert metrics["loss"] == metrics["loss"]  # (finite: the step ran over all 32)
