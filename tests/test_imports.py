@@ -33,7 +33,7 @@ LAYERS = [
     {"cohort.models"},  # loading models and tokenizers, the tiny models, log-prob kernels, batch packing
     {"cohort.rewards"},  # reward functions, registry, sandbox
     {"cohort.rollout", "cohort.tools"},  # engines (vLLM, transformers, remote), the rollout server; the tool loop over them
-    {"cohort.agents"},  # the OpenAI-compatible chat endpoint over any engine's requests (agents written with any framework)
+    {"cohort.agents"},  # the OpenAI-compatible chat endpoint over any engine's requests; agent functions as rollouts
     {"cohort.config", "cohort.config_renames", "cohort.config_fields", "cohort.demo_preset", "cohort.config_loading"},  # the typed config, old names, the field table, the demo preset, loading and overrides
     {"cohort.prompts"},  # prompts as token ids under the model's length limit (before any weights load)
     {"cohort.validation", "cohort.loss_checks", "cohort.pipeline_checks", "cohort.plan", "cohort.run_mode", "cohort.convert"},  # every check of a config; the batch plan and memory estimate; `cohort convert`

@@ -76,7 +76,7 @@ class AgentEngine(RequestEngineMixin, WrappedEngine):
                  timeout_s: float = 300.0, model_name: str = "cohort", max_model_len: int | None = None):
         self.inner, self.agent, self.rows, self.timeout_s = inner, agent, rows, timeout_s
         self.max_model_len = max_model_len  # the engine's: prompt + completion of one call
-        self.chat, self.new_conversation, self.model_name = chat(self._sample), new_conversation, model_name
+        self.chat, self.new_conversation = chat(self._sample), new_conversation
         self._runs: dict[str, _Run] = {}
         self._done: list[Trajectory] = []
         self._queue: queue.Queue = queue.Queue()  # (run, request, future): calls waiting to enter the engine
