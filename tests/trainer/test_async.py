@@ -81,8 +81,10 @@ def test_max_staleness_2_bounds_every_trained_token(tmp_path, data_file, tiny_mo
     for step, (batch, m) in enumerate(zip(batches, metrics)):
         staleness = [step - v for versions in batch.versions for v in versions]  # the policy at step s is version s
         assert m["staleness/max"] == max(staleness) <= 2
-    assert max(m["staleness/max"] for m in metrics) == 2  # generation really ran ahead (batches 1, 2 at version 0)
-    assert metrics[0]["async/in_flight_groups"] == 4  # batches 1 and 2 (2 groups each) admitted behind batch 0
+    assert max(m["staleness/max"] for m in metrics) >= 1  # generation ran through the updates
+    # nothing was generating when batch 0 was admitted, so one batch ahead (batch 1, 2 groups), not k = 2; batches
+    # further ahead only while the engine is behind (tests/rollout/test_admission.py)
+    assert metrics[0]["async/in_flight_groups"] == 2
 
 
 @pytest.mark.slow
