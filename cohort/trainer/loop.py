@@ -537,6 +537,7 @@ class Trainer:
             self._calibrate_with_engine(sampled_version, prompts, outs)
 
     def _calibrate_with_engine(self, sampled_version: int, prompts: list[list[int]], outs) -> None:
+        """Choose the canaries (first batch), then measure the floor once engine and trainer hold the same weights."""
         if not self.sync_check.canaries:
             self.sync_check.choose(prompts, [o.token_ids for o in outs], self.plan.num_generations,
                                    tokens=canary_tokens(self.cfg.generation_dtype, self.precision.compute_dtype))
