@@ -132,8 +132,8 @@ class EngineConfig(_Section):
 class PipelineConfig(_Section):
     """The rollout scheduler's admission rules (cohort/rollout/scheduler.py, docs/runs.md)."""
 
-    max_staleness: int | None = Field(None, description="Staleness bound k: generation batch n is admitted once batch n - k - 1 is "
-        "trained. 0 or None: synchronous. k >= 1: generation runs through the update, weights load with requests in flight and tokens "
+    max_staleness: int | None = Field(None, description="Staleness bound k: generation batch n is admitted no earlier than when batch "
+        "n - k - 1 is trained (one batch ahead while the engine keeps up, up to k while it is behind). 0 or None: synchronous. k >= 1: generation runs through the update, weights load with requests in flight and tokens "
         "staler than k are handled by pipeline.stale_tokens; needs an engine with its own weights, one optimizer step per generation "
         "batch and one training process.")
     stale_tokens: Literal["mask", "drop"] = Field("mask", description="Tokens more than pipeline.max_staleness versions behind: `mask` "

@@ -8,8 +8,10 @@ rules (`AdmissionRules`, read once from the config):
 
 - **staleness bound k** (`pipeline.max_staleness`, unset = 0): when a batch is collected, new generation batches
   (B groups each: the sampler's next prompts, the seeds of the next generation index) are admitted while fewer
-  than (k + 1) × B admitted groups wait to be taken: with one batch taken per update, batch n starts once batch
-  n − k − 1 is trained, so generation runs at most k versions ahead. k = 0 is the
+  than (a + 1) × B admitted groups wait to be taken, a batches ahead: with one batch taken per update, batch n
+  starts once batch n − a − 1 is trained, so generation runs at most a ≤ k versions ahead. a is 1 while the engine
+  keeps up (nothing admitted earlier is still generating when a batch is collected) and k while it is behind
+  (`batches_ahead`): k is a bound, not a target, and tokens are no older than the engine's speed needs. k = 0 is the
   synchronous trainer: the next batch only after the update before it, with the weights it made; nothing else is
   in flight, and the collection takes the B groups in submission order. With k ≥ 1 a driver thread
   (cohort/rollout/driver.py) keeps polling the engine, so it generates through the update, and new weights are
@@ -133,10 +135,9 @@ class Scheduler:
             entries += [e[:3] for e in resumed]
             origins += [Origin(self.generation_index, g.rows, g.seeds, version) for g in groups]
             partial += groups
-        new_batches = 0
+        new_batches, ahead = 0, self.batches_ahead(behind=self.stream.pending > 0)
         # (batches ahead stop at the run's last one; the batch needed now is always admitted)
-        while waiting < (self.rules.max_staleness + 1) * self.batch_groups and (
-                self.generation_index < self.generations or waiting == 0):
+        while waiting < (ahead + 1) * self.batch_groups and (self.generation_index < self.generations or waiting == 0):
             rows = self.sampler.next_batch()
             seeds = completion_seeds(self.seed, self.generation_index, len(rows))
             for k in range(0, len(rows), self.g):
@@ -151,6 +152,14 @@ class Scheduler:
         if new_batches and self.rules.over_provision > 1:
             extra = math.ceil(self.rules.over_provision * self.batch_groups) - self.stream.pending - len(self.done)
             self._submit_new(self.generation_index - 1, version, max(0, extra))
+
+    def batches_ahead(self, behind: bool) -> int:
+        """Generation batches admitted beyond the one being collected: one (it generates through the update) unless the
+        engine is `behind` (still generating groups admitted earlier when this batch is collected), then up to k. An
+        engine that keeps up gains nothing from a second batch ahead: it would only generate it earlier, from older
+        weights, and idle as long (the arith demo's k = 2 trained every token 2 versions old for no speed)."""
+        k = self.rules.max_staleness
+        return k if behind else min(k, 1)
 
     def _entry(self, origin: Origin) -> tuple:
         return [self.prompt_ids[i] for i in origin.rows], origin.seeds, origin.rows

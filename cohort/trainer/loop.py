@@ -164,8 +164,7 @@ class Trainer:
         collected = collect_batch(CollectContext(
             self.rollout, self.rewards, self.tokenizer, self.train_data, self.train_ids, self.plan.num_generations,
             self.phases, self.policy_version, self.stream_update, self._train_groups))
-        with self._engine_lock():  # (a driver thread polls between engine calls, never during one)
-            self._calibrate_sync_check(collected.sampled_version, collected.prompts, collected.outs)
+        self._calibrate_sync_check(collected.sampled_version, collected.prompts, collected.outs)
         return self._finish_batch(collected, collected.sampled_version)
 
     def _finish_batch(self, collected: Collected, sampled_version: int) -> RolloutBatch:
@@ -534,9 +533,16 @@ class Trainer:
         return torch.tensor([x for row in engine for x in row], dtype=torch.float32, device=self.device), trainer, sensitivity
 
     def _calibrate_sync_check(self, sampled_version: int, prompts: list[list[int]], outs) -> None:
-        """Pick the canaries from the first batch and measure the noise floor while engine and trainer provably agree."""
-        if self.engine_shares_policy or self.sync_check.floor is not None:
+        """Pick the canaries from the first batch and measure the noise floor while engine and trainer provably agree.
+        Engine calls only while there is something to do: each waits for a driver thread's poll in progress."""
+        check = self.sync_check
+        if self.engine_shares_policy or check.floor is not None or (check.canaries and check.fixed_tolerance is not None):
             return
+        with self._engine_lock():  # (a driver thread polls between engine calls, never during one)
+            self._calibrate_with_engine(sampled_version, prompts, outs)
+
+    def _calibrate_with_engine(self, sampled_version: int, prompts: list[list[int]], outs) -> None:
+        """Choose the canaries (first batch), then measure the floor once engine and trainer hold the same weights."""
         if not self.sync_check.canaries:
             self.sync_check.choose(prompts, [o.token_ids for o in outs], self.plan.num_generations,
                                    tokens=canary_tokens(self.cfg.generation_dtype, self.precision.compute_dtype))

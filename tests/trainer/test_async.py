@@ -81,8 +81,10 @@ def test_max_staleness_2_bounds_every_trained_token(tmp_path, data_file, tiny_mo
     for step, (batch, m) in enumerate(zip(batches, metrics)):
         staleness = [step - v for versions in batch.versions for v in versions]  # the policy at step s is version s
         assert m["staleness/max"] == max(staleness) <= 2
-    assert max(m["staleness/max"] for m in metrics) == 2  # generation really ran ahead (batches 1, 2 at version 0)
-    assert metrics[0]["async/in_flight_groups"] == 4  # batches 1 and 2 (2 groups each) admitted behind batch 0
+    assert max(m["staleness/max"] for m in metrics) >= 1  # generation ran through the updates
+    # nothing was generating when batch 0 was admitted, so one batch ahead (batch 1, 2 groups), not k = 2; batches
+    # further ahead only while the engine is behind (tests/rollout/test_admission.py)
+    assert metrics[0]["async/in_flight_groups"] == 2
 
 
 @pytest.mark.slow
@@ -236,3 +238,27 @@ def test_dynamic_sampling_and_partial_rollouts_combine_with_a_staleness_bound(tm
             if "pipeline.dynamic_sampling=true" in extra:
                 assert m["frac_reward_zero_std"] == 0.0  # every constant group was dropped and replaced
                 assert all(batch.row_indices[i] % 2 == 0 for i in range(len(batch)))  # only vary rows trained
+
+
+def test_a_calibrated_sync_check_leaves_the_engine_lock_alone(monkeypatch):
+    """Once the canaries' noise floor is measured, collecting a batch takes no engine lock: under k >= 1 each take
+    waited for the driver's poll in progress (0.12 s a step on the arith demo, bench/async_step.py)."""
+    from types import MethodType, SimpleNamespace
+
+    from cohort.trainer import loop
+
+    def no_lock():
+        raise AssertionError("the engine lock was taken with nothing to calibrate")
+
+    collected = SimpleNamespace(sampled_version=2, prompts=[[1]], outs=[])
+    monkeypatch.setattr(loop, "collect_batch", lambda ctx: collected)
+    trainer = SimpleNamespace(
+        sync_weights=lambda: None, optimizer=SimpleNamespace(zero_grad=lambda set_to_none: None), rollout=None,
+        rewards=None, tokenizer=None, train_data=None, train_ids=None, plan=SimpleNamespace(num_generations=2),
+        phases=None, policy_version=3, stream_update=False, _train_groups=None, engine_shares_policy=False,
+        sync_check=SimpleNamespace(floor=(1e-6, 2e-6), canaries=[([1], [2])], fixed_tolerance=None),
+        _engine_lock=no_lock, _finish_batch=lambda c, version: ("batch", version))
+    trainer._calibrate_sync_check = MethodType(Trainer._calibrate_sync_check, trainer)
+    assert Trainer.generate_batch(trainer) == ("batch", 2)
+    trainer.sync_check.floor, trainer.sync_check.fixed_tolerance = None, 0.01  # a fixed tolerance: nothing to measure
+    assert Trainer.generate_batch(trainer) == ("batch", 2)
