@@ -37,6 +37,17 @@ template decides whether to add one.
 multi-turn tool calling: the tiny model cannot multiply in its head but can call
 a calculator (``tiny:tool_calc``, ``examples/tool_calc.yaml``, docs/tools.md).
 A fixed 200-problem held-out split.
+
+``long_tail``: count up to the next hundred, ``"14797..14800="`` -> ``"14797 14798 14799 14800"`` (five-digit numbers,
+one space apart), scored by ``exact_match``. A workload with a long tail of completion lengths, for partial rollouts
+(``tiny:long_tail``, ``examples/long_tail.yaml``, docs/performance.md "The long tail"). Choices:
+- The count ``n`` follows a power law truncated at 42 (``P(n >= k) = k^-0.85``, redrawn above 42): the median answer
+  is 2 numbers (11 characters), 46% are one number, 5.1% are over 100 characters (17 numbers or more), the longest
+  251 (252 tokens with eos, under a 256-token completion budget). tests/data/test_long_tail.py derives the quantiles.
+- The stop is local (after a number ending in 00), so a small model can learn it; a first version counted from any
+  ``a`` to any ``b`` and the tiny model never learned to compare the number it wrote with ``b``.
+- A fixed 20,000-row train split of independent draws (short problems repeat as often as the distribution says:
+  there are only 899 problems of each count) and 200 distinct held-out rows; both keep the count's distribution.
 """
 
 from __future__ import annotations
