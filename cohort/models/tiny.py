@@ -88,14 +88,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from typing import Any, Callable, ClassVar
+from typing import ClassVar
 
 import torch
 from filelock import FileLock
 
 from cohort.data.tasks import get_task
 from cohort.models import tiny_chat
-from cohort.models.tiny_decode import decode_loop
+from cohort.models.tiny_decode import Codec, decode_loop
 from cohort.models.char_tokenizer import (
     EOS_TOKEN_ID,
     VOCAB_SIZE,
@@ -170,18 +170,6 @@ class TinyRecipe:
     def extra_statistics(self, model, prompts: list, answers: list[str], codec: Codec) -> dict:
         """Held-out figures for the metadata beyond the greedy and sampled accuracy (none here)."""
         return {}
-
-
-@dataclass(frozen=True)
-class Codec:
-    """How the warm start turns a task row into token ids and a completion back into text."""
-
-    encode_prompt: Callable[[Any], list[int]]
-    encode_answer: Callable[[str], list[int]]
-    decode: Callable[[list[int]], str]
-    vocab_size: int
-    eos_id: int  # ends a completion (and the supervised target)
-    pad_id: int
 
 
 def char_codec() -> Codec:

@@ -1,23 +1,34 @@
-"""Greedy and sampled decoding for the tiny models' builds (``cohort.models.tiny``): no engine, no padding.
+"""The tiny models' build-time decoding (``cohort.models.tiny``): the ``Codec`` a recipe encodes and decodes with, and
+greedy and sampled completions with no engine and no padding.
 
-Prompts are grouped by length and each group decodes as one batch, so no row is ever padded. A group stops as soon
-as every row in it has produced eos (exact: no later token changes the text before eos, and a sampled row's draws
-come before any that stopping skips).
+Prompts are grouped by length and each group decodes as one batch, so no row is ever padded.
 
-Two ways to run the model, chosen by the recipe: the whole sequence again at every token (``kv_cache=False``, what
-the arithmetic recipes were built and pinned with), or one token at a time on transformers' KV cache
-(``kv_cache=True``, for completions of hundreds of tokens: the long-tail recipe). Their argmax can differ on a near
-tie, which is why the older recipes keep the first.
+Two ways to run the model, chosen by the recipe: the whole sequence again at every token for ``max_new_tokens``
+(``kv_cache=False``, what the arithmetic recipes were built and pinned with: a rebuild of ``tiny:arith`` gives the
+same bytes), or one token at a time on transformers' KV cache, a group stopping as soon as every row in it has its
+eos (``kv_cache=True``, for completions of hundreds of tokens: the long-tail recipe). The two can differ: argmax on
+a near tie, and the sampled texts of every group after one that stopped early (the generator is shared, and a
+stopped group skips its draws), which is why the older recipes keep the first.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
-if TYPE_CHECKING:  # (tiny imports this module; the codec type is only for annotations)
-    from cohort.models.tiny import Codec
+
+@dataclass(frozen=True)
+class Codec:
+    """How the warm start turns a task row into token ids and a completion back into text."""
+
+    encode_prompt: Callable[[Any], list[int]]
+    encode_answer: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+    vocab_size: int
+    eos_id: int  # ends a completion (and the supervised target)
+    pad_id: int
 
 
 @torch.no_grad()
@@ -41,7 +52,7 @@ def decode_loop(model, prompts: list, num_samples: int, max_new_tokens: int, gen
 
 
 def decode_group(model, tokens: torch.Tensor, max_new_tokens: int, generator, eos_id: int, kv_cache: bool) -> torch.Tensor:
-    """``tokens`` (B, L) extended by up to ``max_new_tokens`` columns; stops once every row holds eos."""
+    """``tokens`` (B, L) extended by up to ``max_new_tokens`` columns; with ``kv_cache``, stops once every row holds eos."""
     finished = torch.zeros(tokens.shape[0], dtype=torch.bool)  # (B,)
     past, step_input = None, tokens
     for _ in range(max_new_tokens):
@@ -58,7 +69,7 @@ def decode_group(model, tokens: torch.Tensor, max_new_tokens: int, generator, eo
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
         step_input = next_token[:, None]  # (B, 1)
         finished |= next_token == eos_id
-        if bool(finished.all()):
+        if kv_cache and bool(finished.all()):
             break
     return tokens
 

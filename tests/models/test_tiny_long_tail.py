@@ -37,9 +37,9 @@ def test_kv_cache_decoding_equals_recomputing_the_whole_sequence():
                                  intermediate_size=64)
     model = tiny.new_tiny_model(recipe)
     prompts = ["14797..14800=", "99900..99900=", "1=", "12="]  # (three prompt lengths: three groups)
-    assert tiny.greedy_completions(model, prompts, 30, kv_cache=True) == tiny.greedy_completions(model, prompts, 30)
-    assert (tiny.sampled_completions(model, prompts, 4, 30, seed=3, kv_cache=True)
-            == tiny.sampled_completions(model, prompts, 4, 30, seed=3))
+    assert tiny.greedy_completions(model, prompts, 16, kv_cache=True) == tiny.greedy_completions(model, prompts, 16)
+    assert (tiny.sampled_completions(model, prompts, 2, 16, seed=3, kv_cache=True)
+            == tiny.sampled_completions(model, prompts, 2, 16, seed=3))
 
 
 class CountdownModel(torch.nn.Module):
@@ -58,12 +58,16 @@ class CountdownModel(torch.nn.Module):
         return SimpleNamespace(logits=logits, past_key_values=past_key_values)
 
 
-def test_a_group_stops_once_every_row_has_its_eos():
+def test_on_the_kv_cache_a_group_stops_once_every_row_has_its_eos():
     model = CountdownModel()
-    tokens = decode_group(model, torch.zeros(3, 1, dtype=torch.long), 50, None, EOS_TOKEN_ID, kv_cache=False)  # (3, 1 + 4)
+    tokens = decode_group(model, torch.zeros(3, 1, dtype=torch.long), 50, None, EOS_TOKEN_ID, kv_cache=True)  # (3, 1 + 4)
     # row 0 ends at its 2nd token, row 2 (the last to end) at its 4th: 4 calls, not 50, and row 0 keeps its text
     assert model.calls == 4 and tokens.shape == (3, 5)
     assert tokens[0, 1:3].tolist() == [65, EOS_TOKEN_ID] and tokens[2, 1:].tolist() == [65, 65, 65, EOS_TOKEN_ID]
+    # without the cache (the arithmetic recipes' decoding) every group runs to max_new_tokens, as they were built
+    model = CountdownModel()
+    assert decode_group(model, torch.zeros(3, 1, dtype=torch.long), 6, None, EOS_TOKEN_ID, kv_cache=False).shape == (3, 7)
+    assert model.calls == 6
 
 
 @pytest.mark.slow  # builds tiny:long_tail on first use (~5-10 minutes on 2 shared cores), then finds it cached
@@ -74,10 +78,12 @@ def test_the_built_model_samples_a_long_tail_of_lengths_and_leaves_headroom():
     assert 0.6 <= metadata["eval_greedy_accuracy"] <= 0.9 and metadata["eval_pass_at_8_t1"] > metadata["eval_sampled_accuracy_t1"]
     model = AutoModelForCausalLM.from_pretrained(directory)
     assert model.config.max_position_embeddings >= 13 + 256  # the prompt and a whole completion budget
-    # What the engine will see: one temperature-1 sample per held-out prompt, its length in tokens (eos included; a
-    # completion that never stops counts the whole budget). Most stop within a few numbers, a few run past 100.
-    prompts = [row["prompt"] for row in get_task("long_tail").eval_rows]
+    # What the engine will see: one temperature-1 sample for each of 512 train prompts (the task's distribution: 25 of
+    # their answers are over 100 tokens), its length in tokens (eos included; a completion that never stops counts
+    # the whole budget). Measured at the build: median 12, 13 over 100 (9 of them never stopped). Most stop within a
+    # few numbers; a few run past 100.
+    prompts = [row["prompt"] for row in get_task("long_tail").train_rows[:512]]
     samples = tiny.sampled_completions(model, prompts, 1, 256, seed=0, kv_cache=True)
     lengths = sorted(256 if texts[0] is None else len(texts[0]) + 1 for texts in samples)
     assert lengths[len(lengths) // 2] <= 18  # the median at most 3 numbers (17 characters and eos)
-    assert 0.02 <= sum(n > 100 for n in lengths) / len(lengths) <= 0.15
+    assert 0.01 <= sum(n > 100 for n in lengths) / len(lengths) <= 0.10
