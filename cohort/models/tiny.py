@@ -290,10 +290,10 @@ def tool_transcript(expression: str, result: str) -> str:
 
 @dataclass(frozen=True)
 class LongTailRecipe(TinyRecipe):
-    """``tiny:long_tail``: the character recipe on the ``long_tail`` task (count from one three-digit number to
-    another; the answers' lengths follow a power law up to 239 characters). Positions cover the 9-character prompt
-    and 256 completion tokens; the builder decodes on a KV cache (answers run to hundreds of tokens) and trains on
-    batches of rows of similar length with their padding trimmed (the mean row is ~32 tokens, the longest 249)."""
+    """``tiny:long_tail``: the character recipe on the ``long_tail`` task (count up to the next hundred; the answers'
+    lengths follow a power law up to 251 characters). Positions cover the 13-character prompt and 256 completion
+    tokens; the builder decodes on a KV cache (answers run to hundreds of tokens) and trains on batches of rows of
+    similar length with their padding trimmed (the mean row is ~37 tokens, the longest 265)."""
 
     task: str = "long_tail"
     max_position_embeddings: int = 320
