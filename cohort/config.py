@@ -50,7 +50,7 @@ def _reference(value: Any) -> Any:
 
 class ModelConfig(_Section):
     path: str = Field("tiny:arith", description="A local transformers checkpoint directory, or `tiny:arith` (the embedded tiny model, "
-        "built offline; `tiny:arith_chat` is its chat twin). With a tiny model, a built-in task and no config file, `cohort train` "
+        "built offline; `tiny:arith_chat` is its chat twin, `tiny:tool_calc` and `tiny:long_tail` are warm-started on those tasks). With a tiny model, a built-in task and no config file, `cohort train` "
         "applies the demo's preset (examples/arith.yaml); anything of your own starts from these field defaults.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Precision the model computes, is saved and "
         "generates in (unless engine.dtype says otherwise); train.precision decides about float32 master weights. `auto`: bfloat16 "

@@ -37,6 +37,17 @@ template decides whether to add one.
 multi-turn tool calling: the tiny model cannot multiply in its head but can call
 a calculator (``tiny:tool_calc``, ``examples/tool_calc.yaml``, docs/tools.md).
 A fixed 200-problem held-out split.
+
+``long_tail``: count up to the next hundred, ``"14797..14800="`` -> ``"14797 14798 14799 14800"`` (five-digit numbers,
+one space apart), scored by ``exact_match``. A workload with a long tail of completion lengths, for partial rollouts
+(``tiny:long_tail``, ``examples/long_tail.yaml``, docs/performance.md "The long tail"). Choices:
+- The count ``n`` follows a power law truncated at 42 (``P(n >= k) = k^-0.85``, redrawn above 42): the median answer
+  is 2 numbers (11 characters), 46% are one number, 5.1% are over 100 characters (17 numbers or more), the longest
+  251 (252 tokens with eos, under a 256-token completion budget). tests/data/test_long_tail.py derives the quantiles.
+- The stop is local (after a number ending in 00), so a small model can learn it; a first version counted from any
+  ``a`` to any ``b`` and the tiny model never learned to compare the number it wrote with ``b``.
+- A fixed 20,000-row train split of independent draws (short problems repeat as often as the distribution says:
+  there are only 899 problems of each count) and 200 distinct held-out rows; both keep the count's distribution.
 """
 
 from __future__ import annotations
@@ -203,3 +214,70 @@ def _build_tool_calc(seed: int) -> Task:
         metadata={"max_answer_chars": 5},
     )
 
+
+
+
+
+LONG_TAIL_SPLIT_KEY = "long_tail-split-v1"  # change only with the tiny:long_tail recipe
+LONG_TAIL_ALPHA = 0.85  # tail index of the count's power law
+LONG_TAIL_MAX_COUNT = 42  # 42 five-digit numbers: a 251-character answer, 252 tokens with eos
+LONG_TAIL_HUNDREDS = range(101, 1000)  # the answer ends at 100 * h: 10100 .. 99900
+LONG_TAIL_TRAIN_SIZE = 20_000
+LONG_TAIL_EVAL_SIZE = 200
+
+
+def long_tail_count(rng: random.Random, alpha: float = LONG_TAIL_ALPHA, max_count: int = LONG_TAIL_MAX_COUNT) -> int:
+    """How many numbers one answer counts: ``floor(u ** (-1 / alpha))`` for ``u`` uniform on (0, 1], so
+    P(n >= k) = k ** -alpha, redrawn above ``max_count`` (a power law truncated at ``max_count``)."""
+    while True:
+        count = int((1.0 - rng.random()) ** (-1.0 / alpha))
+        if count <= max_count:
+            return count
+
+
+def long_tail_rows(seed: int, *, train_size: int = LONG_TAIL_TRAIN_SIZE,
+                   eval_size: int = LONG_TAIL_EVAL_SIZE) -> tuple[list[dict], list[dict]]:
+    """Disjoint (train, eval) rows for ``"a..b="`` -> ``"a a+1 ... b"``: five-digit numbers one space apart, ``b``
+    the next multiple of 100 at or after ``a`` (so the rule is local: stop after a number ending in 00).
+
+    Each row draws its count ``n`` (``long_tail_count``), then its hundred ``b`` uniformly, ``a = b - n + 1``. The
+    eval rows are distinct and train rows never equal one: a row that would is given another hundred, never another
+    count, so both splits keep the count's distribution exactly (there are only 899 problems of each count). Both
+    splits come from a fixed key (they do not depend on ``seed``), so the tiny model's warm start never sees an eval
+    row; ``seed`` orders the train rows."""
+    split_rng = random.Random(LONG_TAIL_SPLIT_KEY)
+
+    def draw(avoid: dict) -> tuple[int, int]:
+        count = long_tail_count(split_rng)
+        while (pair := (100 * (last := split_rng.choice(LONG_TAIL_HUNDREDS)) - count + 1, 100 * last)) in avoid:
+            pass
+        return pair
+
+    held_out: dict[tuple[int, int], None] = {}  # (an ordered set)
+    while len(held_out) < eval_size:
+        held_out[draw(held_out)] = None
+    train_pairs = [draw(held_out) for _ in range(train_size)]
+    random.Random(seed).shuffle(train_pairs)
+    return [_long_tail_row(*pair) for pair in train_pairs], [_long_tail_row(*pair) for pair in held_out]
+
+
+def _long_tail_row(first: int, last: int) -> dict:
+    return {"prompt": f"{first}..{last}=", "answer": " ".join(str(n) for n in range(first, last + 1))}
+
+
+@register_task("long_tail")
+def _build_long_tail(seed: int) -> Task:
+    train_rows, eval_rows = long_tail_rows(seed)
+    return Task(
+        name="long_tail",
+        train_rows=train_rows,
+        eval_rows=eval_rows,
+        reward_specs=[{"name": "exact_match", "weight": 1.0}],
+        description=(
+            "Count up to the next hundred ('14797..14800=' -> '14797 14798 14799 14800'); the count follows a power law, "
+            "so most answers are a few characters and about one in twenty is over a hundred (a long tail of "
+            f"completion lengths for partial rollouts, examples/long_tail.yaml); {len(train_rows)} train / "
+            f"{len(eval_rows)} held-out prompts."
+        ),
+        metadata={"max_answer_chars": 6 * LONG_TAIL_MAX_COUNT - 1},
+    )

@@ -7,7 +7,7 @@ contract, ``compute_score(data_source, solution_str, ground_truth, extra_info=No
 recognised by its parameters and adapted (``cohort.rewards.verl``). Built-ins called
 from plain Python return their scores (``cohort.rewards.calling``).
 
-- ``get(name, **options)`` builds a reward function: a built-in (``numeric_match``,
+- ``get(name, **options)`` builds a reward function: a built-in (``numeric_match``, ``exact_match``,
   ``accuracy``, ``reasoning_accuracy``, ``think_format``, ``soft_overlong``,
   ``code_tests``, ``reward_model``, ``remote``, ``verl_default``) or your own by import path
   (``my_module.my_reward`` / ``my_module:my_reward``).

@@ -46,6 +46,7 @@ RewardFunction = Callable[..., Any]
 # Modules whose import registers the built-ins; each imports only light dependencies.
 _BUILTIN_MODULES = (
     "cohort.rewards.numeric",
+    "cohort.rewards.exact",
     "cohort.rewards.format",
     "cohort.rewards.math_answers",
     "cohort.rewards.code",

@@ -107,6 +107,7 @@ class Scheduler:
                        if rules.generates_through_updates else None)
         self.last_progress = time.monotonic()
         self.waited_s, self.since = 0.0, time.perf_counter()
+        self.tail_s = 0.0  # k = 0: polling time with fewer than half the batch's completions decoding (rollout/tail_s)
         self.stale_dropped = self.stale_masked = 0
 
     @property
@@ -234,9 +235,13 @@ class Scheduler:
             self.waited_s += time.perf_counter() - start
 
     def _poll_until_one(self) -> None:
+        tail = self.batch_groups * self.g / 2  # fewer completions than this still decoding: the batch's tail
         while not self.done and self.stream.pending:
+            start, decoding = time.perf_counter(), self.engine.in_flight
             with self.lock:
                 got = self.stream.poll_once()
+            if decoding < tail:
+                self.tail_s += time.perf_counter() - start
             if not got and not self.engine.in_flight and self.stream.pending:
                 raise RuntimeError(f"the rollout engine stopped with {self.stream.pending} group(s) unanswered")
             self.done.extend(got)
@@ -335,8 +340,11 @@ class Scheduler:
         self.origins.clear()
 
     def metrics(self, trained: list[Trajectory], batch_version: int) -> dict[str, float]:
-        """Per batch: partial/* with partial rollouts (k = 0), async/* when generating through updates."""
-        out: dict[str, float] = {}
+        """Per batch: partial/* with partial rollouts (k = 0), async/* when generating through updates, and with
+        k = 0 rollout/tail_s: the seconds the trainer's polls spent while fewer than half the batch's completions
+        (B × G) were still decoding, the engine working on a handful of sequences (the long tail)."""
+        out: dict[str, float] = {} if self.driver is not None else {"rollout/tail_s": self.tail_s}
+        self.tail_s = 0.0
         if self.buffer is not None:
             out.update(self.buffer.counts.metrics(len(self.buffer), trained, batch_version))
         if self.driver is not None:

@@ -27,7 +27,7 @@ ONE_TURN = "<|im_start|>user\n47+8=<|im_end|>\n<|im_start|>assistant\n"  # no de
 def test_the_name_is_checked_against_the_tiny_recipes_without_a_build(monkeypatch):
     monkeypatch.setattr("cohort.models.loading.build_tiny_model", lambda *a, **k: pytest.fail("a name check built a model"))
     assert check_model_dir("tiny:arith_chat") == []
-    assert check_model_dir("tiny:nope") == ["model.path = 'tiny:nope': unknown tiny model; choose one of tiny:arith, tiny:arith_chat, tiny:tool_calc"]
+    assert check_model_dir("tiny:nope") == ["model.path = 'tiny:nope': unknown tiny model; choose one of tiny:arith, tiny:arith_chat, tiny:long_tail, tiny:tool_calc"]
 
 
 @pytest.fixture(scope="module")

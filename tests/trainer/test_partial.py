@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -288,3 +290,20 @@ def test_a_buffered_multi_turn_member_round_trips_through_a_checkpoint_without_i
     assert got.token_ids == member.token_ids and got.loss_mask == member.loss_mask and back.members[1] is None
     assert got.episode.conversation == episode.conversation and got.episode.calls == Counter({"mul": 1})
     assert got.episode.segments == [(0, 5, "assistant"), (5, 7, "tool")] and got.episode.environment is None
+
+
+def test_tail_seconds_count_the_polls_while_fewer_than_half_the_batch_decode(tmp_path, data_file, tiny_model_dir, monkeypatch):
+    # Synchronous, B = 3 groups of G = 4: half the batch is 6 completions. Rows 0, 1, 2 take 3, 12 and 4 tokens, one
+    # per poll: polls 1-3 run with 12 requests decoding (row 0 done at poll 3), poll 4 with 8 (row 2 done), polls 5-12
+    # with row 1's 4 < 6: 8 tail polls. The scheduler's clock advances 1 s per reading, so each poll lasts exactly 1 s.
+    trainer = Trainer(_config(tmp_path, data_file, tiny_model_dir, "pipeline.over_provision=1", "train.prompts_per_step=3",
+                              "train.micro_batch_size=12"), **QUIET)
+    ids = trainer.train_ids
+    trainer.engine = Scripted({tuple(ids[row]): n for row, n in {0: 3, 1: 12, 2: 4}.items()},
+                              stop_id=trainer.engine.stop_token_ids[0])
+    clock = iter(float(s) for s in range(10**6))
+    monkeypatch.setattr("cohort.rollout.scheduler.time", SimpleNamespace(perf_counter=lambda: next(clock), monotonic=time.monotonic))
+    try:
+        assert trainer.step()["rollout/tail_s"] == 8.0
+    finally:
+        trainer.close()
