@@ -99,6 +99,9 @@ def test_a_chat_call_never_reaches_the_trainers_poll(served):
     engine, url, service = served
     prompt = {"request_id": "trainer/0", "prompt_ids": [5, 6], "sampling": {"max_tokens": 30}}
     assert _call(f"{url}/submit", {"requests": [prompt]})[0] == 200
+    deadline = time.monotonic() + 10  # (the trainer's request finished before the gate closes: else it waits there too)
+    while "trainer/0" not in service.stream.outbox and time.monotonic() < deadline:
+        time.sleep(0.01)
     engine.gate = threading.Event()
     result: dict = {}
     chat = threading.Thread(target=lambda: result.update(reply=_call(f"{url}/v1/chat/completions",
