@@ -17,11 +17,12 @@ import json
 import secrets
 import threading
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import urlparse
 
 from cohort.agents.chat import ChatRequestError
+from cohort.rollout.server import JSONHandler
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 READ_TIMEOUT_S = 600.0
@@ -76,22 +77,11 @@ class _Server(ThreadingHTTPServer):
     # default backlog of 5 resets the connections beyond it (the client's "Connection error")
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JSONHandler):
     owner: LoopbackServer  # set on the subclass LoopbackServer makes
     timeout = READ_TIMEOUT_S
     server_version = "cohort-agent-endpoint"
     protocol_version = "HTTP/1.1"  # keep-alive: the openai client reuses its connection
-
-    def log_message(self, fmt, *args):  # quiet: one line per call would drown the trainer's log
-        pass
-
-    def _reply(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def _error(self, status: int, message: str, kind: str, param: str | None = None) -> None:
         self._reply(status, {"error": {"message": message, "type": kind, "param": param, "code": None}})

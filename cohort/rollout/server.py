@@ -259,10 +259,8 @@ class RolloutService:
         self.stream.close()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    service: RolloutService  # set on the subclass made by make_server
-    timeout = READ_TIMEOUT_S
-    server_version = "cohort-rollout"
+class JSONHandler(BaseHTTPRequestHandler):
+    """JSON replies, no per-request log lines: the base of this server's handler and the agents' loopback one."""
 
     def log_message(self, fmt, *args):  # quiet: one line per request would drown the trainer's log
         pass
@@ -274,6 +272,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+class _Handler(JSONHandler):
+    service: RolloutService  # set on the subclass made by make_server
+    timeout = READ_TIMEOUT_S
+    server_version = "cohort-rollout"
 
     def _body(self) -> bytes:
         try:
