@@ -63,7 +63,7 @@ from cohort.models.precision import DTYPES, float32_weights
 from cohort.rollout.base import SamplingConfig, WeightStream, release_engine_memory
 from cohort.rollout.scheduler import Scheduler
 from cohort.tools.metrics import tool_metrics
-from cohort.trainer.agent_samples import run_samples, with_run_samples
+from cohort.trainer.agent_samples import with_run_samples
 from cohort.trainer.metric_sums import host_values, running_max
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.parts import PART_NAMES, TrainerParts
@@ -186,10 +186,11 @@ class Trainer:
             with self.phases("critic"):
                 batch.values = self.critic.values(batch, self._micro_batches(batch, list(range(len(batch)))))
         self._advantages(batch, rewards_t)
-        if any(run_samples(outs)):  # agent runs that rewrote their history: one sample per call (agent_samples.py)
-            batch = with_run_samples(batch, outs, self.tokenizer)
-            batch.old_logp = self._score_all(self.policy, batch) if batch.old_logp is not None else None
-            batch.ref_logp = self.reference_logprobs(batch) if batch.ref_logp is not None else None
+        widened = with_run_samples(batch, outs, self.tokenizer)  # agent runs that rewrote their history: one sample per call
+        if widened is not batch:  # (scored again over the widened batch: what the narrow one had, every sample now)
+            widened.old_logp = self._score_all(self.policy, widened) if batch.old_logp is not None else None
+            widened.ref_logp = self.reference_logprobs(widened) if batch.ref_logp is not None else None
+            batch = widened
         return batch
 
     def reference_logprobs(self, batch: RolloutBatch) -> list[torch.Tensor] | None:

@@ -68,7 +68,8 @@ async def forgetful_agent(client, row):
 
 @pytest.mark.slow
 def test_a_rewriting_agent_trains_one_sample_per_call(tmp_path):
-    cfg = load_config(EXAMPLES / "agent_openai.yaml", ["train.max_steps=1", "train.prompts_per_step=2", "run.eval_every=0"])
+    cfg = load_config(EXAMPLES / "agent_openai.yaml", ["train.max_steps=1", "train.prompts_per_step=2", "run.eval_every=0",
+                                                       "algorithm.beta=0.04"])  # (a reference: its log-probs must cover every sample)
     cfg.agent.function = forgetful_agent
     trainer = Trainer(cfg, run_dir=tmp_path, log=lambda *a: None)
     try:
@@ -88,3 +89,5 @@ def test_a_rewriting_agent_trains_one_sample_per_call(tmp_path):
         assert torch.allclose(first, torch.full_like(first, run_advantage), atol=1e-6)
     assert len({round(b.sequence_advantage(i), 6) for i in range(32)}) > 1  # (not all zero: the group's rewards differ)
     assert metrics["loss"] == metrics["loss"]  # (finite: the step ran over all 32)
+    # the reference scored the widened batch: one row of log-probs per sample, as long as its completion
+    assert b.ref_logp is not None and [len(r) for r in b.ref_logp] == [len(c) for c in b.completion_ids]
