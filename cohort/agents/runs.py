@@ -84,10 +84,8 @@ def run_trajectory(calls: Sequence, request_id: str, prompt_ids: Sequence[int], 
     if not calls:
         return Trajectory([], [], "length" if cut else "stop", policy_version, prompt_ids=list(prompt_ids),
                           request_id=request_id), []
-    if cut:
-        trajectory, samples = run_trajectory(calls, request_id, prompt_ids, policy_version)
-        return replace(trajectory, status="length"), samples
     if is_chain(calls):
-        return chain_trajectory(calls, request_id), []
-    samples = call_samples(calls, request_id)
-    return samples[-1], samples[:-1]
+        trajectory, samples = chain_trajectory(calls, request_id), []
+    else:
+        *samples, trajectory = call_samples(calls, request_id)
+    return (replace(trajectory, status="length") if cut else trajectory), samples

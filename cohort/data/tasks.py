@@ -215,9 +215,6 @@ def _build_tool_calc(seed: int) -> Task:
     )
 
 
-
-
-
 LONG_TAIL_SPLIT_KEY = "long_tail-split-v1"  # change only with the tiny:long_tail recipe
 LONG_TAIL_ALPHA = 0.85  # tail index of the count's power law
 LONG_TAIL_MAX_COUNT = 42  # 42 five-digit numbers: a 251-character answer, 252 tokens with eos
