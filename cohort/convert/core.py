@@ -16,6 +16,7 @@ arithmetic in its comment, then the list of what was not mapped as a comment blo
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -115,14 +116,18 @@ def convert(kind: str, given: dict[str, Any], *, origin: str, rows: int | None =
             continue
         entries += [dataclasses.replace(e, source=key) for e in made]
         folded += [key] if not made and key in given else []
-    entries = _merge(entries, unmapped)
-    for key in folded:
-        if not any(key in e.comment for e in entries):
+    entries = _check(_known_fields(_merge(entries, unmapped), unmapped), unmapped)
+    for key in folded:  # (after the checks: a line that was dropped names nothing)
+        if not any(_names(e.comment, key) for e in entries):
             rule = find_rule(rules, key)
             unmapped.append(Unmapped(key, given[key], "no effect beside the other options given" +
                                      (f" ({rule.note})" if rule and rule.note else "")))
-    entries = _check(_known_fields(entries, unmapped), unmapped)
     return Conversion(name, origin, tuple(entries), tuple(unmapped), tuple(notes), _refusals(entries))
+
+
+def _names(comment: str, key: str) -> bool:
+    """Whether a comment names `key` as `key=value` (the way every line names the options it came from)."""
+    return re.search(rf"(^|[ ,(;]){re.escape(key)}=", comment) is not None
 
 
 def _merge(entries: list[Entry], unmapped: list[Unmapped]) -> list[Entry]:

@@ -199,9 +199,11 @@ def _rewards(value: list[str] | None, o: Options) -> list[Entry]:
             pairs.append((spec, weight))
     specs = [spec if weight is None else {**spec, "weight": weight} for spec, weight in pairs]
     shown = ", ".join(o.show(k) for k in ("reward_model_name_or_path", "reward_funcs", "reward_weights") if o.has(k))
+    if refused and not specs:
+        raise Unmappable("; ".join(refused) + ": no reward of this list maps, so the output has none: set rewards")
     if refused:
         kept = [Entry("rewards", specs, shown + ": only the rewards named here; the others are listed as not mapped")]
-        raise PartlyUnmappable(kept if specs else [], "; ".join(refused) + (" (the others are converted)" if specs else ""))
+        raise PartlyUnmappable(kept, "; ".join(refused) + " (the others are converted)")
     return [Entry("rewards", specs, shown)]
 
 
@@ -379,10 +381,24 @@ def _eval_every(key: str):
             raise Unmappable("cohort counts in steps: set run.eval_every to the optimizer steps of one epoch")
         if key == "eval_strategy" and o.has("eval_steps"):
             return []  # (named on eval_steps's line)
-        every = o.get("eval_steps") or o.get("logging_steps")
-        return [Entry("run.eval_every", every, f"{o.show('eval_strategy')}, {o.show('eval_steps')} (None: logging_steps)")]
+        which = "eval_steps" if o.get("eval_steps") else "logging_steps"
+        every, shown = _steps_or_ratio(o.get(which), which, o)
+        return [Entry("run.eval_every", every, f"{o.show('eval_strategy')}, {shown}" + ("" if which == "eval_steps" else
+                      " (eval_steps unset: logging_steps)"))]
 
     return convert
+
+
+def _steps_or_ratio(value: Any, key: str, o: Options) -> tuple[int, str]:
+    """transformers reads an interval below 1 as a ratio of the run's total steps: (steps, how they were found)."""
+    if isinstance(value, float) and 0 < value < 1:
+        total = _total_steps(o)
+        if total is None:
+            raise Unmappable(f"{value} is a ratio of the run's length (transformers' rule for a value below 1), which is "
+                             f"not knowable here: set the cohort field to ceil({value} × train.max_steps)")
+        steps = math.ceil(value * total)
+        return steps, f"{o.show(key)} × {total} steps, rounded up (below 1: a ratio of the run) = {steps}"
+    return int(value), o.show(key)
 
 
 def _save_every(key: str):
@@ -390,10 +406,14 @@ def _save_every(key: str):
         strategy = o.get("save_strategy")
         if strategy == "epoch":
             raise Unmappable("cohort counts in steps: set run.save_every to the optimizer steps of one epoch")
-        if key == "save_strategy" and o.has("save_steps"):
+        if key == "save_strategy" and o.has("save_steps") and strategy != "no":
             return []  # (named on save_steps's line)
-        shown = ", ".join(o.show(k) for k in ("save_steps", "save_strategy") if o.has(k))
-        return [Entry("run.save_every", 0 if strategy == "no" else o.get("save_steps"), shown)]
+        if strategy == "no":
+            shown = ", ".join(o.show(k) for k in ("save_strategy", "save_steps") if o.has(k))
+            return [Entry("run.save_every", 0, shown + ": no checkpoints (the final model is saved)")]
+        steps, shown = _steps_or_ratio(o.get("save_steps"), "save_steps", o)
+        also = f", {o.show('save_strategy')}" if o.has("save_strategy") else ""
+        return [Entry("run.save_every", steps, shown + also)]
 
     return convert
 
