@@ -7,7 +7,8 @@ after bash's own steps, in order, remembering assignments as it goes:
 - quoting: '...' literal; "..." with `$` expansions and `\\"`-style escapes; a backslash outside quotes
   takes the next character literally;
 - expansions: `$NAME`, `${NAME}`, `${NAME:-word}` / `${NAME-word}` / `${NAME:=word}` / `${NAME:+word}`
-  with `word` expanded in turn (nested defaults, quotes removed), `$((...))` integer arithmetic (+ - * / % **,
+  with `word` expanded in turn (nested defaults, quotes removed), `${NAME/old/new}` and `${NAME//old/new}`
+  with a literal pattern, `$((...))` integer arithmetic (+ - * / % **,
   parentheses, names with or without `$`; `/` truncates toward zero as bash's does);
 - word splitting: an unquoted expansion is split on whitespace (a variable holding several options, used
   as `$OPTS`, gives several words); a quoted one stays one word;
@@ -19,8 +20,9 @@ expansion becomes `UNSET + name + UNSET` inside the word, so a reader can name t
 (`unresolved_names`, `display`) instead of carrying `${NNODES}` as a value or failing on it. The same goes
 for what is never run here: command substitution `$(...)` and backquotes, positional parameters (`$1`).
 
-Left out: loops, `if`, functions, `source`, arrays, globbing, brace expansion and here-documents; their
-lines are read as commands like any other (a reader skips what is not its trainer's command).
+Left out: loops, `if`, functions, `source`, arrays, globbing, brace expansion, glob patterns in
+`${VAR//a/b}` and here-documents; their lines are read as commands like any other (a reader skips what is not its
+trainer's command), every branch's assignments in order (noted once, since the last one wins).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ OPERATOR_CHARS = "|&;<>"
 _NAME = re.compile(r"[A-Za-z_]\w*")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
 _UNSET_NAME = re.compile(UNSET + r"([^" + UNSET + r"]*)" + UNSET)
+_FIELDS = re.compile(r"(?:" + UNSET + r"[^" + UNSET + r"]*" + UNSET + r"|\S)+")  # bash's word splitting, sentinels whole
+BRANCHING = ("if", "elif", "else", "case", "for", "while", "until")
 DECLARERS = ("export", "local", "declare", "readonly", "typeset")
 
 
@@ -100,6 +104,9 @@ class Shell:
             words = self.words(line)
             if not words:
                 continue
+            if words[0] in BRANCHING or (words[0].endswith(")") and words[-1] == ";;"):
+                self._note("the script branches or loops (if/case/for): cohort convert reads every branch's assignments "
+                           "in order, the last one winning; check the values of the options that depend on them")
             body = words[1:] if words[0] in DECLARERS else words
             if body and all(_ASSIGNMENT.match(w) for w in body):
                 for word in body:
@@ -144,7 +151,7 @@ class Shell:
                 i += 2
             elif ch == "$" or ch == "`":
                 value, i = self._expansion(line, i)
-                pieces = value.split()
+                pieces = _FIELDS.findall(value)  # split on whitespace; what was not expanded stays one piece
                 if not pieces:
                     current = current if value == "" else (current or [])
                     continue
@@ -234,8 +241,15 @@ class Shell:
         if m is None:
             return self._never_run("${" + inner + "}")
         name, op, word = m.group(1), m.group(2), m.group(3)
+        if op is None and word.startswith("/"):  # ${NAME/old/new}, ${NAME//old/new}: a literal pattern
+            every = word.startswith("//")
+            old, _, new = word[2 if every else 1:].partition("/")
+            value = self._lookup(name)
+            if any(c in old for c in "*?["):
+                return self._never_run("${" + inner + "}")
+            return value.replace(self._word(old), self._word(new), -1 if every else 1) if old else value
         if op is None:
-            return self._lookup(name)
+            return self._lookup(name) if not word else self._never_run("${" + inner + "}")
         known = name in self.variables or name in self.environ
         value = self.variables.get(name, self.environ.get(name))
         empty = not value if op.startswith(":") else not known

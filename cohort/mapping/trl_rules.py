@@ -198,7 +198,8 @@ def _rewards(value: list[str] | None, o: Options) -> list[Entry]:
         else:
             pairs.append((spec, weight))
     specs = [spec if weight is None else {**spec, "weight": weight} for spec, weight in pairs]
-    shown = ", ".join(o.show(k) for k in ("reward_model_name_or_path", "reward_funcs", "reward_weights") if o.has(k))
+    shown = ", ".join(o.show(k) for k in ("reward_model_name_or_path", "reward_funcs", "reward_weights", "max_completion_len",
+                                          "soft_punish_cache") if o.has(k))
     if refused and not specs:
         raise Unmappable("; ".join(refused) + ": no reward of this list maps, so the output has none: set rewards")
     if refused:

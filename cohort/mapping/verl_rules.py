@@ -64,6 +64,8 @@ def _global_micro_batch(value: int, o: Options) -> list[Entry]:
 
 def _total_epochs(value: Any, o: Options) -> list[Entry]:
     if o.has("trainer.total_training_steps"):
+        if not o.has("trainer.total_epochs"):
+            return []  # (verl's default, which total_training_steps overrides)
         raise Unmappable("verl ignores it when trainer.total_training_steps is set, which sets train.max_steps")
     k, text = _optimizer_steps_per_batch(o)
     return steps_for_epochs("trainer.total_epochs", o, o.get(TBS), k, text)
