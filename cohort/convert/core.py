@@ -240,6 +240,9 @@ def convert_input(args: list[str], *, kind: str | None = None, rows: int | None 
         files = [given["dataset_name"]] if isinstance(given.get("dataset_name"), str) else []
         if isinstance(given.get("num_processes"), int):
             num_processes = given["num_processes"]
+        elif num_processes > 1:  # accelerate's processes, given on cohort convert's command line
+            given = {**given, "num_processes": num_processes}
+            notes = [*notes, f"num_processes={num_processes}: from --num-processes (accelerate's, not in the input)"]
     else:
         given, notes = read_verl(args, environ)
         files = given.get("data.train_files") or []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from cohort.mapping.open_r1_rules import OPEN_R1_REFUSED, OPEN_R1_REWARDS, OPEN_R1_RULES
 from cohort.mapping.rules import (Entry, Options, PartlyUnmappable, Rule, Unmappable, flow, mapped, model_path,
                                   none_of, steps_for_epochs, whole)
 
@@ -27,24 +28,6 @@ TRL_REWARDS = {"accuracy_reward": {"name": "accuracy"}, "reasoning_accuracy_rewa
                "think_format_reward": {"name": "think_format"},
                # the `trl grpo` script builds it with max_completion_len=1280, soft_punish_cache=256
                "get_soft_overlong_punishment": {"name": "soft_overlong", "max_completion_length": 1280, "cache_length": 256}}
-# open-r1's reward names (src/open_r1/rewards.py, `reward_funcs` in its recipes): those with a cohort built-in of
-# the same meaning, and the others refused by name (their import path works where open-r1 is installed).
-OPEN_R1_REWARDS = {"accuracy": {"name": "accuracy"}}
-OPEN_R1_REFUSED = {
-    "format": "open-r1's format wants <think>\\n…\\n</think>\\n<answer>\\n…\\n</answer> exactly; cohort's think_format checks "
-              "the <think> block only",
-    "tag_count": "counts each of the four <think>/<answer> tags (0.25 apiece); no built-in counterpart",
-    "reasoning_steps": "counts 'Step 1:'-style markers; no built-in counterpart",
-    "cosine": "scales correctness by the completion's length on a cosine schedule; no built-in counterpart",
-    "repetition_penalty": "penalises repeated n-grams; no built-in counterpart",
-    "length": "Kimi 1.5's length reward across a group; no built-in counterpart",
-    "code": "runs the code in open-r1's E2B/Morph sandboxes; cohort's code_tests runs tests in its own sandbox from a "
-            "tests column",
-    "binary_code": "runs the code in open-r1's E2B/Morph sandboxes; cohort's code_tests runs tests in its own sandbox",
-    "ioi_code": "IOI problems judged by open-r1's piston workers; no counterpart",
-    "cf_code": "Codeforces problems judged by open-r1's piston workers; no counterpart",
-    "code_format": "open-r1's code-block format check; no built-in counterpart",
-}
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
 
 
@@ -64,6 +47,10 @@ def generation_completions(o: Options) -> int:
 
 def _prompts_per_step(value: int, o: Options) -> list[Entry]:
     total, text = completions_per_step(o)
+    if total % o.get(G):
+        raise Unmappable(f"{text} per optimizer step is not a whole number of groups of {o.show(G)}; TRL refuses that "
+                         f"too, so this config runs on other processes than {o.num_processes}: give accelerate's "
+                         "processes (`cohort convert --num-processes N`, or num_processes in the config)")
     prompts = whole(total / o.get(G), f"completions per optimizer step / {G} = {total} / {o.get(G)}")
     return [Entry("train.prompts_per_step", prompts, f"{text} per optimizer step / {o.show(G)} = {prompts} prompts")]
 
@@ -593,25 +580,5 @@ TRL_RULES: tuple[Rule, ...] = (
     none_of("lr_scheduler_kwargs", "cohort's schedules (train.lr_scheduler) take no extra arguments: a cosine decays to 0"),
     none_of("vllm_device", "cohort places vLLM itself (engine.mode: colocate shares the trainer's GPU, local_server takes "
             "the GPUs after the trainer's)"),
-    # open-r1's own options (its GRPOScriptArguments and GRPOConfig additions)
-    none_of("system_prompt", "cohort takes the prompt as the data holds it: add this text as the first (system) "
-            "message of each prompt in the data, as open-r1 does when it builds the conversation"),
-    none_of("chat_template", "cohort renders prompts with the tokenizer's own chat template; save the template into "
-            "the checkpoint's tokenizer_config.json"),
-    none_of("dataset_configs", "a dataset mixture (open-r1): save the mixture as one file (data.train_files)"),
-    none_of("hub_model_revision", "cohort saves to run.output_dir only"),
-    none_of("callbacks", "open-r1's Hub-push callbacks; cohort saves to run.output_dir only"),
-    none_of("benchmarks", "open-r1's lighteval benchmarks after saving; run `cohort eval` on the final model instead"),
-    none_of("wandb_entity", "set WANDB_ENTITY in the environment (run.loggers: wandb reads it)"),
-    none_of("wandb_project", "set WANDB_PROJECT in the environment (run.loggers: wandb reads it)"),
-    none_of("wandb_run_group", "set WANDB_RUN_GROUP in the environment"),
-    none_of("wandb_log_unique_prompts", "cohort writes sample completions to completions.jsonl"),
-    *(none_of(k, "a parameter of open-r1's code rewards (E2B/Morph sandboxes), which have no counterpart") for k in (
-        "code_language", "code_eval_test_batch_size", "code_eval_scoring_mode", "parallel_code_exec_per_proc",
-        "e2b_router_url", "morph_router_url", "code_provider", "ioi_provider", "enforce_same_language")),
-    *(none_of(k, "a parameter of open-r1's cosine and repetition rewards, which have no counterpart") for k in (
-        "cosine_min_value_wrong", "cosine_max_value_wrong", "cosine_min_value_correct", "cosine_max_value_correct",
-        "cosine_max_len", "repetition_n_grams", "repetition_max_penalty")),
-    Rule("max_completion_len", ("rewards",), lambda v, o: [], "open-r1's soft_overlong_punishment: its max_completion_length"),
-    Rule("soft_punish_cache", ("rewards",), lambda v, o: [], "open-r1's soft_overlong_punishment: its cache_length"),
+    *OPEN_R1_RULES,
 )
