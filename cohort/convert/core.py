@@ -8,22 +8,33 @@ then makes sure nothing is silently lost:
   folded into that line's arithmetic), else it is listed;
 - two options that set one field: the first is kept, the second listed as a conflict;
 - a field this version of cohort does not have (a newer name) and a value cohort's
-  config refuses (checked with `CohortConfig`) are moved to the list, with the reason.
+  config refuses (checked with `CohortConfig`) are moved to the list, with the reason;
+- an option only part of which maps (a list of rewards, some without a counterpart) is
+  both converted and listed, the listed part named;
+- a value holding a variable the script sets nowhere (`Unresolved`) is listed naming it,
+  and so is every option whose conversion reads it; a rule that fails on a value of an
+  unexpected shape lists the option too (never a traceback);
+- finally the result is checked as `cohort plan` checks a config's own fields
+  (`validate_config(check_files=False)`); what it refuses is kept in `refusals` and
+  written at the end of the YAML.
+The fields branch hub-names adds (`PENDING_FIELDS`) are written but left out of both checks.
 `render(conversion)` writes the YAML: one line per field, the source key and the
-arithmetic in its comment, then the list of what was not mapped as a comment block.
+arithmetic in its comment, then the list of what was not mapped as a comment block
+(every comment on one line, so a multi-line value never becomes YAML).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from cohort.config import SECTIONS, CohortConfig, ConfigError
 from cohort.config_fields import describe_fields
-from cohort.convert.sources import count_rows, detect, read_trl, read_trl_command, read_verl
+from cohort.convert.sources import SourceError, count_rows, detect, read_trl, read_trl_command, read_verl
 from cohort.mapping.rules import (MISSING, PENDING_FIELDS, Entry, Options, PartlyUnmappable, Rule, Unmappable, Unresolved,
                                   flow)
 from cohort.validation import validate_config
@@ -233,6 +244,8 @@ def convert_input(args: list[str], *, kind: str | None = None, rows: int | None 
     """Read `args` (a verl script, verl's arguments, a TRL YAML/JSON file, or a script running TRL) and convert it.
     The training data's size (for epochs) is `rows`, else counted from a local training file the options name.
     `environ`: where a script's variables it does not set itself are looked up (default: this process's)."""
+    if len(args) == 1 and "=" not in args[0] and not Path(args[0]).is_file():
+        raise SourceError(f"{args[0]}: no such file (give a launch script, a TRL config, or key=value arguments)")
     kind = kind or detect(args)
     origin = args[0] if len(args) == 1 else "the command line"
     if kind in ("trl", "trl_command"):
@@ -245,6 +258,8 @@ def convert_input(args: list[str], *, kind: str | None = None, rows: int | None 
             notes = [*notes, f"num_processes={num_processes}: from --num-processes (accelerate's, not in the input)"]
     else:
         given, notes = read_verl(args, environ)
+        if not given:
+            raise SourceError("no key=value option of verl's trainer was found: " + ("; ".join(notes) or "nothing to read"))
         files = given.get("data.train_files") or []
         files = [files] if isinstance(files, str) else list(files) if isinstance(files, list) else []
     rows_from = "--rows" if rows is not None else ", ".join(map(str, files))

@@ -148,3 +148,12 @@ def test_a_trl_command_line_with_accelerates_flags(tmp_path):
     assert tree["train"]["prompts_per_step"] == 8 and tree["train"]["num_processes"] == 4
     # TRL received 'q_proj,' (comma included), which matches no module: only v_proj was adapted, and is kept
     assert tree["lora"]["target_modules"] == ["v_proj"] and tree["model"]["dtype"] == "bfloat16"
+
+
+def test_a_missing_file_or_nothing_to_read_is_one_clear_error(tmp_path):
+    with pytest.raises(SourceError, match="missing.sh: no such file"):
+        convert_input([str(tmp_path / "missing.sh")])
+    script = tmp_path / "run.sh"
+    script.write_text("python3 -m verl.trainer.main_ppo --config-name=ppo_trainer\n")
+    with pytest.raises(SourceError, match="no key=value option of verl's trainer was found: --config-name"):
+        convert_input([str(script)], environ={})
