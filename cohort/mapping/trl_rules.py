@@ -308,6 +308,10 @@ def _server_url(key: str):
 
 
 def _correction(value: bool, o: Options) -> list[Entry]:
+    if not o.get("use_vllm"):
+        if not o.has(ISC):
+            return []  # (TRL's default, read only with vLLM)
+        raise Unmappable("no effect: TRL corrects for vLLM's sampling only with use_vllm=True")
     if not value:
         return [Entry("algorithm.rollout_correction", "none", o.show(ISC))]
     return _correction_mode(o.get(ISM), o, also=o.show(ISC))
@@ -489,8 +493,9 @@ TRL_RULES: tuple[Rule, ...] = (
     Rule("vllm_tensor_parallel_size", ("engine.tensor_parallel_size", "engine.mode"), _tensor_parallel,
          "> 1 needs vLLM in its own process (engine.mode=local_server)"),
     mapped("vllm_enable_sleep_mode", "engine.sleep_mode", {True: 2, False: 0}, "level 2, as TRL sleeps"),
-    Rule(ISC, ("algorithm.rollout_correction",), _correction, "with vllm_importance_sampling_mode: token_truncate: "
-         "truncate, token_mask: mask; False: none"),
+    Rule(ISC, ("algorithm.rollout_correction",), _correction, "with use_vllm and vllm_importance_sampling_mode: "
+         "token_truncate: truncate, token_mask: mask; False: none; TRL's default (True, sequence_mask) has no "
+         "counterpart and is listed", default=True),
     Rule(ISM, ("algorithm.rollout_correction",), _correction_mode, "token_truncate: truncate, token_mask: mask"),
     Rule("vllm_importance_sampling_clip_max", ("algorithm.rollout_correction_cap",), None),
     Rule("vllm_importance_sampling_cap", ("algorithm.rollout_correction_cap",), None, "older name of clip_max"),
