@@ -245,9 +245,10 @@ class AlgorithmConfig(_Section):
     delta: float | None = Field(None, description="Two-sided clipping cap on the ratio for negative advantages (TRL's `delta`); None: off.")
     clip_ratio_c: float | None = Field(None, description="Dual clip (verl's actor.clip_ratio_c, e.g. 3.0): for negative advantages the "
         "clipped loss is capped at −A·c, so a huge ratio cannot push one token's loss without bound. > 1; None: off.")
-    loss_type: Literal["grpo", "dapo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo"] = Field("dapo", description="Loss as TRL names it. "
+    loss_type: Literal["grpo", "dapo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "gmpo"] = Field("dapo", description="Loss as TRL names it. "
         "Aggregations of the clipped loss: grpo (tokens, then sequences), dapo (all tokens of the step), bnpo (the micro-batch's "
-        "tokens), dr_grpo (token sum / max_completion_length); losses of their own: cispo, sapo, luspo, vespo (docs/algorithms.md).")
+        "tokens), dr_grpo (token sum / max_completion_length); losses of their own: cispo, sapo, luspo, vespo, and gmpo (GMPO, verl's "
+        "geo_mean: the geometric mean of the token ratios, epsilon_low/high bounding each token's log-ratio; docs/algorithms.md).")
     sapo_temperature_pos: float = Field(1.0, description="loss_type=sapo: gate temperature for tokens with positive advantage (> 0).")
     sapo_temperature_neg: float = Field(1.05, description="loss_type=sapo: gate temperature for tokens with advantage <= 0 (> 0).")
     vespo_k_pos: float = Field(2.0, description="loss_type=vespo, advantage >= 0: power k of the weight w^k·e^(λ(1−w)) (how fast it falls for w < 1).")

@@ -198,7 +198,7 @@ def check_ranges(cfg: CohortConfig) -> list[str]:
     for key, value in (("algorithm.epsilon_low", a.epsilon_low), ("algorithm.epsilon_high", a.epsilon_high)):
         if value < 0:
             problems.append(f"{key} = {value}: must be >= 0 (0.2 is the PPO default)")
-    if a.epsilon_low >= 1:
+    if a.epsilon_low >= 1 and a.loss_type != "gmpo":  # (gmpo's eps bound the log-ratio: e^-eps stays positive)
         problems.append(f"algorithm.epsilon_low = {a.epsilon_low}: must be < 1 or the lower clip bound 1 − ε is not positive; use 0.2")
     if a.delta is not None and a.delta <= 1 + a.epsilon_high:
         problems.append(f"algorithm.delta = {a.delta}: must exceed 1 + algorithm.epsilon_high = {1 + a.epsilon_high}; TRL suggests 1.5–2, or unset it")
