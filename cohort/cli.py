@@ -20,7 +20,6 @@ import textwrap
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
@@ -92,8 +91,11 @@ def _resume_config(target: str, overrides: list[str]):
 
 def cmd_train(ns) -> int:
     cfg = _resume_config(ns.resume, ns.config) if ns.resume else _load(ns.config, say_source=sys.stdout)[0]
-    from cohort.launch.launch import launch_elsewhere
+    from cohort.launch.launch import fetch_by_name, launch_elsewhere
 
+    if "WORLD_SIZE" not in os.environ:  # (torchrun children: their parent fetched it)
+        for line in fetch_by_name(cfg):
+            print(line, flush=True)
     outcome = launch_elsewhere(cfg, ["train", *ns.config] + (["--resume", ns.resume] if ns.resume else []))
     if isinstance(outcome, int):  # train.num_processes > 1: the torchrun children did the work
         return outcome
@@ -179,7 +181,7 @@ def cmd_eval(ns) -> int:
 
     result = evaluate_model(cfg, num_samples=ns.num_samples, temperature=ns.temperature or (1.0 if ns.num_samples > 1 else 0.0))
     if result is None:
-        print("no eval data: set data.eval_files (or use a built-in task)", file=sys.stderr)
+        print("no eval data: set data.eval_files or data.dataset_test_split (or use a built-in task)", file=sys.stderr)
         return 2
     result.pop("completions")
     print(json.dumps(result, indent=2))

@@ -137,6 +137,42 @@ def tiny_reward_model_dir(tmp_path_factory):
     return path
 
 
+def place_in_hub_cache(hub_cache: Path, repo_id: str, source: Path, *, repo_type: str = "model",
+                       commit: str | None = None, refs: tuple[str, ...] = ("main",)) -> Path:
+    """Lay the files of `source` out in `hub_cache` (HF_HOME/hub) as a download by huggingface_hub leaves them:
+    `{models|datasets}--org--name/blobs/<sha256>`, `snapshots/<commit>/<file>` a relative symlink to its blob, and
+    `refs/<name>` holding the commit hash for each name in `refs`. Returns the snapshot directory."""
+    import hashlib
+
+    commit = commit or hashlib.sha1(f"{repo_id}:{sorted(p.name for p in source.rglob('*'))}".encode()).hexdigest()
+    repo = hub_cache / f"{repo_type}s--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    for file in sorted(p for p in source.rglob("*") if p.is_file()):
+        data = file.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = snapshot / file.relative_to(source)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    for name in refs:
+        (repo / "refs" / name).write_text(commit)
+    return snapshot
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face cache for this test: HF_HOME=tmp_path/hf (for child processes) and huggingface_hub's
+    HF_HUB_CACHE pointed at tmp_path/hf/hub (read once at import in this process); offline, as the tests run."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    (tmp_path / "hf" / "hub").mkdir(parents=True)
+    return tmp_path / "hf" / "hub"
+
+
 # --------------------------------------------------------------------------- the fast lane: `make test-fast` = -m "not slow"
 #
 # A test is `slow` when it starts vLLM, a `cohort serve` child, torch.distributed or Ray, or trains a model for more

@@ -53,5 +53,5 @@ def test_in_a_reward_set_and_close(checkpoint):
 
 
 def test_missing_checkpoint_fails_early(tmp_path):
-    with pytest.raises(ValueError, match="local checkpoint directory"):
+    with pytest.raises(ValueError, match="reward_model's model = .*nope.*: not a directory; give a local transformers checkpoint"):
         get("reward_model", model=str(tmp_path / "nope"))
