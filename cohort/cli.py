@@ -91,11 +91,8 @@ def _resume_config(target: str, overrides: list[str]):
 
 def cmd_train(ns) -> int:
     cfg = _resume_config(ns.resume, ns.config) if ns.resume else _load(ns.config, say_source=sys.stdout)[0]
-    from cohort.launch.launch import fetch_by_name, launch_elsewhere
+    from cohort.launch.launch import launch_elsewhere
 
-    if "WORLD_SIZE" not in os.environ:  # (torchrun children: their parent fetched it)
-        for line in fetch_by_name(cfg):
-            print(line, flush=True)
     outcome = launch_elsewhere(cfg, ["train", *ns.config] + (["--resume", ns.resume] if ns.resume else []))
     if isinstance(outcome, int):  # train.num_processes > 1: the torchrun children did the work
         return outcome

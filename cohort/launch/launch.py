@@ -32,9 +32,12 @@ def torchrun_command(num_processes: int, cli_args: list[str], output_dir: str) -
 
 
 def launch_elsewhere(cfg, cli_args: list[str]) -> dict | int | None:
-    """None: train in this process. Else rank 0's summary (Ray) or the torchrun child's exit code."""
+    """None: train in this process. Else rank 0's summary (Ray) or the torchrun child's exit code. First (not in a
+    torchrun child: its parent did it) whatever is named by its Hub name is fetched (`fetch_by_name`)."""
     if "WORLD_SIZE" in os.environ:
         return None
+    for line in fetch_by_name(cfg):
+        print(line, flush=True)
     if cfg.distributed.backend == "ray":
         return train_with_ray(cfg)
     if cfg.train.num_processes <= 1:
