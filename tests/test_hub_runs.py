@@ -67,4 +67,5 @@ def test_train_by_hub_names_offline_at_a_revision(hub_names, tmp_path):
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert (saved["model"]["path"], saved["model"]["revision"], saved["data"]["dataset_name"]) == ("org/tiny", "v1", "org/sums")
     assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
-    assert [json.loads(line)["split"] for line in (run_dir / "eval.jsonl").read_text().splitlines()][:1] != []
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert [(e["label"], e["num_prompts"]) for e in evals] == [("before", 4), ("after", 4)]  # the test split's 4 rows

@@ -138,7 +138,8 @@ def explain(repo_id: str, revision: str | None, exc: BaseException) -> str:
         return f"{repo_id!r} is neither a local directory nor a valid Hub id (org/name): {exc}"
     if isinstance(exc, LocalEntryNotFoundError):
         if constants.HF_HUB_OFFLINE:
-            return f"{named} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}){_offline_fix(repo_id)}"
+            return (f"{repo_id!r} is not a local directory, and {named} is not in the Hugging Face cache "
+                    f"({constants.HF_HUB_CACHE}){_offline_fix(repo_id)}")
         return (f"{named}: the Hugging Face Hub could not be reached and the model is not in the cache "
                 f"({constants.HF_HUB_CACHE}): check the network (or HF_ENDPOINT), or give a local checkpoint directory "
                 f"({type(exc.__cause__ or exc).__name__}: {str(exc.__cause__ or exc).splitlines()[0]})")

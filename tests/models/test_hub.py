@@ -48,7 +48,8 @@ def test_a_revision_picks_its_snapshot_by_tag_by_commit_and_after_the_at_sign(ca
 def test_a_missing_id_offline_is_refused_naming_the_id_and_the_fix(hub_cache):
     problems = check_model_dir("org/absent")
     assert problems == [
-        f"model.path = 'org/absent': Hub model org/absent is not in the Hugging Face cache ({hub_cache}), and "
+        f"model.path = 'org/absent': 'org/absent' is not a local directory, and Hub model org/absent is not in the Hugging "
+        f"Face cache ({hub_cache}), and "
         "HF_HUB_OFFLINE=1 forbids downloading it: unset it to download it once, or fill the cache where there is a "
         "network (`hf download org/absent`) and copy it here, or give a local checkpoint directory"]
     with pytest.raises(ModelLoadError, match=r"revision 'v9' is not in the Hugging Face cache"):
