@@ -47,7 +47,8 @@ def test_a_missing_hub_model_is_refused_before_any_weights_load(hub_names, monke
     monkeypatch.setattr("cohort.models.loading.load_policy", lambda *a, **k: pytest.fail("weights loaded"))
     assert cli.main(["train", "model.path=org/absent", "data.dataset_name=org/sums", *SMALL]) == 2
     err = capsys.readouterr().err
-    assert "model.path = 'org/absent': Hub model org/absent is not in the Hugging Face cache" in err
+    assert "model.path = 'org/absent': 'org/absent' is not a local directory, and Hub model org/absent is not in the " \
+           "Hugging Face cache" in err
     assert "HF_HUB_OFFLINE=1 forbids downloading it" in err
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from cohort.models.loading import check_model_dir, resolve_model_dir
 from cohort.rewards.registry import register
 from cohort.rewards.text import content_text
 
@@ -43,6 +42,8 @@ class RewardModel:
     __name__ = "reward_model"
 
     def __init__(self, model: str, batch_size: int, max_length: int, device: str, label_index: int, revision: str | None = None):
+        from cohort.models.loading import check_model_dir  # here: it loads torch, and listing rewards must not
+
         problems = check_model_dir(model, revision)
         if problems or model.startswith("tiny:"):
             raise ValueError("reward_model's " + (problems[0].replace("model.path", "model", 1) if problems else
@@ -60,6 +61,8 @@ class RewardModel:
 
     def _load(self) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        from cohort.models.loading import resolve_model_dir  # (torch, as check_model_dir above)
 
         directory = str(resolve_model_dir(self.path, self.revision))  # (a Hub id: its snapshot, downloaded if missing)
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
