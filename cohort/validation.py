@@ -48,6 +48,7 @@ from cohort.data.datasets import DataError, check_data_config, own_data
 from cohort.data.named import named_data_problems
 from cohort.loss_checks import loss_problems
 from cohort.models import loading
+from cohort.models.hub import hub_parameter_count
 from cohort.models.devices import DeviceError, auto_dtype, has_bf16_units, resolve_device
 from cohort.models.lora import lora_problems
 from cohort.models.placement import engine_gpus, training_processes, visible_gpus
@@ -120,13 +121,15 @@ def settle_model_dtype(cfg: CohortConfig, *, for_gpu: bool = False) -> tuple[str
     placed = f"train.device auto = {device}" if cfg.train.device == "auto" and device.type != "cpu" and not for_gpu else None
     if cfg.model.dtype != "auto":
         return placed, []
-    model_dir = model_dir_of(cfg)  # (a Hub id: its snapshot, the weights' headers only when the weights are cached)
+    model_dir = model_dir_of(cfg)  # (a Hub id: its snapshot, with its weights' headers when the weights are cached)
     if cfg.model.path.startswith("tiny:"):  # an embedded model: its cached checkpoint when built (never built here)
         model_dir = cached_tiny_dir(cfg.model.path.split(":", 1)[1])
     try:
         parameters = loading.checkpoint_parameters(model_dir) if model_dir is not None and model_dir.is_dir() else None
     except Exception:  # an unreadable header (SafetensorError, OSError): the weights check below names the file
         parameters = None
+    if parameters is None and model_dir is not None and not cfg.model.path.startswith("tiny:"):
+        parameters = hub_parameter_count(cfg.model.path, cfg.model.revision)  # (a Hub id not downloaded: the Hub's headers)
     dtype, why = auto_dtype(device.type, for_gpu or has_bf16_units(device), parameters)
     cfg.model.dtype = dtype
     why = "as on a GPU with bfloat16 units: --gpu-memory-gib plans a GPU run" if for_gpu else why

@@ -87,8 +87,9 @@ def hub_snapshot(path: str, revision: str | None = None, *, weights: bool = True
 
 def hub_parameter_count(path: str, revision: str | None = None) -> int | None:
     """The parameters in a Hub model's safetensors files, read from the headers on the Hub (a few KiB per file by
-    range request, never the weights); None offline, for a path that is no Hub id, or when the Hub cannot tell."""
-    if constants.HF_HUB_OFFLINE or not looks_like_hub_id(path):
+    range request, never the weights); None offline, for a local directory or anything else that is no Hub id, or when
+    the Hub cannot tell."""
+    if constants.HF_HUB_OFFLINE or not looks_like_hub_id(path) or Path(path).expanduser().is_dir():
         return None
     try:
         repo_id, revision = split_revision(path, revision)
