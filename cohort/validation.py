@@ -98,8 +98,8 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
     if check_files and not problems:
         gpu = plan_gpu_memory(cfg, plan)
         problems += gpu_fit_problems(cfg, gpu) if gpu is not None else []
-    if problems:
-        raise ConfigError(problems)
+    if problems:  # (once each: a named dataset's missing split is found by the data check and again when measuring)
+        raise ConfigError(list(dict.fromkeys(problems)))
     if gpu is not None and gpu.derived:  # the one field validation fills in (module docstring)
         cfg.engine.gpu_memory_utilization = gpu.utilization
     return plan

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cohort.data.datasets import SAMPLE_ROWS, DataError, file_columns, normalise_row, own_data
+from cohort.data.datasets import SAMPLE_ROWS, file_columns, normalise_row, own_data
 from cohort.data.named import split_label, split_rows
 from cohort.data.tasks import get_task
 from cohort.rewards import verl
@@ -71,11 +71,9 @@ def _sources(cfg: Any) -> list[tuple[str, Callable[[int | None], list[str]]]]:
 
 
 def _split_columns(data: Any, split: str, field: str) -> list[str]:
-    """A named dataset's columns (its schema: every row has them all), verl's layout read as training reads it."""
-    try:
-        first = next(split_rows(data, split, field), None)
-    except DataError:
-        return []  # reported by the data checks
+    """A named dataset's columns (its schema: every row has them all), verl's layout read as training reads it; a
+    missing split or prompt column raises DataError (the data checks report it; reward_column_problems skips it)."""
+    first = next(split_rows(data, split, field), None)
     return [c for c in (normalise_row(first[1], first[0]) if first else {}) if c != data.prompt_key]
 
 

@@ -7,11 +7,12 @@ import json
 
 import pytest
 
-from cohort.config import CohortConfig
+from cohort.config import CohortConfig, ConfigError
 from cohort.data.datasets import DataError
 from cohort.data.loading import load_data
 from cohort.data.named import named_data_problems
 from cohort.rewards.columns import reward_column_problems
+from cohort.validation import validate_config
 
 TRAIN = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(5)]
 TEST = [{"question": "What is 7 + 1?", "answer": "8"}]
@@ -87,3 +88,17 @@ def test_reward_columns_are_checked_against_the_named_dataset(hub_dataset):
                                        "rewards": [{"name": "accuracy"}]})
     [problem] = reward_column_problems(cfg)
     assert "dataset org/sums split train has only the columns ['question']" in problem
+
+
+def test_a_missing_split_is_one_problem_before_anything_loads(hub_dataset, tiny_model_dir):
+    """Found by the data check and again when the prompts are measured: reported once; the reward-column check, which
+    cannot read a split that is not there, adds nothing."""
+    cfg = CohortConfig.model_validate({
+        "model": {"path": str(tiny_model_dir)}, "rollout": {"max_completion_length": 16},
+        "data": {"dataset_name": hub_dataset, "prompt_key": "question", "dataset_test_split": "validation"},
+        "rewards": [{"name": "accuracy"}]})
+    with pytest.raises(ConfigError) as error:
+        validate_config(cfg)
+    assert error.value.problems == [
+        "data.dataset_test_split = 'validation': dataset org/sums has no such split; it has train, test; set "
+        "data.dataset_test_split to one of them"]
