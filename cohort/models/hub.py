@@ -116,7 +116,7 @@ def _check_snapshot(repo_id: str, revision: str | None, folder: Path, weights: b
                             "is not a transformers checkpoint; give a repository that from_pretrained loads")
     if weights and not any(p.name.endswith(WEIGHT_SUFFIXES) for p in folder.iterdir()):
         raise HubModelError(f"{_named(repo_id, revision)} is in the Hugging Face cache ({folder}) with its config but without "
-                            f"its weights (*.safetensors){_offline_fix(repo_id)}")
+                            f"its weights (*.safetensors){_offline_fix(repo_id, revision)}")
 
 
 def explain(repo_id: str, revision: str | None, exc: BaseException) -> str:
@@ -140,7 +140,7 @@ def explain(repo_id: str, revision: str | None, exc: BaseException) -> str:
     if isinstance(exc, LocalEntryNotFoundError):
         if constants.HF_HUB_OFFLINE:
             return (f"{repo_id!r} is not a local directory, and {named} is not in the Hugging Face cache "
-                    f"({constants.HF_HUB_CACHE}){_offline_fix(repo_id)}")
+                    f"({constants.HF_HUB_CACHE}){_offline_fix(repo_id, revision)}")
         return (f"{named}: the Hugging Face Hub could not be reached and the model is not in the cache "
                 f"({constants.HF_HUB_CACHE}): check the network (or HF_ENDPOINT), or give a local checkpoint directory "
                 f"({type(exc.__cause__ or exc).__name__}: {str(exc.__cause__ or exc).splitlines()[0]})")
@@ -161,8 +161,9 @@ def offline_variable() -> str:
     return "HF_HUB_OFFLINE=1"
 
 
-def _offline_fix(repo_id: str) -> str:
+def _offline_fix(repo_id: str, revision: str | None) -> str:
+    command = f"hf download {repo_id}" + (f" --revision {revision}" if revision else "")
     if constants.HF_HUB_OFFLINE:
         return (f", and {offline_variable()} forbids downloading it: unset it to download it once, or fill the cache "
-                f"where there is a network (`hf download {repo_id}`) and copy it here, or give a local checkpoint directory")
-    return f": run with the network to download it (`hf download {repo_id}`), or give a local checkpoint directory"
+                f"where there is a network (`{command}`) and copy it here, or give a local checkpoint directory")
+    return f": run with the network to download it (`{command}`), or give a local checkpoint directory"

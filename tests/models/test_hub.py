@@ -52,7 +52,8 @@ def test_a_missing_id_offline_is_refused_naming_the_id_and_the_fix(hub_cache):
         f"Face cache ({hub_cache}), and "
         "HF_HUB_OFFLINE=1 forbids downloading it: unset it to download it once, or fill the cache where there is a "
         "network (`hf download org/absent`) and copy it here, or give a local checkpoint directory"]
-    with pytest.raises(ModelLoadError, match=r"revision 'v9' is not in the Hugging Face cache"):
+    with pytest.raises(ModelLoadError, match=r"revision 'v9' is not in the Hugging Face cache .*`hf download org/absent "
+                                             r"--revision v9`"):
         resolve_model_dir("org/absent", revision="v9")
 
 
