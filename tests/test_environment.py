@@ -17,9 +17,12 @@ WRITES = [r'environ\[\s*["\']{name}["\']\s*\]\s*=', r'setdefault\(\s*["\']{name}
           r'^\s*export\s+{name}\b']
 
 
+ANY_WRITE = re.compile("|".join(f"(?:{p.format(name=n)})" for n in USERS_VARIABLES for p in WRITES), re.MULTILINE)
+
+
 def writes_in(text: str) -> list[str]:
-    return [f"{name} ({pattern})" for name in USERS_VARIABLES for pattern in WRITES
-            if re.search(pattern.format(name=name), text, re.MULTILINE)]
+    """Each write of one of USERS_VARIABLES in `text`, as the text matched."""
+    return [match.group(0).strip() for match in ANY_WRITE.finditer(text)]
 
 
 def test_nothing_in_cohort_sets_the_users_hub_or_wandb_variables():
