@@ -20,7 +20,6 @@ import textwrap
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
@@ -179,7 +178,7 @@ def cmd_eval(ns) -> int:
 
     result = evaluate_model(cfg, num_samples=ns.num_samples, temperature=ns.temperature or (1.0 if ns.num_samples > 1 else 0.0))
     if result is None:
-        print("no eval data: set data.eval_files (or use a built-in task)", file=sys.stderr)
+        print("no eval data: set data.eval_files or data.dataset_test_split (or use a built-in task)", file=sys.stderr)
         return 2
     result.pop("completions")
     print(json.dumps(result, indent=2))
