@@ -17,7 +17,6 @@ then makes sure nothing is silently lost:
 - finally the result is checked as `cohort plan` checks a config's own fields
   (`validate_config(check_files=False)`); what it refuses is kept in `refusals` and
   written at the end of the YAML.
-The fields branch hub-names adds (`PENDING_FIELDS`) are written but left out of both checks.
 `render(conversion)` writes the YAML: one line per field, the source key and the
 arithmetic in its comment, then the list of what was not mapped as a comment block
 (every comment on one line, so a multi-line value never becomes YAML).
@@ -35,7 +34,7 @@ from pydantic import ValidationError
 from cohort.config import SECTIONS, CohortConfig, ConfigError
 from cohort.config_fields import describe_fields
 from cohort.convert.sources import SourceError, count_rows, detect, read_trl, read_trl_command, read_verl
-from cohort.mapping.rules import (MISSING, PENDING_FIELDS, Entry, Options, PartlyUnmappable, Rule, Unmappable, Unresolved,
+from cohort.mapping.rules import (MISSING, Entry, Options, PartlyUnmappable, Rule, Unmappable, Unresolved,
                                   flow)
 from cohort.validation import validate_config
 from cohort.mapping.trl_rules import TRL_RULES
@@ -157,7 +156,7 @@ def _merge(entries: list[Entry], unmapped: list[Unmapped]) -> list[Entry]:
 
 
 def _known_fields(entries: list[Entry], unmapped: list[Unmapped]) -> list[Entry]:
-    known = {key for key, *_ in describe_fields()} | set(PENDING_FIELDS)
+    known = {key for key, *_ in describe_fields()}
     for e in entries:
         if e.field not in known:
             unmapped.append(Unmapped(e.source, e.value, f"its cohort name is {e.field}, which this version of cohort "
@@ -169,7 +168,7 @@ def _check(entries: list[Entry], unmapped: list[Unmapped]) -> list[Entry]:
     """Drop (and list) the entries whose values cohort's config refuses, until the rest validates."""
     for _ in range(len(entries) + 1):
         try:
-            CohortConfig.model_validate(_tree(e for e in entries if e.field not in PENDING_FIELDS))
+            CohortConfig.model_validate(_tree(entries))
             return entries
         except ValidationError as exc:
             bad = {}
@@ -186,7 +185,7 @@ def _check(entries: list[Entry], unmapped: list[Unmapped]) -> list[Entry]:
 def _refusals(entries: list[Entry]) -> tuple[str, ...]:
     """The problems `cohort plan` finds in the converted config's own fields (no model or data read), or none."""
     try:
-        validate_config(CohortConfig.model_validate(_tree(e for e in entries if e.field not in PENDING_FIELDS)),
+        validate_config(CohortConfig.model_validate(_tree(entries)),
                         check_files=False)
     except ConfigError as exc:
         return tuple(exc.problems)

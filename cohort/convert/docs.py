@@ -8,7 +8,7 @@ and the tables disagree, so no row can go stale. A row whose cohort field this v
 from __future__ import annotations
 
 from cohort.config_fields import describe_fields
-from cohort.mapping.rules import MISSING, PENDING_FIELDS, Rule, flow
+from cohort.mapping.rules import MISSING, Rule, flow
 from cohort.mapping.trl_rules import OPEN_R1_REFUSED, TRL_RULES
 from cohort.mapping.verl_algorithms import REFUSED_ESTIMATORS, REFUSED_LOSS_MODES
 from cohort.mapping.verl_rules import VERL_RULES
@@ -28,7 +28,7 @@ def markers(kind: str) -> tuple[str, str]:
 
 def table(kind: str) -> str:
     name, rules = PAGES[kind]
-    known = {key for key, *_ in describe_fields()} | set(PENDING_FIELDS)
+    known = {key for key, *_ in describe_fields()}
     lines = [f"| {name} | cohort | note |", "|---|---|---|"]
     lines += [_row(rule, name, known) for rule in rules]
     return "\n".join(lines)

@@ -61,11 +61,6 @@ class Unresolved:
         return f"holds {which}, which the script sets nowhere and this environment does not have: {fix}"
 
 
-# Fields branch hub-names (issue 36) adds to cohort's config; conversions write them already.
-# TODO(hub-names): once that branch is merged these are ordinary fields: delete this set and its two uses
-# (cohort.convert.core, cohort.convert.docs) and the skip in tests/convert/test_corpus.py.
-PENDING_FIELDS = ("model.revision", "data.dataset_name", "data.dataset_config", "data.dataset_train_split",
-                  "data.dataset_test_split")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -234,6 +234,14 @@ def _dataset_part(field: str, key: str):
     return convert
 
 
+def _dataset_test_split(value: Any, o: Options) -> list[Entry]:
+    """TRL's scripts evaluate on the test split only when eval_strategy is not "no" (its default): otherwise the split
+    (default "test", which many datasets lack) is never read, and cohort, which would read and score it, leaves it out."""
+    if o.get("eval_strategy", "no") == "no":
+        raise Unmappable("not read by TRL with eval_strategy=no (its default): no evaluation, so no split to score")
+    return _dataset_part("data.dataset_test_split", "dataset_test_split")(value, o)
+
+
 def _max_prompt_length(value: int | None, o: Options) -> list[Entry]:
     if value is None:
         return [Entry("data.max_prompt_length", None, o.show("max_prompt_length") + ": no limit")]
@@ -451,8 +459,8 @@ TRL_RULES: tuple[Rule, ...] = (
          "the Hub dataset's configuration"),
     Rule("dataset_train_split", ("data.dataset_train_split",), _dataset_part("data.dataset_train_split",
          "dataset_train_split"), "train in both"),
-    Rule("dataset_test_split", ("data.dataset_test_split",), _dataset_part("data.dataset_test_split", "dataset_test_split"),
-         "scored greedily before and after training"),
+    Rule("dataset_test_split", ("data.dataset_test_split",), _dataset_test_split,
+         "scored greedily before and after training, when eval_strategy is not no (as TRL reads it)"),
     Rule("dataset_prompt_column", ("data.prompt_key",), None, "prompt in both"),
     none_of("dataset_streaming", "cohort reads the data files whole"),
     none_of("datasets", "a dataset mixture: save the mixture as one file (data.train_files)"),

@@ -15,7 +15,6 @@ import yaml
 from cohort.config import CohortConfig, ConfigError
 from cohort.convert.core import convert_input, render
 from cohort.convert.sources import detect, read_trl, read_trl_command, read_verl
-from cohort.mapping.rules import PENDING_FIELDS
 from cohort.validation import validate_config
 from tests.convert.test_examples import named_where
 
@@ -30,16 +29,6 @@ def _options(path: Path) -> dict:
     if kind == "trl":
         return read_trl(str(path))
     return (read_trl_command if kind == "trl_command" else read_verl)([str(path)], ENV)[0]
-
-
-def _plannable(tree: dict) -> dict:
-    """The converted tree without the fields branch hub-names adds to the config (cohort.mapping.rules.PENDING_FIELDS).
-    TODO(hub-names): once that branch is merged, return `tree` itself (and delete PENDING_FIELDS)."""
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in tree.items()}
-    for field in PENDING_FIELDS:
-        section, name = field.split(".")
-        out.get(section, {}).pop(name, None)
-    return out
 
 
 def test_the_corpus_is_real_and_attributed():
@@ -78,7 +67,7 @@ def test_every_option_is_mapped_or_refused_with_its_reason(path):
 @pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_cohort_plan_accepts_each_output_or_refuses_it_for_reasons_the_output_states(path):
     text = render(convert_input([str(path)], environ=ENV))
-    cfg = CohortConfig.model_validate(_plannable(yaml.safe_load(text)))
+    cfg = CohortConfig.model_validate(yaml.safe_load(text))
     try:
         validate_config(cfg, check_files=False)  # the config checks of `cohort plan`; the model and data are elsewhere
     except ConfigError as exc:

@@ -46,7 +46,7 @@ def test_hub_names_are_kept_as_they_are():
     text, tree, reasons = _run({"model_name_or_path": "Qwen/Qwen2.5-1.5B-Instruct", "model_revision": "main",
                                 "dataset_name": "open-r1/OpenR1-Math-220k", "dataset_config": "default",
                                 "dataset_train_split": "train", "dataset_test_split": "test",
-                                "dataset_prompt_column": "problem"})
+                                "dataset_prompt_column": "problem", "eval_strategy": "steps", "eval_steps": 10})
     assert tree["model"] == {"path": "Qwen/Qwen2.5-1.5B-Instruct", "revision": "main"}
     assert tree["data"] == {"prompt_key": "problem", "dataset_name": "open-r1/OpenR1-Math-220k", "dataset_config": "default",
                             "dataset_train_split": "train", "dataset_test_split": "test"}
@@ -71,3 +71,13 @@ def test_open_r1s_reward_names_mapped_or_refused_by_name():
                              "soft_punish_cache": 512})
     assert tree["rewards"] == [{"name": "soft_overlong", "max_completion_length": 4096, "cache_length": 512}]
     assert not reasons
+
+
+def test_the_test_split_is_kept_only_where_trl_evaluates():
+    # TRL's scripts pass eval_dataset=dataset[dataset_test_split] only when eval_strategy != "no" (its default); cohort
+    # would read and score a named test split, so one TRL never reads (default "test", absent from many datasets) is left out
+    hub = {"dataset_name": "trl-lib/DeepMath-103K", "dataset_test_split": "test"}
+    _, tree, reasons = _run(hub)
+    assert "dataset_test_split" not in tree["data"] and "eval_strategy=no" in reasons["dataset_test_split"]
+    _, tree, _ = _run({**hub, "eval_strategy": "steps", "eval_steps": 5})
+    assert tree["data"]["dataset_test_split"] == "test" and tree["data"]["dataset_name"] == "trl-lib/DeepMath-103K"
