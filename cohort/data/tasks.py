@@ -195,12 +195,19 @@ TOOL_CALC_SPLIT_KEY = "tool_calc-split-v1"
 def tool_calc_rows(seed: int, eval_size: int = 200) -> tuple[list[dict], list[dict]]:
     """Disjoint (train, eval) rows for `a*b=` with a in 10..999 and b in 10..99 (answers of 3 to 5 digits); the eval
     split is fixed (it does not depend on `seed`), the seed orders the train rows."""
-    problems = [(a, b) for a in range(10, 1000) for b in range(10, 100)]
-    random.Random(TOOL_CALC_SPLIT_KEY).shuffle(problems)
-    evals, train = problems[:eval_size], problems[eval_size:]
-    random.Random(seed).shuffle(train)
+    train, evals = fixed_split([(a, b) for a in range(10, 1000) for b in range(10, 100)], TOOL_CALC_SPLIT_KEY, eval_size, seed)
     row = lambda a, b: {"prompt": [{"role": "user", "content": f"{a}*{b}="}], "answer": str(a * b)}  # noqa: E731
     return [row(a, b) for a, b in train], [row(a, b) for a, b in evals]
+
+
+def fixed_split(problems: list, split_key: str, eval_size: int, seed: int) -> tuple[list, list]:
+    """(train, eval) problems: the eval ones drawn by `split_key` alone (the same for every seed), the rest in the
+    order `seed` gives."""
+    problems = list(problems)
+    random.Random(split_key).shuffle(problems)
+    evals, train = problems[:eval_size], problems[eval_size:]
+    random.Random(seed).shuffle(train)
+    return train, evals
 
 
 @register_task("tool_calc")
@@ -229,10 +236,7 @@ ADD_CHAT_EVAL_SIZE = 200
 def add_chat_rows(seed: int, eval_size: int = ADD_CHAT_EVAL_SIZE) -> tuple[list[dict], list[dict]]:
     """Disjoint (train, eval) rows for "What is a + b?" (a, b in 1..30); the eval split is fixed (it does not depend on
     `seed`), the seed orders the train rows."""
-    problems = [(a, b) for a in ADD_CHAT_OPERANDS for b in ADD_CHAT_OPERANDS]
-    random.Random(ADD_CHAT_SPLIT_KEY).shuffle(problems)
-    evals, train = problems[:eval_size], problems[eval_size:]
-    random.Random(seed).shuffle(train)
+    train, evals = fixed_split([(a, b) for a in ADD_CHAT_OPERANDS for b in ADD_CHAT_OPERANDS], ADD_CHAT_SPLIT_KEY, eval_size, seed)
     row = lambda a, b: {"prompt": [{"role": "user", "content": f"What is {a} + {b}?"}], "answer": str(a + b)}  # noqa: E731
     return [row(a, b) for a, b in train], [row(a, b) for a, b in evals]
 
