@@ -10,6 +10,11 @@ trainer: the fixed cost the planner does not count, reported beside so the gap c
 
 Peak RSS does not depend on the machine's load (the timings here are not reported).
 
+Measured (the same high-water mark, read from /proc while `cohort train examples/smollm2_add.yaml` ran steps 1-2 on
+the shared machine; /usr/bin/time's maximum RSS agreed: 8,322,956 kB): 7.94 GiB. `cohort plan`: 6.94 GiB (trainer
+4.00 + vLLM weights 0.50 + KV cache 1.00 + working allowance 1.00 + imports 0.44), 0.87x; before the planner counted
+the colocated engine and the imports, 5.50 GiB, 0.69x. Imports alone here: 443 MiB.
+
     PYTHONPATH=. python bench/smollm2_memory.py [--steps 3] [--micro-batch 16 32]
 """
 
