@@ -44,8 +44,7 @@ def engine(smollm2_dir):
 
 @pytest.fixture(scope="module")
 def reference(engine, tmp_path_factory):
-    """Two full steps, a checkpoint after each; the trainer stays open for the checks (the engine holds step 1's
-    weights: the last step pushes nothing)."""
+    """Two full steps, a checkpoint after each; the trainer stays open for the checks."""
     run_dir = tmp_path_factory.mktemp("smollm2") / "reference"
     trainer = Trainer(load_config(None, overrides(run_dir)), engine=engine)
     trainer.train()
@@ -77,14 +76,16 @@ def test_engine_and_trainer_log_probs_agree_and_the_engine_sees_each_push(refere
     # the sampled tokens of each step, scored by both: within the canary's bound (float32 on both sides)
     assert all(step["mismatch/logprob_abs_mean"] <= bound for step in steps), ([s["mismatch/logprob_abs_mean"] for s in steps], bound)
     assert steps[0]["sync/canary_gap_mean"] <= bound  # the push after step 1 passed the canary check
-    # the engine still holds step 1's weights: it scores the canaries as the trainer did at the last sync, not as now
+    # the evaluation after training pushed step 2's weights: the engine scores the canaries as the trainer did then
     canaries = trainer.sync_check.canaries
-    stale = torch.tensor([x for row in trainer.engine.score([p for p, _ in canaries], [c for _, c in canaries], 1.0) for x in row])
+    assert (trainer.policy_version, trainer.synced_version) == (2, 2)
+    held = torch.tensor([x for row in trainer.engine.score([p for p, _ in canaries], [c for _, c in canaries], 1.0) for x in row])
     previous = torch.tensor(trainer.sync_check.previous)
-    assert (stale - previous).abs().mean() <= bound
-    assert (trainer.policy_version, trainer.synced_version) == (2, 1)  # the last step pushes nothing
-    trainer.sync_weights()  # push step 2's weights and check them
-    now = torch.tensor(trainer.sync_check.previous)  # the trainer's log-probs of the canaries under step 2's weights
+    assert (held - previous).abs().mean() <= bound
+    trainer.step()  # one more update (a third step: generation, rewards, the optimizer step), not pushed yet
+    assert (trainer.policy_version, trainer.synced_version) == (3, 2)
+    trainer.sync_weights()  # push it and check it
+    now = torch.tensor(trainer.sync_check.previous)  # the trainer's log-probs of the canaries under the new weights
     assert (now - previous).abs().mean() > 10 * bound  # the update moved the canaries far beyond the noise...
     assert trainer.sync_metrics["sync/canary_gap_mean"] <= bound  # ...and the engine moved with it
     assert 0.95 <= trainer.sync_metrics["sync/canary_followed"] <= 1.05  # 1: it took the whole update
