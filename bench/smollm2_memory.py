@@ -10,10 +10,10 @@ trainer: the fixed cost the planner does not count, reported beside so the gap c
 
 Peak RSS does not depend on the machine's load (the timings here are not reported).
 
-Measured (the same high-water mark, read from /proc while `cohort train examples/smollm2_add.yaml` ran steps 1-2 on
-the shared machine; /usr/bin/time's maximum RSS agreed: 8,322,956 kB): 7.94 GiB. `cohort plan`: 6.94 GiB (trainer
-4.00 + vLLM weights 0.50 + KV cache 1.00 + working allowance 1.00 + imports 0.44), 0.87x; before the planner counted
-the colocated engine and the imports, 5.50 GiB, 0.69x. Imports alone here: 443 MiB.
+Measured on the shared machine (load 10-12), 2 steps, micro-batch 16: peak RSS 8,055 MiB; the planner's rows then
+summed to 5,636 MiB (trainer 4,099 + vLLM weights and KV cache 1,537: 0.70x); imports alone 441 MiB. The full run of
+the example (steps 1-2, /usr/bin/time): 8,128 MiB. `cohort plan` now adds vLLM's working allowance (1 GiB) and the
+imports (450 MiB): 7,110 MiB, 0.88x of 8,055 (0.87x of 8,128).
 
     PYTHONPATH=. python bench/smollm2_memory.py [--steps 3] [--micro-batch 16 32]
 """
@@ -58,20 +58,19 @@ def peak_of(command: list[str], env: dict) -> tuple[float, int, str]:
 
 
 def estimate(overrides: list[str]) -> dict:
-    """The planner's rows for this config (validation converts the GGUF file once, as `cohort plan` does)."""
+    """The planner's rows for this config, as `cohort plan` prints them (validation converts the GGUF file once)."""
     from cohort.config_loading import load_config
     from cohort.models.loading import checked_path
-    from cohort.plan import BYTES, memory_estimate, model_facts
+    from cohort.plan import cpu_engine_share, memory_estimate, model_facts
     from cohort.validation import validate_config
 
     cfg = load_config(EXAMPLE, overrides)
     plan = validate_config(cfg)
     facts = model_facts(checked_path(cfg.model.path))
-    rows = memory_estimate(cfg, plan, facts)
-    trainer = sum(size for _, size, _ in rows)
-    engine = facts.num_params * BYTES[cfg.generation_dtype] + int(cfg.engine.kv_cache_gib * 2**30)
-    return {"rows_mib": {name: round(size / 2**20) for name, size, _ in rows}, "trainer_mib": round(trainer / 2**20),
-            "engine_weights_and_kv_mib": round(engine / 2**20), "total_mib": round((trainer + engine) / 2**20)}
+    trainer, engine = memory_estimate(cfg, plan, facts), cpu_engine_share(cfg, facts)
+    mib = lambda rows: round(sum(size for _, size, _ in rows) / 2**20)  # noqa: E731
+    return {"rows_mib": {name: round(size / 2**20) for name, size, _ in trainer + engine}, "trainer_mib": mib(trainer),
+            "engine_and_runtime_mib": mib(engine), "total_mib": mib(trainer + engine)}
 
 
 def main() -> None:
