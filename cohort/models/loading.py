@@ -2,11 +2,14 @@
 
 `resolve_model_dir` turns any model path into a local checkpoint directory, in this
 order: `tiny:<task>` -> the embedded tiny model (built offline, cached); an existing
-local directory with a transformers config; a Hugging Face Hub id (`org/name`, with
-`revision` or `org/name@revision`) -> its snapshot in the HF cache, downloaded once
+local directory with a transformers config; a `.gguf` file or a packaged GGUF name
+(`gguf:smollm2-135m-instruct`) -> its checkpoint converted once into cohort's cache
+(cohort/models/gguf.py); a Hugging Face Hub id (`org/name`, with `revision` or
+`org/name@revision`) -> its snapshot in the HF cache, downloaded once
 (cohort/models/hub.py). The loaders then read that directory (`local_files_only=True`:
 a local directory needs no network, and nothing beside it is looked up). `check_model_dir` / `config_dir` are the planner's
-cheap versions: a Hub id's config and tokenizer files only, never its weights.
+cheap versions: a Hub id's config and tokenizer files only, never its weights; a GGUF file's magic bytes, and its
+converted checkpoint once `prepare_for_checks` has converted it.
 
 `stop_token_ids` is the one place that decides which sampled tokens end a
 completion; every engine (transformers, vLLM, the rollout server) stops at
@@ -22,6 +25,7 @@ from pathlib import Path
 import torch
 
 from cohort.models import hub
+from cohort.models.gguf import GGUFError, cached_gguf_dir, gguf_checkpoint, gguf_file, is_gguf_path
 from cohort.models.precision import DTYPES
 from cohort.models.tiny import TINY_RECIPES, build_tiny_model
 
@@ -32,16 +36,22 @@ class ModelLoadError(ValueError):
 
 def resolve_model_dir(path: str, revision: str | None = None) -> Path:
     """`tiny:arith` (or `tiny:arith_chat`) -> the cached embedded checkpoint (built on first use); a local directory ->
-    itself, checked; a Hub id -> its snapshot in the HF cache with weights (`revision`: a branch, tag or commit)."""
+    itself, checked; a `.gguf` file or `gguf:<name>` -> its converted checkpoint (converted on first use); a Hub id ->
+    its snapshot in the HF cache with weights (`revision`: a branch, tag or commit)."""
     if path.startswith("tiny:"):
         return build_tiny_model(path.split(":", 1)[1])
     p = Path(path).expanduser()
     if p.is_dir():
         return _checked_dir(path, p)
+    if is_gguf_path(path):  # (before the Hub: `model.gguf` would pass for a Hub name)
+        try:
+            return gguf_checkpoint(path)  # converted on first use, then cached
+        except GGUFError as exc:
+            raise ModelLoadError(str(exc)) from None
     if hub.looks_like_hub_id(path):
         return _from_hub(path, revision, weights=True)
     raise ModelLoadError(f"model.path = {path!r}: not a directory; give a local transformers checkpoint directory, a "
-                         "Hugging Face Hub id (org/name) or tiny:arith")
+                         "Hugging Face Hub id (org/name), a .gguf file or tiny:arith")
 
 
 def _checked_dir(path: str, p: Path) -> Path:
@@ -59,13 +69,16 @@ def _from_hub(path: str, revision: str | None, *, weights: bool) -> Path:
 
 def config_dir(path: str, revision: str | None = None) -> Path | None:
     """The directory holding `path`'s config.json and tokenizer, for checks before anything loads: a local directory
-    as given, a Hub id's snapshot with its config and tokenizer files only (fetched if missing; never the weights).
-    None for a `tiny:*` model (built with the model) and for a path that is no checkpoint (check_model_dir says why)."""
+    as given, a Hub id's snapshot with its config and tokenizer files only (fetched if missing; never the weights),
+    a GGUF file's converted checkpoint when it is in the cache. None for a `tiny:*` model (built with the model), a GGUF
+    file not converted yet, and a path that is no checkpoint (check_model_dir says why)."""
     if path.startswith("tiny:"):
         return None
     try:
         if Path(path).expanduser().is_dir():
             return _checked_dir(path, Path(path).expanduser())
+        if is_gguf_path(path):  # its converted checkpoint once prepare_for_checks (or a run) has converted it
+            return cached_gguf_dir(path)
         return _from_hub(path, revision, weights=False) if hub.looks_like_hub_id(path) else None
     except ModelLoadError:
         return None
@@ -78,13 +91,22 @@ def check_model_dir(path: str, revision: str | None = None) -> list[str]:
         known = sorted(TINY_RECIPES)
         return [] if name in known else [f"model.path = {path!r}: unknown tiny model; choose one of {', '.join('tiny:' + n for n in known)}"]
     try:
-        if Path(path).expanduser().is_dir() or not hub.looks_like_hub_id(path):
+        if is_gguf_path(path) and not Path(path).expanduser().is_dir():
+            gguf_file(path)  # the file and its magic bytes; the conversion waits for the run (or `cohort plan`)
+        elif Path(path).expanduser().is_dir() or not hub.looks_like_hub_id(path):
             resolve_model_dir(path)
         else:
             _from_hub(path, revision, weights=False)
-    except ModelLoadError as exc:
+    except (ModelLoadError, GGUFError) as exc:
         return [str(exc)]
     return []
+
+
+def prepare_for_checks(path: str) -> None:
+    """Convert a GGUF model.path once (cached) before the checks read its config and tokenizer; nothing for any
+    other path, and nothing when the path is wrong (check_model_dir reports that)."""
+    if is_gguf_path(path) and not Path(path).expanduser().is_dir() and not check_model_dir(path):
+        resolve_model_dir(path)
 
 
 def load_tokenizer(model_dir: Path):

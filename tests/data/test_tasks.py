@@ -77,3 +77,16 @@ def test_arith_chat_is_arith_as_one_user_turn():
     assert chat.name == "arith_chat" and chat.reward_specs == plain.reward_specs
     for mine, theirs in ((chat.train_rows, plain.train_rows), (chat.eval_rows, plain.eval_rows)):
         assert mine == [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in theirs]
+
+
+def test_add_chat_asks_every_ordered_pair_once_with_a_fixed_held_out_split():
+    a, b = get_task("add_chat", seed=0), get_task("add_chat", seed=1)
+    assert a.reward_specs == [{"name": "numeric_match", "weight": 1.0}]
+    pairs = lambda rows: [tuple(int(x) for x in re.fullmatch(r"What is (\d+) \+ (\d+)\?", r["prompt"][0]["content"]).groups())
+                          for r in rows]  # noqa: E731
+    train, held_out = pairs(a.train_rows), pairs(a.eval_rows)
+    # 30 × 30 ordered pairs (3 + 4 and 4 + 3 are two problems), 200 held out, disjoint from the 700 trained on
+    assert len(held_out) == 200 and len(train) == 700 and set(train) | set(held_out) == {(x, y) for x in range(1, 31) for y in range(1, 31)}
+    assert all(r["answer"] == str(x + y) and r["prompt"][0]["role"] == "user" and len(r["prompt"]) == 1
+               for r, (x, y) in zip(a.train_rows + a.eval_rows, train + held_out))
+    assert b.eval_rows == a.eval_rows and b.train_rows != a.train_rows and sorted(pairs(b.train_rows)) == sorted(train)
