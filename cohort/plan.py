@@ -258,8 +258,8 @@ def kv_bytes_per_token(cfg: CohortConfig, facts: ModelFacts) -> int:
 def activation_bytes_per_token_layer(facts: ModelFacts, compute_bytes: int, mixed: bool) -> int:
     """Bytes autograd keeps for the backward per token and decoder layer of a Qwen2-like (Llama-like) model.
 
-    Counted tensor by tensor from what autograd saves in transformers' Qwen2DecoderLayer (the method of Korthikanti
-    et al. 2022, §4.1), and checked against `saved_tensors_hooks` at Qwen2.5-0.5B's widths (tests/test_plan.py):
+    Counted from what autograd saves in transformers' Qwen2DecoderLayer (Korthikanti et al. 2022, §4.1); equal to
+    `saved_tensors_hooks` at Qwen2.5-0.5B's widths (tests/test_plan.py):
     - each of the two RMSNorms: its float32 input (4·h: the residual stream, or an upcast copy) and 1/rms (4);
       under autocast (`mixed`) the normalised value in float32 (4·h), and every linear after it keeps its own
       bf16 cast of it (3 for q, k, v and 2 for gate, up: 5·b·h); without autocast the normalised value and the
@@ -268,9 +268,8 @@ def activation_bytes_per_token_layer(facts: ModelFacts, compute_bytes: int, mixe
       whenever a mask is passed, `use_gqa_in_sdpa`, and a padded batch has one), the output (b·h), the kernel's
       float32 log-sum-exp (4 per head); no T×T scores;
     - SwiGLU: gate, SiLU(gate), up and their product (4·b·intermediate).
-    Mixed: 16·h + 8 + 9·b·h + 4·heads + 4·b·i; otherwise 8·h + 8 + 8·b·h + 4·heads + 4·b·i. At Qwen2.5-0.5B's widths
-    in bf16 mixed that is 69,440 B (measured: 69,440 with a padded mask; the formula before, b·(8h + 4i) + 8h,
-    said 60,416). The (B, 1, T, T) mask, shared by the layers, is counted once by `_activation_row`.
+    Mixed: 16·h + 8 + 9·b·h + 4·heads + 4·b·i (Qwen2.5-0.5B: 69,440 B; b·(8h + 4i) + 8h before said 60,416);
+    otherwise 8·h + 8 + 8·b·h + 4·heads + 4·b·i. The (B, 1, T, T) mask is counted once by `_activation_row`.
     """
     h, i, b = facts.hidden_size, facts.intermediate_size, compute_bytes
     norms = 16 * h + 8 + 5 * b * h if mixed else 8 * h + 8 + 4 * b * h
@@ -321,9 +320,7 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
         _activation_row(cfg, plan, facts, b),
         ("log-prob chunk", chunk * facts.vocab_size * 4 * 2, f"two ({chunk} tokens × vocab {facts.vocab_size:,}) fp32 buffers (cohort.models.logprobs)"),
     ]
-    if not cfg.lora.rank:  # (LoRA: the head is frozen, no weight gradient)
-        # LinearLogProb's backward makes each chunk's head-weight gradient in the master weights' dtype, a whole
-        # vocab × hidden buffer, before autograd adds it into .grad (and a tied embedding's dense gradient the same)
+    if not cfg.lora.rank:  # LinearLogProb's backward: a chunk's whole head gradient before it joins .grad (LoRA: frozen)
         rows.append(("LM head gradient", facts.vocab_size * facts.hidden_size * w,
                      f"vocab {facts.vocab_size:,} × hidden {facts.hidden_size:,} × {w} B: one chunk's head gradient "
                      "before it is added into .grad"))
@@ -343,13 +340,10 @@ GIB = 2**30
 CUDA_CONTEXT_BYTES = 512 * 2**20  # per process: the CUDA context, cuBLAS workspaces, allocator slack (outside torch's count)
 VLLM_WORKING_BYTES = 1 * GIB  # vLLM's memory besides weights, KV cache and the sampler's warm-up (its profile run's
 # activations over max_num_batched_tokens, buffers), eager (engine.enforce_eager)
-# vLLM's start-up sampler pass (gpu_model_runner.py `_dummy_sampler_run`) runs top-k/top-p over max_num_seqs × vocab
-# logits: float32 logits (4 B), the sort's float32 values (4 B) and int64 indices (8 B) = 16 B per logit. At vLLM's
-# H100/H200 default of 1,024 sequences and Qwen2.5's 151,936 tokens that is 2.32 GiB (2.3-2.6 GiB was read in the
-# issue that found it); at a 64-completion batch, 148 MiB.
+# vLLM's start-up sampler pass (`_dummy_sampler_run`) sorts max_num_seqs × vocab logits for top-k/top-p: float32 logits,
+# the sort's float32 values and int64 indices = 16 B a logit (1,024 × 151,936: 2.32 GiB; issue 38 read 2.3-2.6 GiB)
 VLLM_SAMPLER_BYTES_PER_LOGIT = 16
-ENGINE_BATCHED_TOKENS = 8192  # max_num_batched_tokens cohort passes on CUDA (vLLM's LLM default below 70 GiB GPUs;
-# on H100/H200 vLLM would take 16,384), raised to max_model_len: one step's tokens, what its profile run computes
+ENGINE_BATCHED_TOKENS = 8192  # max_num_batched_tokens on CUDA, at least max_model_len (vLLM's default below 70 GiB)
 VLLM_CUDA_GRAPH_BYTES = 1 * GIB  # on top when CUDA graphs are captured (engine.enforce_eager = false)
 VLLM_BLOCK_TOKENS = 16  # vLLM's KV cache block on CUDA: a sequence takes whole blocks
 VLLM_SHARE_MARGIN = 0.10  # the derived gpu_memory_utilization covers vLLM's share + 10%, rounded up to 0.01
@@ -402,10 +396,8 @@ class GpuMemoryPlan:
 
 
 def engine_batch_limits(plan: BatchPlan, max_model_len: int) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) for vLLM on CUDA, from the batch plan, as TRL passes them: the sequences
-    of one generation batch (over-provisioned ones included) in flight at once, and one step's tokens. Left to vLLM's
-    defaults, an H100/H200 gets 1,024 sequences, and its start-up sampler pass alone would hold 2.3 GiB of a
-    colocated split (VLLM_SAMPLER_BYTES_PER_LOGIT)."""
+    """(max_num_seqs, max_num_batched_tokens) for vLLM on CUDA, as TRL passes them: one generation batch's sequences
+    (over-provisioned ones included), one step's tokens. vLLM's own default on an H100/H200 is 1,024 sequences."""
     sequences = max(1, math.ceil(plan.generation_batch_size * plan.admission.over_provision))
     return sequences, max(max_model_len, ENGINE_BATCHED_TOKENS)
 
@@ -446,8 +438,7 @@ def gpu_memory_plan(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts, total
     the GPUs after the trainer's). engine.gpu_memory_utilization when set, else derived: shared, vLLM's share
     + VLLM_SHARE_MARGIN over the total, rounded up to 0.01; alone, OWN_GPU_UTILIZATION."""
     trainer = memory_estimate(cfg, plan, facts) if shared else []
-    # what the trainer holds while vLLM wakes and takes the push: the gradients too (the trainer frees them only at
-    # the next batch's zero_grad, after the push)
+    # held while vLLM wakes and takes the push: the gradients too (freed at the next batch's zero_grad, after it)
     resident = sum(size for name, size, _ in trainer
                    if name in ("weights", "gradients", "AdamW moments", "reference model", "critic"))
     engine = engine_share(cfg, plan, facts)
