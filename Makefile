@@ -66,14 +66,17 @@ gpu-check-wheels:
 # minutes here under load; the tests and the check about 6 more. Needs the main venv for gpu-check-wheels.
 GPU_LANE        ?= .venv-gpu312
 GPU_LANE_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
-GPU_LANE_TESTS  ?= tests/test_plan.py tests/test_devices.py tests/rollout/test_hf_engine.py tests/rollout/test_hf_requests.py \
+# (not tests/test_devices.py: its simulated device is torch's lazy one, for which torch 2.11 has no autocast and
+# transformers 5.17's rotary embedding enters one; not test_sync_check's vLLM-server test: no vLLM there)
+GPU_LANE_TESTS  ?= tests/test_plan.py tests/rollout/test_hf_engine.py tests/rollout/test_hf_requests.py \
 	tests/trainer/test_sync_check.py tests/trainer/test_precision.py tests/distributed/test_micro_batch_counts.py \
-	tests/trainer/test_host_syncs.py tests/test_gpu_check.py
+	tests/trainer/test_host_syncs.py tests/test_gpu_check.py \
+	--deselect tests/trainer/test_sync_check.py::test_bfloat16_run_has_no_false_alarm_and_a_stale_bfloat16_engine_is_caught
 
 $(GPU_LANE)/.installed: Makefile
 	test -x $(GPU_LANE)/bin/python || $(GPU_LANE_PYTHON) -m venv $(GPU_LANE)
 	$(GPU_LANE)/bin/python -m pip install -q "torch==2.11.0" "transformers==5.17.0" peft pyyaml numpy rich safetensors \
-		tokenizers pytest pytest-timeout
+		tokenizers matplotlib pytest pytest-timeout
 	$(GPU_LANE)/bin/python -c "import torch, transformers, peft, sys; assert sys.version_info[:2] == (3, 12); print('GPU lane: Python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"
 	touch $@
 
