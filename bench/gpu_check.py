@@ -5,18 +5,26 @@
 
 Made for a machine that has only PyTorch, transformers and peft (no vLLM, pydantic or network): everything runs
 with the transformers engine (`engine.name=hf`), and the missing small packages travel as wheels
-(`make gpu-check-wheels` fetches them into .whl/; docs/gpu.md says how to run it there).
+(`make gpu-check-wheels` fetches them into .whl/; docs/gpu.md says how to run it there, and what else it carries).
 
-Two parts, each timed separately:
+A lent GPU is 15 minutes in all, so the check cannot waste it: each part's JSON is written to `--out-dir` as soon as
+the part ends (`<part>.json`, then `summary.json` with all of them), a part that raises is recorded (its error and
+traceback in its JSON) and the next one runs, and the big part stops taking steps after `--big-budget-s`.
+
+Two parts, the big one first (what only a GPU can show), each timed separately:
 - **demo**: `cohort.train` on the embedded demo (tiny:arith, its preset) with the transformers engine on the device,
   in the precision `model.dtype=auto` picks there; held-out greedy accuracy before and after.
 - **big**: a randomly initialised Qwen2 of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads,
   intermediate 4864, vocabulary 151936, tied embeddings: ~494M parameters) with the character tokenizer, trained
   `--big-steps` GRPO steps on the arith prompts (8 prompts x 8 completions, `--big-tokens` tokens each, micro-batch
-  8) in bf16 mixed precision. The engine is a transformers copy of its own (as rank 0 holds one under FSDP), so
+  8) in bf16 mixed precision, with a reward that spreads within every group (a hash of the completion's characters:
+  a random model never answers right, so an accuracy reward would give no gradient) and a learning rate of 2e-4, at
+  which Adam moves the weights by more than bf16's resolution each step: the push then carries new weights and the
+  canary compares something. The engine is a transformers copy of its own (as rank 0 holds one under FSDP), so
   every step pushes the weights and checks the canaries. Reported: s/step, trained tokens/s (prompt + completion
   tokens through the update), the update's model FLOPs utilisation (6 x parameters x trained tokens/s over the bf16
-  matrix rate measured at start), the peak device memory beside the planner's estimate, and the canary gap.
+  matrix rate measured at start), the allocator's peak (`max_memory_allocated`) and what it reserved
+  (`max_memory_reserved`) beside the planner's estimate, how far the weights moved, and the canary gap.
 
 `--device cpu` shrinks the big model (`--shape small`) and the step counts, so the whole check takes a few minutes
 here; its numbers say only that the script works.
@@ -31,12 +39,15 @@ import platform
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
+from typing import Callable
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
+import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's cohort, without an install
 
@@ -104,13 +115,20 @@ def build_random_qwen2(out_dir: Path, shape: str, max_positions: int) -> Path:
     return out_dir
 
 
-def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: Path, rate: float) -> dict:
-    """GRPO steps of the random Qwen2 on the arith prompts, measured step by step (see the module docstring)."""
+SPREAD_REWARD = "def spread(prompts, completions, **kw):\n    return [(sum(map(ord, c)) % 7) / 6 for c in completions]\n"
+
+
+def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: Path, rate: float,
+            budget_s: float) -> dict:
+    """GRPO steps of the random Qwen2 on the arith prompts, measured step by step (see the module docstring); no
+    step starts after `budget_s` seconds."""
     model_dir = build_random_qwen2(out_dir / f"qwen2-{shape}", shape, max_positions=tokens + 64)
+    (out_dir / "gpu_check_rewards.py").write_text(SPREAD_REWARD)
+    sys.path.insert(0, str(out_dir))
     overrides = [f"model.path={model_dir}", "model.dtype=bfloat16", "data.task=arith", "engine.name=hf",
                  "rollout.num_generations=8", f"rollout.max_completion_length={tokens}", "train.prompts_per_step=8",
-                 "train.micro_batch_size=8", f"train.max_steps={steps}", "train.learning_rate=1e-6",
-                 f"train.device={device}", "rewards=[{name: numeric_match}]", f"run.output_dir={out_dir / 'big'}",
+                 "train.micro_batch_size=8", f"train.max_steps={steps}", "train.learning_rate=2e-4",
+                 f"train.device={device}", "rewards=[{name: gpu_check_rewards.spread}]", f"run.output_dir={out_dir / 'big'}",
                  "run.progress=false", "run.loggers=[jsonl]"]
     cfg = load_config(None, overrides)
     tokenizer = load_tokenizer(model_dir)
@@ -119,36 +137,69 @@ def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     trainer = Trainer(cfg, engine=engine, log=lambda *a, **k: None)
+    start = time.perf_counter()
     try:
         parameters = sum(p.numel() for p in trainer.policy.parameters())
+        first = {n: p.detach().float().clone() for n, p in trainer.policy.named_parameters() if p.dim() == 2}
         records = []
-        for _ in range(steps):
+        while len(records) < steps and time.perf_counter() - start < budget_s:
             metrics = trainer.step()
             batch, rows = trainer.batch, trainer.step_indices
             trained = sum(len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in rows)
             records.append({"step_s": metrics["timing/step_s"], "update_s": metrics.get("timing/update_s", float("nan")),
                             "generate_s": metrics.get("timing/generate_s", 0.0), "trained_tokens": trained,
+                            "frac_reward_zero_std": metrics.get("frac_reward_zero_std"),
+                            "grad_norm": metrics.get("grad_norm"),
                             "canary_gap_max": metrics.get("sync/canary_gap_max")})
         trainer.sync_weights()  # the last step's push, checked
+        moved = max(((p.detach().float() - first[n]).abs().max() / first[n].abs().max()).item()
+                    for n, p in trainer.policy.named_parameters() if n in first)
         peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        reserved = torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None
     finally:
         trainer.close()
+    return _big_report(cfg, trainer, model_dir, records, parameters, rate, peak, reserved, moved, shape, tokens)
+
+
+def _big_report(cfg, trainer, model_dir: Path, records: list[dict], parameters: int, rate: float, peak, reserved,
+                moved: float, shape: str, tokens: int) -> dict:
     timed = records[1:] or records  # the first step pays for kernels' first use
     update_s = sum(r["update_s"] for r in timed)
     tokens_per_s = sum(r["trained_tokens"] for r in timed) / update_s
     rows = memory_estimate(cfg, trainer.plan, model_facts(str(model_dir)))  # the planner's trainer peak (cohort plan)
     engine_copy = 2 * parameters  # the engine's own bf16 copy (DetachedHFEngine), which the trainer's peak leaves out
     estimate = sum(size for _, size, _ in rows) + engine_copy
-    return {"shape": shape, "parameters": parameters, "steps": steps, "completion_tokens": tokens,
+    return {"shape": shape, "parameters": parameters, "steps": len(records), "completion_tokens": tokens,
             "s_per_step": sum(r["step_s"] for r in timed) / len(timed),
             "generate_s_per_step": sum(r["generate_s"] for r in timed) / len(timed),
             "update_s_per_step": update_s / len(timed), "update_tokens_per_s": tokens_per_s,
             "update_mfu": 6 * parameters * tokens_per_s / rate,
-            "peak_device_memory_bytes": peak, "planner_estimate_bytes": estimate,
+            "peak_allocated_bytes": peak, "peak_reserved_bytes": reserved, "planner_estimate_bytes": estimate,
             "planner_rows": {name: size for name, size, _ in rows}, "engine_copy_bytes": engine_copy,
             "peak_over_estimate": peak / estimate if peak else None,
+            "reserved_over_estimate": reserved / estimate if reserved else None,
+            "weights_moved_max_relative": moved, "frac_reward_zero_std": [r["frac_reward_zero_std"] for r in records],
+            "grad_norm": [r["grad_norm"] for r in records],
             "canary_gap_max": max((r["canary_gap_max"] or 0.0) for r in records),
             "last_canary_gap": trainer.last_canary_gap}
+
+
+def run_parts(parts: dict[str, Callable[[], dict]], out_dir: Path, doc: dict) -> dict:
+    """Each part in turn; its JSON written to `out_dir`/<name>.json as soon as it ends (an error and its traceback
+    when it raised: the next part runs all the same), and summary.json after each part."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, part in parts.items():
+        start = time.perf_counter()
+        try:
+            result = part()
+        except Exception as exc:  # a failed part must not cost the others (module docstring)
+            result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        result["part_wall_s"] = time.perf_counter() - start
+        doc[name] = result
+        (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+        (out_dir / "summary.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        print(f"{name}: {json.dumps(result, default=str)[:2000]}", file=sys.stderr, flush=True)
+    return doc
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -156,27 +207,32 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="auto", help="train.device: auto (cuda:0 on a GPU machine), cuda, cpu")
     ap.add_argument("--demo-steps", type=int, default=None, help="default: 300 on a GPU (the preset), 4 on CPU")
     ap.add_argument("--big-steps", type=int, default=None, help="default: 20 on a GPU, 3 on CPU")
+    ap.add_argument("--big-budget-s", type=float, default=240.0, help="no big step starts after this many seconds")
     ap.add_argument("--big-tokens", type=int, default=None, help="completion tokens; default: 256 on a GPU, 16 on CPU")
     ap.add_argument("--shape", choices=list(SHAPES), default=None, help="default: 0.5b on a GPU, small on CPU")
     ap.add_argument("--skip", nargs="*", default=[], choices=["demo", "big"])
-    ap.add_argument("--out", default=None, help="also write the JSON here")
+    ap.add_argument("--out-dir", default=None, help="each part's JSON written here as it ends (default: a temporary "
+                    "folder); $OUT/gpu-check on a lent machine, so what finished comes back")
+    ap.add_argument("--out", default=None, help="also write the whole JSON here at the end")
     args = ap.parse_args(argv)
     device = resolve_device(args.device)
     gpu = device.type == "cuda"
-    out_dir = Path(tempfile.mkdtemp(prefix="cohort-gpu-check-"))
+    work = Path(tempfile.mkdtemp(prefix="cohort-gpu-check-"))
+    out_dir = Path(args.out_dir) if args.out_dir else work / "out"
     doc = {"generated": time.strftime("%Y-%m-%d %H:%M:%S"), "device": str(device), "python": platform.python_version(),
-           "torch": torch.__version__, "device_name": torch.cuda.get_device_name(device) if gpu else platform.processor()}
+           "torch": torch.__version__, "transformers": transformers.__version__,
+           "device_name": torch.cuda.get_device_name(device) if gpu else platform.processor()}
     rate = matmul_rate(device, 8192 if gpu else 1024)
     doc["bf16_matmul_tflops"] = rate / 1e12
     print(f"bf16 matmul: {rate / 1e12:.1f} TFLOP/s", file=sys.stderr, flush=True)
-    if "demo" not in args.skip:
-        doc["demo"] = run_demo(device, args.demo_steps or (300 if gpu else 4), out_dir)
-        print(f"demo: {doc['demo']}", file=sys.stderr, flush=True)
+    parts = {}
     if "big" not in args.skip:
-        doc["big"] = run_big(device, args.shape or ("0.5b" if gpu else "small"), args.big_steps or (20 if gpu else 3),
-                             args.big_tokens or (256 if gpu else 16), out_dir, rate)
-        print(f"big: {doc['big']}", file=sys.stderr, flush=True)
-    text = json.dumps(doc, indent=1)
+        parts["big"] = lambda: run_big(device, args.shape or ("0.5b" if gpu else "small"), args.big_steps or (20 if gpu else 3),
+                                       args.big_tokens or (256 if gpu else 16), work, rate, args.big_budget_s)
+    if "demo" not in args.skip:
+        parts["demo"] = lambda: run_demo(device, args.demo_steps or (300 if gpu else 4), work)
+    run_parts(parts, out_dir, doc)
+    text = json.dumps(doc, indent=1, default=str)
     if args.out:
         Path(args.out).write_text(text + "\n")
     print(text)

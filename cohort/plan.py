@@ -263,22 +263,25 @@ def kv_bytes_per_token(cfg: CohortConfig, facts: ModelFacts) -> int:
 # --------------------------------------------------------------------------- the printout
 
 
-def activation_bytes_per_token_layer(facts: ModelFacts, compute_bytes: int) -> int:
+def activation_bytes_per_token_layer(facts: ModelFacts, compute_bytes: int, mixed: bool) -> int:
     """Bytes autograd keeps for the backward per token and decoder layer of a Qwen2-like (Llama-like) model.
 
-    Counted from the tensors autograd saves in transformers' Qwen2DecoderLayer, the method of Korthikanti et al.
-    2022 ("Reducing Activation Recomputation in Large Transformer Models", §4.1; their GPT layer keeps 34·h bytes
-    per token in 16-bit, with dropout masks and T×T attention scores this layer does not have):
-    - attention: the RMSNorm's float32 input (4·h bytes; the residual stream itself under autocast, an upcast copy
-      in pure 16-bit), the normalised values before and after the norm's weight (2·h), q and k, v repeated to every
-      head (transformers repeats grouped keys/values when an attention mask is passed, and cohort always passes one:
-      3·h), the attention output (h); SDPA's memory-efficient kernel keeps a log-sum-exp, no T×T scores;
-    - MLP (SwiGLU): the RMSNorm's float32 input (4·h bytes), its two outputs (2·h), gate, SiLU(gate), up and their
-      product (4·intermediate).
-    Total: compute_bytes · (8·h + 4·intermediate) + 8·h. Left out: the (B, 1, T, T) mask, shared by the layers.
+    Counted from what autograd saves in transformers' Qwen2DecoderLayer (Korthikanti et al. 2022, §4.1); equal to
+    `saved_tensors_hooks` at Qwen2.5-0.5B's widths (tests/test_plan.py):
+    - each of the two RMSNorms: its float32 input (4·h: the residual stream, or an upcast copy) and 1/rms (4);
+      under autocast (`mixed`) the normalised value in float32 (4·h), and every linear after it keeps its own
+      bf16 cast of it (3 for q, k, v and 2 for gate, up: 5·b·h); without autocast the normalised value and the
+      norm's output in the compute dtype (2·b·h), shared by the linears;
+    - attention: q (b·h), k and v repeated to every head (2·b·h: on CUDA transformers repeats grouped keys/values
+      whenever a mask is passed, `use_gqa_in_sdpa`, and a padded batch has one), the output (b·h), the kernel's
+      float32 log-sum-exp (4 per head); no T×T scores;
+    - SwiGLU: gate, SiLU(gate), up and their product (4·b·intermediate).
+    Mixed: 16·h + 8 + 9·b·h + 4·heads + 4·b·i (Qwen2.5-0.5B: 69,440 B; b·(8h + 4i) + 8h before said 60,416);
+    otherwise 8·h + 8 + 8·b·h + 4·heads + 4·b·i. The (B, 1, T, T) mask is counted once by `_activation_row`.
     """
-    h, i = facts.hidden_size, facts.intermediate_size
-    return compute_bytes * (8 * h + 4 * i) + 8 * h
+    h, i, b = facts.hidden_size, facts.intermediate_size, compute_bytes
+    norms = 16 * h + 8 + 5 * b * h if mixed else 8 * h + 8 + 4 * b * h
+    return norms + 4 * b * h + 4 * facts.num_heads + 4 * b * i
 
 
 def _activation_row(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts, b: int) -> tuple[str, int, str]:
@@ -288,15 +291,17 @@ def _activation_row(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts, b: in
     tokens = plan.micro_batch_size * sequence
     if cfg.train.max_tokens_per_microbatch is not None:
         tokens = min(tokens, max(cfg.train.max_tokens_per_microbatch, sequence))  # (one sequence always fits)
-    per_layer = activation_bytes_per_token_layer(facts, b)
+    mixed = cfg.train.precision == "mixed" and b < 4
+    per_layer = activation_bytes_per_token_layer(facts, b, mixed)
+    mask = tokens * sequence * b  # the (B, 1, T, T) mask in the compute dtype, kept once for every layer
     if cfg.train.gradient_checkpointing:
-        residual = 4 if cfg.train.precision == "mixed" else b  # autocast keeps the residual stream in float32
-        return ("activations", tokens * (facts.num_layers * facts.hidden_size * residual + per_layer),
+        residual = 4 if mixed else b  # autocast keeps the residual stream in float32
+        return ("activations", tokens * (facts.num_layers * facts.hidden_size * residual + per_layer) + mask,
                 f"{tokens:,} tokens × ({facts.num_layers} layer inputs × hidden × {residual} B + one layer recomputed, "
-                f"{per_layer:,} B) (gradient checkpointing)")
-    return ("activations", tokens * facts.num_layers * per_layer,
+                f"{per_layer:,} B) + the attention mask (gradient checkpointing)")
+    return ("activations", tokens * facts.num_layers * per_layer + mask,
             f"{tokens:,} tokens (micro-batch × longest sequence) × {facts.num_layers} layers × {per_layer:,} B "
-            f"({b}·(8·hidden + 4·intermediate) + 8·hidden)")
+            f"(activation_bytes_per_token_layer) + the attention mask, tokens × sequence × {b} B")
 
 
 def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> list[tuple[str, int, str]]:
@@ -323,6 +328,10 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
         _activation_row(cfg, plan, facts, b),
         ("log-prob chunk", chunk * facts.vocab_size * 4 * 2, f"two ({chunk} tokens × vocab {facts.vocab_size:,}) fp32 buffers (cohort.models.logprobs)"),
     ]
+    if not cfg.lora.rank:  # LinearLogProb's backward: a chunk's whole head gradient before it joins .grad (LoRA: frozen)
+        rows.append(("LM head gradient", facts.vocab_size * facts.hidden_size * w,
+                     f"vocab {facts.vocab_size:,} × hidden {facts.hidden_size:,} × {w} B: one chunk's head gradient "
+                     "before it is added into .grad"))
     if mixed and not cfg.lora.rank:  # (LoRA: the base is already in model.dtype; the adapter's copies are small)
         rows.append(("autocast weight copies", p * b, f"each weight cast to {cfg.model.dtype} once per forward pass"))
     if cfg.algorithm.beta and not cfg.lora.rank:  # (LoRA: the reference is the adapter disabled)
@@ -337,8 +346,12 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
 
 GIB = 2**30
 CUDA_CONTEXT_BYTES = 512 * 2**20  # per process: the CUDA context, cuBLAS workspaces, allocator slack (outside torch's count)
-VLLM_WORKING_BYTES = 1 * GIB  # vLLM's memory besides weights and KV cache (its profile run's activations, the sampler's
-# logits for up to 256 sequences: 256 × 151,936 × 4 B = 148 MiB for Qwen2.5, buffers), eager (engine.enforce_eager)
+VLLM_WORKING_BYTES = 1 * GIB  # vLLM's memory besides weights, KV cache and the sampler's warm-up (its profile run's
+# activations over max_num_batched_tokens, buffers), eager (engine.enforce_eager)
+# vLLM's start-up sampler pass (`_dummy_sampler_run`) sorts max_num_seqs × vocab logits for top-k/top-p: float32 logits,
+# the sort's float32 values and int64 indices = 16 B a logit (1,024 × 151,936: 2.32 GiB; issue 38 read 2.3-2.6 GiB)
+VLLM_SAMPLER_BYTES_PER_LOGIT = 16
+ENGINE_BATCHED_TOKENS = 8192  # max_num_batched_tokens on CUDA, at least max_model_len (vLLM's default below 70 GiB)
 VLLM_CUDA_GRAPH_BYTES = 1 * GIB  # on top when CUDA graphs are captured (engine.enforce_eager = false)
 VLLM_BLOCK_TOKENS = 16  # vLLM's KV cache block on CUDA: a sequence takes whole blocks
 VLLM_SHARE_MARGIN = 0.10  # the derived gpu_memory_utilization covers vLLM's share + 10%, rounded up to 0.01
@@ -355,9 +368,9 @@ class GpuMemoryPlan:
 
     total: int  # the GPU's memory, bytes
     trainer: list[tuple[str, int, str]]  # the trainer's peak (`memory_estimate`); [] when vLLM is alone on the GPU
-    trainer_resident: int  # what the trainer keeps between updates: weights, AdamW moments, reference, critic
+    trainer_resident: int  # what the trainer holds while vLLM is awake: weights, gradients, AdamW moments, reference, critic
     engine: list[tuple[str, int, str]]  # vLLM's share (`engine_share`)
-    engine_minimum: int  # vLLM's weights + working memory + one longest sequence's KV: less and vLLM refuses to start
+    engine_minimum: int  # vLLM's weights + working memory + warm-up + one sequence's KV: less and vLLM refuses to start
     utilization: float  # engine.gpu_memory_utilization: the user's, or derived from `engine`
     derived: bool  # True when `utilization` was derived (the user left it unset)
     shared: bool  # the trainer and vLLM on this GPU (colocate); False: vLLM alone on its GPU(s)
@@ -390,6 +403,13 @@ class GpuMemoryPlan:
         return self.needed <= self.total and self.engine_bytes >= self.engine_minimum
 
 
+def engine_batch_limits(plan: BatchPlan, max_model_len: int) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) for vLLM on CUDA, as TRL passes them: one generation batch's sequences
+    (over-provisioned ones included), one step's tokens. vLLM's own default on an H100/H200 is 1,024 sequences."""
+    sequences = max(1, math.ceil(plan.generation_batch_size * plan.admission.over_provision))
+    return sequences, max(max_model_len, ENGINE_BATCHED_TOKENS)
+
+
 def engine_share(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> list[tuple[str, int, str]]:
     """vLLM's memory on each of its GPUs: weights in the generation dtype, the KV cache of one generation batch's
     sequences (each in whole 16-token blocks; the prefix cache's sharing of a group's prompt is not counted on), and
@@ -397,14 +417,18 @@ def engine_share(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> list[
     tp, g = cfg.engine.tensor_parallel_size, BYTES[cfg.generation_dtype]
     blocks = _sequence_blocks(plan, facts)
     per_token = kv_bytes_per_token(cfg, facts)
+    sequences = engine_batch_limits(plan, 0)[0]
     split = f" / tensor_parallel_size {tp}" if tp > 1 else ""
     return [
         ("vLLM weights", facts.num_params * g // tp, f"{facts.num_params:,} parameters × {g} B ({cfg.generation_dtype}){split}"),
         ("vLLM KV cache", plan.generation_batch_size * blocks * per_token // tp,
          f"{plan.generation_batch_size} sequences × {blocks:,} tokens × {per_token:,} B per token{split}"),
         ("vLLM working memory", VLLM_WORKING_BYTES + (0 if cfg.engine.enforce_eager else VLLM_CUDA_GRAPH_BYTES),
-         "profile-run activations, sampler logits, buffers (a fixed allowance)"
+         "profile-run activations, buffers (a fixed allowance)"
          + ("" if cfg.engine.enforce_eager else " + CUDA graphs (engine.enforce_eager = false)")),
+        ("vLLM sampler warm-up", sequences * facts.vocab_size * VLLM_SAMPLER_BYTES_PER_LOGIT,
+         f"max_num_seqs {sequences} × vocab {facts.vocab_size:,} × {VLLM_SAMPLER_BYTES_PER_LOGIT} B (its start-up "
+         "top-k/top-p pass)"),
     ]
 
 
@@ -440,10 +464,13 @@ def gpu_memory_plan(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts, total
     the GPUs after the trainer's). engine.gpu_memory_utilization when set, else derived: shared, vLLM's share
     + VLLM_SHARE_MARGIN over the total, rounded up to 0.01; alone, OWN_GPU_UTILIZATION."""
     trainer = memory_estimate(cfg, plan, facts) if shared else []
-    resident = sum(size for name, size, _ in trainer if name in ("weights", "AdamW moments", "reference model", "critic"))
+    # held while vLLM wakes and takes the push: the gradients too (freed at the next batch's zero_grad, after it)
+    resident = sum(size for name, size, _ in trainer
+                   if name in ("weights", "gradients", "AdamW moments", "reference model", "critic"))
     engine = engine_share(cfg, plan, facts)
     tp = cfg.engine.tensor_parallel_size
-    minimum = engine[0][1] + engine[2][1] + _sequence_blocks(plan, facts) * kv_bytes_per_token(cfg, facts) // tp
+    minimum = (sum(size for name, size, _ in engine if name != "vLLM KV cache")
+               + _sequence_blocks(plan, facts) * kv_bytes_per_token(cfg, facts) // tp)
     utilization, derived = cfg.engine.gpu_memory_utilization, cfg.engine.gpu_memory_utilization is None
     if derived:
         need = sum(size for _, size, _ in engine) * (1 + VLLM_SHARE_MARGIN)
@@ -466,7 +493,7 @@ def gpu_fit_problems(cfg: CohortConfig, gpu: GpuMemoryPlan) -> list[str]:
         return [f"vLLM alone on its GPU: {util} + the CUDA context {_human(CUDA_CONTEXT_BYTES)} exceed {where}; lower "
                 "engine.gpu_memory_utilization or unset it (0.9)"]
     phase = ("the update (vLLM asleep)" if gpu.trainer_peak >= gpu.trainer_resident + gpu.engine_bytes
-             else "generation (vLLM awake beside the trainer's weights and optimizer state)") if gpu.sleep_mode else "the update"
+             else "generation (vLLM awake beside the trainer's weights, gradients and optimizer state)") if gpu.sleep_mode else "the update"
     fixes = ["train.micro_batch_size smaller (activations scale with it)",
              "train.gradient_checkpointing=true" if not cfg.train.gradient_checkpointing else None,
              "engine.sleep_mode=2 (vLLM's memory released during the update)" if not gpu.sleep_mode else None,
@@ -483,7 +510,7 @@ def format_gpu_plan(gpu: GpuMemoryPlan) -> list[str]:
     lines = [f"GPU memory ({_human(gpu.total)} per GPU; an estimate, docs/gpu.md)"]
     if gpu.shared:
         lines.append(f"  trainer's peak (the update)  {_human(gpu.trainer_peak):>10}   (the rows above); between updates "
-                     f"{_human(gpu.trainer_resident)} (weights, AdamW moments, reference)")
+                     f"{_human(gpu.trainer_resident)} (weights, gradients, AdamW moments, reference)")
     lines += [f"  {name:<28}  {_human(size):>10}   {how}" for name, size, how in gpu.engine]
     lines.append(f"  {'CUDA context':<28}  {_human(CUDA_CONTEXT_BYTES):>10}   per process (fixed allowance)")
     source = "derived: vLLM's share + 10%, rounded up" if gpu.derived and gpu.shared else (

@@ -19,8 +19,8 @@ import torch
 from cohort import cli
 from cohort.config import ConfigError
 from cohort.config_loading import load_config
-from cohort.plan import (ModelFacts, activation_bytes_per_token_layer, batch_plan, format_plan, gpu_fit_problems, gpu_memory_plan,
-                         memory_estimate, model_facts)
+from cohort.plan import (ModelFacts, activation_bytes_per_token_layer, batch_plan, engine_batch_limits, format_plan,
+                         gpu_fit_problems, gpu_memory_plan, memory_estimate, model_facts)
 from cohort.validation import validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -364,82 +364,153 @@ def qwen05_gpu(total_gib, *overrides, model_dir):
 
 
 def test_the_activation_formula_per_token_and_layer():
-    # bf16, Qwen2.5-0.5B: 2·(8·896 + 4·4864) + 8·896 = 2·(7,168 + 19,456) + 7,168 = 53,248 + 7,168 = 60,416 B
+    # Qwen2.5-0.5B widths (h 896, i 4864, 14 heads). bf16 mixed: 16·896 + 8 + 9·2·896 + 4·14 + 4·2·4864
+    # = 14,336 + 8 + 16,128 + 56 + 38,912 = 69,440 B (the formula before said 60,416: 13% short).
+    # Pure bf16: 8·896 + 8 + 8·2·896 + 56 + 8·4864 = 7,168 + 8 + 14,336 + 56 + 38,912 = 60,480.
+    # Pure float32: 7,168 + 8 + 8·4·896 + 56 + 16·4864 = 7,168 + 8 + 28,672 + 56 + 77,824 = 113,728.
     facts = ModelFacts(494_032_768, 896, 4864, 24, 14, 2, 64, 151936, 32768)
-    assert activation_bytes_per_token_layer(facts, 2) == 60_416
+    assert activation_bytes_per_token_layer(facts, 2, mixed=True) == 69_440
+    assert activation_bytes_per_token_layer(facts, 2, mixed=False) == 60_480
+    assert activation_bytes_per_token_layer(facts, 4, mixed=False) == 113_728
+
+
+@pytest.mark.parametrize("dtype,mixed", [(torch.float32, True), (torch.bfloat16, False), (torch.float32, False)])
+def test_the_activation_formula_equals_what_autograd_saves_at_qwen05_widths(dtype, mixed):
+    """One Qwen2 decoder layer of Qwen2.5-0.5B's widths (a 512-token vocabulary), 2 × 48 tokens with one row padded
+    (so a mask is passed, as in a packed batch), through transformers' SDPA attention: the bytes of every tensor
+    autograd saves inside the second layer (deduplicated by storage; the weights and autocast's weight copies left
+    out, the planner counts them apart) per token equal the formula exactly; bf16 mixed is autocast over float32
+    weights, as train.precision=mixed runs."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(0)
+    config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=2, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=512, max_position_embeddings=128)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa").train()
+    weight_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    weight_shapes = {tuple(p.shape[::k]) for p in model.parameters() for k in (1, -1)}
+    seen, inside, saved = set(), [False], []
+
+    def keep(t):
+        ptr = t.untyped_storage().data_ptr()
+        if inside[0] and ptr not in seen and ptr not in weight_storages and tuple(t.shape) not in weight_shapes:
+            saved.append(t.untyped_storage().nbytes() if t.dim() != 4 or t.shape[-1] != t.shape[-2] else 0)  # (mask)
+        seen.add(ptr)
+        return t
+
+    layer = model.model.layers[1]
+    layer.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
+    layer.register_forward_hook(lambda *a: inside.__setitem__(0, False))
+    mask = torch.ones(2, 48, dtype=torch.long)
+    mask[0, -5:] = 0
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed)
+    with autocast, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        model.model(input_ids=torch.randint(0, 512, (2, 48)), attention_mask=mask)
+    facts = ModelFacts(0, 896, 4864, 2, 14, 2, 64, 512, 128)
+    compute_bytes = 2 if mixed or dtype == torch.bfloat16 else 4
+    assert sum(saved) == 96 * activation_bytes_per_token_layer(facts, compute_bytes, mixed)
+
+
+# Qwen2.5-0.5B-shaped runs below (bf16 mixed, micro-batch 8 × 1,024 tokens, 64 completions per batch, beta 0):
+#   trainer (P = 494,032,768): weights (float32 masters) 4P = 1,976,131,072; gradients 4P; AdamW 8P = 3,952,262,144;
+#     autocast bf16 copies 2P = 988,065,536 — together 18P = 8,892,589,824
+#   activations 8,192 tokens × 24 layers × 69,440 B = 13,652,459,520 + the mask 8,192 × 1,024 × 2 B = 16,777,216
+#     = 13,669,236,736
+#   log-prob chunk: rows = min(1024, 2^24 // 151,936 = 110) → 110 × 151,936 × 4 B × 2 = 133,703,680
+#   LM head gradient: 151,936 × 896 × 4 B = 544,538,624
+#   peak = 8,892,589,824 + 13,669,236,736 + 133,703,680 + 544,538,624 = 23,240,068,864 (21.64 GiB)
+#   held while vLLM is awake: weights + gradients + moments = 16P = 7,904,524,288
+# vLLM: weights 2P = 988,065,536; KV per token 2 (K, V) × 24 layers × 2 heads × 64 × 2 B = 12,288: 64 sequences ×
+#   1,024 tokens × 12,288 = 805,306,368; working memory 1 GiB = 1,073,741,824; sampler warm-up 64 sequences ×
+#   151,936 × 16 B = 155,582,464; share = 3,022,696,192; + 10% = 3,324,965,811.2
+PEAK, HELD, SHARE_110 = 23_240_068_864, 7_904_524_288, 3_324_965_811.2
+CONTEXT = 536_870_912
 
 
 def test_gpu_plan_of_a_qwen05_shaped_model_without_checkpointing(qwen05_dir):
-    """bf16 mixed, micro-batch 8 × 1,024 tokens, 64 completions per generation batch, beta 0.
-
-    trainer (P = 494,032,768):
-      weights (float32 masters) 4P = 1,976,131,072; gradients 4P = 1,976,131,072; AdamW 8P = 3,952,262,144;
-      autocast bf16 copies 2P = 988,065,536 — together 18P = 8,892,589,824
-      activations 8 × 1,024 = 8,192 tokens × 24 layers × 60,416 B = 11,878,268,928
-      log-prob chunk: rows = min(1024, 2^24 // 151,936 = 110) → 110 × 151,936 × 4 B × 2 = 133,703,680
-      peak = 8,892,589,824 + 11,878,268,928 + 133,703,680 = 20,904,562,432 (19.47 GiB)
-      resident between updates: weights + moments = 12P = 5,928,393,216
-    vLLM: weights 2P = 988,065,536; KV per token 2 (K, V) × 24 layers × 2 heads × 64 × 2 B = 12,288;
-      64 sequences × 1,024 tokens (64 whole blocks of 16) × 12,288 = 805,306,368; working memory 1 GiB = 1,073,741,824
-      share = 2,867,113,728; + 10% = 3,153,825,100.8
-    80 GiB = 85,899,345,920: 3,153,825,100.8 / 85,899,345,920 = 0.0367 → 0.04 (3.2 GiB = 3,435,973,837 B)
-      needed = 512 MiB (536,870,912) + 20,904,562,432 + 3,435,973,837 = 24,877,407,181 ≤ 80 GiB: fits
-    141 GiB = 151,397,597,184: 0.02083 → 0.03 (4,541,927,916 B); needed 25,983,361,260: fits
-    """
+    """80 GiB = 85,899,345,920: 3,324,965,811.2 / 85,899,345,920 = 0.0387 → 0.04 (3,435,973,837 B);
+    needed = 536,870,912 + 23,240,068,864 + 3,435,973,837 = 27,212,913,613 ≤ 80 GiB: fits.
+    141 GiB = 151,397,597,184: 0.02196 → 0.03 (4,541,927,916 B); needed 28,318,867,692: fits."""
     gpu, _ = qwen05_gpu(80, model_dir=qwen05_dir)
     rows = {name: size for name, size, _ in gpu.trainer}
     assert rows == {"weights": 1_976_131_072, "gradients": 1_976_131_072, "AdamW moments": 3_952_262_144,
-                    "activations": 11_878_268_928, "log-prob chunk": 133_703_680, "autocast weight copies": 988_065_536}
-    assert (gpu.trainer_peak, gpu.trainer_resident) == (20_904_562_432, 5_928_393_216)
-    assert [size for _, size, _ in gpu.engine] == [988_065_536, 805_306_368, 1_073_741_824]
-    assert (gpu.utilization, gpu.derived, gpu.engine_bytes, gpu.needed, gpu.fits) == (0.04, True, 3_435_973_837, 24_877_407_181, True)
+                    "activations": 13_669_236_736, "log-prob chunk": 133_703_680, "LM head gradient": 544_538_624,
+                    "autocast weight copies": 988_065_536}
+    assert (gpu.trainer_peak, gpu.trainer_resident) == (PEAK, HELD)
+    assert [size for _, size, _ in gpu.engine] == [988_065_536, 805_306_368, 1_073_741_824, 155_582_464]
+    assert (gpu.utilization, gpu.derived, gpu.engine_bytes, gpu.needed, gpu.fits) == (0.04, True, 3_435_973_837, 27_212_913_613, True)
     gpu141, _ = qwen05_gpu(141, model_dir=qwen05_dir)
-    assert (gpu141.utilization, gpu141.needed, gpu141.fits) == (0.03, 25_983_361_260, True)
+    assert (gpu141.utilization, gpu141.needed, gpu141.fits) == (0.03, 28_318_867_692, True)
+
+
+def test_the_planner_counts_vllms_warm_up_for_the_sequences_cohort_passes(qwen05_dir):
+    """vLLM's start-up sampler pass is max_num_seqs × vocab × 16 B, and cohort passes max_num_seqs = the generation
+    batch (64 here; 1,024 with 128 prompts × 8): 1,024 × 151,936 × 16 = 2,489,319,424 (2.32 GiB, what vLLM's
+    H100/H200 default of 1,024 would hold whatever the batch). Without this row the 64-completion split of 0.04 ×
+    80 GiB = 3.2 GiB had no room for vLLM's own default warm-up (0.92 GiB weights + 2.32 GiB > 3.2 GiB)."""
+    cfg = load_config(None, [f"model.path={qwen05_dir}", *QWEN05])
+    assert engine_batch_limits(batch_plan(cfg), 1025) == (64, 8192)  # one step's tokens: 8,192, at least max_model_len
+    assert engine_batch_limits(batch_plan(cfg), 20_000) == (64, 20_000)
+    over = load_config(None, [*QWEN05, "pipeline.over_provision=1.5", "engine.mode=local_server"])
+    assert engine_batch_limits(batch_plan(over), 1025)[0] == 96  # the over-provisioned requests are in flight too
+    big, _ = qwen05_gpu(80, "train.prompts_per_step=128", model_dir=qwen05_dir)
+    assert dict((n, s) for n, s, _ in big.engine)["vLLM sampler warm-up"] == 2_489_319_424
 
 
 def test_gpu_plan_with_gradient_checkpointing(qwen05_dir):
     """Checkpointing keeps each layer's input (the float32 residual stream under autocast) and recomputes one layer:
-    8,192 tokens × (24 × 896 × 4 B + 60,416 B) = 8,192 × (86,016 + 60,416) = 8,192 × 146,432 = 1,199,570,944 (1.12 GiB,
-    against 11.06 GiB without). Peak 8,892,589,824 + 1,199,570,944 + 133,703,680 = 10,225,864,448 (9.52 GiB).
-    A 16 GiB GPU (17,179,869,184): 0.1836 → 0.19 (3,264,175,145 B); needed 536,870,912 + 10,225,864,448 +
-    3,264,175,145 = 14,026,910,505 (13.06 GiB): fits; without checkpointing 24,705,608,489 (23.0 GiB) does not."""
+    8,192 tokens × (24 × 896 × 4 B + 69,440 B) + the mask 16,777,216 = 8,192 × 155,456 + 16,777,216 = 1,290,272,768
+    (1.20 GiB, against 12.73 GiB without). Peak 8,892,589,824 + 1,290,272,768 + 133,703,680 + 544,538,624 =
+    10,861,104,896 (10.12 GiB). A 16 GiB GPU (17,179,869,184): 3,324,965,811.2 / 17,179,869,184 = 0.1935 → 0.2
+    (3,435,973,837 B); needed 536,870,912 + 10,861,104,896 + 3,435,973,837 = 14,833,949,645 (13.82 GiB): fits;
+    without checkpointing 27,212,913,613 does not."""
     gpu, _ = qwen05_gpu(16, "train.gradient_checkpointing=true", model_dir=qwen05_dir)
-    assert dict((n, s) for n, s, _ in gpu.trainer)["activations"] == 1_199_570_944
-    assert (gpu.trainer_peak, gpu.utilization, gpu.needed, gpu.fits) == (10_225_864_448, 0.19, 14_026_910_505, True)
+    assert dict((n, s) for n, s, _ in gpu.trainer)["activations"] == 1_290_272_768
+    assert (gpu.trainer_peak, gpu.utilization, gpu.needed, gpu.fits) == (10_861_104_896, 0.2, 14_833_949_645, True)
     gpu, _ = qwen05_gpu(80, "train.gradient_checkpointing=true", model_dir=qwen05_dir)
     assert (gpu.utilization, gpu.fits) == (0.04, True)  # (vLLM's share does not depend on the trainer)
     bare, _ = qwen05_gpu(16, model_dir=qwen05_dir)
-    assert (bare.needed, bare.fits) == (24_705_608_489, False)
+    assert (bare.needed, bare.fits) == (27_212_913_613, False)
 
 
 def test_gpu_plan_with_sleep_mode_offload_and_the_refusal(qwen05_dir):
-    """A 22 GiB GPU (23,622,320,128), no checkpointing: 3,153,825,100.8 / 23,622,320,128 = 0.1335 → 0.14
-    (0.14 × 23,622,320,128 = 3,307,124,817.92 → 3,307,124,818 B). Without sleep: 536,870,912 + 20,904,562,432 +
-    3,307,124,818 = 24,748,558,162 > 22 GiB: refused,
-    both numbers and the fixes named. With engine.sleep_mode=2 vLLM releases its 0.14 during the update: the
-    busier phase is max(update 20,904,562,432, generation 5,928,393,216 + 3,307,124,818 = 9,235,518,034) + 536,870,912
-    = 21,441,433,344 (19.97 GiB) ≤ 22 GiB: fits."""
-    gpu, cfg = qwen05_gpu(22, model_dir=qwen05_dir)
-    assert (gpu.utilization, gpu.engine_bytes, gpu.fits) == (0.14, 3_307_124_818, False)
-    assert gpu.needed == 536_870_912 + 20_904_562_432 + 3_307_124_818 == 24_748_558_162
+    """A 24 GiB GPU (25,769,803,776), no checkpointing: 3,324,965,811.2 / 25,769,803,776 = 0.129 → 0.13
+    (0.13 × 25,769,803,776 = 3,350,074,490.88 → 3,350,074,491 B). Without sleep: 536,870,912 + 23,240,068,864 +
+    3,350,074,491 = 27,127,014,267 > 24 GiB: refused, both numbers and the fixes named. With engine.sleep_mode=2
+    vLLM releases its 0.13 during the update: the busier phase is max(update 23,240,068,864, generation
+    7,904,524,288 + 3,350,074,491 = 11,254,598,779) + 536,870,912 = 23,776,939,776 (22.14 GiB) ≤ 24 GiB: fits."""
+    gpu, cfg = qwen05_gpu(24, model_dir=qwen05_dir)
+    assert (gpu.utilization, gpu.engine_bytes, gpu.fits) == (0.13, 3_350_074_491, False)
+    assert gpu.needed == CONTEXT + PEAK + 3_350_074_491 == 27_127_014_267
     (problem,) = gpu_fit_problems(cfg, gpu)
-    for piece in ("the trainer's peak 19.47 GiB", "engine.gpu_memory_utilization = 0.14 (derived): 3.08 GiB",
-                  "need 23.05 GiB in the update, more than the GPU's 22.00 GiB", "train.micro_batch_size smaller",
+    for piece in ("the trainer's peak 21.64 GiB", "engine.gpu_memory_utilization = 0.13 (derived): 3.12 GiB",
+                  "need 25.26 GiB in the update, more than the GPU's 24.00 GiB", "train.micro_batch_size smaller",
                   "train.gradient_checkpointing=true", "engine.sleep_mode=2", "rollout.max_completion_length"):
         assert piece in problem, problem
-    asleep, cfg = qwen05_gpu(22, "engine.sleep_mode=2", model_dir=qwen05_dir)
-    assert (asleep.needed, asleep.fits, gpu_fit_problems(cfg, asleep)) == (21_441_433_344, True, [])
+    asleep, cfg = qwen05_gpu(24, "engine.sleep_mode=2", model_dir=qwen05_dir)
+    assert (asleep.needed, asleep.fits, gpu_fit_problems(cfg, asleep)) == (23_776_939_776, True, [])
+
+
+def test_sleep_mode_counts_the_gradients_held_while_vllm_wakes(qwen05_dir):
+    """The trainer frees its gradients at the next batch's zero_grad, after the push: vLLM wakes beside them. With
+    checkpointing (update peak 10,861,104,896) and 0.52 of 16 GiB set by hand (8,933,531,976 B), generation is the
+    busier phase: 536,870,912 + 7,904,524,288 (weights, gradients 4P = 1,976,131,072, moments) + 8,933,531,976 =
+    17,374,927,176 > 17,179,869,184: refused. Leaving the gradients out (before) said 15,398,796,104: fits."""
+    gpu, cfg = qwen05_gpu(16, "train.gradient_checkpointing=true", "engine.sleep_mode=2",
+                          "engine.gpu_memory_utilization=0.52", model_dir=qwen05_dir)
+    assert (gpu.trainer_resident, gpu.engine_bytes, gpu.needed, gpu.fits) == (HELD, 8_933_531_976, 17_374_927_176, False)
+    assert "in generation (vLLM awake beside the trainer's weights, gradients and optimizer state)" in gpu_fit_problems(cfg, gpu)[0]
 
 
 def test_gpu_plan_of_an_engine_alone_and_of_a_fraction_too_small(qwen05_dir):
     """vLLM alone on its GPU takes 0.9 (vLLM's default) and no trainer row. A user's 0.01 of 80 GiB (858,993,459 B) is
-    less than vLLM's weights 988,065,536 + 1 GiB + one sequence's KV 1,024 × 12,288 = 12,582,912 = 2,074,390,272:
-    refused with the least fraction, 2,074,390,272 / 85,899,345,920 = 0.0241 → 0.03."""
+    less than vLLM's weights 988,065,536 + 1 GiB + its warm-up 155,582,464 + one sequence's KV 1,024 × 12,288 =
+    12,582,912: 2,229,972,736; refused with the least fraction, 2,229,972,736 / 85,899,345,920 = 0.026 → 0.03."""
     alone = gpu_memory_plan(load_config(None, [f"model.path={qwen05_dir}", *QWEN05]),
                             batch_plan(load_config(None, QWEN05)), model_facts(str(qwen05_dir)), 80 * GIB, shared=False)
     assert (alone.utilization, alone.trainer, alone.fits) == (0.9, [], True)
     small, cfg = qwen05_gpu(80, "engine.gpu_memory_utilization=0.01", model_dir=qwen05_dir)
-    assert (small.derived, small.engine_minimum, small.fits) == (False, 2_074_390_272, False)
+    assert (small.derived, small.engine_minimum, small.fits) == (False, 2_229_972_736, False)
     assert "raise engine.gpu_memory_utilization to at least 0.03" in gpu_fit_problems(cfg, small)[0]
 
 

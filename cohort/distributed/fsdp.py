@@ -84,6 +84,10 @@ class LocalContext:
     def global_count(self, count: torch.Tensor) -> torch.Tensor:
         return count
 
+    def max_count(self, count: int) -> int:
+        """The largest `count` over the ranks (here, one)."""
+        return count
+
     def reduce_metrics(self, sums: dict[str, float], max_keys: tuple[str, ...] = ("mismatch_max",)) -> dict[str, float]:
         return sums
 
@@ -149,6 +153,12 @@ class DistContext(LocalContext):
         total = torch.as_tensor(count, dtype=torch.float64).to(self.device, copy=True)
         self.dist.all_reduce(total)
         return (total / self.world_size).to(torch.as_tensor(count).dtype)
+
+    def max_count(self, count: int) -> int:
+        """The largest `count` over the ranks, through the gloo side group (a host integer: no device sync)."""
+        value = torch.tensor([count], dtype=torch.int64)
+        self.dist.all_reduce(value, op=self.dist.ReduceOp.MAX, group=self.cpu_group)
+        return int(value.item())
 
     def reduce_metrics(self, sums: dict[str, float], max_keys: tuple[str, ...] = ("mismatch_max",)) -> dict[str, float]:
         """Sum every accumulated metric over ranks, except: `loss` is averaged (each rank's loss is scaled by W) and

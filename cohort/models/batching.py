@@ -68,6 +68,20 @@ def length_sorted_micro_batches(lengths: list[int], micro_batch_size: int, max_t
     return batches
 
 
+def split_to_count(batches: list[list[int]], count: int) -> list[list[int]]:
+    """`batches` with the largest one halved (its longer rows first) until there are `count`: several training
+    processes must run the same number of micro-batches (each one's forward and backward are collectives under FSDP).
+    Halving never breaks a token budget; order within the list is kept."""
+    batches = [list(b) for b in batches]
+    if sum(len(b) for b in batches) < count:
+        raise ValueError(f"{sum(len(b) for b in batches)} rows cannot make {count} micro-batches")
+    while len(batches) < count:
+        k = max(range(len(batches)), key=lambda j: len(batches[j]))
+        half = (len(batches[k]) + 1) // 2
+        batches[k:k + 1] = [batches[k][:half], batches[k][half:]]
+    return batches
+
+
 def padded_tensor(rows: list[list], width: int, dtype: torch.dtype, device: torch.device | str | None,
                   fill: float = 0) -> torch.Tensor:
     """(len(rows), width) of Python lists right-padded with `fill`, made in one call on `device` (one host-to-device

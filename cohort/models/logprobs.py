@@ -3,8 +3,9 @@
 Alignment (pinned in tests): the logits at position t predict token t+1, so the
 log-prob of completion token j of row b, which sits at position
 `prompt_len[b] + j`, is read from the hidden state at `prompt_len[b] + j - 1`.
-Only active completion tokens are scored: the hidden states of those positions
-are gathered into one (M, H) matrix and pushed through the LM head in chunks of
+Every completion position is scored, padding included (set to 0 after): the
+hidden states are gathered into one (B·Tc, H) matrix and pushed through the LM
+head in chunks of
 at most `chunk_size` rows, and of at most `max_chunk_logits` logits (so a
 151,936-token vocabulary gets chunks of ~110 rows: 64 MiB of float32 logits).
 Each chunk goes through `LinearLogProb`, an autograd function that keeps only
@@ -21,7 +22,10 @@ same buffer, with one more (C, V) buffer alive while it is formed.
 
 Left out: packing several sequences into one row (needs a varlen attention
 kernel); right padding within a micro-batch is used instead, and the trainer
-sorts by length to keep it small.
+sorts by length to keep it small. Scoring only the active tokens would need a
+boolean-mask index, whose size is data: on a GPU the host would then wait for the
+body's forward before it could queue the head (a sync per micro-batch); the
+padded positions' head work is the price of not waiting.
 """
 
 from __future__ import annotations
@@ -147,11 +151,13 @@ def _completion_logprobs(model, input_ids, attention_mask, prompt_lengths, compl
     body, head = decoder_and_head(model)
     hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
     b, tc = completion_ids.shape
+    # every (row, completion position), padding included: a boolean-mask index here would make the host wait for the
+    # whole body's forward on a GPU (its size is data); padded positions are scored and set to 0 below
     positions = prompt_lengths[:, None] + torch.arange(tc, device=input_ids.device)[None, :] - 1  # (B, Tc)
-    active = completion_mask.bool()
-    rows = torch.arange(b, device=input_ids.device)[:, None].expand(b, tc)[active]  # (M,)
-    h = hidden[rows, positions[active]]  # (M, H)
-    targets = completion_ids[active]  # (M,)
+    positions = positions.clamp_(0, hidden.shape[1] - 1)  # (padding past a row's end: any position, zeroed below)
+    width = hidden.shape[2]
+    h = hidden.gather(1, positions[:, :, None].expand(b, tc, width)).reshape(b * tc, width)  # (B·Tc, H)
+    targets = completion_ids.reshape(b * tc)  # (B·Tc,)
     softcap = getattr(model.config, "final_logit_softcapping", None)
     weight, bias = head.weight, getattr(head, "bias", None)
     if weight.dtype != hidden.dtype and not torch.is_autocast_enabled(hidden.device.type):  # a float32 pass over a
@@ -163,12 +169,13 @@ def _completion_logprobs(model, input_ids, attention_mask, prompt_lengths, compl
         lp, ent = LinearLogProb.apply(h[start:end], weight, bias, targets[start:end], temperature, softcap, entropy_grad)
         logps.append(lp)
         entropies.append(ent)
-    out_logp = hidden.new_zeros((b, tc), dtype=torch.float32)
-    out_ent = torch.zeros((b, tc), dtype=torch.float32, device=input_ids.device)
-    if logps:
-        index = (rows, torch.nonzero(active, as_tuple=True)[1])
-        out_logp = out_logp.index_put(index, torch.cat(logps))
-        out_ent = out_ent.index_put(index, torch.cat(entropies).float())  # (out of place: keeps the entropy's graph)
+    active = completion_mask.bool()
+    if not logps:
+        zeros = torch.zeros((b, tc), dtype=torch.float32, device=input_ids.device)
+        return zeros, zeros.clone()
+    zero = hidden.new_zeros((), dtype=torch.float32)
+    out_logp = torch.where(active, torch.cat(logps).reshape(b, tc), zero)
+    out_ent = torch.where(active, torch.cat(entropies).float().reshape(b, tc), zero)  # (keeps the entropy's graph)
     return out_logp, out_ent
 
 

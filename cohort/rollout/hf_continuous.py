@@ -26,12 +26,15 @@ reproducible only as far as its polls return at the same steps. The manager's ow
 Left out, and sent to the plain `generate` path by `HFEngine`: top-k / top-p (transformers' log-probs would be
 those of the filtered, renormalised distribution, not the trainer's), the trainer's autocast (thread-local: the
 generation thread would run without it), and architectures the manager refuses or fails on (`start` probes
-one token and says why). CPU offload of the KV cache is off: a request that does not fit waits.
+one token and says why), and a transformers that lacks what this module calls (`missing_api`: 5.17, the GPU machine's,
+has no `page_size`, `auto_switch_to_flash` or `pause()`). CPU offload of the KV cache is off: a request that does
+not fit waits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import threading
 import time
@@ -40,7 +43,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import torch
+import transformers
 from transformers import ContinuousBatchingConfig, GenerationConfig
+from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
 
 from cohort.rollout.base import Request, SamplingConfig, Trajectory, finish_reason
 
@@ -59,6 +64,17 @@ class _Stream:
     def piece(self, status: str) -> Trajectory:
         return Trajectory(list(self.token_ids), list(self.logprobs), status, self.policy_version, list(self.versions),
                           request_id=self.request.request_id)
+
+
+def missing_api() -> str | None:
+    """What this module needs and the installed transformers lacks (None: nothing). transformers 5.17, the GPU
+    machine's, has `block_size` for `page_size`, no `auto_switch_to_flash` and no `ContinuousBatchingManager.pause()`
+    (5.19 has all three): there the engine samples with plain `generate`."""
+    fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+    lacking = [f"ContinuousBatchingConfig.{name}" for name in ("page_size", "auto_switch_to_flash") if name not in fields]
+    if not hasattr(ContinuousBatchingManager, "pause"):
+        lacking.append("ContinuousBatchingManager.pause()")
+    return ", ".join(lacking) or None
 
 
 class ContinuousRequests:
@@ -104,15 +120,18 @@ class ContinuousRequests:
         """Build (once) and probe the manager for `temperature`; raises RuntimeError when transformers cannot serve it."""
         if temperature in self._managers:
             return
+        missing = missing_api()
+        if missing:
+            raise RuntimeError(f"transformers {transformers.__version__}'s continuous batching lacks {missing}")
         generation = GenerationConfig(do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
                                       top_k=0 if temperature > 0 else None, top_p=None, eos_token_id=self.stop_token_ids,
                                       pad_token_id=self.pad_token_id)
-        cb = ContinuousBatchingConfig(return_logprobs=True, num_blocks=self.num_blocks, page_size=self.page_size,
-                                      max_batch_tokens=self.max_batch_tokens,
-                                      max_requests_per_batch=self.max_requests_per_batch, auto_switch_to_flash=False,
-                                      use_async_batching=False, allow_block_sharing=False, seed=0)
         rng, was_training, attention = torch.get_rng_state(), self.model.training, self._attention()
-        try:
+        try:  # (the config too: a transformers whose config lacks a field raises TypeError here, and falls back)
+            cb = ContinuousBatchingConfig(return_logprobs=True, num_blocks=self.num_blocks, page_size=self.page_size,
+                                          max_batch_tokens=self.max_batch_tokens,
+                                          max_requests_per_batch=self.max_requests_per_batch, auto_switch_to_flash=False,
+                                          use_async_batching=False, allow_block_sharing=False, seed=0)
             manager = self.model.init_continuous_batching(generation_config=generation, continuous_batching_config=cb)
             manager.warmup()  # builds the batch processor here, in this thread (it calls torch.manual_seed)
         except Exception as e:  # an attention implementation or cache layout it does not support

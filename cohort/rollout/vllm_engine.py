@@ -163,20 +163,49 @@ def expected_reload_warnings_dropped(tied_head: bool):
         logger.removeFilter(quiet)
 
 
+def _reload_on_worker(worker, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Run by `collective_rpc` on every vLLM worker (in this process, or each tensor-parallel worker's own): reload
+    the weights in place (each worker's loader takes its shard) and re-tie a tied head, with the expected warnings
+    dropped (module docstring). `worker` is vLLM's WorkerWrapperBase; its `.worker` the Worker."""
+    worker = getattr(worker, "worker", worker)
+    model = worker.model_runner.get_model()
+    with expected_reload_warnings_dropped(getattr(getattr(model, "config", None), "tie_word_embeddings", False)):
+        worker.model_runner.reload_weights(weights_iterator=iter(named_tensors))
+    _refresh_tied_lm_head(worker.model_runner.get_model())
+
+
+def _restore_parallel_state(worker) -> None:
+    """Run by `collective_rpc` on the in-process worker: its distributed set-up again (`_ensure_parallel_state`)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.platforms import current_platform
+    from vllm.utils.network_utils import get_open_port
+    from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
+
+    worker = getattr(worker, "worker", worker)
+    with set_current_vllm_config(worker.vllm_config):
+        init_worker_distributed_environment(worker.vllm_config, worker.rank, f"tcp://127.0.0.1:{get_open_port()}",
+                                            worker.local_rank, current_platform.dist_backend)
+
+
 OWN_GPU_UTILIZATION = 0.9  # vLLM's own default: the engine alone on its GPU (cohort.plan derives it when shared)
 
 
 def llm_options(model_dir: Path, *, dtype: str, seed: int, max_model_len: int, enforce_eager: bool,
                 enable_prefix_caching: bool, cuda: bool, gpu_memory_utilization: float | None, sleep_mode: int,
-                tensor_parallel_size: int) -> dict:
+                tensor_parallel_size: int, batch_limits: tuple[int, int] | None = None) -> dict:
     """The keyword arguments of `vllm.LLM` for this engine: the GPU ones only on CUDA, the CPU's chunked-prefill
-    switch only on CPU (module docstring); sleep mode only when asked (vLLM then allocates through its CuMem pool)."""
+    switch only on CPU (module docstring); sleep mode only when asked (vLLM then allocates through its CuMem pool).
+    `batch_limits`: (max_num_seqs, max_num_batched_tokens) from the batch plan (cohort.plan.engine_batch_limits),
+    passed on CUDA, where vLLM's own defaults (1,024 sequences on an H100/H200) size a start-up sampler pass that
+    a colocated split has no room for; None, or on the CPU, vLLM's defaults."""
     kwargs = dict(
         model=str(model_dir), tokenizer=str(model_dir), dtype=dtype, seed=seed, max_model_len=max_model_len,
         enforce_eager=enforce_eager, enable_prefix_caching=enable_prefix_caching, logprobs_mode="processed_logprobs",
     )
     if cuda:
         kwargs["gpu_memory_utilization"] = OWN_GPU_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
+        if batch_limits is not None:
+            kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"] = batch_limits
     else:  # (module docstring: vLLM's CPU sampler cannot rewind a seeded request's generator after a partial prefill)
         kwargs["enable_chunked_prefill"] = False
     if sleep_mode:
@@ -208,14 +237,14 @@ class VLLMEngine(RequestEngineMixin):
 
     def __init__(self, model_dir: Path, *, dtype: str, max_model_len: int, seed: int = 0, enforce_eager: bool = True,
                  enable_prefix_caching: bool = True, kv_cache_gib: float = 1.0, gpu_memory_utilization: float | None = None,
-                 sleep_mode: int = 0, tensor_parallel_size: int = 1):
+                 sleep_mode: int = 0, tensor_parallel_size: int = 1, batch_limits: tuple[int, int] | None = None):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
         from vllm import LLM
 
         kwargs = llm_options(model_dir, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
                              enable_prefix_caching=enable_prefix_caching, cuda=torch.cuda.is_available(),
                              gpu_memory_utilization=gpu_memory_utilization, sleep_mode=sleep_mode,
-                             tensor_parallel_size=tensor_parallel_size)
+                             tensor_parallel_size=tensor_parallel_size, batch_limits=batch_limits)
         self.llm = LLM(**kwargs)
         self.sleep_mode = sleep_mode
         self._asleep: set[str] = set()  # "weights", "kv_cache": what vLLM holds asleep now (sleep mode)
@@ -240,25 +269,27 @@ class VLLMEngine(RequestEngineMixin):
             output_kind=RequestOutputKind.DELTA,  # each step returns only the new tokens: appended, never re-copied
         )
 
+    def _workers_here(self) -> bool:
+        """Whether vLLM's worker lives in this process (its one-process executor, which has a `driver_worker`). With
+        `tensor_parallel_size > 1` vLLM runs a `MultiprocExecutor` (or a Ray one) instead: no `driver_worker`, each
+        worker in its own process, reached only through `collective_rpc`."""
+        return hasattr(self.llm.llm_engine.model_executor, "driver_worker")
+
     def _ensure_parallel_state(self) -> None:
         """Rebuild vLLM's process-wide parallel groups if another engine of this process was closed since.
 
         vLLM keeps its (here one-process) parallel groups in module globals, and an engine's shutdown destroys them
         for the whole process, so the engines still alive would fail on their next call ("pipeline model parallel
-        group is not initialized"). Re-running the worker's own distributed set-up restores them.
+        group is not initialized"). Re-running the worker's own distributed set-up restores them. Workers in their
+        own processes (tensor parallel) keep their own groups: nothing here can destroy them.
         """
-        from vllm.config import set_current_vllm_config
+        if not self._workers_here():
+            return
         from vllm.distributed import parallel_state
-        from vllm.platforms import current_platform
-        from vllm.utils.network_utils import get_open_port
-        from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 
         if parallel_state.model_parallel_is_initialized():
             return
-        worker = self.llm.llm_engine.model_executor.driver_worker.worker
-        with set_current_vllm_config(worker.vllm_config):
-            init_worker_distributed_environment(worker.vllm_config, worker.rank, f"tcp://127.0.0.1:{get_open_port()}",
-                                                worker.local_rank, current_platform.dist_backend)
+        self.llm.collective_rpc(_restore_parallel_state)
 
     def submit(self, requests: Sequence[Request]) -> None:
         """Add each request to vLLM's scheduler (prompt + resumed tokens, as sampled); one with no tokens left to
@@ -345,9 +376,6 @@ class VLLMEngine(RequestEngineMixin):
     def in_flight(self) -> int:
         return len(self._live) + len(self._done)
 
-    def _model_runner(self):
-        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
-
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *,
                        in_flight: bool = False) -> None:
         """Load new weights between two engine steps; tokens sampled from now on carry `version`.
@@ -360,11 +388,10 @@ class VLLMEngine(RequestEngineMixin):
                                "under them (asynchronous training)")
         self._ensure_parallel_state()
         self._wake(("weights",))  # (sleep mode: the weights first, the KV cache once they are loaded)
-        runner = self._model_runner()
-        tied = getattr(getattr(runner.get_model(), "config", None), "tie_word_embeddings", False)
-        with expected_reload_warnings_dropped(tied):  # each tensor as it is: a CUDA one is copied device to device
-            runner.reload_weights(weights_iterator=((n, t.detach()) for n, t in named_tensors))
-        _refresh_tied_lm_head(runner.get_model())
+        tensors = ((n, t.detach()) for n, t in named_tensors)  # each as it is: a CUDA one is copied device to device
+        if not self._workers_here():  # workers in other processes: the tensors travel pickled, as host copies
+            tensors = [(n, t.cpu()) for n, t in tensors]
+        self.llm.collective_rpc(_reload_on_worker, args=(tensors,))
         self._weights_discarded = False
         self._wake(("kv_cache",))
         # reset_running_requests: preempt the running requests (their KV recomputed with the new weights) so that

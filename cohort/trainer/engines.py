@@ -30,6 +30,7 @@ from cohort.distributed.rank0 import DetachedHFEngine, MainOnlyEngine
 from cohort.models.devices import resolve_device
 from cohort.models.loading import load_policy, stop_token_ids
 from cohort.models.precision import Precision
+from cohort.plan import batch_plan, engine_batch_limits
 from cohort.prompts import max_positions_of
 from cohort.rollout.hf_engine import HFEngine
 from cohort.rollout.remote_engine import LocalServerEngine, RemoteEngine, engine_cores
@@ -95,7 +96,7 @@ def build_engine(cfg, model_dir: Path, tokenizer, *, max_model_len: int, precisi
     return VLLMEngine(model_dir, dtype=cfg.generation_dtype, max_model_len=max_model_len, seed=cfg.rollout.seed,
                       enforce_eager=cfg.engine.enforce_eager, enable_prefix_caching=cfg.engine.enable_prefix_caching,
                       kv_cache_gib=cfg.engine.kv_cache_gib, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-                      sleep_mode=cfg.engine.sleep_mode)
+                      sleep_mode=cfg.engine.sleep_mode, batch_limits=engine_batch_limits(batch_plan(cfg), max_model_len))
 
 
 def rank0_engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, *, max_model_len: int,

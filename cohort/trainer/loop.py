@@ -57,7 +57,8 @@ from cohort.algorithms import (aggregate_loss, aggregation_count, kl_penalty, ma
 from cohort.algorithms import advantage_stats
 from cohort.algorithms.specs import AdvantageInputs
 from cohort.config import CohortConfig, default_output_dir
-from cohort.models.batching import length_sorted_micro_batches, pack_right_padded, pad_rows, padded_tensor
+from cohort.models.batching import (length_sorted_micro_batches, pack_right_padded, pad_rows, padded_tensor,
+                                    split_to_count)
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES, float32_weights
 from cohort.rollout.base import SamplingConfig, WeightStream, release_engine_memory
@@ -238,6 +239,8 @@ class Trainer:
         if batch.streamed is not None:  # its groups were trained as they arrived: only the step is left
             return self.finish_streamed_update(batch.streamed)
         micro = self._micro_batches(batch, self.dist.local_indices(indices, self.plan.num_generations))  # this rank's groups
+        # as many micro-batches on every rank (FSDP's collectives must match); a token budget can differ per rank
+        micro = split_to_count(micro, self.dist.max_count(len(micro)))
         packed = [self._pack(batch, mb) for mb in micro]
         num_items = self.dist.global_count(sum(aggregation_count(p[1], self.aggregation) for p in packed))
         sums: dict[str, Any] = defaultdict(float)  # tensors on the device until the step ends (one host read)

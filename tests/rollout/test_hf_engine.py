@@ -69,3 +69,31 @@ def test_engines_on_the_trainers_module_refuse_in_flight_weight_updates(policy, 
     with pytest.raises(RuntimeError, match=r"MainOnlyEngine \(multi-process training\) cannot update weights with requests in flight"):
         main_only.update_weights(policy.named_parameters(), 2, in_flight=True)
     assert (main_only.policy_version, engine.policy_version) == (0, 1)
+
+
+def test_a_transformers_without_the_continuous_batching_api_falls_back_to_generate(policy, monkeypatch):
+    """transformers 5.17 (the GPU machine's) names the page size `block_size`, has no `auto_switch_to_flash` and its
+    manager no `pause()`. Its config class stands in here (on 5.17 itself the real one does: the lane's run of this
+    file). Before, the config was built outside the start's `try` and its TypeError escaped `generate`; now the engine
+    warns once and samples with plain generate, the trainer's log-probs read off it as ever."""
+    import dataclasses
+
+    from cohort.rollout import hf_continuous
+
+    @dataclasses.dataclass
+    class ConfigOf517:  # the fields cohort passes that 5.17 has
+        block_size: int = 256
+        num_blocks: int | None = None
+        max_batch_tokens: int | None = None
+        max_requests_per_batch: int | None = None
+        allow_block_sharing: bool = True
+        use_async_batching: bool | None = None
+        return_logprobs: bool = False
+        seed: int | None = None
+
+    monkeypatch.setattr(hf_continuous, "ContinuousBatchingConfig", ConfigOf517)
+    assert hf_continuous.missing_api().startswith("ContinuousBatchingConfig.page_size, ")
+    engine = HFEngine(policy, pad_token_id=EOS, stop_token_ids=[EOS])
+    with pytest.warns(UserWarning, match="continuous batching lacks ContinuousBatchingConfig.page_size.*plain generate"):
+        (out,) = engine.generate([[49, 50, 43, 51, 61]], SamplingConfig(max_tokens=6, temperature=0.7), seeds=[3])
+    assert engine.continuous is None and len(out.logprobs) == len(out.token_ids) > 0

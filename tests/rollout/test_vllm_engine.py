@@ -67,7 +67,8 @@ def test_expected_reload_warnings_are_dropped_and_others_kept(vllm_engine, tiny_
     policy = load_policy(tiny_model_dir, "float32")
     try:
         # a bare reload (what update_weights wraps) warns for the two layers that receive no tensor ...
-        vllm_engine._model_runner().reload_weights(weights_iterator=((n, t.detach()) for n, t in policy.named_parameters()))
+        tensors = [(n, t.detach()) for n, t in policy.named_parameters()]
+        vllm_engine.llm.collective_rpc(lambda w: w.model_runner.reload_weights(weights_iterator=iter(tensors)))
         assert sorted(records.messages) == ["ParallelLMHead: Failed to load weights", "RotaryEmbedding: Failed to load weights"]
         records.messages.clear()
         vllm_engine.update_weights(policy.named_parameters(), 0)  # ... update_weights (tied head) drops both

@@ -4,6 +4,7 @@ sleep mode needs CUDA); the engine's own code runs unchanged."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -27,12 +28,36 @@ class _Runner:
         self.received = list(weights_iterator)
 
 
-class _LLM:
-    """Records the calls VLLMEngine makes into vLLM's LLM."""
+class _Worker:
+    def __init__(self, calls):
+        self.model_runner = _Runner(calls)
 
-    def __init__(self):
+
+class _Executor:
+    """vLLM's one-process executor has `driver_worker`; the multi-process one (tensor parallel) has not."""
+
+    def __init__(self, calls, in_process: bool):
+        if in_process:
+            self.driver_worker = _Worker(calls)
+
+
+class _LLM:
+    """Records the calls VLLMEngine makes into vLLM's LLM. `collective_rpc(fn, args)` runs `fn` on each worker as vLLM
+    does (in process: the object itself; multi-process: after a pickle round trip of the arguments, as vLLM's
+    message queue sends them)."""
+
+    def __init__(self, in_process: bool = True, workers: int = 1):
         self.calls: list = []
-        self.runner = _Runner(self.calls)
+        self.workers = [_Worker(self.calls) for _ in range(workers)]
+        self.runner = self.workers[0].model_runner
+        self.llm_engine = type("LLMEngine", (), {})()
+        self.llm_engine.model_executor = _Executor(self.calls, in_process)
+        self.in_process = in_process
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        if not self.in_process:
+            args = pickle.loads(pickle.dumps(args))  # a generator or a CUDA-only tensor would fail here
+        return [method(worker, *args, **(kwargs or {})) for worker in self.workers]
 
     def sleep(self, level):
         self.calls.append(("sleep", level))
@@ -46,12 +71,12 @@ class _LLM:
         return True
 
 
-def _engine(sleep_mode: int) -> VLLMEngine:
+def _engine(sleep_mode: int, in_process: bool = True, workers: int = 1) -> VLLMEngine:
     engine = VLLMEngine.__new__(VLLMEngine)  # (no vLLM start: the state __init__ declares, with the stand-in)
-    engine.llm, engine.sleep_mode, engine._asleep, engine._weights_discarded = _LLM(), sleep_mode, set(), False
+    engine.llm, engine.sleep_mode, engine._asleep, engine._weights_discarded = _LLM(in_process, workers), sleep_mode, set(), False
     engine.policy_version, engine._live, engine._done, engine._scoring = 0, {}, [], {}
-    engine._ensure_parallel_state = lambda: None
-    engine._model_runner = lambda: engine.llm.runner
+    if in_process:  # no real vLLM, so no parallel groups to restore in this process
+        engine._ensure_parallel_state = lambda: None
     return engine
 
 
@@ -64,6 +89,25 @@ def test_llm_options_on_a_gpu_and_on_the_cpu():
     assert alone["gpu_memory_utilization"] == 0.9 and "enable_sleep_mode" not in alone and "tensor_parallel_size" not in alone
     cpu = llm_options(Path("m"), cuda=False, gpu_memory_utilization=None, sleep_mode=0, tensor_parallel_size=1, **common)
     assert cpu["enable_chunked_prefill"] is False and "gpu_memory_utilization" not in cpu
+
+
+def test_vllm_gets_its_batch_limits_from_the_batch_plan_on_a_gpu(tmp_path, monkeypatch):
+    """build_engine hands vLLM max_num_seqs = the generation batch (4 prompts × 8 = 32 here) and one step's tokens
+    (8,192 here, at least max_model_len); on CUDA they reach vllm.LLM, where vLLM's H100/H200 default of 1,024
+    sequences would size a 2.3 GiB start-up sampler pass (cohort.plan.engine_batch_limits). On the CPU, vLLM's own."""
+    from cohort.config_loading import load_config
+    from cohort.trainer import engines
+
+    built = {}
+    monkeypatch.setattr(engines, "VLLMEngine", lambda model_dir, **kwargs: built.update(kwargs))
+    cfg = load_config(None, ["train.prompts_per_step=4", "rollout.num_generations=8"])
+    engines.build_engine(cfg, tmp_path, None, max_model_len=300, precision=None)
+    assert built["batch_limits"] == (32, 8192)
+    common = dict(dtype="bfloat16", seed=0, max_model_len=300, enforce_eager=True, enable_prefix_caching=True,
+                  gpu_memory_utilization=0.04, sleep_mode=0, tensor_parallel_size=1, batch_limits=(32, 8192))
+    gpu = llm_options(Path("m"), cuda=True, **common)
+    assert (gpu["max_num_seqs"], gpu["max_num_batched_tokens"]) == (32, 8192)
+    assert "max_num_seqs" not in llm_options(Path("m"), cuda=False, **common)
 
 
 def test_sleep_before_the_update_weights_woken_before_the_push_and_kv_cache_after():
@@ -113,3 +157,18 @@ def test_a_local_servers_gpus_follow_the_trainers():
     assert child_visible_devices("4,5,6,7", [1]) == "5" and child_visible_devices(None, [2, 3]) == "2,3"
     with pytest.raises(ValueError, match="not among"):
         child_visible_devices("0,1", [2])
+
+
+def test_tensor_parallel_workers_are_reached_through_collective_rpc_never_driver_worker():
+    """vLLM with tensor_parallel_size > 1 runs a MultiprocExecutor, which has no `driver_worker`: before, the first
+    submit (`_ensure_parallel_state`) and every push (`_model_runner`) raised AttributeError there. Now both go
+    through `collective_rpc`; each of the two workers gets every tensor (its loader takes its shard), as host
+    copies, since the arguments are pickled to the workers' processes."""
+    engine = _engine(sleep_mode=0, in_process=False, workers=2)
+    engine._ensure_parallel_state()  # the workers keep their own groups: nothing to restore, no AttributeError
+    engine.update_weights(iter([("a", torch.ones(2)), ("b", torch.zeros(3))]), version=1)
+    assert engine.llm.calls == ["reload_weights", "reload_weights", "reset_prefix_cache"]
+    for worker in engine.llm.workers:
+        received = worker.model_runner.received
+        assert [(n, t.tolist()) for n, t in received] == [("a", [1.0, 1.0]), ("b", [0.0, 0.0, 0.0])]
+    assert engine.policy_version == 1
