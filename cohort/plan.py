@@ -11,7 +11,7 @@
 - `format_plan(cfg, plan)`: the printed schedule, an upper bound on tokens per
   step, and a rough memory estimate of the training process (weights + gradients
   + AdamW's two moments in the weights' dtype — float32 under
-  train.precision=mixed —, an optional reference model, activations of one
+  train.precision=mixed —, an optional reference model or distillation teacher, activations of one
   micro-batch of the longest sequences, one log-prob chunk of logits; with LoRA
   the frozen base in model.dtype and the adapter's float32 weights, gradients
   and moments). Activations per token and layer are counted from what autograd
@@ -321,6 +321,11 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
         rows.append(("reference model", p * w, f"a frozen copy (algorithm.beta = {cfg.algorithm.beta:g})"))
     if FACTS[cfg.algorithm.name].needs_critic:
         rows.append(("critic", 4 * p * w, f"{cfg.algorithm.name}: weights, gradients and moments of a policy-sized critic"))
+    teacher = model_facts(cfg.teacher.path) if cfg.algorithm.name == "distill" and cfg.teacher.path else None
+    if teacher is not None:  # frozen, in its own dtype; scored before the update, so only its weights sit beside the peak
+        t = BYTES[cfg.teacher_dtype]
+        rows.append(("teacher model", teacher.num_params * t, f"{teacher.num_params:,} parameters × {t} B "
+                     f"({cfg.teacher_dtype}, teacher.dtype), frozen"))
     return rows
 
 
@@ -335,6 +340,9 @@ VLLM_CUDA_GRAPH_BYTES = 1 * GIB  # on top when CUDA graphs are captured (engine.
 VLLM_BLOCK_TOKENS = 16  # vLLM's KV cache block on CUDA: a sequence takes whole blocks
 VLLM_SHARE_MARGIN = 0.10  # the derived gpu_memory_utilization covers vLLM's share + 10%, rounded up to 0.01
 OWN_GPU_UTILIZATION = 0.9  # vLLM's own default, for an engine alone on its GPU
+
+
+RESIDENT = ("weights", "AdamW moments", "reference model", "critic", "teacher model")  # held between updates
 
 
 @dataclass(frozen=True)
@@ -414,7 +422,7 @@ def gpu_memory_plan(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts, total
     the GPUs after the trainer's). engine.gpu_memory_utilization when set, else derived: shared, vLLM's share
     + VLLM_SHARE_MARGIN over the total, rounded up to 0.01; alone, OWN_GPU_UTILIZATION."""
     trainer = memory_estimate(cfg, plan, facts) if shared else []
-    resident = sum(size for name, size, _ in trainer if name in ("weights", "AdamW moments", "reference model", "critic"))
+    resident = sum(size for name, size, _ in trainer if name in RESIDENT)
     engine = engine_share(cfg, plan, facts)
     tp = cfg.engine.tensor_parallel_size
     minimum = engine[0][1] + engine[2][1] + _sequence_blocks(plan, facts) * kv_bytes_per_token(cfg, facts) // tp
@@ -446,6 +454,7 @@ def gpu_fit_problems(cfg: CohortConfig, gpu: GpuMemoryPlan) -> list[str]:
              "engine.sleep_mode=2 (vLLM's memory released during the update)" if not gpu.sleep_mode else None,
              "rollout.max_completion_length or data.max_prompt_length shorter",
              "engine.mode=local_server with a second GPU for vLLM",
+             "teacher.dtype=bfloat16 or a smaller teacher" if cfg.algorithm.name == "distill" else None,
              "lower engine.gpu_memory_utilization" if not gpu.derived else None]
     return [f"the trainer's peak {_human(gpu.trainer_peak)} + vLLM's {util} + the CUDA context "
             f"{_human(CUDA_CONTEXT_BYTES)} need {_human(gpu.needed)} in {phase}, more than {where} "
@@ -554,6 +563,9 @@ def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = 
         _tokens_per_step_line(cfg, plan),
         f"  tokens generated      ≤ {plan.generation_batch_size * cfg.rollout.max_completion_length:,} per generation batch",
         f"  reference model       {_reference_line(cfg)}",
+        *([f"  teacher model         {cfg.teacher.path} ({cfg.teacher_dtype}); advantage per token = {cfg.teacher.kl_coef:g} × "
+           f"(log π_teacher − log π_student) + {cfg.teacher.reward_weight:g} × the rewards' GRPO advantage"]
+          if cfg.algorithm.name == "distill" else []),
         f"  rollout engine        {cfg.engine.name}",
         _stream_line(cfg, plan),
         f"  checkpoints           {'every %d steps, newest %d kept' % (cfg.run.save_every, cfg.run.keep_checkpoints) if cfg.run.save_every else 'only on a stop (run.save_every = 0)'}",
