@@ -454,7 +454,8 @@ def gpu_fit_problems(cfg: CohortConfig, gpu: GpuMemoryPlan) -> list[str]:
              "engine.sleep_mode=2 (vLLM's memory released during the update)" if not gpu.sleep_mode else None,
              "rollout.max_completion_length or data.max_prompt_length shorter",
              "engine.mode=local_server with a second GPU for vLLM",
-             "teacher.dtype=bfloat16 or a smaller teacher" if cfg.algorithm.name == "distill" else None,
+             ("a smaller teacher" + (" or teacher.dtype=bfloat16" if cfg.teacher_dtype == "float32" else ""))
+             if cfg.algorithm.name == "distill" else None,
              "lower engine.gpu_memory_utilization" if not gpu.derived else None]
     return [f"the trainer's peak {_human(gpu.trainer_peak)} + vLLM's {util} + the CUDA context "
             f"{_human(CUDA_CONTEXT_BYTES)} need {_human(gpu.needed)} in {phase}, more than {where} "

@@ -52,21 +52,23 @@ def distill_advantages(advantages: Tensor, student_logp: Tensor, teacher_logp: T
                        kl_coef: float = 1.0, reward_weight: float = 0.0,
                        clip: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """(B, T) advantages ``reward_weight · advantages + kl_coef · clip(teacher − student)``, 0 where `mask` is 0,
-    detached, in `advantages`' dtype; and the metrics of the module docstring.
+    detached, in `advantages`' dtype (computed in float32, or float64 when a log-prob is); and the metrics of the module
+    docstring.
 
     advantages: (B, T) the rewards' advantages; student_logp, teacher_logp: (B, T) log-probs of the sampled tokens
     (finite at padding); mask: (B, T) tokens that enter the loss.
     """
-    student, teacher = student_logp.detach().float(), teacher_logp.detach().float()
+    dtype = torch.promote_types(torch.promote_types(student_logp.dtype, teacher_logp.dtype), torch.float32)  # ≥ float32
+    student, teacher = student_logp.detach().to(dtype), teacher_logp.detach().to(dtype)
     m = float_mask(mask, student)
     log_ratio = teacher - student  # (B, T) = −(s − q)
     clipped = log_ratio.clamp(-clip, clip) if clip is not None else log_ratio
-    mixed = reward_weight * advantages.detach().float() + kl_coef * clipped
+    mixed = reward_weight * advantages.detach().to(dtype) + kl_coef * clipped
     out = torch.where(m > 0, mixed, torch.zeros_like(mixed)).to(advantages.dtype)
     metrics = {
         "distill/reverse_kl": masked_mean(-log_ratio, m),
         "distill/teacher_prob": masked_mean(teacher.exp(), m),
-        "distill/teacher_majority_frac": masked_mean((teacher > HALF).float(), m),
-        "distill/clip_frac": masked_mean((clipped != log_ratio).float(), m),
+        "distill/teacher_majority_frac": masked_mean((teacher > HALF).to(dtype), m),
+        "distill/clip_frac": masked_mean((clipped != log_ratio).to(dtype), m),
     }
     return out, metrics
