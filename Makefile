@@ -9,8 +9,8 @@ STAMP  := $(VENV)/.cohort-installed
 export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
-export HF_HUB_OFFLINE ?= 1
-export TRANSFORMERS_OFFLINE ?= 1
+# Nothing about the Hugging Face Hub is set here: HF_HOME, HF_HUB_OFFLINE and HF_TOKEN are yours (tests/conftest.py runs
+# the tests offline on its own).
 
 .PHONY: install install-gpu demo test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels clean
 

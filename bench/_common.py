@@ -48,7 +48,7 @@ for _key, _value in (("VLLM_LOGGING_STREAM", "ext://sys.stderr"), ("HF_HUB_OFFLI
 
 def cohort_cli_environment() -> None:
     """The environment `cohort train` runs in: whatever cohort/cli.py sets at import (today VLLM_ENABLE_V1_MULTIPROCESSING=0,
-    TOKENIZERS_PARALLELISM=false, HF_HUB_OFFLINE=1, OMP_WAIT_POLICY=PASSIVE, each only when unset). Call before torch loads
+    TOKENIZERS_PARALLELISM=false, OMP_WAIT_POLICY=PASSIVE, each only when unset; never a Hugging Face variable). Call before torch loads
     (the OpenMP runtime reads its variables once, when it loads). Scripts that drive cohort's Trainer in-process call this
     so they measure what the CLI would run; a variable given in the environment still wins, as it does for the CLI."""
     import cohort.cli  # noqa: F401  (its import sets the defaults; it imports no torch)

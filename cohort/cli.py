@@ -20,7 +20,6 @@ import textwrap
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
@@ -179,7 +178,7 @@ def cmd_eval(ns) -> int:
 
     result = evaluate_model(cfg, num_samples=ns.num_samples, temperature=ns.temperature or (1.0 if ns.num_samples > 1 else 0.0))
     if result is None:
-        print("no eval data: set data.eval_files (or use a built-in task)", file=sys.stderr)
+        print("no eval data: set data.eval_files or data.dataset_test_split (or use a built-in task)", file=sys.stderr)
         return 2
     result.pop("completions")
     print(json.dumps(result, indent=2))
@@ -208,6 +207,8 @@ def cmd_convert(ns) -> int:
         print(f"  - {item.line(conversion.source_name)}", file=sys.stderr)
     for note in conversion.notes:
         print(f"  note: {note}", file=sys.stderr)
+    for problem in conversion.refusals:
+        print(f"  cohort plan refuses: {problem}", file=sys.stderr)
     print(f"check {where} without loading anything: cohort plan {ns.out or 'CONFIG.yaml'}", file=sys.stderr)
     return 0
 
@@ -265,16 +266,17 @@ def build_parser() -> argparse.ArgumentParser:
     conv = sub.add_parser("convert", help="rewrite a verl main_ppo launch script (or its arguments) or a TRL GRPO "
                           "config (YAML or JSON) as a cohort YAML, each line naming the option it came from")
     conv.add_argument("source", nargs="+", help="a verl launch script; verl's key=value arguments (put `--` first when "
-                      "they start with python3 -m ...); or the YAML `trl grpo --config` takes, or GRPOConfig's keyword "
-                      "arguments as a .json file")
+                      "they start with python3 -m ...); the YAML `trl grpo --config` takes, or GRPOConfig's keyword "
+                      "arguments as a .json file; or a script running `trl grpo` / `accelerate launch SCRIPT.py --key value`")
     conv.add_argument("-o", "--out", help="write the cohort YAML here (default: standard output); what is not mapped "
                       "also goes to standard error")
-    conv.add_argument("--from", dest="kind", choices=["verl", "trl"], help="the source (default: .yaml/.yml/.json is "
-                      "TRL, anything else verl)")
+    conv.add_argument("--from", dest="kind", choices=["verl", "trl", "trl_command"], help="the source (default: "
+                      ".yaml/.yml/.json is a TRL config; a script or arguments running `trl grpo` or `accelerate launch` "
+                      "is trl_command; anything else verl)")
     conv.add_argument("--rows", type=int, help="training prompts in the data, to turn epochs into train.max_steps when "
                       "the data file is not on this machine")
-    conv.add_argument("--num-processes", type=int, default=1, help="TRL: accelerate's --num_processes (the completions "
-                      "of an optimizer step are per_device_train_batch_size × this × gradient_accumulation_steps)")
+    conv.add_argument("--num-processes", type=int, default=1, help="TRL: accelerate's --num_processes when the input "
+                      "does not give it (the completions of an optimizer step are per_device_train_batch_size × this × gradient_accumulation_steps)")
     conv.set_defaults(func=cmd_convert)
     tasks = sub.add_parser("tasks", help="list the built-in tasks")
     tasks.set_defaults(func=cmd_tasks)

@@ -49,9 +49,12 @@ def _reference(value: Any) -> Any:
 
 
 class ModelConfig(_Section):
-    path: str = Field("tiny:arith", description="A local transformers checkpoint directory, or `tiny:arith` (the embedded tiny model, "
-        "built offline; `tiny:arith_chat` is its chat twin, `tiny:tool_calc` and `tiny:long_tail` are warm-started on those tasks). With a tiny model, a built-in task and no config file, `cohort train` "
+    path: str = Field("tiny:arith", description="A Hugging Face Hub id (`HuggingFaceTB/SmolLM2-135M-Instruct`: downloaded once "
+        "into the Hugging Face cache, as from_pretrained does, then read from there; HF_HOME, HF_HUB_OFFLINE and HF_TOKEN apply as "
+        "you set them), a local transformers checkpoint directory, or `tiny:arith` (the embedded tiny model, built offline; `tiny:arith_chat` is its chat twin, `tiny:tool_calc` and `tiny:long_tail` are warm-started on those tasks). With a tiny model, a built-in task and no config file, `cohort train` "
         "applies the demo's preset (examples/arith.yaml); anything of your own starts from these field defaults.")
+    revision: str | None = Field(None, description="With a Hub id in model.path: the branch, tag or commit hash to use (TRL's "
+        "model_revision). None: the repository's default branch. Ignored for a local directory.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Precision the model computes, is saved and "
         "generates in (unless engine.dtype says otherwise); train.precision decides about float32 master weights. `auto`: bfloat16 "
         "where the training device has bf16 units and it pays, else float32; the `config:` line says which (docs/gpu.md, \"Precision\").")
@@ -73,8 +76,16 @@ class LoraConfig(_Section):
 class DataConfig(_Section):
     task: str | None = Field("arith", description="Built-in task used when data.train_files is empty (`cohort tasks` lists them). "
         "Ignored when train_files is set.")
+    dataset_name: str | None = Field(None, description="Training data by name, as TRL's dataset_name: a Hugging Face Hub dataset "
+        "(`trl-lib/DeepMath-103K`) or a local dataset directory, read with datasets.load_dataset (downloaded once into the Hugging Face "
+        "cache, offline afterwards). Replaces data.train_files.")
+    dataset_config: str | None = Field(None, description="With data.dataset_name: the dataset's configuration (subset) name, e.g. "
+        "`main` for openai/gsm8k. None: its only or default one.")
+    dataset_train_split: str = Field("train", description="With data.dataset_name: the split to train on.")
+    dataset_test_split: str | None = Field(None, description="With data.dataset_name: a split scored as eval data (greedily, before "
+        "and after training, and every run.eval_every steps). None: no eval split (data.eval_files still applies).")
     train_files: list[str] = Field(default_factory=list, description="Training data: .jsonl/.json/.parquet files or "
-        "`datasets.save_to_disk` directories. verl-style parquet reads as is.")
+        "`datasets.save_to_disk` directories. verl-style parquet reads as is. Leave empty with data.dataset_name.")
     eval_files: list[str] = Field(default_factory=list, description="Held-out data scored greedily before and after training (same formats).")
     prompt_key: str = Field("prompt", description="Column holding the prompt: a string, or a list of chat messages rendered with the "
         "tokenizer's chat template.")
@@ -246,9 +257,10 @@ class AlgorithmConfig(_Section):
     delta: float | None = Field(None, description="Two-sided clipping cap on the ratio for negative advantages (TRL's `delta`); None: off.")
     clip_ratio_c: float | None = Field(None, description="Dual clip (verl's actor.clip_ratio_c, e.g. 3.0): for negative advantages the "
         "clipped loss is capped at −A·c, so a huge ratio cannot push one token's loss without bound. > 1; None: off.")
-    loss_type: Literal["grpo", "dapo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo"] = Field("dapo", description="Loss as TRL names it. "
+    loss_type: Literal["grpo", "dapo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo", "gmpo"] = Field("dapo", description="Loss as TRL names it. "
         "Aggregations of the clipped loss: grpo (tokens, then sequences), dapo (all tokens of the step), bnpo (the micro-batch's "
-        "tokens), dr_grpo (token sum / max_completion_length); losses of their own: cispo, sapo, luspo, vespo (docs/algorithms.md).")
+        "tokens), dr_grpo (token sum / max_completion_length); losses of their own: cispo, sapo, luspo, vespo, and gmpo (GMPO, verl's "
+        "geo_mean: the geometric mean of the token ratios, epsilon_low/high bounding each token's log-ratio; docs/algorithms.md).")
     sapo_temperature_pos: float = Field(1.0, description="loss_type=sapo: gate temperature for tokens with positive advantage (> 0).")
     sapo_temperature_neg: float = Field(1.05, description="loss_type=sapo: gate temperature for tokens with advantage <= 0 (> 0).")
     vespo_k_pos: float = Field(2.0, description="loss_type=vespo, advantage >= 0: power k of the weight w^k·e^(λ(1−w)) (how fast it falls for w < 1).")
@@ -315,8 +327,8 @@ class TrainConfig(_Section):
 class CriticConfig(_Section):
     """The value model PPO trains beside the policy (read only when algorithm.name = ppo)."""
 
-    path: str | None = Field(None, description="ppo: checkpoint the critic's body starts from (a local transformers directory or "
-        "tiny:<task>); None: a copy of model.path. The value head is always new.")
+    path: str | None = Field(None, description="ppo: checkpoint the critic's body starts from (a Hub id, `org/name@revision` for a "
+        "revision, a local transformers directory or tiny:<task>); None: a copy of model.path. The value head is always new.")
     learning_rate: float = Field(1e-5, description="ppo: the critic's peak learning rate (AdamW; betas, weight decay and schedule as train.*).")
     warmup_steps: int = Field(0, description="ppo: linear warm-up steps of the critic's learning rate.")
     cliprange_value: float = Field(0.2, description="ppo: clipped value loss; a new value may move at most this far from the value at "
@@ -363,7 +375,9 @@ class RewardSpec(BaseModel):
 class RunConfig(_Section):
     output_dir: str | None = Field(None, description="Run directory (default: runs/<timestamp>).")
     loggers: list[Literal["console", "jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["console", "jsonl"], description="Metric sinks; metrics.jsonl is"
-        " always written.")
+        " always written. wandb logs in as you set it up (`wandb login`, WANDB_API_KEY, WANDB_MODE=offline for an offline run).")
+    wandb_project: str | None = Field(None, description="With wandb in run.loggers: the wandb project. None: WANDB_PROJECT, else "
+        "wandb's default; the entity is WANDB_ENTITY or your default one.")
     log_completions_every: int = Field(10, description="Write sample completions to completions.jsonl every N steps (0: never).")
     num_completions_to_log: int = Field(4, description="How many sample completions to write each time.")
     save_every: int = Field(0, description="Save a full checkpoint every N steps and at the end; `cohort train --resume RUN_DIR` "

@@ -127,7 +127,8 @@ def resolve_config(source: str | os.PathLike | Mapping[str, Any] | None = None, 
 
     Layers: field defaults < the demo preset < a YAML file or a dict < dotted overrides. The preset applies only
     when no YAML file is given and nothing names a model or data of one's own (model.path unset or `tiny:*`,
-    data.train_files empty, and `own_data` False: the Python API passes True for a dataset given as an object).
+    data.train_files and data.dataset_name empty, and `own_data` False: the Python API passes True for a dataset given as
+    an object).
     A YAML file is complete on its own over the field defaults; `examples/arith.yaml` is the preset written out,
     and a resumed run's config.yaml is never re-preset. Old field names are read as their new ones, layer by layer.
     """

@@ -25,5 +25,5 @@ def is_embedded_demo(tree: dict[str, Any]) -> bool:
     """True when a config tree names no model and no data of its own: the embedded tiny model on a built-in task."""
     model, data = tree.get("model") or {}, tree.get("data") or {}
     path = model.get("path") if isinstance(model, dict) else None
-    files = data.get("train_files") if isinstance(data, dict) else None
-    return (path is None or str(path).startswith("tiny:")) and not files
+    own = (data.get("train_files") or data.get("dataset_name")) if isinstance(data, dict) else None
+    return (path is None or str(path).startswith("tiny:")) and not own

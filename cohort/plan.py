@@ -42,6 +42,8 @@ from pathlib import Path
 
 from cohort.algorithm_facts import FACTS
 from cohort.config import CohortConfig
+from cohort.models.hub import hub_parameter_count
+from cohort.models.loading import config_dir
 from cohort.run_mode import ONE_STEP_FIX, AdmissionRules, one_step_per_generation
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -196,12 +198,16 @@ class ModelFacts:
     max_positions: int | None
 
 
-def model_facts(path: str) -> ModelFacts | None:
-    """From `config.json` and the safetensors headers; None when `path` is not a checkpoint directory.
+def model_facts(path: str | Path, revision: str | None = None) -> ModelFacts | None:
+    """From `config.json` and the safetensors headers; None when `path` is not a checkpoint. A Hub id is read from its
+    snapshot in the Hugging Face cache (config fetched when missing, never the weights); its parameters are counted
+    from the cached weights' headers, or from the Hub's (remote headers only) while they are not downloaded yet.
 
     Raises `UnreadableWeights` when a weights file's header is broken (caught early: loading would fail later).
     """
-    directory = Path(path).expanduser()
+    directory = Path(path).expanduser() if Path(path).expanduser().is_dir() else config_dir(str(path), revision)
+    if directory is None:
+        return None
     try:
         config = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError):
@@ -210,6 +216,8 @@ def model_facts(path: str) -> ModelFacts | None:
     hidden = int(config.get("hidden_size", 0))
     heads = int(config.get("num_attention_heads", 0)) or 1
     num_params = sum(_safetensors_numel(f) for f in sorted(directory.glob("*.safetensors")))
+    if not num_params and not Path(path).expanduser().is_dir():
+        num_params = hub_parameter_count(str(path), revision) or 0
     if not hidden or not num_params:
         return None
     return ModelFacts(
@@ -572,11 +580,12 @@ def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = 
         f"  checkpoints           {'every %d steps, newest %d kept' % (cfg.run.save_every, cfg.run.keep_checkpoints) if cfg.run.save_every else 'only on a stop (run.save_every = 0)'}",
     ]
     try:
-        facts = model_facts(cfg.model.path)
+        facts = model_facts(cfg.model.path, cfg.model.revision)
     except UnreadableWeights:
         facts = None
     if facts is None:
-        lines.append("memory                not estimated (model.path is not a checkpoint directory with config.json and safetensors yet)")
+        lines.append("memory                not estimated (no config.json and safetensors weights for model.path on disk yet, and "
+                     "the Hub could not tell their size)")
         return "\n".join(lines)
     rows = memory_estimate(cfg, plan, facts)
     lines.append(f"memory of the training process (rough estimate; {facts.num_params:,} parameters)")

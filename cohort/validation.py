@@ -44,9 +44,11 @@ from cohort import rewards as reward_registry
 from cohort.algorithm_facts import FACTS
 from cohort.pipeline_checks import pipeline_problems
 from cohort.config import CohortConfig, ConfigError
-from cohort.data.datasets import DataError, check_data_config
+from cohort.data.datasets import DataError, check_data_config, own_data
+from cohort.data.named import named_data_problems
 from cohort.loss_checks import loss_problems
 from cohort.models import loading
+from cohort.models.hub import hub_parameter_count
 from cohort.models.devices import DeviceError, auto_dtype, has_bf16_units, resolve_device
 from cohort.models.lora import lora_problems
 from cohort.models.placement import engine_gpus, training_processes, visible_gpus
@@ -74,8 +76,9 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
     problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_correction(cfg) + pipeline_problems(cfg, training_world_size(cfg)) + check_rollout_mode(cfg) + check_processes(cfg)
     problems += check_gpu_settings(cfg, device.type, visible_gpus()) + check_colocated_gpu(cfg, device)
     if check_files:
-        model_problems = loading.check_model_dir(cfg.model.path)
-        problems += check_data_config(cfg.data) + (model_problems or tokenizer_file_problems(cfg.model.path))
+        model_problems = loading.check_model_dir(cfg.model.path, cfg.model.revision)
+        problems += check_data_config(cfg.data) + (named_data_problems(cfg.data) if cfg.data.dataset_name else [])
+        problems += model_problems or tokenizer_file_problems(cfg.model.path, folder=model_dir_of(cfg))
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in loading.check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
@@ -98,8 +101,8 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
     if check_files and not problems:
         gpu = plan_gpu_memory(cfg, plan)
         problems += gpu_fit_problems(cfg, gpu) if gpu is not None else []
-    if problems:
-        raise ConfigError(problems)
+    if problems:  # (once each: a named dataset's missing split is found by the data check and again when measuring)
+        raise ConfigError(list(dict.fromkeys(problems)))
     if gpu is not None and gpu.derived:  # the one field validation fills in (module docstring)
         cfg.engine.gpu_memory_utilization = gpu.utilization
     return plan
@@ -121,18 +124,26 @@ def settle_model_dtype(cfg: CohortConfig, *, for_gpu: bool = False) -> tuple[str
     placed = f"train.device auto = {device}" if cfg.train.device == "auto" and device.type != "cpu" and not for_gpu else None
     if cfg.model.dtype != "auto":
         return placed, []
-    model_dir = None if cfg.model.path.startswith("tiny:") else Path(cfg.model.path).expanduser()
-    if model_dir is None:  # an embedded model: its cached checkpoint when built (never built here)
+    model_dir = model_dir_of(cfg)  # (a Hub id: its snapshot, with its weights' headers when the weights are cached)
+    if cfg.model.path.startswith("tiny:"):  # an embedded model: its cached checkpoint when built (never built here)
         model_dir = cached_tiny_dir(cfg.model.path.split(":", 1)[1])
     try:
         parameters = loading.checkpoint_parameters(model_dir) if model_dir is not None and model_dir.is_dir() else None
     except Exception:  # an unreadable header (SafetensorError, OSError): the weights check below names the file
         parameters = None
+    if parameters is None and model_dir is not None and not cfg.model.path.startswith("tiny:"):
+        parameters = hub_parameter_count(cfg.model.path, cfg.model.revision)  # (a Hub id not downloaded: the Hub's headers)
     dtype, why = auto_dtype(device.type, for_gpu or has_bf16_units(device), parameters)
     cfg.model.dtype = dtype
     why = "as on a GPU with bfloat16 units: --gpu-memory-gib plans a GPU run" if for_gpu else why
     chosen = f"model.dtype auto = {dtype} ({why})"
     return "; ".join(note for note in (placed, chosen) if note), []
+
+
+def model_dir_of(cfg: CohortConfig) -> Path | None:
+    """Where model.path's config.json and tokenizer are on disk (a Hub id: its snapshot, config and tokenizer fetched,
+    never the weights); None for a `tiny:*` model or a path that is no checkpoint (check_model_dir says why)."""
+    return loading.config_dir(cfg.model.path, cfg.model.revision)
 
 
 # --------------------------------------------------------------------------- the config alone
@@ -201,7 +212,7 @@ def check_ranges(cfg: CohortConfig) -> list[str]:
     for key, value in (("algorithm.epsilon_low", a.epsilon_low), ("algorithm.epsilon_high", a.epsilon_high)):
         if value < 0:
             problems.append(f"{key} = {value}: must be >= 0 (0.2 is the PPO default)")
-    if a.epsilon_low >= 1:
+    if a.epsilon_low >= 1 and a.loss_type != "gmpo":  # (gmpo's eps bound the log-ratio: e^-eps stays positive)
         problems.append(f"algorithm.epsilon_low = {a.epsilon_low}: must be < 1 or the lower clip bound 1 − ε is not positive; use 0.2")
     if a.delta is not None and a.delta <= 1 + a.epsilon_high:
         problems.append(f"algorithm.delta = {a.delta}: must exceed 1 + algorithm.epsilon_high = {1 + a.epsilon_high}; TRL suggests 1.5–2, or unset it")
@@ -347,7 +358,7 @@ def plan_gpu_memory(cfg: CohortConfig, plan: BatchPlan, total_bytes: int | None 
     if cfg.engine.name != "vllm" or cfg.engine.mode == "server":
         return None
     try:
-        facts = model_facts(cfg.model.path)
+        facts = model_facts(cfg.model.path, cfg.model.revision)
     except UnreadableWeights:
         return None
     if facts is None:
@@ -392,16 +403,15 @@ def check_processes(cfg: CohortConfig) -> list[str]:
 
 def _check_lora(cfg: CohortConfig, check_files: bool) -> list[str]:
     """lora.* ranges, the combinations LoRA serves, and (with files) target modules the architecture has."""
-    lora_dir = None
-    if check_files and cfg.lora.rank > 0 and not cfg.model.path.startswith("tiny:") and not loading.check_model_dir(cfg.model.path):
-        lora_dir = loading.resolve_model_dir(cfg.model.path)  # (an embedded tiny model is built on first use: not for a check)
+    # (an embedded tiny model is built on first use: not for a check; model_dir_of is None for it)
+    lora_dir = model_dir_of(cfg) if check_files and cfg.lora.rank > 0 else None
     return lora_problems(cfg, lora_dir, needs_critic=FACTS[cfg.algorithm.name].needs_critic,
                          world_size=training_world_size(cfg))
 
 
 def _check_rewards(cfg: CohortConfig) -> list[str]:
     if cfg.rewards is None:
-        if not cfg.data.train_files and cfg.data.task is None:
+        if not own_data(cfg.data) and cfg.data.task is None:
             return ["rewards is empty and data.task is None: set rewards (e.g. rewards=[{name: accuracy}]) or data.task"]
         return []
     if not cfg.rewards:
@@ -429,9 +439,12 @@ def _check_run_section(cfg: CohortConfig) -> list[str]:
                         f"before the run ends; use a value <= {t.max_steps} (e.g. {max(1, t.max_steps // 10)}) or 0")
     if run.keep_checkpoints < 1:
         problems.append(f"run.keep_checkpoints = {run.keep_checkpoints}: must be >= 1, or resuming has nothing to start from; use 2")
-    if run.eval_every and cfg.data.train_files and not cfg.data.eval_files:
-        problems.append(f"run.eval_every = {run.eval_every} but there is no eval data (data.train_files is set and data.eval_files "
-                        "is empty); set data.eval_files or run.eval_every=0")
+    if run.eval_every and own_data(cfg.data) and not cfg.data.eval_files and not cfg.data.dataset_test_split:
+        problems.append(f"run.eval_every = {run.eval_every} but there is no eval data (data.train_files or data.dataset_name is set "
+                        "and neither data.eval_files nor data.dataset_test_split is); set one of them or run.eval_every=0")
+    if run.wandb_project and "wandb" not in run.loggers:
+        problems.append(f"run.wandb_project = {run.wandb_project!r} but run.loggers has no wandb: add it (run.loggers=[console,jsonl,"
+                        "wandb]) or unset run.wandb_project")
     for name, package in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
         if name in run.loggers and importlib.util.find_spec(package) is None:
             problems.append(f"run.loggers includes {name!r} but the {package} package is not installed; `pip install {package}` "
@@ -465,14 +478,15 @@ def _check_outside(cfg: CohortConfig) -> tuple[list[str], MeasuredPrompts | None
     actually kept; a `tiny:*` model is only checked against its recipe's positions (its tokenizer is built with the model).
     """
     problems = _check_output_dir(cfg.run.output_dir)
+    model_dir = model_dir_of(cfg)
     try:
-        facts = model_facts(cfg.model.path)
+        facts = model_facts(cfg.model.path, cfg.model.revision)
     except UnreadableWeights as exc:
         return problems + [f"model.path = {cfg.model.path!r}: {exc}; re-save or re-download the checkpoint"], None
-    if not tokenizer_file_problems(cfg.model.path):  # (missing files: reported with the model directory's checks)
-        problems += tokenizer_problems(cfg.model.path)  # it loads, and text encodes to tokens
+    if not tokenizer_file_problems(cfg.model.path, folder=model_dir):  # (missing files: reported with the model's checks)
+        problems += tokenizer_problems(cfg.model.path, folder=model_dir)  # it loads, and text encodes to tokens
     measured = measure_prompts(cfg)
-    problems += measured.problems if measured else fit_problems(cfg, max_positions_of(cfg.model.path))
+    problems += measured.problems if measured else fit_problems(cfg, max_positions_of(model_dir or cfg.model.path))
     if facts is not None and not (measured and measured.problems):
         problems += _check_kv_cache(cfg, facts, measured)
     return problems, measured
@@ -501,27 +515,28 @@ _MEASURED: dict[tuple, MeasuredPrompts] = {}  # the last measurement: `cohort tr
 def measure_prompts(cfg: CohortConfig) -> MeasuredPrompts | None:
     """Read the data and the model's tokenizer and encode every prompt as the trainer will; None for a `tiny:*` model
     or a model directory whose tokenizer cannot be read (loading reports that later)."""
-    if cfg.model.path.startswith("tiny:") or not (Path(cfg.model.path).expanduser() / "config.json").is_file():
+    model_dir = model_dir_of(cfg)
+    if model_dir is None:
         return None
-    if tokenizer_problems(cfg.model.path):  # (reported by validate_config; an empty tokenizer measures nothing)
+    if tokenizer_problems(cfg.model.path, folder=model_dir):  # (reported by validate_config; an empty tokenizer measures nothing)
         return None
     files = [Path(f) for f in cfg.data.train_files + cfg.data.eval_files]
     stamps = tuple((str(f), f.stat().st_mtime_ns if f.exists() else None) for f in files)
-    key = (cfg.model.path, cfg.data.model_dump_json(), cfg.rollout.max_completion_length, cfg.train.seed, stamps)
+    key = (str(model_dir), cfg.data.model_dump_json(), cfg.rollout.max_completion_length, cfg.train.seed, stamps)
     if key not in _MEASURED:
         _MEASURED.clear()
-        _MEASURED[key] = _measure(cfg)
+        _MEASURED[key] = _measure(cfg, model_dir)
     return _MEASURED[key]
 
 
-def _measure(cfg: CohortConfig) -> MeasuredPrompts | None:
+def _measure(cfg: CohortConfig, model_dir: Path) -> MeasuredPrompts | None:
     try:
-        tokenizer = loading.load_tokenizer(Path(cfg.model.path).expanduser())
+        tokenizer = loading.load_tokenizer(model_dir)
     except loading.ModelLoadError:
         return None
     try:
         train, evals, _ = load_data(cfg)
-        encoded = encode_prompts(cfg, tokenizer, cfg.model.path, train, evals)
+        encoded = encode_prompts(cfg, tokenizer, model_dir, train, evals)
     except DataError as exc:
         return MeasuredPrompts(None, "", 0, [str(exc)])
     except ConfigError as exc:

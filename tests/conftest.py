@@ -137,6 +137,86 @@ def tiny_reward_model_dir(tmp_path_factory):
     return path
 
 
+def place_in_hub_cache(hub_cache: Path, repo_id: str, source: Path, *, repo_type: str = "model",
+                       commit: str | None = None, refs: tuple[str, ...] = ("main",)) -> Path:
+    """Lay the files of `source` out in `hub_cache` (HF_HOME/hub) as a download by huggingface_hub leaves them:
+    `{models|datasets}--org--name/blobs/<sha256>`, `snapshots/<commit>/<file>` a relative symlink to its blob, and
+    `refs/<name>` holding the commit hash for each name in `refs`. Returns the snapshot directory."""
+    import hashlib
+
+    commit = commit or hashlib.sha1(f"{repo_id}:{sorted(p.name for p in source.rglob('*'))}".encode()).hexdigest()
+    repo = hub_cache / f"{repo_type}s--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    for file in sorted(p for p in source.rglob("*") if p.is_file()):
+        data = file.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = snapshot / file.relative_to(source)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    for name in refs:
+        (repo / "refs" / name).write_text(commit)
+    return snapshot
+
+
+def place_in_datasets_cache(datasets_cache: Path, repo_id: str, splits: dict[str, list[dict]], *,
+                            config: str = "default") -> Path:
+    """Write `splits` (split -> rows) into `datasets_cache` (HF_HOME/datasets) as `load_dataset(repo_id)` leaves a Hub
+    dataset there: `org___name/<config>/<version>/<hash>/` with `name-<split>.arrow` and dataset_info.json, which
+    load_dataset reads offline (HF_HUB_OFFLINE=1). Built by datasets' own JSON builder, then moved to the Hub name."""
+    import json
+    import shutil
+    import tempfile
+
+    from datasets.data_files import DataFilesDict
+    from datasets.packaged_modules.json.json import Json
+
+    namespace, name = repo_id.split("/")
+    with tempfile.TemporaryDirectory() as scratch:
+        files = {}
+        for split, rows in splits.items():
+            files[split] = [str(Path(scratch) / f"{split}.jsonl")]
+            Path(files[split][0]).write_text("".join(json.dumps(row) + "\n" for row in rows))
+        builder = Json(cache_dir=str(Path(scratch) / "cache"), dataset_name=name, config_name=config, hash="0" * 16,
+                       data_files=DataFilesDict.from_patterns(files))
+        builder.download_and_prepare()
+        built = next((Path(scratch) / "cache" / name).iterdir())  # <config>-<hash of the local files>
+        target = datasets_cache / f"{namespace}___{name}" / config
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(built, target)
+    return target
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face cache for this test: HF_HOME=tmp_path/hf (for child processes), and huggingface_hub's
+    HF_HUB_CACHE and datasets' HF_DATASETS_CACHE (each read once, at import) pointed at tmp_path/hf/hub and
+    tmp_path/hf/datasets in this process; offline, as the tests run. Returns the hub cache."""
+    from huggingface_hub import constants
+
+    import datasets
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf" / "datasets")
+    (tmp_path / "hf" / "hub").mkdir(parents=True)
+    return tmp_path / "hf" / "hub"
+
+
+@pytest.fixture
+def place_in_hub(hub_cache):
+    """`place(repo_id, source_dir, **kwargs)` -> the snapshot: `place_in_hub_cache` into this test's `hub_cache`."""
+    return lambda repo_id, source, **kwargs: place_in_hub_cache(hub_cache, repo_id, source, **kwargs)
+
+
+@pytest.fixture
+def place_dataset(hub_cache):
+    """`place(repo_id, {split: rows}, config="default")`: `place_in_datasets_cache` into this test's HF_HOME/datasets."""
+    return lambda repo_id, splits, **kwargs: place_in_datasets_cache(hub_cache.parent / "datasets", repo_id, splits, **kwargs)
+
+
 # --------------------------------------------------------------------------- the fast lane: `make test-fast` = -m "not slow"
 #
 # A test is `slow` when it starts vLLM, a `cohort serve` child, torch.distributed or Ray, or trains a model for more

@@ -37,7 +37,7 @@ def without_tokenizer_check(monkeypatch):
     """The planner's header-only checkpoints have no tokenizer, which validation refuses (cohort.models.tokenizer_check);
     these tests plan with the prompts unmeasured (bounded by data.max_prompt_length), as such a directory was before."""
     for name in ("tokenizer_file_problems", "tokenizer_problems"):
-        monkeypatch.setattr(f"cohort.validation.{name}", lambda path: [])
+        monkeypatch.setattr(f"cohort.validation.{name}", lambda path, folder=None: [])
 
 
 @pytest.fixture
@@ -75,7 +75,8 @@ def test_keep_no_checkpoints():
 
 def test_periodic_eval_without_eval_data(data_file):
     reject([f"data.train_files=[{data_file}]", "run.eval_every=10"],
-           "run.eval_every = 10 but there is no eval data", "set data.eval_files or run.eval_every=0")
+           "run.eval_every = 10 but there is no eval data", "neither data.eval_files nor data.dataset_test_split",
+           "set one of them or run.eval_every=0")
 
 
 def test_adam_beta_of_one():

@@ -41,8 +41,8 @@ def _cohort_modules_after(statement: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-MAPPING = ["cohort.mapping", "cohort.mapping.hints", "cohort.mapping.rules", "cohort.mapping.trl_rules",
-           "cohort.mapping.verl_rules"]  # verl's and TRL's option tables (pure data), for the loader's foreign-key hints
+MAPPING = ["cohort.mapping", "cohort.mapping.hints", "cohort.mapping.open_r1_rules", "cohort.mapping.rules",
+           "cohort.mapping.trl_rules", "cohort.mapping.verl_algorithms", "cohort.mapping.verl_rules"]  # verl's and TRL's option tables (pure data), for the loader's foreign-key hints
 
 
 def test_config_imports_nothing_of_cohort_and_its_loader_only_the_mapping_tables_and_no_torch():

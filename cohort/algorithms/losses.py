@@ -44,6 +44,19 @@ Entries (r = pi_theta / pi_old per token, A = advantage, all losses minimised):
   ``k, lam = vespo_k_pos, vespo_lambda_pos`` where A >= 0, else the ``_neg``
   pair (TRL's defaults 2, 3 and 3, 2). No hard clip; ``ratio`` is w.
 
+- ``gmpo``: GMPO (Zhao et al. 2025, arXiv 2507.20673, verl's ``geo_mean``): the
+  sequence ratio is the geometric mean of the token ratios with each token's
+  log-ratio clipped sign-aware in log space, ``c_t = sgn(A) min(sgn(A) lr_t,
+  sgn(A) clamp(lr_t, -eps_low, eps_high))`` (the pessimistic side, as PPO's
+  min), ``s = exp(mean over the row's active tokens of c_t)``, and the
+  sequence loss is ``-A_row s`` with ``A_row`` the row's mean advantage.
+  Written per token like seq_sum_clip: each active token carries ``1/T_row``
+  of the row's loss value, and the gradient is the sequence loss's
+  (``-A_row s dc_t / T_row`` per token, zero where c_t is clipped), so
+  ``seq_mean_token_sum`` aggregation is the mean over sequences (verl
+  averages the batch's rows and ignores loss_agg_mode). Its eps are bounds of
+  the log-ratio (the paper: 0.4, a ratio range of (e^-0.4, e^0.4)).
+
 The log-ratio is clamped to [-20, 20] before every exp so a wild token cannot
 produce inf * 0 = NaN; at that size the clip has long zeroed its gradient.
 
@@ -220,6 +233,26 @@ def vespo(inputs: LossInputs) -> TokenLosses:
     return TokenLosses(-phi * adv * inputs.logp, torch.exp(log_w).expand_as(adv), no, no, no)
 
 
+@POLICY_LOSSES.register("gmpo")
+def gmpo(inputs: LossInputs) -> TokenLosses:
+    """GMPO: the geometric mean of sign-aware log-clipped token ratios per sequence, times the row's advantage."""
+    log_ratio, adv, mask = _log_ratio(inputs), inputs.advantages, inputs.mask  # (B, T) each
+    sign = torch.sign(adv)
+    bounded = log_ratio.clamp(min=-inputs.eps_low, max=inputs.eps_high)
+    clipped_lr = sign * torch.minimum(sign * log_ratio, sign * bounded)  # the pessimistic side; 0 where A = 0
+    tokens = mask.sum(dim=-1, keepdim=True).clamp(min=1)  # (B, 1)
+    seq_ratio = torch.exp(masked_sum(clipped_lr, mask, dim=-1).unsqueeze(-1) / tokens)  # (B, 1)
+    seq_adv = masked_sum(adv, mask, dim=-1).unsqueeze(-1) / tokens  # (B, 1): the sequence-level advantage
+    seq_loss = -seq_adv * seq_ratio  # (B, 1)
+    term = -seq_adv * seq_ratio.detach() * clipped_lr / tokens  # (B, T): carries the sequence loss's gradient
+    loss = (seq_loss / tokens).detach().expand_as(adv) + term - term.detach()
+    ratio = torch.exp(log_ratio).detach()
+    low = (adv < 0) & (log_ratio < -inputs.eps_low)
+    high = (adv > 0) & (log_ratio > inputs.eps_high)
+    no = torch.zeros_like(adv, dtype=torch.bool)
+    return TokenLosses(loss, seq_ratio.detach().expand_as(adv), low.detach(), high.detach(), no)
+
+
 def _check(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
     """Validate shapes; return advantages broadcast to (B, T)."""
     if logp.dim() != 2 or old_logp.shape != logp.shape or mask.shape != logp.shape:
@@ -288,7 +321,7 @@ def policy_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Scalar policy loss and its metrics.
 
-    ``name``: ppo_clip | gspo | seq_sum_clip | cispo | sapo | luspo | vespo (the
+    ``name``: ppo_clip | gspo | seq_sum_clip | cispo | sapo | luspo | vespo | gmpo (the
     per-entry parameters are read only by their entry; module docstring). ``logp`` (B, T) carries the
     gradient; ``old_logp`` (B, T) is the sampling policy's (pass
     ``logp.detach()`` on-policy); ``advantages`` (B,) or (B, T); ``mask``

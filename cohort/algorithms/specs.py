@@ -58,11 +58,11 @@ anywhere by it.
 names and meanings) to the policy-loss entry and the aggregation of
 `cohort.algorithms`. grpo, dapo, bnpo and dr_grpo are aggregations of the
 clipped surrogate whose ratio follows `importance_sampling_level`
-(`POLICY_LOSS_OF_LEVEL`); cispo, sapo, luspo and vespo name their own entry,
+(`POLICY_LOSS_OF_LEVEL`); cispo, sapo, luspo, vespo and gmpo name their own entry,
 which fixes the ratio level (`importance_sampling_level` must be `auto` or that
 level). Aggregations as TRL's: sapo and luspo average per sequence first (luspo's
 entry already scales each sequence by its length), cispo and vespo take the
-token mean of the whole step.
+token mean of the whole step, gmpo the mean over sequences of its sequence loss.
 
 Left out: process (per-step) rewards. (REINFORCE++'s k2-in-the-loss variant
 needs no code: `algorithm.kl_placement=loss`, `algorithm.kl_estimator=k2`.)
@@ -152,6 +152,8 @@ LOSS_TYPES: dict[str, LossType] = {
     "sapo": LossType("sapo", "seq_mean_token_mean", "token", hard_clip=False),
     "luspo": LossType("luspo", "seq_mean_token_mean", "sequence", hard_clip=True),
     "vespo": LossType("vespo", "token_mean", "token", hard_clip=False),
+    # GMPO clips in log space (its eps bound the log-ratio); delta and the dual clip have nothing to cap there
+    "gmpo": LossType("gmpo", "seq_mean_token_sum", "sequence", hard_clip=False),
 }
 
 

@@ -1,14 +1,16 @@
-"""Reading what users bring: a verl launch script or its arguments, a TRL YAML or JSON config; and data sizes.
+"""Reading what users bring: a verl launch script or its arguments, a TRL YAML/JSON config or `trl grpo` /
+`accelerate launch` command; and data sizes.
 
-A verl script is read as a shell would, within reason: backslash continuations are
-joined, comments dropped, `VAR=value` and `export VAR=value` lines remembered, and
-`$VAR`, `${VAR}` and `${VAR:-default}` expanded outside single quotes from the script's
-own assignments, else from this process's environment (each use named in the notes;
-one set nowhere is left as written, and noted). The command is the line that runs
-`verl.trainer.main_ppo` (after `python3 -m`, `nohup`, env-var prefixes, `ray job submit
---`...); its `key=value` arguments are the options, values read as YAML as Hydra
-reads them, a leading `+`/`++` dropped. What follows a `|`, `>`, `&&` or `;` is not
-part of the command. Left out: command substitution `$(...)`, loops, functions.
+A script is read as bash would read what it sets (cohort.convert.shell: continuations, quotes,
+`${A:-default}` nested, `$((...))`, word splitting, exported variables); a variable set nowhere, in the
+script or this environment, stays in the value as `Unresolved`, so the option that holds it is listed
+naming the variable. verl's command is the one that runs `verl.trainer.main_ppo` or a verl recipe's own
+entry point (`recipe.dapo.main_dapo`, `recipe.dapo.src.main_dapo`, ...: they read main_ppo's options and
+their own), after `python3 -m`, `nohup`, env-var prefixes, `ray job submit --`...; its `key=value`
+arguments are the options, values read as YAML as Hydra reads them, a leading `+`/`++` dropped. TRL's
+command is `trl grpo ...` or `accelerate launch [its flags] SCRIPT.py --key value ...`: accelerate's
+`--num_processes` is an option too (TRL's batch arithmetic needs it). What follows a `|`, `>`, `&&` or `;`
+is not part of the command.
 """
 
 from __future__ import annotations
@@ -16,16 +18,19 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from cohort.convert.shell import UNSET, Shell, ShellError, display, unresolved_names
+from cohort.mapping.rules import Unresolved
+
 VERL_ENTRY = ("verl.trainer.main_ppo", "main_ppo.py")
+_RECIPE_ENTRY = re.compile(r"^recipe\.[\w.]+\.main_\w+$|^recipe/[\w/]+/main_\w+\.py$")
 STOP_TOKENS = ("|", "||", "&&", ";", "&")
-_VAR = re.compile(r"\$(?:\{(\w+)(?::?-([^}]*))?\}|(\w+))")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
+TRL_SUBCOMMANDS = ("grpo", "rloo")
 
 
 class SourceError(ValueError):
@@ -33,9 +38,14 @@ class SourceError(ValueError):
 
 
 def detect(args: list[str]) -> str:
-    """`verl` or `trl`: a .yaml/.yml/.json file is a TRL config; anything else (a script, arguments) is verl's."""
+    """`verl`, `trl` (a config file) or `trl_command` (a shell script or arguments running TRL)."""
     if len(args) == 1 and Path(args[0]).suffix.lower() in (".yaml", ".yml", ".json"):
         return "trl"
+    text = Path(args[0]).read_text() if len(args) == 1 and Path(args[0]).is_file() else " ".join(args)
+    if re.search(r"main_ppo|\brecipe[./][\w./]*main_\w+", text):
+        return "verl"
+    if re.search(r"\btrl\s+(grpo|rloo)\b|accelerate\s+launch|\.py\s+(\\\s*)?--\w", text):
+        return "trl_command"
     return "verl"
 
 
@@ -57,83 +67,112 @@ def read_verl(args: list[str], environ: dict[str, str] | None = None) -> tuple[d
     """(options, notes) from a verl launch script (one path) or the command line's own arguments."""
     environ = dict(os.environ if environ is None else environ)
     if len(args) == 1 and Path(args[0]).is_file():
-        return _read_script(Path(args[0]).read_text(), environ)
+        return _read_script(Path(args[0]).read_text(), environ, _is_verl_entry, "verl's trainer (python3 -m "
+                            "verl.trainer.main_ppo ..., or a recipe's main such as recipe.dapo.main_dapo)", _options)
     return _options(list(args), [])
 
 
-def _read_script(text: str, environ: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
-    variables: dict[str, str] = {}
-    notes: list[str] = []
-    joined = re.sub(r"\\\r?\n", " ", text)
-    for line in joined.splitlines():
-        expanded = _expand(line, variables, environ, notes)
-        try:
-            tokens = shlex.split(expanded, comments=True)
-        except ValueError as exc:
-            raise SourceError(f"cannot split this line as a shell would ({exc}): {line.strip()[:120]}") from None
-        if not tokens:
-            continue
-        if any(t.endswith(VERL_ENTRY) for t in tokens):
-            return _options(tokens, notes)
-        words = tokens[1:] if tokens[0] in ("export", "local", "declare") else tokens
-        if words and all(_ASSIGNMENT.match(w) for w in words):
-            if tokens[0] == "export":
-                notes.append(f"exported {' '.join(words)}: environment, not an option (set it for `cohort train` "
-                             "where it still applies)")
-            for word in words:
-                name, _, value = word.partition("=")
-                variables[name] = value
-    raise SourceError("no line of the script runs verl's trainer (python3 -m verl.trainer.main_ppo ...)")
+def read_trl_command(args: list[str], environ: dict[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """(options, notes) from a script or arguments running `trl grpo ...` or `accelerate launch ... SCRIPT.py ...`."""
+    environ = dict(os.environ if environ is None else environ)
+    text = Path(args[0]).read_text() if len(args) == 1 and Path(args[0]).is_file() else " ".join(args)
+    return _read_script(text, environ, _is_trl_entry, "TRL (trl grpo ..., or accelerate launch ... SCRIPT.py ...)",
+                        _trl_options)
 
 
-def _expand(line: str, variables: dict[str, str], environ: dict[str, str], notes: list[str]) -> str:
-    """`$VAR`, `${VAR}`, `${VAR:-default}` replaced outside single quotes (script first, then the environment)."""
-    parts = re.split(r"('[^']*')", line)  # odd parts: single-quoted, taken literally
-    return "".join(part if i % 2 else _VAR.sub(lambda m: _lookup(m, variables, environ, notes), part)
-                   for i, part in enumerate(parts))
+def _is_verl_entry(word: str, before: list[str]) -> bool:
+    return word.endswith(VERL_ENTRY) or bool(_RECIPE_ENTRY.match(word))
 
 
-def _lookup(match: re.Match, variables: dict[str, str], environ: dict[str, str], notes: list[str]) -> str:
-    name = match.group(1) or match.group(3)
-    if name in variables:
-        return variables[name]
-    if name in environ:
-        note = f"${name} = {environ[name]} (from this shell's environment)"
-        notes += [] if note in notes else [note]
-        return environ[name]
-    if match.group(2) is not None:
-        return _expand(match.group(2), variables, environ, notes)
-    note = f"${name} is set neither in the script nor in this environment: left as written; edit the lines that hold it"
-    notes += [] if note in notes else [note]
-    return match.group(0)
+def _is_trl_entry(word: str, before: list[str]) -> bool:
+    if before[-1:] == ["trl"] and word in TRL_SUBCOMMANDS:
+        return True
+    return word.endswith(".py") and "launch" in before or (word.endswith(".py") and before[-1:] in (["python"], ["python3"]))
+
+
+def _read_script(text: str, environ: dict[str, str], is_entry, what: str, parse) -> tuple[dict[str, Any], list[str]]:
+    shell = Shell(environ)
+    try:
+        for words in shell.commands(text):
+            for i, word in enumerate(words):
+                if is_entry(word, words[:i]):
+                    return parse(words, shell.notes)
+            if words[0] == "export" and len(words) > 1:
+                shell.notes.append(f"exported {' '.join(display(w) for w in words[1:])}: environment, not an option (set "
+                                   "it for `cohort train` where it still applies)")
+    except ShellError as exc:
+        raise SourceError(f"cannot read the script as bash would: {exc}") from None
+    raise SourceError(f"no line of the script runs {what}")
+
+
+def _environment_note(prefix: list[str], notes: list[str]) -> None:
+    env = [display(t) for t in prefix if _ASSIGNMENT.match(t)]
+    if env:
+        notes.append(f"environment for the command: {' '.join(env)} (set it the same way for `cohort train` where it "
+                     "still applies, e.g. CUDA_VISIBLE_DEVICES)")
 
 
 def _options(tokens: list[str], notes: list[str]) -> tuple[dict[str, Any], list[str]]:
     """key=value tokens after the trainer's entry point (all of them when it is not named) as options."""
-    starts = [i for i, t in enumerate(tokens) if t.endswith(VERL_ENTRY)]
-    prefix = tokens[:starts[0]] if starts else []
-    env = [t for t in prefix if _ASSIGNMENT.match(t)]
-    if env:
-        notes.append(f"environment for the command: {' '.join(env)} (set it the same way for `cohort train` where it "
-                     "still applies, e.g. CUDA_VISIBLE_DEVICES)")
+    starts = [i for i, t in enumerate(tokens) if _is_verl_entry(t, tokens[:i])]
+    _environment_note(tokens[:starts[0]] if starts else [], notes)
+    if starts and not tokens[starts[0]].endswith(VERL_ENTRY):
+        notes.append(f"{tokens[starts[0]]}: a verl recipe's own entry point; it reads main_ppo's options and the "
+                     "recipe's own (each mapped or listed below)")
     options: dict[str, Any] = {}
     for token in tokens[starts[0] + 1:] if starts else tokens:
         if token in STOP_TOKENS or token.startswith((">", "2>", "1>", "&>")):
             break
-        if token in ("$@", "$*"):
-            notes.append(f"{token}: the script passes on its own arguments, unknown here; convert them too")
-            continue
         if "=" not in token or token.startswith("-"):
-            notes.append(f"{token}: not a key=value option of verl's trainer (Hydra's --config-name and the like "
-                         "are not read); nothing converted from it")
+            notes.append(f"{display(token)}: not a key=value option of verl's trainer (Hydra's --config-name and the "
+                         "like are not read); nothing converted from it")
             continue
         key, _, raw = token.lstrip("+").partition("=")
         options[key] = _value(raw)
     return options, notes
 
 
+def _trl_options(tokens: list[str], notes: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """`--key value...` after TRL's script or subcommand; accelerate's own flags before it (`--num_processes`)."""
+    start = next(i for i, t in enumerate(tokens) if i and _is_trl_entry(t, tokens[:i]))
+    _environment_note(tokens[:start], notes)
+    launcher = _flags(tokens[:start])
+    options = _flags(tokens[start + 1:])
+    for key, value in launcher.items():
+        if key == "num_processes":
+            options.setdefault("num_processes", value)
+        else:
+            notes.append(f"accelerate launch --{key} {display(str(value))}: the launcher's setting, not TRL's; "
+                         "cohort runs train.num_processes processes itself (FSDP2)")
+    if tokens[start].endswith(".py") and not tokens[start].endswith(("grpo.py", "gspo.py", "rloo.py")):
+        notes.append(f"{tokens[start]}: the options are read as TRL's GRPO script reads them (its model, dataset and "
+                     "GRPOConfig arguments); what the script itself builds in Python is not seen here")
+    return options, notes
+
+
+def _flags(tokens: list[str]) -> dict[str, Any]:
+    """`--key v`, `--key=v`, `--key v1 v2` (a list), `--flag` (true), up to the first operator."""
+    options: dict[str, Any] = {}
+    key = None
+    for token in tokens:
+        if token in STOP_TOKENS or token.startswith((">", "2>", "1>", "&>")):
+            break
+        if token.startswith("--"):
+            key, eq, raw = token[2:].partition("=")
+            options[key] = _value(raw) if eq else True
+            key = None if eq else key
+        elif key is not None:
+            value = _value(token)
+            current = options[key]
+            options[key] = value if current is True else (current + [value] if isinstance(current, list) else [current, value])
+    return {k: v for k, v in options.items() if k}
+
+
 def _value(raw: str) -> Any:
-    """A Hydra value: YAML, with `1e-6` a float as Hydra reads it (YAML 1.1 would keep it a string)."""
+    """A Hydra value: YAML, with `1e-6` a float as Hydra reads it (YAML 1.1 would keep it a string); a value that
+    holds an unexpanded variable is `Unresolved`."""
+    if UNSET in raw:
+        return Unresolved(display(raw), tuple(dict.fromkeys(unresolved_names(raw))))
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:

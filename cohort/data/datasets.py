@@ -51,7 +51,7 @@ class PromptDataset:
         return [n for n in names if n != self.prompt_key]
 
 
-def _normalise_row(row: Any, where: str) -> dict[str, Any]:
+def normalise_row(row: Any, where: str) -> dict[str, Any]:
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected a JSON object (a mapping of column to value), got {type(row).__name__}")
     row = dict(row)
@@ -143,28 +143,35 @@ def iter_rows(path: str | Path) -> Iterator[tuple[str, dict]]:
     else:
         raise DataError(f"{p}: unsupported data format {p.suffix!r}; use .jsonl, .json, .parquet or a datasets.save_to_disk directory")
     for where, row in reader(p):
-        yield where, _normalise_row(row, where)
+        yield where, normalise_row(row, where)
 
 
 def load_prompt_dataset(files: list[str], prompt_key: str = "prompt") -> PromptDataset:
-    rows, sources = [], []
     for f in files:
         if not Path(f).exists():
             raise DataError(f"{f}: file not found")
-        for where, row in iter_rows(f):
-            if prompt_key not in row:
-                raise DataError(f"{where}: no column {prompt_key!r} (columns: {', '.join(row)}); set data.prompt_key")
-            row[prompt_key] = check_prompt(row[prompt_key], where, prompt_key)
-            rows.append(row)
-            sources.append(where)
+    pairs = ((where, row) for f in files for where, row in iter_rows(f))
+    return prompt_dataset(pairs, prompt_key, ", ".join(files))
+
+
+def prompt_dataset(pairs: Iterator[tuple[str, dict]], prompt_key: str, name: str) -> PromptDataset:
+    """A dataset from (where, row) pairs (verl's layout read), each row's prompt checked; `name` says what had no rows."""
+    rows, sources = [], []
+    for where, row in pairs:
+        row = normalise_row(row, where)
+        if prompt_key not in row:
+            raise DataError(f"{where}: no column {prompt_key!r} (columns: {', '.join(row)}); set data.prompt_key")
+        row[prompt_key] = check_prompt(row[prompt_key], where, prompt_key)
+        rows.append(row)
+        sources.append(where)
     if not rows:
-        raise DataError(f"{', '.join(files)}: no rows")
+        raise DataError(f"{name}: no rows")
     return PromptDataset(rows=rows, prompt_key=prompt_key, sources=sources)
 
 
 def rows_dataset(rows: list[dict], prompt_key: str, name: str) -> PromptDataset:
     """A dataset from in-memory rows (built-in tasks), validated (and verl's layout read) like a file."""
-    rows = [_normalise_row(row, f"{name} row {i}") for i, row in enumerate(rows)]
+    rows = [normalise_row(row, f"{name} row {i}") for i, row in enumerate(rows)]
     for i, row in enumerate(rows):
         check_prompt(row.get(prompt_key), f"{name} row {i}", prompt_key)
     return PromptDataset(rows=rows, prompt_key=prompt_key, sources=[f"{name} row {i}" for i in range(len(rows))])
@@ -184,12 +191,19 @@ def file_columns(files: list[str], prompt_key: str, max_rows: int | None = SAMPL
     return list(names)
 
 
+def own_data(data) -> bool:
+    """The run trains on data of its own (files or a dataset by name), not on the built-in data.task."""
+    return bool(data.train_files or data.dataset_name)
+
+
 def check_data_config(data) -> list[str]:
-    """Cheap checks before anything loads: files exist, formats known, the first row has the prompt."""
+    """Cheap checks before anything loads: files exist, formats known, the first row has the prompt (a dataset given by
+    name: cohort.data.named.named_data_problems)."""
     problems = []
-    if not data.train_files and not data.task:
-        problems.append("data.train_files is empty and data.task is None: give training files or a built-in task (`cohort tasks`)")
-    if not data.train_files and data.task:
+    if not data.train_files and not data.task and not data.dataset_name:
+        problems.append("data.train_files is empty, data.dataset_name and data.task are None: give training files, a dataset by "
+                        "name (data.dataset_name) or a built-in task (`cohort tasks`)")
+    if not own_data(data) and data.task:
         if data.task not in list_tasks():
             problems.append(f"data.task = {data.task!r} is not a built-in task; choose one of {', '.join(list_tasks())}")
     for key in ("train_files", "eval_files"):

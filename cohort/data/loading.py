@@ -1,6 +1,7 @@
 """The datasets and reward specs a config names, loaded (no tokenizer, no model).
 
-`load_data(cfg)` reads `data.train_files` / `data.eval_files`, or the built-in
+`load_data(cfg)` reads `data.dataset_name` (its train split, and its test split or
+`data.eval_files` as eval data), or `data.train_files` / `data.eval_files`, or the built-in
 `data.task` (whose reward specs apply when `rewards` is unset; with `agent.function`
 the agent's returned reward, cohort/agents/reward.py), and caps the
 eval set at `data.eval_max_samples`. The trainer, `cohort eval` and the planner
@@ -12,6 +13,7 @@ Left out: tokenizing (cohort/prompts.py) and checking the files (check_data_conf
 from __future__ import annotations
 
 from cohort.data.datasets import PromptDataset, load_prompt_dataset, rows_dataset
+from cohort.data.named import load_named_split
 from cohort.data.tasks import get_task
 
 AGENT_REWARD = {"name": "cohort.agents.reward.agent_reward", "weight": 1.0}  # with agent.function: the reward set
@@ -20,7 +22,11 @@ AGENT_REWARD = {"name": "cohort.agents.reward.agent_reward", "weight": 1.0}  # w
 def load_data(cfg) -> tuple[PromptDataset, PromptDataset | None, list[dict] | None]:
     """(train dataset, eval dataset or None, reward specs) from files or the built-in task."""
     specs = [s.model_dump() for s in cfg.rewards] if cfg.rewards is not None else None
-    if cfg.data.train_files:
+    if cfg.data.dataset_name:
+        train = load_named_split(cfg.data, cfg.data.dataset_train_split, "data.dataset_train_split")
+        evals = (load_named_split(cfg.data, cfg.data.dataset_test_split, "data.dataset_test_split") if cfg.data.dataset_test_split
+                 else load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None)
+    elif cfg.data.train_files:
         train = load_prompt_dataset(cfg.data.train_files, cfg.data.prompt_key)
         evals = load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None
     else:

@@ -54,7 +54,7 @@ import sys
 import types
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -100,6 +100,11 @@ class LocalContext:
     def shard(self, model: torch.nn.Module, precision: Precision | None = None, *, param_offload: bool = False) -> torch.nn.Module:
         return model
 
+    def local_main_first(self, fn: Callable[[], Any]) -> Any:
+        """fn()'s result; under several processes fn runs on each node's local rank 0 first (a model or dataset fetched
+        by name is then downloaded once per node), on the other ranks after it (from the cache)."""
+        return fn()
+
     def close(self, clean: bool = True) -> None:
         pass
 
@@ -117,6 +122,19 @@ class DistContext(LocalContext):
         self.is_main = self.rank == 0
         self.cpu_group = dist.new_group(backend="gloo")  # objects and the closing rendezvous, off the GPU
         self.mesh = init_device_mesh(device.type, (self.world_size,))
+
+    def local_main_first(self, fn: Callable[[], Any]) -> Any:
+        first = int(os.environ.get("LOCAL_RANK", "0")) == 0
+        result, failure = None, None
+        if first:
+            try:
+                result = fn()
+            except Exception as exc:  # the others still pass the barrier, then fail the same way (a cache miss, a typo)
+                failure = exc
+        self.dist.barrier(group=self.cpu_group)
+        if failure is not None:
+            raise failure
+        return result if first else fn()
 
     def local_indices(self, indices: list[int], group_size: int) -> list[int]:
         """This rank's contiguous block of whole groups of `indices` (a step's completions, group after group)."""

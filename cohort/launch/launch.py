@@ -6,6 +6,11 @@
   local processes (`--standalone` rendezvous on a free local port), with
   `run.output_dir` pinned so that every rank agrees on the run directory.
 - otherwise (or already under torchrun, WORLD_SIZE set): train here.
+
+Before any of these, `fetch_by_name` downloads what the config names by its Hub name (model.path, critic.path, a
+reward model, data.dataset_name) into the Hugging Face cache, in this process, on the terminal with its progress
+bars: the torchrun children and the trainer then read it from the cache, so a download happens once per node,
+not once per rank (Ray actors on other nodes fetch into their own node's cache).
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ import subprocess
 import sys
 
 from cohort.config import default_output_dir
+from cohort.data.named import named_splits
 from cohort.launch.ray_cluster import train_with_ray
+from cohort.models import hub
+from cohort.models.loading import resolve_model_dir
 
 
 def torchrun_command(num_processes: int, cli_args: list[str], output_dir: str) -> list[str]:
@@ -24,9 +32,12 @@ def torchrun_command(num_processes: int, cli_args: list[str], output_dir: str) -
 
 
 def launch_elsewhere(cfg, cli_args: list[str]) -> dict | int | None:
-    """None: train in this process. Else rank 0's summary (Ray) or the torchrun child's exit code."""
+    """None: train in this process. Else rank 0's summary (Ray) or the torchrun child's exit code. First (not in a
+    torchrun child: its parent did it) whatever is named by its Hub name is fetched (`fetch_by_name`)."""
     if "WORLD_SIZE" in os.environ:
         return None
+    for line in fetch_by_name(cfg):
+        print(line, flush=True)
     if cfg.distributed.backend == "ray":
         return train_with_ray(cfg)
     if cfg.train.num_processes <= 1:
@@ -34,3 +45,28 @@ def launch_elsewhere(cfg, cli_args: list[str]) -> dict | int | None:
     output_dir = cfg.run.output_dir or default_output_dir()
     print(f"cohort: starting {cfg.train.num_processes} training processes (torchrun); run directory {output_dir}", flush=True)
     return subprocess.call(torchrun_command(cfg.train.num_processes, cli_args, output_dir))
+
+
+def fetch_by_name(cfg) -> list[str]:
+    """Resolve every model and dataset `cfg` names by its Hub name (downloading what the cache lacks, when the network
+    is allowed); returns one line per Hub model: its id, revision and snapshot directory. Raises ModelLoadError /
+    DataError as loading would (validation has already checked the same names, without the weights)."""
+    lines = []
+    for field, path, revision in _hub_models(cfg):
+        snapshot = resolve_model_dir(path, revision)
+        lines.append(f"{field}: {path} (commit {snapshot.name[:12]}) from the Hugging Face cache, {snapshot}")
+    if cfg.data.dataset_name:
+        named_splits(cfg.data.dataset_name, cfg.data.dataset_config)
+    return lines
+
+
+def _hub_models(cfg) -> list[tuple[str, str, str | None]]:
+    """(field, path, revision) of each model path in `cfg` that is a Hub id, not a local directory."""
+    named = [("model.path", cfg.model.path, cfg.model.revision)]
+    named += [("critic.path", cfg.critic.path, None)] if cfg.critic.path else []
+    for i, spec in enumerate(cfg.rewards or []):
+        options = spec.options()
+        if spec.name == "reward_model" and isinstance(options.get("model"), str):
+            named.append((f"rewards[{i}].model", options["model"], options.get("revision")))
+    return [(field, path, revision) for field, path, revision in named
+            if not os.path.isdir(os.path.expanduser(path)) and hub.looks_like_hub_id(path)]

@@ -66,6 +66,8 @@ from cohort.rollout.vllm_engine import VLLMEngine
 from cohort.trainer.loop import Trainer
 
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # the driver and actors pass configs and summaries, nothing large
+USER_ENV = ("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_DATASETS_CACHE",
+            "HF_TOKEN", "HF_ENDPOINT", "WANDB_MODE", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_API_KEY")  # forwarded when set
 
 
 def _free_port() -> int:
@@ -119,17 +121,18 @@ def _actor_env(token: str, cpus: float) -> dict[str, str]:
         "OMP_NUM_THREADS": str(max(1, int(cpus))),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+        **{name: os.environ[name] for name in USER_ENV if name in os.environ},  # as the user set them, never a default
     }
 
 
 class RolloutServerActor:
     """A vLLM engine behind the rollout HTTP server, on this actor's node."""
 
-    def __init__(self, cwd: str, model_path: str, dtype: str, seed: int, kv_cache_gib: float, gpu_memory_utilization: float):
+    def __init__(self, cwd: str, model_path: str, revision: str | None, dtype: str, seed: int, kv_cache_gib: float,
+                 gpu_memory_utilization: float):
         _use_assigned_gpus()
         _enter(cwd)
-        model_dir = resolve_model_dir(model_path)
+        model_dir = resolve_model_dir(model_path, revision)
         self.engine = VLLMEngine(model_dir, dtype=dtype, max_model_len=None, seed=seed, kv_cache_gib=kv_cache_gib,
                                  gpu_memory_utilization=gpu_memory_utilization)
         limit = self.engine.llm.llm_engine.model_config.max_model_len
@@ -284,7 +287,7 @@ def train_with_ray(cfg) -> dict[str, Any]:
             remote = ray.remote(RolloutServerActor).options(
                 num_cpus=d.cpus_per_rollout, num_gpus=d.gpus_per_rollout,
                 runtime_env={"env_vars": _actor_env(token, d.cpus_per_rollout)})
-            servers = [remote.remote(os.getcwd(), cfg.model.path, cfg.generation_dtype, cfg.rollout.seed + i, cfg.engine.kv_cache_gib,
+            servers = [remote.remote(os.getcwd(), cfg.model.path, cfg.model.revision, cfg.generation_dtype, cfg.rollout.seed + i, cfg.engine.kv_cache_gib,
                                      cfg.engine.gpu_memory_utilization) for i in range(servers_n)]
             actors += servers
             urls = _wait_all([s.url.remote() for s in servers])

@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cohort.mapping.rules import (Entry, Options, Rule, Unmappable, flow, mapped, model_path, none_of,
-                                  steps_for_epochs, whole)
+from cohort.mapping.open_r1_rules import OPEN_R1_REFUSED, OPEN_R1_REWARDS, OPEN_R1_RULES
+from cohort.mapping.rules import (Entry, Options, PartlyUnmappable, Rule, Unmappable, flow, mapped, model_path,
+                                  none_of, steps_for_epochs, whole)
 
 PD, GA, G = "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations"
 ISC, ISM = "vllm_importance_sampling_correction", "vllm_importance_sampling_mode"
@@ -46,6 +47,10 @@ def generation_completions(o: Options) -> int:
 
 def _prompts_per_step(value: int, o: Options) -> list[Entry]:
     total, text = completions_per_step(o)
+    if total % o.get(G):
+        raise Unmappable(f"{text} per optimizer step is not a whole number of groups of {o.show(G)}; TRL refuses that "
+                         f"too, so this config runs on other processes than {o.num_processes}: give accelerate's "
+                         "processes (`cohort convert --num-processes N`, or num_processes in the config)")
     prompts = whole(total / o.get(G), f"completions per optimizer step / {G} = {total} / {o.get(G)}")
     return [Entry("train.prompts_per_step", prompts, f"{text} per optimizer step / {o.show(G)} = {prompts} prompts")]
 
@@ -166,20 +171,44 @@ def _use_peft(value: bool, o: Options) -> list[Entry]:
 
 
 def _rewards(value: list[str] | None, o: Options) -> list[Entry]:
-    names = ([o.get("reward_model_name_or_path")] if o.get("reward_model_name_or_path") else []) + list(value or [])
-    specs = [{"name": "reward_model", "model": names[0]}] if o.get("reward_model_name_or_path") else []
-    for name in value or []:
-        if name not in TRL_REWARDS and "." not in name:
-            raise Unmappable(f"{name}: neither one of TRL's named rewards ({', '.join(TRL_REWARDS)}) nor an import path")
-        specs.append(dict(TRL_REWARDS.get(name, {"name": name})))
+    specs = [{"name": "reward_model", "model": o.get("reward_model_name_or_path")}] if o.get("reward_model_name_or_path") else []
+    value = [value] if isinstance(value, str) else list(value or [])
     weights = o.get("reward_weights")
-    if weights is not None:
-        if len(weights) != len(specs):
-            raise Unmappable(f"reward_weights has {len(weights)} weights for {len(specs)} reward(s)")
-        for spec, weight in zip(specs, weights):
-            spec["weight"] = weight
-    shown = ", ".join(o.show(k) for k in ("reward_model_name_or_path", "reward_funcs", "reward_weights") if o.has(k))
+    if weights is not None and len(weights) != len(specs) + len(value):
+        raise Unmappable(f"reward_weights has {len(weights)} weights for {len(specs) + len(value)} reward(s)")
+    weights = list(weights) if weights is not None else [None] * (len(specs) + len(value))
+    pairs, refused = list(zip(specs, weights)), []
+    for name, weight in zip(value, weights[len(specs):]):
+        spec = _reward_spec(name, o)
+        if isinstance(spec, str):
+            refused.append(spec)
+        else:
+            pairs.append((spec, weight))
+    specs = [spec if weight is None else {**spec, "weight": weight} for spec, weight in pairs]
+    shown = ", ".join(o.show(k) for k in ("reward_model_name_or_path", "reward_funcs", "reward_weights", "max_completion_len",
+                                          "soft_punish_cache") if o.has(k))
+    if refused and not specs:
+        raise Unmappable("; ".join(refused) + ": no reward of this list maps, so the output has none: set rewards")
+    if refused:
+        kept = [Entry("rewards", specs, shown + ": only the rewards named here; the others are listed as not mapped")]
+        raise PartlyUnmappable(kept, "; ".join(refused) + " (the others are converted)")
     return [Entry("rewards", specs, shown)]
+
+
+def _reward_spec(name: str, o: Options) -> dict[str, Any] | str:
+    """The rewards entry for one of TRL's or open-r1's reward names (or an import path), or why it has none."""
+    if name in TRL_REWARDS:
+        return dict(TRL_REWARDS[name])
+    if name in OPEN_R1_REWARDS:
+        return dict(OPEN_R1_REWARDS[name])
+    if name == "soft_overlong_punishment":  # open-r1's, sized by its own two options
+        return {"name": "soft_overlong", "max_completion_length": o.get("max_completion_len", 16384),
+                "cache_length": o.get("soft_punish_cache", 4096)}
+    if name in OPEN_R1_REFUSED:
+        return f"{name}: {OPEN_R1_REFUSED[name]} (open-r1's open_r1.rewards:{name}_reward as an import path works where open-r1 is installed)"
+    if "." in name or ":" in name:
+        return {"name": name}
+    return f"{name}: neither one of TRL's named rewards ({', '.join(TRL_REWARDS)}), nor open-r1's, nor an import path"
 
 
 def _reward_part(value: Any, o: Options) -> list[Entry]:
@@ -189,10 +218,59 @@ def _reward_part(value: Any, o: Options) -> list[Entry]:
 
 
 def _dataset(value: str, o: Options) -> list[Entry]:
-    if not value.endswith(DATA_SUFFIXES) and not value.startswith(("/", ".", "~")):
-        raise Unmappable(f"{value}: a Hub dataset; cohort reads local files: save it (e.g. datasets.load_dataset("
-                         f"{value!r}, split='train').to_parquet('train.parquet')) and set data.train_files=[train.parquet]")
-    return [Entry("data.train_files", [value], o.show("dataset_name"))]
+    if value.endswith(DATA_SUFFIXES) or value.startswith(("/", ".", "~")):
+        return [Entry("data.train_files", [value], o.show("dataset_name") + ": a local file")]
+    return [Entry("data.dataset_name", value, o.show("dataset_name") + ": a Hub dataset, loaded with "
+                  "datasets.load_dataset as TRL loads it")]
+
+
+def _dataset_part(field: str, key: str):
+    def convert(value: Any, o: Options) -> list[Entry]:
+        name = o.get("dataset_name")
+        if not isinstance(name, str) or name.endswith(DATA_SUFFIXES) or name.startswith(("/", ".", "~")):
+            raise Unmappable("read with a Hub dataset_name only (this config names a local file, or none)")
+        return [Entry(field, value, o.show(key))]
+
+    return convert
+
+
+def _max_prompt_length(value: int | None, o: Options) -> list[Entry]:
+    if value is None:
+        return [Entry("data.max_prompt_length", None, o.show("max_prompt_length") + ": no limit")]
+    return [Entry("data.max_prompt_length", value, o.show("max_prompt_length") + " tokens"),
+            Entry("data.overlong_prompts", "truncate_left", o.show("max_prompt_length") + ": the TRL versions that "
+                  "have this option keep a longer prompt's last tokens (cut on the left), as truncate_left does; "
+                  "cohort's default (filter) would drop it instead")]
+
+
+def _entropy_coef(value: float, o: Options) -> list[Entry]:
+    if o.get("use_adaptive_entropy"):
+        raise Unmappable("with use_adaptive_entropy it is the starting point of TRL's adaptive coefficient, which "
+                         "cohort does not have; kept as a constant bonus it would change the run, so it is not kept")
+    same = o.get("loss_type") == "dapo"
+    return [Entry("algorithm.entropy_coeff", value, o.show("entropy_coef") + (
+        ": TRL adds coef × the mean token entropy, cohort aggregates the entropy as the loss (loss_type dapo: the same)"
+        if same else f": TRL adds coef × the mean token entropy; cohort aggregates the entropy as the loss "
+        f"({o.show('loss_type')}), so the bonus is weighted per sequence there"))]
+
+
+def _num_processes(value: int, o: Options) -> list[Entry]:
+    return [Entry("train.num_processes", value, o.show("num_processes") + ": accelerate's processes, one per GPU (FSDP2 "
+                  "in cohort); the batch arithmetic above uses them")]
+
+
+def _target_modules(value: Any, o: Options) -> list[Entry]:
+    """`--lora_target_modules "q_proj", "v_proj"` reaches TRL as ["q_proj,", "v_proj"]: a name with the shell's comma
+    matches no module, so only the others got an adapter; cohort keeps what TRL adapted and says so."""
+    names = [value] if isinstance(value, str) else list(value)
+    kept = [n for n in names if not n.endswith(",")]
+    dropped = [n for n in names if n.endswith(",")]
+    out = _peft("lora_target_modules", "lora.target_modules")(kept if dropped else value, o)
+    if dropped and out:
+        note = (f"; {', '.join(repr(n) for n in dropped)} (the shell kept the comma) matches no module, so TRL adapted "
+                f"only {kept}: kept as TRL ran; add {', '.join(n[:-1] for n in dropped)} if you meant it")
+        out = [Entry(e.field, e.value, e.comment + note) for e in out]
+    return out
 
 
 def _vllm_mode(value: str, o: Options) -> list[Entry]:
@@ -230,6 +308,10 @@ def _server_url(key: str):
 
 
 def _correction(value: bool, o: Options) -> list[Entry]:
+    if not o.get("use_vllm"):
+        if not o.has(ISC):
+            return []  # (TRL's default, read only with vLLM)
+        raise Unmappable("no effect: TRL corrects for vLLM's sampling only with use_vllm=True")
     if not value:
         return [Entry("algorithm.rollout_correction", "none", o.show(ISC))]
     return _correction_mode(o.get(ISM), o, also=o.show(ISC))
@@ -291,10 +373,24 @@ def _eval_every(key: str):
             raise Unmappable("cohort counts in steps: set run.eval_every to the optimizer steps of one epoch")
         if key == "eval_strategy" and o.has("eval_steps"):
             return []  # (named on eval_steps's line)
-        every = o.get("eval_steps") or o.get("logging_steps")
-        return [Entry("run.eval_every", every, f"{o.show('eval_strategy')}, {o.show('eval_steps')} (None: logging_steps)")]
+        which = "eval_steps" if o.get("eval_steps") else "logging_steps"
+        every, shown = _steps_or_ratio(o.get(which), which, o)
+        return [Entry("run.eval_every", every, f"{o.show('eval_strategy')}, {shown}" + ("" if which == "eval_steps" else
+                      " (eval_steps unset: logging_steps)"))]
 
     return convert
+
+
+def _steps_or_ratio(value: Any, key: str, o: Options) -> tuple[int, str]:
+    """transformers reads an interval below 1 as a ratio of the run's total steps: (steps, how they were found)."""
+    if isinstance(value, float) and 0 < value < 1:
+        total = _total_steps(o)
+        if total is None:
+            raise Unmappable(f"{value} is a ratio of the run's length (transformers' rule for a value below 1), which is "
+                             f"not knowable here: set the cohort field to ceil({value} × train.max_steps)")
+        steps = math.ceil(value * total)
+        return steps, f"{o.show(key)} × {total} steps, rounded up (below 1: a ratio of the run) = {steps}"
+    return int(value), o.show(key)
 
 
 def _save_every(key: str):
@@ -302,10 +398,14 @@ def _save_every(key: str):
         strategy = o.get("save_strategy")
         if strategy == "epoch":
             raise Unmappable("cohort counts in steps: set run.save_every to the optimizer steps of one epoch")
-        if key == "save_strategy" and o.has("save_steps"):
+        if key == "save_strategy" and o.has("save_steps") and strategy != "no":
             return []  # (named on save_steps's line)
-        shown = ", ".join(o.show(k) for k in ("save_steps", "save_strategy") if o.has(k))
-        return [Entry("run.save_every", 0 if strategy == "no" else o.get("save_steps"), shown)]
+        if strategy == "no":
+            shown = ", ".join(o.show(k) for k in ("save_strategy", "save_steps") if o.has(k))
+            return [Entry("run.save_every", 0, shown + ": no checkpoints (the final model is saved)")]
+        steps, shown = _steps_or_ratio(o.get("save_steps"), "save_steps", o)
+        also = f", {o.show('save_strategy')}" if o.has("save_strategy") else ""
+        return [Entry("run.save_every", steps, shown + also)]
 
     return convert
 
@@ -314,13 +414,21 @@ def _negated(target: str, key: str):
     return lambda value, o: [Entry(target, not value, o.show(key) + " (negated)")]
 
 
+def _refuse_adaptive() -> list[Entry]:
+    raise Unmappable("TRL's adaptive entropy control (Skywork-OR1: the coefficient moves each step towards "
+                     "entropy_target) has no counterpart in cohort; train without it, or with a constant "
+                     "algorithm.entropy_coeff if that is what you want")
+
+
 TRAINER_ONLY = "a transformers Trainer setting with no counterpart in cohort's loop"
 GENERATION_ONLY = "vLLM runs at its own defaults in cohort; only temperature, top_p and top_k are set"
 
 TRL_RULES: tuple[Rule, ...] = (
-    Rule("model_name_or_path", ("model.path",), model_path("model.path", "model_name_or_path"), "a local checkpoint directory"),
+    Rule("model_name_or_path", ("model.path",), model_path("model.path", "model_name_or_path"),
+         "a local checkpoint directory or a Hub name, kept as it is"),
     Rule("dtype", ("model.dtype", "train.precision"), _dtype("dtype"),
          "bfloat16: bfloat16 weights trained directly (train.precision=pure); float32"),
+    Rule("torch_dtype", ("model.dtype", "train.precision"), _dtype("torch_dtype"), "the older name of dtype"),
     Rule("model_init_kwargs", ("model.dtype", "train.precision"), _dtype("model_init_kwargs"), "only its dtype maps"),
     Rule("bf16", ("model.dtype",), _bf16, "True: bfloat16 autocast over float32 masters (train.precision=mixed); "
          "unset, cohort's model.dtype=auto picks by the hardware"),
@@ -329,18 +437,23 @@ TRL_RULES: tuple[Rule, ...] = (
     Rule("lora_r", ("lora.rank",), _peft("lora_r", "lora.rank"), "with use_peft", default=16),
     Rule("lora_alpha", ("lora.alpha",), _peft("lora_alpha", "lora.alpha"), "with use_peft", default=32),
     Rule("lora_dropout", ("lora.dropout",), _peft("lora_dropout", "lora.dropout"), "with use_peft", default=0.05),
-    Rule("lora_target_modules", ("lora.target_modules",), _peft("lora_target_modules", "lora.target_modules"),
+    Rule("lora_target_modules", ("lora.target_modules",), _target_modules,
          "with use_peft; unset, peft picks per architecture and cohort takes all-linear"),
     *(none_of(k, "not in cohort's LoRA (the lora section)") for k in ("use_rslora", "use_dora", "lora_modules_to_save",
                                                                   "lora_target_parameters", "lora_task_type")),
     *(none_of(k, "cohort trains unquantised weights") for k in ("load_in_4bit", "load_in_8bit", "use_bnb_nested_quant")),
     none_of("attn_implementation", "cohort uses transformers' default attention for the checkpoint"),
-    none_of("model_revision", "model.path is a local directory"),
+    Rule("model_revision", ("model.revision",), None, "the Hub revision (branch, tag or commit) of model.path"),
     none_of("trust_remote_code", "cohort loads no remote code"),
-    Rule("dataset_name", ("data.train_files",), _dataset, "a local file or saved dataset; a Hub name must be saved first"),
-    none_of("dataset_config", "save the configuration you want as a file (data.train_files)"),
-    none_of("dataset_train_split", "save the split you want as a file (data.train_files)"),
-    none_of("dataset_test_split", "save it as a file: data.eval_files"),
+    Rule("dataset_name", ("data.dataset_name", "data.train_files"), _dataset, "a Hub dataset (data.dataset_name), or a "
+         "local file (data.train_files)"),
+    Rule("dataset_config", ("data.dataset_config",), _dataset_part("data.dataset_config", "dataset_config"),
+         "the Hub dataset's configuration"),
+    Rule("dataset_train_split", ("data.dataset_train_split",), _dataset_part("data.dataset_train_split",
+         "dataset_train_split"), "train in both"),
+    Rule("dataset_test_split", ("data.dataset_test_split",), _dataset_part("data.dataset_test_split", "dataset_test_split"),
+         "scored greedily before and after training"),
+    Rule("dataset_prompt_column", ("data.prompt_key",), None, "prompt in both"),
     none_of("dataset_streaming", "cohort reads the data files whole"),
     none_of("datasets", "a dataset mixture: save the mixture as one file (data.train_files)"),
     Rule("reward_funcs", ("rewards",), _rewards, "TRL's named rewards are cohort built-ins (accuracy, "
@@ -348,6 +461,8 @@ TRL_RULES: tuple[Rule, ...] = (
     Rule("reward_model_name_or_path", ("rewards",), _reward_part, "the reward_model reward ({name: reward_model, model: DIR})"),
     Rule("reward_weights", ("rewards",), _reward_part, "`weight:` of each rewards entry"),
     none_of("multi_objective_aggregation", "cohort sums the weighted rewards, then normalises (TRL's sum_then_normalize)"),
+    Rule("num_processes", ("train.num_processes",), _num_processes, "accelerate's processes (the `trl` command passes "
+         "it on); they enter the batch arithmetic"),
     Rule(G, ("rollout.num_generations",), None, "completions per prompt", default=8),
     Rule(PD, ("train.micro_batch_size",), _micro_batch, "completions per forward/backward pass", default=8),
     Rule(GA, ("train.prompts_per_step",), _prompts_per_step,
@@ -357,8 +472,8 @@ TRL_RULES: tuple[Rule, ...] = (
          "micro-steps in TRL, optimizer steps in cohort: ÷ gradient_accumulation_steps"),
     Rule("generation_batch_size", ("rollout.generation_batch_size",), _generation_batch, "completions in both"),
     Rule("max_completion_length", ("rollout.max_completion_length",), None, "tokens", default=512),
-    Rule("max_prompt_length", ("data.max_prompt_length",), None, "older TRL cut longer prompts on the left: "
-         "data.overlong_prompts=truncate_left does the same"),
+    Rule("max_prompt_length", ("data.max_prompt_length", "data.overlong_prompts"), _max_prompt_length,
+         "tokens; the TRL versions that have it cut longer prompts on the left: data.overlong_prompts=truncate_left"),
     Rule("temperature", ("rollout.temperature",), None),
     Rule("top_p", ("rollout.top_p",), None),
     Rule("top_k", ("rollout.top_k",), None, "0 (off) in both"),
@@ -378,8 +493,9 @@ TRL_RULES: tuple[Rule, ...] = (
     Rule("vllm_tensor_parallel_size", ("engine.tensor_parallel_size", "engine.mode"), _tensor_parallel,
          "> 1 needs vLLM in its own process (engine.mode=local_server)"),
     mapped("vllm_enable_sleep_mode", "engine.sleep_mode", {True: 2, False: 0}, "level 2, as TRL sleeps"),
-    Rule(ISC, ("algorithm.rollout_correction",), _correction, "with vllm_importance_sampling_mode: token_truncate: "
-         "truncate, token_mask: mask; False: none"),
+    Rule(ISC, ("algorithm.rollout_correction",), _correction, "with use_vllm and vllm_importance_sampling_mode: "
+         "token_truncate: truncate, token_mask: mask; False: none; TRL's default (True, sequence_mask) has no "
+         "counterpart and is listed", default=True),
     Rule(ISM, ("algorithm.rollout_correction",), _correction_mode, "token_truncate: truncate, token_mask: mask"),
     Rule("vllm_importance_sampling_clip_max", ("algorithm.rollout_correction_cap",), None),
     Rule("vllm_importance_sampling_cap", ("algorithm.rollout_correction_cap",), None, "older name of clip_max"),
@@ -400,10 +516,12 @@ TRL_RULES: tuple[Rule, ...] = (
     Rule("scale_rewards", ("algorithm.scale_rewards",), _scale_rewards, "True: group, False: none"),
     Rule("mask_truncated_completions", ("algorithm.mask_truncated_completions",), None),
     Rule("top_entropy_quantile", ("algorithm.top_entropy_quantile",), None),
-    Rule("entropy_coef", ("algorithm.entropy_coeff",), None, "entropy bonus; TRL averages it over tokens, cohort "
-         "aggregates it like the loss (the same under dapo)"),
-    *(none_of(k, "no adaptive entropy control in cohort") for k in ("use_adaptive_entropy", "entropy_coef_min",
-                                                                    "entropy_coef_max", "entropy_coef_delta", "entropy_target")),
+    Rule("entropy_coef", ("algorithm.entropy_coeff",), _entropy_coef, "entropy bonus; TRL averages it over tokens, "
+         "cohort aggregates it like the loss (the same under dapo); refused with use_adaptive_entropy"),
+    Rule("use_adaptive_entropy", ("algorithm.entropy_coeff",), lambda v, o: [] if not v else _refuse_adaptive(), "no adaptive entropy control "
+         "(Skywork-OR1's) in cohort: refused, and entropy_coef with it"),
+    *(none_of(k, "a parameter of TRL's adaptive entropy control (use_adaptive_entropy), which cohort does not have")
+      for k in ("entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target")),
     *(none_of(k, "cohort's reference model stays frozen") for k in ("sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps")),
     none_of("off_policy_mask_threshold", "no off-policy sequence masking; algorithm.off_policy_objective=mask_stale masks stale tokens"),
     none_of("use_bias_correction_kl", "cohort's KL term is not multiplied by the importance ratio"),
@@ -462,4 +580,10 @@ TRL_RULES: tuple[Rule, ...] = (
                                           "torch_compile", "tf32", "bf16_full_eval", "fp16_full_eval", "eval_on_start",
                                           "include_tokens_per_second", "auto_find_batch_size")),
     *(none_of(k, "cohort shards with FSDP2 when train.num_processes > 1") for k in ("fsdp", "fsdp_config", "deepspeed")),
+    none_of("use_liger_kernel", "cohort uses the model's own transformers kernels; its log-probs are chunked "
+            "(train.logprob_chunk_size) instead of Liger's fused loss"),
+    none_of("lr_scheduler_kwargs", "cohort's schedules (train.lr_scheduler) take no extra arguments: a cosine decays to 0"),
+    none_of("vllm_device", "cohort places vLLM itself (engine.mode: colocate shares the trainer's GPU, local_server takes "
+            "the GPUs after the trainer's)"),
+    *OPEN_R1_RULES,
 )

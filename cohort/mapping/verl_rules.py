@@ -21,6 +21,9 @@ from typing import Any
 
 from cohort.mapping.rules import (MISSING, Entry, Options, Rule, Unmappable, flow, mapped, model_path, none_of,
                                   steps_for_epochs, whole)
+from cohort.mapping.verl_algorithms import (AGG, BOTH, ESTIMATOR, HIGH, LOSS_MODE, LOW, aggregation, dual_clip,
+                                            dynamic_sampling, estimator, gen_batch_size, loss_mode, named_by_loss_mode,
+                                            rewards, sapo_temperature, when_ppo)
 
 AR = "actor_rollout_ref."
 ACTOR, ROLLOUT, REF, MODEL = AR + "actor.", AR + "rollout.", AR + "ref.", AR + "model."
@@ -61,6 +64,8 @@ def _global_micro_batch(value: int, o: Options) -> list[Entry]:
 
 def _total_epochs(value: Any, o: Options) -> list[Entry]:
     if o.has("trainer.total_training_steps"):
+        if not o.has("trainer.total_epochs"):
+            return []  # (verl's default, which total_training_steps overrides)
         raise Unmappable("verl ignores it when trainer.total_training_steps is set, which sets train.max_steps")
     k, text = _optimizer_steps_per_batch(o)
     return steps_for_epochs("trainer.total_epochs", o, o.get(TBS), k, text)
@@ -78,18 +83,31 @@ def _verl_batches(o: Options) -> int | None:
     return None if o.rows is None else o.rows // o.get(TBS) * o.get("trainer.total_epochs")
 
 
-def _warmup_steps(value: int, o: Options) -> list[Entry]:
-    if value < 0:  # verl: -1 = use lr_warmup_steps_ratio
-        if o.has(ACTOR + "optim.lr_warmup_steps_ratio"):
-            return []  # (the ratio's line names this one)
-        return [Entry("train.warmup_steps", 0, f"{o.show(ACTOR + 'optim.lr_warmup_steps')}: the ratio decides, 0 by default")]
-    k, text = _optimizer_steps_per_batch(o)
-    return [Entry("train.warmup_steps", value * k, f"{o.show(ACTOR + 'optim.lr_warmup_steps')} generation batches × {text} "
-                  f"= {value * k} (verl steps its schedule once per generation batch, cohort once per optimizer step)")]
+def _warmup_steps(field: str, prefix: str):
+    """verl's lr_warmup_steps count generation batches (its scheduler steps once per batch); cohort's optimizer steps."""
+
+    def convert(value: int, o: Options) -> list[Entry]:
+        key = prefix + "optim.lr_warmup_steps"
+        if value < 0:  # verl: -1 = use lr_warmup_steps_ratio
+            if o.has(prefix + "optim.lr_warmup_steps_ratio"):
+                return []  # (the ratio's line names this one)
+            return [Entry(field, 0, f"{o.show(key)}: the ratio decides, 0 by default")]
+        k, text = _optimizer_steps_per_batch(o)
+        return [Entry(field, value * k, f"{o.show(key)} generation batches × {text} = {value * k} (verl steps its "
+                      "schedule once per generation batch, cohort once per optimizer step)")]
+
+    return convert
 
 
-def _warmup_ratio(value: float, o: Options) -> list[Entry]:
-    steps_key = ACTOR + "optim.lr_warmup_steps"
+def _warmup_ratio(field: str, prefix: str):
+    def convert(value: float, o: Options) -> list[Entry]:
+        return _warmup_from_ratio(value, o, field, prefix)
+
+    return convert
+
+
+def _warmup_from_ratio(value: float, o: Options, field: str, prefix: str) -> list[Entry]:
+    steps_key = prefix + "optim.lr_warmup_steps"
     if o.has(steps_key) and o.get(steps_key) >= 0:
         raise Unmappable(f"{steps_key} = {o.get(steps_key)} is set, and verl then ignores the ratio")
     batches = _verl_batches(o)
@@ -98,7 +116,7 @@ def _warmup_ratio(value: float, o: Options) -> list[Entry]:
     k, text = _optimizer_steps_per_batch(o)
     warm = int(value * batches) * k
     shown = f" ({o.show(steps_key)})" if o.has(steps_key) else ""
-    return [Entry("train.warmup_steps", warm, f"int({o.show(ACTOR + 'optim.lr_warmup_steps_ratio')} × {batches} generation "
+    return [Entry(field, warm, f"int({o.show(prefix + 'optim.lr_warmup_steps_ratio')} × {batches} generation "
                   f"batches) × {text} = {warm}{shown}")]
 
 
@@ -139,11 +157,21 @@ KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": 
 
 
 def _clip_ratio(value: float, o: Options) -> list[Entry]:
-    keys = {"algorithm.epsilon_low": ACTOR + "clip_ratio_low", "algorithm.epsilon_high": ACTOR + "clip_ratio_high"}
-    out = [Entry(field, value, o.show(ACTOR + "clip_ratio")) for field, key in keys.items() if not o.has(key)]
+    keys = {"algorithm.epsilon_low": LOW, "algorithm.epsilon_high": HIGH}
+    out = [Entry(field, value, o.show(BOTH)) for field, key in keys.items() if not o.has(key)]
     if not out:
         raise Unmappable("overridden by clip_ratio_low and clip_ratio_high, as in verl")
     return out
+
+
+def _epsilon(field: str, key: str):
+    def convert(value: float, o: Options) -> list[Entry]:
+        if field == "algorithm.epsilon_low" and value >= 1:
+            raise Unmappable(f"{value} ≥ 1 puts the lower clip at 1 − {value} ≤ 0, so it never binds; cohort's "
+                             "epsilon_low must be < 1: leave it at 0.2, or a value just under 1 for the same run")
+        return [Entry(field, value, o.show(key))]
+
+    return convert
 
 
 def _top_k(value: int, o: Options) -> list[Entry]:
@@ -174,28 +202,38 @@ def _processes(o: Options) -> int:
 
 def _gpus(value: int, o: Options) -> list[Entry]:
     nodes = o.get("trainer.nnodes")
-    if nodes != 1:
-        raise Unmappable(f"trainer.nnodes = {nodes}: several machines are distributed.backend=ray with "
-                         "distributed.ray_address and distributed.gpus_per_trainer=1 (docs/deployment.md)")
-    return [Entry("train.num_processes", value, f"{o.show('trainer.n_gpus_per_node')} × {o.show('trainer.nnodes')}: one "
-                  "training process per GPU (FSDP2)")]
+    total = value * nodes
+    out = [Entry("train.num_processes", total, f"{o.show('trainer.n_gpus_per_node')} × {o.show('trainer.nnodes')}: one "
+                 "training process per GPU (FSDP2)")]
+    if nodes > 1:
+        shown = f"{o.show('trainer.nnodes')} machines"
+        out += [Entry("distributed.backend", "ray", f"{shown}: trainer actors on a Ray cluster, as verl runs"),
+                Entry("distributed.ray_address", "auto", f"{shown}: join the running cluster (verl's scripts are "
+                      "submitted to one; docs/deployment.md, \"Several machines\")"),
+                Entry("distributed.gpus_per_trainer", 1.0, f"{shown}: one GPU per training process")]
+    return out
 
 
 def _nodes(value: int, o: Options) -> list[Entry]:
-    if value == 1 and o.has("trainer.n_gpus_per_node"):
+    if o.has("trainer.n_gpus_per_node"):
         return []  # (named on train.num_processes's line)
-    raise Unmappable(f"{value} machine(s): distributed.backend=ray with distributed.ray_address, train.num_processes and "
-                     "distributed.gpus_per_trainer=1 (docs/deployment.md, \"Several machines\")")
+    raise Unmappable(f"{value} machine(s) without trainer.n_gpus_per_node: set train.num_processes to the GPUs in all, "
+                     "with distributed.backend=ray (docs/deployment.md, \"Several machines\")")
 
 
 def _every(field: str, key: str):
+    """verl's test_freq / save_freq count generation batches (its global steps); cohort's counts optimizer steps."""
+
     def convert(value: int, o: Options) -> list[Entry]:
         if value is None or value <= 0:
-            return [Entry(field, 0, f"{o.show(key)}: never")]
+            return [Entry(field, 0, f"{o.show(key)}: never" + (" (cohort still scores before and after training)"
+                                                               if field == "run.eval_every" else ""))]
         if field == "run.save_every" and _processes(o) > 1:
             raise Unmappable(f"with {_processes(o)} training processes cohort does not write mid-run checkpoints yet (the "
                              "final model is saved); with one process, run.save_every does what save_freq does")
-        return [Entry(field, value, o.show(key))]
+        k, text = _optimizer_steps_per_batch(o)
+        return [Entry(field, value * k, f"{o.show(key)} generation batches (verl's global steps) × {text} = {value * k} "
+                      "optimizer steps")]
 
     return convert
 
@@ -208,21 +246,34 @@ def _loggers(value: Any, o: Options) -> list[Entry]:
     return [Entry("run.loggers", list(dict.fromkeys(known + ["jsonl"])), f"{o.show('trainer.logger')}{note}")]
 
 
-def _reward_function(value: str | None, o: Options) -> list[Entry]:
-    if not value:
-        return [Entry("rewards", [{"name": "verl_default"}], "verl's default reward (custom_reward_function.path unset): "
-                      "default_compute_score by data_source (GSM8K, MATH)")]
-    name = o.get("custom_reward_function.name")
-    module = value.rsplit("/", 1)[-1].removesuffix(".py")
-    folder = value.rsplit("/", 1)[0] if "/" in value else "."
-    return [Entry("rewards", [{"name": f"{module}:{name}"}], f"custom_reward_function.path={value}, "
-                  f"{o.show('custom_reward_function.name')}: put {folder} on PYTHONPATH (verl's compute_score contract is read as is)")]
-
-
 def _reward_function_name(value: str, o: Options) -> list[Entry]:
     if o.get("custom_reward_function.path") or not o.has("custom_reward_function.name"):
         return []  # (named on the rewards line)
     raise Unmappable("no effect without custom_reward_function.path")
+
+
+def _on_rewards_line(condition: str):
+    """An option the rewards line reads and names when `condition` (a key) is true; else without effect in verl."""
+
+    def convert(value: Any, o: Options) -> list[Entry]:
+        if o.get(condition):
+            return []  # (named on the rewards line)
+        raise Unmappable(f"no effect in verl: {condition} is {o.get(condition)}")
+
+    return convert
+
+
+def _overlong_option(value: Any, o: Options) -> list[Entry]:
+    if o.get("reward_model.reward_manager") == "dapo" and not o.get("reward_model.enable"):
+        return []  # (named on the rewards line when the buffer is on)
+    raise Unmappable("read only by reward_model.reward_manager=dapo")
+
+
+def _param_offload(value: bool, o: Options) -> list[Entry]:
+    if value and _processes(o) == 1:
+        raise Unmappable("verl offloads even on one GPU; cohort's train.param_offload is FSDP2's CPU offload, which "
+                         "needs train.num_processes > 1: with one process, train.optimizer_offload is the offload it has")
+    return [Entry("train.param_offload", value, o.show(ACTOR + "fsdp_config.param_offload"))]
 
 
 def _train_files(field: str, key: str):
@@ -271,23 +322,15 @@ def _max_token_len(value: int, o: Options) -> list[Entry]:
     raise Unmappable(f"no effect in verl: {ACTOR}use_dynamic_bsz is False")
 
 
-def _policy_loss(value: str, o: Options) -> list[Entry]:
-    level = {"vanilla": "token", "gspo": "sequence"}.get(value)
-    if level is None:
-        raise Unmappable(f"{value}: cohort's policy losses are vanilla PPO clipping (token ratios) and GSPO (sequence "
-                         "ratios); the others of verl have no counterpart here")
-    return [Entry("algorithm.importance_sampling_level", level, o.show(ACTOR + "policy_loss.loss_mode"))]
-
-
 def _scale_by_std(value: bool, o: Options) -> list[Entry]:
     return [Entry("algorithm.scale_rewards", "group" if value else "none", o.show("algorithm.norm_adv_by_std_in_grpo"))]
 
 
 VERL_RULES: tuple[Rule, ...] = (
-    mapped("algorithm.adv_estimator", "algorithm.name",
-           {"grpo": "grpo", "rloo": "rloo", "reinforce_plus_plus": "reinforce_pp",
-            "reinforce_plus_plus_baseline": "reinforce_pp_baseline", "gae": "ppo"},
-           "`gae` is PPO with a critic (critic.*)", default="gae"),
+    Rule(ESTIMATOR, ("algorithm.name", "algorithm.importance_sampling_level"), estimator,
+         "grpo, rloo (with verl's token-level ratio), reinforce_plus_plus → reinforce_pp, reinforce_plus_plus_baseline → "
+         "reinforce_pp_baseline, gae → ppo (a critic: critic.*); remax, gpg, opo, grpo_passk and the optimal-token "
+         "baselines: no counterpart", default="gae"),
     Rule("algorithm.norm_adv_by_std_in_grpo", ("algorithm.scale_rewards",), _scale_by_std, "True: group, False: none"),
     Rule("data.train_files", ("data.train_files",), _train_files("data.train_files", "data.train_files"),
          "a list; verl's parquet layout reads as is"),
@@ -335,18 +378,26 @@ VERL_RULES: tuple[Rule, ...] = (
     none_of(ACTOR + "shuffle", "cohort keeps the generation batch's order within an optimizer step"),
     Rule(EPOCHS, ("algorithm.num_iterations",), None, "updates per generation batch"),
     Rule(ACTOR + "grad_clip", ("train.max_grad_norm",), None),
-    Rule(ACTOR + "clip_ratio", ("algorithm.epsilon_low", "algorithm.epsilon_high"), _clip_ratio, "both sides"),
-    Rule(ACTOR + "clip_ratio_low", ("algorithm.epsilon_low",), None),
-    Rule(ACTOR + "clip_ratio_high", ("algorithm.epsilon_high",), None),
-    Rule(ACTOR + "clip_ratio_c", ("algorithm.clip_ratio_c",), None, "dual clip for negative advantages"),
-    mapped(ACTOR + "loss_agg_mode", "algorithm.loss_type",
-           {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"},
-           "docs/algorithms.md: the one difference of seq-mean-token-sum-norm"),
-    Rule(ACTOR + "policy_loss.loss_mode", ("algorithm.importance_sampling_level",), _policy_loss,
-         "vanilla: token, gspo: sequence"),
+    Rule(BOTH, ("algorithm.epsilon_low", "algorithm.epsilon_high"), named_by_loss_mode(_clip_ratio, clip=True),
+         "both sides; cispo: epsilon_high = 1 + it (cohort's cispo cap is the weight itself); geo_mean: the log-ratio bounds"),
+    Rule(LOW, ("algorithm.epsilon_low",), named_by_loss_mode(_epsilon("algorithm.epsilon_low", LOW), clip=True),
+         "< 1 (a lower clip at 1 − it ≤ 0 never binds); cispo: no lower bound in cohort"),
+    Rule(HIGH, ("algorithm.epsilon_high",), named_by_loss_mode(_epsilon("algorithm.epsilon_high", HIGH), clip=True),
+         "cispo: epsilon_high = 1 + it"),
+    Rule(ACTOR + "clip_ratio_c", ("algorithm.clip_ratio_c",), dual_clip, "dual clip for negative advantages; verl "
+         "applies it with the vanilla loss always, cohort only when set", default=3.0),
+    Rule(AGG, ("algorithm.loss_type",), named_by_loss_mode(aggregation, clip=False),
+         "token-mean → dapo, seq-mean-token-mean → grpo, seq-mean-token-sum-norm → dr_grpo (docs/algorithms.md: the one "
+         "difference of seq-mean-token-sum-norm); with cispo, sapo, geo_mean the loss fixes it"),
+    Rule(LOSS_MODE, ("algorithm.importance_sampling_level", "algorithm.loss_type", "algorithm.epsilon_high"), loss_mode,
+         "vanilla: token ratio; gspo: sequence ratio; cispo → loss_type=cispo; geo_mean → loss_type=gmpo; sapo → "
+         "loss_type=sapo; clip_cov, kl_cov, gpg, bypass_mode: no counterpart", default="vanilla"),
+    Rule(ACTOR + "tau_pos", ("algorithm.sapo_temperature_pos",), sapo_temperature, "loss_mode=sapo"),
+    Rule(ACTOR + "tau_neg", ("algorithm.sapo_temperature_neg",), sapo_temperature, "loss_mode=sapo"),
+    none_of(ACTOR + "policy_loss.*", "the parameters of verl's clip_cov and kl_cov losses, which have no counterpart"),
     Rule(ACTOR + "entropy_coeff", ("algorithm.entropy_coeff",), None, "entropy bonus"),
     Rule(KL_LOSS, ("algorithm.kl_placement", "algorithm.beta"), _kl_loss, "True: kl_placement=loss; no KL: beta=0"),
-    _when_kl(KL_LOSS, Rule(ACTOR + "kl_loss_coef", ("algorithm.beta",), None, "with use_kl_loss")),
+    _when_kl(KL_LOSS, Rule(ACTOR + "kl_loss_coef", ("algorithm.beta",), None, "with use_kl_loss", default=0.001)),
     _when_kl(KL_LOSS, mapped(ACTOR + "kl_loss_type", "algorithm.kl_estimator", KL_ESTIMATORS, "with use_kl_loss",
                              default="low_var_kl")),
     Rule(KL_REWARD, ("algorithm.kl_placement", "algorithm.beta"), _kl_reward,
@@ -359,11 +410,12 @@ VERL_RULES: tuple[Rule, ...] = (
     _when_kl(KL_REWARD, Rule("algorithm.kl_ctrl.target_kl", ("algorithm.kl_target",), None, "with use_kl_in_reward")),
     _when_kl(KL_REWARD, Rule("algorithm.kl_ctrl.horizon", ("algorithm.kl_horizon",), None, "with use_kl_in_reward")),
     Rule("algorithm.gamma", ("algorithm.gamma",), None),
-    Rule("algorithm.lam", ("algorithm.lam",), None),
+    Rule("algorithm.lam", ("algorithm.lam",), when_ppo("algorithm.lam", "algorithm.lam", "GAE λ"),
+         "ppo; verl's 1.0 (Monte-Carlo returns) is carried, cohort's default is 0.95", default=1.0),
     Rule(ACTOR + "optim.lr", ("train.learning_rate",), None, "1e-6 by default in both"),
-    Rule(ACTOR + "optim.lr_warmup_steps", ("train.warmup_steps",), _warmup_steps,
+    Rule(ACTOR + "optim.lr_warmup_steps", ("train.warmup_steps",), _warmup_steps("train.warmup_steps", ACTOR),
          "generation batches in verl, optimizer steps in cohort: × optimizer steps per generation batch"),
-    Rule(ACTOR + "optim.lr_warmup_steps_ratio", ("train.warmup_steps",), _warmup_ratio,
+    Rule(ACTOR + "optim.lr_warmup_steps_ratio", ("train.warmup_steps",), _warmup_ratio("train.warmup_steps", ACTOR),
          "of verl's total generation batches, converted to optimizer steps"),
     mapped(ACTOR + "optim.warmup_style", "train.lr_scheduler", {"constant": "constant", "cosine": "cosine"}),
     mapped(ACTOR + "optim.lr_scheduler_type", "train.lr_scheduler", {"constant": "constant", "cosine": "cosine"}),
@@ -371,7 +423,8 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule(ACTOR + "optim.weight_decay", ("train.weight_decay",), None, "verl's default is 0.01, cohort's 0", default=0.01),
     Rule(ACTOR + "optim.betas", ("train.adam_beta1", "train.adam_beta2"), _betas),
     none_of(ACTOR + "optim.total_training_steps", "set by verl's trainer; cohort's train.max_steps"),
-    Rule(ACTOR + "fsdp_config.param_offload", ("train.param_offload",), None, "with train.num_processes > 1"),
+    Rule(ACTOR + "fsdp_config.param_offload", ("train.param_offload",), _param_offload, "with train.num_processes > 1 "
+         "(FSDP2's CPU offload); on one GPU refused: train.optimizer_offload"),
     Rule(ACTOR + "fsdp_config.optimizer_offload", ("train.optimizer_offload",), None),
     none_of(ACTOR + "fsdp_config.offload_policy", "train.param_offload is FSDP2's CPUOffloadPolicy"),
     none_of(ACTOR + "fsdp_config.fsdp_size", "cohort shards over all train.num_processes"),
@@ -412,7 +465,8 @@ VERL_RULES: tuple[Rule, ...] = (
          default=30),
     Rule("trainer.total_training_steps", ("train.max_steps",), _total_steps,
          "generation batches in verl: × optimizer steps per generation batch"),
-    Rule("trainer.n_gpus_per_node", ("train.num_processes",), _gpus, "one training process per GPU, on one machine"),
+    Rule("trainer.n_gpus_per_node", ("train.num_processes", "distributed.backend"), _gpus,
+         "× trainer.nnodes: one training process per GPU; several machines: Ray (distributed.backend=ray)"),
     Rule("trainer.nnodes", ("distributed.backend",), _nodes, "> 1: distributed.backend=ray (docs/deployment.md)"),
     Rule("trainer.save_freq", ("run.save_every",), _every("run.save_every", "trainer.save_freq"), "one training process only, for now"),
     Rule("trainer.test_freq", ("run.eval_every",), _every("run.eval_every", "trainer.test_freq")),
@@ -429,15 +483,96 @@ VERL_RULES: tuple[Rule, ...] = (
     none_of("trainer.log_val_generations", "eval completions go to RUN_DIR; run.num_completions_to_log sets the training sample"),
     none_of("trainer.balance_batch", "cohort balances nothing across processes: each takes whole groups"),
     none_of("trainer.default_hdfs_dir", "cohort writes to run.output_dir only"),
-    Rule("custom_reward_function.path", ("rewards",), _reward_function,
-         "a module:function import path (verl's compute_score contract is read as is); unset: verl_default", default=None),
+    Rule("custom_reward_function.path", ("rewards",), rewards,
+         "a module:function import path (verl's compute_score contract is read as is); unset: verl_default (GSM8K, MATH, "
+         "DAPO math by data_source); with reward_model.enable the reward model instead", default=None),
     Rule("custom_reward_function.name", ("rewards",), _reward_function_name, "the function in that file",
          default="compute_score"),
-    none_of("reward_model.enable", "a reward model is the reward_model reward: rewards=[{name: reward_model, model: DIR}]"),
-    none_of("reward_model.model.path", "rewards=[{name: reward_model, model: DIR}] (a local sequence-classification checkpoint)"),
+    Rule("reward_model.enable", ("rewards",), lambda v, o: [], "True: rewards=[{name: reward_model, model: "
+         "reward_model.model.path}], the reward model's score as the reward"),
+    Rule("reward_model.model.path", ("rewards",), _on_rewards_line("reward_model.enable"), "with reward_model.enable"),
+    Rule("reward_model.micro_batch_size_per_gpu", ("rewards",), _on_rewards_line("reward_model.enable"),
+         "with reward_model.enable: the reward's batch_size"),
+    none_of("reward_model.micro_batch_size", "the reward model scores in its own batch_size (the rewards entry)"),
+    none_of("reward_model.model.*", "the reward model loads as its checkpoint says (a local sequence-classification "
+            "directory); verl's loading options have no counterpart"),
+    none_of("reward_model.max_length", "the reward_model reward's max_length option (2048 by default) truncates its input"),
+    none_of("reward_model.use_dynamic_bsz", "the reward model scores in fixed batches (batch_size)"),
+    none_of("reward_model.forward_max_token_len_per_gpu", "the reward model scores in fixed batches (batch_size)"),
+    none_of("reward_model.strategy", "the reward model runs in the training process (rewards: device)"),
+    none_of("reward_model.num_workers", "rewards run on the RewardSet's own threads and process pool"),
+    none_of("reward_model.use_reward_loop", "cohort scores each group as it finishes (its rewards stage)"),
+    none_of("reward_model.rollout.*", "a generative reward model served by vLLM has no counterpart; rewards: remote "
+            "calls an HTTP scorer"),
+    Rule("reward_model.reward_manager", ("rewards",), lambda v, o: [], "naive: the score; dapo: the score plus "
+         "soft_overlong (the overlong buffer); prime, batch: no counterpart", default="naive"),
+    *(Rule(f"reward_model.{prefix}{name}", ("rewards",), _overlong_option, "with reward_manager=dapo: soft_overlong "
+           "(cache_length = len, weight = penalty_factor)")
+      for prefix in ("overlong_buffer.", "reward_kwargs.overlong_buffer_cfg.") for name in ("enable", "len", "penalty_factor")),
+    Rule("reward_model.reward_kwargs.max_resp_len", ("rewards",), _overlong_option, "with reward_manager=dapo: "
+         "soft_overlong's max_completion_length"),
+    none_of("reward_model.overlong_buffer.log", "cohort logs every reward's mean (rewards/soft_overlong) always"),
+    none_of("reward_model.reward_kwargs.overlong_buffer_cfg.log", "cohort logs every reward's mean (rewards/soft_overlong) always"),
+    Rule("algorithm.filter_groups.enable", ("pipeline.dynamic_sampling", "pipeline.max_refill_rounds"), dynamic_sampling,
+         "DAPO's dynamic sampling: groups whose rewards are all equal replaced"),
+    Rule("algorithm.filter_groups.metric", ("pipeline.dynamic_sampling",), _on_rewards_line("algorithm.filter_groups.enable"),
+         "with filter_groups.enable (cohort compares the reward)"),
+    Rule("algorithm.filter_groups.max_num_gen_batches", ("pipeline.max_refill_rounds",),
+         _on_rewards_line("algorithm.filter_groups.enable"), "with filter_groups.enable: rounds − 1 refills"),
+    Rule("data.gen_batch_size", ("pipeline.dynamic_sampling",), gen_batch_size, "verl's generation rounds of dynamic sampling; cohort refills group by group"),
     Rule("critic.model.path", ("critic.path",), model_path("critic.path", "critic.model.path"), "ppo"),
     Rule("critic.optim.lr", ("critic.learning_rate",), None, "ppo"),
-    Rule("critic.optim.lr_warmup_steps", ("critic.warmup_steps",), None, "ppo"),
-    Rule("critic.cliprange_value", ("critic.cliprange_value",), None, "ppo"),
+    Rule("critic.optim.lr_warmup_steps", ("critic.warmup_steps",), _warmup_steps("critic.warmup_steps", "critic."),
+         "ppo; generation batches in verl, optimizer steps in cohort"),
+    Rule("critic.optim.lr_warmup_steps_ratio", ("critic.warmup_steps",), _warmup_ratio("critic.warmup_steps", "critic."),
+         "ppo; of verl's total generation batches, converted to optimizer steps"),
+    Rule("critic.cliprange_value", ("critic.cliprange_value",), when_ppo("critic.cliprange_value", "critic.cliprange_value",
+         "the value clip"), "ppo; verl's 0.5 is carried, cohort's default is 0.2", default=0.5),
     none_of("ray_init.*", "cohort starts Ray only with distributed.backend=ray (distributed.ray_address)"),
+    none_of(ACTOR + "megatron.*", "no Megatron-LM in cohort: it trains transformers checkpoints with FSDP2 "
+            "(train.num_processes); tensor, pipeline, expert and context parallelism have no counterpart"),
+    none_of(REF + "megatron.*", "no Megatron-LM in cohort (the reference is sharded as the policy is)"),
+    none_of(ACTOR + "fsdp_config.strategy", "cohort shards with FSDP2 when train.num_processes > 1"),
+    none_of(ACTOR + "entropy_checkpointing", "cohort computes entropy in chunks (train.logprob_chunk_size)"),
+    none_of(ACTOR + "use_torch_compile", "cohort runs the model's own eager transformers code"),
+    none_of(REF + "ulysses_sequence_parallel_size", "no sequence parallelism in cohort"),
+    none_of(REF + "use_torch_compile", "cohort runs the model's own eager transformers code"),
+    none_of(MODEL + "override_config.*", "cohort loads the checkpoint's config.json as it is: edit it there (e.g. "
+            "max_position_embeddings)"),
+    mapped(MODEL + "torch_dtype", "model.dtype", {"bfloat16": "bfloat16", "float32": "float32", "fp32": "float32",
+                                                   "bf16": "bfloat16"}, "the training dtype of the policy"),
+    none_of(MODEL + "external_lib", "cohort imports no extra model code"),
+    none_of(ROLLOUT + "data_parallel_size", "cohort runs one vLLM engine per rollout server (distributed.num_rollout_servers)"),
+    none_of(ROLLOUT + "expert_parallel_size", "vLLM's expert parallelism is not set by cohort"),
+    none_of(ROLLOUT + "layered_summon", "cohort pushes the weights into vLLM itself"),
+    none_of(ROLLOUT + "max_model_len", "cohort sizes vLLM's context from data.max_prompt_length + rollout.max_completion_length"),
+    none_of(ROLLOUT + "multi_stage_wake_up", "engine.sleep_mode wakes vLLM in one step"),
+    none_of(ROLLOUT + "over_sample_rate", "partial rollouts are pipeline.over_provision (a multiple of the batch's groups, "
+            "the late ones resumed next step, where verl's over-sampling drops them)"),
+    none_of(ROLLOUT + "trace.*", "cohort logs rollouts to RUN_DIR (completions.jsonl); no tracing backend"),
+    none_of(ROLLOUT + "agent.*", "multi-turn tools are tools.functions / tools.environment (docs/tools.md)"),
+    none_of("algorithm.rollout_correction.*", "cohort's engine-mismatch correction is algorithm.rollout_correction "
+            "(truncate or mask, per token) with algorithm.rollout_correction_cap; verl's sequence-level and "
+            "rejection-sampling variants have no counterpart"),
+    none_of("critic.model.use_remove_padding", "cohort pads within length-sorted micro-batches"),
+    none_of("critic.model.enable_gradient_checkpointing", "the critic follows train.gradient_checkpointing"),
+    none_of("critic.model.fsdp_config.*", "the critic runs in one process (cohort's PPO is not sharded yet)"),
+    none_of("critic.model.*", "the critic's body loads from critic.path as its checkpoint says"),
+    none_of("critic.ppo_micro_batch_size_per_gpu", "the critic's forward/backward passes use train.micro_batch_size"),
+    none_of("critic.ppo_micro_batch_size", "the critic's forward/backward passes use train.micro_batch_size"),
+    none_of("critic.ppo_max_token_len_per_gpu", "the critic's micro-batches follow train.max_tokens_per_microbatch"),
+    none_of("critic.use_dynamic_bsz", "the critic's micro-batches follow train.max_tokens_per_microbatch"),
+    none_of("critic.ppo_mini_batch_size", "the critic steps once per policy optimizer step (train.prompts_per_step)"),
+    none_of("critic.ppo_epochs", "the critic updates as often as the policy (algorithm.num_iterations)"),
+    none_of("critic.optim.*", "the critic's AdamW takes train.* betas, weight decay and schedule; critic.learning_rate "
+            "and critic.warmup_steps are its own"),
+    none_of("critic.strategy", "the critic runs in one process"),
+    none_of("critic.ulysses_sequence_parallel_size", "no sequence parallelism in cohort"),
+    none_of("global_profiler.*", "no profiler hooks in cohort: each phase is timed in metrics (timing/*)"),
+    none_of(ACTOR + "profiler.*", "no profiler hooks in cohort: each phase is timed in metrics (timing/*)"),
+    none_of("trainer.use_legacy_worker_impl", "cohort has one implementation of its workers"),
+    none_of("trainer.esi_redundant_time", "cohort saves with run.save_every (and on a signal)"),
+    none_of("trainer.rollout_data_dir", "cohort writes sample completions to RUN_DIR/completions.jsonl"),
+    none_of("trainer.validation_data_dir", "eval completions go to RUN_DIR"),
+    none_of("trainer.ray_wait_register_center_timeout", "cohort starts Ray only with distributed.backend=ray"),
 )

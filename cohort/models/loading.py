@@ -1,8 +1,12 @@
-"""Loading policies and tokenizers from local transformers checkpoints.
+"""Loading policies and tokenizers from transformers checkpoints, wherever they are named.
 
-`tiny:<task>` names resolve to the embedded tiny models (built offline, cached);
-anything else must be a local directory with a transformers config. Nothing is
-fetched from a model hub: the loaders pass `local_files_only=True`.
+`resolve_model_dir` turns any model path into a local checkpoint directory, in this
+order: `tiny:<task>` -> the embedded tiny model (built offline, cached); an existing
+local directory with a transformers config; a Hugging Face Hub id (`org/name`, with
+`revision` or `org/name@revision`) -> its snapshot in the HF cache, downloaded once
+(cohort/models/hub.py). The loaders then read that directory (`local_files_only=True`:
+a local directory needs no network, and nothing beside it is looked up). `check_model_dir` / `config_dir` are the planner's
+cheap versions: a Hub id's config and tokenizer files only, never its weights.
 
 `stop_token_ids` is the one place that decides which sampled tokens end a
 completion; every engine (transformers, vLLM, the rollout server) stops at
@@ -17,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from cohort.models import hub
 from cohort.models.precision import DTYPES
 from cohort.models.tiny import TINY_RECIPES, build_tiny_model
 
@@ -25,26 +30,58 @@ class ModelLoadError(ValueError):
     pass
 
 
-def resolve_model_dir(path: str) -> Path:
-    """`tiny:arith` (or `tiny:arith_chat`) -> the cached embedded checkpoint (built on first use); else a checked local dir."""
+def resolve_model_dir(path: str, revision: str | None = None) -> Path:
+    """`tiny:arith` (or `tiny:arith_chat`) -> the cached embedded checkpoint (built on first use); a local directory ->
+    itself, checked; a Hub id -> its snapshot in the HF cache with weights (`revision`: a branch, tag or commit)."""
     if path.startswith("tiny:"):
         return build_tiny_model(path.split(":", 1)[1])
     p = Path(path).expanduser()
-    if not p.is_dir():
-        raise ModelLoadError(f"model.path = {path!r}: not a directory; give a local transformers checkpoint directory or tiny:arith")
+    if p.is_dir():
+        return _checked_dir(path, p)
+    if hub.looks_like_hub_id(path):
+        return _from_hub(path, revision, weights=True)
+    raise ModelLoadError(f"model.path = {path!r}: not a directory; give a local transformers checkpoint directory, a "
+                         "Hugging Face Hub id (org/name) or tiny:arith")
+
+
+def _checked_dir(path: str, p: Path) -> Path:
     if not (p / "config.json").is_file():
         raise ModelLoadError(f"model.path = {path!r}: no config.json there, so it is not a transformers checkpoint")
     return p
 
 
-def check_model_dir(path: str) -> list[str]:
-    """Cheap pre-flight check (no weights read) for config validation."""
+def _from_hub(path: str, revision: str | None, *, weights: bool) -> Path:
+    try:
+        return hub.hub_snapshot(path, revision, weights=weights)
+    except hub.HubModelError as exc:
+        raise ModelLoadError(f"model.path = {path!r}: {exc}") from exc
+
+
+def config_dir(path: str, revision: str | None = None) -> Path | None:
+    """The directory holding `path`'s config.json and tokenizer, for checks before anything loads: a local directory
+    as given, a Hub id's snapshot with its config and tokenizer files only (fetched if missing; never the weights).
+    None for a `tiny:*` model (built with the model) and for a path that is no checkpoint (check_model_dir says why)."""
+    if path.startswith("tiny:"):
+        return None
+    try:
+        if Path(path).expanduser().is_dir():
+            return _checked_dir(path, Path(path).expanduser())
+        return _from_hub(path, revision, weights=False) if hub.looks_like_hub_id(path) else None
+    except ModelLoadError:
+        return None
+
+
+def check_model_dir(path: str, revision: str | None = None) -> list[str]:
+    """Cheap pre-flight check (no weights read, none downloaded) for config validation."""
     if path.startswith("tiny:"):
         name = path.split(":", 1)[1]
         known = sorted(TINY_RECIPES)
         return [] if name in known else [f"model.path = {path!r}: unknown tiny model; choose one of {', '.join('tiny:' + n for n in known)}"]
     try:
-        resolve_model_dir(path)
+        if Path(path).expanduser().is_dir() or not hub.looks_like_hub_id(path):
+            resolve_model_dir(path)
+        else:
+            _from_hub(path, revision, weights=False)
     except ModelLoadError as exc:
         return [str(exc)]
     return []

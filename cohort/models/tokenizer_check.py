@@ -28,10 +28,11 @@ VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.tx
 PROBE_TEXT = "Hello world: 12 + 30 = 42."
 
 
-def tokenizer_file_problems(path: str, key: str = "model.path") -> list[str]:
+def tokenizer_file_problems(path: str, key: str = "model.path", folder: Path | None = None) -> list[str]:
     """[] when `path` is a `tiny:*` model, not a checkpoint directory (reported elsewhere), or holds tokenizer files;
-    else one problem naming the folder, what it holds and what it lacks. Reads the directory listing only."""
-    folder = Path(path).expanduser()
+    else one problem naming the folder, what it holds and what it lacks. Reads the directory listing only. `folder`:
+    where `path` is on disk when it is not a directory itself (a Hub id's snapshot, `loading.config_dir`)."""
+    folder = Path(folder) if folder is not None else Path(path).expanduser()
     if path.startswith("tiny:") or not (folder / "config.json").is_file():
         return []
     present = sorted(p.name for p in folder.iterdir())
@@ -43,11 +44,11 @@ def tokenizer_file_problems(path: str, key: str = "model.path") -> list[str]:
             f"AutoTokenizer.from_pretrained(ORIGINAL).save_pretrained({str(folder)!r})"]
 
 
-def tokenizer_problems(path: str, key: str = "model.path") -> list[str]:
+def tokenizer_problems(path: str, key: str = "model.path", folder: Path | None = None) -> list[str]:
     """`tokenizer_file_problems`, then (when the files are there) whether the tokenizer loads and encodes a probe
     text to at least one token; loads the tokenizer (no weights), once per directory content."""
-    problems = tokenizer_file_problems(path, key)
-    folder = Path(path).expanduser()
+    problems = tokenizer_file_problems(path, key, folder)
+    folder = Path(folder) if folder is not None else Path(path).expanduser()
     if problems or path.startswith("tiny:") or not (folder / "config.json").is_file():
         return problems
     stamp = tuple((p.name, p.stat().st_mtime_ns) for p in sorted(folder.iterdir()))

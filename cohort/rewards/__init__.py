@@ -9,7 +9,7 @@ from plain Python return their scores (``cohort.rewards.calling``).
 
 - ``get(name, **options)`` builds a reward function: a built-in (``numeric_match``, ``exact_match``,
   ``accuracy``, ``reasoning_accuracy``, ``think_format``, ``soft_overlong``,
-  ``code_tests``, ``reward_model``, ``remote``, ``verl_default``) or your own by import path
+  ``code_tests``, ``reward_model``, ``remote``, ``verl_default``, ``dapo_math``) or your own by import path
   (``my_module.my_reward`` / ``my_module:my_reward``).
 - ``resolve(name, options=None)`` checks a name (and options) without building anything;
   ``validate_spec(spec)`` checks a whole RewardSet spec the same way (config validation).

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cohort.data.datasets import SAMPLE_ROWS, file_columns
+from cohort.data.datasets import SAMPLE_ROWS, file_columns, normalise_row, own_data
+from cohort.data.named import split_label, split_rows
 from cohort.data.tasks import get_task
 from cohort.rewards import verl
 from cohort.rewards.registry import SPEC_KEYS, ColumnNeed, needed_columns
@@ -34,7 +35,7 @@ def _specs(cfg: Any) -> list[tuple[str, dict[str, Any]]]:
     """(label, spec dict) for each reward the run will use."""
     if cfg.rewards is not None:
         return [(f"rewards[{i}] (name = {s.name!r})", {"name": s.name, **s.options()}) for i, s in enumerate(cfg.rewards)]
-    if cfg.data.task and not cfg.data.train_files:
+    if cfg.data.task and not own_data(cfg.data):
         return [(f"the task's reward {s['name']!r}", dict(s)) for s in get_task(cfg.data.task, cfg.train.seed).reward_specs]
     return []
 
@@ -53,7 +54,11 @@ def _sources(cfg: Any) -> list[tuple[str, Callable[[int | None], list[str]]]]:
     """(what the data is, columns(max_rows)) for the training data and the eval data."""
     data = cfg.data
     sources = []
-    if data.train_files:
+    if data.dataset_name:
+        for field, split in (("data.dataset_train_split", data.dataset_train_split), ("data.dataset_test_split", data.dataset_test_split)):
+            if split:
+                sources.append((split_label(data, split), lambda rows, s=split, f=field: _split_columns(data, s, f)))
+    elif data.train_files:
         sources.append((f"data.train_files ({', '.join(data.train_files)})",
                         lambda rows: file_columns(data.train_files, data.prompt_key, rows)))
     elif data.task:
@@ -63,6 +68,13 @@ def _sources(cfg: Any) -> list[tuple[str, Callable[[int | None], list[str]]]]:
         sources.append((f"data.eval_files ({', '.join(data.eval_files)})",
                         lambda rows: file_columns(data.eval_files, data.prompt_key, rows)))
     return sources
+
+
+def _split_columns(data: Any, split: str, field: str) -> list[str]:
+    """A named dataset's columns (its schema: every row has them all), verl's layout read as training reads it; a
+    missing split or prompt column raises DataError (the data checks report it; reward_column_problems skips it)."""
+    first = next(split_rows(data, split, field), None)
+    return [c for c in (normalise_row(first[1], first[0]) if first else {}) if c != data.prompt_key]
 
 
 def _row_columns(rows: list[dict]) -> list[str]:

@@ -53,6 +53,7 @@ _BUILTIN_MODULES = (
     "cohort.rewards.reward_model",
     "cohort.rewards.remote",
     "cohort.rewards.verl",
+    "cohort.rewards.dapo",
 )
 _FACTORIES: dict[str, Callable[..., RewardFunction]] = {}
 _NEEDS: dict[str, tuple[Needs, ...]] = {}

@@ -1,10 +1,13 @@
-"""``reward_model``: a local transformers sequence-classification checkpoint as a reward.
+"""``reward_model``: a transformers sequence-classification checkpoint as a reward.
 
 Choices:
-- Local only (``local_files_only=True``): ``model`` is a directory saved with
-  ``save_pretrained``; nothing is downloaded. The path is checked when the function
-  is built; the model loads at the first call (so building a RewardSet stays cheap),
-  in eval mode, on ``device``.
+- ``model`` is a Hugging Face Hub id (``org/name``; ``revision`` or ``org/name@rev``
+  for a revision) or a local directory saved with ``save_pretrained``, resolved like
+  model.path (cohort.models.loading.resolve_model_dir: a Hub id is downloaded once into
+  the Hugging Face cache, as the user's HF_HOME / HF_HUB_OFFLINE / HF_TOKEN allow). It
+  is checked when the function is built (a Hub id's config and tokenizer only); the
+  weights load at the first call (so building a RewardSet stays cheap), in eval mode,
+  on ``device``.
 - The text scored is prompt + completion. Chat-format prompts and completions go
   through the tokenizer's chat template when it has one (messages of the prompt, then
   the completion's messages); otherwise message contents are joined with newlines.
@@ -20,7 +23,6 @@ Choices:
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
@@ -39,12 +41,16 @@ def _as_messages(value: Any, default_role: str) -> list[dict[str, Any]]:
 class RewardModel:
     __name__ = "reward_model"
 
-    def __init__(self, model: str, batch_size: int, max_length: int, device: str, label_index: int):
-        if not os.path.isdir(model):
-            raise ValueError(f"reward_model needs a local checkpoint directory; {model!r} is not one")
+    def __init__(self, model: str, batch_size: int, max_length: int, device: str, label_index: int, revision: str | None = None):
+        from cohort.models.loading import check_model_dir  # here: it loads torch, and listing rewards must not
+
+        problems = check_model_dir(model, revision)
+        if problems or model.startswith("tiny:"):
+            raise ValueError("reward_model's " + (problems[0].replace("model.path", "model", 1) if problems else
+                             f"model = {model!r}: a tiny model is no sequence classifier; give a Hub id or a directory"))
         if batch_size < 1 or max_length < 1:
             raise ValueError(f"reward_model needs batch_size >= 1 and max_length >= 1; got {batch_size}, {max_length}")
-        self.path = model
+        self.path, self.revision = model, revision
         self.batch_size = batch_size
         self.max_length = max_length
         self.device = device
@@ -56,8 +62,11 @@ class RewardModel:
     def _load(self) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
-        model = AutoModelForSequenceClassification.from_pretrained(self.path, local_files_only=True)
+        from cohort.models.loading import resolve_model_dir  # (torch, as check_model_dir above)
+
+        directory = str(resolve_model_dir(self.path, self.revision))  # (a Hub id: its snapshot, downloaded if missing)
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        model = AutoModelForSequenceClassification.from_pretrained(directory, local_files_only=True)
         if tokenizer.pad_token is None:
             if tokenizer.eos_token is None:
                 raise ValueError(f"the tokenizer in {self.path!r} has neither a pad nor an EOS token")
@@ -110,12 +119,14 @@ def reward_model(
     max_length: int = 2048,
     device: str = "cpu",
     label_index: int = 0,
+    revision: str | None = None,
 ) -> RewardModel:
-    """A local sequence-classification checkpoint's logit for prompt + completion.
+    """A sequence-classification checkpoint's logit for prompt + completion.
 
-    model is a directory saved with save_pretrained (nothing is downloaded); chat
+    model is a Hugging Face Hub id (downloaded once into the HF cache; revision: a
+    branch, tag or commit) or a directory saved with save_pretrained; chat
     prompts/completions use the tokenizer's chat template. Scores are
     logits[:, label_index], computed in batches of batch_size.
     """
-    return RewardModel(model, batch_size, max_length, device, label_index)
+    return RewardModel(model, batch_size, max_length, device, label_index, revision)
 

@@ -29,8 +29,10 @@ reward spec, and ``VerlReward`` adapts it to the batch contract:
   ``\\boxed{ground_truth}``, the completion is read with plain-expression and LaTeX
   extraction; 1.0 when equal, else 0.0. Checked in the shared process pool of
   ``accuracy``.
+- DAPO's math (``math_dapo``, ``math``, ``math_dapo_reasoning``, ``aime*``): DAPO's
+  ``Answer:`` scorer, 1.0 or -1.0 (``dapo_math``, cohort.rewards.dapo).
 Any other ``data_source`` fails, naming it and the known ones. Left out: verl's
-other families (DAPO math, PRIME math and code, geometry3k, sandbox code).
+other families (PRIME math and code, geometry3k, sandbox code).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cohort.rewards.calling import AsyncReward, DaemonThreads, RewardRowError, Scores, async_implementation
+from cohort.rewards.dapo import MATH_DAPO_SOURCES, dapo_score, is_dapo_source
 from cohort.rewards.math_answers import PARSING_TIMEOUT_S, VERIFY_TIMEOUT_S, PooledReward
 from cohort.rewards.registry import Needs, Resolved, RewardFunction, instantiate, register
 from cohort.rewards.text import completion_texts, pick_column
@@ -203,9 +206,12 @@ class VerlDefault(PooledReward):
                 rewards[i] = gsm8k_score(text, truth)
             elif source in MATH_SOURCES:
                 math_rows.append(i)
+            elif is_dapo_source(source):
+                rewards[i] = dapo_score(text, truth)
             else:
                 raise RewardRowError(i, f"verl_default has no scorer for data_source {source!r}; it knows "
-                                        f"{', '.join(GSM8K_SOURCES + MATH_SOURCES)} (for others write a compute_score)")
+                                        f"{', '.join(GSM8K_SOURCES + MATH_SOURCES + MATH_DAPO_SOURCES)}, aime* "
+                                        "(for others write a compute_score)")
         for i, score in zip(math_rows, await self.map(_math_chunk, [(texts[i], truths[i]) for i in math_rows])):
             rewards[i] = score
         return rewards
@@ -213,9 +219,11 @@ class VerlDefault(PooledReward):
 
 @register("verl_default", needs=[Needs("the data source", None, ("data_source",)), Needs("the ground truth", None, ("ground_truth",))])
 def verl_default(*, num_workers: int | None = None) -> VerlDefault:
-    """verl's default scorer, routed by data_source: GSM8K's '#### 72' (openai/gsm8k) or MATH's answer checked with math-verify.
+    """verl's default scorer, routed by data_source: GSM8K's '#### 72' (openai/gsm8k), MATH's answer checked with math-verify,
+    or DAPO's 'Answer:' scorer (1 / -1).
 
-    MATH sources: lighteval/MATH, DigitalLearningGmbH/MATH-lighteval, HuggingFaceH4/MATH-500.
+    MATH sources: lighteval/MATH, DigitalLearningGmbH/MATH-lighteval, HuggingFaceH4/MATH-500. DAPO sources: math_dapo,
+    math, math_dapo_reasoning, aime*.
     Reads the columns data_source and ground_truth (a verl parquet's reward_model.ground_truth);
     an unknown data_source fails naming it.
     """

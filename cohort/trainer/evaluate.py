@@ -68,7 +68,7 @@ def evaluate_model(cfg, *, num_samples: int = 1, temperature: float = 0.0) -> di
     torch.manual_seed(cfg.train.seed)
     rewards, engine = RewardSet.from_specs(specs), None
     try:
-        model_dir = resolve_model_dir(cfg.model.path)
+        model_dir = resolve_model_dir(cfg.model.path, cfg.model.revision)
         device = resolve_device(cfg.train.device)  # the trainer's device: a transformers engine generates there
         set_torch_threads(cfg, num_parameters=checkpoint_parameters(model_dir), device=device)  # before the engine
         tokenizer = load_tokenizer(model_dir)

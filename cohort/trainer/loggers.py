@@ -2,8 +2,10 @@
 
 `metrics.jsonl` is always written (one JSON object per step, flushed each line, so
 nothing is lost on a crash; a resumed run appends to it). TensorBoard and wandb
-are optional sinks, created only when named in `run.loggers`; wandb runs offline
-when no API key is set.
+are optional sinks, created only when named in `run.loggers`. wandb logs in as the
+user set it up (`wandb login`'s ~/.netrc, WANDB_API_KEY, WANDB_MODE=offline or
+disabled, WANDB_PROJECT, WANDB_ENTITY): nothing here sets or reads those; the run's
+project is `run.wandb_project` when given, and the resolved config is logged with it.
 The console shows a rich progress bar with ETA and the live reward, and prints a
 compact line of key metrics every `every` steps, wrapped at metric boundaries to
 80 columns. Both go to `cohort.console.terminal()`, the terminal even while the
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +57,13 @@ class JsonlWriter:
 
 class MetricsLogger:
     def __init__(self, run_dir: Path, loggers: list[str], *, total_steps: int, progress: bool, config: dict, every: int = 10,
-                 start_step: int = 0):
+                 start_step: int = 0, wandb_project: str | None = None):
         self.run_dir = run_dir
         self.jsonl = JsonlWriter(run_dir / "metrics.jsonl")
         self.console = "console" in loggers
         self.every = every
         self.tb = self._tensorboard(run_dir, start_step) if "tensorboard" in loggers else None
-        self.wandb = self._wandb(run_dir, config) if "wandb" in loggers else None
+        self.wandb = self._wandb(wandb_init_args(run_dir, config, wandb_project)) if "wandb" in loggers else None
         self.progress = None
         if progress:
             # no stdout/stderr redirection: what libraries print belongs in the engine log, not above the bar
@@ -82,14 +83,12 @@ class MetricsLogger:
         return SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
 
     @staticmethod
-    def _wandb(run_dir: Path, config: dict):
+    def _wandb(init_args: dict[str, Any]):
         try:  # optional dependency
             import wandb
         except ImportError as exc:
             raise RuntimeError("run.loggers has 'wandb' but wandb is not installed; pip install wandb") from exc
-        if not os.environ.get("WANDB_API_KEY"):
-            os.environ.setdefault("WANDB_MODE", "offline")
-        return wandb.init(dir=str(run_dir), config=config, name=run_dir.name)
+        return wandb.init(**init_args)
 
     def print(self, text: str) -> None:
         """Notices (resume, warnings, stops) are always shown; `console` only governs the per-step metric lines."""
@@ -122,6 +121,16 @@ class MetricsLogger:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def wandb_init_args(run_dir: Path, config: dict, project: str | None) -> dict[str, Any]:
+    """wandb.init's arguments: the run directory, the resolved config, the run's name, and `project` only when
+    run.wandb_project is set (else wandb reads WANDB_PROJECT itself). No mode: wandb decides online or offline from
+    the user's login and WANDB_MODE, so a key in ~/.netrc (`wandb login`) logs online."""
+    args: dict[str, Any] = {"dir": str(run_dir), "config": config, "name": run_dir.name}
+    if project:
+        args["project"] = project
+    return args
 
 
 def format_metrics(record: dict[str, Any], width: int = 80) -> str:

@@ -111,7 +111,7 @@ def _run(trainer, resume_from: str | Path | None) -> dict:
     samples = JsonlWriter(run_dir / "completions.jsonl")
     warnings_sink = JsonlWriter(run_dir / "warnings.jsonl")
     logger = MetricsLogger(run_dir, cfg.run.loggers, total_steps=cfg.train.max_steps, progress=cfg.run.progress,
-                           config=cfg.to_dict(), start_step=trainer.step_count)
+                           config=cfg.to_dict(), start_step=trainer.step_count, wandb_project=cfg.run.wandb_project)
     diagnostics = Diagnostics(max_completion_length=cfg.rollout.max_completion_length,
                               teacher_signal=cfg.algorithm.name == "distill") if cfg.run.diagnostics else None
     if resumed:

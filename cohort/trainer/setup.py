@@ -53,9 +53,9 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
     use_device(device)
     run_dir = rank_run_dir(dist, cfg, run_dir)
     _check_writable(run_dir)
-    train_data, eval_data, reward_specs = load_data(cfg)
+    train_data, eval_data, reward_specs = dist.local_main_first(lambda: load_data(cfg))  # (a dataset by name: once per node)
     rewards = main_only_rewards(RewardSet.from_specs(reward_specs), dist)
-    model_dir = resolve_model_dir(cfg.model.path)
+    model_dir = dist.local_main_first(lambda: resolve_model_dir(cfg.model.path, cfg.model.revision))  # (a Hub id: the same)
     tokenizer = load_tokenizer(model_dir)
     prompts = encode_prompts(cfg, tokenizer, model_dir, train_data, eval_data)  # raises if one cannot fit
     sampler = RepeatSampler(len(prompts.train), plan.prompts_per_generation, plan.num_generations,
@@ -126,7 +126,7 @@ def _teacher(cfg, dist: LocalContext, tokenizer) -> torch.nn.Module:
 def _critic(cfg, model_dir: Path, pack: Callable, precision: Precision, device: torch.device) -> Critic:
     """PPO's value model: its own copy of critic.path (default: the policy's checkpoint) with a new value head, on the
     policy's device and in its precision."""
-    return Critic(resolve_model_dir(cfg.critic.path) if cfg.critic.path else model_dir, cfg, pack=pack,
+    return Critic(resolve_model_dir(cfg.critic.path) if cfg.critic.path else model_dir, cfg, pack=pack,  # (one process)
                   precision=precision, device=device)
 
 

@@ -37,7 +37,8 @@ def test_duplicate_name_raises():
 
 def test_builtin_registries_hold_the_documented_names():
     assert set(ADVANTAGE_ESTIMATORS.names()) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"}
-    assert set(POLICY_LOSSES.names()) == {"ppo_clip", "gspo", "seq_sum_clip", "cispo", "sapo", "luspo", "vespo"}
+    assert set(POLICY_LOSSES.names()) == {"ppo_clip", "gspo", "seq_sum_clip", "cispo", "sapo", "luspo", "vespo",
+                                         "gmpo"}
     assert set(KL_ESTIMATORS.names()) == {"k1", "k2", "k3", "low_var_kl"}
     assert set(AGGREGATIONS.names()) == {
         "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "bnpo",

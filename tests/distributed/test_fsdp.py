@@ -283,3 +283,40 @@ def test_root_sharding_and_a_streamed_push_on_two_gloo_ranks(tmp_path):
     assert ranks[0]["walks"] == [26, 26] and ranks[0]["peak_held"] == 1  # one full tensor alive at a time
     assert ranks[0]["failure"] == "ValueError: engine refused"
     assert ranks[1]["failure"] == "RuntimeError: rank 0's rollout engine failed to take the weights: ValueError: engine refused"
+
+
+MAIN_FIRST = r"""
+import json, os, sys, time
+import torch
+from cohort.distributed.fsdp import DistContext
+
+ctx = DistContext(torch.device("cpu"))  # (torchrun sets LOCAL_RANK: 0 and 1 on this one node)
+r, marker = ctx.rank, os.path.join(sys.argv[1], "fetched")
+
+
+def fetch():  # a download: the first caller writes the cache; each caller records whether it found it written
+    found = os.path.exists(marker)
+    if not found:
+        time.sleep(0.5)  # rank 1, were it not held back, would look while this is still unwritten
+        open(marker, "w").close()
+    return {"found_in_cache": found}
+
+
+out = ctx.local_main_first(fetch)
+try:
+    ctx.local_main_first(lambda: (_ for _ in ()).throw(FileNotFoundError("not cached")))
+except FileNotFoundError as exc:
+    out["failure"] = str(exc)
+with open(os.path.join(sys.argv[1], f"rank{r}.json"), "w") as f:
+    json.dump(out, f)
+ctx.close()
+"""
+
+
+@pytest.mark.slow
+def test_local_rank_0_fetches_first_and_the_other_ranks_find_it_cached(tmp_path):
+    """One node, two ranks: local rank 0 runs the fetch alone, the other rank after the barrier (the file is there);
+    a fetch that fails on rank 0 fails on every rank, none left waiting at the barrier."""
+    ranks = run_two_ranks(tmp_path, "main_first.py", MAIN_FIRST)
+    assert [out["found_in_cache"] for out in ranks] == [False, True]
+    assert [out["failure"] for out in ranks] == ["not cached", "not cached"]

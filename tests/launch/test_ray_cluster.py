@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from cohort.config_loading import load_config
-from cohort.launch.ray_cluster import AUTH_FAILURE, _connection_problem, actor_device_env, cluster_problems, local_ray_resources
+from cohort.launch.ray_cluster import (AUTH_FAILURE, _actor_env, _connection_problem, actor_device_env, cluster_problems,
+                                       local_ray_resources)
 
 TOKEN = "cohort-test-token-0123456789abcdef"
 
@@ -155,3 +156,15 @@ def test_the_recipe_on_a_real_head_refuses_fast_then_trains(tmp_path, tiny_model
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3]
     assert (tmp_path / "run" / "ranks" / "rank-1" / "metrics.jsonl").is_file()  # the second actor trained beside rank 0
+
+
+def test_actors_get_the_users_hub_and_wandb_variables_only_as_set(monkeypatch):
+    """Forwarded when the user set them (a joined cluster's nodes have their own environment), never given a default."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_TOKEN", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    env = _actor_env("token", 2)
+    assert not {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_TOKEN", "WANDB_MODE"} & set(env)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_HOME", "/data/hf")
+    env = _actor_env("token", 2)
+    assert (env["HF_HUB_OFFLINE"], env["HF_HOME"]) == ("0", "/data/hf")

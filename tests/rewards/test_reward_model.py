@@ -53,5 +53,17 @@ def test_in_a_reward_set_and_close(checkpoint):
 
 
 def test_missing_checkpoint_fails_early(tmp_path):
-    with pytest.raises(ValueError, match="local checkpoint directory"):
+    with pytest.raises(ValueError, match="reward_model's model = .*nope.*: not a directory; give a local transformers checkpoint"):
         get("reward_model", model=str(tmp_path / "nope"))
+
+
+def test_a_reward_model_by_hub_id_and_revision_from_the_cache(checkpoint, place_in_hub, tmp_path):
+    """The same checkpoint as the Hub's `org/rm` (tag `v1`): the scores are the directory's; an id missing from the
+    cache (offline, as the tests run) fails when the function is built, naming the id."""
+    place_in_hub("org/rm", checkpoint, commit="1" * 40, refs=("v1",))
+    by_id = get("reward_model", model="org/rm", revision="v1")(prompts=["yes"], completions=[" no"])
+    by_at = get("reward_model", model="org/rm@v1")(prompts=["yes"], completions=[" no"])
+    assert by_id == by_at == pytest.approx([direct_score(checkpoint, "yes no")], abs=1e-6)
+    with pytest.raises(ValueError, match=r"reward_model's model = 'org/rm': 'org/rm' is not a local directory, and Hub "
+                                         r"model org/rm is not in the Hugging Face cache"):
+        get("reward_model", model="org/rm")  # no refs/main: only v1 is cached

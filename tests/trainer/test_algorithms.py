@@ -157,6 +157,7 @@ def test_specs_match_the_config():
     (["algorithm.name=rloo", "algorithm.loss_type=sapo"], "sapo", None, "k1", False),
     (["algorithm.loss_type=luspo"], "luspo", None, "k1", False),
     (["algorithm.name=ppo", "algorithm.loss_type=vespo"], "vespo", None, "k1", False),
+    (["algorithm.loss_type=gmpo"], "gmpo", None, "k1", False),  # verl's geo_mean
 ])
 def test_auto_fields_resolve_per_algorithm(overrides, loss_name, placement, estimator, old_logp):
     cfg = load_config(None, overrides)
@@ -417,6 +418,20 @@ def test_a_trl_loss_type_trains_end_to_end(toy, tiny_model_dir, loss_type):
     for _ in range(2):
         metrics = trainer.step()
         assert metrics["ratio/mean"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_ratio/high"] == 0.0
+        assert metrics["grad_norm"] > 0
+    trainer.close()
+
+
+def test_gmpo_trains_end_to_end(toy, tiny_model_dir):
+    # verl's geo_mean by name, two steps: on-policy every log-ratio is 0, so s = exp(0) = 1, nothing is clipped, and
+    # the loss is the mean over sequences of -A (seq_mean_token_sum of each row's 1/T shares)
+    (toy[0] / "gmpo_rewards.py").write_text("def varied(prompts, completions, **kw):\n    return [len(c) % 3 for c in completions]\n")
+    trainer = _trainer(toy, tiny_model_dir, "grpo", "algorithm.loss_type=gmpo", "algorithm.epsilon_low=0.4",
+                       "algorithm.epsilon_high=0.4", "rewards=[{name: 'gmpo_rewards:varied'}]", steps=2)
+    assert (trainer.loss_name, trainer.aggregation) == ("gmpo", "seq_mean_token_sum")
+    for _ in range(2):
+        metrics = trainer.step()
+        assert metrics["ratio/mean"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_ratio/region"] == 0.0
         assert metrics["grad_norm"] > 0
     trainer.close()
 
