@@ -11,8 +11,8 @@
 - `format_plan(cfg, plan)`: the printed schedule, an upper bound on tokens per
   step, and a rough memory estimate of the training process (weights + gradients
   + AdamW's two moments in the weights' dtype — float32 under
-  train.precision=mixed —, an optional reference model or distillation teacher, activations of one
-  micro-batch of the longest sequences, one log-prob chunk of logits; with LoRA
+  train.precision=mixed —, an optional reference model or distillation teacher,
+  activations of one micro-batch of the longest sequences, one log-prob chunk of logits; with LoRA
   the frozen base in model.dtype and the adapter's float32 weights, gradients
   and moments). Activations per token and layer are counted from what autograd
   keeps in a Qwen2-like decoder layer (`activation_bytes_per_token_layer`).
@@ -330,10 +330,9 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
     if FACTS[cfg.algorithm.name].needs_critic:
         rows.append(("critic", 4 * p * w, f"{cfg.algorithm.name}: weights, gradients and moments of a policy-sized critic"))
     teacher = model_facts(cfg.teacher.path) if cfg.algorithm.name == "distill" and cfg.teacher.path else None
-    if teacher is not None:  # frozen, in its own dtype; scored before the update, so only its weights sit beside the peak
-        t = BYTES[cfg.teacher_dtype]
-        rows.append(("teacher model", teacher.num_params * t, f"{teacher.num_params:,} parameters × {t} B "
-                     f"({cfg.teacher_dtype}, teacher.dtype), frozen"))
+    if teacher is not None:  # frozen, its own dtype, scored before the update: only its weights sit beside the peak
+        rows.append(("teacher model", teacher.num_params * BYTES[cfg.teacher_dtype], f"{teacher.num_params:,} parameters × "
+                     f"{BYTES[cfg.teacher_dtype]} B ({cfg.teacher_dtype}, teacher.dtype), frozen"))
     return rows
 
 
@@ -348,9 +347,6 @@ VLLM_CUDA_GRAPH_BYTES = 1 * GIB  # on top when CUDA graphs are captured (engine.
 VLLM_BLOCK_TOKENS = 16  # vLLM's KV cache block on CUDA: a sequence takes whole blocks
 VLLM_SHARE_MARGIN = 0.10  # the derived gpu_memory_utilization covers vLLM's share + 10%, rounded up to 0.01
 OWN_GPU_UTILIZATION = 0.9  # vLLM's own default, for an engine alone on its GPU
-
-
-RESIDENT = ("weights", "AdamW moments", "reference model", "critic", "teacher model")  # held between updates
 
 
 @dataclass(frozen=True)
@@ -430,7 +426,8 @@ def gpu_memory_plan(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts, total
     the GPUs after the trainer's). engine.gpu_memory_utilization when set, else derived: shared, vLLM's share
     + VLLM_SHARE_MARGIN over the total, rounded up to 0.01; alone, OWN_GPU_UTILIZATION."""
     trainer = memory_estimate(cfg, plan, facts) if shared else []
-    resident = sum(size for name, size, _ in trainer if name in RESIDENT)
+    resident = sum(size for name, size, _ in trainer if name in ("weights", "AdamW moments", "reference model", "critic",
+                                                                  "teacher model"))
     engine = engine_share(cfg, plan, facts)
     tp = cfg.engine.tensor_parallel_size
     minimum = engine[0][1] + engine[2][1] + _sequence_blocks(plan, facts) * kv_bytes_per_token(cfg, facts) // tp
