@@ -339,7 +339,7 @@ class TeacherConfig(_Section):
     """The teacher of on-policy distillation (read only when algorithm.name = distill; docs/algorithms.md, "On-policy distillation")."""
 
     path: str | None = Field(None, description="distill: the teacher's checkpoint, named as model.path is (a local transformers "
-        "directory, tiny:<task>, ...); it must share the student's tokenizer. Held frozen beside the policy like the reference model "
+        "directory, a Hub id, `org/name@revision` for a revision, tiny:<task>); it must share the student's tokenizer. Held frozen beside the policy like the reference model "
         "(sharded, and offloaded with train.param_offload, under several processes).")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="distill: the precision the teacher is held "
         "and scores in (no float32 master copy: it is never trained). `auto`: model.dtype.")

@@ -10,7 +10,8 @@
 - with check_files, the teacher's directory as model.path's is checked (the same
   `check_model_dir`, named teacher.path), its tokenizer files, and the shared tokenizer:
   the teacher scores the student's token ids, so both must map every token to the same
-  id. Two local tokenizers (or built tiny models) are loaded, never the weights, and
+  id. Two tokenizers (local directories, built tiny models, Hub snapshots without their
+  weights) are loaded, never the weights, and
   their vocabularies compared; an embedded tiny model not built yet is compared by the
   tokenizer its recipe writes.
 
@@ -32,7 +33,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cohort.config import CohortConfig
-from cohort.models import loading
+from cohort.models import hub, loading
 from cohort.models.tiny import TINY_RECIPES, cached_tiny_dir
 from cohort.models.tokenizer_check import tokenizer_file_problems
 from cohort.plan import BatchPlan
@@ -75,7 +76,7 @@ def _teacher_files(cfg: CohortConfig) -> list[str]:
     found = found or tokenizer_file_problems(path, "teacher.path")
     if found or loading.check_model_dir(cfg.model.path) or tokenizer_file_problems(cfg.model.path):
         return found  # (a student that cannot be read is reported by model.path's own checks)
-    student, teacher = _tokenizer_source(cfg.model.path), _tokenizer_source(path)
+    student, teacher = _tokenizer_source(cfg.model.path, cfg.model.revision), _tokenizer_source(path)
     if isinstance(student, Path) and isinstance(teacher, Path):
         try:
             student_tokenizer = loading.load_tokenizer(student)
@@ -92,9 +93,9 @@ def _teacher_files(cfg: CohortConfig) -> list[str]:
     return [] if mismatch is None else [mismatch_problem(cfg, mismatch)]
 
 
-def _tokenizer_source(path: str) -> Path | tuple | None:
-    """A directory to load the tokenizer from (a local checkpoint, a built tiny model); for an unbuilt tiny model, what
-    determines the tokenizer its recipe writes; None otherwise."""
+def _tokenizer_source(path: str, revision: str | None = None) -> Path | tuple | None:
+    """A directory to load the tokenizer from (a local checkpoint, a built tiny model, a Hub model's snapshot without its
+    weights); for an unbuilt tiny model, what determines the tokenizer its recipe writes; None otherwise."""
     if path.startswith("tiny:"):
         name = path.split(":", 1)[1]
         built = cached_tiny_dir(name)
@@ -104,6 +105,11 @@ def _tokenizer_source(path: str) -> Path | tuple | None:
         return (type(recipe).write_tokenizer.__qualname__, getattr(recipe, "vocab_size", None),
                 getattr(recipe, "default_system", None))
     local = Path(path).expanduser()
+    if not local.is_dir() and hub.looks_like_hub_id(path):
+        try:
+            return hub.hub_snapshot(path, revision, weights=False)  # (config and tokenizer only: check_model_dir got them)
+        except hub.HubModelError:
+            return None  # (check_model_dir reported it)
     return local if (local / "config.json").is_file() else None
 
 

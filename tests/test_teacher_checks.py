@@ -166,3 +166,14 @@ def test_a_teacher_too_large_for_the_gpu_plan_is_refused_before_loading(tmp_path
     printed = format_plan(cfg, batch_plan(cfg))
     assert f"teacher model         {teacher} (bfloat16); advantage per token = 1 × (log π_teacher − log π_student)" in printed
     assert "teacher model          14.19 GiB   7,615,616,512 parameters × 2 B (bfloat16, teacher.dtype), frozen" in printed
+
+
+def test_a_hub_teacher_is_compared_from_its_snapshot_without_weights(tmp_path, data_file, tiny_model_dir, teacher_dir,
+                                                                    tiny_chat_model_dir, place_in_hub):
+    # the Hub teachers as a download leaves them in the cache (offline): the same tokenizer passes, another is refused
+    # by validation from the tokenizer files, before any weights are fetched
+    place_in_hub("org/teacher", teacher_dir)
+    place_in_hub("org/chat-teacher", tiny_chat_model_dir)
+    validate_config(_cfg(tmp_path, data_file, tiny_model_dir, "teacher.path=org/teacher"))
+    (problem,) = _problems(_cfg(tmp_path, data_file, tiny_model_dir, "teacher.path=org/chat-teacher"))
+    assert "teacher.path = 'org/chat-teacher' and model.path" in problem and "do not share a tokenizer" in problem
