@@ -24,6 +24,13 @@ this advantage descends the reverse KL. Choices, as the peers make them:
   group advantage for `distill`); prime-rl's adv_tau/teacher_tau and slime's
   opd-kl-coef add the two the same way.
 
+Where it sits: `algorithm.name = distill` is an entry of the algorithm registry (specs.py), because it
+changes what the advantage is; its facts (a group of one is enough, group-local, a constant-reward group
+still has a signal) are what the planner and validation read. The teacher is a model only this algorithm
+holds, as PPO holds a critic, so it has its own config section (`teacher.*`), and the rewards mix in by a
+weight there rather than as a teacher beside every estimator: one way to ask for each mix
+(docs/algorithms.md, "On-policy distillation", argues it at length).
+
 Metrics (0-d tensors, means over the mask's tokens): ``distill/reverse_kl`` (the k1
 estimate ``s − q``, unclipped), ``distill/teacher_prob`` (the teacher's probability of
 the sampled token: how often the teacher, sampling there, would have picked the same
