@@ -34,4 +34,9 @@ FACTS: dict[str, AlgorithmFacts] = {
                                             zero_for_constant_group=True),
     "ppo": AlgorithmFacts("token", "reward", True, 1,
                           "a learned critic; GAE over completion tokens; KL in the reward, fixed or adaptive coefficient"),
+    # on-policy distillation: the teacher's per-token signal needs no group (G = 1 is fine without rewards); the rewards'
+    # part, when teacher.reward_weight > 0, is GRPO's group advantage (validation asks for G >= 2 then)
+    "distill": AlgorithmFacts("token", "loss", False, 1,
+                              "on-policy distillation: per-token advantage log π_teacher − log π_student at the sampled tokens "
+                              "(+ teacher.reward_weight × the rewards' GRPO advantage)", group_local=True),
 }

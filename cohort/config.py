@@ -1,4 +1,4 @@
-"""Typed run configuration: fourteen sections, each field declared once with its help text.
+"""Typed run configuration: fifteen sections, each field declared once with its help text.
 
 `cohort train --help` and the configuration reference in the README are generated from these declarations
 (cohort.config_fields); the help says what a field does, its unit and its default; the why and the
@@ -236,10 +236,11 @@ class AgentConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    name: Literal["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"] = Field("grpo", description="Algorithm, all through the "
-        "same loop: `grpo` (group-relative advantages), `rloo` (leave-one-out baseline, sequence-level ratio), `reinforce_pp` "
-        "(REINFORCE++: batch-whitened token advantages), `reinforce_pp_baseline` (the same after subtracting the group mean), `ppo` (a "
-        "critic and GAE). docs/algorithms.md compares them.")
+    name: Literal["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo", "distill"] = Field("grpo", description="Algorithm, "
+        "all through the same loop: `grpo` (group-relative advantages), `rloo` (leave-one-out baseline, sequence-level ratio), "
+        "`reinforce_pp` (REINFORCE++: batch-whitened token advantages), `reinforce_pp_baseline` (the same after subtracting the group "
+        "mean), `ppo` (a critic and GAE), `distill` (on-policy distillation: each sampled token's advantage is the teacher's log-prob "
+        "minus the student's, teacher.*). docs/algorithms.md compares them.")
     beta: float = Field(0.0, description="KL coefficient to the frozen reference model (the starting value when algorithm.kl_controller"
         " = adaptive). 0 turns the KL term off and loads no reference model.")
     kl_placement: Literal["auto", "loss", "reward"] = Field("auto", description="Where the KL term goes: `loss` (beta × KL added to the"
@@ -337,6 +338,24 @@ class CriticConfig(_Section):
         "generation time before the clip takes its gradient.")
 
 
+class TeacherConfig(_Section):
+    """The teacher of on-policy distillation (read only when algorithm.name = distill; docs/algorithms.md, "On-policy distillation")."""
+
+    path: str | None = Field(None, description="distill: the teacher's checkpoint, named as model.path is (a local transformers "
+        "directory, a Hub id, `org/name@revision` for a revision, tiny:<task>); it must share the student's tokenizer. Held frozen beside the policy like the reference model "
+        "(sharded, and offloaded with train.param_offload, under several processes).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="distill: the precision the teacher is held "
+        "and scores in (no float32 master copy: it is never trained). `auto`: model.dtype.")
+    kl_coef: float = Field(1.0, description="distill: weight of the per-token distillation advantage, −(log π_student − log π_teacher) "
+        "at each sampled token (reverse KL, no gradient through it), > 0.")
+    reward_weight: float = Field(0.0, description="distill: weight of the rewards' GRPO advantage (group-relative, "
+        "algorithm.scale_rewards) added to the distillation advantage. 0: distilling alone (no reward function needed; rewards are "
+        "still scored and logged when the task has them); > 0 needs rollout.num_generations >= 2.")
+    log_ratio_clip: float | None = Field(10.0, description="distill: each token's log π_teacher − log π_student is clipped to ±this "
+        "many nats before it becomes the advantage (verl's distillation recipes set loss_max_clamp=10.0), so one token the teacher finds impossible "
+        "cannot dominate the step. None: no clip.")
+
+
 class RewardSpec(BaseModel):
     """One reward function: a built-in name or a dotted path; extra keys are its options."""
 
@@ -406,6 +425,7 @@ class CohortConfig(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
     rewards: list[RewardSpec] | None = Field(None, description="Reward functions; None: the built-in task's rewards.")
     run: RunConfig = Field(default_factory=RunConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
@@ -425,6 +445,11 @@ class CohortConfig(_Section):
     def generation_dtype(self) -> str:
         """The dtype the rollout engine runs in: engine.dtype, or model.dtype when that is `auto`."""
         return self.model.dtype if self.engine.dtype == "auto" else self.engine.dtype
+
+    @property
+    def teacher_dtype(self) -> str:
+        """The dtype the distillation teacher is held and scores in: teacher.dtype, or model.dtype when that is `auto`."""
+        return self.model.dtype if self.teacher.dtype == "auto" else self.teacher.dtype
 
 
 SECTIONS = tuple(CohortConfig.model_fields)

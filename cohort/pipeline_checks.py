@@ -70,7 +70,7 @@ INCOMPATIBLE: tuple[Incompatible, ...] = (
     Incompatible("dynamic_sampling", lambda c, w: c.pipeline.dynamic_sampling
                  and not FACTS[c.algorithm.name].zero_for_constant_group,
                  lambda c, w: f"pipeline.dynamic_sampling = true with algorithm.name = {c.algorithm.name}: under it a group "
-                              "whose rewards are all equal still has non-zero advantages (batch whitening or a critic), so "
+                              "whose rewards are all equal still has non-zero advantages (batch whitening, a critic or a teacher), so "
                               "dropping it throws signal away",
                  f"use one of {list(GROUP_RELATIVE)} or set pipeline.dynamic_sampling=false"),
     Incompatible("dynamic_sampling", lambda c, w: c.pipeline.dynamic_sampling and w > 1,

@@ -11,8 +11,8 @@
 - `format_plan(cfg, plan)`: the printed schedule, an upper bound on tokens per
   step, and a rough memory estimate of the training process (weights + gradients
   + AdamW's two moments in the weights' dtype — float32 under
-  train.precision=mixed —, an optional reference model, activations of one
-  micro-batch of the longest sequences, one log-prob chunk of logits; with LoRA
+  train.precision=mixed —, an optional reference model or distillation teacher,
+  activations of one micro-batch of the longest sequences, one log-prob chunk of logits; with LoRA
   the frozen base in model.dtype and the adapter's float32 weights, gradients
   and moments). Activations per token and layer are counted from what autograd
   keeps in a Qwen2-like decoder layer (`activation_bytes_per_token_layer`).
@@ -338,6 +338,10 @@ def memory_estimate(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> li
         rows.append(("reference model", p * w, f"a frozen copy (algorithm.beta = {cfg.algorithm.beta:g})"))
     if FACTS[cfg.algorithm.name].needs_critic:
         rows.append(("critic", 4 * p * w, f"{cfg.algorithm.name}: weights, gradients and moments of a policy-sized critic"))
+    teacher = model_facts(cfg.teacher.path) if cfg.algorithm.name == "distill" and cfg.teacher.path else None
+    if teacher is not None:  # frozen, its own dtype, scored before the update: only its weights sit beside the peak
+        rows.append(("teacher model", teacher.num_params * BYTES[cfg.teacher_dtype], f"{teacher.num_params:,} parameters × "
+                     f"{BYTES[cfg.teacher_dtype]} B ({cfg.teacher_dtype}, teacher.dtype), frozen"))
     return rows
 
 
@@ -466,7 +470,7 @@ def gpu_memory_plan(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts, total
     trainer = memory_estimate(cfg, plan, facts) if shared else []
     # held while vLLM wakes and takes the push: the gradients too (freed at the next batch's zero_grad, after it)
     resident = sum(size for name, size, _ in trainer
-                   if name in ("weights", "gradients", "AdamW moments", "reference model", "critic"))
+                   if name in ("weights", "gradients", "AdamW moments", "reference model", "critic", "teacher model"))
     engine = engine_share(cfg, plan, facts)
     tp = cfg.engine.tensor_parallel_size
     minimum = (sum(size for name, size, _ in engine if name != "vLLM KV cache")
@@ -499,6 +503,8 @@ def gpu_fit_problems(cfg: CohortConfig, gpu: GpuMemoryPlan) -> list[str]:
              "engine.sleep_mode=2 (vLLM's memory released during the update)" if not gpu.sleep_mode else None,
              "rollout.max_completion_length or data.max_prompt_length shorter",
              "engine.mode=local_server with a second GPU for vLLM",
+             ("a smaller teacher" + (" or teacher.dtype=bfloat16" if cfg.teacher_dtype == "float32" else ""))
+             if cfg.algorithm.name == "distill" else None,
              "lower engine.gpu_memory_utilization" if not gpu.derived else None]
     return [f"the trainer's peak {_human(gpu.trainer_peak)} + vLLM's {util} + the CUDA context "
             f"{_human(CUDA_CONTEXT_BYTES)} need {_human(gpu.needed)} in {phase}, more than {where} "
@@ -607,6 +613,9 @@ def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = 
         _tokens_per_step_line(cfg, plan),
         f"  tokens generated      ≤ {plan.generation_batch_size * cfg.rollout.max_completion_length:,} per generation batch",
         f"  reference model       {_reference_line(cfg)}",
+        *([f"  teacher model         {cfg.teacher.path} ({cfg.teacher_dtype}); advantage per token = {cfg.teacher.kl_coef:g} × "
+           f"(log π_teacher − log π_student) + {cfg.teacher.reward_weight:g} × the rewards' GRPO advantage"]
+          if cfg.algorithm.name == "distill" else []),
         f"  rollout engine        {cfg.engine.name}",
         _stream_line(cfg, plan),
         f"  checkpoints           {'every %d steps, newest %d kept' % (cfg.run.save_every, cfg.run.keep_checkpoints) if cfg.run.save_every else 'only on a stop (run.save_every = 0)'}",

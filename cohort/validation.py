@@ -5,12 +5,12 @@
 `BatchPlan`. It runs, in this order:
 
 - the config alone: batch arithmetic, value ranges (the loss fields' in
-  `cohort.loss_checks`), the scheduler's rules, the rollout
+  `cohort.loss_checks`, the distillation teacher's in `cohort.teacher_checks`), the scheduler's rules, the rollout
   mode and the distributed settings, training processes, the run/logger/optimizer
   fields, and that every reward spec resolves;
 - with check_files, the outside world, cheaply: the data files and their columns
   (each reward's columns too), the model directory (`tiny:*` names are only
-  looked up, never built) and its tokenizer (files present, text encodes to tokens:
+  looked up, never built) and its tokenizer (and a distillation teacher's, which must be the same tokenizer) (files present, text encodes to tokens:
   cohort.models.tokenizer_check), the output directory, the weights' headers, the
   prompts measured as the trainer will keep them (the data and the model's
   tokenizer, no weights; skipped for `tiny:*` models, whose tokenizer is built
@@ -60,6 +60,7 @@ from cohort.plan import (BatchPlan, GpuMemoryPlan, MeasuredPrompts, ModelFacts, 
 from cohort.data.loading import load_data
 from cohort.prompts import encode_prompts, fit_problems, max_positions_of
 from cohort.rewards.columns import reward_column_problems
+from cohort.teacher_checks import teacher_fit_problems, teacher_problems
 from cohort.tools.checks import tool_problems
 from cohort.agents.checks import agent_problems
 from cohort.run_mode import ONE_STEP_FIX, one_step_per_generation
@@ -83,6 +84,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in loading.check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
+    problems += teacher_problems(cfg, check_files)  # algorithm.name = distill: the teacher (cohort/teacher_checks.py)
     problems += tool_problems(cfg.tools)
     problems += agent_problems(cfg, world_size=training_world_size(cfg), one_step=one_step_per_generation(cfg),
                                one_step_fix=ONE_STEP_FIX)
@@ -96,6 +98,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
         problems += outside
     plan = batch_plan(cfg, training_world_size(cfg))
     plan = with_measured_prompts(cfg, plan, measured) if check_files else plan
+    problems += teacher_fit_problems(cfg, plan) if check_files else []
     gpu = None
     if check_files and not problems:
         gpu = plan_gpu_memory(cfg, plan)
@@ -414,7 +417,10 @@ def _check_rewards(cfg: CohortConfig) -> list[str]:
             return ["rewards is empty and data.task is None: set rewards (e.g. rewards=[{name: accuracy}]) or data.task"]
         return []
     if not cfg.rewards:
-        return ["rewards = []: at least one reward function is needed; e.g. rewards=[{name: accuracy}] (`cohort rewards list` shows the built-ins)"]
+        if cfg.algorithm.name == "distill" and cfg.teacher.reward_weight == 0:
+            return []  # distilling alone: the teacher is the signal
+        return ["rewards = []: at least one reward function is needed; e.g. rewards=[{name: accuracy}] (`cohort rewards list` "
+                "shows the built-ins)" + ("; or teacher.reward_weight=0 to distil alone" if cfg.algorithm.name == "distill" else "")]
     problems = []
     for i, spec in enumerate(cfg.rewards):
         try:

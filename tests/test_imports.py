@@ -36,7 +36,8 @@ LAYERS = [
     {"cohort.agents"},  # the OpenAI-compatible chat endpoint over any engine's requests; agent functions as rollouts
     {"cohort.config", "cohort.config_renames", "cohort.config_fields", "cohort.demo_preset", "cohort.config_loading"},  # the typed config, old names, the field table, the demo preset, loading and overrides
     {"cohort.prompts"},  # prompts as token ids under the model's length limit (before any weights load)
-    {"cohort.validation", "cohort.loss_checks", "cohort.pipeline_checks", "cohort.plan", "cohort.run_mode", "cohort.convert"},  # every check of a config; the batch plan and memory estimate; `cohort convert`
+    {"cohort.validation", "cohort.loss_checks", "cohort.pipeline_checks", "cohort.teacher_checks", "cohort.plan", "cohort.run_mode",
+     "cohort.convert"},  # every check of a config; the batch plan and memory estimate; `cohort convert`
     {"cohort.distributed"},  # process groups, FSDP, rank 0's engine and rewards: no trainer
     {"cohort.trainer"},  # the driver loop and what it builds
     {"cohort.launch"},  # whatever runs a Trainer elsewhere: torchrun, Ray actors

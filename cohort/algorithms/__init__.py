@@ -11,6 +11,7 @@ entries share a signature, so the trainer picks them by name:
 - KL estimators (`kl.py`): k1, k2, k3, low_var_kl via `kl_penalty`; `kl_in_reward`;
 - aggregations (`aggregation.py`): token_mean, seq_mean_token_mean,
   seq_mean_token_sum, seq_mean_token_sum_norm, bnpo via `aggregate_loss`;
+- on-policy distillation's per-token advantage (`distill.py`): `distill_advantages`;
 - rollout correction (`correction.py`), entropies (`entropy.py`), PPO's GAE,
   value loss and KL controllers (`ppo.py`), masked statistics (`stats.py`);
 - what each algorithm (grpo, rloo, reinforce_pp, ppo, ...) changes in the driver loop,
@@ -23,6 +24,7 @@ level" means) are in each module's docstring and in docs/algorithms.md.
 from .advantages import ADVANTAGE_ESTIMATORS, advantage_stats, compute_advantages
 from .aggregation import AGGREGATIONS, aggregate_loss, aggregation_count
 from .correction import rollout_correction
+from .distill import distill_advantages
 from .entropy import entropy_from_logits, top_entropy_mask
 from .kl import KL_ESTIMATORS, kl_in_reward, kl_penalty
 from .losses import POLICY_LOSSES, LossInputs, TokenLosses, policy_loss
@@ -45,6 +47,7 @@ __all__ = [
     "aggregation_count",
     "compute_advantages",
     "discounted_returns",
+    "distill_advantages",
     "entropy_from_logits",
     "gae",
     "kl_in_reward",

@@ -41,6 +41,11 @@ completion; `mask` (N, T) is 1 on completion tokens that enter the loss):
   `gamma` is whitened over all active tokens of the batch (verl's form; the
   outcome-only per-completion estimators in `cohort.algorithms` whiten per
   completion instead).
+- distill: the rewards' part only, GRPO's (`_outcome("grpo")`: 0 for a group of one or
+  unscored completions); the teacher's per-token part, which needs the proximal
+  policy's log-probs of each micro-batch, joins it in the loss
+  (`cohort.algorithms.distill.distill_advantages`, weighted by teacher.reward_weight
+  and teacher.kl_coef), so on-policy no forward pass is paid for the student's log-probs.
 - ppo (`_ppo`): the same token rewards; GAE (`gamma`, `lam`) against the
   critic's values; advantages whitened over the batch's active tokens; returns
   = advantages (before whitening) + values are the critic's targets.
@@ -206,6 +211,7 @@ def _ppo(x: AdvantageInputs) -> AdvantageOutputs:
 
 
 _ADVANTAGES = {"grpo": _outcome("grpo"), "rloo": _outcome("rloo"), "reinforce_pp": _reinforce_pp(group_baseline=False),
-               "reinforce_pp_baseline": _reinforce_pp(group_baseline=True), "ppo": _ppo}
+               "reinforce_pp_baseline": _reinforce_pp(group_baseline=True), "ppo": _ppo,
+               "distill": _outcome("grpo")}  # the rewards' part; the teacher's per-token part joins in the loss (distill.py)
 for _name, _facts in FACTS.items():  # the facts are written once, in cohort/algorithm_facts.py
     ALGORITHMS.add(_name, AlgorithmSpec(_name, _ADVANTAGES[_name], **dataclasses.asdict(_facts)))

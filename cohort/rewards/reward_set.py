@@ -15,6 +15,9 @@ other rows sees only those. `merge` gives the same per_function, total and mean/
 over the concatenation (errors and timings are summed).
 
 Choices:
+- An empty set is allowed and scores nothing: every total is NaN ("no function applies"), per_function is (N, 0).
+  On-policy distillation alone (algorithm.name = distill, teacher.reward_weight = 0) trains on the teacher's signal
+  with `rewards: []`; validation refuses an empty list everywhere else.
 - Contracts: TRL's batch call for every built-in and for your own functions, except a
   function with verl's ``compute_score(data_source, solution_str, ground_truth, ...)``
   (recognised by its parameters, or ``contract: verl`` in the spec), which is called
@@ -236,8 +239,6 @@ class RewardSet:
         timeout_s: float = 60.0,
         aggregation: str = "sum_then_normalize",
     ):
-        if not entries:
-            raise ValueError("a RewardSet needs at least one reward function")
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         if aggregation not in AGGREGATIONS:

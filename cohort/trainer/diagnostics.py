@@ -11,7 +11,9 @@ metrics logger and appends it to `warnings.jsonl`.
 The rules and their thresholds (module constants, documented in docs/runs.md):
 
 - `frac_reward_zero_std` > 0.9: most groups got identical rewards, so they have
-  zero advantage and teach nothing (the task is too easy or too hard).
+  zero advantage and teach nothing (the task is too easy or too hard). Not under
+  on-policy distillation (`teacher_signal`): the teacher gives every token an
+  advantage whatever the rewards.
 - `completions/clipped_ratio` > 0.5: most completions hit max_completion_length.
 - `mismatch/logprob_abs_max` > 1.0 nats: the trainer and the rollout engine
   disagree about some sampled token's log-prob by more than a factor e.
@@ -82,10 +84,12 @@ def _reward_phase_slowest(metrics: dict) -> float | None:
 
 
 class Diagnostics:
-    def __init__(self, *, max_completion_length: int, patience: int = PATIENCE):
+    def __init__(self, *, max_completion_length: int, patience: int = PATIENCE, teacher_signal: bool = False):
         self.patience = patience
+        zero_std = _Rule("reward_zero_std", "frac_reward_zero_std", _above("frac_reward_zero_std", ZERO_STD_THRESHOLD),
+                         _advise_zero_std)
         self.rules = [
-            _Rule("reward_zero_std", "frac_reward_zero_std", _above("frac_reward_zero_std", ZERO_STD_THRESHOLD), _advise_zero_std),
+            *([] if teacher_signal else [zero_std]),  # (distill: constant-reward groups still learn from the teacher)
             _Rule("length_limit", "completions/clipped_ratio", _above("completions/clipped_ratio", CLIPPED_THRESHOLD),
                   lambda v, m: _advise_length(v, max_completion_length)),
             _Rule("logprob_mismatch", "mismatch/logprob_abs_max", _above("mismatch/logprob_abs_max", MISMATCH_THRESHOLD),

@@ -9,7 +9,10 @@ slices 0..S−1, then again for the next iteration). The maths is in
   batch is reused off-policy; on-policy the ratio's denominator is the current
   log-prob detached, which costs nothing;
 - reference log-probs are computed once per generation batch, and only when
-  `algorithm.beta != 0` (the reference model is not even loaded otherwise);
+  `algorithm.beta != 0` (the reference model is not even loaded otherwise); the
+  distillation teacher's (algorithm.name = distill) in the same pass as the old
+  log-probs (cohort/trainer/scoring.py), and its per-token advantage joins the
+  rewards' in each micro-batch's loss, against the proximal log-probs there;
 - what differs between algorithms (grpo, rloo, reinforce_pp*, ppo) is read from
   `self.algorithm`, resolved from its spec (`cohort.algorithms.specs`) by `cohort.trainer.algorithms`: the
   advantage function, the policy-loss entry, where the KL goes, and whether a
@@ -65,7 +68,7 @@ from cohort.rollout.base import SamplingConfig, WeightStream, release_engine_mem
 from cohort.rollout.scheduler import Scheduler
 from cohort.tools.metrics import tool_metrics
 from cohort.trainer.agent_samples import with_run_samples
-from cohort.trainer.metric_sums import host_values, running_max
+from cohort.trainer.metric_sums import host_values, running_max, step_metrics
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.parts import PART_NAMES, TrainerParts
 from cohort.trainer.rollout_batch import RolloutBatch
@@ -73,6 +76,7 @@ from cohort.trainer.run import run_training
 from cohort.trainer.setup import setup
 from cohort.trainer.stopping import check_finite
 from cohort.trainer.collect import CollectContext, Collected, StreamedGradients, collect_batch
+from cohort.trainer.scoring import distill_micro_batch, score_completions, teacher_scorer
 from cohort.trainer.sync_check import SyncCheck, canary_tokens
 from cohort.validation import validate_config
 
@@ -177,9 +181,12 @@ class Trainer:
                                                policy_version=sampled_version)
         batch.taken_version = self.policy_version
         batch.metrics = {**self._batch_metrics(batch, rewards_t, scored.metrics), **collected.metrics, **tool_metrics(outs)}
-        with self.phases("logprob"):
-            if self.algorithm.score_old_logp:
-                batch.old_logp = self._score_all(self.policy, batch)
+        with self.phases("logprob"):  # the old-policy and teacher passes in one (the streamed update trained with its own)
+            scorers = {"old": (self.policy, self.precision.autocast)} if self.algorithm.score_old_logp else {}
+            if self.teacher is not None and collected.streamed is None:
+                scorers["teacher"] = teacher_scorer(self.teacher)
+            scored = self._score(batch, scorers)
+            batch.old_logp, batch.teacher_logp = scored.get("old"), scored.get("teacher")
             # (the streamed update scored the reference per group already)
             batch.ref_logp = collected.ref_logp if collected.ref_logp is not None else self.reference_logprobs(batch)
         batch.streamed = collected.streamed
@@ -191,8 +198,13 @@ class Trainer:
         if widened is not batch:  # (scored again over the widened batch: what the narrow one had, every sample now)
             widened.old_logp = self._score_all(self.policy, widened) if batch.old_logp is not None else None
             widened.ref_logp = self.reference_logprobs(widened) if batch.ref_logp is not None else None
+            widened.teacher_logp = self.teacher_logprobs(widened) if batch.teacher_logp is not None else None
             batch = widened
         return batch
+
+    def teacher_logprobs(self, batch: RolloutBatch) -> list[torch.Tensor] | None:
+        """The distillation teacher's log-probs of every completion; None without a teacher (algorithm.name != distill)."""
+        return self._score(batch, {"t": teacher_scorer(self.teacher)})["t"] if self.teacher is not None else None
 
     def reference_logprobs(self, batch: RolloutBatch) -> list[torch.Tensor] | None:
         """The reference policy's log-probs of every completion; None when beta = 0 (no reference)."""
@@ -220,19 +232,17 @@ class Trainer:
         }
         return metrics
 
-    @torch.no_grad()
     def _score_all(self, model: torch.nn.Module, batch: RolloutBatch) -> list[torch.Tensor]:
-        out: list[torch.Tensor | None] = [None] * len(batch)
-        for idx in self._micro_batches(batch, list(range(len(batch)))):
-            packed = pack_right_padded([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], self.pad_id,
-                                       self.device)
-            with self.precision.autocast():
-                logp, _ = completion_logprobs(model, packed.input_ids, packed.attention_mask, packed.prompt_lengths,
-                                              packed.completion_ids, packed.completion_mask,
-                                              temperature=self.cfg.rollout.temperature, chunk_size=self.cfg.train.logprob_chunk_size)
-            for row, i in enumerate(idx):
-                out[i] = logp[row, : len(batch.completion_ids[i])].clone()
-        return out
+        """`model`'s log-probs of every completion, under the run's autocast (the policy, the reference)."""
+        return self._score(batch, {"m": (model, self.precision.autocast)})["m"]
+
+    def _score(self, batch: RolloutBatch, scorers: dict) -> dict[str, list[torch.Tensor]]:
+        """Every scorer's log-probs of every completion, in one pass over the micro-batches (trainer/scoring.py)."""
+        if not scorers:
+            return {}
+        return score_completions(batch, self._micro_batches(batch, list(range(len(batch)))), scorers, pad_id=self.pad_id,
+                                 device=self.device, temperature=self.cfg.rollout.temperature,
+                                 chunk_size=self.cfg.train.logprob_chunk_size)
 
     def update(self, batch: RolloutBatch, indices: list[int]) -> dict[str, float]:
         """One optimizer step over `indices` of the batch, with gradient accumulation (or the streamed update's end)."""
@@ -271,6 +281,7 @@ class Trainer:
         a = self.cfg.algorithm
         with self.phases("update"):
             part.ref_logp = self.reference_logprobs(part)  # None without a reference (beta = 0)
+            part.teacher_logp = self.teacher_logprobs(part)  # None without a teacher (distill only)
             part.advantages = self.algorithm.spec.advantages(AdvantageInputs(
                 rewards=torch.tensor(part.rewards, dtype=torch.float32, device=self.device), mask=self.advantage_mask(part),
                 group_size=self.plan.num_generations, scale=a.scale_rewards, gamma=a.gamma, lam=a.lam)).advantages
@@ -292,6 +303,7 @@ class Trainer:
             width = logp.shape[1]
             old = pad_rows([batch.old_logp[i] for i in mb], width) if batch.old_logp is not None else logp.detach()
             adv = batch.advantages[mb][:, :width].to(logp.dtype)  # (B, width) of the batch's (N, T)
+            adv, distill_metrics = distill_micro_batch(batch, mb, adv, old, mask, cfg.teacher)  # distill: + the teacher's part
             old, weights = self._off_policy(batch, mb, logp, old, mask, sums)
             if a.top_entropy_quantile < 1:  # TRL's rho: only the micro-batch's top-rho tokens by entropy carry the loss
                 keep = top_entropy_mask(entropy.detach(), mask, 1.0 - a.top_entropy_quantile)
@@ -300,6 +312,7 @@ class Trainer:
             loss, metrics = policy_loss(self.loss_name, logp, old, adv, mask, token_weights=weights, aggregation=self.aggregation,
                                         max_length=cfg.rollout.max_completion_length, num_items=num_items,
                                         **self.algorithm.loss_params)
+            metrics = {**metrics, **distill_metrics}
             if a.entropy_coeff != 0:  # verl's entropy bonus, aggregated as the policy loss
                 loss = loss - a.entropy_coeff * aggregate_loss(entropy, mask, self.aggregation, num_items=num_items,
                                                                max_length=cfg.rollout.max_completion_length)
@@ -457,31 +470,7 @@ class Trainer:
         return grad_norm
 
     def _update_metrics(self, sums: dict[str, float], grad_norm: float) -> dict[str, float]:
-        tokens = max(sums.pop("tokens"), 1.0)
-        out = {"loss": sums.pop("loss"), "entropy": sums.pop("entropy") / tokens, "grad_norm": grad_norm,
-               "learning_rate": self.scheduler.get_last_lr()[0],
-               "padding_fraction": sums.pop("padding") / max(sums.pop("cells"), 1.0)}
-        if "kl" in sums:
-            out["kl"] = sums.pop("kl") / tokens
-        staleness_tokens = sums.pop("staleness_tokens", 0.0)
-        staleness_sum, staleness_max = sums.pop("staleness_sum", 0.0), sums.pop("staleness_max", 0.0)
-        off_tokens = sums.pop("off_policy_tokens", 0.0)
-        if staleness_tokens and (self.rollout.rules.off_policy or staleness_sum > 0):  # (an on-policy run shows no zeros)
-            out.update({"staleness/mean": staleness_sum / staleness_tokens, "staleness/max": staleness_max,
-                        "staleness/off_policy_frac": off_tokens / staleness_tokens})
-        ess_w, ess_w2 = sums.pop("ess_w", 0.0), sums.pop("ess_w2", 0.0)
-        if ess_w2 > 0:  # Kish's effective sample size of the importance weights, as a fraction of the tokens weighted
-            out["correction/ess"] = ess_w * ess_w / ess_w2 / max(tokens, 1.0)
-        mismatch_tokens = sums.pop("mismatch_tokens", 0.0)
-        mismatch_sum, mismatch_max = sums.pop("mismatch_sum", 0.0), sums.pop("mismatch_max", 0.0)
-        if mismatch_tokens:
-            out["mismatch/logprob_abs_mean"] = mismatch_sum / mismatch_tokens
-            out["mismatch/logprob_abs_max"] = mismatch_max
-        for key, value in sums.items():
-            out[key] = value / tokens
-        if "clip_ratio/region" in out:
-            out["clip_ratio/region_mean"] = out["clip_ratio/region"]
-        return out
+        return step_metrics(sums, grad_norm, self.scheduler.get_last_lr()[0], staleness_shown=self.rollout.rules.off_policy)
 
     def sync_weights(self) -> None:
         """Push the policy into the engine if it changed since the last push, then check the canary.

@@ -54,6 +54,7 @@ class TrainerParts:
     policy: torch.nn.Module  # the trained model (FSDP-sharded under several processes; peft-wrapped under LoRA)
     lora: LoraPolicy | None  # lora.rank > 0: the adapter's handle (merged weights, adapter off), else None
     ref_model: torch.nn.Module | None  # frozen copy of the initial policy, only when algorithm.beta != 0
+    teacher: torch.nn.Module | None  # algorithm.name = distill: teacher.path, frozen, held like the reference
     optimizer: torch.optim.Optimizer  # the policy's AdamW
     scheduler: torch.optim.lr_scheduler.LRScheduler  # its learning-rate schedule
     algorithm: AlgorithmChoice  # the configured algorithm with every `auto` resolved

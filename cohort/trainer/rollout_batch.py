@@ -1,8 +1,8 @@
 """The generation batch the update phase trains on.
 
 `RolloutBatch` holds one generation batch: the sampled completions, their
-rewards and advantages, and (only when needed) old and reference log-probs and
-the critic's values and targets.
+rewards and advantages, and (only when needed) old, reference and teacher
+log-probs and the critic's values and targets.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class RolloutBatch:
     advantages: torch.Tensor  # (N, T) per completion token, T = the longest completion; 0 on padding
     old_logp: list[torch.Tensor] | None = None
     ref_logp: list[torch.Tensor] | None = None
+    teacher_logp: list[torch.Tensor] | None = None  # the distillation teacher's, of every completion token (distill)
     values: list[torch.Tensor] | None = None  # the critic's, at generation time (algorithms with a critic)
     returns: torch.Tensor | None = None  # (N, T) the critic's targets
     metrics: dict[str, float] = field(default_factory=dict)

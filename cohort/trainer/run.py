@@ -112,7 +112,8 @@ def _run(trainer, resume_from: str | Path | None) -> dict:
     warnings_sink = JsonlWriter(run_dir / "warnings.jsonl")
     logger = MetricsLogger(run_dir, cfg.run.loggers, total_steps=cfg.train.max_steps, progress=cfg.run.progress,
                            config=cfg.to_dict(), start_step=trainer.step_count, wandb_project=cfg.run.wandb_project)
-    diagnostics = Diagnostics(max_completion_length=cfg.rollout.max_completion_length) if cfg.run.diagnostics else None
+    diagnostics = Diagnostics(max_completion_length=cfg.rollout.max_completion_length,
+                              teacher_signal=cfg.algorithm.name == "distill") if cfg.run.diagnostics else None
     if resumed:
         logger.print(resumed)
     if trainer.prompts_filtered:

@@ -3,7 +3,8 @@
 Data and rewards first (cheap, and the most common mistakes), then the
 tokenizer and the prompts (a prompt the model cannot hold fails here, before any
 weights load), the policy, the optional reference model (only when
-algorithm.beta != 0), the optimizer and the schedule, the algorithm's resolved
+algorithm.beta != 0), the distillation teacher (only for algorithm.name = distill;
+held like the reference: frozen, sharded and offloaded with it), the optimizer and the schedule, the algorithm's resolved
 choices (`cohort.trainer.algorithms`), the critic (only for an algorithm that
 needs one), and last the rollout engine (the slowest to start,
 cohort/trainer/engines.py), wrapped in the tool loop when tools.functions or tools.environment is set, or in agent
@@ -25,12 +26,13 @@ from cohort.data.datasets import RepeatSampler
 from cohort.data.loading import load_data
 from cohort.distributed.fsdp import LocalContext, context_from_env, offload_optimizer_state, rank_run_dir
 from cohort.distributed.rank0 import MainOnlyEngine, main_only_rewards
-from cohort.models.devices import resolve_device, use_device
+from cohort.models.devices import autocast_device_type, resolve_device, use_device
 from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir
 from cohort.models.lora import attach_lora, base_dtype
-from cohort.models.precision import Precision, resolve_precision
+from cohort.models.precision import DTYPES, Precision, resolve_precision
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
+from cohort.teacher_checks import mismatch_problem, tokenizer_mismatch
 from cohort.agents import setup as agents
 from cohort.tools.setup import rows_by_prompt, wrap_engine
 from cohort.trainer import algorithms
@@ -72,6 +74,7 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
     ref_model = _reference(policy) if cfg.algorithm.beta != 0 and lora is None else None
     if ref_model is not None:  # W > 1: sharded (and offloaded) like the policy, never a full copy per rank
         ref_model = dist.shard(ref_model, precision, param_offload=cfg.train.param_offload)
+    teacher = _teacher(cfg, dist, tokenizer) if cfg.algorithm.name == "distill" else None
     policy = dist.shard(policy, precision, param_offload=cfg.train.param_offload)  # FSDP2 when W > 1: optimizer on shards
     optimizer, scheduler = build_optimizer(policy, cfg.train)
     if cfg.train.optimizer_offload:
@@ -89,7 +92,7 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
         dist=dist, device=device, run_dir=run_dir, rewards=rewards, model_dir=model_dir, tokenizer=tokenizer,
         pad_id=tokenizer.pad_token_id, renderer=prompts.renderer, prompts_filtered=prompts.filtered,
         train_data=prompts.train, train_ids=prompts.train_ids, eval_data=prompts.eval, eval_ids=prompts.eval_ids,
-        sampler=sampler, precision=precision, policy=policy, lora=lora, ref_model=ref_model, optimizer=optimizer, scheduler=scheduler,
+        sampler=sampler, precision=precision, policy=policy, lora=lora, ref_model=ref_model, teacher=teacher, optimizer=optimizer, scheduler=scheduler,
         algorithm=algorithm, kl_controller=algorithms.kl_controller(cfg),
         aggregation=algorithm.aggregation, loss_name=algorithm.loss_name, critic=critic,
         engine=engine, owns_engine=owns_engine, engine_shares_policy=getattr(engine, "model", None) is policy,
@@ -101,6 +104,23 @@ def _reference(policy: torch.nn.Module) -> torch.nn.Module:
     ref.eval()
     ref.requires_grad_(False)
     return ref
+
+
+def _teacher(cfg, dist: LocalContext, tokenizer) -> torch.nn.Module:
+    """distill: teacher.path frozen in its own dtype (`cfg.teacher_dtype`, no float32 master copy) on the training device;
+    under several processes sharded, and offloaded with train.param_offload, exactly as the reference model is. Its
+    tokenizer is compared with the student's first (validation could not read every kind of path), so a teacher of
+    another tokenizer is refused before its weights load."""
+    teacher_dir = resolve_model_dir(cfg.teacher.path)
+    mismatch = tokenizer_mismatch(tokenizer, load_tokenizer(teacher_dir))
+    if mismatch is not None:
+        raise ConfigError([mismatch_problem(cfg, mismatch)])
+    dtype = DTYPES[cfg.teacher_dtype]
+    teacher = load_policy(teacher_dir, dtype, device=dist.device)
+    teacher.eval()
+    teacher.requires_grad_(False)
+    held = Precision(weights_dtype=dtype, compute_dtype=dtype, device_type=autocast_device_type(dist.device))  # never mixed
+    return dist.shard(teacher, held, param_offload=cfg.train.param_offload)
 
 
 def _critic(cfg, model_dir: Path, pack: Callable, precision: Precision, device: torch.device) -> Critic:

@@ -126,11 +126,13 @@ def test_specs_match_the_config():
     assert names == set(ALGORITHMS.names())
     # the algorithm facts validation and the planner read, by hand: a within-group baseline needs 2 completions (grpo,
     # rloo, reinforce_pp_baseline); advantages that read only their group's rewards: grpo and rloo (reinforce_pp*
-    # whiten over the batch, ppo has a critic); a constant group gets advantage 0 wherever the group mean is removed
+    # whiten over the batch, ppo has a critic); a constant group gets advantage 0 wherever the group mean is removed.
+    # distill: the teacher's per-token signal needs no group (1), reads only the completion's own tokens (group-local),
+    # and a constant-reward group still carries the teacher's advantage (so dynamic sampling would drop signal)
     facts = {name: (ALGORITHMS.get(name).min_group_size, ALGORITHMS.get(name).group_local,
                     ALGORITHMS.get(name).zero_for_constant_group) for name in ALGORITHMS.names()}
     assert facts == {"grpo": (2, True, True), "rloo": (2, True, True), "reinforce_pp": (1, False, False),
-                     "reinforce_pp_baseline": (2, False, True), "ppo": (1, False, False)}
+                     "reinforce_pp_baseline": (2, False, True), "ppo": (1, False, False), "distill": (1, True, False)}
     for name in ALGORITHMS.names():
         spec = ALGORITHMS.get(name)
         assert spec.kl_placement in ("loss", "reward") and spec.needs_critic == (name == "ppo")
@@ -147,6 +149,9 @@ def test_specs_match_the_config():
     (["algorithm.name=reinforce_pp", "algorithm.beta=0.01", "algorithm.kl_estimator=k2"], "ppo_clip", "reward", "k2", True),
     (["algorithm.name=ppo"], "ppo_clip", None, "k1", False),
     (["algorithm.name=ppo", "algorithm.num_iterations=2"], "ppo_clip", None, "k1", True),  # off-policy
+    # distill on-policy: no student pass (the teacher's advantage is taken against the current log-probs detached)
+    (["algorithm.name=distill", "teacher.path=tiny:arith"], "ppo_clip", None, "k1", False),
+    (["algorithm.name=distill", "teacher.path=tiny:arith", "algorithm.num_iterations=2"], "ppo_clip", None, "k1", True),
     # TRL's loss types with an entry of their own: that entry, whatever the algorithm's ratio level
     (["algorithm.loss_type=cispo"], "cispo", None, "k1", False),
     (["algorithm.name=rloo", "algorithm.loss_type=sapo"], "sapo", None, "k1", False),

@@ -16,6 +16,12 @@ def test_zero_std_groups_warn_after_three_batches_once_and_rearm():
     assert run(stream) == [(3, "reward_zero_std", 0.95), (8, "reward_zero_std", 0.92)]
 
 
+def test_distillation_is_not_warned_about_constant_reward_groups():
+    # under algorithm.name = distill the teacher gives every token an advantage: all-equal rewards are no stall
+    diagnostics = Diagnostics(max_completion_length=256, patience=3, teacher_signal=True)
+    assert [w for step in range(1, 6) for w in diagnostics.observe(step, {"frac_reward_zero_std": 1.0})] == []
+
+
 def test_exactly_the_threshold_is_not_a_problem():
     assert run([{"frac_reward_zero_std": 0.9}] * 5) == []
 
