@@ -13,7 +13,14 @@ logits there, writing the gradient `g · (onehot − softmax)` over the logits i
 place: at most about two (rows, V) float32 buffers are alive at a time, in the
 forward and the backward alike (plain activation checkpointing of the same
 maths held ~5: logits, their temperature-scaled copy, softmax, the product for
-the entropy, the logits' gradient). Temperature divides the logits before the
+the entropy, the logits' gradient). The head's matmul runs in the dtype of its
+weight with autocast off, in both passes: float32 logits from float32 master
+weights under bf16 autocast (`train.precision=mixed`), bf16 ones from a head held
+in bf16. The backward must form its softmax from the very logits whose
+log-sum-exp the forward took, and autograd runs it outside autocast: a bf16
+forward and a float32 recomputation gave a softmax that did not sum to one, and
+on confident tokens (p → 1, where the true gradient 1 − p → 0) a gradient 0.7
+off (tests/models/test_logprobs.py). Temperature divides the logits before the
 softmax, the same temperature the sampler used. The entropy carries a gradient
 only when asked (`entropy_grad=True`, for an entropy bonus): the backward then
 adds ``−g_H · p · (log p + H)`` per logit (dH/dz_k = −p_k (log p_k + H)) to the
@@ -47,8 +54,12 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float,
             softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Float32 (C, V) logits after softcap and temperature, and tanh(z / softcap) when capped (for the backward)."""
-    logits = torch.nn.functional.linear(hidden, weight, bias).float()  # (C, V)
+    """Float32 (C, V) logits after softcap and temperature, and tanh(z / softcap) when capped (for the backward).
+
+    The matmul runs in the head weight's own dtype with autocast off, in the forward and the backward alike (module
+    docstring): float32 masters give float32 logits, a head held in bf16 gives bf16 ones."""
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        logits = torch.nn.functional.linear(hidden.to(weight.dtype), weight, bias).float()  # (C, V)
     squashed = None
     if softcap:
         squashed = torch.tanh(logits / softcap)
@@ -89,8 +100,7 @@ class LinearLogProb(torch.autograd.Function):
     def backward(ctx, grad_logp, grad_entropy):
         hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
         hidden_dtype = hidden.dtype
-        if hidden.dtype != weight.dtype:  # a float32 stream into a head held in bf16 (LoRA under mixed): as autocast did
-            hidden = hidden.to(weight.dtype)
+        hidden = hidden.to(weight.dtype)  # as _logits casts it: the forward's logits, bit for bit
         with torch.no_grad():
             logits, squashed = _logits(hidden, weight, bias, ctx.temperature, ctx.softcap)
             log_probs = logits.sub_(lse[:, None])
