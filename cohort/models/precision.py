@@ -23,8 +23,9 @@ A LoRA run (cohort/models/lora.py) holds its frozen base in `model.dtype`
 (only the adapter has float32 masters); `float32_weights` runs such a model in
 float32 for the weight-sync check's sensitivity pass without a float32 copy of it.
 
-The LM head is the exception: the completion log-prob kernel (cohort/models/logprobs.py) runs the head's matmul in
-the dtype of its weight, float32 under `mixed`, with autocast off in its forward and its backward alike.
+The LM head is the exception: under `mixed` the completion log-prob kernel (cohort/models/logprobs.py) runs the head's
+matmul in float32 (a bf16 LoRA base's head upcast one chunk at a time), with autocast off, in its forward and its
+backward alike.
 
 Out of scope: float8.
 """
