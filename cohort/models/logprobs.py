@@ -14,13 +14,16 @@ place: at most about two (rows, V) float32 buffers are alive at a time, in the
 forward and the backward alike (plain activation checkpointing of the same
 maths held ~5: logits, their temperature-scaled copy, softmax, the product for
 the entropy, the logits' gradient). The head's matmul runs with autocast off,
-in both passes, in float32 when the forward ran under autocast
+in both passes: in float32 when the forward ran under autocast
 (`train.precision=mixed`: the float32 masters, or a LoRA run's bf16 base upcast
-one chunk at a time, exactly) and else in the head weight's own dtype. The backward must form its softmax from the very logits whose
-log-sum-exp the forward took, and autograd runs it outside autocast: a bf16
-forward and a float32 recomputation gave a softmax that did not sum to one, and
-on confident tokens (p → 1, where the true gradient 1 − p → 0) a gradient 0.7
-off (tests/models/test_logprobs.py). Temperature divides the logits before the
+exactly, one transient (V, H) float32 copy per chunk), else in the head
+weight's own dtype. The backward must form its softmax from the very logits
+whose log-sum-exp the forward took, and autograd runs it outside autocast: a
+bf16 forward and a float32 recomputation gave a softmax that did not sum to
+one, and on confident tokens (p → 1, where the true gradient 1 − p → 0) a
+gradient 0.7 off (tests/models/test_logprobs.py). On SmolLM2-135M-Instruct the
+float32 head also takes 12% off the mean gap to a bf16 vLLM engine's log-probs
+(docs/performance.md). Temperature divides the logits before the
 softmax, the same temperature the sampler used. The entropy carries a gradient
 only when asked (`entropy_grad=True`, for an entropy bonus): the backward then
 adds ``−g_H · p · (log p + H)`` per logit (dH/dz_k = −p_k (log p_k + H)) to the
