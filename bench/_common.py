@@ -312,3 +312,35 @@ def addition_reward(completions, answer, **kwargs) -> list[float]:
         else:
             out.append(0.5 * sum(ch.isdigit() for ch in stripped) / max(1, len(stripped)))
     return out
+
+
+def last_integer(text: str) -> str | None:
+    """The last run of digits in `text` ("So 3 + 4 = 7." -> "7"), None without one."""
+    digits, found = "", None
+    for ch in text + " ":
+        if ch.isdigit():
+            digits += ch
+        elif digits:
+            found, digits = digits, ""
+    return found
+
+
+def _completion_text(completion) -> str:
+    """A plain completion, or the last message's content of a chat one ([{"role": "assistant", "content": ...}])."""
+    if isinstance(completion, str):
+        return completion
+    return str(completion[-1].get("content") or "") if completion else ""
+
+
+def last_integer_reward(completions, answer, **kwargs) -> list[float]:
+    """1.0 when the completion's last integer is the answer, else 0.0 (plain or chat completions; both trainers call it)."""
+    return [float(last_integer(_completion_text(c)) == str(gold)) for c, gold in zip(completions, answer)]
+
+
+def sum_question_rows(low: int = 1, high: int = 30, held_out: int = 200, seed: int = 1234) -> tuple[list[dict], list[dict]]:
+    """Chat prompts "What is a + b?" for every a, b in low..high (900 for 1..30), shuffled with `seed`: (train, held-out),
+    the first `held_out` rows held out. Each row: {"prompt": [{"role": "user", "content": ...}], "answer": "a+b"}."""
+    pairs = [(a, b) for a in range(low, high + 1) for b in range(low, high + 1)]
+    random.Random(seed).shuffle(pairs)
+    rows = [{"prompt": [{"role": "user", "content": f"What is {a} + {b}?"}], "answer": str(a + b)} for a, b in pairs]
+    return rows[held_out:], rows[:held_out]

@@ -88,6 +88,13 @@ def grpo_config(args, out_dir) -> "GRPOConfig":
 
     per_step = args.prompts_per_step * args.num_generations
     extra = {}
+    if args.gradient_accumulation_steps > 1:  # the step's completions as micro-batches of per_step / N (same step)
+        extra["gradient_accumulation_steps"] = args.gradient_accumulation_steps
+        per_step //= args.gradient_accumulation_steps
+    if args.temperature is not None:
+        extra["temperature"] = args.temperature
+    if args.seed is not None:
+        extra["seed"] = args.seed
     if args.no_gradient_checkpointing:
         extra["gradient_checkpointing"] = False
     if args.vllm:
@@ -112,6 +119,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--vllm", action="store_true", help="TRL's colocated vLLM path instead of transformers generate")
     ap.add_argument("--bf16", action="store_true", help="TRL's own default bf16=True (bf16 autocast over float32 weights)")
     ap.add_argument("--model-dir", default=None)
+    ap.add_argument("--data-file", default=None, help="prompts (jsonl with prompt, answer) instead of the addition ones")
+    ap.add_argument("--reward", default="addition", choices=["addition", "last_integer"],
+                    help="bench/_common.py's addition_reward or last_integer_reward")
+    ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: TRL's 1.0)")
+    ap.add_argument("--gradient-accumulation-steps", type=int, default=1,
+                    help="split the step's completions into this many micro-batches (TRL's generation batch stays the step)")
+    ap.add_argument("--seed", type=int, default=None, help="TRL's seed (default: TRL's 42)")
+    ap.add_argument("--save-dir", default=None, help="save the trained model here (trainer.save_model) after the last step")
     ap.add_argument("--metrics-file", default=None, help="one JSON line per step, written as the step ends")
     args = ap.parse_args(argv)
     if args.threads:
@@ -128,14 +143,16 @@ def main(argv: list[str] | None = None) -> dict:
     from trl import GRPOTrainer
 
     model_dir = args.model_dir or str(common.tiny_model_dir())
-    rows = common.read_rows(common.addition_file(64))
+    rows = common.read_rows(args.data_file or common.addition_file(64))
     per_step = args.prompts_per_step * args.num_generations
     config = grpo_config(args, common.CACHE / "runs" / f"trl-{os.getpid()}")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
 
+    score = common.last_integer_reward if args.reward == "last_integer" else common.addition_reward
+
     def addition_reward(completions, answer, **kwargs):
-        return common.addition_reward(completions, answer)
+        return score(completions, answer)
 
     steps: list[dict] = []
     phases: dict[str, float] = {}
@@ -173,6 +190,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     with common.LoadWatch() as load:
         trainer.train()
+    if args.save_dir:
+        trainer.save_model(args.save_dir)
+        tokenizer.save_pretrained(args.save_dir)
     steady = [step_metrics(s, i) for i, s in enumerate(steps[1:] or steps, start=2)]
     step_s = common.median([s["timing/step_s"] for s in steady])
     phase = {p: common.median([s[f"timing/{p}_s"] for s in steady]) for p in TRL_PHASES}

@@ -14,7 +14,17 @@ logits there, writing the gradient `g · (onehot − softmax)` over the logits i
 place: at most about two (rows, V) float32 buffers are alive at a time, in the
 forward and the backward alike (plain activation checkpointing of the same
 maths held ~5: logits, their temperature-scaled copy, softmax, the product for
-the entropy, the logits' gradient). Temperature divides the logits before the
+the entropy, the logits' gradient). The head's matmul runs with autocast off,
+in both passes: in float32 when the forward ran under autocast
+(`train.precision=mixed`: the float32 masters, or a LoRA run's bf16 base upcast
+exactly, one transient (V, H) float32 copy per chunk), else in the head
+weight's own dtype. The backward must form its softmax from the very logits
+whose log-sum-exp the forward took, and autograd runs it outside autocast: a
+bf16 forward and a float32 recomputation gave a softmax that did not sum to
+one, and on confident tokens (p → 1, where the true gradient 1 − p → 0) a
+gradient 0.7 off (tests/models/test_logprobs.py). On SmolLM2-135M-Instruct the
+float32 head also takes 12% off the mean gap to a bf16 vLLM engine's log-probs
+(docs/performance.md). Temperature divides the logits before the
 softmax, the same temperature the sampler used. The entropy carries a gradient
 only when asked (`entropy_grad=True`, for an entropy bonus): the backward then
 adds ``−g_H · p · (log p + H)`` per logit (dH/dz_k = −p_k (log p_k + H)) to the
@@ -49,10 +59,14 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
     return body, head
 
 
-def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float,
-            softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Float32 (C, V) logits after softcap and temperature, and tanh(z / softcap) when capped (for the backward)."""
-    logits = torch.nn.functional.linear(hidden, weight, bias).float()  # (C, V)
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, head_dtype: torch.dtype,
+            temperature: float, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Float32 (C, V) logits after softcap and temperature, and tanh(z / softcap) when capped (for the backward).
+
+    The matmul runs in `head_dtype` with autocast off, in the forward and the backward alike (module docstring)."""
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        bias = None if bias is None else bias.to(head_dtype)
+        logits = torch.nn.functional.linear(hidden.to(head_dtype), weight.to(head_dtype), bias).float()  # (C, V)
     squashed = None
     if softcap:
         squashed = torch.tanh(logits / softcap)
@@ -76,7 +90,9 @@ class LinearLogProb(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature: float, softcap: float | None, entropy_grad: bool = False):
-        logits, _ = _logits(hidden, weight, bias, temperature, softcap)
+        # float32 under autocast (train.precision=mixed) whatever the head is held in; else the head's own dtype
+        head_dtype = torch.float32 if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
+        logits, _ = _logits(hidden, weight, bias, head_dtype, temperature, softcap)
         lse = torch.logsumexp(logits, dim=-1)  # (C,)
         logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
         probs = (logits - lse[:, None]).exp_()
@@ -84,7 +100,7 @@ class LinearLogProb(torch.autograd.Function):
         # the batched dot product avoids a third (C, V) buffer for the elementwise product.
         entropy = lse - (probs[:, None, :] @ logits[:, :, None]).reshape(-1)
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
-        ctx.temperature, ctx.softcap, ctx.entropy_grad = temperature, softcap, entropy_grad
+        ctx.temperature, ctx.softcap, ctx.entropy_grad, ctx.head_dtype = temperature, softcap, entropy_grad, head_dtype
         if not entropy_grad:
             ctx.mark_non_differentiable(entropy)
         return logp, entropy
@@ -92,11 +108,10 @@ class LinearLogProb(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
-        hidden_dtype = hidden.dtype
-        if hidden.dtype != weight.dtype:  # a float32 stream into a head held in bf16 (LoRA under mixed): as autocast did
-            hidden = hidden.to(weight.dtype)
+        hidden_dtype, weight_dtype, head_dtype = hidden.dtype, weight.dtype, ctx.head_dtype
         with torch.no_grad():
-            logits, squashed = _logits(hidden, weight, bias, ctx.temperature, ctx.softcap)
+            head = weight.to(head_dtype)  # (V, H): the weight itself, or one upcast copy for this chunk's two matmuls
+            logits, squashed = _logits(hidden, head, bias, head_dtype, ctx.temperature, ctx.softcap)  # the forward's, bit for bit
             log_probs = logits.sub_(lse[:, None])
             if ctx.entropy_grad and grad_entropy is not None:  # −p (g + g_H (log p + H)): the entropy's term joins
                 scale = (log_probs + entropy[:, None]).mul_(grad_entropy[:, None]).add_(grad_logp[:, None])
@@ -109,10 +124,10 @@ class LinearLogProb(torch.autograd.Function):
                 grad.div_(ctx.temperature)
             if squashed is not None:
                 grad.mul_(1.0 - squashed.square_())
-            grad = grad.to(weight.dtype)
-            grad_hidden = (grad @ weight).to(hidden_dtype) if ctx.needs_input_grad[0] else None
-            grad_weight = grad.t() @ hidden if ctx.needs_input_grad[1] else None
-            grad_bias = grad.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+            grad = grad.to(head_dtype)  # the two matmuls in the head's dtype too (one (C, V) buffer: grad)
+            grad_hidden = (grad @ head).to(hidden_dtype) if ctx.needs_input_grad[0] else None
+            grad_weight = (grad.t() @ hidden.to(head_dtype)).to(weight_dtype) if ctx.needs_input_grad[1] else None
+            grad_bias = grad.sum(0).to(weight_dtype) if bias is not None and ctx.needs_input_grad[2] else None
         return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 

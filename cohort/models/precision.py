@@ -23,7 +23,11 @@ A LoRA run (cohort/models/lora.py) holds its frozen base in `model.dtype`
 (only the adapter has float32 masters); `float32_weights` runs such a model in
 float32 for the weight-sync check's sensitivity pass without a float32 copy of it.
 
-Out of scope: float8, and keeping the LM head in float32 under autocast.
+The LM head is the exception: under `mixed` the completion log-prob kernel (cohort/models/logprobs.py) runs the head's
+matmul in float32 (a bf16 LoRA base's head upcast one chunk at a time), with autocast off, in its forward and its
+backward alike.
+
+Out of scope: float8.
 """
 
 from __future__ import annotations
