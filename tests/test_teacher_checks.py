@@ -145,11 +145,11 @@ def _write_big_teacher(d):
 
 def test_a_teacher_too_large_for_the_gpu_plan_is_refused_before_loading(tmp_path, monkeypatch):
     """The Qwen2.5-0.5B-shaped student of tests/test_plan.py on a 32 GiB GPU (34,359,738,368 B): vLLM's share with its
-    10% is 3,153,825,100.8 B, 0.0918 of the GPU → 0.10 (3,435,973,837 B); the trainer's peak 20,904,562,432 + that +
-    the CUDA context 536,870,912 = 24,877,407,181 (23.17 GiB): fits. A 7B teacher adds 7,615,616,512 × 2 B =
-    15,231,233,024 B (14.19 GiB, bfloat16: teacher.dtype auto = model.dtype) to the peak: 36,135,795,456 (33.65 GiB),
-    needed 40,108,640,205 (37.35 GiB) > 32 GiB: refused, a smaller teacher among the fixes; a row of its own in the
-    printout."""
+    10% is 3,324,965,811.2 B (tests/test_plan.py, the start-up sampler pass counted), 0.0968 of the GPU → 0.10
+    (3,435,973,837 B); the trainer's peak 23,240,068,864 (tests/test_plan.py) + that + the CUDA context 536,870,912 =
+    27,212,913,613 (25.34 GiB): fits. A 7B teacher adds 7,615,616,512 × 2 B = 15,231,233,024 B (14.19 GiB, bfloat16:
+    teacher.dtype auto = model.dtype) to the peak: 38,471,301,888 (35.83 GiB), needed 42,444,146,637 (39.53 GiB) > 32 GiB:
+    refused, a smaller teacher among the fixes; a row of its own in the printout."""
     without_tokenizer_check(monkeypatch)
     monkeypatch.setattr("cohort.teacher_checks.tokenizer_file_problems", lambda path, key="model.path": [])
     student, teacher = write_qwen05_dir(tmp_path / "qwen05"), _write_big_teacher(tmp_path / "big")
@@ -160,8 +160,8 @@ def test_a_teacher_too_large_for_the_gpu_plan_is_refused_before_loading(tmp_path
     rows = {name: size for name, size, _ in memory_estimate(cfg, batch_plan(cfg), model_facts(str(student)))}
     assert rows["teacher model"] == 15_231_233_024
     (problem,) = _problems(cfg)
-    assert problem.startswith("the trainer's peak 33.65 GiB + vLLM's engine.gpu_memory_utilization = 0.1 (derived): 3.20 GiB")
-    assert "need 37.35 GiB in the update, more than the GPU's 32.00 GiB" in problem, problem
+    assert problem.startswith("the trainer's peak 35.83 GiB + vLLM's engine.gpu_memory_utilization = 0.1 (derived): 3.20 GiB")
+    assert "need 39.53 GiB in the update, more than the GPU's 32.00 GiB" in problem, problem
     assert problem.endswith("; a smaller teacher")  # (already bfloat16: no dtype to halve)
     printed = format_plan(cfg, batch_plan(cfg))
     assert f"teacher model         {teacher} (bfloat16); advantage per token = 1 × (log π_teacher − log π_student)" in printed
