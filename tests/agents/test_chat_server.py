@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 from cohort.agents.chat import ChatCompletions
+from cohort.data.tasks import tool_calc_rows
 from cohort.models.loading import load_tokenizer, resolve_model_dir, stop_token_ids
 from cohort.rollout.base import BatchRequests, Trajectory
 from cohort.rollout.server import RolloutService, serve_in_thread
@@ -160,24 +161,32 @@ def tool_calc_server():
 
 @pytest.mark.vllm
 def test_cohort_serve_answers_a_tools_request_with_a_parsed_tool_call(tool_calc_server):
-    """tiny:tool_calc opens a calculator call greedily on "123*45=" (tried: 13 of the first 21 held-out style prompts
-    call greedily) and, given the tool's answer, copies it. It was trained without the template's tools block, which
-    would not fit its 128 positions anyway (~400 tokens with this BPE), so the server renders no tools
-    (`--no-tools-in-prompt`) and the request's tools list only travels along, as an OpenAI client sends it."""
+    """tiny:tool_calc opens a calculator call greedily on most held-out style prompts ("123*45=" and 13 of the first 21
+    held-out ones where it was built first; which ones varies with the machine that built it, as its float sums do) and,
+    given the tool's answer, copies it. The test asks "123*45=" and then the held-out prompts in order, and checks the
+    first that calls. It was trained without the template's tools block, which would not fit its 128 positions anyway
+    (~400 tokens with this BPE), so the server renders no tools (`--no-tools-in-prompt`) and the request's tools list
+    only travels along, as an OpenAI client sends it."""
     url, tok, model_dir = tool_calc_server
     assert set(stop_token_ids(model_dir, tok)) == {tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")}
-    user = [{"role": "user", "content": "123*45="}]
-    status, body = _call(f"{url}/v1/chat/completions", {"model": "tiny:tool_calc", "messages": user, "tools": [CALCULATOR],
-                                                        "temperature": 0, "max_tokens": 40, "logprobs": True})
-    assert status == 200, body
-    (choice,) = body["choices"]
-    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    asked = ["123*45="] + [row["prompt"][0]["content"] for row in tool_calc_rows(0)[1][:21]]
+    for question in asked:
+        user = [{"role": "user", "content": question}]
+        status, body = _call(f"{url}/v1/chat/completions", {"model": "tiny:tool_calc", "messages": user, "tools": [CALCULATOR],
+                                                            "temperature": 0, "max_tokens": 40, "logprobs": True})
+        assert status == 200, body
+        (choice,) = body["choices"]
+        if choice["finish_reason"] == "tool_calls":
+            break
+        assert choice["finish_reason"] in ("stop", "length") and choice["message"]["content"] is not None, choice
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None, f"no greedy call on {asked}"
     (call,) = choice["message"]["tool_calls"]
-    assert call["function"]["name"] == "calculator" and json.loads(call["function"]["arguments"]) == {"expression": "123*45"}
+    a, b = (int(x) for x in question.rstrip("=").split("*"))
+    assert call["function"]["name"] == "calculator" and json.loads(call["function"]["arguments"]) == {"expression": f"{a}*{b}"}
     content = choice["logprobs"]["content"]  # one entry per sampled token but the stop token
     assert len(content) == body["usage"]["completion_tokens"] - 1 and all(c["logprob"] <= 0 for c in content)
-    tool = {"role": "tool", "tool_call_id": call["id"], "content": "5535"}  # 123 * 45 = 5535
+    tool = {"role": "tool", "tool_call_id": call["id"], "content": str(a * b)}  # e.g. 123 * 45 = 5535
     status, body = _call(f"{url}/v1/chat/completions", {"messages": user + [choice["message"], tool], "tools": [CALCULATOR],
                                                         "temperature": 0, "max_tokens": 40})
-    assert status == 200 and body["choices"][0]["message"] == {"role": "assistant", "content": "5535"}
+    assert status == 200 and body["choices"][0]["message"] == {"role": "assistant", "content": str(a * b)}
     assert body["choices"][0]["finish_reason"] == "stop"
