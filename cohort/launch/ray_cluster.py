@@ -28,11 +28,16 @@ waiting for resources) and the GPUs that exist (`torch.cuda.device_count()`:
 none on a CPU machine, so an actor asking for one is refused, not handed a GPU
 that is not there), and turns usage reporting off.
 
-GPUs: every actor sees exactly the GPUs Ray assigned it (`actor_device_env`:
-CUDA_VISIBLE_DEVICES = `ray.get_gpu_ids()`, none when it reserved none) and a
-trainer actor trains on the first of them (LOCAL_RANK=0 within its own visible
-set, so `train.device=auto` is that GPU); validation allows a trainer 0 or 1
-GPU, so two NCCL ranks never share one. Actors bind their
+GPUs: a rollout server actor sees exactly the GPUs Ray assigned it
+(`actor_device_env`: CUDA_VISIBLE_DEVICES = `ray.get_gpu_ids()`). A trainer actor
+sees every GPU Ray assigned to the trainer actors of its node and trains on its
+own (`trainer_device_envs`: LOCAL_RANK = its GPU's place among them, so
+`train.device=auto` is `cuda:LOCAL_RANK`), as Ray Train shows its workers: NCCL
+finds its peers' GPUs in the same process view (with one GPU visible per process,
+NCCL on NVSwitch nodes is reported to take seconds over its first collective, or
+to hang: NVIDIA/nccl#1749, NVIDIA-NeMo/RL#1963). The actors report where they
+landed before any of them touches CUDA; an actor without a GPU sees none.
+Validation allows a trainer 0 or 1 GPU, so two NCCL ranks never share one. Actors bind their
 servers to the address the cluster knows their node by.
 
 Joining a cluster fails fast instead of waiting: before any actor is placed, the
@@ -99,6 +104,21 @@ def actor_device_env(gpu_ids: list) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in gpu_ids), "LOCAL_RANK": "0"}
 
 
+def trainer_device_envs(placements: list[tuple[str, list]]) -> list[dict[str, str]]:
+    """Each trainer actor's (node id, `ray.get_gpu_ids()`) -> its environment: CUDA_VISIBLE_DEVICES = every GPU Ray
+    assigned to the trainer actors of that node (numeric order), LOCAL_RANK = the place of the actor's own GPU among
+    them; an actor with no GPU sees none (LOCAL_RANK 0: it trains on the CPU)."""
+    per_node: dict[str, set[str]] = {}
+    for node, gpu_ids in placements:
+        per_node.setdefault(node, set()).update(str(i) for i in gpu_ids)
+    envs = []
+    for node, gpu_ids in placements:
+        visible = sorted(per_node[node], key=lambda i: (not i.isdigit(), int(i) if i.isdigit() else 0, i))
+        own = visible.index(str(gpu_ids[0])) if gpu_ids else 0
+        envs.append({"CUDA_VISIBLE_DEVICES": ",".join(visible) if gpu_ids else "", "LOCAL_RANK": str(own)})
+    return envs
+
+
 def _use_assigned_gpus() -> None:
     """Before anything in this actor touches CUDA (CUDA reads CUDA_VISIBLE_DEVICES once, when it starts)."""
     import ray  # optional dependency (pip install cohort[ray]): imported by Ray runs only
@@ -147,8 +167,17 @@ class TrainerActor:
     """One rank of the trainer worker group: sets torch.distributed's environment, runs `Trainer`."""
 
     def __init__(self, rank: int, world_size: int):
-        _use_assigned_gpus()  # train.device=auto is then cuda:0 of this actor's own GPUs, or the CPU
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size = rank, world_size  # (CUDA untouched until use_devices: see trainer_device_envs)
+
+    def placement(self) -> tuple[str, list]:
+        import ray  # optional dependency (pip install cohort[ray]): imported by Ray runs only
+
+        return ray.get_runtime_context().get_node_id(), [str(i) for i in ray.get_gpu_ids()]
+
+    def use_devices(self, env: dict[str, str]) -> dict[str, str]:
+        """Before anything in this actor touches CUDA: the node's trainer GPUs visible, this actor's own as LOCAL_RANK."""
+        os.environ.update(env)
+        return {name: os.environ[name] for name in env}
 
     def rendezvous(self) -> tuple[str, int]:
         return _node_address(), _free_port()
@@ -157,12 +186,18 @@ class TrainerActor:
         _enter(cwd)
         if self.world_size > 1:
             os.environ.update({"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]), "RANK": str(self.rank),
-                               "WORLD_SIZE": str(self.world_size)})  # (LOCAL_RANK: set by _use_assigned_gpus)
+                               "WORLD_SIZE": str(self.world_size)})  # (LOCAL_RANK: set by use_devices)
         trainer = Trainer(CohortConfig.model_validate(cfg_tree))
         try:
             return trainer.train()
         finally:
             trainer.close()
+
+
+def place_trainers(trainers: list) -> list[dict[str, str]]:
+    """Ask each trainer actor where Ray put it, then show it its node's trainer GPUs (trainer_device_envs)."""
+    envs = trainer_device_envs(_wait_all([t.placement.remote() for t in trainers]))
+    return _wait_all([t.use_devices.remote(env) for t, env in zip(trainers, envs)])
 
 
 AUTH_FAILURE = "Authentication token is missing or incorrect"  # what Ray's GCS answers a driver without the token
@@ -300,6 +335,7 @@ def train_with_ray(cfg) -> dict[str, Any]:
                                                   runtime_env={"env_vars": _actor_env(token, d.cpus_per_trainer)})
         trainers = [remote.remote(rank, world) for rank in range(world)]
         actors += trainers
+        place_trainers(trainers)
         master = ray.get(trainers[0].rendezvous.remote())
         print(f"cohort: {world} trainer actor(s); run directory {tree['run']['output_dir']} on rank 0's node", flush=True)
         return _wait_all([t.train.remote(os.getcwd(), tree, master) for t in trainers])[0]

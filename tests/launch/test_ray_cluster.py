@@ -23,7 +23,7 @@ import pytest
 
 from cohort.config_loading import load_config
 from cohort.launch.ray_cluster import (AUTH_FAILURE, _actor_env, _connection_problem, actor_device_env, cluster_problems,
-                                       local_ray_resources)
+                                       local_ray_resources, trainer_device_envs)
 
 TOKEN = "cohort-test-token-0123456789abcdef"
 
@@ -53,6 +53,41 @@ def test_an_actor_sees_only_the_gpus_ray_assigned_it():
     assert actor_device_env([3]) == {"CUDA_VISIBLE_DEVICES": "3", "LOCAL_RANK": "0"}
     assert actor_device_env([0, 5]) == {"CUDA_VISIBLE_DEVICES": "0,5", "LOCAL_RANK": "0"}  # a rollout server's 2 GPUs
     assert actor_device_env([]) == {"CUDA_VISIBLE_DEVICES": "", "LOCAL_RANK": "0"}  # none reserved: none visible (CPU)
+
+
+def test_a_trainer_actor_sees_its_nodes_trainer_gpus_and_trains_on_its_own():
+    # Node A holds trainer actors on GPUs 2, 0 and 1 (in rank order), node B one on GPU 1. Each actor sees its node's
+    # trainer GPUs in numeric order, A: "0,1,2" (so NCCL finds its peers' GPUs in the same view, as under Ray Train), and
+    # trains on its own: GPU 2 is the third visible (LOCAL_RANK 2 -> cuda:2), GPU 0 the first, GPU 1 the second; B's
+    # only GPU is its cuda:0. GPU 10 sorts after 9 (numeric, not text, order).
+    placements = [("A", ["2"]), ("A", ["0"]), ("B", ["1"]), ("A", [1]), ("C", ["10"]), ("C", ["9"])]
+    assert trainer_device_envs(placements) == [
+        {"CUDA_VISIBLE_DEVICES": "0,1,2", "LOCAL_RANK": "2"}, {"CUDA_VISIBLE_DEVICES": "0,1,2", "LOCAL_RANK": "0"},
+        {"CUDA_VISIBLE_DEVICES": "1", "LOCAL_RANK": "0"}, {"CUDA_VISIBLE_DEVICES": "0,1,2", "LOCAL_RANK": "1"},
+        {"CUDA_VISIBLE_DEVICES": "9,10", "LOCAL_RANK": "1"}, {"CUDA_VISIBLE_DEVICES": "9,10", "LOCAL_RANK": "0"}]
+    # trainers without GPUs (a CPU run) see none, each on the CPU
+    assert trainer_device_envs([("A", []), ("A", [])]) == [{"CUDA_VISIBLE_DEVICES": "", "LOCAL_RANK": "0"}] * 2
+
+
+@pytest.mark.slow
+def test_trainer_actors_on_a_ray_with_two_declared_gpus_see_both(tmp_path):
+    """A real local Ray that declares 2 GPUs (Ray assigns ids; no CUDA is touched): the two trainer actors, one GPU each,
+    report where they landed and are shown both GPUs, each its own as LOCAL_RANK (before the fix each saw only its own)."""
+    ray = pytest.importorskip("ray")
+    from cohort.launch.ray_cluster import LOCAL_OBJECT_STORE_BYTES, TrainerActor, place_trainers
+
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+             object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+    try:
+        remote = ray.remote(TrainerActor).options(num_cpus=0.5, num_gpus=1)
+        trainers = [remote.remote(rank, 2) for rank in range(2)]
+        envs = place_trainers(trainers)
+        own = [ray.get(t.placement.remote())[1] for t in trainers]
+    finally:
+        ray.shutdown()
+    assert sorted(own) == [["0"], ["1"]]  # Ray gave each actor one of the two GPUs
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0,1", "0,1"]
+    assert [e["LOCAL_RANK"] for e in envs] == [own[0][0], own[1][0]]  # GPU k is the k-th visible
 
 
 def test_a_local_ray_declares_the_gpus_that_exist():
