@@ -43,7 +43,6 @@ from pathlib import Path
 from cohort.algorithm_facts import FACTS
 from cohort.config import CohortConfig
 from cohort.models.hub import hub_parameter_count
-from cohort.models.loading import config_dir
 from cohort.run_mode import ONE_STEP_FIX, AdmissionRules, one_step_per_generation
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -205,7 +204,12 @@ def model_facts(path: str | Path, revision: str | None = None) -> ModelFacts | N
 
     Raises `UnreadableWeights` when a weights file's header is broken (caught early: loading would fail later).
     """
-    directory = Path(path).expanduser() if Path(path).expanduser().is_dir() else config_dir(str(path), revision)
+    if Path(path).expanduser().is_dir():
+        directory = Path(path).expanduser()
+    else:  # a Hub id or a GGUF file; imported here: cohort.models.loading brings torch, which the plan itself never needs
+        from cohort.models.loading import config_dir
+
+        directory = config_dir(str(path), revision)
     if directory is None:
         return None
     try:

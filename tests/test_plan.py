@@ -216,11 +216,12 @@ def test_plan_of_the_real_model_example_reads_the_converted_checkpoint(smollm2_d
     assert "≤ 5,632 (64 × (longest prompt 40 + max_completion_length 48))" in out
     assert "memory of the training process (rough estimate; 134,515,008 parameters)" in out
     # vLLM colocated on the CPU is inside the training process: its rows and the process total, which
-    # bench/smollm2_memory.py compares with the measured peak RSS (7.94 GiB: 0.87×)
+    # bench/smollm2_memory.py compares with the measured peak RSS (7.94 GiB: 0.89×)
     for line in ("vLLM weights          513.13 MiB   134,515,008 parameters × 4 B (float32), its own copy",
                  "vLLM KV cache           1.00 GiB", "vLLM working memory     1.00 GiB", "runtime               450.00 MiB",
-                 "total                   4.00 GiB",  # the trainer: 513.13 × 2 + 1,026.25 + 1.87 GiB + 127.88 MiB
-                 "process total           6.94 GiB"):  # + 513.13 MiB + 1 GiB + 1 GiB + 450 MiB
+                 "LM head gradient      108.00 MiB",  # vocab 49,152 × hidden 576 × 4 B = 113,246,208 B
+                 "total                   4.11 GiB",  # the trainer: 513.13 × 2 MiB + 1,026.25 MiB + 1.88 GiB + 127.88 + 108 MiB
+                 "process total           7.05 GiB"):  # + 513.13 MiB + 1 GiB + 1 GiB + 450 MiB
         assert line in out, line
 
 

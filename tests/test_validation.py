@@ -55,8 +55,9 @@ def test_config_imports_nothing_of_cohort_and_its_loader_only_the_mapping_tables
 @pytest.mark.slow
 def test_plan_imports_only_the_config_and_validation_no_trainer():
     assert _cohort_modules_after("import cohort.plan") == {
-        "cohort": ["cohort", "cohort.algorithm_facts", "cohort.config", "cohort.plan", "cohort.run_mode"],
-        "torch": False}  # (facts and the run's mode: pure)
+        "cohort": ["cohort", "cohort.algorithm_facts", "cohort.config", "cohort.models", "cohort.models.hub", "cohort.plan",
+                   "cohort.run_mode"],
+        "torch": False}  # (facts and the run's mode: pure; the Hub's safetensors headers: huggingface_hub, no torch)
     loaded = _cohort_modules_after("import cohort.validation")["cohort"]
     assert "cohort.validation" in loaded and "cohort.plan" in loaded
     assert [m for m in loaded if m.startswith(("cohort.trainer", "cohort.rollout", "cohort.distributed"))] == []

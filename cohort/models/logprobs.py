@@ -43,6 +43,7 @@ from __future__ import annotations
 import torch
 
 from cohort.models.batching import pack_right_padded
+from cohort.models.devices import autocast_device_type
 
 # A model whose root module is sharded with FSDP2 (cohort/distributed/fsdp.py) carries a method of this name that runs a
 # function inside the root's FSDP forward hooks: the kernel below reads the root's embeddings, norm and head weight
@@ -64,7 +65,7 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """Float32 (C, V) logits after softcap and temperature, and tanh(z / softcap) when capped (for the backward).
 
     The matmul runs in `head_dtype` with autocast off, in the forward and the backward alike (module docstring)."""
-    with torch.autocast(device_type=hidden.device.type, enabled=False):
+    with torch.autocast(device_type=autocast_device_type(hidden.device), enabled=False):
         bias = None if bias is None else bias.to(head_dtype)
         logits = torch.nn.functional.linear(hidden.to(head_dtype), weight.to(head_dtype), bias).float()  # (C, V)
     squashed = None
@@ -91,7 +92,7 @@ class LinearLogProb(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature: float, softcap: float | None, entropy_grad: bool = False):
         # float32 under autocast (train.precision=mixed) whatever the head is held in; else the head's own dtype
-        head_dtype = torch.float32 if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
+        head_dtype = torch.float32 if torch.is_autocast_enabled(autocast_device_type(hidden.device)) else weight.dtype
         logits, _ = _logits(hidden, weight, bias, head_dtype, temperature, softcap)
         lse = torch.logsumexp(logits, dim=-1)  # (C,)
         logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
@@ -175,7 +176,7 @@ def _completion_logprobs(model, input_ids, attention_mask, prompt_lengths, compl
     targets = completion_ids.reshape(b * tc)  # (B·Tc,)
     softcap = getattr(model.config, "final_logit_softcapping", None)
     weight, bias = head.weight, getattr(head, "bias", None)
-    if weight.dtype != hidden.dtype and not torch.is_autocast_enabled(hidden.device.type):  # a float32 pass over a
+    if weight.dtype != hidden.dtype and not torch.is_autocast_enabled(autocast_device_type(hidden.device)):  # a float32 pass over a
         weight, bias = weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype)  # bf16 head (float32_weights)
     rows_per_chunk = max(1, min(chunk_size, max_chunk_logits // weight.shape[0]))
     logps, entropies = [], []

@@ -55,8 +55,8 @@ def _config(run_dir, data, model_dir, *extra):
         f"run.output_dir={run_dir}", "run.progress=false", "run.loggers=[jsonl]", "run.diagnostics=false", *extra])
 
 
-def _distill(run_dir, data, student, teacher, *extra, engine=None) -> list[dict]:
-    cfg = _config(run_dir, data, student, "algorithm.name=distill", f"teacher.path={teacher}", "train.max_steps=25", *extra)
+def _distill(run_dir, data, student, teacher, *extra, engine=None, steps: int = 25) -> list[dict]:
+    cfg = _config(run_dir, data, student, "algorithm.name=distill", f"teacher.path={teacher}", f"train.max_steps={steps}", *extra)
     trainer = Trainer(cfg, engine=engine, log=lambda *a, **k: None)
     try:
         trainer.train()
@@ -66,7 +66,7 @@ def _distill(run_dir, data, student, teacher, *extra, engine=None) -> list[dict]
 
 
 def _check_learned(lines: list[dict]) -> None:
-    assert [line["step"] for line in lines] == list(range(1, 26))
+    assert [line["step"] for line in lines] == list(range(1, len(lines) + 1)) and len(lines) >= 25
     kl = [line["distill/reverse_kl"] for line in lines]
     sevens = [line["reward"] for line in lines]
     agreement = [line["distill/teacher_prob"] for line in lines]
@@ -99,10 +99,12 @@ def test_distilling_a_lora_adapter(tmp_path, sevens_setup, tiny_model_dir):
 @pytest.mark.vllm
 def test_distilling_through_vllm_with_a_staleness_bound(tmp_path, sevens_setup, tiny_model_dir, vllm_engine):
     # generation runs one policy version ahead of the update (pipeline.max_staleness = 1): the teacher scores what the
-    # engine sampled, the student's log-probs are the current policy's, stale tokens weighted as GRPO's are
+    # engine sampled, the student's log-probs are the current policy's, stale tokens weighted as GRPO's are. One version
+    # behind, the student takes longer than on-policy to find the sevens (seen: the KL still 7.6 at step 25, where the
+    # on-policy run is at 0 from step 18, and the step it falls moves with the teacher's few-bit differences): 50 steps
     data, teacher = sevens_setup
     lines = _distill(tmp_path / "run", data, tiny_model_dir, teacher, "engine.name=vllm", "pipeline.max_staleness=1",
-                     engine=vllm_engine)
+                     engine=vllm_engine, steps=50)
     _check_learned(lines)
     assert max(line.get("staleness/max", 0.0) for line in lines) == 1.0
 

@@ -89,18 +89,20 @@ def test_token_budget_update_equals_one_micro_batch(tmp_path, data_file, tiny_mo
 
 
 class PassCounter:
-    """Counts `_score_all` calls per model and policy-body forwards inside `update`."""
+    """Counts the no-grad scoring passes per model (`_score`: the old-policy, reference and teacher passes all go
+    through it, one pass over the batch per model asked) and policy-body forwards inside `update`."""
 
     def __init__(self, trainer):
         self.score_calls = {"policy": 0, "reference": 0}
         self.update_forwards = 0
         self.micro_batches = 0
         self._in_update = False
-        original_score, original_update, original_micro = trainer._score_all, trainer.update, trainer._micro_batches
+        original_score, original_update, original_micro = trainer._score, trainer.update, trainer._micro_batches
 
-        def score_all(model, batch):
-            self.score_calls["policy" if model is trainer.policy else "reference"] += 1
-            return original_score(model, batch)
+        def score(batch, scorers):
+            for model, _ in scorers.values():
+                self.score_calls["policy" if model is trainer.policy else "reference"] += 1
+            return original_score(batch, scorers)
 
         def update(batch, indices):
             self._in_update = True
@@ -119,7 +121,7 @@ class PassCounter:
             if self._in_update:
                 self.update_forwards += 1
 
-        trainer._score_all, trainer.update, trainer._micro_batches = score_all, update, micro_batches
+        trainer._score, trainer.update, trainer._micro_batches = score, update, micro_batches
         body = getattr(trainer.policy, trainer.policy.base_model_prefix)
         body.register_forward_pre_hook(count_forward, with_kwargs=True)
 
