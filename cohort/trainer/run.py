@@ -119,6 +119,8 @@ def _run(trainer, resume_from: str | Path | None) -> dict:
     if trainer.prompts_filtered:
         renderer = trainer.renderer
         logger.print(f"filtered {trainer.prompts_filtered} prompt(s) longer than {renderer.limit_name} = {renderer.max_prompt_length}")
+    if trainer.eval_data is not None and not resumed:  # (minutes on a real model: say what the silence is)
+        logger.print(f"eval before training: scoring {len(trainer.eval_data.rows)} held-out prompts greedily ...")
     before = _earlier_eval(run_dir, "before") if resumed else run_eval(trainer, "before", eval_sink)
     if before and not resumed:
         logger.print(f"eval before training: accuracy {before['accuracy']:.3f} on {before['num_prompts']} held-out prompts")
@@ -150,6 +152,8 @@ def _run(trainer, resume_from: str | Path | None) -> dict:
         summary = _summary(trainer, history, before, {}, time.perf_counter() - wall_start)
         summary.update(stopped=stopped, message=_stop_message(trainer, stopped, saved_step))
     else:
+        if trainer.eval_data is not None:
+            logger.print(f"eval after training: scoring {len(trainer.eval_data.rows)} held-out prompts greedily ...")
         after = run_eval(trainer, "after", eval_sink)
         save_model(trainer, run_dir / "final")
         if cfg.run.save_every and saved_step != trainer.step_count:
