@@ -37,16 +37,13 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from filelock import FileLock
 
-from cohort.models.tiny import _make_readable, _replace_dir, cache_root
+from cohort.models.tiny import build_once, cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -139,20 +136,10 @@ def gguf_checkpoint(path: str, *, cache_dir: str | Path | None = None, key: str 
         return target
     if importlib.util.find_spec("gguf") is None:
         raise GGUFError(f"{key} = {path!r}: reading a GGUF file needs the gguf package; {INSTALL_GGUF}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if (target / METADATA_FILE).is_file():
-            return target  # another process converted it while we waited
-        logger.warning("converting %s (%.0f MB) into a transformers checkpoint (one-time, about a minute per 100 MB) in %s",
-                       file.name, file.stat().st_size / 1e6, target)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        try:
-            _convert_into(staging, file, path, key)
-            _make_readable(staging)
-            _replace_dir(staging, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return build_once(target, lambda staging: _convert_into(staging, file, path, key), marker=METADATA_FILE,
+                      announce=lambda: logger.warning("converting %s (%.0f MB) into a transformers checkpoint (one-time, "
+                                                      "about a minute per 100 MB) in %s", file.name,
+                                                      file.stat().st_size / 1e6, target))
 
 
 def _convert_into(out_dir: Path, file: Path, path: str, key: str) -> None:

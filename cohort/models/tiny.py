@@ -88,7 +88,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 from filelock import FileLock
@@ -367,15 +367,27 @@ def build_tiny_model(name: str = "arith", *, cache_dir: str | Path | None = None
     root = cache_root(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     target = root / f"tiny-{name}-{recipe.digest()}"
-    if (target / METADATA_FILE).is_file() and not force:
+    return build_once(target, lambda staging: _build_into(staging, name, recipe), force=force,
+                      announce=lambda: logger.warning("building %s%s (one-time, ~%d s) into %s", TINY_PREFIX, name,
+                                                      recipe.expected_build_s, target))
+
+
+def build_once(target: Path, build: Callable[[Path], None], *, announce: Callable[[], None], marker: str = METADATA_FILE,
+               force: bool = False) -> Path:
+    """``target``, a cache directory that ``build(staging)`` fills, built once: at once when its ``marker`` file is there
+    (unless ``force``); else under a file lock (a concurrent caller waits, then finds the first one's build), into a
+    private staging directory beside it that is made readable and moved into place atomically, so a crashed build
+    leaves nothing half-written. ``announce`` says on the console that the one-time work starts."""
+    if (target / marker).is_file() and not force:
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
-        if (target / METADATA_FILE).is_file() and not force:
+        if (target / marker).is_file() and not force:
             return target  # another process built it while we waited
-        logger.warning("building %s%s (one-time, ~%d s) into %s", TINY_PREFIX, name, recipe.expected_build_s, target)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=root))
+        announce()
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
-            _build_into(staging, name, recipe)
+            build(staging)
             _make_readable(staging)
             _replace_dir(staging, target)
         finally:
