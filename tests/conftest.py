@@ -120,9 +120,24 @@ def _converted_smollm2():
         return pytest.fail(f"{SMOLLM2_MISSING}: {exc}", pytrace=False)
 
 
+BUILTIN_MODELS = "builtin_models"  # @pytest.mark.builtin_models("arith", ...): the built-in tiny models a test uses
+_undeclared: set[tuple[str, str]] = set()
+_builtin: set[str] = set()  # the built-in recipes' names, read before any test adds one of its own
+
+
 def pytest_collection_finish(session):
-    """Convert SmolLM2 here, once, when a collected test uses it: the conversion (~1-2 minutes, more under load) then
-    never counts against a test's timeout. A missing wheel is left for the fixture to report in the tests that need it."""
+    """Build here, once, before the first test starts, what the collected tests use: every built-in tiny model named by
+    a `builtin_models` mark (tiny:tool_calc takes ~8 minutes idle and much longer under load) and SmolLM2's conversion
+    (~1-2 minutes): a build then never counts against a test's timeout, and a fresh machine under load passes. A missing
+    SmolLM2 wheel is left for the fixture to report in the tests that need it."""
+    from cohort.models import tiny
+
+    _builtin.update(tiny.TINY_RECIPES)
+    needed = sorted({name for item in session.items for mark in item.iter_markers(BUILTIN_MODELS) for name in mark.args})
+    for name in needed:
+        if tiny.cached_tiny_dir(name) is None:
+            print(f"\nbuilding tiny:{name} before the tests (once; cached in {tiny.cache_root()})", flush=True)
+        tiny.build_tiny_model(name)
     if any("smollm2_dir" in getattr(item, "fixturenames", ()) for item in session.items):
         from cohort.models.gguf import GGUFError, gguf_checkpoint
 
@@ -130,6 +145,28 @@ def pytest_collection_finish(session):
             gguf_checkpoint(SMOLLM2)
         except GGUFError:
             pass
+
+
+@pytest.fixture(autouse=True)
+def _builtin_models_declared(request, monkeypatch):
+    """A test that uses a built-in tiny model must name it in a `builtin_models` mark, so that its build runs before the
+    tests (above), never inside one test's timeout: a test that would build an undeclared one fails and says so; one
+    that finds it cached is listed at the end of the run (`pytest_terminal_summary`), to be declared."""
+    from cohort.models import tiny
+
+    declared = {name for mark in request.node.iter_markers(BUILTIN_MODELS) for name in mark.args}
+    build_once = tiny.build_once
+
+    def checked(target, *args, **kwargs):
+        name = target.name.removeprefix("tiny-").rsplit("-", 1)[0]
+        if target.parent == tiny.cache_root() and name in _builtin and name not in declared:
+            if tiny.cached_tiny_dir(name) is None:
+                pytest.fail(f"this test would build tiny:{name} inside its timeout: add "
+                            f"@pytest.mark.{BUILTIN_MODELS}({name!r}) so it is built before the tests", pytrace=False)
+            _undeclared.add((request.node.nodeid, name))
+        return build_once(target, *args, **kwargs)
+
+    monkeypatch.setattr(tiny, "build_once", checked)
 
 
 @pytest.fixture(scope="session")
@@ -314,6 +351,10 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _undeclared:
+        terminalreporter.section("tests that use a built-in tiny model without a builtin_models mark (declare it)")
+        for nodeid, name in sorted(_undeclared):
+            terminalreporter.write_line(f"{nodeid}: tiny:{name}")
     if not _fast_lane(config) or not _over_budget:
         return
     terminalreporter.section(f"fast-lane tests over {FAST_TEST_BUDGET_S} s (speed them up or mark them slow)")

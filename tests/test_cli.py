@@ -21,7 +21,7 @@ import pytest
 from cohort.demo_preset import DEMO_PRESET
 from cohort.trainer import checkpoint
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.builtin_models('arith')]
 
 REWARD_MODULE = textwrap.dedent('''
     import os

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.builtin_models('arith')]
 
 
 def test_default_run_raises_heldout_accuracy_by_20_points(tmp_path):

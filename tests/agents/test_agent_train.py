@@ -32,6 +32,7 @@ def two_steps(name: str, run_dir: Path, overrides: list[str]) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.builtin_models('tool_calc')
 def test_the_openai_agent_trains_the_tool_loops_tokens_and_its_rewards(tmp_path):
     tool = two_steps("tool_calc", tmp_path / "tool", [])
     agent = two_steps("agent_openai", tmp_path / "agent", [f"agent.function={EXAMPLES / 'agent_openai.py'}:agent"])
@@ -67,6 +68,7 @@ async def forgetful_agent(client, row):
 
 
 @pytest.mark.slow
+@pytest.mark.builtin_models('tool_calc')
 def test_a_rewriting_agent_trains_one_sample_per_call(tmp_path):
     cfg = load_config(EXAMPLES / "agent_openai.yaml", ["train.max_steps=1", "train.prompts_per_step=2", "run.eval_every=0",
                                                        "algorithm.beta=0.04"])  # (a reference: its log-probs must cover every sample)

@@ -160,6 +160,7 @@ def tool_calc_server():
 
 
 @pytest.mark.vllm
+@pytest.mark.builtin_models('tool_calc')
 def test_cohort_serve_answers_a_tools_request_with_a_parsed_tool_call(tool_calc_server):
     """tiny:tool_calc opens a calculator call greedily on most held-out style prompts ("123*45=" and 13 of the first 21
     held-out ones where it was built first; which ones varies with the machine that built it, as its float sums do) and,

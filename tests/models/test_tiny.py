@@ -57,6 +57,7 @@ def hf_greedy_accuracy(model, tokenizer, rows):
     return correct / len(rows)
 
 
+@pytest.mark.builtin_models('arith')
 def test_checkpoint_loads_and_holds_its_documented_accuracy(arith_dir, arith_metadata):
     model = AutoModelForCausalLM.from_pretrained(arith_dir)
     tokenizer = AutoTokenizer.from_pretrained(arith_dir)
@@ -69,6 +70,7 @@ def test_checkpoint_loads_and_holds_its_documented_accuracy(arith_dir, arith_met
     assert abs(accuracy - arith_metadata["eval_greedy_accuracy"]) <= 2 / 300
 
 
+@pytest.mark.builtin_models('arith')
 def test_metadata_records_the_build_and_rl_headroom(arith_dir, arith_metadata):
     assert arith_metadata["name"] == "tiny:arith"
     assert arith_metadata["recipe_digest"] in arith_dir.name

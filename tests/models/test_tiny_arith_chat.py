@@ -45,6 +45,7 @@ def chat_tok(chat_dir):
     return load_tokenizer(chat_dir)
 
 
+@pytest.mark.builtin_models('arith_chat')
 def test_tokenizer_has_the_chat_specials_and_two_stop_ids(chat_dir, chat_tok):
     assert type(chat_tok).__name__ == "Qwen2Tokenizer"
     assert json.loads((chat_dir / "tokenizer.json").read_text())["model"]["type"] == "BPE"
@@ -57,6 +58,7 @@ def test_tokenizer_has_the_chat_specials_and_two_stop_ids(chat_dir, chat_tok):
     assert stop_token_ids(chat_dir, chat_tok) == sorted([im_end, pad])
 
 
+@pytest.mark.builtin_models('arith_chat')
 def test_the_chat_task_renders_one_turn_with_single_digit_tokens(chat_tok):
     task = get_task("arith_chat")
     row = next(r for r in task.train_rows + task.eval_rows if r["prompt"][0]["content"] == "47+8=")
@@ -89,6 +91,7 @@ def hf_greedy_accuracy(model, tokenizer, rows):
     return correct / len(rows)
 
 
+@pytest.mark.builtin_models('arith_chat')
 def test_checkpoint_holds_its_recorded_accuracy_in_the_band(chat_dir, chat_tok, chat_metadata):
     model = AutoModelForCausalLM.from_pretrained(chat_dir)
     assert type(model).__name__ == "Qwen2ForCausalLM" and model.dtype == torch.float32
@@ -99,6 +102,7 @@ def test_checkpoint_holds_its_recorded_accuracy_in_the_band(chat_dir, chat_tok, 
     assert abs(hf_greedy_accuracy(model, chat_tok, get_task("arith_chat").eval_rows) - recorded) <= 2 / 300
 
 
+@pytest.mark.builtin_models('arith_chat')
 def test_metadata_records_the_build_and_rl_headroom(chat_dir, chat_metadata):
     assert chat_metadata["name"] == "tiny:arith_chat" and chat_metadata["task"] == "arith_chat"
     assert chat_metadata["recipe_digest"] in chat_dir.name

@@ -71,6 +71,7 @@ def test_on_the_kv_cache_a_group_stops_once_every_row_has_its_eos():
 
 
 @pytest.mark.slow  # builds tiny:long_tail on first use (~5-10 minutes on 2 shared cores), then finds it cached
+@pytest.mark.builtin_models('long_tail')
 def test_the_built_model_samples_a_long_tail_of_lengths_and_leaves_headroom():
     directory = tiny.resolve_model_path("tiny:long_tail")
     metadata = json.loads((directory / tiny.METADATA_FILE).read_text())

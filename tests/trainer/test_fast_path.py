@@ -272,10 +272,16 @@ def test_local_server_overlap_runs_engine_and_trainer_on_separate_cores_and_lear
         history, seen = _steps_with_versions(trainer, 30)
         assert seen[0] == (0, 0) and all(sampled == current - 1 for sampled, current in seen[1:])
         assert all(h["sync/bytes_sent"] > 0 for h in history[:-1])  # new weights went to the child after every step
-        assert all(h["correction/kl"] < 0.5 for h in history[1:])
         assert trainer.last_canary_gap < 1e-4  # the child samples from exactly the trainer's weights
-        first, last = sum(h["reward"] for h in history[:5]) / 5, sum(h["reward"] for h in history[-5:]) / 5
-        assert first < 0.3 and last > 0.8, (first, last)
+        # Unlike the in-process run above, this one is not reproducible: the child batches requests as they arrive, and
+        # another batch shape changes the logits in the last bits, so runs part from the third batch on. So its bars are on
+        # the whole run. Ten runs here (2026-12-03, load 5-30): one-step-stale KL per step 0.00-0.30 in seven, a spike
+        # over 0.5 after a large update in two, means 0.04-0.07; rewards 0.05 at the start, last ten steps 0.65-0.96.
+        # A child that kept old weights drifts further behind every step (KL growing, no learning): both bars fail.
+        kls = [h["correction/kl"] for h in history[1:]]
+        assert sum(kls) / len(kls) < 0.15 and sorted(kls)[len(kls) // 2] < 0.1, [round(k, 3) for k in kls]
+        first, last = sum(h["reward"] for h in history[:5]) / 5, sum(h["reward"] for h in history[-10:]) / 10
+        assert first < 0.3 and last > 0.6, (first, last)
     finally:
         trainer.close()
     assert child.poll() is not None  # the child stops with the run
