@@ -3,7 +3,7 @@
 The embedded demo (tiny:arith on vLLM) with a reward that raises in step 3: call 1 is the
 "before" eval (one call for the whole eval set); training then scores groups as they finish, in
 as many calls as the engine's polls make, so the reward counts completions, not calls: it raises
-on the first call past the 2 × 256 completions of steps 1 and 2 (32 prompts × G=8 per step, the
+on the first call past the 2 × 512 completions of steps 1 and 2 (64 prompts × G=8 per step, the
 demo preset), so the run fails in step 3 after two good steps. Before this, such a run printed
 about 25 start-up warnings, two vLLM "Failed to load weights" lines per step and a
 30-line traceback with every line prefixed `[rank0]:`.
@@ -36,7 +36,7 @@ REWARD_MODULE = textwrap.dedent('''
                 raise ValueError("the grader lost its answer key")
         return [float(c.strip() == a) for c, a in zip(completions, answer)]
 ''')
-STEP_COMPLETIONS = DEMO_PRESET["train"]["prompts_per_step"] * DEMO_PRESET["rollout"]["num_generations"]  # 32 × 8
+STEP_COMPLETIONS = DEMO_PRESET["train"]["prompts_per_step"] * DEMO_PRESET["rollout"]["num_generations"]  # 64 × 8
 COHORT_LINES = ("config: ", "eval before training: ", "step ", "  ", "training ", "cohort: run failed at step 3 (reward): ",
                 "Saved the last good state (after step 2) to ", "Full traceback: ")
 

@@ -113,7 +113,7 @@ def test_config_show_prints_resolved(capsys):
 
 # --------------------------------------------------------------------------- the demo preset belongs to the demo
 
-PRESET_VALUES = {"data.max_prompt_length": 24, "rollout.max_completion_length": 8, "train.prompts_per_step": 32,
+PRESET_VALUES = {"data.max_prompt_length": 24, "rollout.max_completion_length": 8, "train.prompts_per_step": 64,
                  "train.micro_batch_size": 256, "train.learning_rate": 3e-4, "train.max_steps": 300}
 FIELD_DEFAULTS = {"data.max_prompt_length": None, "rollout.max_completion_length": 256, "train.prompts_per_step": 8,
                   "train.micro_batch_size": 16, "train.learning_rate": 1e-6, "train.max_steps": 100}

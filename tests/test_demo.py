@@ -2,10 +2,13 @@
 
 This is the product's promise, tested the way a user runs it: a subprocess with
 no config, the real tiny:arith model (built once and cached), vLLM rollouts,
-numeric_match rewards. Measured on this 2-core machine (seed 0): held-out greedy
-accuracy 37.7% -> 72.0% in 300 steps (+34 points; 2.5 min wall under load 6).
-The issue's bar is +20 points; a broken advantage sign, a stale engine or a
-learning rate that collapses the model (1e-3 gave -9) fails it.
+numeric_match rewards. The warm start is built on the machine that runs this, so
+its start differs by machine: 37.7% -> 72.0% in 300 steps at 32 prompts a step
+on the first machine; 43.0% -> 55.0% at 32 and 43.0% -> 68.0% at 64 (the preset
+since 2026-12-03; 797 s under load 15-38, about 6 minutes idle) on an AMD EPYC
+without bf16 units, CI's machine now. The issue's bar is +20 points; a broken
+advantage sign, a stale engine or a learning rate that collapses the model (1e-3
+gave -9) fails it.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.builtin_models('arith')]
 
 
+@pytest.mark.timeout(2400)  # a whole training run: 64 prompts x 8 samples for 300 steps, under CI's load
 def test_default_run_raises_heldout_accuracy_by_20_points(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     run_dir = tmp_path / "demo"
     proc = subprocess.run([sys.executable, "-m", "cohort.cli", "train", f"run.output_dir={run_dir}", "run.progress=false"],
-                          env=env, capture_output=True, text=True, timeout=900)
+                          env=env, capture_output=True, text=True, timeout=2300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     before, after = summary["eval/accuracy_before"], summary["eval/accuracy_after"]

@@ -28,8 +28,8 @@ def test_validating_a_tiny_model_builds_nothing(monkeypatch, tmp_path):
     monkeypatch.setenv("COHORT_CACHE", str(tmp_path / "cache"))  # an empty cache: a build would have to happen here
     cfg = load_config(None, ["model.path=tiny:arith", "data.max_prompt_length=null", f"run.output_dir={tmp_path / 'run'}"])
     plan = validate_config(cfg)
-    # the demo preset: 32 prompts × G=8 = 256 completions per step; the prompts of a tiny model are not measured
-    assert (plan.completions_per_step, plan.max_tokens_per_sequence) == (256, None)
+    # the demo preset: 64 prompts × G=8 = 512 completions per step; the prompts of a tiny model are not measured
+    assert (plan.completions_per_step, plan.max_tokens_per_sequence) == (512, None)
     assert plan.prompt_tokens_from == "not measured (a tiny:* model's tokenizer is built with the model)"
     assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
 
