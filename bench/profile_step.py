@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--stats-out", default=None, help="also dump the raw cProfile stats here (for pstats / snakeviz)")
     args = ap.parse_args(argv)
 
-    from cohort.config_loading import load_config
+    from cohort.config.loading import load_config
     from cohort.trainer.loop import Trainer
 
     workload = WORKLOADS[args.workload]

@@ -44,9 +44,9 @@ import yaml
 from pydantic import ValidationError
 
 from cohort.config import CohortConfig, ConfigError, default_output_dir
-from cohort.config_loading import resolve_config
+from cohort.config.loading import resolve_config
 from cohort.launch.launch import launch_elsewhere
-from cohort.rewards.registry import IN_PROCESS_MARK
+from cohort.config.references import IN_PROCESS_MARK
 from cohort.trainer.loop import Trainer
 from cohort.validation import validate_config
 
@@ -126,7 +126,7 @@ def _load(config: Any, overrides: list[str]) -> CohortConfig:
     if config is not None and not isinstance(config, (Mapping, str, os.PathLike)):
         raise ConfigError([f"config: expected a dict, a YAML path or a CohortConfig, got {type(config).__name__}"])
     resolved = resolve_config(config, list(overrides))
-    for note in resolved.notes:  # an old field name, read as its new one (cohort.config_renames)
+    for note in resolved.notes:  # an old field name, read as its new one (cohort.config.renames)
         warnings.warn(note, FutureWarning, stacklevel=4)
     return resolved.config
 

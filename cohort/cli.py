@@ -31,7 +31,7 @@ def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
 
 
 def _fields_help() -> str:
-    from cohort.config_fields import describe_fields
+    from cohort.config.fields import describe_fields
 
     lines = ["configuration fields (set in the YAML file or as section.field=value):"]
     for key, typ, default, help_text in describe_fields():
@@ -43,7 +43,7 @@ def _fields_help() -> str:
 def _load(args_list: list[str], *, check_files: bool = True, say_source=None, for_gpu: bool = False):
     """(config, plan); with say_source (a stream), first write the one line that says where the values came from.
     `for_gpu`: settle model.dtype=auto as on a GPU (planning a GPU run from another machine)."""
-    from cohort.config_loading import resolve_config
+    from cohort.config.loading import resolve_config
     from cohort.validation import settle_model_dtype, validate_config
 
     path, overrides = _split_config_args(args_list)
@@ -68,7 +68,7 @@ def _resume_config(target: str, overrides: list[str]):
     from pathlib import Path
 
     from cohort.config import ConfigError
-    from cohort.config_loading import resolve_config
+    from cohort.config.loading import resolve_config
     from cohort.trainer.checkpoint import is_checkpoint_dir
     from cohort.validation import validate_config
 

@@ -18,7 +18,8 @@ import cohort
 from cohort import api
 from cohort.config import ConfigError
 from cohort.trainer.failure import RunFailed
-from cohort.rewards.registry import reference, resolve
+from cohort.config.references import reference
+from cohort.rewards.registry import resolve
 
 ROWS = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(32)]
 

@@ -18,7 +18,7 @@ import torch
 
 from cohort import cli
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.plan import (ModelFacts, activation_bytes_per_token_layer, batch_plan, engine_batch_limits, format_plan,
                          gpu_fit_problems, gpu_memory_plan, memory_estimate, model_facts)
 from cohort.validation import validate_config

@@ -11,7 +11,7 @@ import struct
 import pytest
 
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.distributed.fsdp import LocalContext
 from cohort.models.loading import load_tokenizer
 from cohort.plan import batch_plan, format_plan, memory_estimate, model_facts

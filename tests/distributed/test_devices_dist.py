@@ -17,7 +17,7 @@ import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.distributed import fsdp
 from cohort.distributed.fsdp import (DistContext, LocalContext, context_from_env, fsdp_policies, move_optimizer_state,
                                      offload_optimizer_state)

@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("peft")
 
 from cohort.config import ConfigError  # noqa: E402
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.validation import validate_config  # noqa: E402
 from cohort.models.loading import load_policy  # noqa: E402
 from cohort.models.logprobs import completion_logprobs  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 
 from cohort import cli
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.data.datasets import file_columns
 from cohort.rewards.columns import reward_column_problems
 from cohort.validation import validate_config

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.data.tasks import get_task
 from cohort.models.loading import load_tokenizer
 from cohort.models.tiny import TINY_RECIPES, chat_codec, tool_transcript

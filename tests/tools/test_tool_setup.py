@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.models.loading import load_tokenizer
 from cohort.rewards import RewardSet
 from cohort.tools.parsers import ToolCall, get_parser, parse_compact, parse_hermes

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.rollout.base import Trajectory
 from cohort.rollout.stream import FinishedGroup
 from cohort.trainer import checkpoint

@@ -19,7 +19,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.models.batching import length_sorted_micro_batches
 from cohort.trainer.loop import Trainer
 

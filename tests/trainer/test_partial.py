@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.models.batching import pack_right_padded
 from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import Trajectory, continuation_seed

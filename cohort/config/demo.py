@@ -3,7 +3,7 @@
 Written out as examples/arith.yaml (tests/test_config.py keeps the two equal). Tuned on the arith task by
 measurement (held-out greedy accuracy after 300 steps from the 38.7% warm start, seed 0): lr 3e-5 +6, 1e-4 +7,
 3e-4 +18 (16 prompts/step) and +31 (32 prompts/step), 1e-3 -9 (collapse); cosine 5e-4 +22. Tuned for a 4-layer
-model and 3-token answers: never the defaults of a user's own model or data. `cohort.config_loading.resolve_config`
+model and 3-token answers: never the defaults of a user's own model or data. `cohort.config.loading.resolve_config`
 decides when it applies; this module imports nothing.
 """
 
