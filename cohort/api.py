@@ -48,7 +48,7 @@ from cohort.config.loading import resolve_config
 from cohort.launch.launch import launch_elsewhere
 from cohort.config.references import IN_PROCESS_MARK
 from cohort.trainer.loop import Trainer
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 
 RewardLike = str | Mapping[str, Any] | Callable[..., Any]
 DATA_DIR = "data"  # under the run directory: the in-memory datasets, as files

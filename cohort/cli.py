@@ -44,7 +44,7 @@ def _load(args_list: list[str], *, check_files: bool = True, say_source=None, fo
     """(config, plan); with say_source (a stream), first write the one line that says where the values came from.
     `for_gpu`: settle model.dtype=auto as on a GPU (planning a GPU run from another machine)."""
     from cohort.config.loading import resolve_config
-    from cohort.validation import settle_model_dtype, validate_config
+    from cohort.plan.validate import settle_model_dtype, validate_config
 
     path, overrides = _split_config_args(args_list)
     resolved = resolve_config(path, overrides)
@@ -70,7 +70,7 @@ def _resume_config(target: str, overrides: list[str]):
     from cohort.config import ConfigError
     from cohort.config.loading import resolve_config
     from cohort.trainer.checkpoint import is_checkpoint_dir
-    from cohort.validation import validate_config
+    from cohort.plan.validate import validate_config
 
     path = Path(target)
     run_dir = path.parent.parent if is_checkpoint_dir(path) else path
@@ -164,8 +164,8 @@ def cmd_config_show(ns) -> int:
 
 def cmd_plan(ns) -> int:
     cfg, plan = _load(ns.config, say_source=sys.stdout, for_gpu=ns.gpu_memory_gib is not None)
-    from cohort.plan import format_plan
-    from cohort.validation import plan_gpu_memory
+    from cohort.plan.printout import format_plan
+    from cohort.plan.validate import plan_gpu_memory
 
     total = None if ns.gpu_memory_gib is None else int(ns.gpu_memory_gib * 2**30)
     print(format_plan(cfg, plan, gpu=plan_gpu_memory(cfg, plan, total)))  # (None: no GPU split to show)

@@ -12,8 +12,8 @@ from cohort.config import ConfigError
 from cohort.config.fields import describe_fields
 from cohort.config.loading import load_config
 from cohort.models.devices import has_bf16_units
-from cohort.plan import batch_plan
-from cohort.validation import validate_config
+from cohort.plan.batch import batch_plan
+from cohort.plan.validate import validate_config
 
 
 @pytest.fixture

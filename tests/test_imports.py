@@ -36,8 +36,7 @@ LAYERS = [
     {"cohort.rollout", "cohort.tools"},  # engines (vLLM, transformers, remote), the rollout server; the tool loop over them
     {"cohort.agents"},  # the OpenAI-compatible chat endpoint over any engine's requests; agent functions as rollouts
     {"cohort.prompts"},  # prompts as token ids under the model's length limit (before any weights load)
-    {"cohort.validation", "cohort.loss_checks", "cohort.pipeline_checks", "cohort.teacher_checks", "cohort.plan", "cohort.run_mode",
-     "cohort.convert"},  # every check of a config; the batch plan and memory estimate; `cohort convert`
+    {"cohort.plan", "cohort.convert"},  # every check of a config; the batch plan, memory estimate and printout; `cohort convert`
     {"cohort.distributed"},  # process groups, FSDP, rank 0's engine and rewards: no trainer
     {"cohort.trainer"},  # the driver loop and what it builds
     {"cohort.launch"},  # whatever runs a Trainer elsewhere: torchrun, Ray actors

@@ -5,7 +5,7 @@ model on a built-in task, with no config file); the CLI and the Python API both 
 line `cohort train` prints about where the values came from, and one note per old field name it read
 (cohort.config.renames: a config written before a rename still works, a checkpoint's saved config.yaml too).
 
-Left out: every check across fields (cohort.validation). Imports the typed config, the rename table, the preset
+Left out: every check across fields (cohort.plan.validate). Imports the typed config, the rename table, the preset
 and the mapping tables of `cohort convert` (`cohort.mapping.hints`, pure data: an unknown key that is verl's or
 TRL's name is refused with cohort's spelling); none of them loads torch.
 """

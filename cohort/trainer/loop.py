@@ -78,7 +78,7 @@ from cohort.trainer.stopping import check_finite
 from cohort.trainer.collect import CollectContext, Collected, StreamedGradients, collect_batch
 from cohort.trainer.scoring import distill_micro_batch, score_completions, teacher_scorer
 from cohort.trainer.sync_check import SyncCheck, canary_tokens
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 
 class Phases:
     """Wall-clock timing of named phases: `with phases("generate"): ...` adds to timing/generate_s."""

@@ -24,7 +24,7 @@ from cohort.distributed.fsdp import (DistContext, LocalContext, context_from_env
 from cohort.distributed.rank0 import MainOnlyEngine, _PushEnd, follow_walks
 from cohort.models.devices import DeviceError, process_group_backend, resolve_device
 from cohort.models.precision import resolve_precision
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 
 
 def test_each_local_rank_gets_its_own_gpu_and_its_backend():

@@ -30,7 +30,7 @@ import torch
 
 from cohort.config import ConfigError
 from cohort.config.loading import load_config
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 from cohort.distributed.fsdp import DistContext, LocalContext
 from cohort.trainer.loop import Trainer
 

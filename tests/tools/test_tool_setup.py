@@ -15,7 +15,7 @@ from cohort.rewards import RewardSet
 from cohort.tools.parsers import ToolCall, get_parser, parse_compact, parse_hermes
 from cohort.tools.render import ToolRenderer, ToolTemplateError
 from cohort.tools.schema import resolve_environment, resolve_tools
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 
 
 def multiply(a: int, b: int) -> int:

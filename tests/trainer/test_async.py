@@ -21,7 +21,7 @@ from cohort.trainer import checkpoint
 from cohort.rollout.scheduler import Origin
 from cohort.trainer.loop import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 
 pytest.importorskip("vllm")
 QUIET = dict(log=lambda *a, **k: None)

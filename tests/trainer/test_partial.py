@@ -23,7 +23,7 @@ from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import Trajectory, continuation_seed
 from cohort.trainer import checkpoint
 from cohort.trainer.loop import Trainer
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 
 QUIET = dict(log=lambda *a, **k: None)
 

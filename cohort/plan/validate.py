@@ -5,7 +5,7 @@
 `BatchPlan`. It runs, in this order:
 
 - the config alone: batch arithmetic, value ranges (the loss fields' in
-  `cohort.loss_checks`, the distillation teacher's in `cohort.teacher_checks`), the scheduler's rules, the rollout
+  `cohort.plan.loss_checks`, the distillation teacher's in `cohort.plan.teacher_checks`), the scheduler's rules, the rollout
   mode and the distributed settings, training processes, the run/logger/optimizer
   fields, and that every reward spec resolves;
 - with check_files, the outside world, cheaply: the data files and their columns
@@ -16,7 +16,7 @@
   tokenizer, no weights; skipped for `tiny:*` models, whose tokenizer is built
   with the model) against the model's positions, and the vLLM CPU KV cache;
 - on a GPU, with vLLM colocated or in a local server child: the GPU memory plan
-  (`cohort.plan.gpu_memory_plan`, against the GPU's total memory read from
+  (`cohort.plan.memory.gpu_memory_plan`, against the GPU's total memory read from
   CUDA), refusing a split that cannot fit with both numbers and the fixes.
 
 It builds nothing: no model, no tokenizer of a `tiny:*` model, no engine, and
@@ -41,29 +41,29 @@ from pathlib import Path
 import torch
 
 from cohort import rewards as reward_registry
+from cohort.agents.checks import agent_problems
 from cohort.algorithm_facts import FACTS
-from cohort.pipeline_checks import pipeline_problems
 from cohort.config import CohortConfig, ConfigError
 from cohort.data.datasets import DataError, check_data_config, own_data
+from cohort.data.loading import load_data
 from cohort.data.named import named_data_problems
-from cohort.loss_checks import loss_problems
 from cohort.models import loading
-from cohort.models.hub import hub_parameter_count
 from cohort.models.devices import DeviceError, auto_dtype, has_bf16_units, resolve_device
+from cohort.models.hub import hub_parameter_count
 from cohort.models.lora import lora_problems
 from cohort.models.placement import engine_gpus, training_processes, visible_gpus
 from cohort.models.tiny import cached_tiny_dir
 from cohort.models.tokenizer_check import tokenizer_file_problems, tokenizer_problems
-from cohort.plan import (BatchPlan, GpuMemoryPlan, MeasuredPrompts, ModelFacts, UnreadableWeights, batch_plan,
-                         gpu_fit_problems, gpu_memory_plan, kv_bytes_per_token, model_facts, stream_update_active,
-                         with_measured_prompts)
-from cohort.data.loading import load_data
+from cohort.plan.batch import BatchPlan, MeasuredPrompts, batch_plan, stream_update_active, with_measured_prompts
+from cohort.plan.loss_checks import loss_problems
+from cohort.plan.memory import (GpuMemoryPlan, ModelFacts, UnreadableWeights, gpu_fit_problems, gpu_memory_plan,
+                                kv_bytes_per_token, model_facts)
+from cohort.plan.pipeline_checks import pipeline_problems
+from cohort.plan.run_mode import ONE_STEP_FIX, one_step_per_generation
+from cohort.plan.teacher_checks import teacher_fit_problems, teacher_problems
 from cohort.prompts import encode_prompts, fit_problems, max_positions_of
 from cohort.rewards.columns import reward_column_problems
-from cohort.teacher_checks import teacher_fit_problems, teacher_problems
 from cohort.tools.checks import tool_problems
-from cohort.agents.checks import agent_problems
-from cohort.run_mode import ONE_STEP_FIX, one_step_per_generation
 
 
 def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
@@ -84,7 +84,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in loading.check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
-    problems += teacher_problems(cfg, check_files)  # algorithm.name = distill: the teacher (cohort/teacher_checks.py)
+    problems += teacher_problems(cfg, check_files)  # algorithm.name = distill: the teacher (cohort/plan/teacher_checks.py)
     problems += tool_problems(cfg.tools)
     problems += agent_problems(cfg, world_size=training_world_size(cfg), one_step=one_step_per_generation(cfg),
                                one_step_fix=ONE_STEP_FIX)

@@ -16,8 +16,8 @@ from typing import Callable
 
 from cohort.algorithm_facts import FACTS
 from cohort.config import CohortConfig
-from cohort.plan import GROUP_RELATIVE, stream_update_blockers
-from cohort.run_mode import ONE_STEP_FIX, engine_shares_policy_module, one_step_per_generation
+from cohort.plan.batch import GROUP_RELATIVE, stream_update_blockers
+from cohort.plan.run_mode import ONE_STEP_FIX, engine_shares_policy_module, one_step_per_generation
 
 
 @dataclass(frozen=True)
