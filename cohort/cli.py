@@ -64,7 +64,7 @@ def _say_notes(notes: tuple[str, ...]) -> None:
 
 
 def _resume_config(target: str, overrides: list[str]):
-    """The config of the run being resumed (RUN_DIR/config.yaml) with `overrides`; the run directory stays the same."""
+    """(config, plan) of the run being resumed (RUN_DIR/config.yaml) with `overrides`; the run directory stays the same."""
     from pathlib import Path
 
     from cohort.config import ConfigError
@@ -85,12 +85,11 @@ def _resume_config(target: str, overrides: list[str]):
         print(f"config: {resolved.source} (the run being resumed)", flush=True)
     cfg = resolved.config
     cfg.run.output_dir = str(run_dir)
-    validate_config(cfg)
-    return cfg
+    return cfg, validate_config(cfg)
 
 
 def cmd_train(ns) -> int:
-    cfg = _resume_config(ns.resume, ns.config) if ns.resume else _load(ns.config, say_source=sys.stdout)[0]
+    cfg, plan = _resume_config(ns.resume, ns.config) if ns.resume else _load(ns.config, say_source=sys.stdout)
     from cohort.launch.launch import launch_elsewhere
 
     outcome = launch_elsewhere(cfg, ["train", *ns.config] + (["--resume", ns.resume] if ns.resume else []))
@@ -98,7 +97,7 @@ def cmd_train(ns) -> int:
         return outcome
     if outcome is not None:  # distributed.backend=ray: rank 0's summary
         summary = outcome
-    elif (summary := _train_here(cfg, ns.resume)) is None:  # a rank > 0 of a multi-process run
+    elif (summary := _train_here(cfg, plan, ns.resume)) is None:  # a rank > 0 of a multi-process run
         return 0
     if summary.get("stopped"):
         print(summary["message"])
@@ -110,8 +109,9 @@ def cmd_train(ns) -> int:
     return 0
 
 
-def _train_here(cfg, resume: str | None) -> dict | None:
+def _train_here(cfg, plan, resume: str | None) -> dict | None:
     """Train in this process, the engine's and libraries' output going to RUN_DIR/logs/engine.log (cohort/console.py).
+    `plan`: what validating `cfg` returned (the Trainer does not validate again).
 
     Returns the summary (None on ranks > 0). A failure that is not a config, data, model or checkpoint problem
     becomes `RunFailed`: one message, the traceback in RUN_DIR/logs/error.log."""
@@ -126,7 +126,7 @@ def _train_here(cfg, resume: str | None) -> dict | None:
     rank = int(os.environ.get("RANK", "0"))
     with capture_output(run_dir / "logs" / ("engine.log" if rank == 0 else f"engine-rank{rank}.log"), verbose=cfg.run.verbose):
         try:
-            trainer = Trainer(cfg, run_dir=run_dir)
+            trainer = Trainer(cfg, run_dir=run_dir, plan=plan)
         except _user_errors():
             raise
         except Exception as exc:  # loading, starting the engine: RunFailed from it

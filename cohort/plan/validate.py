@@ -20,13 +20,19 @@
   CUDA), refusing a split that cannot fit with both numbers and the fixes.
 
 It builds nothing: no model, no tokenizer of a `tiny:*` model, no engine, and
-writes no file. It changes one field: when engine.gpu_memory_utilization is
-unset (None) and the GPU plan applies, the derived fraction is written into the
-config, so every engine built from it (colocated, a local server child,
-torchrun's children reading config.yaml) gets the same value and the saved
-config.yaml records what vLLM was given (a resumed run takes it as set; unset it
-to derive it again on another GPU). `cohort train` validates twice (the CLI, then the Trainer); the
-last prompt measurement is kept so the second costs nothing.
+writes no file (with check_files, a GGUF model.path is converted once into cohort's cache first, so the checks can
+read it). It is not pure: it resolves two fields of `cfg` in place, each the one value every later reader must
+agree on, and writes nothing else into it:
+- `model.dtype = auto` becomes the dtype chosen for this device (`settle_model_dtype`), so the saved config.yaml,
+  the plan and every part read one concrete dtype;
+- `engine.gpu_memory_utilization` unset (None), when the GPU plan applies, becomes the derived fraction, so every
+  engine built from it (colocated, a local server child, torchrun's children reading config.yaml) gets the same
+  value and the saved config.yaml records what vLLM was given (a resumed run takes it as set; unset it to derive
+  it again on another GPU).
+Returning a resolved copy instead would leave every caller holding the unresolved config it passed in (the CLI,
+the API and tests all keep using their `cfg`), so the two fields are settled where the config is. Once per run:
+`cohort train` and `cohort.train` validate, then hand the plan to the Trainer (`Trainer(cfg, plan=plan)`), which
+validates only when it is given none.
 
 Left out: whatever needs the weights (a checkpoint whose tensors do not fit its
 config fails at load, naming the directory).
@@ -511,7 +517,6 @@ def _check_output_dir(output_dir: str | None) -> list[str]:
     return []
 
 
-_MEASURED: dict[tuple, MeasuredPrompts] = {}  # the last measurement: `cohort train` validates twice (CLI, then Trainer)
 
 
 def measure_prompts(cfg: CohortConfig) -> MeasuredPrompts | None:
@@ -522,13 +527,7 @@ def measure_prompts(cfg: CohortConfig) -> MeasuredPrompts | None:
         return None
     if tokenizer_problems(cfg.model.path, folder=model_dir):  # (reported by validate_config; an empty tokenizer measures nothing)
         return None
-    files = [Path(f) for f in cfg.data.train_files + cfg.data.eval_files]
-    stamps = tuple((str(f), f.stat().st_mtime_ns if f.exists() else None) for f in files)
-    key = (str(model_dir), cfg.data.model_dump_json(), cfg.rollout.max_completion_length, cfg.train.seed, stamps)
-    if key not in _MEASURED:
-        _MEASURED.clear()
-        _MEASURED[key] = _measure(cfg, model_dir)
-    return _MEASURED[key]
+    return _measure(cfg, model_dir)
 
 
 def _measure(cfg: CohortConfig, model_dir: Path) -> MeasuredPrompts | None:
