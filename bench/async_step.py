@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from cohort.config.loading import load_config
     from cohort.trainer.diagnostics import Diagnostics
-    from cohort.trainer.loggers import MetricsLogger
+    from cohort.runs.loggers import MetricsLogger
     from cohort.trainer.loop import Trainer
 
     locks = LockTimer()

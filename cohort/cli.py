@@ -139,7 +139,7 @@ def _train_here(cfg, plan, resume: str | None) -> dict | None:
 
 
 def cmd_report(ns) -> int:
-    from cohort.report import write_report
+    from cohort.runs.report import write_report
 
     path = write_report(ns.run_dir, ns.out)
     print(f"report: {path}")
@@ -147,7 +147,7 @@ def cmd_report(ns) -> int:
 
 
 def cmd_compare(ns) -> int:
-    from cohort.report import write_comparison
+    from cohort.runs.report import write_comparison
 
     path = write_comparison(ns.run_dirs, ns.out)
     print(f"comparison: {path}")
@@ -292,13 +292,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
-    """Problems of the config, data, model or a checkpoint: reported as they are worded, exit 2."""
+    """Problems of the config, data, model, a checkpoint or a run directory's file: reported as they are worded, exit 2."""
     from cohort.config import ConfigError
     from cohort.data.datasets import DataError
     from cohort.models.loading import ModelLoadError
+    from cohort.runs.jsonl import RunFileError
     from cohort.trainer.checkpoint import CheckpointError
 
-    return ConfigError, DataError, ModelLoadError, CheckpointError
+    return ConfigError, DataError, ModelLoadError, CheckpointError, RunFileError
 
 
 def main(argv: list[str] | None = None) -> int:

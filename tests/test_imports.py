@@ -27,8 +27,8 @@ ROOT = Path(cohort.__file__).resolve().parent
 
 # Lowest first. A package may import packages of its own layer or below (docs/architecture.md says why each sits where).
 LAYERS = [
-    {"cohort.console", "cohort.report", "cohort.mapping", "cohort.algorithm_facts"},  # terminal output, HTML reports, verl/TRL option tables, the algorithms' facts: import no other cohort package
-    {"cohort.config"},  # the typed config (pydantic only), loading and overrides, old names, the field table, the demo preset
+    {"cohort.console", "cohort.mapping", "cohort.algorithm_facts"},  # terminal output, verl/TRL option tables, the algorithms' facts: import no other cohort package
+    {"cohort.config", "cohort.runs"},  # the typed config (pydantic only), loading and overrides, old names, the field table, the demo preset; what writes and reads a run directory
     {"cohort.algorithms"},  # pure tensor maths behind registries
     {"cohort.data"},  # datasets, built-in tasks, the repeat sampler
     {"cohort.models"},  # loading models and tokenizers, the tiny models, log-prob kernels, batch packing

@@ -1,5 +1,5 @@
 """Checkpoints: exact resume (in process, and after `kill -9` with both engines), atomic writes, pruning, disk space,
-falling back past a damaged checkpoint (the failure modes one by one: tests/trainer/test_manifest.py).
+falling back past a damaged checkpoint (the failure modes one by one: tests/runs/test_manifest.py).
 
 "Exact" means: the resumed run samples the same completions (same text, rewards
 and advantages in completions.jsonl) and ends with the same weights (max abs

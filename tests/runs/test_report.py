@@ -15,7 +15,7 @@ import matplotlib.image
 import pytest
 
 from cohort import cli
-from cohort.report import PHASE_KEY, load_run, moving_mean, write_report
+from cohort.runs.report import PHASE_KEY, load_run, moving_mean, write_report
 
 
 def write_run(run_dir, *, steps=20, with_kl=True, reward_offset=0.0):
