@@ -19,8 +19,10 @@ It is `cohort train` without the command line, on the same path:
   `data.train_files` / `data.eval_files`, so the data checks, the saved config.yaml and
   `cohort train --resume RUN_DIR` see ordinary files;
 - `validate_config` runs once, before anything is written to the run directory or loaded
-  (a `ConfigError` lists every problem), then `launch_elsewhere` and `Trainer` (handed
-  the plan it returned) run it exactly as `cmd_train` does.
+  (a `ConfigError` lists every problem), then `cohort.launch.launch.run_config`, the function
+  `cmd_train` calls, runs it: torchrun children or Ray actors when asked, else a Trainer in
+  this process handed the plan, the engine's output in RUN_DIR/logs/engine.log and a setup
+  failure raised as `RunFailed` (its traceback in RUN_DIR/logs/error.log).
 
 Left out: returning the trained model object (it is saved under RUN_DIR/final, which
 `transformers.AutoModelForCausalLM.from_pretrained` loads); streaming datasets. A reward
@@ -45,9 +47,8 @@ from pydantic import ValidationError
 
 from cohort.config import CohortConfig, ConfigError, default_output_dir
 from cohort.config.loading import resolve_config
-from cohort.launch.launch import launch_elsewhere
+from cohort.launch.launch import run_config
 from cohort.config.references import IN_PROCESS_MARK
-from cohort.trainer.loop import Trainer
 from cohort.plan.batch import BatchPlan
 from cohort.plan.validate import validate_config
 
@@ -114,19 +115,13 @@ def run(cfg: CohortConfig, plan: BatchPlan | None = None) -> dict[str, Any]:
     config_file = run_dir / "config.yaml"  # what torchrun's children read; the run rewrites it with the same content
     run_dir.mkdir(parents=True, exist_ok=True)
     config_file.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    outcome = launch_elsewhere(cfg, ["train", str(config_file)])
+    outcome = run_config(cfg, plan, ["train", str(config_file)])  # (cmd_train's orchestration, cohort/launch/launch.py)
     if isinstance(outcome, int):  # train.num_processes > 1: the torchrun children did the work
         if outcome != 0:
             raise RuntimeError(f"the {cfg.train.num_processes} training processes exited with status {outcome}; their "
                                f"output is above and under {run_dir}/ranks/")
         return json.loads((run_dir / "summary.json").read_text())
-    if outcome is not None:  # distributed.backend=ray: rank 0's summary
-        return outcome
-    trainer = Trainer(cfg, plan=plan)
-    try:
-        return trainer.train()
-    finally:
-        trainer.close()
+    return outcome  # rank 0's summary: Ray's, or this process's
 
 
 def _load(config: Any, overrides: list[str]) -> CohortConfig:

@@ -90,14 +90,12 @@ def _resume_config(target: str, overrides: list[str]):
 
 def cmd_train(ns) -> int:
     cfg, plan = _resume_config(ns.resume, ns.config) if ns.resume else _load(ns.config, say_source=sys.stdout)
-    from cohort.launch.launch import launch_elsewhere
+    from cohort.launch.launch import run_config
 
-    outcome = launch_elsewhere(cfg, ["train", *ns.config] + (["--resume", ns.resume] if ns.resume else []))
-    if isinstance(outcome, int):  # train.num_processes > 1: the torchrun children did the work
-        return outcome
-    if outcome is not None:  # distributed.backend=ray: rank 0's summary
-        summary = outcome
-    elif (summary := _train_here(cfg, plan, ns.resume)) is None:  # a rank > 0 of a multi-process run
+    summary = run_config(cfg, plan, ["train", *ns.config] + (["--resume", ns.resume] if ns.resume else []), resume=ns.resume)
+    if isinstance(summary, int):  # train.num_processes > 1: the torchrun children did the work
+        return summary
+    if summary is None:  # a rank > 0 of a multi-process run
         return 0
     if summary.get("stopped"):
         print(summary["message"])
@@ -107,35 +105,6 @@ def cmd_train(ns) -> int:
         print(f"held-out greedy accuracy: {before:.1%} before → {after:.1%} after ({(after - before) * 100:+.1f} points)")
     print(f"{summary['steps']} steps in {summary['wall_s']:.1f} s; run directory: {summary['run_dir']}")
     return 0
-
-
-def _train_here(cfg, plan, resume: str | None) -> dict | None:
-    """Train in this process, the engine's and libraries' output going to RUN_DIR/logs/engine.log (cohort/console.py).
-    `plan`: what validating `cfg` returned (the Trainer does not validate again).
-
-    Returns the summary (None on ranks > 0). A failure that is not a config, data, model or checkpoint problem
-    becomes `RunFailed`: one message, the traceback in RUN_DIR/logs/error.log."""
-    from pathlib import Path
-
-    from cohort.config import default_output_dir
-    from cohort.console import capture_output
-    from cohort.trainer.failure import setup_failed
-    from cohort.trainer.loop import Trainer
-
-    run_dir = Path(cfg.run.output_dir or default_output_dir())
-    rank = int(os.environ.get("RANK", "0"))
-    with capture_output(run_dir / "logs" / ("engine.log" if rank == 0 else f"engine-rank{rank}.log"), verbose=cfg.run.verbose):
-        try:
-            trainer = Trainer(cfg, run_dir=run_dir, plan=plan)
-        except _user_errors():
-            raise
-        except Exception as exc:  # loading, starting the engine: RunFailed from it
-            raise setup_failed(run_dir, exc) from exc
-        try:
-            summary = trainer.train(resume_from=resume)  # raises RunFailed itself, after saving what it can
-        finally:
-            trainer.close()
-    return summary if trainer.dist.is_main else None
 
 
 def cmd_report(ns) -> int:
@@ -293,13 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _user_errors() -> tuple[type[Exception], ...]:
     """Problems of the config, data, model, a checkpoint or a run directory's file: reported as they are worded, exit 2."""
-    from cohort.config import ConfigError
-    from cohort.data.datasets import DataError
-    from cohort.models.loading import ModelLoadError
-    from cohort.runs.jsonl import RunFileError
-    from cohort.trainer.checkpoint import CheckpointError
+    from cohort.launch.launch import USER_ERRORS
 
-    return ConfigError, DataError, ModelLoadError, CheckpointError, RunFileError
+    return USER_ERRORS
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ def _no_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the config was refused")
 
-    monkeypatch.setattr(api, "Trainer", refuse)
+    monkeypatch.setattr("cohort.launch.launch.Trainer", refuse)  # (the run both cohort train and cohort.train call)
     monkeypatch.setattr("cohort.trainer.setup.load_policy", refuse)
 
 
