@@ -1,4 +1,4 @@
-"""On-policy distillation's teacher is checked before anything loads (cohort/plan/teacher_checks.py, cohort/plan.py):
+"""On-policy distillation's teacher is checked before anything loads (cohort/plan/teacher_checks.py, cohort/plan/memory.py):
 a missing teacher, a teacher of another tokenizer, a teacher too large for the GPU plan, too few positions, and the
 ranges; a teacher of the same tokenizer is accepted, and distilling alone needs no reward function."""
 

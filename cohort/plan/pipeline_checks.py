@@ -5,7 +5,7 @@ Each row of `INCOMPATIBLE` is (the rule, its condition, what to say, the fix); `
 the message of every row that holds. The rules otherwise compose (one scheduler, cohort/rollout/scheduler.py):
 a staleness bound k >= 1 with partial rollouts, dynamic sampling and tools all run. What a row's condition reads
 (one optimizer step per generation batch, an engine sharing the policy module, the streamed update's blockers) is
-defined once, in cohort/plan.py.
+defined once, in cohort/plan/run_mode.py and cohort/plan/batch.py.
 """
 
 from __future__ import annotations
