@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
 
-    from cohort.config_loading import load_config
+    from cohort.config.loading import load_config
     from cohort.trainer.diagnostics import Diagnostics
-    from cohort.trainer.loggers import MetricsLogger
+    from cohort.runs.loggers import MetricsLogger
     from cohort.trainer.loop import Trainer
 
     locks = LockTimer()

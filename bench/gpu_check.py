@@ -52,11 +52,11 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's cohort, without an install
 
 from cohort.api import train as cohort_train  # noqa: E402
-from cohort.config_loading import load_config  # noqa: E402
+from cohort.config.loading import load_config  # noqa: E402
 from cohort.distributed.rank0 import DetachedHFEngine  # noqa: E402
 from cohort.models.devices import resolve_device  # noqa: E402
 from cohort.models.loading import load_policy, load_tokenizer, stop_token_ids  # noqa: E402
-from cohort.plan import memory_estimate, model_facts  # noqa: E402
+from cohort.plan.memory import memory_estimate, model_facts  # noqa: E402
 from cohort.trainer.loop import Trainer  # noqa: E402
 
 SHAPES = {  # Qwen2 config fields; "0.5b" is Qwen2.5-0.5B's shape

@@ -119,7 +119,7 @@ def _phase_peaks(loop_module, peaks: dict[str, float]) -> None:
 def child(model_dir: str, data: str, run_dir: str, lora_rank: int, steps: int, load: bool, micro: int, rollout: str,
           dtype: str) -> None:
     import cohort.trainer.loop as loop_module
-    from cohort.config_loading import load_config
+    from cohort.config.loading import load_config
 
     cfg = load_config(None, [
         f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", *ROLLOUTS[rollout],

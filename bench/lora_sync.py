@@ -32,7 +32,7 @@ RANK = 16
 def _lora_policy(model_dir: Path, step: int):
     import torch
 
-    from cohort.config_loading import load_config
+    from cohort.config.loading import load_config
     from cohort.models.loading import load_policy
     from cohort.models.lora import attach_lora
 

@@ -44,7 +44,7 @@ FIXED_COSTS = {
     "reload (VLLMEngine.update_weights)": ("cohort/rollout/vllm_engine.py", "update_weights"),
     "canary log-probs (Trainer._canary_logprobs)": ("cohort/trainer/loop.py", "_canary_logprobs"),
     "canary engine score (VLLMEngine.score)": ("cohort/rollout/vllm_engine.py", "score"),
-    "metrics logger (MetricsLogger.log)": ("cohort/trainer/loggers.py", "log"),
+    "metrics logger (MetricsLogger.log)": ("cohort/runs/loggers.py", "log"),
     "diagnostics (Diagnostics.observe)": ("cohort/trainer/diagnostics.py", "observe"),
     "sample completions (_log_completions)": ("cohort/trainer/run.py", "_log_completions"),
 }
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--stats-out", default=None, help="also dump the raw cProfile stats here (for pstats / snakeviz)")
     args = ap.parse_args(argv)
 
-    from cohort.config_loading import load_config
+    from cohort.config.loading import load_config
     from cohort.trainer.loop import Trainer
 
     workload = WORKLOADS[args.workload]

@@ -59,9 +59,9 @@ def peak_of(command: list[str], env: dict) -> tuple[float, int, str]:
 
 def estimate(overrides: list[str]) -> dict:
     """The planner's rows for this config, as `cohort plan` prints them (validation converts the GGUF file once)."""
-    from cohort.config_loading import load_config
-    from cohort.plan import cpu_engine_share, memory_estimate, model_facts
-    from cohort.validation import validate_config
+    from cohort.config.loading import load_config
+    from cohort.plan.memory import cpu_engine_share, memory_estimate, model_facts
+    from cohort.plan.validate import validate_config
 
     cfg = load_config(EXAMPLE, overrides)
     plan = validate_config(cfg)

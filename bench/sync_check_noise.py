@@ -24,7 +24,7 @@ from _common import load_average
 
 _common.cohort_cli_environment()  # the environment `cohort train` runs in, before torch and vLLM load
 
-from cohort.config_loading import load_config  # noqa: E402  (after the environment above)
+from cohort.config.loading import load_config  # noqa: E402  (after the environment above)
 from cohort.trainer import sync_check
 from cohort.trainer.loop import Trainer
 

@@ -1,7 +1,7 @@
 """What the planner and validation know of each algorithm, as pure data (no torch, nothing else of cohort).
 
 `cohort.algorithms.specs` builds each `AlgorithmSpec` from these facts and its advantage function, so every fact is
-written once, here; `cohort.plan` and `cohort.validation` read them without loading torch (`cohort plan` and the
+written once, here; `cohort.plan` and `cohort.plan.validate` read them without loading torch (`cohort plan` and the
 config checks stay light).
 """
 

@@ -18,9 +18,11 @@ It is `cohort train` without the command line, on the same path:
   run directory (`RUN_DIR/data/train.jsonl` or a saved dataset) and named in
   `data.train_files` / `data.eval_files`, so the data checks, the saved config.yaml and
   `cohort train --resume RUN_DIR` see ordinary files;
-- `validate_config` runs before anything is written to the run directory or loaded
-  (a `ConfigError` lists every problem), then `launch_elsewhere` and `Trainer` run it
-  exactly as `cmd_train` does.
+- `validate_config` runs once, before anything is written to the run directory or loaded
+  (a `ConfigError` lists every problem), then `cohort.launch.launch.run_config`, the function
+  `cmd_train` calls, runs it: torchrun children or Ray actors when asked, else a Trainer in
+  this process handed the plan, the engine's output in RUN_DIR/logs/engine.log and a setup
+  failure raised as `RunFailed` (its traceback in RUN_DIR/logs/error.log).
 
 Left out: returning the trained model object (it is saved under RUN_DIR/final, which
 `transformers.AutoModelForCausalLM.from_pretrained` loads); streaming datasets. A reward
@@ -44,11 +46,11 @@ import yaml
 from pydantic import ValidationError
 
 from cohort.config import CohortConfig, ConfigError, default_output_dir
-from cohort.config_loading import resolve_config
-from cohort.launch.launch import launch_elsewhere
-from cohort.rewards.registry import IN_PROCESS_MARK
-from cohort.trainer.loop import Trainer
-from cohort.validation import validate_config
+from cohort.config.loading import resolve_config
+from cohort.launch.launch import run_config
+from cohort.config.references import IN_PROCESS_MARK
+from cohort.plan.batch import BatchPlan
+from cohort.plan.validate import validate_config
 
 RewardLike = str | Mapping[str, Any] | Callable[..., Any]
 DATA_DIR = "data"  # under the run directory: the in-memory datasets, as files
@@ -71,14 +73,21 @@ def train(config: Mapping[str, Any] | str | os.PathLike | CohortConfig | None = 
         tool functions (TRL's: typed, with a docstring) or import paths; an environment class or its import path.
     Raises ConfigError (every problem, before any model loads) for a config that cannot work.
     """
-    cfg = build_config(config, overrides=overrides, reward_funcs=reward_funcs, train_dataset=train_dataset,
+    cfg, plan = _build(config, overrides=overrides, reward_funcs=reward_funcs, train_dataset=train_dataset,
                        eval_dataset=eval_dataset, tools=tools, environment=environment)
-    return run(cfg)
+    return run(cfg, plan)
 
 
 def build_config(config: Any = None, *, overrides: Sequence[str] = (), reward_funcs: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, tools: Sequence[Any] | None = None, environment: Any = None) -> CohortConfig:
     """The validated config of a `train` call, with its in-memory datasets written under RUN_DIR/data/."""
+    return _build(config, overrides=overrides, reward_funcs=reward_funcs, train_dataset=train_dataset,
+                  eval_dataset=eval_dataset, tools=tools, environment=environment)[0]
+
+
+def _build(config: Any = None, *, overrides: Sequence[str] = (), reward_funcs: Any = None, train_dataset: Any = None,
+           eval_dataset: Any = None, tools: Sequence[Any] | None = None, environment: Any = None) -> tuple[CohortConfig, BatchPlan]:
+    """`build_config`'s config and the plan its validation returned (handed to the Trainer: validated once)."""
     staging = Path(tempfile.mkdtemp(prefix="cohort-data-"))
     try:
         extra = _data_overrides(train_dataset, "train", staging) + _data_overrides(eval_dataset, "eval", staging)
@@ -89,35 +98,30 @@ def build_config(config: Any = None, *, overrides: Sequence[str] = (), reward_fu
             cfg.tools.functions = [tools] if callable(tools) or isinstance(tools, str) else list(tools)
         if environment is not None:
             cfg.tools.environment = environment
-        validate_config(cfg)
+        plan = validate_config(cfg)
         _check_single_process(cfg)
         cfg.run.output_dir = cfg.run.output_dir or default_output_dir()
         _move_staged(cfg, staging, Path(cfg.run.output_dir) / DATA_DIR)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return cfg
+    return cfg, plan
 
 
-def run(cfg: CohortConfig) -> dict[str, Any]:
-    """Train a validated config on `cmd_train`'s path: torchrun children or Ray actors when asked, else here."""
+def run(cfg: CohortConfig, plan: BatchPlan | None = None) -> dict[str, Any]:
+    """Train a validated config on `cmd_train`'s path: torchrun children or Ray actors when asked, else here.
+    `plan`: what validating `cfg` returned (None: the Trainer validates it)."""
     run_dir = Path(cfg.run.output_dir or default_output_dir())
     cfg.run.output_dir = str(run_dir)
     config_file = run_dir / "config.yaml"  # what torchrun's children read; the run rewrites it with the same content
     run_dir.mkdir(parents=True, exist_ok=True)
     config_file.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    outcome = launch_elsewhere(cfg, ["train", str(config_file)])
+    outcome = run_config(cfg, plan, ["train", str(config_file)])  # (cmd_train's orchestration, cohort/launch/launch.py)
     if isinstance(outcome, int):  # train.num_processes > 1: the torchrun children did the work
         if outcome != 0:
             raise RuntimeError(f"the {cfg.train.num_processes} training processes exited with status {outcome}; their "
                                f"output is above and under {run_dir}/ranks/")
         return json.loads((run_dir / "summary.json").read_text())
-    if outcome is not None:  # distributed.backend=ray: rank 0's summary
-        return outcome
-    trainer = Trainer(cfg)
-    try:
-        return trainer.train()
-    finally:
-        trainer.close()
+    return outcome  # rank 0's summary: Ray's, or this process's
 
 
 def _load(config: Any, overrides: list[str]) -> CohortConfig:
@@ -126,7 +130,7 @@ def _load(config: Any, overrides: list[str]) -> CohortConfig:
     if config is not None and not isinstance(config, (Mapping, str, os.PathLike)):
         raise ConfigError([f"config: expected a dict, a YAML path or a CohortConfig, got {type(config).__name__}"])
     resolved = resolve_config(config, list(overrides))
-    for note in resolved.notes:  # an old field name, read as its new one (cohort.config_renames)
+    for note in resolved.notes:  # an old field name, read as its new one (cohort.config.renames)
         warnings.warn(note, FutureWarning, stacklevel=4)
     return resolved.config
 

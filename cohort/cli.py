@@ -31,7 +31,7 @@ def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
 
 
 def _fields_help() -> str:
-    from cohort.config_fields import describe_fields
+    from cohort.config.fields import describe_fields
 
     lines = ["configuration fields (set in the YAML file or as section.field=value):"]
     for key, typ, default, help_text in describe_fields():
@@ -43,8 +43,8 @@ def _fields_help() -> str:
 def _load(args_list: list[str], *, check_files: bool = True, say_source=None, for_gpu: bool = False):
     """(config, plan); with say_source (a stream), first write the one line that says where the values came from.
     `for_gpu`: settle model.dtype=auto as on a GPU (planning a GPU run from another machine)."""
-    from cohort.config_loading import resolve_config
-    from cohort.validation import settle_model_dtype, validate_config
+    from cohort.config.loading import resolve_config
+    from cohort.plan.validate import settle_model_dtype, validate_config
 
     path, overrides = _split_config_args(args_list)
     resolved = resolve_config(path, overrides)
@@ -64,13 +64,13 @@ def _say_notes(notes: tuple[str, ...]) -> None:
 
 
 def _resume_config(target: str, overrides: list[str]):
-    """The config of the run being resumed (RUN_DIR/config.yaml) with `overrides`; the run directory stays the same."""
+    """(config, plan) of the run being resumed (RUN_DIR/config.yaml) with `overrides`; the run directory stays the same."""
     from pathlib import Path
 
     from cohort.config import ConfigError
-    from cohort.config_loading import resolve_config
+    from cohort.config.loading import resolve_config
     from cohort.trainer.checkpoint import is_checkpoint_dir
-    from cohort.validation import validate_config
+    from cohort.plan.validate import validate_config
 
     path = Path(target)
     run_dir = path.parent.parent if is_checkpoint_dir(path) else path
@@ -85,20 +85,17 @@ def _resume_config(target: str, overrides: list[str]):
         print(f"config: {resolved.source} (the run being resumed)", flush=True)
     cfg = resolved.config
     cfg.run.output_dir = str(run_dir)
-    validate_config(cfg)
-    return cfg
+    return cfg, validate_config(cfg)
 
 
 def cmd_train(ns) -> int:
-    cfg = _resume_config(ns.resume, ns.config) if ns.resume else _load(ns.config, say_source=sys.stdout)[0]
-    from cohort.launch.launch import launch_elsewhere
+    cfg, plan = _resume_config(ns.resume, ns.config) if ns.resume else _load(ns.config, say_source=sys.stdout)
+    from cohort.launch.launch import run_config
 
-    outcome = launch_elsewhere(cfg, ["train", *ns.config] + (["--resume", ns.resume] if ns.resume else []))
-    if isinstance(outcome, int):  # train.num_processes > 1: the torchrun children did the work
-        return outcome
-    if outcome is not None:  # distributed.backend=ray: rank 0's summary
-        summary = outcome
-    elif (summary := _train_here(cfg, ns.resume)) is None:  # a rank > 0 of a multi-process run
+    summary = run_config(cfg, plan, ["train", *ns.config] + (["--resume", ns.resume] if ns.resume else []), resume=ns.resume)
+    if isinstance(summary, int):  # train.num_processes > 1: the torchrun children did the work
+        return summary
+    if summary is None:  # a rank > 0 of a multi-process run
         return 0
     if summary.get("stopped"):
         print(summary["message"])
@@ -110,36 +107,8 @@ def cmd_train(ns) -> int:
     return 0
 
 
-def _train_here(cfg, resume: str | None) -> dict | None:
-    """Train in this process, the engine's and libraries' output going to RUN_DIR/logs/engine.log (cohort/console.py).
-
-    Returns the summary (None on ranks > 0). A failure that is not a config, data, model or checkpoint problem
-    becomes `RunFailed`: one message, the traceback in RUN_DIR/logs/error.log."""
-    from pathlib import Path
-
-    from cohort.config import default_output_dir
-    from cohort.console import capture_output
-    from cohort.trainer.failure import setup_failed
-    from cohort.trainer.loop import Trainer
-
-    run_dir = Path(cfg.run.output_dir or default_output_dir())
-    rank = int(os.environ.get("RANK", "0"))
-    with capture_output(run_dir / "logs" / ("engine.log" if rank == 0 else f"engine-rank{rank}.log"), verbose=cfg.run.verbose):
-        try:
-            trainer = Trainer(cfg, run_dir=run_dir)
-        except _user_errors():
-            raise
-        except Exception as exc:  # loading, starting the engine: RunFailed from it
-            raise setup_failed(run_dir, exc) from exc
-        try:
-            summary = trainer.train(resume_from=resume)  # raises RunFailed itself, after saving what it can
-        finally:
-            trainer.close()
-    return summary if trainer.dist.is_main else None
-
-
 def cmd_report(ns) -> int:
-    from cohort.report import write_report
+    from cohort.runs.report import write_report
 
     path = write_report(ns.run_dir, ns.out)
     print(f"report: {path}")
@@ -147,7 +116,7 @@ def cmd_report(ns) -> int:
 
 
 def cmd_compare(ns) -> int:
-    from cohort.report import write_comparison
+    from cohort.runs.report import write_comparison
 
     path = write_comparison(ns.run_dirs, ns.out)
     print(f"comparison: {path}")
@@ -164,8 +133,8 @@ def cmd_config_show(ns) -> int:
 
 def cmd_plan(ns) -> int:
     cfg, plan = _load(ns.config, say_source=sys.stdout, for_gpu=ns.gpu_memory_gib is not None)
-    from cohort.plan import format_plan
-    from cohort.validation import plan_gpu_memory
+    from cohort.plan.printout import format_plan
+    from cohort.plan.validate import plan_gpu_memory
 
     total = None if ns.gpu_memory_gib is None else int(ns.gpu_memory_gib * 2**30)
     print(format_plan(cfg, plan, gpu=plan_gpu_memory(cfg, plan, total)))  # (None: no GPU split to show)
@@ -292,13 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
-    """Problems of the config, data, model or a checkpoint: reported as they are worded, exit 2."""
-    from cohort.config import ConfigError
-    from cohort.data.datasets import DataError
-    from cohort.models.loading import ModelLoadError
-    from cohort.trainer.checkpoint import CheckpointError
+    """Problems of the config, data, model, a checkpoint or a run directory's file: reported as they are worded, exit 2."""
+    from cohort.launch.launch import USER_ERRORS
 
-    return ConfigError, DataError, ModelLoadError, CheckpointError
+    return USER_ERRORS
 
 
 def main(argv: list[str] | None = None) -> int:

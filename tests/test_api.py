@@ -18,7 +18,8 @@ import cohort
 from cohort import api
 from cohort.config import ConfigError
 from cohort.trainer.failure import RunFailed
-from cohort.rewards.registry import reference, resolve
+from cohort.config.references import reference
+from cohort.rewards.registry import resolve
 
 ROWS = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(32)]
 
@@ -34,7 +35,7 @@ def _no_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the config was refused")
 
-    monkeypatch.setattr(api, "Trainer", refuse)
+    monkeypatch.setattr("cohort.launch.launch.Trainer", refuse)  # (the run both cohort train and cohort.train call)
     monkeypatch.setattr("cohort.trainer.setup.load_policy", refuse)
 
 

@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from cohort.demo_preset import DEMO_PRESET
+from cohort.config.demo import DEMO_PRESET
 from cohort.trainer import checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.builtin_models('arith')]

@@ -9,11 +9,11 @@ import torch
 
 from cohort import cli
 from cohort.config import ConfigError
-from cohort.config_fields import describe_fields
-from cohort.config_loading import load_config
+from cohort.config.fields import describe_fields
+from cohort.config.loading import load_config
 from cohort.models.devices import has_bf16_units
-from cohort.plan import batch_plan
-from cohort.validation import validate_config
+from cohort.plan.batch import batch_plan
+from cohort.plan.validate import validate_config
 
 
 @pytest.fixture
@@ -125,7 +125,7 @@ def values(cfg) -> dict:
 
 
 def test_no_config_at_all_is_the_demo_with_its_preset():
-    from cohort.config_loading import resolve_config
+    from cohort.config.loading import resolve_config
 
     resolved = resolve_config(None, [])
     assert values(resolved.config) == PRESET_VALUES and resolved.demo_preset
@@ -140,7 +140,7 @@ def test_no_config_at_all_is_the_demo_with_its_preset():
 def test_a_model_or_data_of_ones_own_gets_the_field_defaults(own, tmp_path, data_file, tiny_model_dir):
     # before: `cohort train model.path=... data.train_files=[...]` silently trained at the demo's lr 3e-4 with
     # 24-token prompts and 8-token completions
-    from cohort.config_loading import resolve_config
+    from cohort.config.loading import resolve_config
 
     args = {"model": [f"model.path={tiny_model_dir}"], "data": [f"data.train_files=[{data_file}]"],
             "both": [f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]"]}[own]
@@ -154,7 +154,7 @@ def test_a_config_file_starts_from_the_field_defaults(tmp_path):
     # a YAML file is complete on its own (a resumed run's config.yaml included): never re-preset
     path = tmp_path / "partial.yaml"
     path.write_text("model: {path: 'tiny:arith'}\ntrain: {max_steps: 7}\n")
-    from cohort.config_loading import resolve_config
+    from cohort.config.loading import resolve_config
 
     resolved = resolve_config(path, ["rollout.max_completion_length=8"])
     assert resolved.config.train.learning_rate == 1e-6 and resolved.config.data.max_prompt_length is None
@@ -162,7 +162,7 @@ def test_a_config_file_starts_from_the_field_defaults(tmp_path):
 
 
 def test_the_python_api_decides_the_same_way():
-    from cohort.config_loading import resolve_config
+    from cohort.config.loading import resolve_config
 
     assert resolve_config({"train": {"max_steps": 5}}).config.train.learning_rate == 3e-4  # the embedded demo, as a dict
     own = resolve_config({"train": {"max_steps": 5}}, own_data=True)  # a dataset given as an object
@@ -172,7 +172,7 @@ def test_the_python_api_decides_the_same_way():
 def test_examples_arith_yaml_is_the_preset():
     from pathlib import Path
 
-    from cohort.demo_preset import DEMO_PRESET, DEMO_PRESET_FILE
+    from cohort.config.demo import DEMO_PRESET, DEMO_PRESET_FILE
 
     example = Path(__file__).resolve().parents[1] / DEMO_PRESET_FILE
     assert yaml_load(example) == DEMO_PRESET

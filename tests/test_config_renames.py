@@ -1,4 +1,4 @@
-"""The rename table (cohort.config_renames): every old dotted name is read as its new one, with one note naming it."""
+"""The rename table (cohort.config.renames): every old dotted name is read as its new one, with one note naming it."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from cohort.config import ConfigError
-from cohort.config_loading import resolve_config
-from cohort.config_renames import RENAMED_FIELDS, rename_note
+from cohort.config.loading import resolve_config
+from cohort.config.renames import RENAMED_FIELDS, rename_note
 
 # A value each field accepts that differs from its default, so reading it back proves where it went.
 SAMPLE = {

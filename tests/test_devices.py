@@ -24,7 +24,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import cohort
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.distributed.rank0 import DetachedHFEngine
 from cohort.models.batching import pad_rows
 from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir, stop_token_ids

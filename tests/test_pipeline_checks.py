@@ -1,10 +1,10 @@
-"""The scheduler rules' incompatibilities: one table (cohort/pipeline_checks.py), each row's message naming its fields
+"""The scheduler rules' incompatibilities: one table (cohort/plan/pipeline_checks.py), each row's message naming its fields
 and the fix; every other combination of the rules is accepted."""
 
 from __future__ import annotations
 
-from cohort.config_loading import load_config
-from cohort.pipeline_checks import INCOMPATIBLE, pipeline_problems
+from cohort.config.loading import load_config
+from cohort.plan.pipeline_checks import INCOMPATIBLE, pipeline_problems
 
 
 def _problems(*overrides: str, world: int = 1) -> list[str]:

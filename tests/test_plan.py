@@ -18,10 +18,11 @@ import torch
 
 from cohort import cli
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
-from cohort.plan import (ModelFacts, activation_bytes_per_token_layer, batch_plan, engine_batch_limits, format_plan,
-                         gpu_fit_problems, gpu_memory_plan, memory_estimate, model_facts)
-from cohort.validation import validate_config
+from cohort.config.loading import load_config
+from cohort.plan.batch import batch_plan
+from cohort.plan.memory import activation_bytes_per_token_layer, engine_batch_limits, gpu_fit_problems, gpu_memory_plan, memory_estimate, model_facts, ModelFacts
+from cohort.plan.printout import format_plan
+from cohort.plan.validate import validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +38,7 @@ def without_tokenizer_check(monkeypatch):
     """The planner's header-only checkpoints have no tokenizer, which validation refuses (cohort.models.tokenizer_check);
     these tests plan with the prompts unmeasured (bounded by data.max_prompt_length), as such a directory was before."""
     for name in ("tokenizer_file_problems", "tokenizer_problems"):
-        monkeypatch.setattr(f"cohort.validation.{name}", lambda path, folder=None: [])
+        monkeypatch.setattr(f"cohort.plan.validate.{name}", lambda path, folder=None: [])
 
 
 @pytest.fixture

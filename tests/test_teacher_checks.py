@@ -1,4 +1,4 @@
-"""On-policy distillation's teacher is checked before anything loads (cohort/teacher_checks.py, cohort/plan.py):
+"""On-policy distillation's teacher is checked before anything loads (cohort/plan/teacher_checks.py, cohort/plan/memory.py):
 a missing teacher, a teacher of another tokenizer, a teacher too large for the GPU plan, too few positions, and the
 ranges; a teacher of the same tokenizer is accepted, and distilling alone needs no reward function."""
 
@@ -11,12 +11,14 @@ import struct
 import pytest
 
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.distributed.fsdp import LocalContext
 from cohort.models.loading import load_tokenizer
-from cohort.plan import batch_plan, format_plan, memory_estimate, model_facts
+from cohort.plan.batch import batch_plan
+from cohort.plan.memory import memory_estimate, model_facts
+from cohort.plan.printout import format_plan
 from cohort.trainer import setup as trainer_setup
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 from tests.conftest import build_random_tiny
 from tests.test_plan import QWEN05, without_tokenizer_check, write_qwen05_dir
 from tests.test_validation import _fake_gpu
@@ -151,7 +153,7 @@ def test_a_teacher_too_large_for_the_gpu_plan_is_refused_before_loading(tmp_path
     teacher.dtype auto = model.dtype) to the peak: 38,471,301,888 (35.83 GiB), needed 42,444,146,637 (39.53 GiB) > 32 GiB:
     refused, a smaller teacher among the fixes; a row of its own in the printout."""
     without_tokenizer_check(monkeypatch)
-    monkeypatch.setattr("cohort.teacher_checks.tokenizer_file_problems", lambda path, key="model.path": [])
+    monkeypatch.setattr("cohort.plan.teacher_checks.tokenizer_file_problems", lambda path, key="model.path": [])
     student, teacher = write_qwen05_dir(tmp_path / "qwen05"), _write_big_teacher(tmp_path / "big")
     assert model_facts(str(teacher)).num_params == 7_615_616_512
     _fake_gpu(monkeypatch, 32)

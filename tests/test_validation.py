@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from tests.test_plan import QWEN05, without_tokenizer_check, write_qwen05_dir
-from cohort import validation
-from cohort.validation import check_gpu_settings, validate_config
+from cohort.plan import validate as validation
+from cohort.plan.validate import check_gpu_settings, validate_config
 
 
 def test_validating_a_tiny_model_builds_nothing(monkeypatch, tmp_path):
@@ -45,21 +45,24 @@ MAPPING = ["cohort.mapping", "cohort.mapping.hints", "cohort.mapping.open_r1_rul
            "cohort.mapping.trl_rules", "cohort.mapping.verl_algorithms", "cohort.mapping.verl_rules"]  # verl's and TRL's option tables (pure data), for the loader's foreign-key hints
 
 
-def test_config_imports_nothing_of_cohort_and_its_loader_only_the_mapping_tables_and_no_torch():
-    assert _cohort_modules_after("import cohort.config") == {"cohort": ["cohort", "cohort.config"], "torch": False}
-    loaded = _cohort_modules_after("import cohort.config_loading")
-    assert loaded == {"cohort": ["cohort", "cohort.config", "cohort.config_fields", "cohort.config_loading", "cohort.config_renames",
-                                 "cohort.demo_preset", *MAPPING], "torch": False}
+CONFIG = ["cohort.config", "cohort.config.admission", "cohort.config.demo", "cohort.config.fields", "cohort.config.loading", "cohort.config.references",
+          "cohort.config.renames", "cohort.config.schema"]
+
+
+def test_the_config_package_imports_only_the_mapping_tables_of_cohort_and_no_torch():
+    # the bottom layer: what data/, models/, rewards/ and rollout/ import for their typed sections
+    assert _cohort_modules_after("import cohort.config") == {"cohort": ["cohort", *CONFIG, *MAPPING], "torch": False}
 
 
 @pytest.mark.slow
-def test_plan_imports_only_the_config_and_validation_no_trainer():
-    assert _cohort_modules_after("import cohort.plan") == {
-        "cohort": ["cohort", "cohort.algorithm_facts", "cohort.config", "cohort.models", "cohort.models.hub", "cohort.plan",
-                   "cohort.run_mode"],
-        "torch": False}  # (facts and the run's mode: pure; the Hub's safetensors headers: huggingface_hub, no torch)
-    loaded = _cohort_modules_after("import cohort.validation")["cohort"]
-    assert "cohort.validation" in loaded and "cohort.plan" in loaded
+def test_the_plan_imports_only_the_config_and_the_checks_no_trainer():
+    plan = ["cohort", "cohort.algorithm_facts", *CONFIG, *MAPPING, "cohort.plan", "cohort.plan.batch", "cohort.plan.run_mode"]
+    assert _cohort_modules_after("import cohort.plan.batch") == {"cohort": sorted(plan), "torch": False}  # (facts, the run's mode: pure)
+    # the printout adds the memory estimate: the Hub's safetensors headers (huggingface_hub), still no torch
+    assert _cohort_modules_after("import cohort.plan.printout") == {
+        "cohort": sorted([*plan, "cohort.models", "cohort.models.hub", "cohort.plan.memory", "cohort.plan.printout"]), "torch": False}
+    loaded = _cohort_modules_after("import cohort.plan.validate")["cohort"]
+    assert "cohort.plan.validate" in loaded and "cohort.plan.batch" in loaded
     assert [m for m in loaded if m.startswith(("cohort.trainer", "cohort.rollout", "cohort.distributed"))] == []
 
 

@@ -12,7 +12,7 @@ Why each combination is refused:
   a run that rewrote its history adds samples to the batch after its advantages are computed
   (cohort/trainer/agent_samples.py), which those paths cannot take.
 
-Imports no engine (cohort.validation stays free of cohort.rollout).
+Imports no engine (cohort.plan.validate stays free of cohort.rollout).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def _from_file(spec: str):
 
 def agent_problems(cfg, *, world_size: int = 1, one_step: bool = True, one_step_fix: str = "") -> list[str]:
     """Every problem with the agent section, alone and with the rest of the config ([] when fine). `one_step`: the
-    run trains each generation batch in one optimizer step (cohort.run_mode, above this package, decides; its fix
+    run trains each generation batch in one optimizer step (cohort.plan.run_mode, above this package, decides; its fix
     is `one_step_fix`)."""
     agent = cfg.agent
     if not agent.timeout_s > 0:

@@ -27,7 +27,7 @@ from .correction import rollout_correction
 from .distill import distill_advantages
 from .entropy import entropy_from_logits, top_entropy_mask
 from .kl import KL_ESTIMATORS, kl_in_reward, kl_penalty
-from .losses import POLICY_LOSSES, LossInputs, TokenLosses, policy_loss
+from .losses import LOSS_PARAMETERS, POLICY_LOSSES, LossInputs, LossParams, TokenLosses, policy_loss
 from .ppo import AdaptiveKLController, FixedKLController, discounted_returns, gae, value_loss
 from .registry import Registry
 from .stats import masked_mean, whiten
@@ -38,7 +38,9 @@ __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "KL_ESTIMATORS",
+    "LOSS_PARAMETERS",
     "LossInputs",
+    "LossParams",
     "POLICY_LOSSES",
     "Registry",
     "TokenLosses",

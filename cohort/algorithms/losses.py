@@ -84,7 +84,7 @@ TRL folds the engine-mismatch weights into VESPO's w; here every entry's
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import torch
@@ -99,13 +99,12 @@ VESPO_MIN_LOG_WEIGHT = math.log(1e-8)  # VESPO's floor of w (its reference code'
 
 
 @dataclass(frozen=True)
-class LossInputs:
-    """What every policy-loss entry receives. Tensors are (B, T); ``mask`` is float 0/1."""
+class LossParams:
+    """Every policy loss's parameters with their defaults, declared once: `LossInputs` carries them, `policy_loss`
+    takes them as keywords, the trainer fills them from `cfg.algorithm` (cohort/trainer/algorithms.py `loss_params`,
+    whose defaults map onto these: tests/algorithms/test_loss_params.py). Each entry reads only its own (module
+    docstring)."""
 
-    logp: Tensor
-    old_logp: Tensor
-    advantages: Tensor  # (B, T): per-sequence advantages already broadcast
-    mask: Tensor
     eps_low: float = 0.2
     eps_high: float = 0.2
     dual_clip: float | None = None
@@ -117,6 +116,19 @@ class LossInputs:
     vespo_lambda_pos: float = 3.0
     vespo_k_neg: float = 3.0
     vespo_lambda_neg: float = 2.0
+
+
+LOSS_PARAMETERS = tuple(f.name for f in fields(LossParams))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossInputs(LossParams):
+    """What every policy-loss entry receives: the tensors, (B, T) each, ``mask`` float 0/1, and the `LossParams`."""
+
+    logp: Tensor
+    old_logp: Tensor
+    advantages: Tensor  # (B, T): per-sequence advantages already broadcast
+    mask: Tensor
 
 
 @dataclass(frozen=True)
@@ -303,26 +315,16 @@ def policy_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    dual_clip: float | None = None,
-    delta: float | None = None,
-    sapo_tau_pos: float = 1.0,
-    sapo_tau_neg: float = 1.05,
-    cispo_cap: float | None = None,
-    vespo_k_pos: float = 2.0,
-    vespo_lambda_pos: float = 3.0,
-    vespo_k_neg: float = 3.0,
-    vespo_lambda_neg: float = 2.0,
     token_weights: Tensor | None = None,
     aggregation: str = "token_mean",
     max_length: int | None = None,
     num_items: Tensor | float | None = None,
+    **params: float | None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Scalar policy loss and its metrics.
 
     ``name``: ppo_clip | gspo | seq_sum_clip | cispo | sapo | luspo | vespo | gmpo (the
-    per-entry parameters are read only by their entry; module docstring). ``logp`` (B, T) carries the
+    per-entry parameters, ``**params``, are `LossParams`' fields, each read only by its entry; module docstring). ``logp`` (B, T) carries the
     gradient; ``old_logp`` (B, T) is the sampling policy's (pass
     ``logp.detach()`` on-policy); ``advantages`` (B,) or (B, T); ``mask``
     (B, T) bool or float, read as 0/1. ``token_weights`` (B, T), optional:
@@ -332,12 +334,11 @@ def policy_loss(
     (module docstring).
     """
     entry = POLICY_LOSSES.get(name)
-    inputs = LossInputs(
-        logp=logp, old_logp=old_logp.detach(), advantages=_check(logp, old_logp, advantages, mask),
-        mask=float_mask(mask, logp), eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip, delta=delta,
-        sapo_tau_pos=sapo_tau_pos, sapo_tau_neg=sapo_tau_neg, cispo_cap=cispo_cap, vespo_k_pos=vespo_k_pos,
-        vespo_lambda_pos=vespo_lambda_pos, vespo_k_neg=vespo_k_neg, vespo_lambda_neg=vespo_lambda_neg,
-    )
+    unknown = sorted(set(params) - set(LOSS_PARAMETERS))
+    if unknown:
+        raise TypeError(f"policy_loss got unknown parameters {unknown}; the loss parameters are {list(LOSS_PARAMETERS)}")
+    inputs = LossInputs(logp=logp, old_logp=old_logp.detach(), advantages=_check(logp, old_logp, advantages, mask),
+                        mask=float_mask(mask, logp), **params)
     _check_params(inputs)
     out = entry(inputs)
     per_token = out.loss

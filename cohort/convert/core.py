@@ -32,11 +32,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from cohort.config import SECTIONS, CohortConfig, ConfigError
-from cohort.config_fields import describe_fields
+from cohort.config.fields import describe_fields
 from cohort.convert.sources import SourceError, count_rows, detect, read_trl, read_trl_command, read_verl
 from cohort.mapping.rules import (MISSING, Entry, Options, PartlyUnmappable, Rule, Unmappable, Unresolved,
                                   flow)
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 from cohort.mapping.trl_rules import TRL_RULES
 from cohort.mapping.verl_rules import VERL_RULES
 

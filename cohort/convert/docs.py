@@ -7,7 +7,7 @@ and the tables disagree, so no row can go stale. A row whose cohort field this v
 
 from __future__ import annotations
 
-from cohort.config_fields import describe_fields
+from cohort.config.fields import describe_fields
 from cohort.mapping.rules import MISSING, Rule, flow
 from cohort.mapping.trl_rules import OPEN_R1_REFUSED, TRL_RULES
 from cohort.mapping.verl_algorithms import REFUSED_ESTIMATORS, REFUSED_LOSS_MODES

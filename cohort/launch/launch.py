@@ -5,7 +5,10 @@
 - `train.num_processes=N > 1`: re-launch `cohort train` under torchrun with N
   local processes (`--standalone` rendezvous on a free local port), with
   `run.output_dir` pinned so that every rank agrees on the run directory.
-- otherwise (or already under torchrun, WORLD_SIZE set): train here.
+- otherwise (or already under torchrun, WORLD_SIZE set): train here (`train_here`).
+
+`run_config` is the one orchestration of a run that `cohort train` and `cohort.train` both call: launch elsewhere
+when asked, else train here with the plan their validation returned.
 
 Before any of these, `fetch_by_name` downloads what the config names by its Hub name (model.path, critic.path, a
 reward model, data.dataset_name) into the Hugging Face cache, in this process, on the terminal with its progress
@@ -18,12 +21,56 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from cohort.config import default_output_dir
+from cohort.config import CohortConfig, ConfigError, default_output_dir
+from cohort.console import capture_output
+from cohort.data.datasets import DataError
 from cohort.data.named import named_splits
 from cohort.launch.ray_cluster import train_with_ray
 from cohort.models import hub
-from cohort.models.loading import resolve_model_dir
+from cohort.models.loading import ModelLoadError, resolve_model_dir
+from cohort.plan.batch import BatchPlan
+from cohort.runs.jsonl import RunFileError
+from cohort.trainer.checkpoint import CheckpointError
+from cohort.trainer.failure import setup_failed
+from cohort.trainer.loop import Trainer
+
+# Problems of the config, data, model, a checkpoint or a run directory's file: raised as they are worded (the command
+# line prints them and exits 2), never wrapped as a run failure.
+USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, DataError, ModelLoadError, CheckpointError, RunFileError)
+
+
+def run_config(cfg: CohortConfig, plan: BatchPlan | None, cli_args: list[str], *, resume: str | None = None) -> dict | int | None:
+    """The one orchestration of a run, for `cohort train` (cli.cmd_train) and `cohort.train` (api.run): torchrun
+    children or Ray actors when the config asks (`launch_elsewhere`, which re-runs `cohort <cli_args>` there), else
+    train in this process (`train_here`). Returns rank 0's summary, the torchrun children's exit status, or None on a
+    rank > 0 of a multi-process run. `plan`: what validating `cfg` returned (the Trainer does not validate again)."""
+    outcome = launch_elsewhere(cfg, cli_args)
+    if outcome is not None:
+        return outcome
+    return train_here(cfg, plan, resume)
+
+
+def train_here(cfg: CohortConfig, plan: BatchPlan | None, resume: str | None = None) -> dict | None:
+    """Train in this process, the engine's and libraries' output going to RUN_DIR/logs/engine.log (cohort/console.py).
+
+    Returns the summary (None on ranks > 0). A failure that is not a config, data, model or checkpoint problem
+    (`USER_ERRORS`, raised as they are) becomes `RunFailed`: one message, the traceback in RUN_DIR/logs/error.log."""
+    run_dir = Path(cfg.run.output_dir or default_output_dir())
+    rank = int(os.environ.get("RANK", "0"))
+    with capture_output(run_dir / "logs" / ("engine.log" if rank == 0 else f"engine-rank{rank}.log"), verbose=cfg.run.verbose):
+        try:
+            trainer = Trainer(cfg, run_dir=run_dir, plan=plan)
+        except USER_ERRORS:
+            raise
+        except Exception as exc:  # loading, starting the engine: RunFailed from it
+            raise setup_failed(run_dir, exc) from exc
+        try:
+            summary = trainer.train(resume_from=resume)  # raises RunFailed itself, after saving what it can
+        finally:
+            trainer.close()
+    return summary if trainer.dist.is_main else None
 
 
 def torchrun_command(num_processes: int, cli_args: list[str], output_dir: str) -> list[str]:

@@ -35,7 +35,7 @@ TOP_LEVEL_ONLY = ["*/*"]  # (fnmatch's * crosses '/': this leaves out every file
 WEIGHT_SUFFIXES = (".safetensors", ".bin")  # the safetensors files when the repository has any, else PyTorch's .bin
 REVISION_MARK = "@"
 _ID = re.compile(r"^[\w.\-]+(/[\w.\-]+)?$", re.ASCII)
-_RESOLVED: dict[tuple, Path] = {}  # (cache, id, revision, weights) -> snapshot, once per process (cohort validates twice)
+_RESOLVED: dict[tuple, Path] = {}  # (cache, id, revision, weights) -> snapshot, once per process (validation, then loading, look it up)
 
 
 class HubModelError(ValueError):

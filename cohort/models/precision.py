@@ -67,8 +67,8 @@ class Precision:
 def resolve_precision(model_dtype: str, precision: str, device: torch.device | None = None) -> Precision:
     """`model.dtype` + `train.precision` (+ the models' device, for autocast) -> Precision. float32 is float32 either
     way."""
-    if model_dtype not in DTYPES:  # `auto` is settled by validation (cohort.validation.settle_model_dtype) first
-        raise ValueError(f"model.dtype = {model_dtype!r} is not settled; run cohort.validation.validate_config first")
+    if model_dtype not in DTYPES:  # `auto` is settled by validation (cohort.plan.validate.settle_model_dtype) first
+        raise ValueError(f"model.dtype = {model_dtype!r} is not settled; run cohort.plan.validate.validate_config first")
     compute = DTYPES[model_dtype]
     device_type = autocast_device_type(device) if device is not None else "cpu"
     if precision == "mixed":

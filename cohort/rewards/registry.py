@@ -17,7 +17,7 @@ A *name* is either
     with no options the function is used as is;
 - or the Python object itself (a function, a callable instance, or a class), as the
   Python API (``cohort.train(reward_funcs=[fn])``) passes it: it resolves exactly as
-  if it had been imported from its path. ``reference(obj)`` is the string a config
+  if it had been imported from its path. ``reference(obj)`` (cohort.config.references) is the string a config
   file records for it: its import path when it has one, else ``<python ...>``, a
   marker that resolving refuses with the fix (a lambda cannot be written to a file).
 
@@ -41,6 +41,8 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from cohort.config.references import IN_PROCESS_MARK, reference
+
 RewardFunction = Callable[..., Any]
 
 # Modules whose import registers the built-ins; each imports only light dependencies.
@@ -62,8 +64,6 @@ _loaded = False
 REQUIRED = "<required>"
 # Keys of a RewardSet spec that the set itself reads; they never reach a reward's options.
 SPEC_KEYS = ("name", "weight", "on_error", "timeout_s", "alias", "contract")
-# How a config file records a reward object that no import path finds (a lambda, a function in a notebook).
-IN_PROCESS_MARK = "<python "
 
 
 class BuiltinInfo(NamedTuple):
@@ -230,22 +230,6 @@ def _resolve_object(target: Callable[..., Any], options: Mapping[str, Any] | Non
         init = target.__init__ if kind == "class" else target
         _check_options(display, init, options, strict=False)
     return Resolved(reference(target), kind, display, target)
-
-
-def reference(target: Callable[..., Any]) -> str:
-    """What a config file records for a reward given as an object: ``module:qualname`` when that import finds this very
-    object again (so `--resume` and other processes can use it), else ``<python NAME>``."""
-    module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
-    if module and qualname and module != "__main__" and "<" not in qualname:
-        try:
-            found: Any = importlib.import_module(module)
-            for part in qualname.split("."):
-                found = getattr(found, part)
-        except (ImportError, AttributeError):
-            found = None
-        if found is target:
-            return f"{module}:{qualname}"
-    return f"{IN_PROCESS_MARK}{qualname or type(target).__name__}>"
 
 
 def get(name: str | Callable[..., Any], **options: Any) -> RewardFunction:

@@ -4,7 +4,7 @@ rules that compose.
 One `Scheduler` serves every way of running. It submits groups (G requests each, through one `GroupStream` for the
 whole run), queues each group the moment its G members are back, and hands them to the trainer's collection
 (cohort/trainer/collect.py), which scores them and decides what to keep. What is submitted, and when, follows the
-rules (`AdmissionRules`, read once from the config):
+rules (`cohort.config.admission.AdmissionRules`, read once from the config):
 
 - **staleness bound k** (`pipeline.max_staleness`, unset = 0): when a batch is collected, new generation batches
   (B groups each: the sampler's next prompts, the seeds of the next generation index) are admitted while fewer
@@ -48,30 +48,15 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from cohort.config.admission import AdmissionRules
 from cohort.rollout.base import EngineLock, SamplingConfig, Trajectory, batch_requests, completion_seeds
 from cohort.rollout.driver import EngineDriver
 from cohort.rollout.partial import BufferedGroup, ContinuationBuffer
 from cohort.rollout.stream import FinishedGroup, GroupStream
 
 POLL_S = 0.02  # the driver's longest single poll: how long a trainer's engine call may wait for the lock
-
-
-class AdmissionRules(Protocol):
-    """The rules the scheduler reads (module docstring); the run's are `cohort.run_mode.AdmissionRules`, resolved once from
-    `pipeline.*` with the rest of the run's mode (the planner sits above this package, so only their shape is here)."""
-
-    max_staleness: int  # k
-    over_provision: float  # f
-    max_aborts: int
-    stale_tokens: str  # mask | drop
-    engine_timeout_s: float
-    refill: bool  # dynamic sampling
-    max_refill_rounds: int
-    generates_through_updates: bool  # k >= 1
-    interrupts: bool  # partial rollouts with k = 0
-    off_policy: bool
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The checks of the tools section that `validate_config` runs before any model loads: ranges, that
 every tool resolves and has a schema, that the environment is a class with tools, that the parser exists.
 
-Imports only the schema and parser modules (no engine), so `cohort.validation` stays free of cohort.rollout.
+Imports only the schema and parser modules (no engine), so `cohort.plan.validate` stays free of cohort.rollout.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Layout, one directory per saved step (`RUN_DIR/checkpoints/step-000012/`):
     state.pt     the rest of the trainer state (below), read back with weights_only=True
     meta.json    step, policy version, generation index, time: for people and tools
     manifest.json  every other file with its size and sha256, written last
-                 (cohort/trainer/manifest.py)
+                 (cohort/runs/manifest.py)
 
 `state.pt` holds
 - the counters: optimizer steps taken, policy version, generation index. Every
@@ -71,7 +71,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from cohort.trainer.manifest import MANIFEST, Verdict, verify, write_manifest
+from cohort.runs.manifest import MANIFEST, Verdict, verify, write_manifest
 from cohort.trainer.rollout_batch import RolloutBatch
 
 CHECKPOINTS = "checkpoints"

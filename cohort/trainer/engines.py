@@ -30,7 +30,8 @@ from cohort.distributed.rank0 import DetachedHFEngine, MainOnlyEngine
 from cohort.models.devices import resolve_device
 from cohort.models.loading import load_policy, stop_token_ids
 from cohort.models.precision import Precision
-from cohort.plan import batch_plan, engine_batch_limits
+from cohort.plan.batch import batch_plan
+from cohort.plan.memory import engine_batch_limits
 from cohort.prompts import max_positions_of
 from cohort.rollout.hf_engine import HFEngine
 from cohort.rollout.remote_engine import LocalServerEngine, RemoteEngine, engine_cores

@@ -78,7 +78,8 @@ from cohort.trainer.stopping import check_finite
 from cohort.trainer.collect import CollectContext, Collected, StreamedGradients, collect_batch
 from cohort.trainer.scoring import distill_micro_batch, score_completions, teacher_scorer
 from cohort.trainer.sync_check import SyncCheck, canary_tokens
-from cohort.validation import validate_config
+from cohort.plan.batch import BatchPlan
+from cohort.plan.validate import validate_config
 
 class Phases:
     """Wall-clock timing of named phases: `with phases("generate"): ...` adds to timing/generate_s."""
@@ -110,9 +111,9 @@ class Trainer:
     (`TrainerParts`, cohort/trainer/parts.py: policy, engine, rewards, optimizer, ...), each part read and
     written as an attribute of the trainer (`self.policy`)."""
 
-    def __init__(self, cfg: CohortConfig, *, run_dir: str | Path | None = None, engine=None, log=print):
+    def __init__(self, cfg: CohortConfig, *, run_dir: str | Path | None = None, engine=None, log=print, plan: BatchPlan | None = None):
         self.cfg = cfg
-        self.plan = validate_config(cfg)  # fails before any model loads
+        self.plan = plan if plan is not None else validate_config(cfg)  # fails before any model loads; a caller that validated hands its plan
         self.log = log
         self.phases = Phases()
         self.step_count = 0  # optimizer steps taken

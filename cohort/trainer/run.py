@@ -32,7 +32,9 @@ from cohort.models.loading import write_config_dtype
 from cohort.trainer import checkpoint, failure
 from cohort.trainer.diagnostics import Diagnostics
 from cohort.trainer.evaluate import evaluate
-from cohort.trainer.loggers import JsonlWriter, MetricsLogger
+from cohort.runs.jsonl import read_jsonl
+from cohort.runs.loggers import JsonlWriter, MetricsLogger
+from cohort.runs.report import load_run, plot_reward
 from cohort.trainer.stopping import GracefulStop, NonFiniteError, RunHalted
 
 
@@ -160,8 +162,7 @@ def _run(trainer, resume_from: str | Path | None) -> dict:
             checkpoint.save_checkpoint(trainer)
         summary = _summary(trainer, history, before, after, time.perf_counter() - wall_start)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    _plot_rewards(_read_jsonl(run_dir / "metrics.jsonl"), run_dir / "reward_curve.png", before, summary.get("eval/accuracy_after"),
-                  algorithm=cfg.algorithm.name)
+    _plot_rewards(run_dir, before, summary.get("eval/accuracy_after"), algorithm=cfg.algorithm.name)
     eval_sink.close()
     samples.close()
     return summary
@@ -211,14 +212,8 @@ def _resume(trainer, resume_from: str | Path) -> str:
     return "\n".join([*resumed.notes, line])
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 def _earlier_eval(run_dir: Path, label: str) -> dict:
-    found = [r for r in _read_jsonl(run_dir / "eval.jsonl") if r.get("label") == label]
+    found = [r for r in read_jsonl(run_dir / "eval.jsonl") if r.get("label") == label]
     return found[-1] if found else {}
 
 
@@ -236,27 +231,9 @@ def _summary(trainer, history, before, after, wall_s) -> dict:
     return summary
 
 
-def _plot_rewards(history, path: Path, before, after_accuracy, *, algorithm: str = "grpo") -> None:
-    history = [h for h in history if isinstance(h.get("reward"), (int, float))]  # generation steps only
-    if not history:
-        return
-    import matplotlib  # here: choosing the Agg backend at import would change a notebook's backend on `import cohort.api`
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [h["step"] for h in history]
-    rewards = [h.get("reward", float("nan")) for h in history]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, rewards, alpha=0.35, label="reward (per generation batch)")
-    window = max(1, len(rewards) // 15)
-    smooth = [sum(rewards[max(0, i - window + 1): i + 1]) / len(rewards[max(0, i - window + 1): i + 1]) for i in range(len(rewards))]
-    ax.plot(steps, smooth, label=f"reward (moving mean, {window} steps)")
+def _plot_rewards(run_dir: Path, before, after_accuracy, *, algorithm: str = "grpo") -> None:
+    """RUN_DIR/reward_curve.png: `cohort report`'s reward plot (cohort/runs/report.py), titled with the held-out accuracy."""
     title = f"cohort {algorithm.upper()}"
     if before and after_accuracy is not None:
         title += f" — held-out greedy accuracy {before['accuracy']:.1%} → {after_accuracy:.1%}"
-    ax.set(xlabel="optimizer step", ylabel="mean reward", title=title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_reward(load_run(run_dir), run_dir, file_name="reward_curve.png", title=title)

@@ -32,7 +32,7 @@ from cohort.models.lora import attach_lora, base_dtype
 from cohort.models.precision import DTYPES, Precision, resolve_precision
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
-from cohort.teacher_checks import mismatch_problem, tokenizer_mismatch
+from cohort.plan.teacher_checks import mismatch_problem, tokenizer_mismatch
 from cohort.agents import setup as agents
 from cohort.tools.setup import rows_by_prompt, wrap_engine
 from cohort.trainer import algorithms

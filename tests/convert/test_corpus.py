@@ -15,7 +15,7 @@ import yaml
 from cohort.config import CohortConfig, ConfigError
 from cohort.convert.core import convert_input, render
 from cohort.convert.sources import detect, read_trl, read_trl_command, read_verl
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 from tests.convert.test_examples import named_where
 
 CORPUS = Path(__file__).resolve().parent / "corpus"

@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from cohort.config_loading import resolve_config
+from cohort.config.loading import resolve_config
 from cohort.convert.core import convert_input, render
 from cohort.convert.sources import read_trl, read_verl
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 
 ROOT = Path(__file__).resolve().parents[2]
 VERL = ROOT / "examples" / "from_verl" / "run_qwen2-7b_gsm8k_grpo.sh"

@@ -12,7 +12,7 @@ from cohort.data.datasets import DataError
 from cohort.data.loading import load_data
 from cohort.data.named import named_data_problems
 from cohort.rewards.columns import reward_column_problems
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 
 TRAIN = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(5)]
 TEST = [{"question": "What is 7 + 1?", "answer": "8"}]

@@ -17,14 +17,14 @@ import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.distributed import fsdp
 from cohort.distributed.fsdp import (DistContext, LocalContext, context_from_env, fsdp_policies, move_optimizer_state,
                                      offload_optimizer_state)
 from cohort.distributed.rank0 import MainOnlyEngine, _PushEnd, follow_walks
 from cohort.models.devices import DeviceError, process_group_backend, resolve_device
 from cohort.models.precision import resolve_precision
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 
 
 def test_each_local_rank_gets_its_own_gpu_and_its_backend():

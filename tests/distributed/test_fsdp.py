@@ -29,8 +29,8 @@ import pytest
 import torch
 
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
-from cohort.validation import validate_config
+from cohort.config.loading import load_config
+from cohort.plan.validate import validate_config
 from cohort.distributed.fsdp import DistContext, LocalContext
 from cohort.trainer.loop import Trainer
 

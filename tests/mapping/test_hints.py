@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.mapping.hints import foreign_key_hint
 from cohort.mapping.trl_rules import TRL_RULES
 from cohort.mapping.verl_rules import VERL_RULES
 
 
 def test_every_target_of_both_tables_is_a_cohort_field():
-    from cohort.config_fields import describe_fields
+    from cohort.config.fields import describe_fields
 
     known = {key for key, *_ in describe_fields()}
     targets = {t for rule in VERL_RULES + TRL_RULES for t in rule.targets}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cohort.config_fields import describe_fields
+from cohort.config.fields import describe_fields
 from cohort.convert.core import convert
 
 AR = "actor_rollout_ref."

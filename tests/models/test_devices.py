@@ -7,11 +7,11 @@ import re
 import pytest
 import torch
 
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.models.devices import (CPU_BF16_MIN_PARAMETERS, DeviceError, auto_dtype, autocast_device_type,
                                    process_group_backend, resolve_device)
 from cohort.models.precision import resolve_precision
-from cohort.validation import settle_model_dtype
+from cohort.plan.validate import settle_model_dtype
 
 
 @pytest.mark.parametrize("setting, rank, gpus, expected", [
@@ -84,7 +84,7 @@ def test_planning_a_gpu_run_settles_auto_as_a_gpu_would(tiny_model_dir, monkeypa
     chosen, problems = settle_model_dtype(cfg, for_gpu=True)
     assert problems == [] and cfg.model.dtype == "bfloat16" and "--gpu-memory-gib" in chosen
     # on a GPU machine the device chosen by train.device=auto is named too
-    import cohort.validation as validation
+    import cohort.plan.validate as validation
     monkeypatch.setattr(validation, "resolve_device", lambda setting="auto": torch.device("cuda", 1))
     monkeypatch.setattr(validation, "has_bf16_units", lambda device: True)
     cfg = load_config(None, [f"model.path={tiny_model_dir}"])

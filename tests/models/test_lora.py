@@ -11,8 +11,8 @@ import torch
 pytest.importorskip("peft")
 
 from cohort.config import ConfigError  # noqa: E402
-from cohort.config_loading import load_config
-from cohort.validation import validate_config  # noqa: E402
+from cohort.config.loading import load_config
+from cohort.plan.validate import validate_config  # noqa: E402
 from cohort.models.loading import load_policy  # noqa: E402
 from cohort.models.logprobs import completion_logprobs  # noqa: E402
 from cohort.models.lora import TrainOnlyDropout, attach_lora, base_dtype, base_name, linear_module_names, lora_alpha  # noqa: E402
@@ -187,8 +187,8 @@ def test_validation_refuses_combinations_not_served(tiny_model_dir):
 
 
 def test_plan_memory_counts_the_adapter_and_no_reference_copy(tiny_model_dir):
-    from cohort.plan import batch_plan
-    from cohort.plan import memory_estimate, model_facts
+    from cohort.plan.batch import batch_plan
+    from cohort.plan.memory import memory_estimate, model_facts
 
     def rows(rank, dtype="float32"):
         cfg = load_config({"model": {"path": str(tiny_model_dir), "dtype": dtype}, "lora": {"rank": rank}, "algorithm": {"beta": 0.04},

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.data.tasks import get_task
 from cohort.models import tiny
 from cohort.models.loading import check_model_dir, load_tokenizer, stop_token_ids

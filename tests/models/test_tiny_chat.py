@@ -9,7 +9,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.models.loading import chat_end_of_turn_id, load_policy, load_tokenizer, stop_token_ids
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import SamplingConfig

@@ -7,10 +7,10 @@ import shutil
 import pytest
 
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.models import tokenizer_check
 from cohort.models.tokenizer_check import tokenizer_problems
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ import pytest
 
 from cohort import cli
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.data.datasets import file_columns
 from cohort.rewards.columns import reward_column_problems
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):  # verl's contract: reads ground_truth

@@ -10,7 +10,7 @@ import pytest
 
 from cohort.rollout.base import SamplingConfig
 from cohort.rollout.scheduler import Scheduler
-from cohort.run_mode import AdmissionRules
+from cohort.config.admission import AdmissionRules
 
 G, B = 2, 3  # completions per group, groups per generation batch
 

@@ -281,8 +281,8 @@ def test_concurrent_health_answers_during_a_slow_generation(served):
 
 def test_server_mode_config_problems_name_the_fix(monkeypatch):
     from cohort.config import ConfigError
-    from cohort.config_loading import load_config
-    from cohort.validation import validate_config
+    from cohort.config.loading import load_config
+    from cohort.plan.validate import validate_config
 
     monkeypatch.delenv("COHORT_SERVER_TOKEN", raising=False)
     with pytest.raises(ConfigError) as info:

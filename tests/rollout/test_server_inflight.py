@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 import torch
 
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.models.loading import load_policy, load_tokenizer
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout import remote_engine

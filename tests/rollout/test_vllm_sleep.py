@@ -94,8 +94,8 @@ def test_llm_options_on_a_gpu_and_on_the_cpu():
 def test_vllm_gets_its_batch_limits_from_the_batch_plan_on_a_gpu(tmp_path, monkeypatch):
     """build_engine hands vLLM max_num_seqs = the generation batch (4 prompts × 8 = 32 here) and one step's tokens
     (8,192 here, at least max_model_len); on CUDA they reach vllm.LLM, where vLLM's H100/H200 default of 1,024
-    sequences would size a 2.3 GiB start-up sampler pass (cohort.plan.engine_batch_limits). On the CPU, vLLM's own."""
-    from cohort.config_loading import load_config
+    sequences would size a 2.3 GiB start-up sampler pass (cohort.plan.memory.engine_batch_limits). On the CPU, vLLM's own."""
+    from cohort.config.loading import load_config
     from cohort.trainer import engines
 
     built = {}

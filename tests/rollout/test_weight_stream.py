@@ -65,7 +65,7 @@ def test_part_size_bounds_what_a_push_holds():
 
 def test_lora_merged_weights_streamed_are_bit_identical_to_the_merged_state_dict(tiny_model_dir):
     pytest.importorskip("peft")
-    from cohort.config_loading import load_config
+    from cohort.config.loading import load_config
     from cohort.models.loading import load_policy
     from cohort.models.lora import attach_lora
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.data.tasks import get_task
 from cohort.models.loading import load_tokenizer
 from cohort.models.tiny import TINY_RECIPES, chat_codec, tool_transcript
 from cohort.tools.render import ToolRenderer
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tool_calc.yaml"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from cohort.report import write_report
+from cohort.runs.report import write_report
 
 
 def test_report_shows_conversations_with_tool_turns(tmp_path):

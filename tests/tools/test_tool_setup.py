@@ -9,13 +9,13 @@ import sys
 import pytest
 
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.models.loading import load_tokenizer
 from cohort.rewards import RewardSet
 from cohort.tools.parsers import ToolCall, get_parser, parse_compact, parse_hermes
 from cohort.tools.render import ToolRenderer, ToolTemplateError
 from cohort.tools.schema import resolve_environment, resolve_tools
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 
 
 def multiply(a: int, b: int) -> int:

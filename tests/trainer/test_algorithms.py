@@ -27,7 +27,7 @@ from cohort.algorithms import (AGGREGATIONS, POLICY_LOSSES, aggregate_loss, aggr
                                top_entropy_mask)
 from cohort.algorithms.specs import ALGORITHMS, LOSS_TYPES, AdvantageInputs
 from cohort.config import AlgorithmConfig
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.trainer.algorithms import resolve
 
 
@@ -161,7 +161,7 @@ def test_specs_match_the_config():
 ])
 def test_auto_fields_resolve_per_algorithm(overrides, loss_name, placement, estimator, old_logp):
     cfg = load_config(None, overrides)
-    from cohort.plan import batch_plan
+    from cohort.plan.batch import batch_plan
 
     choice = resolve(cfg, off_policy=batch_plan(cfg).off_policy)
     assert (choice.loss_name, choice.kl_placement, choice.kl_estimator, choice.score_old_logp) == (
@@ -188,7 +188,7 @@ def test_loss_types_match_the_config():
 
 def test_config_checks_the_loss_fields():
     from cohort.config import ConfigError
-    from cohort.validation import validate_config
+    from cohort.plan.validate import validate_config
 
     validate_config(load_config(None, ["algorithm.loss_type=luspo", "algorithm.importance_sampling_level=sequence",
                                        "algorithm.clip_ratio_c=3", "algorithm.entropy_coeff=0.01",
@@ -211,7 +211,7 @@ def test_config_checks_the_loss_fields():
 
 def test_config_checks_group_size_and_kl_controller():
     from cohort.config import ConfigError
-    from cohort.validation import validate_config
+    from cohort.plan.validate import validate_config
 
     validate_config(load_config(None, ["algorithm.name=ppo", "rollout.num_generations=1"]), check_files=False)
     validate_config(load_config(None, ["algorithm.name=reinforce_pp", "rollout.num_generations=1"]), check_files=False)
@@ -459,7 +459,7 @@ def test_example_configs_are_the_demo_preset_with_the_algorithm_switched():
     # numbers compare the algorithms and nothing else.
     from pathlib import Path
 
-    from cohort.validation import validate_config
+    from cohort.plan.validate import validate_config
 
     for name in ("grpo", "rloo", "reinforce_pp", "ppo"):
         cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / f"{name}_arith.yaml")

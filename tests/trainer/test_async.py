@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.rollout.base import Trajectory
 from cohort.rollout.stream import FinishedGroup
 from cohort.trainer import checkpoint
 from cohort.rollout.scheduler import Origin
 from cohort.trainer.loop import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 
 pytest.importorskip("vllm")
 QUIET = dict(log=lambda *a, **k: None)

@@ -14,7 +14,7 @@ import pytest
 
 from cohort import cli
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.data.datasets import DataError, PromptDataset
 from cohort.models.loading import load_tokenizer
 from cohort.prompts import PromptRenderer

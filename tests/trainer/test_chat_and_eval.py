@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from cohort import cli
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.trainer.loop import Trainer
 
 MODULE = textwrap.dedent('''

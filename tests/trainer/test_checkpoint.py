@@ -1,5 +1,5 @@
 """Checkpoints: exact resume (in process, and after `kill -9` with both engines), atomic writes, pruning, disk space,
-falling back past a damaged checkpoint (the failure modes one by one: tests/trainer/test_manifest.py).
+falling back past a damaged checkpoint (the failure modes one by one: tests/runs/test_manifest.py).
 
 "Exact" means: the resumed run samples the same completions (same text, rewards
 and advantages in completions.jsonl) and ends with the same weights (max abs
@@ -30,7 +30,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.trainer import checkpoint
 from cohort.trainer.loop import Trainer
 
@@ -230,7 +230,7 @@ def test_kill9_then_resume_is_exact_vllm(user_setup, tiny_model_dir, vllm_engine
 
 KILL_DURING_SAVE = textwrap.dedent('''
     import os, signal, sys
-    from cohort.config_loading import load_config
+    from cohort.config.loading import load_config
     from cohort.trainer import checkpoint
     from cohort.trainer.loop import Trainer
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.rollout.base import Trajectory
 from cohort.trainer.loop import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch

@@ -19,7 +19,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.models.batching import length_sorted_micro_batches
 from cohort.trainer.loop import Trainer
 
@@ -159,7 +159,7 @@ def test_reference_and_old_logprobs_once_per_generation_batch(tmp_path, data_fil
 
 def test_staleness_bound_1_is_checked(tmp_path, data_file, tiny_model_dir):
     from cohort.config import ConfigError
-    from cohort.validation import validate_config
+    from cohort.plan.validate import validate_config
 
     base = [f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]", "pipeline.max_staleness=1", "data.max_prompt_length=16",
             "rollout.max_completion_length=8",

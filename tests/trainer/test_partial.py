@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.models.batching import pack_right_padded
 from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import Trajectory, continuation_seed
 from cohort.trainer import checkpoint
 from cohort.trainer.loop import Trainer
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 
 QUIET = dict(log=lambda *a, **k: None)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.trainer import checkpoint
 from cohort.trainer.loop import Trainer
 from cohort.trainer.parts import PART_NAMES, TrainerParts

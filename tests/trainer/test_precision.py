@@ -14,11 +14,11 @@ import torch
 from safetensors import safe_open
 
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.models.precision import resolve_precision
-from cohort.plan import memory_estimate, model_facts
+from cohort.plan.memory import memory_estimate, model_facts
 from cohort.trainer.loop import Trainer
-from cohort.validation import validate_config
+from cohort.plan.validate import validate_config
 
 
 @pytest.fixture

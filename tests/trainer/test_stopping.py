@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from cohort import cli
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.trainer import checkpoint
 from cohort.trainer.loop import Trainer
 from cohort.trainer.stopping import GracefulStop, NonFiniteError, check_finite

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from cohort.config import ConfigError
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.rollout.base import SamplingConfig, completion_seeds, completion_text
 from cohort.trainer import checkpoint
 from cohort.trainer.loop import Trainer

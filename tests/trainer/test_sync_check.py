@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.rollout import vllm_engine as vllm_engine_module
 from cohort.trainer.loop import Trainer
 from cohort.trainer import sync_check

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.trainer import engines
 from cohort.models.loading import checkpoint_parameters
 from cohort.trainer.engines import SMALL_MODEL_PARAMETERS, set_torch_threads

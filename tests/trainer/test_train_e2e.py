@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from cohort.config_loading import load_config
+from cohort.config.loading import load_config
 from cohort.models.devices import has_bf16_units
 from cohort.trainer.loop import Trainer
 
@@ -140,7 +140,7 @@ def six_token_prompts(tmp_path):
 def test_a_512_position_model_with_short_prompts_validates_at_the_field_defaults(tmp_path, model_512):
     # before: "data.max_prompt_length + rollout.max_completion_length = 512 + 8 = 520 exceeds the model's
     # max_position_embeddings = 512" for data.max_prompt_length = 512 (its old default): the configured ceiling, not the data
-    from cohort.validation import validate_config
+    from cohort.plan.validate import validate_config
 
     data = six_token_prompts(tmp_path)
     for extra in (["data.max_prompt_length=512", "rollout.max_completion_length=8"], []):

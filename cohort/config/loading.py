@@ -3,9 +3,9 @@
 `resolve_config` is the one place that decides whether the embedded demo's preset applies (only to the embedded
 model on a built-in task, with no config file); the CLI and the Python API both call it, and it returns the one
 line `cohort train` prints about where the values came from, and one note per old field name it read
-(cohort.config_renames: a config written before a rename still works, a checkpoint's saved config.yaml too).
+(cohort.config.renames: a config written before a rename still works, a checkpoint's saved config.yaml too).
 
-Left out: every check across fields (cohort.validation). Imports the typed config, the rename table, the preset
+Left out: every check across fields (cohort.plan.validate). Imports the typed config, the rename table, the preset
 and the mapping tables of `cohort convert` (`cohort.mapping.hints`, pure data: an unknown key that is verl's or
 TRL's name is refused with cohort's spelling); none of them loads torch.
 """
@@ -22,10 +22,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from cohort.config import SECTIONS, CohortConfig, ConfigError
-from cohort.config_fields import fields_of
-from cohort.config_renames import RENAMED_FIELDS, renamed_override, renamed_tree
-from cohort.demo_preset import DEMO_PRESET, DEMO_PRESET_FILE, is_embedded_demo
+from cohort.config.schema import SECTIONS, CohortConfig, ConfigError
+from cohort.config.fields import fields_of
+from cohort.config.renames import RENAMED_FIELDS, renamed_override, renamed_tree
+from cohort.config.demo import DEMO_PRESET, DEMO_PRESET_FILE, is_embedded_demo
 from cohort.mapping.hints import foreign_key_hint  # (pure tables: imports nothing else of cohort)
 
 

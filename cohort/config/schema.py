@@ -1,7 +1,7 @@
 """Typed run configuration: fifteen sections, each field declared once with its help text.
 
 `cohort train --help` and the configuration reference in the README are generated from these declarations
-(cohort.config_fields); the help says what a field does, its unit and its default; the why and the
+(cohort/config/fields.py); the help says what a field does, its unit and its default; the why and the
 measurements are in docs/.
 
 Choices:
@@ -11,11 +11,10 @@ Choices:
 - Unknown keys are errors (a typo must not silently fall back to a default),
   except inside a reward spec, whose extra keys are the reward's own options.
 
-Left out, on purpose: reading YAML and overrides, old names, the demo preset (cohort.config_loading,
-cohort.config_renames, cohort.demo_preset); every check across fields (cohort.validation) and the batch
-arithmetic (cohort.plan). This module imports nothing of cohort, so `import cohort.config` loads neither torch
-nor the rewards package (a reward or tool given as a Python function is named by
-`cohort.rewards.registry.reference`, imported only then).
+Left out, on purpose: reading YAML and overrides, old names, the demo preset (cohort/config/loading.py,
+renames.py, demo.py); every check across fields (cohort/plan/) and the batch arithmetic (cohort/plan/batch.py).
+Imports only pydantic and cohort.config.references (a reward or tool given as a Python function is saved by its
+import path), so every package above may take its typed section from here without loading torch.
 """
 
 from __future__ import annotations
@@ -26,6 +25,8 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
+
+from cohort.config.references import reference
 
 
 class ConfigError(ValueError):
@@ -43,8 +44,6 @@ class _Section(BaseModel):
 
 def _reference(value: Any) -> Any:
     """A Python function or class as its import path, for the saved config.yaml."""
-    from cohort.rewards.registry import reference  # here, not at the top: the rewards package would double config's import time
-
     return value if value is None or isinstance(value, str) else reference(value)
 
 
@@ -369,9 +368,6 @@ class RewardSpec(BaseModel):
 
     @field_serializer("name", when_used="json")
     def _name_as_text(self, name: str | Callable[..., Any]) -> str:
-        # here, not at the top: only a callable's name needs the rewards package, whose import (~60-95 ms) would double config's
-        from cohort.rewards.registry import reference
-
         return name if isinstance(name, str) else reference(name)
 
 

@@ -1,39 +1,26 @@
-"""The batch plan of a run and `cohort plan`'s printout: schedule, token bound and memory estimate.
+"""The memory a run needs, read from the config and the checkpoint's headers, never its weights.
 
-- `batch_plan(cfg)`: the one place where the batch arithmetic lives (prompts and
-  completions per generation batch and per optimizer step, micro-batches,
-  optimizer steps per generation); the trainer, `cohort plan` and the validation
-  all read it. `with_measured_prompts` replaces its token bound by the longest
-  prompt actually kept, once `cohort.validation` has measured the prompts.
-- `model_facts(path)`: what the planner needs from a checkpoint directory, read
-  without loading weights (the architecture from `config.json`, the parameter
-  count from the safetensors headers, a few KB read).
-- `format_plan(cfg, plan)`: the printed schedule, an upper bound on tokens per
-  step, and a rough memory estimate of the training process (weights + gradients
-  + AdamW's two moments in the weights' dtype — float32 under
-  train.precision=mixed —, an optional reference model or distillation teacher,
-  activations of one micro-batch of the longest sequences, one log-prob chunk of logits; with LoRA
-  the frozen base in model.dtype and the adapter's float32 weights, gradients
-  and moments). Activations per token and layer are counted from what autograd
-  keeps in a Qwen2-like decoder layer (`activation_bytes_per_token_layer`).
-- `gpu_memory_plan(cfg, plan, facts, total_bytes)`: one GPU split between the
-  trainer's peak (the estimate above) and vLLM's share (its weights, the KV
-  cache of one generation batch's sequences, a fixed working memory), the
-  `engine.gpu_memory_utilization` derived from it when unset (colocated:
-  vLLM's share + 10% over the GPU's memory, rounded up to 0.01; vLLM alone on
-  its GPU: 0.9), and whether it fits, with engine.sleep_mode releasing vLLM's
-  memory during the update. Pure: `cohort.validation` reads the GPU's size from
-  CUDA and refuses what cannot fit (`gpu_fit_problems`).
+- `model_facts(path)`: what the planner needs from a checkpoint directory (the architecture from `config.json`,
+  the parameter count from the safetensors headers, a few KB read).
+- `memory_estimate(cfg, plan, facts)`: a rough estimate of the training process at the peak of its update
+  (weights + gradients + AdamW's two moments in the weights' dtype — float32 under train.precision=mixed —, an
+  optional reference model or distillation teacher, activations of one micro-batch of the longest sequences, one
+  log-prob chunk of logits; with LoRA the frozen base in model.dtype and the adapter's float32 weights, gradients
+  and moments). Activations per token and layer are counted from what autograd keeps in a Qwen2-like decoder
+  layer (`activation_bytes_per_token_layer`).
+- `gpu_memory_plan(cfg, plan, facts, total_bytes)`: one GPU split between the trainer's peak (the estimate above)
+  and vLLM's share (its weights, the KV cache of one generation batch's sequences, a fixed working memory), the
+  `engine.gpu_memory_utilization` derived from it when unset (colocated: vLLM's share + 10% over the GPU's memory,
+  rounded up to 0.01; vLLM alone on its GPU: 0.9), and whether it fits (`gpu_fit_problems`), with
+  engine.sleep_mode releasing vLLM's memory during the update. Pure: `cohort.plan.validate` reads the GPU's size
+  from CUDA and refuses what cannot fit.
 
-Left out: checks (every check of a config, including what the model's
-config.json forbids, is in `cohort.validation`); the allocator's fragmentation; on a
-GPU the CUDA context is a fixed allowance (CUDA_CONTEXT_BYTES), not a measurement. This module reads the
-config and never the reverse.
+Left out: the allocator's fragmentation; on a GPU the CUDA context is a fixed allowance (CUDA_CONTEXT_BYTES), not
+a measurement.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import struct
@@ -43,140 +30,10 @@ from pathlib import Path
 from cohort.algorithm_facts import FACTS
 from cohort.config import CohortConfig
 from cohort.models.hub import hub_parameter_count
-from cohort.run_mode import ONE_STEP_FIX, AdmissionRules, one_step_per_generation
+from cohort.plan.batch import BatchPlan
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MAX_CHUNK_LOGITS = 2**24  # cohort.models.logprobs.completion_logprobs: logits per LM-head chunk at most
-
-
-# --------------------------------------------------------------------------- the batch plan
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchPlan:
-    """The batch arithmetic of a run, derived once from the config."""
-
-    num_generations: int
-    prompts_per_step: int
-    completions_per_step: int
-    steps_per_generation: int
-    num_iterations: int
-    generation_batch_size: int  # completions per generation batch
-    prompts_per_generation: int
-    micro_batch_size: int
-    micro_batches_per_step: int
-    max_tokens_per_sequence: int | None  # longest prompt + rollout.max_completion_length; None: the data was not read
-    max_steps: int
-    prompt_tokens_from: str = "data.max_prompt_length"  # what bounds the prompt in max_tokens_per_sequence
-    # the run's mode, resolved once: what the rollout scheduler admits, and whether groups train as they finish
-    admission: AdmissionRules = AdmissionRules()
-    stream_update: bool = False
-
-    @property
-    def optimizer_steps_per_generation(self) -> int:
-        return self.steps_per_generation * self.num_iterations
-
-    @property
-    def off_policy(self) -> bool:
-        """True when some update uses completions sampled by an older policy."""
-        return self.optimizer_steps_per_generation > 1
-
-    @property
-    def num_generation_batches(self) -> int:
-        return math.ceil(self.max_steps / self.optimizer_steps_per_generation)
-
-
-GROUP_LOCAL_ADVANTAGES = tuple(n for n in FACTS if FACTS[n].group_local)  # (for messages)
-GROUP_RELATIVE = tuple(n for n in FACTS if FACTS[n].zero_for_constant_group)
-
-
-def stream_update_blockers(cfg: CohortConfig, world_size: int = 1) -> list[str]:
-    """Why the per-group (streamed) update would not equal the batch update for this config; [] when it would.
-
-    The streamed update sums each finished group's unnormalised loss and divides by the loss normaliser once the
-    batch is known, so it needs advantages that read only their own group, a normaliser that is a sum over rows
-    (not bnpo's per-micro-batch mean), the batch trained in exactly one optimizer step, and nothing measured over
-    the whole batch before the update (a KL in the reward, an adaptive beta, a critic, batch whitening)."""
-    a, t, out = cfg.algorithm, cfg.train, []
-    spec = FACTS[a.name]
-    if not spec.group_local:
-        out.append(f"algorithm.name = {a.name}: its advantages need the whole batch (whitening or a critic); "
-                   f"use {' or '.join(GROUP_LOCAL_ADVANTAGES)}")
-    elif a.scale_rewards == "batch" and a.name == "grpo":
-        out.append("algorithm.scale_rewards = batch: the std is the whole batch's; use group or none")
-    if a.loss_type == "bnpo":
-        out.append("algorithm.loss_type = bnpo: a token mean per micro-batch depends on how the batch is split; "
-                   "use dapo (the whole step's token mean), grpo or dr_grpo")
-    if a.top_entropy_quantile < 1:
-        out.append(f"algorithm.top_entropy_quantile = {a.top_entropy_quantile}: the entropy threshold is a quantile of "
-                   "each micro-batch, which depends on how the batch is split; use 1.0")
-    placement = a.kl_placement if a.kl_placement != "auto" else spec.kl_placement
-    if a.beta != 0 and (placement == "reward" or a.kl_controller == "adaptive"):
-        out.append(f"algorithm.beta = {a.beta} with the KL in the reward or an adaptive coefficient: measured over the "
-                   "whole batch first; set algorithm.kl_placement=loss with kl_controller=fixed, or beta=0")
-    if not one_step_per_generation(cfg):
-        out.append(f"train.steps_per_generation = {t.steps_per_generation}, algorithm.num_iterations = {a.num_iterations}, "
-                   f"rollout.generation_batch_size: set {ONE_STEP_FIX}")
-    if world_size > 1:
-        out.append(f"{world_size} training processes: the streamed update runs in one; set train.num_processes=1")
-    if cfg.agent.enabled:
-        out.append("agent.function: a run that rewrote its history adds samples to the batch once it is taken; unset "
-                   "agent.function")
-    if cfg.pipeline.max_staleness:
-        out.append(f"pipeline.max_staleness = {cfg.pipeline.max_staleness}: groups may come from older policies, trained when the "
-                   "batch is taken; set it to 0 (or unset)")
-    return out
-
-
-def stream_update_active(cfg: CohortConfig, world_size: int = 1) -> bool:
-    """Whether the trainer runs the update group by group (pipeline.stream_update; see `stream_update_blockers`)."""
-    if cfg.pipeline.stream_update == "off" or stream_update_blockers(cfg, world_size):
-        return False
-    return cfg.pipeline.stream_update == "on" or cfg.engine.mode in ("local_server", "server")
-
-
-def batch_plan(cfg: CohortConfig, world_size: int = 1) -> BatchPlan:
-    """The batch arithmetic and the run's mode for `world_size` training processes."""
-    g = cfg.rollout.num_generations
-    per_step = cfg.train.prompts_per_step * g
-    gen = cfg.rollout.generation_batch_size or per_step * cfg.train.steps_per_generation
-    mb = min(cfg.train.micro_batch_size, per_step)
-    return BatchPlan(
-        num_generations=g,
-        prompts_per_step=cfg.train.prompts_per_step,
-        completions_per_step=per_step,
-        steps_per_generation=gen // per_step if per_step else 0,
-        num_iterations=cfg.algorithm.num_iterations,
-        generation_batch_size=gen,
-        prompts_per_generation=gen // g if g else 0,
-        micro_batch_size=mb,
-        micro_batches_per_step=math.ceil(per_step / mb) if mb else 0,
-        max_tokens_per_sequence=None if cfg.data.max_prompt_length is None else cfg.data.max_prompt_length + cfg.rollout.max_completion_length,
-        max_steps=cfg.train.max_steps,
-        prompt_tokens_from="data.max_prompt_length" if cfg.data.max_prompt_length is not None else "not measured (data not read)",
-        admission=AdmissionRules.from_config(cfg.pipeline),
-        stream_update=stream_update_active(cfg, world_size),
-    )
-
-
-@dataclass(frozen=True)
-class MeasuredPrompts:
-    """The prompts of a run as the trainer will keep them, measured without loading weights (`cohort.validation`)."""
-
-    longest: int | None  # tokens of the longest prompt kept (None when a problem stopped the measurement)
-    where: str  # its row
-    filtered: int  # train prompts longer than the limit, dropped by data.overlong_prompts = filter
-    problems: list[str]
-
-
-def with_measured_prompts(cfg: CohortConfig, plan: BatchPlan, measured: MeasuredPrompts | None) -> BatchPlan:
-    """The plan with its token bound taken from the longest prompt kept, when the prompts could be measured."""
-    if measured is None or measured.longest is None:
-        if cfg.data.max_prompt_length is None:
-            return dataclasses.replace(plan, prompt_tokens_from="not measured (a tiny:* model's tokenizer is built with the model)")
-        return plan
-    return dataclasses.replace(plan, max_tokens_per_sequence=measured.longest + cfg.rollout.max_completion_length,
-                               prompt_tokens_from=f"the longest prompt kept, {measured.where}")
 
 
 # --------------------------------------------------------------------------- the model, without its weights
@@ -264,7 +121,7 @@ def kv_bytes_per_token(cfg: CohortConfig, facts: ModelFacts) -> int:
     return 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim * BYTES[cfg.generation_dtype]
 
 
-# --------------------------------------------------------------------------- the printout
+# --------------------------------------------------------------------------- the training process
 
 
 def activation_bytes_per_token_layer(facts: ModelFacts, compute_bytes: int, mixed: bool) -> int:
@@ -490,15 +347,15 @@ def gpu_fit_problems(cfg: CohortConfig, gpu: GpuMemoryPlan) -> list[str]:
     """Why this GPU cannot hold the run, both numbers and the fixes; [] when it can."""
     if gpu.fits:
         return []
-    where = f"the GPU's {_human(gpu.total)}"
+    where = f"the GPU's {human_bytes(gpu.total)}"
     util = (f"engine.gpu_memory_utilization = {gpu.utilization:g}" + (" (derived)" if gpu.derived else "")
-            + f": {_human(gpu.engine_bytes)}")
+            + f": {human_bytes(gpu.engine_bytes)}")
     if gpu.engine_bytes < gpu.engine_minimum:
-        return [f"{util} is less than vLLM needs to start ({_human(gpu.engine_minimum)}: its weights, working memory and "
+        return [f"{util} is less than vLLM needs to start ({human_bytes(gpu.engine_minimum)}: its weights, working memory and "
                 f"one sequence's KV cache); raise engine.gpu_memory_utilization to at least "
                 f"{math.ceil(gpu.engine_minimum / gpu.total * 100) / 100:g} or unset it (null) to derive it"]
     if not gpu.shared:
-        return [f"vLLM alone on its GPU: {util} + the CUDA context {_human(CUDA_CONTEXT_BYTES)} exceed {where}; lower "
+        return [f"vLLM alone on its GPU: {util} + the CUDA context {human_bytes(CUDA_CONTEXT_BYTES)} exceed {where}; lower "
                 "engine.gpu_memory_utilization or unset it (0.9)"]
     phase = ("the update (vLLM asleep)" if gpu.trainer_peak >= gpu.trainer_resident + gpu.engine_bytes
              else "generation (vLLM awake beside the trainer's weights, gradients and optimizer state)") if gpu.sleep_mode else "the update"
@@ -510,143 +367,15 @@ def gpu_fit_problems(cfg: CohortConfig, gpu: GpuMemoryPlan) -> list[str]:
              ("a smaller teacher" + (" or teacher.dtype=bfloat16" if cfg.teacher_dtype == "float32" else ""))
              if cfg.algorithm.name == "distill" else None,
              "lower engine.gpu_memory_utilization" if not gpu.derived else None]
-    return [f"the trainer's peak {_human(gpu.trainer_peak)} + vLLM's {util} + the CUDA context "
-            f"{_human(CUDA_CONTEXT_BYTES)} need {_human(gpu.needed)} in {phase}, more than {where} "
+    return [f"the trainer's peak {human_bytes(gpu.trainer_peak)} + vLLM's {util} + the CUDA context "
+            f"{human_bytes(CUDA_CONTEXT_BYTES)} need {human_bytes(gpu.needed)} in {phase}, more than {where} "
             f"(`cohort plan` shows each part); fixes: {'; '.join(f for f in fixes if f)}"]
 
 
-def format_gpu_plan(gpu: GpuMemoryPlan) -> list[str]:
-    """`cohort plan`'s lines for one GPU's split."""
-    lines = [f"GPU memory ({_human(gpu.total)} per GPU; an estimate, docs/gpu.md)"]
-    if gpu.shared:
-        lines.append(f"  trainer's peak (the update)  {_human(gpu.trainer_peak):>10}   (the rows above); between updates "
-                     f"{_human(gpu.trainer_resident)} (weights, gradients, AdamW moments, reference)")
-    lines += [f"  {name:<28}  {_human(size):>10}   {how}" for name, size, how in gpu.engine]
-    lines.append(f"  {'CUDA context':<28}  {_human(CUDA_CONTEXT_BYTES):>10}   per process (fixed allowance)")
-    source = "derived: vLLM's share + 10%, rounded up" if gpu.derived and gpu.shared else (
-        "derived: vLLM alone on its GPU" if gpu.derived else "as set")
-    lines.append(f"  engine.gpu_memory_utilization  {gpu.utilization:g} = {_human(gpu.engine_bytes)} ({source})")
-    sleep = f", vLLM asleep during the update (engine.sleep_mode = {gpu.sleep_mode})" if gpu.shared and gpu.sleep_mode else ""
-    verdict = "fits" if gpu.fits else "does NOT fit"
-    lines.append(f"  needed at the busier phase   {_human(gpu.needed):>10}   of {_human(gpu.total)}: {verdict}{sleep}")
-    return lines
-
-
-def _reference_line(cfg: CohortConfig) -> str:
-    if not cfg.algorithm.beta:
-        return "none (beta = 0)"
-    return f"the policy with its LoRA adapter disabled (beta = {cfg.algorithm.beta:g})" if cfg.lora.rank else f"yes (beta = {cfg.algorithm.beta:g})"
-
-
-def _human(n: float) -> str:
+def human_bytes(n: float) -> str:
+    """1536 -> '1.50 KiB' (binary units; bytes as a whole number)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return str(n)
-
-
-def _tokens_per_step_line(cfg: CohortConfig, plan: BatchPlan) -> str:
-    completion = cfg.rollout.max_completion_length
-    if plan.max_tokens_per_sequence is None:
-        return (f"  tokens per step       not bounded here: data.max_prompt_length is None and the prompts were "
-                f"{plan.prompt_tokens_from}; each sequence is at most the model's positions")
-    prompt = plan.max_tokens_per_sequence - completion
-    bound = (f"max_prompt_length {prompt}" if plan.prompt_tokens_from == "data.max_prompt_length"
-             else f"longest prompt {prompt}")
-    line = (f"  tokens per step       ≤ {plan.completions_per_step * plan.max_tokens_per_sequence:,} "
-            f"({plan.completions_per_step} × ({bound} + max_completion_length {completion}))")
-    return line if plan.prompt_tokens_from == "data.max_prompt_length" else f"{line}; {plan.prompt_tokens_from}"
-
-
-def _lag_line(plan: BatchPlan) -> str:
-    """How old the completions an update trains on may be: steps per generation batch, then the scheduler's rules."""
-    lag, rules, head = plan.optimizer_steps_per_generation - 1, plan.admission, "  off-policy lag        "
-    if rules.generates_through_updates:
-        return (head + f"up to {rules.max_staleness} policy version(s) per token (pipeline.max_staleness: generation runs "
-                "through the update; older tokens: pipeline.stale_tokens)")
-    if lag:
-        return (head + f"{lag} optimizer step(s): the last update of a generation batch uses completions sampled "
-                f"{lag} policy version(s) earlier")
-    if rules.interrupts:
-        return head + (f"0 for new completions; resumed partial rollouts hold tokens up to {rules.max_aborts} "
-                       "version(s) old (pipeline.max_aborts)")
-    return head + "0: every update uses completions of the current policy"
-
-
-def _stream_line(cfg: CohortConfig, plan: BatchPlan) -> str:
-    """Whether groups are trained as they finish, and if not, what waits for the whole batch."""
-    head = "  streamed update       "
-    if plan.admission.generates_through_updates:
-        line = head + "off (pipeline.max_staleness >= 1): each batch's groups are taken as they finish, then scored and trained"
-    elif plan.stream_update:
-        line = head + "on: each finished group's forward/backward runs while the rest generate; one optimizer step after the last"
-    else:
-        blockers = stream_update_blockers(cfg)
-        why = ("pipeline.stream_update = off" if cfg.pipeline.stream_update == "off" else "; ".join(b.split(":")[0] for b in blockers)
-               or f"engine.mode = {cfg.engine.mode}: the engine shares the trainer's cores")
-        line = head + f"off ({why}): rewards per group as groups finish, the update after the whole batch"
-    if cfg.pipeline.dynamic_sampling:
-        line += (f"\n  dynamic sampling      on: groups with all-equal rewards are replaced, at most "
-                 f"{cfg.pipeline.max_refill_rounds} refill rounds (pipeline.max_refill_rounds)")
-    if cfg.pipeline.over_provision > 1 and cfg.pipeline.max_staleness:
-        line += (f"\n  partial rollouts      on: {cfg.pipeline.over_provision:g}× the batch's groups kept in flight, the first to finish "
-                 "trained, the rest generating on through the update (under the staleness bound)")
-    elif cfg.pipeline.over_provision > 1:
-        line += (f"\n  partial rollouts      on: {cfg.pipeline.over_provision:g}× the batch's groups requested, the first to finish "
-                 f"trained, the rest resumed next step (at most {cfg.pipeline.max_aborts} cuts per request); resumed tokens are "
-                 f"off-policy ({cfg.algorithm.off_policy_objective})")
-    if cfg.pipeline.max_staleness:
-        line += (f"\n  asynchronous          on: generation runs up to {cfg.pipeline.max_staleness} policy version(s) ahead; tokens "
-                 f"staler when trained: {cfg.pipeline.stale_tokens}; off-policy tokens: {cfg.algorithm.off_policy_objective}")
-    return line
-
-
-def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = None) -> str:
-    """The printout of `cohort plan`; `gpu`: a GPU's split between the trainer and vLLM, shown at the end."""
-    accumulation = plan.micro_batches_per_step
-    lines = [
-        "batch plan",
-        f"  generation batch      {plan.prompts_per_generation} prompts × G={plan.num_generations} = {plan.generation_batch_size} completions",
-        f"  optimizer step        {plan.prompts_per_step} prompts × G={plan.num_generations} = {plan.completions_per_step} completions",
-        f"  micro-batches         {accumulation} of ≤{plan.micro_batch_size} completions (gradient accumulation over {accumulation})",
-        f"  steps per generation  {plan.steps_per_generation} slices × {plan.num_iterations} iterations = {plan.optimizer_steps_per_generation}"
-        + (" (off-policy: old log-probs computed once per generation batch)" if plan.off_policy else " (on-policy: no old-log-prob pass)"),
-        _lag_line(plan),
-        f"  generation batches    {plan.num_generation_batches} for {plan.max_steps} steps",
-        _tokens_per_step_line(cfg, plan),
-        f"  tokens generated      ≤ {plan.generation_batch_size * cfg.rollout.max_completion_length:,} per generation batch",
-        f"  reference model       {_reference_line(cfg)}",
-        *([f"  teacher model         {cfg.teacher.path} ({cfg.teacher_dtype}); advantage per token = {cfg.teacher.kl_coef:g} × "
-           f"(log π_teacher − log π_student) + {cfg.teacher.reward_weight:g} × the rewards' GRPO advantage"]
-          if cfg.algorithm.name == "distill" else []),
-        f"  rollout engine        {cfg.engine.name}",
-        _stream_line(cfg, plan),
-        f"  checkpoints           {'every %d steps, newest %d kept' % (cfg.run.save_every, cfg.run.keep_checkpoints) if cfg.run.save_every else 'only on a stop (run.save_every = 0)'}",
-    ]
-    try:
-        facts = model_facts(cfg.model.path, cfg.model.revision)
-    except UnreadableWeights:
-        facts = None
-    if facts is None:
-        lines.append("memory                not estimated (no config.json and safetensors weights for model.path on disk yet, and "
-                     "the Hub could not tell their size)")
-        return "\n".join(lines)
-    rows = memory_estimate(cfg, plan, facts)
-    lines.append(f"memory of the training process (rough estimate; {facts.num_params:,} parameters)")
-    lines += [f"  {name:<20}  {_human(size):>10}   {how}" for name, size, how in rows]
-    lines.append(f"  {'total':<20}  {_human(sum(size for _, size, _ in rows)):>10}")
-    if cfg.engine.name == "vllm" and cfg.engine.mode == "colocate" and gpu is None:  # vLLM in this process, on the CPU
-        engine = cpu_engine_share(cfg, facts)
-        lines += [f"  {name:<20}  {_human(size):>10}   {how}" for name, size, how in engine]
-        lines.append(f"  {'process total':<20}  {_human(sum(size for _, size, _ in rows + engine)):>10}   the training process's "
-                     "peak resident memory with vLLM inside it (bench/smollm2_memory.py measures it)")
-    elif cfg.engine.name == "vllm":
-        per_token = kv_bytes_per_token(cfg, facts)
-        lines.append(f"  rollout engine (vLLM) on top: its weights and KV cache (engine.kv_cache_gib on CPU, "
-                     f"engine.gpu_memory_utilization on GPU: `cohort plan --gpu-memory-gib N` shows the split); "
-                     f"KV {_human(per_token)} per token")
-    lines.append("  the loss value is not progress: docs/algorithms.md#what-the-loss-value-means")
-    if gpu is not None:
-        lines += format_gpu_plan(gpu)
-    return "\n".join(lines)

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from cohort.trainer import checkpoint, failure
-from cohort.trainer.manifest import MANIFEST, verify, write_manifest
+from cohort.runs.manifest import MANIFEST, verify, write_manifest
 
 WEIGHTS = "model/model.safetensors"
 

@@ -1,6 +1,6 @@
 """Checks of the policy-loss fields of `algorithm` (loss_type and its parameters), with fix-it messages.
 
-`loss_problems(cfg)` is one part of `cohort.validation.validate_config`: the
+`loss_problems(cfg)` is one part of `cohort.plan.validate.validate_config`: the
 ranges of the dual clip, the entropy knobs, SAPO's temperatures and VESPO's
 shape, and the combinations a loss type cannot take: cispo, sapo and vespo
 have no hard clip (so `delta` and `clip_ratio_c` would do nothing), and a loss

@@ -1,6 +1,6 @@
 """Checks of on-policy distillation's teacher (`algorithm.name = distill`, the `teacher` section), before anything loads.
 
-`teacher_problems(cfg, check_files)` is one part of `cohort.validation.validate_config`:
+`teacher_problems(cfg, check_files)` is one part of `cohort.plan.validate.validate_config`:
 
 - the section against the algorithm: distill needs teacher.path (a missing teacher is
   refused with the fix), and a teacher.path under another algorithm would be read by
@@ -24,7 +24,7 @@ that validation could not read as a local directory is still refused before load
 
 Left out: teachers with another tokenizer (cross-tokenizer distillation aligns text
 spans, which needs both models' full distributions), and the teacher's memory, which
-is a row of the planner's estimate (`cohort.plan.memory_estimate`) and so part of the
+is a row of the planner's estimate (`cohort.plan.memory.memory_estimate`) and so part of the
 GPU plan's refusal.
 """
 
@@ -36,7 +36,7 @@ from cohort.config import CohortConfig
 from cohort.models import hub, loading
 from cohort.models.tiny import TINY_RECIPES, cached_tiny_dir
 from cohort.models.tokenizer_check import tokenizer_file_problems
-from cohort.plan import BatchPlan
+from cohort.plan.batch import BatchPlan
 from cohort.prompts import max_positions_of
 
 

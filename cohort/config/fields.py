@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from cohort.config import CohortConfig
+from cohort.config.schema import CohortConfig
 
 
 def describe_fields() -> list[tuple[str, str, str, str]]:

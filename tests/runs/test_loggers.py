@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from cohort.trainer.loggers import MetricsLogger, format_metrics, wandb_init_args
+from cohort.runs.loggers import MetricsLogger, format_metrics, wandb_init_args
 
 
 def log_steps(run_dir, loggers, steps, value, start_step=0):

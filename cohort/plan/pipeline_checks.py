@@ -5,7 +5,7 @@ Each row of `INCOMPATIBLE` is (the rule, its condition, what to say, the fix); `
 the message of every row that holds. The rules otherwise compose (one scheduler, cohort/rollout/scheduler.py):
 a staleness bound k >= 1 with partial rollouts, dynamic sampling and tools all run. What a row's condition reads
 (one optimizer step per generation batch, an engine sharing the policy module, the streamed update's blockers) is
-defined once, in cohort/plan.py.
+defined once, in cohort/plan/run_mode.py and cohort/plan/batch.py.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Callable
 
 from cohort.algorithm_facts import FACTS
 from cohort.config import CohortConfig
-from cohort.plan import GROUP_RELATIVE, stream_update_blockers
-from cohort.run_mode import ONE_STEP_FIX, engine_shares_policy_module, one_step_per_generation
+from cohort.plan.batch import GROUP_RELATIVE, stream_update_blockers
+from cohort.plan.run_mode import ONE_STEP_FIX, engine_shares_policy_module, one_step_per_generation
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ Re-tuned 2026-12-03 for 64 prompts a step: tiny:arith is built on the user's mac
 prompts a step, short of the demo's +20. Measured there from that warm start (seed 0, 300 steps unless said): lr
 5e-4 -2.3, epsilon_high 0.28 +12.0, temperature 1.2 +10.3, 64 prompts for 150 steps +15.3, 48 prompts +22.7, 64
 prompts +25.0 (43.0% -> 68.0%). More prompts a step, not a higher rate: twice the samples, about twice the minutes.
-Tuned for a 4-layer model and 3-token answers: never the defaults of a user's own model or data. `cohort.config_loading.resolve_config`
-decides when it applies; this module imports nothing.
+Tuned for a 4-layer model and 3-token answers: never the defaults of a user's own model or data.
+`cohort.config.loading.resolve_config` decides when it applies; this module imports nothing.
 """
 
 from __future__ import annotations

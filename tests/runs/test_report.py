@@ -15,7 +15,7 @@ import matplotlib.image
 import pytest
 
 from cohort import cli
-from cohort.report import PHASE_KEY, load_run, moving_mean, write_report
+from cohort.runs.report import PHASE_KEY, load_run, moving_mean, write_report
 
 
 def write_run(run_dir, *, steps=20, with_kl=True, reward_offset=0.0):
@@ -97,7 +97,7 @@ def test_compare_overlays_runs(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def real_run(tiny_model_dir, tmp_path_factory):
-    from cohort.config_loading import load_config
+    from cohort.config.loading import load_config
     from cohort.trainer.loop import Trainer
 
     root = tmp_path_factory.mktemp("report-run")

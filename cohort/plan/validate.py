@@ -5,7 +5,7 @@
 `BatchPlan`. It runs, in this order:
 
 - the config alone: batch arithmetic, value ranges (the loss fields' in
-  `cohort.loss_checks`, the distillation teacher's in `cohort.teacher_checks`), the scheduler's rules, the rollout
+  `cohort.plan.loss_checks`, the distillation teacher's in `cohort.plan.teacher_checks`), the scheduler's rules, the rollout
   mode and the distributed settings, training processes, the run/logger/optimizer
   fields, and that every reward spec resolves;
 - with check_files, the outside world, cheaply: the data files and their columns
@@ -16,17 +16,23 @@
   tokenizer, no weights; skipped for `tiny:*` models, whose tokenizer is built
   with the model) against the model's positions, and the vLLM CPU KV cache;
 - on a GPU, with vLLM colocated or in a local server child: the GPU memory plan
-  (`cohort.plan.gpu_memory_plan`, against the GPU's total memory read from
+  (`cohort.plan.memory.gpu_memory_plan`, against the GPU's total memory read from
   CUDA), refusing a split that cannot fit with both numbers and the fixes.
 
 It builds nothing: no model, no tokenizer of a `tiny:*` model, no engine, and
-writes no file. It changes one field: when engine.gpu_memory_utilization is
-unset (None) and the GPU plan applies, the derived fraction is written into the
-config, so every engine built from it (colocated, a local server child,
-torchrun's children reading config.yaml) gets the same value and the saved
-config.yaml records what vLLM was given (a resumed run takes it as set; unset it
-to derive it again on another GPU). `cohort train` validates twice (the CLI, then the Trainer); the
-last prompt measurement is kept so the second costs nothing.
+writes no file (with check_files, a GGUF model.path is converted once into cohort's cache first, so the checks can
+read it). It is not pure: it resolves two fields of `cfg` in place, each the one value every later reader must
+agree on, and writes nothing else into it:
+- `model.dtype = auto` becomes the dtype chosen for this device (`settle_model_dtype`), so the saved config.yaml,
+  the plan and every part read one concrete dtype;
+- `engine.gpu_memory_utilization` unset (None), when the GPU plan applies, becomes the derived fraction, so every
+  engine built from it (colocated, a local server child, torchrun's children reading config.yaml) gets the same
+  value and the saved config.yaml records what vLLM was given (a resumed run takes it as set; unset it to derive
+  it again on another GPU).
+Returning a resolved copy instead would leave every caller holding the unresolved config it passed in (the CLI,
+the API and tests all keep using their `cfg`), so the two fields are settled where the config is. Once per run:
+`cohort train` and `cohort.train` validate, then hand the plan to the Trainer (`Trainer(cfg, plan=plan)`), which
+validates only when it is given none.
 
 Left out: whatever needs the weights (a checkpoint whose tensors do not fit its
 config fails at load, naming the directory).
@@ -41,29 +47,29 @@ from pathlib import Path
 import torch
 
 from cohort import rewards as reward_registry
+from cohort.agents.checks import agent_problems
 from cohort.algorithm_facts import FACTS
-from cohort.pipeline_checks import pipeline_problems
 from cohort.config import CohortConfig, ConfigError
 from cohort.data.datasets import DataError, check_data_config, own_data
+from cohort.data.loading import load_data
 from cohort.data.named import named_data_problems
-from cohort.loss_checks import loss_problems
 from cohort.models import loading
-from cohort.models.hub import hub_parameter_count
 from cohort.models.devices import DeviceError, auto_dtype, has_bf16_units, resolve_device
+from cohort.models.hub import hub_parameter_count
 from cohort.models.lora import lora_problems
 from cohort.models.placement import engine_gpus, training_processes, visible_gpus
 from cohort.models.tiny import cached_tiny_dir
 from cohort.models.tokenizer_check import tokenizer_file_problems, tokenizer_problems
-from cohort.plan import (BatchPlan, GpuMemoryPlan, MeasuredPrompts, ModelFacts, UnreadableWeights, batch_plan,
-                         gpu_fit_problems, gpu_memory_plan, kv_bytes_per_token, model_facts, stream_update_active,
-                         with_measured_prompts)
-from cohort.data.loading import load_data
+from cohort.plan.batch import BatchPlan, MeasuredPrompts, batch_plan, stream_update_active, with_measured_prompts
+from cohort.plan.loss_checks import loss_problems
+from cohort.plan.memory import (GpuMemoryPlan, ModelFacts, UnreadableWeights, gpu_fit_problems, gpu_memory_plan,
+                                kv_bytes_per_token, model_facts)
+from cohort.plan.pipeline_checks import pipeline_problems
+from cohort.plan.run_mode import ONE_STEP_FIX, one_step_per_generation
+from cohort.plan.teacher_checks import teacher_fit_problems, teacher_problems
 from cohort.prompts import encode_prompts, fit_problems, max_positions_of
 from cohort.rewards.columns import reward_column_problems
-from cohort.teacher_checks import teacher_fit_problems, teacher_problems
 from cohort.tools.checks import tool_problems
-from cohort.agents.checks import agent_problems
-from cohort.run_mode import ONE_STEP_FIX, one_step_per_generation
 
 
 def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
@@ -84,7 +90,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in loading.check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
-    problems += teacher_problems(cfg, check_files)  # algorithm.name = distill: the teacher (cohort/teacher_checks.py)
+    problems += teacher_problems(cfg, check_files)  # algorithm.name = distill: the teacher (cohort/plan/teacher_checks.py)
     problems += tool_problems(cfg.tools)
     problems += agent_problems(cfg, world_size=training_world_size(cfg), one_step=one_step_per_generation(cfg),
                                one_step_fix=ONE_STEP_FIX)
@@ -511,7 +517,6 @@ def _check_output_dir(output_dir: str | None) -> list[str]:
     return []
 
 
-_MEASURED: dict[tuple, MeasuredPrompts] = {}  # the last measurement: `cohort train` validates twice (CLI, then Trainer)
 
 
 def measure_prompts(cfg: CohortConfig) -> MeasuredPrompts | None:
@@ -522,13 +527,7 @@ def measure_prompts(cfg: CohortConfig) -> MeasuredPrompts | None:
         return None
     if tokenizer_problems(cfg.model.path, folder=model_dir):  # (reported by validate_config; an empty tokenizer measures nothing)
         return None
-    files = [Path(f) for f in cfg.data.train_files + cfg.data.eval_files]
-    stamps = tuple((str(f), f.stat().st_mtime_ns if f.exists() else None) for f in files)
-    key = (str(model_dir), cfg.data.model_dump_json(), cfg.rollout.max_completion_length, cfg.train.seed, stamps)
-    if key not in _MEASURED:
-        _MEASURED.clear()
-        _MEASURED[key] = _measure(cfg, model_dir)
-    return _MEASURED[key]
+    return _measure(cfg, model_dir)
 
 
 def _measure(cfg: CohortConfig, model_dir: Path) -> MeasuredPrompts | None:

@@ -7,6 +7,11 @@ never logged (no `kl` when algorithm.beta = 0). The HTML embeds the plots as
 base64 PNGs, the config and sample completions per logged step, so the single
 file can be mailed or attached to an issue.
 
+Every smoothed curve (the reward's, each comparison's) uses one rule, `smoothing_window`: a moving mean over a twentieth of the points
+(at least 1), so a 300-step run is smoothed over 15 steps and a 20-step run not at all. `plot_reward` is also the
+reward_curve.png a run draws when it ends (cohort/trainer/run.py). The files are read by cohort.runs.jsonl (a torn
+last line skipped with a warning, a bad line before it an error naming it).
+
 Left out: interactive plots (no JavaScript; TensorBoard and wandb do that).
 """
 
@@ -19,6 +24,8 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from cohort.runs.jsonl import read_jsonl
 
 PHASE_KEY = re.compile(r"^timing/([a-z_]+)_s$")
 REWARD_FN_KEY = re.compile(r"^rewards/(.+)/mean$")
@@ -54,29 +61,22 @@ class RunRecords:
         return {k for record in self.metrics for k in record}
 
 
-def _jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a torn last line from a killed process
-            continue
-    return out
-
-
 def load_run(run_dir: str | Path) -> RunRecords:
     path = Path(run_dir)
     if not (path / "metrics.jsonl").is_file():
         raise FileNotFoundError(f"{path}: no metrics.jsonl; give a run directory written by `cohort train`")
     summary_path = path / "summary.json"
     return RunRecords(
-        path=path, metrics=_jsonl(path / "metrics.jsonl"), evals=_jsonl(path / "eval.jsonl"),
-        completions=_jsonl(path / "completions.jsonl"), warnings=_jsonl(path / "warnings.jsonl"),
+        path=path, metrics=read_jsonl(path / "metrics.jsonl"), evals=read_jsonl(path / "eval.jsonl"),
+        completions=read_jsonl(path / "completions.jsonl"), warnings=read_jsonl(path / "warnings.jsonl"),
         config_text=(path / "config.yaml").read_text() if (path / "config.yaml").is_file() else "",
         summary=json.loads(summary_path.read_text()) if summary_path.is_file() else {},
     )
+
+
+def smoothing_window(points: int) -> int:
+    """How many points every curve's moving mean spans: a twentieth of them, at least 1 (module docstring)."""
+    return max(1, points // 20)
 
 
 def moving_mean(values: list[float], window: int) -> list[float]:
@@ -125,7 +125,9 @@ def _finish(fig, ax_list, title: str, path: Path) -> Path:
     return path
 
 
-def plot_reward(run: RunRecords, out: Path) -> Path | None:
+def plot_reward(run: RunRecords, out: Path, *, file_name: str = "reward.png", title: str = "Reward") -> Path | None:
+    """The reward curve (each generation batch and its moving mean) and, when logged, one per reward function, as
+    out/file_name; None when no reward was logged."""
     steps, values = run.series("reward")
     if not steps:
         return None
@@ -133,7 +135,7 @@ def plot_reward(run: RunRecords, out: Path) -> Path | None:
     functions = sorted(k for k in run.keys() if REWARD_FN_KEY.match(k))
     fig, axes = plt.subplots(1, 2 if functions else 1, figsize=(11 if functions else 8, 4), squeeze=False)
     ax = axes[0][0]
-    window = max(1, len(values) // 20)
+    window = smoothing_window(len(values))
     ax.plot(steps, values, color="tab:blue", alpha=0.3, lw=1, label="each generation batch")
     ax.plot(steps, moving_mean(values, window), color="tab:blue", lw=2, label=f"moving mean of {window}")
     ax.set_title("total reward (weighted sum)", fontsize=10)
@@ -146,7 +148,7 @@ def plot_reward(run: RunRecords, out: Path) -> Path | None:
             right.plot(s, moving_mean(v, window), lw=1.5, label=REWARD_FN_KEY.match(key).group(1))
         right.set_title(f"per reward function (unweighted, moving mean of {window})", fontsize=10)
         _legend_below(right)
-    return _finish(fig, list(axes[0]), "Reward", out / "reward.png")
+    return _finish(fig, list(axes[0]), title, out / file_name)
 
 
 def plot_accuracy(run: RunRecords, out: Path) -> Path | None:
@@ -396,7 +398,7 @@ def write_comparison(run_dirs: list[str | Path], out: str | Path) -> Path:
         for run, name in zip(runs, names):
             steps, values = run.series(key)
             if steps:
-                ax.plot(steps, moving_mean(values, max(1, len(values) // 20)), lw=1.6, label=name)
+                ax.plot(steps, moving_mean(values, smoothing_window(len(values))), lw=1.6, label=name)
         ax.set_ylabel(label)
         _legend_below(ax)
         images.append(_finish(fig, [ax], label, out_dir / f"compare_{key.replace('/', '_')}.png"))
