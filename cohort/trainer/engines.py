@@ -32,9 +32,9 @@ from cohort.models.loading import load_policy, stop_token_ids
 from cohort.models.precision import Precision
 from cohort.plan import batch_plan, engine_batch_limits
 from cohort.prompts import max_positions_of
-from cohort.rollout.hf_engine import HFEngine
-from cohort.rollout.remote_engine import LocalServerEngine, RemoteEngine, engine_cores
-from cohort.rollout.vllm_engine import VLLMEngine
+from cohort.rollout.engines.hf import HFEngine
+from cohort.rollout.engines.remote import LocalServerEngine, RemoteEngine, engine_cores
+from cohort.rollout.engines.vllm import VLLMEngine
 
 
 SMALL_MODEL_PARAMETERS = 3_000_000  # below this a CPU step is fastest on one thread (docs/performance.md, "Threads")

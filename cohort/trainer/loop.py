@@ -39,7 +39,7 @@ slices 0..S−1, then again for the next iteration). The maths is in
 Several training processes differ only through `self.dist` (cohort/distributed/fsdp.py:
 this rank's groups, the global loss normaliser, reduced metrics and gradients — all
 the identity in one process); a rollout server is just another engine
-(rollout/remote_engine.py). Out of scope here: checkpoints, exact resume and stopping
+(rollout/engines/remote.py). Out of scope here: checkpoints, exact resume and stopping
 (trainer/checkpoint.py, trainer/stopping.py, driven from trainer/run.py).
 """
 

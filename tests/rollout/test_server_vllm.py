@@ -27,8 +27,8 @@ from cohort.config_loading import load_config
 from cohort.models.loading import load_policy, load_tokenizer
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import FINISHED, Request, SamplingConfig, Trajectory
-from cohort.rollout.remote_engine import RemoteEngine
-from cohort.rollout.server import LocalServer, RolloutService, serve_in_thread
+from cohort.rollout.engines.remote import RemoteEngine
+from cohort.rollout.server.app import LocalServer, RolloutService, serve_in_thread
 from cohort.trainer import checkpoint
 from cohort.trainer.failure import RunFailed
 from cohort.trainer.loop import Trainer

@@ -19,7 +19,7 @@ from cohort.models.char_tokenizer import EOS_TOKEN_ID, save_char_tokenizer
 from cohort.models.loading import ModelLoadError, chat_end_of_turn_id, load_policy, load_tokenizer, stop_token_ids
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import SamplingConfig, Trajectory, completion_text, finish_reason
-from cohort.rollout.hf_engine import HFEngine, until_stop
+from cohort.rollout.engines.hf import HFEngine, until_stop
 
 SECOND_STOP = 75  # "K"
 IM_END = 258
@@ -152,7 +152,7 @@ def test_transformers_engine_stops_at_every_stop_id(two_stop_dir):
 @pytest.mark.vllm
 def test_vllm_stops_at_the_same_set_and_matches_transformers_greedy(two_stop_dir):
     pytest.importorskip("vllm")
-    from cohort.rollout.vllm_engine import VLLMEngine
+    from cohort.rollout.engines.vllm import VLLMEngine
 
     tok = load_tokenizer(two_stop_dir)
     policy = load_policy(two_stop_dir, "float32")

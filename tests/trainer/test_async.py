@@ -208,7 +208,7 @@ def test_a_local_server_engine_gets_its_own_cores_under_asynchronous_training(tm
     # Generation and the update run at once (as with pipeline.max_staleness=1): on this machine's N cores the engine takes the
     # last N // 2 (at least one) and the trainer's threads default to the rest; synchronous runs share them all.
     import os
-    from cohort.rollout.remote_engine import engine_cores
+    from cohort.rollout.engines.remote import engine_cores
     cores = sorted(os.sched_getaffinity(0))
     k = max(1, len(cores) // 2)
     cfg = _config(tmp_path, data_file, tiny_model_dir, "pipeline.max_staleness=1", "engine.mode=local_server")

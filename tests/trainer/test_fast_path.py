@@ -246,7 +246,7 @@ def test_local_server_overlap_runs_engine_and_trainer_on_separate_cores_and_lear
     # batch generated there while this one trains. Same workload and bar as the in-process overlap test above.
     import os
 
-    from cohort.rollout.server import split_cores
+    from cohort.rollout.server.app import split_cores
 
     cfg = load_config(None, [
         f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "engine.name=vllm",

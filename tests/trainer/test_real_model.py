@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from cohort.config_loading import load_config
-from cohort.rollout.vllm_engine import VLLMEngine
+from cohort.rollout.engines.vllm import VLLMEngine
 from cohort.trainer.loop import Trainer
 from cohort.trainer.sync_check import FLOOR_MULTIPLE, MIN_GAP_NATS
 
