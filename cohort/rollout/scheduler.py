@@ -2,8 +2,11 @@
 rules that compose.
 
 One `Scheduler` serves every way of running. It submits groups (G requests each, through one `GroupStream` for the
-whole run), queues each group the moment its G members are back, and hands them to the trainer's collection
-(cohort/trainer/collect.py), which scores them and decides what to keep. What is submitted, and when, follows the
+whole run), queues each group the moment its G members are back, and hands them to the batch's collection
+(cohort/rollout/collect.py), which scores them and decides what to keep: the trainer's one call per batch is
+`collect(request)`, which returns the batch's kept groups. The methods below that admit, take, screen, drop and
+cut groups are that collection's steps (and the tests'); the trainer itself calls `collect`, `generate` (the
+held-out eval), `lock`, `token_staleness_bound`, `state_dict`/`load_state_dict` and `close`. What is submitted, and when, follows the
 rules (`AdmissionRules`, read once from the config):
 
 - **staleness bound k** (`pipeline.max_staleness`, unset = 0): when a batch is collected, new generation batches
@@ -51,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cohort.rollout.base import EngineLock, SamplingConfig, Trajectory, batch_requests, completion_seeds
+from cohort.rollout.collect import BatchRequest, Collected, collect_batch
 from cohort.rollout.driver import EngineDriver
 from cohort.rollout.partial import BufferedGroup, ContinuationBuffer
 from cohort.rollout.stream import FinishedGroup, GroupStream
@@ -118,6 +122,11 @@ class Scheduler:
     @engine.setter
     def engine(self, engine) -> None:
         self.stream.engine = engine
+
+    def collect(self, request: BatchRequest) -> Collected:
+        """One generation batch (cohort/rollout/collect.py): admit what the rules allow, then take, score and keep
+        groups until the batch is whole; the trainer's one call per batch."""
+        return collect_batch(self, request)
 
     # ------------------------------------------------------------------ admission
 
@@ -271,8 +280,13 @@ class Scheduler:
                 f"(pipeline.engine_timeout_s = {self.rules.engine_timeout_s:g}); it has stalled or died. Check its logs; "
                 "raise pipeline.engine_timeout_s if single completions really take this long")
 
-    def origin(self, index: int) -> Origin:
-        return self.origins[index]
+    def submitted_version(self, index: int) -> int:
+        """The policy version group `index` (admitted, not taken) was last submitted under."""
+        return self.origins[index].version
+
+    def untaken_groups(self) -> list[int]:
+        """The stream indices of the groups admitted and not taken yet, oldest first."""
+        return sorted(self.origins)
 
     def screen(self, group: FinishedGroup, version: int) -> bool:
         """The staleness bound at take time (k >= 1): False when the group held tokens older than version − k and

@@ -23,7 +23,7 @@ from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
 from cohort.rollout.base import SamplingConfig, completion_seeds, completion_text
 from cohort.agents import setup as agents
-from cohort.tools.metrics import tool_arguments
+from cohort.rollout.collect import tool_arguments
 from cohort.tools.setup import rows_by_prompt, wrap_engine
 from cohort.trainer.engines import build_engine, engine_length, set_torch_threads
 

@@ -30,10 +30,11 @@ slices 0..S−1, then again for the next iteration). The maths is in
   (`pipeline.max_staleness`; k = 0 is synchronous training, k >= 1 generates
   through the update and pushes weights in flight, each token stamped with its
   version), partial rollouts (`pipeline.over_provision`) and dynamic sampling's
-  refills. The batch is collected by cohort/trainer/collect.py: rewards per
-  group as groups finish and, with `pipeline.stream_update`, the forward/backward
-  passes of finished groups while the rest generate (`finish_streamed_update`
-  then divides by the normaliser and steps). Off-policy tokens are weighted by
+  refills. The trainer asks for each batch with one call, `Scheduler.collect`
+  (cohort/rollout/collect.py): rewards per group as groups finish and, with
+  `pipeline.stream_update`, the forward/backward passes of finished groups while
+  the rest generate, through the `train_groups` callback it hands over
+  (`finish_streamed_update` then divides by the normaliser and steps). Off-policy tokens are weighted by
   `algorithm.rollout_correction`.
 
 Several training processes differ only through `self.dist` (cohort/distributed/fsdp.py:
@@ -46,9 +47,11 @@ the identity in one process); a rollout server is just another engine
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +68,7 @@ from cohort.models.batching import (length_sorted_micro_batches, pack_right_padd
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES, float32_weights
 from cohort.rollout.base import SamplingConfig, WeightStream, release_engine_memory
+from cohort.rollout.collect import BatchRequest, Collected
 from cohort.rollout.scheduler import Scheduler
 from cohort.tools.metrics import tool_metrics
 from cohort.trainer.agent_samples import with_run_samples
@@ -75,10 +79,18 @@ from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.trainer.run import run_training
 from cohort.trainer.setup import setup
 from cohort.trainer.stopping import check_finite
-from cohort.trainer.collect import CollectContext, Collected, StreamedGradients, collect_batch
 from cohort.trainer.scoring import distill_micro_batch, score_completions, teacher_scorer
 from cohort.trainer.sync_check import SyncCheck, canary_tokens
 from cohort.validation import validate_config
+
+@dataclass
+class StreamedGradients:
+    """The streamed update's state between generation and the optimizer step: accumulated metric sums (loss
+    unnormalised) and the loss normaliser's count so far; the gradients themselves sit in the parameters' .grad."""
+
+    sums: dict[str, Any] = field(default_factory=lambda: defaultdict(float))  # tensors on the device until the step
+    count: float = 0.0
+
 
 class Phases:
     """Wall-clock timing of named phases: `with phases("generate"): ...` adds to timing/generate_s."""
@@ -132,7 +144,7 @@ class Trainer:
             self.engine, self.sampler, self.train_ids, SamplingConfig(r.max_completion_length, r.temperature, r.top_p, r.top_k),
             plan.num_generations, plan.generation_batch_size // plan.num_generations, plan.admission,
             seed=r.seed, generations=-(-plan.max_steps // plan.optimizer_steps_per_generation))
-        self.stream_update = plan.stream_update  # train groups as they finish (collect.py; the plan decided where exact)
+        self.stream_update = plan.stream_update  # train groups as they finish (rollout/collect.py; the plan decided where exact)
 
     def __getattr__(self, name: str):
         """`self.policy` and every other part: read from `self.parts` (only called when normal lookup fails)."""
@@ -162,17 +174,18 @@ class Trainer:
     # ------------------------------------------------------------------ phases
 
     def generate_batch(self) -> RolloutBatch:
-        """The next generation batch from the scheduler (collect.py), in submission order: rewards per group as groups
-        finish; with the streamed update, the forward/backward passes too."""
+        """The next generation batch from the scheduler (`Scheduler.collect`, rollout/collect.py), in submission order:
+        rewards per group as groups finish; with the streamed update, the forward/backward passes too."""
         self.sync_weights()  # the engine samples from the current policy (a no-op unless a resume left it behind)
         self.optimizer.zero_grad(set_to_none=True)  # (a streamed update accumulates into them during the collection)
-        collected = collect_batch(CollectContext(
-            self.rollout, self.rewards, self.tokenizer, self.train_data, self.train_ids, self.plan.num_generations,
-            self.phases, self.policy_version, self.stream_update, self._train_groups))
+        streamed = StreamedGradients() if self.stream_update else None
+        collected = self.rollout.collect(BatchRequest(
+            self.rewards, self.tokenizer, self.train_data, self.phases, self.policy_version,
+            train_groups=functools.partial(self.train_groups, streamed=streamed) if streamed is not None else None))
         self._calibrate_sync_check(collected.sampled_version, collected.prompts, collected.outs)
-        return self._finish_batch(collected, collected.sampled_version)
+        return self._finish_batch(collected, collected.sampled_version, streamed)
 
-    def _finish_batch(self, collected: Collected, sampled_version: int) -> RolloutBatch:
+    def _finish_batch(self, collected: Collected, sampled_version: int, streamed: StreamedGradients | None) -> RolloutBatch:
         """The batch from its collected groups: metrics, old and reference log-probs, critic values, advantages."""
         outs, scored = collected.outs, collected.scored
         rewards_t = torch.tensor(scored.total, dtype=torch.float32, device=self.device)  # (N,)
@@ -183,13 +196,13 @@ class Trainer:
         batch.metrics = {**self._batch_metrics(batch, rewards_t, scored.metrics), **collected.metrics, **tool_metrics(outs)}
         with self.phases("logprob"):  # the old-policy and teacher passes in one (the streamed update trained with its own)
             scorers = {"old": (self.policy, self.precision.autocast)} if self.algorithm.score_old_logp else {}
-            if self.teacher is not None and collected.streamed is None:
+            if self.teacher is not None and streamed is None:
                 scorers["teacher"] = teacher_scorer(self.teacher)
             scored = self._score(batch, scorers)
             batch.old_logp, batch.teacher_logp = scored.get("old"), scored.get("teacher")
             # (the streamed update scored the reference per group already)
             batch.ref_logp = collected.ref_logp if collected.ref_logp is not None else self.reference_logprobs(batch)
-        batch.streamed = collected.streamed
+        batch.streamed = streamed
         if self.critic is not None:
             with self.phases("critic"):
                 batch.values = self.critic.values(batch, self._micro_batches(batch, list(range(len(batch)))))
@@ -272,10 +285,11 @@ class Trainer:
         grad_norm = self._clip_and_step(sums["loss"])
         return self._update_metrics(sums, grad_norm)
 
-    def _train_groups(self, rows: list[int], trajectories, rewards: np.ndarray,
-                      streamed: StreamedGradients) -> list[torch.Tensor] | None:
-        """The streamed update (collect.py): forward/backward over whole kept groups, the loss summed unnormalised into
-        `streamed`, their advantages from their own rewards. Returns their reference log-probs (None: beta = 0)."""
+    def train_groups(self, rows: list[int], trajectories, rewards: np.ndarray, *,
+                     streamed: StreamedGradients) -> list[torch.Tensor] | None:
+        """The streamed update (the callback `generate_batch` hands the collection, rollout/collect.py): forward/backward
+        over whole kept groups, the loss summed unnormalised into `streamed`, their advantages from their own rewards.
+        Returns their reference log-probs (None: beta = 0)."""
         part = RolloutBatch.from_trajectories(rows, [self.train_ids[i] for i in rows], trajectories, rewards=rewards,
                                               per_function=np.empty((len(rows), 0)), texts=[], policy_version=self.policy_version)
         a = self.cfg.algorithm

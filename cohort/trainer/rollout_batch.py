@@ -41,7 +41,7 @@ class RolloutBatch:
     taken_version: int = 0  # the trainer's version when the batch was assembled: tokens sampled before it are off-policy
     loss_masks: list[list[int]] | None = None  # per completion token, 0 on tool-output tokens (None: every token trained)
     episodes: list[Any] | None = None  # multi-turn: each trajectory's tool-loop record (cohort/tools/loop.py Episode)
-    streamed: Any = None  # the streamed update's sums when its groups were trained as they arrived (collect.py), else None
+    streamed: Any = None  # the streamed update's sums when its groups were trained as they arrived (rollout/collect.py), else None
 
     @classmethod
     def from_trajectories(cls, rows: list[int], prompt_ids: list[list[int]], trajectories: list[Trajectory], *,

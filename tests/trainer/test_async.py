@@ -240,24 +240,22 @@ def test_dynamic_sampling_and_partial_rollouts_combine_with_a_staleness_bound(tm
                 assert all(batch.row_indices[i] % 2 == 0 for i in range(len(batch)))  # only vary rows trained
 
 
-def test_a_calibrated_sync_check_leaves_the_engine_lock_alone(monkeypatch):
+def test_a_calibrated_sync_check_leaves_the_engine_lock_alone():
     """Once the canaries' noise floor is measured, collecting a batch takes no engine lock: under k >= 1 each take
     waited for the driver's poll in progress (0.12 s a step on the arith demo, bench/async_step.py)."""
     from types import MethodType, SimpleNamespace
-
-    from cohort.trainer import loop
 
     def no_lock():
         raise AssertionError("the engine lock was taken with nothing to calibrate")
 
     collected = SimpleNamespace(sampled_version=2, prompts=[[1]], outs=[])
-    monkeypatch.setattr(loop, "collect_batch", lambda ctx: collected)
     trainer = SimpleNamespace(
-        sync_weights=lambda: None, optimizer=SimpleNamespace(zero_grad=lambda set_to_none: None), rollout=None,
+        sync_weights=lambda: None, optimizer=SimpleNamespace(zero_grad=lambda set_to_none: None),
+        rollout=SimpleNamespace(collect=lambda request: collected),
         rewards=None, tokenizer=None, train_data=None, train_ids=None, plan=SimpleNamespace(num_generations=2),
-        phases=None, policy_version=3, stream_update=False, _train_groups=None, engine_shares_policy=False,
+        phases=None, policy_version=3, stream_update=False, train_groups=None, engine_shares_policy=False,
         sync_check=SimpleNamespace(floor=(1e-6, 2e-6), canaries=[([1], [2])], fixed_tolerance=None),
-        _engine_lock=no_lock, _finish_batch=lambda c, version: ("batch", version))
+        _engine_lock=no_lock, _finish_batch=lambda c, version, streamed: ("batch", version))
     trainer._calibrate_sync_check = MethodType(Trainer._calibrate_sync_check, trainer)
     assert Trainer.generate_batch(trainer) == ("batch", 2)
     trainer.sync_check.floor, trainer.sync_check.fixed_tolerance = None, 0.01  # a fixed tolerance: nothing to measure

@@ -24,7 +24,7 @@ from cohort.rollout.base import SamplingConfig, completion_seeds, completion_tex
 from cohort.trainer import checkpoint
 from cohort.trainer.loop import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
-from cohort.trainer.collect import RefillLedger
+from cohort.rollout.collect import RefillLedger
 
 
 @pytest.fixture
