@@ -51,12 +51,12 @@ def run_steps(overrides: list[str], steps: int, *, limits: bool = False) -> dict
     with common.LoadWatch() as load:
         for _ in range(steps):
             metrics = trainer.step()
-            batch = trainer.batch
+            batch = trainer.state.batch
             train_tokens = sum(len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids))
             records.append({"metrics": metrics, "train_tokens": train_tokens,
                             "completion_tokens": sum(len(c) for c in batch.completion_ids),
                             "lengths": [len(c) for c in batch.completion_ids]})
-        extra = phase_limits(trainer, trainer.batch) if limits else {}
+        extra = phase_limits(trainer, trainer.state.batch) if limits else {}
         if extra:
             last = records[-1]["metrics"]
             extra["limits"]["last_update_s"] = last.get("timing/update_s", 0.0)

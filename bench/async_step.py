@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
                 t0 = time.perf_counter()
                 metrics = trainer.step()
                 t1 = time.perf_counter()
-                logger.log(trainer.step_count, metrics)
-                diagnostics.observe(trainer.step_count, metrics)
+                logger.log(trainer.state.step, metrics)
+                diagnostics.observe(trainer.state.step, metrics)
                 step_s, metrics_s = step_s + t1 - t0, metrics_s + time.perf_counter() - t1
                 history.append(metrics)
             wall = time.perf_counter() - start

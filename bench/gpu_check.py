@@ -144,7 +144,7 @@ def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: 
         records = []
         while len(records) < steps and time.perf_counter() - start < budget_s:
             metrics = trainer.step()
-            batch, rows = trainer.batch, trainer.step_indices
+            batch, rows = trainer.state.batch, trainer.state.step_indices
             trained = sum(len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in rows)
             records.append({"step_s": metrics["timing/step_s"], "update_s": metrics.get("timing/update_s", float("nan")),
                             "generate_s": metrics.get("timing/generate_s", 0.0), "trained_tokens": trained,

@@ -38,8 +38,9 @@ interrupts the rest (k = 0 with f > 1).
 
 Every engine call holds `lock` (an `EngineLock`: the trainer's calls before the driver's next poll). The held-out
 eval generates through `generate`, which routes trajectories of groups in flight to the queue, so none is lost.
-State for a checkpoint: the groups admitted and not taken (resubmitted from the start on resume: their partial
-tokens are not saved) and the continuation buffer.
+State for a checkpoint: the generation index (batches admitted: it seeds every completion's sampling), the groups
+admitted and not taken (resubmitted from the start on resume: their partial tokens are not saved) and the
+continuation buffer.
 
 Left out: more than one training process with k ≥ 1 or f > 1 (validation refuses them).
 """
@@ -405,9 +406,11 @@ class Scheduler:
     # ------------------------------------------------------------------ state, shutdown
 
     def state_dict(self) -> dict[str, Any]:
-        """The groups admitted and not taken (resubmitted from the start on resume) and the continuation buffer."""
+        """The generation index, the groups admitted and not taken (resubmitted from the start on resume) and the
+        continuation buffer."""
         admitted = [self.origins[i] for i in sorted(self.origins)] + self.carry
-        state: dict[str, Any] = {"admitted": [{"generation_index": o.generation_index, "rows": o.rows, "seeds": o.seeds}
+        state: dict[str, Any] = {"generation_index": self.generation_index,
+                                 "admitted": [{"generation_index": o.generation_index, "rows": o.rows, "seeds": o.seeds}
                                               for o in admitted]}
         if self.buffer is not None:
             state.update(self.buffer.state_dict())
@@ -416,7 +419,9 @@ class Scheduler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """From a checkpoint (or a failed step's rewind, before the run stops): these groups are what is admitted and
         untaken; anything this process still has in flight is abandoned. (Checkpoints written before the scheduler
-        held this state under "async_rollout" or "continuations": either half is read.)"""
+        held this state under "async_rollout" or "continuations": either half is read; the checkpoint module puts
+        in the generation index of those that saved it beside the trainer's counters.)"""
+        self.generation_index = int(state["generation_index"])
         self.carry = [Origin(int(a["generation_index"]), list(a["rows"]), list(a["seeds"]), 0)
                       for a in state.get("admitted", [])]
         self.origins = {}

@@ -76,6 +76,7 @@ from cohort.trainer.metric_sums import host_values, running_max, step_metrics
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.parts import PART_NAMES, TrainerParts
 from cohort.trainer.rollout_batch import RolloutBatch
+from cohort.trainer.state import TrainerState
 from cohort.trainer.run import run_training
 from cohort.trainer.setup import setup
 from cohort.trainer.stopping import check_finite
@@ -118,20 +119,17 @@ class Phases:
 
 
 class Trainer:
-    """The driver loop over its parts. Its whole state: what `__init__` declares below, plus `self.parts`
-    (`TrainerParts`, cohort/trainer/parts.py: policy, engine, rewards, optimizer, ...), each part read and
-    written as an attribute of the trainer (`self.policy`)."""
+    """The driver loop over its parts. Its whole state: what `__init__` declares below: `self.state` (`TrainerState`,
+    cohort/trainer/state.py: every counter and the current batch), `self.parts` (`TrainerParts`,
+    cohort/trainer/parts.py: policy, engine, rewards, optimizer, ...), each part read as an attribute of the trainer
+    (`self.policy`), and `self.rollout`, the rollout scheduler."""
 
     def __init__(self, cfg: CohortConfig, *, run_dir: str | Path | None = None, engine=None, log=print):
         self.cfg = cfg
         self.plan = validate_config(cfg)  # fails before any model loads
         self.log = log
         self.phases = Phases()
-        self.step_count = 0  # optimizer steps taken
-        self.policy_version = 0  # bumped by each optimizer step
-        self.synced_version = -1  # the policy version the engine holds (-1: not pushed yet)
-        self.batch: RolloutBatch | None = None  # the generation batch the current steps train on
-        self.step_indices: list[int] = []  # this step's completions within self.batch (what the step's logs show)
+        self.state = TrainerState(self.plan.optimizer_steps_per_generation)  # counters, the batch (checkpointed)
         self.sync_check = SyncCheck(cfg.engine.sync_check_tolerance,  # canaries + noise floor (trainer/sync_check.py)
                                     **({"min_gap": LORA_MIN_GAP_NATS} if cfg.lora.rank else {}))  # LoRA: lora_sync.py
         self.sync_metrics: dict[str, float] = {}  # the last sync check's statistics, reported with the next step
@@ -147,29 +145,24 @@ class Trainer:
         self.stream_update = plan.stream_update  # train groups as they finish (rollout/collect.py; the plan decided where exact)
 
     def __getattr__(self, name: str):
-        """`self.policy` and every other part: read from `self.parts` (only called when normal lookup fails)."""
+        """`self.policy` and every other part: read from `self.parts` (only called when normal lookup fails). The parts
+        are read this way all over the trainer's modules, tests and benchmarks; they are never assigned on the trainer
+        (the engine, which tests swap, has its own setter below)."""
         parts = self.__dict__.get("parts")
         if parts is not None and name in PART_NAMES:
             return getattr(parts, name)
         raise AttributeError(f"'Trainer' object has no attribute {name!r}")
 
-    def __setattr__(self, name: str, value) -> None:
-        """A part assigned on the trainer (`trainer.engine = wrapped`) replaces it in `self.parts`, never shadows it."""
-        if name in PART_NAMES and "parts" in self.__dict__:
-            setattr(self.parts, name, value)
-            if name == "engine" and "rollout" in self.__dict__:
-                self.rollout.engine = value  # (the scheduler sends every request to it)
-        else:
-            object.__setattr__(self, name, value)
-
     @property
-    def generation_index(self) -> int:
-        """Generation batches admitted (seeds every completion's sampling): the rollout scheduler's count, checkpointed."""
-        return self.rollout.generation_index
+    def engine(self):
+        """The rollout engine (a part)."""
+        return self.parts.engine
 
-    @generation_index.setter
-    def generation_index(self, value: int) -> None:
-        self.rollout.generation_index = value
+    @engine.setter
+    def engine(self, engine) -> None:
+        """Swap the engine (a test's wrapper): in the parts and in the scheduler, which sends every request to it."""
+        self.parts.engine = engine
+        self.rollout.engine = engine
 
     # ------------------------------------------------------------------ phases
 
@@ -180,7 +173,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)  # (a streamed update accumulates into them during the collection)
         streamed = StreamedGradients() if self.stream_update else None
         collected = self.rollout.collect(BatchRequest(
-            self.rewards, self.tokenizer, self.train_data, self.phases, self.policy_version,
+            self.rewards, self.tokenizer, self.train_data, self.phases, self.state.policy_version,
             train_groups=functools.partial(self.train_groups, streamed=streamed) if streamed is not None else None))
         self._calibrate_sync_check(collected.sampled_version, collected.prompts, collected.outs)
         return self._finish_batch(collected, collected.sampled_version, streamed)
@@ -192,7 +185,7 @@ class Trainer:
         batch = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
                                                per_function=scored.per_function, texts=collected.texts,
                                                policy_version=sampled_version)
-        batch.taken_version = self.policy_version
+        batch.taken_version = self.state.policy_version
         batch.metrics = {**self._batch_metrics(batch, rewards_t, scored.metrics), **collected.metrics, **tool_metrics(outs)}
         with self.phases("logprob"):  # the old-policy and teacher passes in one (the streamed update trained with its own)
             scorers = {"old": (self.policy, self.precision.autocast)} if self.algorithm.score_old_logp else {}
@@ -291,7 +284,7 @@ class Trainer:
         over whole kept groups, the loss summed unnormalised into `streamed`, their advantages from their own rewards.
         Returns their reference log-probs (None: beta = 0)."""
         part = RolloutBatch.from_trajectories(rows, [self.train_ids[i] for i in rows], trajectories, rewards=rewards,
-                                              per_function=np.empty((len(rows), 0)), texts=[], policy_version=self.policy_version)
+                                              per_function=np.empty((len(rows), 0)), texts=[], policy_version=self.state.policy_version)
         a = self.cfg.algorithm
         with self.phases("update"):
             part.ref_logp = self.reference_logprobs(part)  # None without a reference (beta = 0)
@@ -363,7 +356,7 @@ class Trainer:
             mask = mask * (1.0 - batch.off_policy(mb, width, self.device))  # tokens of older policies: out of the loss
         bound = self.rollout.token_staleness_bound  # tokens staler than pipeline.max_staleness (k >= 1): out of it
         if bound < float("inf") and batch.versions:
-            mask = mask * (batch.staleness(mb, width, self.policy_version, self.device) <= bound).float()
+            mask = mask * (batch.staleness(mb, width, self.state.policy_version, self.device) <= bound).float()
         return pb, mask
 
     def _kept(self, batch: RolloutBatch, rows: list[int]) -> torch.Tensor:
@@ -421,7 +414,7 @@ class Trainer:
             return self._engine_logp(batch, mb, width).to(prox.dtype), None
         # (the host's versions first: an on-policy micro-batch never waits for the device to read `off`)
         stale = (batch.sampled_before(mb) and bool(off.sum() > 0)) or (
-            batch.policy_version != self.policy_version and not self.engine_shares_policy and batch.old_logp is None)
+            batch.policy_version != self.state.policy_version and not self.engine_shares_policy and batch.old_logp is None)
         if a.rollout_correction == "none" or (a.rollout_correction == "auto" and not stale):
             return prox, None
         if not has_engine:
@@ -448,7 +441,7 @@ class Trainer:
         off-policy token count, over the loss's tokens."""
         if not batch.versions:
             return
-        stale = batch.staleness(mb, mask.shape[1], self.policy_version, self.device) * mask
+        stale = batch.staleness(mb, mask.shape[1], self.state.policy_version, self.device) * mask
         sums["staleness_sum"] += stale.sum()
         running_max(sums, "staleness_max", stale)
         sums["staleness_tokens"] += mask.sum()
@@ -461,9 +454,9 @@ class Trainer:
         if batch.old_logp is not None:
             reference = pad_rows([batch.old_logp[i] for i in mb], logp.shape[1])
         elif batch.versions:
-            mask = mask * (batch.staleness(mb, logp.shape[1], self.policy_version, self.device) == 0).float()
+            mask = mask * (batch.staleness(mb, logp.shape[1], self.state.policy_version, self.device) == 0).float()
             reference = logp.detach()
-        elif batch.policy_version == self.policy_version and (self.policy_version == self.synced_version or self.engine_shares_policy):
+        elif batch.policy_version == self.state.policy_version and (self.state.policy_version == self.state.synced_version or self.engine_shares_policy):
             reference = logp.detach()
         if reference is None or not batch.engine_logp[mb[0]]:
             return
@@ -477,10 +470,10 @@ class Trainer:
         params = [p for p in self.policy.parameters() if p.grad is not None]
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
         grad_norm = self.dist.sync_and_clip_grads(params, max_norm)  # multi-process: the global norm over every shard
-        check_finite(self.step_count + 1, loss=loss, grad_norm=grad_norm)  # raises before the weights change
+        check_finite(self.state.step + 1, loss=loss, grad_norm=grad_norm)  # raises before the weights change
         self.optimizer.step()
         self.scheduler.step()
-        self.policy_version += 1
+        self.state.policy_version += 1
         return grad_norm
 
     def _update_metrics(self, sums: dict[str, float], grad_norm: float) -> dict[str, float]:
@@ -490,11 +483,11 @@ class Trainer:
         """Push the policy into the engine if it changed since the last push, then check the canary.
 
         With requests in flight (a staleness bound k >= 1) the engine loads them between two of its steps."""
-        if self.synced_version == self.policy_version:
+        if self.state.synced_version == self.state.policy_version:
             return
         with self.phases("sync"), self._engine_lock():  # (asynchronous: between two of the engine's steps)
             if self.engine_shares_policy:
-                self.engine.update_weights((), self.policy_version)  # nothing to copy: only the version its tokens carry
+                self.engine.update_weights((), self.state.policy_version)  # nothing to copy: only the version its tokens carry
             else:
                 dtype = DTYPES[self.cfg.generation_dtype]  # the engine's copy: bfloat16 from float32 master weights, say
                 weights = self.lora.merged_weights if self.lora is not None else self.policy.named_parameters  # LoRA: merged
@@ -505,11 +498,11 @@ class Trainer:
                 # sampled under the new weights are also checked when they are trained (mismatch/*)
                 if self.sync_check.ready and (not self.engine.in_flight or getattr(self.engine, "in_flight_updates", False)):
                     canary = self._canary_logprobs()
-                    self.sync_metrics.update(self.sync_check.check(self.policy_version, *canary))
+                    self.sync_metrics.update(self.sync_check.check(self.state.policy_version, *canary))
                     self.last_canary_gap = self.sync_metrics["sync/canary_gap_max"]
                     if self.lora is not None:  # LoRA: the engine must hold the adapter, not the base (trainer/lora_sync.py)
                         self.sync_metrics.update(check_adapter_effect(self, *canary[:2]))
-        self.synced_version = self.policy_version
+        self.state.synced_version = self.state.policy_version
 
     def _engine_lock(self):
         """The rollout scheduler's engine lock (a driver thread polls between our calls)."""
@@ -518,7 +511,7 @@ class Trainer:
     def _push(self, stream: WeightStream):
         """update_weights; between two engine steps when requests are in flight (a staleness bound k >= 1)."""
         in_flight = {"in_flight": True} if self.engine.in_flight else {}
-        return self.engine.update_weights(stream, self.policy_version, **in_flight)
+        return self.engine.update_weights(stream, self.state.policy_version, **in_flight)
 
     def _canary_logprobs(self) -> tuple[torch.Tensor, torch.Tensor, float | None]:
         """Flat (M,) log-probs of every canary token, the engine's and the trainer's (temperature 1), and under mixed
@@ -553,7 +546,7 @@ class Trainer:
         if not self.sync_check.canaries:
             self.sync_check.choose(prompts, [o.token_ids for o in outs], self.plan.num_generations,
                                    tokens=canary_tokens(self.cfg.generation_dtype, self.precision.compute_dtype))
-        same_weights = sampled_version == self.policy_version == self.synced_version
+        same_weights = sampled_version == self.state.policy_version == self.state.synced_version
         if self.sync_check.canaries and same_weights and self.sync_check.fixed_tolerance is None:
             with self.phases("sync"):
                 self.sync_metrics.update(self.sync_check.calibrate(*self._canary_logprobs()))
@@ -564,23 +557,23 @@ class Trainer:
         """One optimizer step: (generate + reward + log-probs + advantages when due), update, critic update, sync."""
         plan = self.plan
         step_start = time.perf_counter()
-        slot = self.step_count % plan.optimizer_steps_per_generation
-        if slot == 0 or self.batch is None:
-            self.batch = self.generate_batch()  # (pushes the policy into the engine first, when it changed)
-        per_step = plan.completions_per_step if plan.optimizer_steps_per_generation > 1 else len(self.batch)  # (agent_samples.py)
+        slot = self.state.step % plan.optimizer_steps_per_generation
+        if slot == 0 or self.state.batch is None:
+            self.state.batch = self.generate_batch()  # (pushes the policy into the engine first, when it changed)
+        per_step = plan.completions_per_step if plan.optimizer_steps_per_generation > 1 else len(self.state.batch)  # (agent_samples.py)
         start = (slot % plan.steps_per_generation) * per_step
         indices = list(range(start, start + per_step))
-        self.step_indices = indices
+        self.state.step_indices = indices
         release_engine_memory(self.engine)  # vLLM's sleep mode: its KV cache (and weights) off the GPU for the update
         with self.phases("update"):
-            metrics = self.update(self.batch, indices)
+            metrics = self.update(self.state.batch, indices)
         if self.critic is not None:
             with self.phases("critic"):
-                metrics.update(self.critic.update(self.batch, self._micro_batches(self.batch, indices)))
-        self.step_count += 1
-        if self.step_count % plan.optimizer_steps_per_generation == 0 and self.step_count < plan.max_steps:
+                metrics.update(self.critic.update(self.state.batch, self._micro_batches(self.state.batch, indices)))
+        self.state.step += 1
+        if self.state.step % plan.optimizer_steps_per_generation == 0 and self.state.step < plan.max_steps:
             self.sync_weights()
-        out = {**(self.batch.metrics if slot == 0 else {}), **metrics, **self.phases.pop()}
+        out = {**(self.state.batch.metrics if slot == 0 else {}), **metrics, **self.phases.pop()}
         out["timing/step_s"] = time.perf_counter() - step_start
         if self.sync_bytes_sent:
             out["sync/bytes_sent"], self.sync_bytes_sent = self.sync_bytes_sent, 0.0

@@ -3,8 +3,9 @@
 `cohort.trainer.setup.setup` builds the parts from the config and returns them;
 the `Trainer` (cohort/trainer/loop.py) holds them as `trainer.parts` and reads
 each as an attribute of its own (`trainer.policy`, `trainer.engine`, ...). The
-Trainer's other state (counters, the current batch, the weight-sync check, phase
-timers) is declared in its `__init__`.
+counters and the current batch are its `TrainerState` (cohort/trainer/state.py);
+its other state (the weight-sync check, phase timers, the rollout scheduler) is
+declared in its `__init__`.
 
 The checkpoint module (cohort/trainer/checkpoint.py) saves the state dicts of the
 parts listed in its `STATEFUL` (optimizer, scheduler, sampler, critic, KL

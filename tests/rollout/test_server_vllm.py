@@ -152,7 +152,7 @@ def test_canary_catches_corrupted_weights_and_stops_the_run(cli_server, thread_s
             trainer.train()
     finally:
         trainer.close()
-    assert trainer.step_count == 2  # versions 0 and 1 synced fine; the push after step 2 was caught
+    assert trainer.state.step == 2  # versions 0 and 1 synced fine; the push after step 2 was caught
     assert time.perf_counter() - start < 120
 
 
@@ -167,7 +167,7 @@ def test_a_server_that_dies_mid_run_saves_the_state_before_the_failed_step(vllm_
 
     def submit_to_a_dying_server(requests, *args, **kwargs):
         # the scheduler counts the generation batches it admits: the server dies as the third batch is submitted
-        if trainer.generation_index == 3 and not server.socket._closed:
+        if trainer.rollout.generation_index == 3 and not server.socket._closed:
             server.shutdown()
             server.server_close()
         return real_submit(requests, *args, **kwargs)

@@ -269,13 +269,13 @@ def test_switching_algorithm_changes_nothing_else_in_the_loop(toy, tiny_model_di
             policy_storage = {p.data_ptr() for p in trainer.policy.parameters()}
             assert not policy_storage & {p.data_ptr() for p in trainer.critic.model.parameters()}  # its own copy
         first = trainer.step()
-        batch = trainer.batch
+        batch = trainer.state.batch
         # old log-probs only when the KL is measured at generation time (on-policy otherwise)
         assert (batch.old_logp is not None) == bool(extra)
         assert (batch.values is not None) == (name == "ppo") and ("timing/critic_s" in first) == (name == "ppo")
         trainer.step()
         seen[(name, extra)] = (batch.row_indices, batch.prompt_ids, batch.completion_ids, batch.rewards.tolist(),
-                               first["reward"], trainer.batch.row_indices)
+                               first["reward"], trainer.state.batch.row_indices)
         trainer.close()
     reference = seen[("grpo", ())]
     for key, value in seen.items():

@@ -54,7 +54,7 @@ def _run(cfg, steps):
     try:
         for _ in range(steps):
             metrics.append(trainer.step())
-            batches.append(trainer.batch)
+            batches.append(trainer.state.batch)
         weights = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
     finally:
         trainer.close()
@@ -97,7 +97,7 @@ def test_too_stale_groups_are_masked_or_dropped(tmp_path, data_file, tiny_model_
                                   f"pipeline.stale_tokens={mode}", name=mode), **QUIET)
         rollout = trainer.rollout
         try:
-            trainer.policy_version = 3
+            trainer.state.policy_version = 3
             members = [Trajectory([5, 6, 7], [-1.0] * 3, "stop", 0, versions=[0, 0, 3]) for _ in range(4)]
             fresh = [Trajectory([5, 6], [-1.0] * 2, "stop", 3, versions=[3, 3]) for _ in range(4)]
             stale, ok = FinishedGroup(100, [0] * 4, members), FinishedGroup(101, [1] * 4, fresh)
@@ -123,7 +123,7 @@ def test_admitted_groups_survive_a_checkpoint_no_prompt_lost_or_repeated(tmp_pat
     try:
         for _ in range(2):
             trainer.step()
-            trained.update(trainer.batch.row_indices)
+            trained.update(trainer.state.batch.row_indices)
         path = checkpoint.save_checkpoint(trainer)
         saved = trainer.rollout.state_dict()["admitted"]
     finally:
@@ -134,9 +134,9 @@ def test_admitted_groups_survive_a_checkpoint_no_prompt_lost_or_repeated(tmp_pat
         checkpoint.load_checkpoint(resumed, path)
         for _ in range(2):
             resumed.step()
-            trained.update(resumed.batch.row_indices)
+            trained.update(resumed.state.batch.row_indices)
         left = Counter(i for a in resumed.rollout.state_dict()["admitted"] for i in a["rows"])
-        drawn = resumed.generation_index
+        drawn = resumed.rollout.generation_index
     finally:
         resumed.close()
     fresh = Trainer(cfg, **QUIET)  # the sampler's rows for generation batches 0 .. drawn-1, in order
@@ -185,14 +185,14 @@ def test_an_eval_while_groups_are_in_flight_loses_none_of_them(tmp_path, data_fi
     trained = Counter()
     try:
         trainer.step()
-        trained.update(trainer.batch.row_indices)
+        trained.update(trainer.state.batch.row_indices)
         trainer.rollout.admit(1)  # batch 3 may start now (as the next step would admit it)
         assert trainer.rollout.stream.pending > 0  # groups in flight during the eval
         outs = trainer.rollout.generate([trainer.train_ids[0], trainer.train_ids[1]], SamplingConfig(8, 0.0), [1, 2])
         assert len(outs) == 2 and all(o.finished and o.token_ids for o in outs)
         for _ in range(3):
             trainer.step()
-            trained.update(trainer.batch.row_indices)
+            trained.update(trainer.state.batch.row_indices)
         assert not trainer.rollout.origins  # every admitted group was trained
     finally:
         trainer.close()
@@ -253,7 +253,8 @@ def test_a_calibrated_sync_check_leaves_the_engine_lock_alone():
         sync_weights=lambda: None, optimizer=SimpleNamespace(zero_grad=lambda set_to_none: None),
         rollout=SimpleNamespace(collect=lambda request: collected),
         rewards=None, tokenizer=None, train_data=None, train_ids=None, plan=SimpleNamespace(num_generations=2),
-        phases=None, policy_version=3, stream_update=False, train_groups=None, engine_shares_policy=False,
+        phases=None, state=SimpleNamespace(policy_version=3), stream_update=False, train_groups=None,
+        engine_shares_policy=False,
         sync_check=SimpleNamespace(floor=(1e-6, 2e-6), canaries=[([1], [2])], fixed_tolerance=None),
         _engine_lock=no_lock, _finish_batch=lambda c, version, streamed: ("batch", version))
     trainer._calibrate_sync_check = MethodType(Trainer._calibrate_sync_check, trainer)

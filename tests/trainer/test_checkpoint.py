@@ -152,7 +152,7 @@ def test_a_new_stateful_part_is_saved_and_restored_once_listed(user_setup, tiny_
     other = Trainer(load_config(None, overrides(tiny_model_dir, data, tmp_path / "a", "hf")))
     other.my_controller = Counter()
     meta = checkpoint.load_checkpoint(other, path)
-    assert other.my_controller.value == 41 and meta["step"] == other.step_count == 1
+    assert other.my_controller.value == 41 and meta["step"] == other.state.step == 1
     assert other.sampler.state_dict() == trainer.sampler.state_dict()
     for (name, p), q in zip(trainer.policy.named_parameters(), other.policy.parameters()):
         assert torch.equal(p, q), name
@@ -297,7 +297,7 @@ def test_kill_during_save_leaves_the_previous_checkpoint_loadable(user_setup, ti
     assert checkpoint.latest_checkpoint(run_dir).name == "step-000001"
     trainer = Trainer(load_config(None, overrides(tiny_model_dir, data, run_dir, "hf")))
     meta = checkpoint.load_checkpoint(trainer, checkpoint.latest_checkpoint(run_dir))
-    assert meta["step"] == trainer.step_count == 1 and trainer.policy_version == 1
+    assert meta["step"] == trainer.state.step == 1 and trainer.state.policy_version == 1
     trainer.step()  # and it trains on
     checkpoint.save_checkpoint(trainer)
     assert [p.name for p in root.iterdir() if p.name.startswith(".tmp")] == []  # the torn write was swept

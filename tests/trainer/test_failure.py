@@ -133,7 +133,7 @@ def test_failure_after_the_optimizer_step_saves_nothing_half_updated(user_setup,
     trainer = small_trainer(tiny_model_dir, data, tmp_path / "half", "run.save_every=1")
 
     def fail_in_step_2(optimizer, args, kwargs):
-        if trainer.policy_version == 1:
+        if trainer.state.policy_version == 1:
             raise RuntimeError("optimizer hook broke")
 
     trainer.optimizer.register_step_post_hook(fail_in_step_2)
@@ -156,7 +156,7 @@ def test_failed_weight_push_after_a_complete_step_saves_that_step(user_setup, ti
     real_sync = trainer.sync_weights
 
     def failing_sync():  # after step 2 is recorded (step_count 2), before step 3 generates
-        if trainer.step_count == 2:
+        if trainer.state.step == 2:
             raise ConnectionError("rollout server went away")
         real_sync()
 

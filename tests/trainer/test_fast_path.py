@@ -148,7 +148,7 @@ def test_reference_and_old_logprobs_once_per_generation_batch(tmp_path, data_fil
     counter = PassCounter(trainer)
     for _ in range(4):
         trainer.step()
-    assert trainer.generation_index == 2
+    assert trainer.rollout.generation_index == 2
     assert counter.score_calls == {"policy": 2, "reference": 2}
     assert counter.update_forwards == counter.micro_batches == 4 * 2  # 16 completions per step / 8 per micro-batch
     trainer.close()
@@ -211,7 +211,7 @@ def _steps_with_versions(trainer, steps: int) -> tuple[list[dict], list[tuple[in
     original_update = trainer.update
 
     def update(batch, indices):
-        seen.append((batch.policy_version, trainer.policy_version))
+        seen.append((batch.policy_version, trainer.state.policy_version))
         return original_update(batch, indices)
 
     trainer.update = update

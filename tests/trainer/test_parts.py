@@ -11,9 +11,8 @@ from cohort.trainer.loop import Trainer
 from cohort.trainer.parts import PART_NAMES, TrainerParts
 
 # what Trainer.__init__ declares besides the parts (a new attribute must be declared there and added here)
-OWN_STATE = {"cfg", "plan", "log", "phases", "step_count", "policy_version", "synced_version", "batch",
-             "step_indices", "sync_check", "sync_metrics", "last_canary_gap", "sync_bytes_sent", "parts", "rollout",
-             "stream_update"}
+OWN_STATE = {"cfg", "plan", "log", "phases", "state", "sync_check", "sync_metrics", "last_canary_gap", "sync_bytes_sent",
+             "parts", "rollout", "stream_update"}
 
 
 def test_every_part_is_a_declared_field_and_assigning_one_replaces_it(tmp_path, tiny_model_dir):

@@ -183,7 +183,7 @@ def test_dynamic_sampling_drops_constant_groups_and_refills_them(tmp_path, data_
         history, trained_rows = [], []
         for _ in range(3):
             history.append(trainer.step())
-            trained_rows.append(trainer.batch.row_indices[::4])
+            trained_rows.append(trainer.state.batch.row_indices[::4])
     finally:
         trainer.close()
     # Kinds by row: 0 const, 1 vary, 2 const, 3 const, 4 vary, 5 vary, 6 vary, 7 vary; no shuffle, 2 groups per step.
@@ -244,7 +244,7 @@ def test_local_server_streamed_update_equals_the_batch_update_over_5_steps(tmp_p
             steps = []
             for _ in range(5):
                 metrics = trainer.step()
-                steps.append((trainer.batch.completion_ids, trainer.batch.rewards.tolist(), metrics["loss"]))
+                steps.append((trainer.state.batch.completion_ids, trainer.state.batch.rewards.tolist(), metrics["loss"]))
             return trainer.stream_update, start, {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}, steps
         finally:
             trainer.close()

@@ -184,7 +184,7 @@ def test_a_stale_tied_lm_head_is_caught(vllm_engine, tiny_model_dir, sevens_data
     trainer = Trainer(_config(tmp_path, tiny_model_dir, sevens_data), engine=vllm_engine)
     refresh = vllm_engine_module._refresh_tied_lm_head
     monkeypatch.setattr(vllm_engine_module, "_refresh_tied_lm_head",
-                        lambda model: refresh(model) if trainer.policy_version < 3 else None)
+                        lambda model: refresh(model) if trainer.state.policy_version < 3 else None)
     version, _ = _run_until_caught(trainer)
     assert version == 3
 
