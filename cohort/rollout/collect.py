@@ -51,7 +51,7 @@ import torch
 
 from cohort.algorithms import advantage_stats
 from cohort.rewards.reward_set import PendingScores, RewardOutput
-from cohort.rollout.base import AgentRun, Episode, Trajectory, completion_text
+from cohort.rollout.base import AgentRun, Episode, Trajectory, decode_completion
 from cohort.rollout.stream import FinishedGroup
 
 
@@ -283,7 +283,7 @@ def _start_rewards(ctx: _Context, finished: list[FinishedGroup], calls: list[_Ca
     data = ctx.data
     rows = [i for group in finished for i in group.key]
     trajectories = [t for group in finished for t in group.trajectories]
-    texts = [completion_text(ctx.tokenizer, t) for t in trajectories]
+    texts = [decode_completion(ctx.tokenizer, t) for t in trajectories]
     prompts = [data.rows[i][data.prompt_key] for i in rows]
     call = _Call(ctx.rewards.submit(
         prompts=prompts, completions=[as_completion(p, t) for p, t in zip(prompts, texts)],

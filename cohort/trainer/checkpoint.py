@@ -84,7 +84,9 @@ DAMAGED_PREFIX = "damaged-"
 LOGS_WITH_STEPS = ("metrics.jsonl", "completions.jsonl", "eval.jsonl", "warnings.jsonl")
 
 
-RENAMED_PARTS = {"async_rollout": "rollout", "continuations": "rollout"}  # older checkpoints: the rollout scheduler's state
+# older checkpoints' part names: the rollout scheduler's state; the learning-rate schedule (saved as "scheduler" before
+# it was renamed, so that "scheduler" would mean one thing, the rollout scheduler)
+RENAMED_PARTS = {"async_rollout": "rollout", "continuations": "rollout", "scheduler": "lr_schedule"}
 
 
 class CheckpointError(RuntimeError):
@@ -96,7 +98,7 @@ class CheckpointError(RuntimeError):
 
 # The trainer parts whose state a checkpoint holds, by the name each is saved under (renaming one renames its entry in
 # state.pt: RENAMED_PARTS reads the old name). Absent parts (no critic, say) are skipped.
-STATEFUL = ("optimizer", "scheduler", "sampler", "kl_controller", "critic", "sync_check", "rollout")
+STATEFUL = ("optimizer", "lr_schedule", "sampler", "kl_controller", "critic", "sync_check", "rollout")
 
 
 def stateful_parts(trainer) -> dict[str, Any]:

@@ -472,12 +472,12 @@ class Trainer:
         grad_norm = self.dist.sync_and_clip_grads(params, max_norm)  # multi-process: the global norm over every shard
         check_finite(self.state.step + 1, loss=loss, grad_norm=grad_norm)  # raises before the weights change
         self.optimizer.step()
-        self.scheduler.step()
+        self.lr_schedule.step()
         self.state.policy_version += 1
         return grad_norm
 
     def _update_metrics(self, sums: dict[str, float], grad_norm: float) -> dict[str, float]:
-        return step_metrics(sums, grad_norm, self.scheduler.get_last_lr()[0], staleness_shown=self.rollout.rules.off_policy)
+        return step_metrics(sums, grad_norm, self.lr_schedule.get_last_lr()[0], staleness_shown=self.rollout.rules.off_policy)
 
     def sync_weights(self) -> None:
         """Push the policy into the engine if it changed since the last push, then check the canary.

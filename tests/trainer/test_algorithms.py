@@ -337,7 +337,7 @@ def test_critic_and_kl_controller_are_checkpointed(toy, tiny_model_dir):
     fresh.critic.load_state_dict(state)
     for a, b in zip(trainer.critic.model.parameters(), fresh.critic.model.parameters()):
         assert torch.equal(a, b)
-    assert fresh.critic.scheduler.last_epoch == trainer.critic.scheduler.last_epoch == 1
+    assert fresh.critic.lr_schedule.last_epoch == trainer.critic.lr_schedule.last_epoch == 1
     trainer.close()
     fresh.close()
 

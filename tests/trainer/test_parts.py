@@ -33,8 +33,8 @@ def test_every_part_is_a_declared_field_and_assigning_one_replaces_it(tmp_path, 
         assert trainer.parts.engine is wrapped and "engine" not in vars(trainer)
         trainer.engine = engine
         # checkpoints save the stateful parts under the names old checkpoints use
-        assert sorted(checkpoint.stateful_parts(trainer)) == ["kl_controller", "optimizer", "rollout", "sampler", "scheduler",
-                                                              "sync_check"]
+        assert sorted(checkpoint.stateful_parts(trainer)) == ["kl_controller", "lr_schedule", "optimizer", "rollout",
+                                                              "sampler", "sync_check"]
         assert PART_NAMES == {f.name for f in dataclasses.fields(TrainerParts)}
     finally:
         trainer.close()

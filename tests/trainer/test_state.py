@@ -1,5 +1,6 @@
 """`TrainerState` owns the run's counters and batch: saved and restored through its own state dict, rewound to a copy;
-and a checkpoint in an older layout (the generation index beside the counters) still loads."""
+and a checkpoint in an older layout (the generation index beside the counters, the learning-rate schedule saved as
+"scheduler") still loads."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def test_a_step_rewinds_to_the_copy_taken_at_its_start():
     assert (state.step, state.policy_version) == (2, 2) and state.batch is snap.batch
 
 
-def test_a_checkpoint_that_kept_the_generation_index_beside_the_counters_still_loads(tmp_path, tiny_model_dir):
+def test_a_checkpoint_in_the_layout_before_trainer_state_still_loads(tmp_path, tiny_model_dir):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(4)))
     cfg = load_config(None, [f"model.path={tiny_model_dir}", f"data.train_files=[{data}]", "engine.name=hf",
@@ -54,17 +55,19 @@ def test_a_checkpoint_that_kept_the_generation_index_beside_the_counters_still_l
     try:
         trainer.step()
         saved = checkpoint.save_checkpoint(trainer)
-        assert trainer.rollout.generation_index == 1
+        assert trainer.rollout.generation_index == 1 and trainer.lr_schedule.last_epoch == 1
     finally:
         trainer.close()
     state = torch.load(saved / "state.pt", weights_only=True)
     assert state["parts"]["rollout"]["generation_index"] == 1  # the scheduler saves its own count now
     del state["parts"]["rollout"]["generation_index"]  # the layout before: the count beside the trainer's counters
     state["generation_index"] = 1
+    state["parts"]["scheduler"] = state["parts"].pop("lr_schedule")  # the learning-rate schedule's name before
     torch.save(state, saved / "state.pt")
     again = Trainer(cfg)
     try:
         meta = checkpoint.load_checkpoint(again, saved)
         assert (meta["step"], again.state.step, again.state.policy_version, again.rollout.generation_index) == (1, 1, 1, 1)
+        assert again.lr_schedule.last_epoch == 1  # (a fresh schedule is at 0)
     finally:
         again.close()

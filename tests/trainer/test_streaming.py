@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from cohort.config import ConfigError
 from cohort.config_loading import load_config
-from cohort.rollout.base import SamplingConfig, completion_seeds, completion_text
+from cohort.rollout.base import SamplingConfig, completion_seeds, decode_completion
 from cohort.trainer import checkpoint
 from cohort.trainer.loop import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
@@ -83,7 +83,7 @@ def _old_batch_path(trainer: Trainer) -> tuple[RolloutBatch, object]:
     prompts = [trainer.train_ids[i] for i in rows]
     sampling = SamplingConfig(cfg.rollout.max_completion_length, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k)
     outs = trainer.engine.generate(prompts, sampling, completion_seeds(cfg.rollout.seed, 0, len(prompts)))
-    texts = [completion_text(trainer.tokenizer, o) for o in outs]
+    texts = [decode_completion(trainer.tokenizer, o) for o in outs]
     data = trainer.train_data
     scored = trainer.rewards.score(prompts=[data.rows[i]["prompt"] for i in rows], completions=texts,
                                    completion_ids=[o.token_ids for o in outs],
