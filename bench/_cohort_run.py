@@ -42,7 +42,7 @@ def run_steps(overrides: list[str], steps: int, *, limits: bool = False) -> dict
     """
     sys.path.insert(0, str(common.REPO))
     from cohort.config_loading import load_config
-    from cohort.trainer.loop import Trainer
+    from cohort.trainer.trainer import Trainer
 
     start = time.perf_counter()
     trainer = Trainer(load_config(None, overrides), log=lambda *a, **k: None)

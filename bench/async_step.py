@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     from cohort.config_loading import load_config
     from cohort.trainer.diagnostics import Diagnostics
     from cohort.trainer.loggers import MetricsLogger
-    from cohort.trainer.loop import Trainer
+    from cohort.trainer.trainer import Trainer
 
     locks = LockTimer()
     run_dir = common.CACHE / "async_step" / f"run-{int(time.time())}"

@@ -57,7 +57,7 @@ from cohort.distributed.rank0 import DetachedHFEngine  # noqa: E402
 from cohort.models.devices import resolve_device  # noqa: E402
 from cohort.models.loading import load_policy, load_tokenizer, stop_token_ids  # noqa: E402
 from cohort.plan import memory_estimate, model_facts  # noqa: E402
-from cohort.trainer.loop import Trainer  # noqa: E402
+from cohort.trainer.trainer import Trainer  # noqa: E402
 
 SHAPES = {  # Qwen2 config fields; "0.5b" is Qwen2.5-0.5B's shape
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,

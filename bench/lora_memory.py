@@ -118,7 +118,7 @@ def _phase_peaks(loop_module, peaks: dict[str, float]) -> None:
 
 def child(model_dir: str, data: str, run_dir: str, lora_rank: int, steps: int, load: bool, micro: int, rollout: str,
           dtype: str) -> None:
-    import cohort.trainer.loop as loop_module
+    import cohort.trainer.trainer as loop_module
     from cohort.config_loading import load_config
 
     cfg = load_config(None, [

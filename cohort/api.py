@@ -47,7 +47,7 @@ from cohort.config import CohortConfig, ConfigError, default_output_dir
 from cohort.config_loading import resolve_config
 from cohort.launch.launch import launch_elsewhere
 from cohort.rewards.registry import IN_PROCESS_MARK
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.validation import validate_config
 
 RewardLike = str | Mapping[str, Any] | Callable[..., Any]

@@ -120,7 +120,7 @@ def _train_here(cfg, resume: str | None) -> dict | None:
     from cohort.config import default_output_dir
     from cohort.console import capture_output
     from cohort.trainer.failure import setup_failed
-    from cohort.trainer.loop import Trainer
+    from cohort.trainer.trainer import Trainer
 
     run_dir = Path(cfg.run.output_dir or default_output_dir())
     rank = int(os.environ.get("RANK", "0"))

@@ -28,7 +28,7 @@ from cohort.config_loading import load_config
 from cohort.distributed.rank0 import DetachedHFEngine
 from cohort.models.batching import pad_rows
 from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir, stop_token_ids
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from tests.trainer.test_fast_path import data_file  # noqa: F401  (a fixture: prompts and a reward with spread)
 
 COHORT_DIR = str(Path(cohort.__file__).resolve().parent)

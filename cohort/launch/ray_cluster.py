@@ -68,7 +68,7 @@ from cohort.config import CohortConfig, ConfigError, default_output_dir
 from cohort.models.loading import resolve_model_dir
 from cohort.rollout.server.app import TOKEN_ENV, RolloutService, serve_in_thread
 from cohort.rollout.engines.vllm import VLLMEngine
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # the driver and actors pass configs and summaries, nothing large
 USER_ENV = ("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_DATASETS_CACHE",

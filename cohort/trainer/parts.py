@@ -1,7 +1,7 @@
 """Everything a Trainer is built from, declared in one place: `TrainerParts`.
 
 `cohort.trainer.setup.setup` builds the parts from the config and returns them;
-the `Trainer` (cohort/trainer/loop.py) holds them as `trainer.parts` and reads
+the `Trainer` (cohort/trainer/trainer.py) holds them as `trainer.parts` and reads
 each as an attribute of its own (`trainer.policy`, `trainer.engine`, ...). The
 counters and the current batch are its `TrainerState` (cohort/trainer/state.py);
 its other state (the weight-sync check, phase timers, the rollout scheduler) is

@@ -1,4 +1,8 @@
-"""A whole training run around the step loop: eval before, steps, eval after, outputs.
+"""The training loop: a whole run of `Trainer.step()` calls, with eval before, logs, checkpoints, eval after, outputs.
+
+`run_training(trainer)` is `Trainer.train()` (the Trainer and its one step: cohort/trainer/trainer.py). The loop
+itself is `_run`'s `while`: one step, its metrics line, diagnostics, sampled completions, a mid-run eval, a
+checkpoint, until train.max_steps or a stop signal.
 
 Outputs in the run directory: `config.yaml` (the resolved config), `metrics.jsonl`
 (one line per step, flushed), `completions.jsonl` (samples every

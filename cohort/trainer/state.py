@@ -1,6 +1,6 @@
 """`TrainerState`: every counter of a training run, and the generation batch it trains on, in one value.
 
-The Trainer (cohort/trainer/loop.py) reads and advances it; a checkpoint (cohort/trainer/checkpoint.py) saves it
+The Trainer (cohort/trainer/trainer.py) reads and advances it; a checkpoint (cohort/trainer/checkpoint.py) saves it
 with `state_dict()` and restores it with `load_state_dict()`; a step that fails is rewound to the `copy()` taken at
 its start (`rewind_to`). Nothing else writes it.
 

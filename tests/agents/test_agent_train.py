@@ -10,7 +10,7 @@ import torch
 
 from cohort.config_loading import load_config
 from cohort.rollout.base import AgentRun
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SMALL = ["train.max_steps=2", "train.prompts_per_step=4", "run.eval_every=0", "run.save_every=0"]

@@ -14,7 +14,7 @@ from cohort.models.loading import chat_end_of_turn_id, load_policy, load_tokeniz
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import SamplingConfig
 from cohort.rollout.engines.hf import HFEngine
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 
 TEXTS = [
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n47+8=<|im_end|>\n<|im_start|>assistant\n",

@@ -31,7 +31,7 @@ from cohort.rollout.engines.remote import RemoteEngine
 from cohort.rollout.server.app import LocalServer, RolloutService, serve_in_thread
 from cohort.trainer import checkpoint
 from cohort.trainer.failure import RunFailed
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

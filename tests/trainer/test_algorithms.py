@@ -243,7 +243,7 @@ def toy(tmp_path, monkeypatch):
 
 
 def _trainer(toy, model_dir, name, *extra, steps=30, engine=None):
-    from cohort.trainer.loop import Trainer
+    from cohort.trainer.trainer import Trainer
 
     tmp_path, data = toy
     cfg = load_config(None, [

@@ -32,7 +32,7 @@ from safetensors.torch import load_file
 
 from cohort.config_loading import load_config
 from cohort.trainer import checkpoint
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 
 REWARD_MODULE = textwrap.dedent('''
     import os, pathlib, time
@@ -232,7 +232,7 @@ KILL_DURING_SAVE = textwrap.dedent('''
     import os, signal, sys
     from cohort.config_loading import load_config
     from cohort.trainer import checkpoint
-    from cohort.trainer.loop import Trainer
+    from cohort.trainer.trainer import Trainer
 
     if __name__ == "__main__":
         trainer = Trainer(load_config(None, sys.argv[1:]))

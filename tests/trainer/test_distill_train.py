@@ -23,7 +23,7 @@ import torch
 
 from cohort.config_loading import load_config
 from cohort.rollout.base import Trajectory
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.trainer.scoring import distill_micro_batch
 

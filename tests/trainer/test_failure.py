@@ -20,7 +20,7 @@ import torch
 from cohort import cli
 from cohort.config_loading import load_config
 from cohort.trainer import checkpoint, failure
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 
 REWARD_MODULE = textwrap.dedent('''
     import os

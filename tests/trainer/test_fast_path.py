@@ -21,7 +21,7 @@ import torch
 
 from cohort.config_loading import load_config
 from cohort.models.batching import length_sorted_micro_batches
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 
 
 def test_token_budget_micro_batches_by_hand():

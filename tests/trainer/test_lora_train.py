@@ -20,7 +20,7 @@ pytest.importorskip("peft")
 from cohort.config_loading import load_config  # noqa: E402
 from cohort.models.lora import LoraPolicy  # noqa: E402
 from cohort.trainer import checkpoint  # noqa: E402
-from cohort.trainer.loop import Trainer  # noqa: E402
+from cohort.trainer.trainer import Trainer  # noqa: E402
 from cohort.trainer.lora_sync import adapter_effect  # noqa: E402
 from cohort.trainer.sync_check import SyncCheckError  # noqa: E402
 

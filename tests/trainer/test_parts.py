@@ -7,7 +7,7 @@ import json
 
 from cohort.config_loading import load_config
 from cohort.trainer import checkpoint
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.trainer.parts import PART_NAMES, TrainerParts
 
 # what Trainer.__init__ declares besides the parts (a new attribute must be declared there and added here)

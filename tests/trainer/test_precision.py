@@ -17,7 +17,7 @@ from cohort.config import ConfigError
 from cohort.config_loading import load_config
 from cohort.models.precision import resolve_precision
 from cohort.plan import memory_estimate, model_facts
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.validation import validate_config
 
 

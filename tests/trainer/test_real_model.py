@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from cohort.config_loading import load_config
 from cohort.rollout.engines.vllm import VLLMEngine
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.trainer.sync_check import FLOOR_MULTIPLE, MIN_GAP_NATS
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]

@@ -11,7 +11,7 @@ import torch
 
 from cohort.config_loading import load_config
 from cohort.trainer import checkpoint
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.trainer.state import TrainerState
 

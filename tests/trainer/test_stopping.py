@@ -22,7 +22,7 @@ import torch
 from cohort import cli
 from cohort.config_loading import load_config
 from cohort.trainer import checkpoint
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.trainer.stopping import GracefulStop, NonFiniteError, check_finite
 
 REWARD_MODULE = textwrap.dedent('''

@@ -22,7 +22,7 @@ from cohort.config import ConfigError
 from cohort.config_loading import load_config
 from cohort.rollout.base import SamplingConfig, completion_seeds, decode_completion
 from cohort.trainer import checkpoint
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.rollout.collect import RefillLedger
 

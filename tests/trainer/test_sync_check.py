@@ -17,7 +17,7 @@ import torch
 
 from cohort.config_loading import load_config
 from cohort.rollout.engines import vllm as vllm_engine_module
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.trainer import sync_check
 from cohort.trainer.sync_check import SyncCheck, SyncCheckError, judge
 

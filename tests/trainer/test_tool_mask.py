@@ -12,7 +12,7 @@ import torch
 from cohort.algorithms import aggregation_count
 from cohort.config_loading import load_config
 from cohort.rollout.base import Trajectory
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
 
 

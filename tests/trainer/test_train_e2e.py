@@ -17,7 +17,7 @@ import yaml
 
 from cohort.config_loading import load_config
 from cohort.models.devices import has_bf16_units
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 
 REWARD_MODULE = textwrap.dedent('''
     import asyncio

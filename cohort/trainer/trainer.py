@@ -1,6 +1,7 @@
-"""The driver loop: generate → reward → log-probs → advantages → update (→ critic) → sync, each phase timed.
+"""The Trainer and its step: generate → reward → log-probs → advantages → update (→ critic) → sync, each phase timed.
 
-One `Trainer.step()` is one optimizer step. A generation batch serves
+One `Trainer.step()` is one optimizer step; the loop over steps (with evals, logs and checkpoints around it) is
+`Trainer.train()`, in cohort/trainer/run.py. A generation batch serves
 `train.steps_per_generation × algorithm.num_iterations` steps (TRL's order:
 slices 0..S−1, then again for the next iteration). The maths is in
 `cohort.algorithms`; this module only moves tensors between the phases:
@@ -40,8 +41,9 @@ slices 0..S−1, then again for the next iteration). The maths is in
 Several training processes differ only through `self.dist` (cohort/distributed/fsdp.py:
 this rank's groups, the global loss normaliser, reduced metrics and gradients — all
 the identity in one process); a rollout server is just another engine
-(rollout/engines/remote.py). Out of scope here: checkpoints, exact resume and stopping
-(trainer/checkpoint.py, trainer/stopping.py, driven from trainer/run.py).
+(rollout/engines/remote.py). Out of scope here: the loop over steps, checkpoints, exact resume and stopping
+(trainer/run.py, trainer/checkpoint.py, trainer/stopping.py); the counters and current batch are a `TrainerState`
+(trainer/state.py).
 """
 
 from __future__ import annotations
