@@ -105,22 +105,11 @@ def phase_limits(trainer, batch, repeats: int = 3) -> dict:
         trainer.policy.zero_grad(set_to_none=True)
         return time.perf_counter() - start
 
-    micro = trainer_micro_batches(trainer, batch)
+    micro = trainer.micro_batches(batch, list(range(len(batch))))  # the micro-batches the trainer's update forms
     bare_s = min(bare(micro) for _ in range(repeats))
     unpadded_s = min(bare([[i] for i in range(len(batch))]) for _ in range(repeats))
     return {"limits": {"engine_raw_tokens_per_s": raw_tokens_per_s, "bare_fwd_bwd_s": bare_s, "bare_fwd_bwd_unpadded_s": unpadded_s,
                        "micro_batches": len(micro)}}
-
-
-def trainer_micro_batches(trainer, batch) -> list[list[int]]:
-    """The micro-batches (indices) the trainer's update forms for this batch."""
-    from cohort.models import batching
-
-    lengths = [len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids)]
-    budget = getattr(trainer.cfg.train, "max_tokens_per_microbatch", None)
-    if budget:
-        return batching.length_sorted_micro_batches(lengths, trainer.plan.micro_batch_size, max_tokens=budget)
-    return batching.length_sorted_micro_batches(lengths, trainer.plan.micro_batch_size)
 
 
 def summarise(records: list[dict], *, setup_s: float) -> dict:

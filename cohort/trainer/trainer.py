@@ -138,7 +138,7 @@ class Trainer:
         self.last_canary_gap: float | None = None  # largest per-token canary gap at the last sync, nats
         self.sync_bytes_sent = 0.0  # bytes the engine reports sending since the last step's metrics (server mode)
         run_dir = Path(run_dir or cfg.run.output_dir or default_output_dir())
-        self.parts: TrainerParts = setup(cfg, self.plan, run_dir, pack=self._pack, external_engine=engine)
+        self.parts: TrainerParts = setup(cfg, self.plan, run_dir, pack=self.pack, external_engine=engine)
         r, plan = cfg.rollout, self.plan
         self.rollout = Scheduler(  # what is in flight and what is admitted next (cohort/rollout/scheduler.py; checkpointed)
             self.engine, self.sampler, self.train_ids, SamplingConfig(r.max_completion_length, r.temperature, r.top_p, r.top_k),
@@ -200,7 +200,7 @@ class Trainer:
         batch.streamed = streamed
         if self.critic is not None:
             with self.phases("critic"):
-                batch.values = self.critic.values(batch, self._micro_batches(batch, list(range(len(batch)))))
+                batch.values = self.critic.values(batch, self.micro_batches(batch, list(range(len(batch)))))
         self._advantages(batch, rewards_t)
         widened = with_run_samples(batch, outs, self.tokenizer)  # agent runs that rewrote their history: one sample per call
         if widened is not batch:  # (scored again over the widened batch: what the narrow one had, every sample now)
@@ -248,7 +248,7 @@ class Trainer:
         """Every scorer's log-probs of every completion, in one pass over the micro-batches (trainer/scoring.py)."""
         if not scorers:
             return {}
-        return score_completions(batch, self._micro_batches(batch, list(range(len(batch)))), scorers, pad_id=self.pad_id,
+        return score_completions(batch, self.micro_batches(batch, list(range(len(batch)))), scorers, pad_id=self.pad_id,
                                  device=self.device, temperature=self.cfg.rollout.temperature,
                                  chunk_size=self.cfg.train.logprob_chunk_size)
 
@@ -256,10 +256,10 @@ class Trainer:
         """One optimizer step over `indices` of the batch, with gradient accumulation (or the streamed update's end)."""
         if batch.streamed is not None:  # its groups were trained as they arrived: only the step is left
             return self.finish_streamed_update(batch.streamed)
-        micro = self._micro_batches(batch, self.dist.local_indices(indices, self.plan.num_generations))  # this rank's groups
+        micro = self.micro_batches(batch, self.dist.local_indices(indices, self.plan.num_generations))  # this rank's groups
         # as many micro-batches on every rank (FSDP's collectives must match); a token budget can differ per rank
         micro = split_to_count(micro, self.dist.max_count(len(micro)))
-        packed = [self._pack(batch, mb) for mb in micro]
+        packed = [self.pack(batch, mb) for mb in micro]
         num_items = self.dist.global_count(sum(aggregation_count(p[1], self.aggregation) for p in packed))
         sums: dict[str, Any] = defaultdict(float)  # tensors on the device until the step ends (one host read)
         self.optimizer.zero_grad(set_to_none=True)
@@ -294,8 +294,8 @@ class Trainer:
             part.advantages = self.algorithm.spec.advantages(AdvantageInputs(
                 rewards=torch.tensor(part.rewards, dtype=torch.float32, device=self.device), mask=self.advantage_mask(part),
                 group_size=self.plan.num_generations, scale=a.scale_rewards, gamma=a.gamma, lam=a.lam)).advantages
-            micro = self._micro_batches(part, list(range(len(part))))
-            packed = [self._pack(part, mb) for mb in micro]
+            micro = self.micro_batches(part, list(range(len(part))))
+            packed = [self.pack(part, mb) for mb in micro]
             streamed.count += float(sum(aggregation_count(p[1], self.aggregation) for p in packed))
             self.backward_micro_batches(part, micro, packed, 1.0, streamed.sums)
         return part.ref_logp
@@ -341,14 +341,15 @@ class Trainer:
             for key, value in metrics.items():
                 sums[key] += value.detach() * tokens if torch.is_tensor(value) else float(value) * tokens
 
-    def _micro_batches(self, batch: RolloutBatch, indices: list[int]) -> list[list[int]]:
+    def micro_batches(self, batch: RolloutBatch, indices: list[int]) -> list[list[int]]:
         """`indices` split into length-sorted micro-batches of at most train.micro_batch_size completions
         and train.max_tokens_per_microbatch padded tokens."""
         lengths = [len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in indices]
         groups = length_sorted_micro_batches(lengths, self.plan.micro_batch_size, self.cfg.train.max_tokens_per_microbatch)
         return [[indices[j] for j in mb] for mb in groups]
 
-    def _pack(self, batch: RolloutBatch, mb: list[int]):
+    def pack(self, batch: RolloutBatch, mb: list[int]):
+        """Micro-batch `mb` as right-padded tensors and its (B, width) loss mask (the critic packs with it too)."""
         pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.pad_id,
                                self.device)
         # tool-output tokens (loss mask 0) are in the input but out of the loss, ratio, entropy, KL and normaliser
@@ -401,7 +402,7 @@ class Trainer:
         `decoupled` keeps the proximal policy `prox` (old log-probs, or the current ones detached) and weights each token
         by pi_prox / pi_engine, truncated or masked (`algorithm.rollout_correction`; auto: only when some token of the
         micro-batch is off-policy); `coupled` takes the engine's log-probs as the denominator, no weights; `mask_stale`
-        (its tokens already left out by `_pack`) keeps prox, no weights. Also accumulates the staleness metrics."""
+        (its tokens already left out by `pack`) keeps prox, no weights. Also accumulates the staleness metrics."""
         a = self.cfg.algorithm
         width = logp.shape[1]
         off = batch.off_policy(mb, width, self.device) * mask  # (tokens carry the version that sampled them, whatever the engine)
@@ -571,7 +572,7 @@ class Trainer:
             metrics = self.update(self.state.batch, indices)
         if self.critic is not None:
             with self.phases("critic"):
-                metrics.update(self.critic.update(self.state.batch, self._micro_batches(self.state.batch, indices)))
+                metrics.update(self.critic.update(self.state.batch, self.micro_batches(self.state.batch, indices)))
         self.state.step += 1
         if self.state.step % plan.optimizer_steps_per_generation == 0 and self.state.step < plan.max_steps:
             self.sync_weights()

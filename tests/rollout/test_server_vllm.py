@@ -32,6 +32,7 @@ from cohort.rollout.server.app import LocalServer, RolloutService, serve_in_thre
 from cohort.trainer import checkpoint
 from cohort.trainer.failure import RunFailed
 from cohort.trainer.trainer import Trainer
+from tests.builders import write_doubling
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -92,7 +93,7 @@ def test_cli_server_refuses_without_token_then_generates_with_pushed_weights(cli
 
 def _config(tmp_path, model_dir, urls, steps):
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(32)))
+    write_doubling(data, 32, answers=False)
     (tmp_path / "server_rewards.py").write_text(
         "def sevens(prompts, completions, **kw):\n    return [c.count('7') / max(1, len(c)) for c in completions]\n")
     return load_config(None, [

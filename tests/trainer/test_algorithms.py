@@ -15,7 +15,6 @@ Three kinds of test:
 
 from __future__ import annotations
 
-import json
 import math
 import textwrap
 import typing
@@ -29,6 +28,7 @@ from cohort.algorithms.specs import ALGORITHMS, LOSS_TYPES, AdvantageInputs
 from cohort.config import AlgorithmConfig
 from cohort.config_loading import load_config
 from cohort.trainer.algorithms import resolve
+from tests.builders import write_doubling
 
 
 def t32(values):
@@ -238,7 +238,7 @@ def toy(tmp_path, monkeypatch):
     (tmp_path / "algo_rewards.py").write_text(SEVENS)
     monkeypatch.syspath_prepend(str(tmp_path))
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(32)))
+    write_doubling(data, 32)
     return tmp_path, data
 
 
@@ -381,8 +381,8 @@ def test_entropy_bonus_and_top_entropy_reach_the_loss(toy, tiny_model_dir):
     g = torch.Generator().manual_seed(0)  # the random model scores ~0 everywhere: give every completion an advantage
     batch.advantages = torch.randn(len(batch), 1, generator=g) * trainer.advantage_mask(batch)
     indices = list(range(len(batch)))
-    micro = trainer._micro_batches(batch, indices)
-    packed = [trainer._pack(batch, mb) for mb in micro]
+    micro = trainer.micro_batches(batch, indices)
+    packed = [trainer.pack(batch, mb) for mb in micro]
     num_items = sum(aggregation_count(mask, "token_mean") for _, mask in packed)
     sums = defaultdict(float)
     trainer.optimizer.zero_grad(set_to_none=True)

@@ -22,6 +22,7 @@ from cohort.rollout.scheduler import Origin
 from cohort.trainer.trainer import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.validation import validate_config
+from tests.builders import tiny_run, write_doubling
 
 pytest.importorskip("vllm")
 QUIET = dict(log=lambda *a, **k: None)
@@ -34,18 +35,15 @@ def data_file(tmp_path, monkeypatch):
         "    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     path = tmp_path / "train.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(12)))
+    write_doubling(path, 12, answers=False)
     return path
 
 
 def _config(tmp_path, data_file, model_dir, *extra, name="run"):
-    return load_config(None, [
-        f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16",
-        "rollout.num_generations=4", "rollout.max_completion_length=24", "engine.kv_cache_gib=0.25",
+    return load_config(None, tiny_run(
+        model_dir, data_file, tmp_path / name, "rollout.max_completion_length=24", "engine.kv_cache_gib=0.25",
         "train.prompts_per_step=2", "train.micro_batch_size=8", "train.max_steps=5", "train.learning_rate=3e-3",
-        "train.max_grad_norm=0", "rewards=[{name: 'async_rewards:digit_share'}]", f"run.output_dir={tmp_path / name}",
-        "run.progress=false", "run.loggers=[jsonl]", *extra,
-    ])
+        "train.max_grad_norm=0", "rewards=[{name: 'async_rewards:digit_share'}]", *extra))
 
 
 def _run(cfg, steps):
@@ -106,7 +104,7 @@ def test_too_stale_groups_are_masked_or_dropped(tmp_path, data_file, tiny_model_
                 assert rollout.screen(stale, 3) and rollout.screen(ok, 3) and rollout.stale_masked == 8
                 batch = RolloutBatch([0], [[1, 2]], [[5, 6, 7]], [[-1.0] * 3], [False], ["x"], np.zeros(1), np.zeros((1, 0)),
                                      torch.zeros(1, 3), versions=[[0, 0, 3]], taken_version=3)
-                assert torch.equal(trainer._pack(batch, [0])[1], torch.tensor([[0.0, 0.0, 1.0]]))
+                assert torch.equal(trainer.pack(batch, [0])[1], torch.tensor([[0.0, 0.0, 1.0]]))
             else:
                 assert not rollout.screen(stale, 3) and rollout.screen(ok, 3) and rollout.stale_dropped == 1
                 # the replacement is in flight in place of group 100 (101 stays admitted until a batch takes it)

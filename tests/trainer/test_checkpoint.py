@@ -33,6 +33,7 @@ from safetensors.torch import load_file
 from cohort.config_loading import load_config
 from cohort.trainer import checkpoint
 from cohort.trainer.trainer import Trainer
+from tests.builders import tiny_run, write_doubling
 
 REWARD_MODULE = textwrap.dedent('''
     import os, pathlib, time
@@ -54,19 +55,16 @@ def user_setup(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "ckpt_test_rewards", raising=False)  # a fresh call counter per test
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(12)))
+    write_doubling(data, 12)
     return tmp_path, data
 
 
 def overrides(model_dir, data, run_dir, engine, *extra):
     """6 steps; a generation batch serves 2 steps (so step 3 is inside one); 2 micro-batches per step."""
-    return [
-        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", f"engine.name={engine}",
-        "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=2", "train.steps_per_generation=2",
-        "train.micro_batch_size=4", "train.max_steps=6", "train.learning_rate=3e-3", "train.num_threads=1",
-        "rewards=[{name: 'ckpt_test_rewards:sevens'}]", f"run.output_dir={run_dir}", "run.progress=false", "run.loggers=[jsonl]",
-        "run.log_completions_every=1", "run.num_completions_to_log=16", *extra,
-    ]
+    return tiny_run(model_dir, data, run_dir, f"engine.name={engine}", "rollout.max_completion_length=6",
+                    "train.prompts_per_step=2", "train.steps_per_generation=2", "train.micro_batch_size=4", "train.max_steps=6",
+                    "train.learning_rate=3e-3", "train.num_threads=1", "rewards=[{name: 'ckpt_test_rewards:sevens'}]",
+                    "run.log_completions_every=1", "run.num_completions_to_log=16", *extra)
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -21,6 +21,7 @@ from cohort import cli
 from cohort.config_loading import load_config
 from cohort.trainer import checkpoint, failure
 from cohort.trainer.trainer import Trainer
+from tests.builders import write_doubling
 
 REWARD_MODULE = textwrap.dedent('''
     import os
@@ -46,7 +47,7 @@ def user_setup(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "fail_test_rewards", raising=False)  # a fresh call counter per test
     monkeypatch.delenv("COHORT_TEST_FAIL_AT_CALL", raising=False)
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(12)))
+    write_doubling(data, 12)
     return tmp_path, data
 
 

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 
@@ -22,6 +21,7 @@ import torch
 from cohort.config_loading import load_config
 from cohort.models.batching import length_sorted_micro_batches
 from cohort.trainer.trainer import Trainer
+from tests.builders import write_doubling
 
 
 def test_token_budget_micro_batches_by_hand():
@@ -46,7 +46,7 @@ def data_file(tmp_path, monkeypatch):
         "    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     path = tmp_path / "train.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(16)))
+    write_doubling(path, 16)
     return path
 
 
@@ -77,7 +77,7 @@ def test_token_budget_update_equals_one_micro_batch(tmp_path, data_file, tiny_mo
     assert float(batch.advantages.abs().sum()) > 0
     whole = _gradients_of_update(trainer, batch, indices)
     trainer.cfg.train.max_tokens_per_microbatch = 40
-    micro = trainer._micro_batches(batch, indices)
+    micro = trainer.micro_batches(batch, indices)
     assert len(micro) > 2
     assert all(len(mb) * max(len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in mb) <= 40 or len(mb) == 1
                for mb in micro)
@@ -97,7 +97,7 @@ class PassCounter:
         self.update_forwards = 0
         self.micro_batches = 0
         self._in_update = False
-        original_score, original_update, original_micro = trainer._score, trainer.update, trainer._micro_batches
+        original_score, original_update, original_micro = trainer._score, trainer.update, trainer.micro_batches
 
         def score(batch, scorers):
             for model, _ in scorers.values():
@@ -121,7 +121,7 @@ class PassCounter:
             if self._in_update:
                 self.update_forwards += 1
 
-        trainer._score, trainer.update, trainer._micro_batches = score, update, micro_batches
+        trainer._score, trainer.update, trainer.micro_batches = score, update, micro_batches
         body = getattr(trainer.policy, trainer.policy.base_model_prefix)
         body.register_forward_pre_hook(count_forward, with_kwargs=True)
 

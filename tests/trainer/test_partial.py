@@ -8,7 +8,6 @@ so which groups finish first — and what is cut off where — is known by hand.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from types import SimpleNamespace
@@ -24,6 +23,7 @@ from cohort.rollout.base import Trajectory, continuation_seed
 from cohort.trainer import checkpoint
 from cohort.trainer.trainer import Trainer
 from cohort.validation import validate_config
+from tests.builders import tiny_run, write_doubling
 
 QUIET = dict(log=lambda *a, **k: None)
 
@@ -39,18 +39,15 @@ def data_file(tmp_path, monkeypatch):
         "    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     path = tmp_path / "train.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(10)))
+    write_doubling(path, 10, answers=False)
     return path
 
 
 def _config(tmp_path, data_file, model_dir, *extra, name="run"):
-    return load_config(None, [
-        f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "engine.name=hf",
-        "rollout.num_generations=4", "rollout.max_completion_length=40", "train.prompts_per_step=2", "train.micro_batch_size=8",
-        "train.max_steps=4", "data.shuffle=false", "pipeline.over_provision=2", "pipeline.max_aborts=2",
-        "rewards=[{name: 'partial_rewards:by_slot'}]", f"run.output_dir={tmp_path / name}", "run.progress=false",
-        "run.loggers=[jsonl]", *extra,
-    ])
+    return load_config(None, tiny_run(
+        model_dir, data_file, tmp_path / name, "engine.name=hf", "rollout.max_completion_length=40", "train.prompts_per_step=2",
+        "train.micro_batch_size=8", "train.max_steps=4", "data.shuffle=false", "pipeline.over_provision=2",
+        "pipeline.max_aborts=2", "rewards=[{name: 'partial_rewards:by_slot'}]", *extra))
 
 
 class Scripted:
@@ -201,7 +198,7 @@ def test_off_policy_objectives_by_hand(tmp_path, data_file, tiny_model_dir, obje
         batch = RolloutBatch([0], [[1, 2]], [[5, 6, 7, 8]], [engine], [False], ["x"], np.zeros(1), np.zeros((1, 0)),
                              torch.zeros(1, 4), versions=[[0, 0, 1, 1]], taken_version=1, policy_version=0)
         trainer.state.policy_version = 1
-        mask = trainer._pack(batch, [0])[1]
+        mask = trainer.pack(batch, [0])[1]
         sums = __import__("collections").defaultdict(float)
         old, weights = trainer._off_policy(batch, [0], logp, logp.detach(), mask, sums)
         if objective == "decoupled":

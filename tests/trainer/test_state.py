@@ -4,7 +4,6 @@ and a checkpoint in an older layout (the generation index beside the counters, t
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import torch
@@ -14,6 +13,7 @@ from cohort.trainer import checkpoint
 from cohort.trainer.trainer import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.trainer.state import TrainerState
+from tests.builders import tiny_run, write_doubling
 
 
 def _batch() -> RolloutBatch:
@@ -45,12 +45,10 @@ def test_a_step_rewinds_to_the_copy_taken_at_its_start():
 
 
 def test_a_checkpoint_in_the_layout_before_trainer_state_still_loads(tmp_path, tiny_model_dir):
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(4)))
-    cfg = load_config(None, [f"model.path={tiny_model_dir}", f"data.train_files=[{data}]", "engine.name=hf",
-                             "rollout.num_generations=2", "rollout.max_completion_length=2", "train.prompts_per_step=2",
-                             "train.max_steps=2", "rewards=[{name: numeric_match}]", f"run.output_dir={tmp_path / 'run'}",
-                             "run.progress=false", "run.loggers=[jsonl]"])
+    data = write_doubling(tmp_path / "train.jsonl", 4)
+    cfg = load_config(None, tiny_run(tiny_model_dir, data, tmp_path / "run", "engine.name=hf", "rollout.num_generations=2",
+                                     "rollout.max_completion_length=2", "train.prompts_per_step=2", "train.max_steps=2",
+                                     "rewards=[{name: numeric_match}]"))
     trainer = Trainer(cfg)
     try:
         trainer.step()

@@ -25,6 +25,7 @@ from cohort.trainer import checkpoint
 from cohort.trainer.trainer import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.rollout.collect import RefillLedger
+from tests.builders import tiny_run
 
 
 @pytest.fixture
@@ -46,13 +47,10 @@ def data_file(tmp_path, monkeypatch):
 
 
 def _config(tmp_path, data_file, model_dir, *extra, name="run"):
-    return load_config(None, [
-        f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "engine.name=hf",
-        "rollout.num_generations=4", "rollout.max_completion_length=8", "train.prompts_per_step=2", "train.micro_batch_size=8",
-        "train.max_steps=3", "train.learning_rate=1e-3", "train.max_grad_norm=0", "algorithm.loss_type=dapo",
-        "rewards=[{name: 'stream_rewards:digit_share'}]", f"run.output_dir={tmp_path / name}", "run.progress=false",
-        "run.loggers=[jsonl]", *extra,
-    ])
+    return load_config(None, tiny_run(
+        model_dir, data_file, tmp_path / name, "engine.name=hf", "rollout.max_completion_length=8", "train.prompts_per_step=2",
+        "train.micro_batch_size=8", "train.max_steps=3", "train.learning_rate=1e-3", "train.max_grad_norm=0",
+        "algorithm.loss_type=dapo", "rewards=[{name: 'stream_rewards:digit_share'}]", *extra))
 
 
 class Reordered:
