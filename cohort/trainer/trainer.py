@@ -53,7 +53,6 @@ import functools
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +76,7 @@ from cohort.trainer.agent_samples import with_run_samples
 from cohort.trainer.metric_sums import host_values, running_max, step_metrics
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.parts import PART_NAMES, TrainerParts
-from cohort.trainer.rollout_batch import RolloutBatch
+from cohort.trainer.rollout_batch import RolloutBatch, StreamedGradients
 from cohort.trainer.state import TrainerState
 from cohort.trainer.run import run_training
 from cohort.trainer.setup import setup
@@ -85,15 +84,6 @@ from cohort.trainer.stopping import check_finite
 from cohort.trainer.scoring import distill_micro_batch, score_completions, teacher_scorer
 from cohort.trainer.sync_check import SyncCheck, canary_tokens
 from cohort.validation import validate_config
-
-@dataclass
-class StreamedGradients:
-    """The streamed update's state between generation and the optimizer step: accumulated metric sums (loss
-    unnormalised) and the loss normaliser's count so far; the gradients themselves sit in the parameters' .grad."""
-
-    sums: dict[str, Any] = field(default_factory=lambda: defaultdict(float))  # tensors on the device until the step
-    count: float = 0.0
-
 
 class Phases:
     """Wall-clock timing of named phases: `with phases("generate"): ...` adds to timing/generate_s."""
