@@ -5,9 +5,9 @@ One `Scheduler` serves every way of running. It submits groups (G requests each,
 whole run), queues each group the moment its G members are back, and hands them to the batch's collection
 (cohort/rollout/collect.py), which scores them and decides what to keep: the trainer's one call per batch is
 `collect(request)`, which returns the batch's kept groups. The methods below that admit, take, screen, drop and
-cut groups are that collection's steps (and the tests'); the trainer itself calls `collect`, `generate` (the
-held-out eval), `lock`, `token_staleness_bound`, `state_dict`/`load_state_dict` and `close`. What is submitted, and when, follows the
-rules (`AdmissionRules`, read once from the config):
+cut groups are that collection's steps (and the tests'); the trainer itself uses `collect`, `generate` (the
+held-out eval), `lock`, `engine`, `rules`, `token_staleness_bound`, `state_dict`/`load_state_dict` and `close`.
+What is submitted, and when, follows the rules (`AdmissionRules`, read once from the config):
 
 - **staleness bound k** (`pipeline.max_staleness`, unset = 0): when a batch is collected, new generation batches
   (B groups each: the sampler's next prompts, the seeds of the next generation index) are admitted while fewer

@@ -85,6 +85,7 @@ from cohort.trainer.scoring import distill_micro_batch, score_completions, teach
 from cohort.trainer.sync_check import SyncCheck, canary_tokens
 from cohort.validation import validate_config
 
+
 class Phases:
     """Wall-clock timing of named phases: `with phases("generate"): ...` adds to timing/generate_s."""
 
@@ -111,10 +112,10 @@ class Phases:
 
 
 class Trainer:
-    """The driver loop over its parts. Its whole state: what `__init__` declares below: `self.state` (`TrainerState`,
-    cohort/trainer/state.py: every counter and the current batch), `self.parts` (`TrainerParts`,
-    cohort/trainer/parts.py: policy, engine, rewards, optimizer, ...), each part read as an attribute of the trainer
-    (`self.policy`), and `self.rollout`, the rollout scheduler."""
+    """One optimizer step at a time (`step`; `train` runs the loop) over its parts. Its whole state is what `__init__`
+    declares: `self.state` (`TrainerState`, cohort/trainer/state.py: every counter and the current batch),
+    `self.parts` (`TrainerParts`, cohort/trainer/parts.py: policy, engine, rewards, optimizer, ...), each part read as
+    an attribute of the trainer (`self.policy`), `self.rollout` (the rollout scheduler), the sync check and timers."""
 
     def __init__(self, cfg: CohortConfig, *, run_dir: str | Path | None = None, engine=None, log=print):
         self.cfg = cfg
