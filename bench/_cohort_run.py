@@ -42,7 +42,7 @@ def run_steps(overrides: list[str], steps: int, *, limits: bool = False) -> dict
     """
     sys.path.insert(0, str(common.REPO))
     from cohort.config.loading import load_config
-    from cohort.trainer.loop import Trainer
+    from cohort.trainer.trainer import Trainer
 
     start = time.perf_counter()
     trainer = Trainer(load_config(None, overrides), log=lambda *a, **k: None)
@@ -51,12 +51,12 @@ def run_steps(overrides: list[str], steps: int, *, limits: bool = False) -> dict
     with common.LoadWatch() as load:
         for _ in range(steps):
             metrics = trainer.step()
-            batch = trainer.batch
+            batch = trainer.state.batch
             train_tokens = sum(len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids))
             records.append({"metrics": metrics, "train_tokens": train_tokens,
                             "completion_tokens": sum(len(c) for c in batch.completion_ids),
                             "lengths": [len(c) for c in batch.completion_ids]})
-        extra = phase_limits(trainer, trainer.batch) if limits else {}
+        extra = phase_limits(trainer, trainer.state.batch) if limits else {}
         if extra:
             last = records[-1]["metrics"]
             extra["limits"]["last_update_s"] = last.get("timing/update_s", 0.0)
@@ -105,22 +105,11 @@ def phase_limits(trainer, batch, repeats: int = 3) -> dict:
         trainer.policy.zero_grad(set_to_none=True)
         return time.perf_counter() - start
 
-    micro = trainer_micro_batches(trainer, batch)
+    micro = trainer.micro_batches(batch, list(range(len(batch))))  # the micro-batches the trainer's update forms
     bare_s = min(bare(micro) for _ in range(repeats))
     unpadded_s = min(bare([[i] for i in range(len(batch))]) for _ in range(repeats))
     return {"limits": {"engine_raw_tokens_per_s": raw_tokens_per_s, "bare_fwd_bwd_s": bare_s, "bare_fwd_bwd_unpadded_s": unpadded_s,
                        "micro_batches": len(micro)}}
-
-
-def trainer_micro_batches(trainer, batch) -> list[list[int]]:
-    """The micro-batches (indices) the trainer's update forms for this batch."""
-    from cohort.models import batching
-
-    lengths = [len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids)]
-    budget = getattr(trainer.cfg.train, "max_tokens_per_microbatch", None)
-    if budget:
-        return batching.length_sorted_micro_batches(lengths, trainer.plan.micro_batch_size, max_tokens=budget)
-    return batching.length_sorted_micro_batches(lengths, trainer.plan.micro_batch_size)
 
 
 def summarise(records: list[dict], *, setup_s: float) -> dict:

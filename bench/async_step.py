@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     from cohort.config.loading import load_config
     from cohort.trainer.diagnostics import Diagnostics
     from cohort.runs.loggers import MetricsLogger
-    from cohort.trainer.loop import Trainer
+    from cohort.trainer.trainer import Trainer
 
     locks = LockTimer()
     run_dir = common.CACHE / "async_step" / f"run-{int(time.time())}"
@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
                 t0 = time.perf_counter()
                 metrics = trainer.step()
                 t1 = time.perf_counter()
-                logger.log(trainer.step_count, metrics)
-                diagnostics.observe(trainer.step_count, metrics)
+                logger.log(trainer.state.step, metrics)
+                diagnostics.observe(trainer.state.step, metrics)
                 step_s, metrics_s = step_s + t1 - t0, metrics_s + time.perf_counter() - t1
                 history.append(metrics)
             wall = time.perf_counter() - start

@@ -70,7 +70,7 @@ def run_mode(mode: str, steps: int) -> dict:
     if mode == "two_process":
         return {"mode": mode, "processes": 2, "note": "rank 0 drives a private loopback vLLM server"} | _train(
             ["train.num_processes=2", "train.num_threads=1"], run_dir, steps, env)
-    from cohort.rollout.server import LocalServer
+    from cohort.rollout.server.app import LocalServer
 
     start = time.perf_counter()
     server = LocalServer(common.tiny_model_dir(), max_model_len=64)

@@ -57,7 +57,7 @@ from cohort.distributed.rank0 import DetachedHFEngine  # noqa: E402
 from cohort.models.devices import resolve_device  # noqa: E402
 from cohort.models.loading import load_policy, load_tokenizer, stop_token_ids  # noqa: E402
 from cohort.plan.memory import memory_estimate, model_facts  # noqa: E402
-from cohort.trainer.loop import Trainer  # noqa: E402
+from cohort.trainer.trainer import Trainer  # noqa: E402
 
 SHAPES = {  # Qwen2 config fields; "0.5b" is Qwen2.5-0.5B's shape
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -144,7 +144,7 @@ def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: 
         records = []
         while len(records) < steps and time.perf_counter() - start < budget_s:
             metrics = trainer.step()
-            batch, rows = trainer.batch, trainer.step_indices
+            batch, rows = trainer.state.batch, trainer.state.step_indices
             trained = sum(len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in rows)
             records.append({"step_s": metrics["timing/step_s"], "update_s": metrics.get("timing/update_s", float("nan")),
                             "generate_s": metrics.get("timing/generate_s", 0.0), "trained_tokens": trained,

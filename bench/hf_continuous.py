@@ -24,7 +24,7 @@ def run(continuous: bool, workload: str, repeats: int) -> dict:
     from cohort.models.char_tokenizer import EOS_TOKEN_ID
     from cohort.models.loading import load_policy
     from cohort.rollout.base import SamplingConfig, batch_requests
-    from cohort.rollout.hf_engine import HFEngine
+    from cohort.rollout.engines.hf import HFEngine
 
     n_prompts, g, max_tokens = WORKLOADS[workload]
     rows = common.addition_rows(64)

@@ -58,7 +58,7 @@ def child(mode: str, model_dir: Path, steps: int, work: Path) -> dict:
         kwargs.update(enable_lora=True, max_lora_rank=RANK, max_loras=1)
     start = time.perf_counter()
     if mode == "merged":
-        from cohort.rollout.vllm_engine import VLLMEngine
+        from cohort.rollout.engines.vllm import VLLMEngine
 
         engine = VLLMEngine(model_dir, dtype="float32", max_model_len=64, seed=0)
         llm = engine.llm

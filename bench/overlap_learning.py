@@ -41,7 +41,7 @@ def child(arm: str, seed: int, steps: int) -> dict:
     from _cohort_run import cohort_overrides, default_run_dir
 
     from cohort.config.loading import load_config
-    from cohort.trainer.loop import Trainer
+    from cohort.trainer.trainer import Trainer
 
     overrides = cohort_overrides(common.tiny_model_dir(), common.addition_file(64), prompts_per_step=4, num_generations=8,
                                  max_completion_length=16, steps=steps, engine="vllm", threads=2,

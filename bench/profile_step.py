@@ -31,19 +31,19 @@ from compare import VARIANTS, WORKLOADS, command, model_dirs  # noqa: E402
 
 # name → (file suffix, function name): cumulative time per step of each (nested rows overlap)
 FIXED_COSTS = {
-    "step (Trainer.step)": ("cohort/trainer/loop.py", "step"),
-    "generation (Trainer.generate_batch)": ("cohort/trainer/loop.py", "generate_batch"),
-    "engine call (VLLMEngine._sample)": ("cohort/rollout/vllm_engine.py", "_sample"),
+    "step (Trainer.step)": ("cohort/trainer/trainer.py", "step"),
+    "generation (Trainer.generate_batch)": ("cohort/trainer/trainer.py", "generate_batch"),
+    "engine call (VLLMEngine._sample)": ("cohort/rollout/engines/vllm.py", "_sample"),
     "vLLM LLM.generate": ("vllm/entrypoints/llm.py", "generate"),
     "rewards (RewardSet.score: hand-off to its event-loop thread and back)": ("cohort/rewards/reward_set.py", "score"),
-    "update (Trainer.update)": ("cohort/trainer/loop.py", "update"),
+    "update (Trainer.update)": ("cohort/trainer/trainer.py", "update"),
     "backward": ("torch/_tensor.py", "backward"),
-    "optimizer + clip (Trainer._clip_and_step)": ("cohort/trainer/loop.py", "_clip_and_step"),
+    "optimizer + clip (Trainer._clip_and_step)": ("cohort/trainer/trainer.py", "_clip_and_step"),
     "optimizer.step": ("torch/optim/optimizer.py", "wrapper"),
-    "weight sync (Trainer.sync_weights)": ("cohort/trainer/loop.py", "sync_weights"),
-    "reload (VLLMEngine.update_weights)": ("cohort/rollout/vllm_engine.py", "update_weights"),
-    "canary log-probs (Trainer._canary_logprobs)": ("cohort/trainer/loop.py", "_canary_logprobs"),
-    "canary engine score (VLLMEngine.score)": ("cohort/rollout/vllm_engine.py", "score"),
+    "weight sync (Trainer.sync_weights)": ("cohort/trainer/trainer.py", "sync_weights"),
+    "reload (VLLMEngine.update_weights)": ("cohort/rollout/engines/vllm.py", "update_weights"),
+    "canary log-probs (Trainer._canary_logprobs)": ("cohort/trainer/trainer.py", "_canary_logprobs"),
+    "canary engine score (VLLMEngine.score)": ("cohort/rollout/engines/vllm.py", "score"),
     "metrics logger (MetricsLogger.log)": ("cohort/runs/loggers.py", "log"),
     "diagnostics (Diagnostics.observe)": ("cohort/trainer/diagnostics.py", "observe"),
     "sample completions (_log_completions)": ("cohort/trainer/run.py", "_log_completions"),
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     from cohort.config.loading import load_config
-    from cohort.trainer.loop import Trainer
+    from cohort.trainer.trainer import Trainer
 
     workload = WORKLOADS[args.workload]
     run_dir = common.CACHE / "profile" / f"{args.workload}-{args.variant}-{int(time.time())}"

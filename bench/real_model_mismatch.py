@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> dict:
     from cohort.models.loading import load_policy, load_tokenizer
     from cohort.models.logprobs import completion_logprobs, naive_completion_logprobs
     from cohort.rollout.base import SamplingConfig
-    from cohort.rollout.vllm_engine import VLLMEngine
+    from cohort.rollout.engines.vllm import VLLMEngine
 
     load_before, started = common.load_average(), time.strftime("%H:%M:%S")
     tokenizer = load_tokenizer(Path(args.model_dir))

@@ -61,11 +61,11 @@ def child(variant: str, workload: str, repeats: int) -> dict:
     start = time.perf_counter()
     if settings is None:
         from cohort.models.loading import load_policy
-        from cohort.rollout.hf_engine import HFEngine
+        from cohort.rollout.engines.hf import HFEngine
 
         engine = HFEngine(load_policy(model_dir, "float32"), pad_token_id=EOS_TOKEN_ID, stop_token_ids=[EOS_TOKEN_ID])
     else:
-        from cohort.rollout.vllm_engine import VLLMEngine
+        from cohort.rollout.engines.vllm import VLLMEngine
 
         d = EngineConfig().model_dump() | settings
         engine = VLLMEngine(model_dir, dtype="float32", max_model_len=16 + max_tokens + 1, seed=0, enforce_eager=d["enforce_eager"],

@@ -32,7 +32,7 @@ from pathlib import Path
 from _common import REPO, emit, load_average
 
 EXAMPLE = REPO / "examples" / "smollm2_add.yaml"
-IMPORTS = "import torch, transformers, vllm; import cohort.trainer.loop; print('ok')"
+IMPORTS = "import torch, transformers, vllm; import cohort.trainer.trainer; print('ok')"
 
 
 def _hwm_mib(pid: int) -> float | None:

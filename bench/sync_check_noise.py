@@ -26,7 +26,7 @@ _common.cohort_cli_environment()  # the environment `cohort train` runs in, befo
 
 from cohort.config.loading import load_config  # noqa: E402  (after the environment above)
 from cohort.trainer import sync_check
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 
 
 def main() -> None:

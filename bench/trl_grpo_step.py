@@ -66,7 +66,7 @@ def patch_cpu_weight_sync(trainer) -> None:
     parameters (re-running the repacking), re-tie the LM head, clear the prefix
     cache. This gives TRL's vLLM path the same (fast) sync as ours.
     """
-    from cohort.rollout.vllm_engine import _refresh_tied_lm_head
+    from cohort.rollout.engines.vllm import _refresh_tied_lm_head
 
     generation = trainer.vllm_generation
     executor = generation.llm.llm_engine.model_executor

@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     rl = rewards_sub.add_parser("list", help="list the built-in reward functions with their options")
     rl.set_defaults(func=cmd_rewards_list)
     from cohort.agents.chat import ChatCompletions
-    from cohort.rollout.server import add_serve_command
+    from cohort.rollout.server.app import add_serve_command
 
     add_serve_command(sub, chat=ChatCompletions)
     return parser

@@ -177,7 +177,7 @@ def smollm2_dir():
 @pytest.fixture(scope="session")
 def vllm_engine(tiny_model_dir):
     pytest.importorskip("vllm")
-    from cohort.rollout.vllm_engine import VLLMEngine
+    from cohort.rollout.engines.vllm import VLLMEngine
 
     engine = VLLMEngine(tiny_model_dir, dtype="float32", max_model_len=128, seed=0)
     yield engine
@@ -299,8 +299,8 @@ def place_dataset(hub_cache):
 SLOW_FIXTURES = {"vllm_engine"}
 FAST_TEST_BUDGET_S = 2.0  # setup + call, on the 2-core development machine (measured: the fast lane's tests take < 1.5 s)
 NOT_IN_FAST_LANE = (  # (module, attribute, what it starts)
-    ("cohort.rollout.vllm_engine", "VLLMEngine.__init__", "vLLM"),
-    ("cohort.rollout.server", "LocalServer.__init__", "a `cohort serve` child process"),
+    ("cohort.rollout.engines.vllm", "VLLMEngine.__init__", "vLLM"),
+    ("cohort.rollout.server.app", "LocalServer.__init__", "a `cohort serve` child process"),
     ("torch.distributed", "init_process_group", "a torch.distributed process group"),
 )
 

@@ -28,7 +28,7 @@ from cohort.config.loading import load_config
 from cohort.distributed.rank0 import DetachedHFEngine
 from cohort.models.batching import pad_rows
 from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir, stop_token_ids
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from tests.trainer.test_fast_path import data_file  # noqa: F401  (a fixture: prompts and a reward with spread)
 
 COHORT_DIR = str(Path(cohort.__file__).resolve().parent)
@@ -94,10 +94,10 @@ def test_step_and_sync_make_nothing_off_the_model_device(tmp_path, data_file, ti
             trainer.sync_weights()  # push into the engine's copy, canary scored by both
             second = trainer.step()  # the batch's second slice: its stored tensors reused
         assert recorder.found == [], "tensors made off the model's device:\n" + "\n".join(recorder.found)
-        assert trainer.batch.advantages.device.type == "lazy"
+        assert trainer.state.batch.advantages.device.type == "lazy"
         assert {p.device.type for p in engine.inner.model.parameters()} == {"lazy"}
         # the sync really pushed and was checked: the canary gap is measured after the push (float32: ~0 nats)
-        assert trainer.synced_version == 1 and trainer.last_canary_gap is not None and trainer.last_canary_gap < 1e-4
+        assert trainer.state.synced_version == 1 and trainer.last_canary_gap is not None and trainer.last_canary_gap < 1e-4
         for metrics in (first, second):
             assert torch.isfinite(torch.tensor([metrics["loss"], metrics["grad_norm"]], device="cpu")).all()
             assert metrics["grad_norm"] > 0

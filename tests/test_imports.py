@@ -177,8 +177,8 @@ def test_relative_and_from_imports_resolve_to_modules():
 
 
 def test_an_upward_arrow_and_a_package_cycle_are_found():
-    graph = {"cohort.rollout.hf_engine": {"cohort.trainer.loop"}, "cohort.trainer.loop": set()}
-    assert upward_arrows(graph) == ["cohort.rollout.hf_engine -> cohort.trainer.loop"]
+    graph = {"cohort.rollout.engines.hf": {"cohort.trainer.loop"}, "cohort.trainer.loop": set()}
+    assert upward_arrows(graph) == ["cohort.rollout.engines.hf -> cohort.trainer.loop"]
     # modules without a cycle, packages with one: trainer.loop -> distributed.rank0 -> trainer.setup
     graph = {"cohort.trainer.loop": {"cohort.distributed.rank0"}, "cohort.distributed.rank0": {"cohort.trainer.setup"},
              "cohort.trainer.setup": set()}

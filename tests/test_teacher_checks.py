@@ -77,7 +77,7 @@ def test_a_teacher_of_another_tokenizer_is_refused_before_anything_loads(tmp_pat
     assert f"teacher.path = '{tiny_chat_model_dir}' and model.path = '{tiny_model_dir}' do not share a tokenizer" in problem
     assert "tokens have another id or none in the teacher's" in problem and "choose a teacher of the student's family" in problem
     monkeypatch.setattr(trainer_setup, "load_policy", lambda *a, **k: pytest.fail("weights loaded"))
-    from cohort.trainer.loop import Trainer
+    from cohort.trainer.trainer import Trainer
 
     with pytest.raises(ConfigError, match="do not share a tokenizer"):
         Trainer(cfg)

@@ -13,7 +13,7 @@ import pytest
 import cohort
 from cohort import cli
 from cohort.plan import validate
-from cohort.trainer import loop
+from cohort.trainer import trainer as trainer_module
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def count_validations(monkeypatch):
         return real(cfg, **kwargs)
 
     monkeypatch.setattr(validate, "validate_config", spy)
-    monkeypatch.setattr(loop, "validate_config", spy)
+    monkeypatch.setattr(trainer_module, "validate_config", spy)
     monkeypatch.setattr("cohort.api.validate_config", spy)
     return calls
 
@@ -55,6 +55,6 @@ def test_the_python_api_validates_once(tmp_path, tiny_model_dir, count_validatio
 def test_a_trainer_built_without_a_plan_validates_itself(tmp_path, tiny_model_dir, count_validations):
     from cohort.config import load_config
 
-    trainer = loop.Trainer(load_config(None, _overrides(tmp_path, tiny_model_dir)))
+    trainer = trainer_module.Trainer(load_config(None, _overrides(tmp_path, tiny_model_dir)))
     trainer.close()
     assert len(count_validations) == 1 and trainer.plan.max_steps == 1

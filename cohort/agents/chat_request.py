@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from cohort.rollout.server_requests import BadRequest
+from cohort.rollout.server.bodies import BadRequest
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_CHOICES = 128

@@ -1,7 +1,7 @@
 """The loopback OpenAI-compatible endpoint an agent run's client talks to, in the training process.
 
 `LoopbackServer(answer)` serves `POST /v1/chat/completions` on 127.0.0.1 (a free port) with the standard library's
-threading HTTP server, the machinery `cohort serve` uses (cohort/rollout/server.py): one thread per request, JSON in
+threading HTTP server, the machinery `cohort serve` uses (cohort/rollout/server/app.py): one thread per request, JSON in
 and out. Every request must carry `Authorization: Bearer <key>`, the key of a live agent run (each run gets its
 own, `new_key`); the key picks the run, and `answer(run, body)` (AgentEngine's: the endpoint's `ChatCompletions`
 with the run's `Conversation`) writes the reply. A wrong or finished key gets 401, a body that is not a JSON object
@@ -22,7 +22,7 @@ from typing import Any, Callable
 from urllib.parse import urlparse
 
 from cohort.agents.chat import ChatRequestError
-from cohort.rollout.server import JSONHandler
+from cohort.rollout.server.app import JSONHandler
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 READ_TIMEOUT_S = 600.0

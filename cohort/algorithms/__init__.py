@@ -4,8 +4,9 @@ Tensors in, tensors (and tensor metrics) out: no config objects, no
 ``.item()``, no collectives. Each kind of piece sits behind one registry whose
 entries share a signature, so the trainer picks them by name:
 
-- advantages (`advantages.py`): grpo, dr_grpo, rloo, reinforce_pp,
-  reinforce_pp_baseline via `compute_advantages`; `advantage_stats`;
+- outcome advantages (`advantages.py`): grpo, dr_grpo, rloo via
+  `compute_advantages`; `advantage_stats` (REINFORCE++'s token-level ones are
+  in `specs.py`);
 - policy losses (`losses.py`): ppo_clip, gspo, seq_sum_clip, cispo, sapo, luspo, vespo via
   `policy_loss`;
 - KL estimators (`kl.py`): k1, k2, k3, low_var_kl via `kl_penalty`; `kl_in_reward`;

@@ -15,14 +15,16 @@ Conventions (pinned in tests/algorithms/test_advantages.py):
 - A group whose finite rewards are all equal (this includes a group of one, or
   a group with at most one finite reward) gets advantage exactly 0, not a tiny
   rounding residue: it carries no signal about which answer was better.
-- ``reinforce_pp`` ignores groups (it whitens over the whole batch; it is
-  meant for group_size 1), so a group of one does get a non-zero advantage
-  there. Every other estimator gives a group of one advantage 0.
+- A group of one gets advantage 0 from every estimator.
 - ``scale`` ("group" | "batch" | "none") only changes ``grpo``; the other
   estimators accept and ignore it, so callers never special-case an entry.
 
-Left out: token-level advantages (GAE lives in `ppo.py`; REINFORCE++ with a
-KL-in-reward term uses `kl_in_reward` + `discounted_returns` + `whiten`).
+Left out: token-level advantages. GAE lives in `ppo.py`; REINFORCE++ (the
+trainer's `algorithm.name = reinforce_pp` and `reinforce_pp_baseline`) whitens
+the reward-to-go of token rewards over the batch's tokens, in
+`cohort.algorithms.specs` (an outcome-only, per-completion REINFORCE++ was
+registered here once; nothing trained with it, and its whitening differed from
+the trainer's, so it went).
 """
 
 from __future__ import annotations
@@ -108,25 +110,6 @@ def rloo(grouped: Tensor, *, scale: str, epsilon: float) -> Tensor:
     return _finish(grouped - others_mean, stats)
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_pp")
-def reinforce_pp(grouped: Tensor, *, scale: str, epsilon: float) -> Tensor:
-    """REINFORCE++: rewards whitened over the whole batch, groups ignored."""
-    flat = grouped.reshape(1, -1)
-    stats = group_stats(flat)
-    advantages = (flat - stats.mean) / (stats.std + epsilon)
-    return _finish(advantages, stats).reshape(grouped.shape)
-
-
-@ADVANTAGE_ESTIMATORS.register("reinforce_pp_baseline")
-def reinforce_pp_baseline(grouped: Tensor, *, scale: str, epsilon: float) -> Tensor:
-    """REINFORCE++ with baseline: subtract the group mean, then whiten over the batch."""
-    centred = dr_grpo(grouped, scale=scale, epsilon=epsilon)
-    valid = ~torch.isnan(grouped)
-    mean, std = _batch_mean_std(centred, valid)
-    advantages = (centred - mean) / (std + epsilon)
-    return torch.where(valid, advantages, torch.zeros_like(advantages))
-
-
 def _grouped(rewards: Tensor, group_size: int) -> Tensor:
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D (N,); got shape {tuple(rewards.shape)}")
@@ -144,8 +127,8 @@ def compute_advantages(
 ) -> Tensor:
     """Advantages (N,) for outcome ``rewards`` (N,) whose consecutive ``group_size`` entries form a group.
 
-    ``name`` is one of ``ADVANTAGE_ESTIMATORS.names()``: grpo, dr_grpo, rloo,
-    reinforce_pp, reinforce_pp_baseline. ``scale`` picks grpo's std: the
+    ``name`` is one of ``ADVANTAGE_ESTIMATORS.names()``: grpo, dr_grpo, rloo.
+    ``scale`` picks grpo's std: the
     group's ("group"), the whole batch's ("batch"), or none ("none"); other
     estimators ignore it. Bessel-corrected std, ``(r - mean) / (std + epsilon)``;
     NaN rewards get 0 and are excluded from every statistic; constant groups

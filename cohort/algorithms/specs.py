@@ -4,7 +4,7 @@ The registry `ALGORITHMS` lives here, beside the maths it names, so the config's
 checks and the planner read it without importing the trainer; turning a config
 into the loop's resolved choices is `cohort.trainer.algorithms`.
 
-The loop (`loop.py`) is the same for every algorithm. It asks the spec of the
+The trainer (cohort/trainer/trainer.py) is the same for every algorithm. It asks the spec of the
 configured algorithm for four things and never looks at the name:
 
 - `advantages`: a function `AdvantageInputs -> AdvantageOutputs` turning the

@@ -30,7 +30,7 @@ import torch
 
 from cohort.distributed.fsdp import LocalContext, gather_named_tensors
 from cohort.rollout.base import BatchRequests, generate_requests
-from cohort.rollout.hf_engine import HFEngine
+from cohort.rollout.engines.hf import HFEngine
 
 
 class MainOnlyEngine(BatchRequests):

@@ -34,7 +34,7 @@ from cohort.plan.batch import BatchPlan
 from cohort.runs.jsonl import RunFileError
 from cohort.trainer.checkpoint import CheckpointError
 from cohort.trainer.failure import setup_failed
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 
 # Problems of the config, data, model, a checkpoint or a run directory's file: raised as they are worded (the command
 # line prints them and exits 2), never wrapped as a run failure.

@@ -6,7 +6,7 @@
    `ray start --head` printed), or starts a local Ray just for this run;
 2. when `engine.mode=server` and no `engine.server_urls` are given, it starts
    `distributed.num_rollout_servers` actors, each a vLLM engine behind the
-   rollout server (`cohort.rollout.server`) bound to its node's address, with
+   rollout server (`cohort.rollout.server.app`) bound to its node's address, with
    `distributed.cpus_per_rollout` / `gpus_per_rollout` each;
 3. it starts `train.num_processes` trainer actors (`cpus_per_trainer` /
    `gpus_per_trainer` each), which form one torch.distributed group (rank 0's
@@ -66,9 +66,9 @@ import torch
 import cohort
 from cohort.config import CohortConfig, ConfigError, default_output_dir
 from cohort.models.loading import resolve_model_dir
-from cohort.rollout.server import TOKEN_ENV, RolloutService, serve_in_thread
-from cohort.rollout.vllm_engine import VLLMEngine
-from cohort.trainer.loop import Trainer
+from cohort.rollout.server.app import TOKEN_ENV, RolloutService, serve_in_thread
+from cohort.rollout.engines.vllm import VLLMEngine
+from cohort.trainer.trainer import Trainer
 
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # the driver and actors pass configs and summaries, nothing large
 USER_ENV = ("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_DATASETS_CACHE",

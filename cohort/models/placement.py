@@ -6,7 +6,7 @@ rollout server (engine.mode=local_server, and rank 0's vLLM child in a
 multi-process run) takes the `tensor_parallel_size` GPUs after the trainer's;
 with too few left it shares the first ones with the trainer, and the planner
 then splits their memory as for a colocated engine. A plain decision, unit-tested
-without a GPU; `cohort.rollout.server.LocalServer` turns it into the child's
+without a GPU; `cohort.rollout.server.app.LocalServer` turns it into the child's
 CUDA_VISIBLE_DEVICES, `cohort.plan.validate` plans memory with it.
 
 `training_processes(cfg)`: how many processes train together (torchrun's

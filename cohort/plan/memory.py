@@ -306,7 +306,7 @@ def cpu_engine_share(cfg: CohortConfig, facts: ModelFacts) -> list[tuple[str, in
     working-memory allowance as on a GPU, and the runtime. Measured with SmolLM2-135M-Instruct (bench/smollm2_memory.py:
     without these rows the estimate was 0.69 × the peak RSS)."""
     g = BYTES[cfg.generation_dtype]
-    kv = max(1, round(cfg.engine.kv_cache_gib)) * GIB  # (VLLM_CPU_KVCACHE_SPACE takes whole GiB: rollout/vllm_engine.py)
+    kv = max(1, round(cfg.engine.kv_cache_gib)) * GIB  # (VLLM_CPU_KVCACHE_SPACE takes whole GiB: rollout/engines/vllm.py)
     return [
         ("vLLM weights", facts.num_params * g, f"{facts.num_params:,} parameters × {g} B ({cfg.generation_dtype}), its own copy"),
         ("vLLM KV cache", kv, "engine.kv_cache_gib, whole GiB, allocated at start"),

@@ -450,8 +450,10 @@ def finish_reason(token_ids: list[int], stop_token_ids) -> str:
     return "stop" if token_ids and token_ids[-1] in stop_token_ids else "length"
 
 
-def completion_text(tokenizer, completion: Trajectory) -> str:
-    """The text reward functions see: the tokens without the final stop token, special tokens skipped.
+def decode_completion(tokenizer, completion: Trajectory) -> str:
+    """A sampled trajectory's tokens as the text reward functions see: without the final stop token, special tokens
+    skipped. (Not `cohort.rewards.text.completion_text`, which reads the text out of a completion as the reward
+    contract passes it: a string or chat messages.)
 
     The stop token is cut by position, not by being special: a checkpoint's second
     stop id need not be a special token (e.g. `eos_token_id: [2, 75]` where 75 is a

@@ -2,9 +2,12 @@
 rules that compose.
 
 One `Scheduler` serves every way of running. It submits groups (G requests each, through one `GroupStream` for the
-whole run), queues each group the moment its G members are back, and hands them to the trainer's collection
-(cohort/trainer/collect.py), which scores them and decides what to keep. What is submitted, and when, follows the
-rules (`cohort.config.admission.AdmissionRules`, read once from the config):
+whole run), queues each group the moment its G members are back, and hands them to the batch's collection
+(cohort/rollout/collect.py), which scores them and decides what to keep: the trainer's one call per batch is
+`collect(request)`, which returns the batch's kept groups. The methods below that admit, take, screen, drop and
+cut groups are that collection's steps (and the tests'); the trainer itself uses `collect`, `generate` (the
+held-out eval), `lock`, `engine`, `rules`, `token_staleness_bound`, `state_dict`/`load_state_dict` and `close`.
+What is submitted, and when, follows the rules (`AdmissionRules`, read once from the config):
 
 - **staleness bound k** (`pipeline.max_staleness`, unset = 0): when a batch is collected, new generation batches
   (B groups each: the sampler's next prompts, the seeds of the next generation index) are admitted while fewer
@@ -35,8 +38,9 @@ interrupts the rest (k = 0 with f > 1).
 
 Every engine call holds `lock` (an `EngineLock`: the trainer's calls before the driver's next poll). The held-out
 eval generates through `generate`, which routes trajectories of groups in flight to the queue, so none is lost.
-State for a checkpoint: the groups admitted and not taken (resubmitted from the start on resume: their partial
-tokens are not saved) and the continuation buffer.
+State for a checkpoint: the generation index (batches admitted: it seeds every completion's sampling), the groups
+admitted and not taken (resubmitted from the start on resume: their partial tokens are not saved) and the
+continuation buffer.
 
 Left out: more than one training process with k ≥ 1 or f > 1 (validation refuses them).
 """
@@ -52,6 +56,7 @@ from typing import Any
 
 from cohort.config.admission import AdmissionRules
 from cohort.rollout.base import EngineLock, SamplingConfig, Trajectory, batch_requests, completion_seeds
+from cohort.rollout.collect import BatchRequest, Collected, collect_batch
 from cohort.rollout.driver import EngineDriver
 from cohort.rollout.partial import BufferedGroup, ContinuationBuffer
 from cohort.rollout.stream import FinishedGroup, GroupStream
@@ -103,6 +108,11 @@ class Scheduler:
     @engine.setter
     def engine(self, engine) -> None:
         self.stream.engine = engine
+
+    def collect(self, request: BatchRequest) -> Collected:
+        """One generation batch (cohort/rollout/collect.py): admit what the rules allow, then take, score and keep
+        groups until the batch is whole; the trainer's one call per batch."""
+        return collect_batch(self, request)
 
     # ------------------------------------------------------------------ admission
 
@@ -256,8 +266,13 @@ class Scheduler:
                 f"(pipeline.engine_timeout_s = {self.rules.engine_timeout_s:g}); it has stalled or died. Check its logs; "
                 "raise pipeline.engine_timeout_s if single completions really take this long")
 
-    def origin(self, index: int) -> Origin:
-        return self.origins[index]
+    def submitted_version(self, index: int) -> int:
+        """The policy version group `index` (admitted, not taken) was last submitted under."""
+        return self.origins[index].version
+
+    def untaken_groups(self) -> list[int]:
+        """The stream indices of the groups admitted and not taken yet, oldest first."""
+        return sorted(self.origins)
 
     def screen(self, group: FinishedGroup, version: int) -> bool:
         """The staleness bound at take time (k >= 1): False when the group held tokens older than version − k and
@@ -376,9 +391,11 @@ class Scheduler:
     # ------------------------------------------------------------------ state, shutdown
 
     def state_dict(self) -> dict[str, Any]:
-        """The groups admitted and not taken (resubmitted from the start on resume) and the continuation buffer."""
+        """The generation index, the groups admitted and not taken (resubmitted from the start on resume) and the
+        continuation buffer."""
         admitted = [self.origins[i] for i in sorted(self.origins)] + self.carry
-        state: dict[str, Any] = {"admitted": [{"generation_index": o.generation_index, "rows": o.rows, "seeds": o.seeds}
+        state: dict[str, Any] = {"generation_index": self.generation_index,
+                                 "admitted": [{"generation_index": o.generation_index, "rows": o.rows, "seeds": o.seeds}
                                               for o in admitted]}
         if self.buffer is not None:
             state.update(self.buffer.state_dict())
@@ -387,7 +404,9 @@ class Scheduler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """From a checkpoint (or a failed step's rewind, before the run stops): these groups are what is admitted and
         untaken; anything this process still has in flight is abandoned. (Checkpoints written before the scheduler
-        held this state under "async_rollout" or "continuations": either half is read.)"""
+        held this state under "async_rollout" or "continuations": either half is read; the checkpoint module puts
+        in the generation index of those that saved it beside the trainer's counters.)"""
+        self.generation_index = int(state["generation_index"])
         self.carry = [Origin(int(a["generation_index"]), list(a["rows"]), list(a["seeds"]), 0)
                       for a in state.get("admitted", [])]
         self.origins = {}

@@ -1,8 +1,9 @@
-"""Tool metrics over a generation batch; what reward functions and completions.jsonl get from multi-turn trajectories.
+"""Tool metrics over a generation batch.
 
 Reward functions receive `conversations=` (the prompt's messages, then the completion's assistant and tool messages
-in order; the last is the final answer) and, with an environment, `environments=` (each trajectory's instance, already closed), when they
-name those parameters (`tool_arguments`).
+in order; the last is the final answer) and, with an environment, `environments=` (each trajectory's instance, already
+closed), when they name those parameters: that is `tool_arguments` in cohort/rollout/collect.py, where the reward
+calls are made.
 
 Metrics (only when some trajectory went through the tool loop):
 - `tools/call_frequency`: tool calls run per trajectory (mean); `tools/failure_frequency`: calls that timed out or
@@ -61,21 +62,4 @@ def agent_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     out = {key: sum(values) / len(values) for key, values in sorted(reported.items())}
     out["agent/calls_mean"] = sum(run.turns for run in runs) / len(runs)
     out["agent/samples_mean"] = sum(1 + len(run.samples) for run in runs) / len(runs)
-    return out
-
-
-def tool_arguments(trajectories: Sequence[Trajectory], prompts: Sequence[Any]) -> dict[str, list[Any]]:
-    """The optional reward arguments of multi-turn trajectories: `conversations` (the prompt's messages, a text prompt
-    as one user message, then the completion's assistant and tool turns) and, with an environment, `environments`
-    (each trajectory's instance); for agent runs `agent_runs` (each trajectory's `AgentRun`); {} when no trajectory
-    went through the tool loop or an agent."""
-    if any(isinstance(t.episode, AgentRun) for t in trajectories):
-        return {"agent_runs": [t.episode if isinstance(t.episode, AgentRun) else None for t in trajectories]}
-    episodes = [t.episode if isinstance(t.episode, Episode) else None for t in trajectories]
-    if not any(episodes):
-        return {}
-    heads = [list(p) if isinstance(p, list) else [{"role": "user", "content": str(p)}] for p in prompts]
-    out: dict[str, list[Any]] = {"conversations": [h + (e.conversation if e else []) for h, e in zip(heads, episodes)]}
-    if any(e is not None and e.environment is not None for e in episodes):
-        out["environments"] = [e.environment if e else None for e in episodes]
     return out

@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from cohort.rollout.base import AgentRun, Trajectory, completion_text
+from cohort.rollout.base import AgentRun, Trajectory, decode_completion
 from cohort.trainer.rollout_batch import RolloutBatch
 
 
@@ -50,7 +50,7 @@ def with_run_samples(batch: RolloutBatch, trajectories: Sequence[Trajectory], to
         completion_ids=[s.token_ids if s else batch.completion_ids[i] for i, s in order],
         engine_logp=[s.logprobs if s else batch.engine_logp[i] for i, s in order],
         truncated=[s.status == "length" if s else batch.truncated[i] for i, s in order],
-        completions_text=[completion_text(tokenizer, s) if s else batch.completions_text[i] for i, s in order],
+        completions_text=[decode_completion(tokenizer, s) if s else batch.completions_text[i] for i, s in order],
         rewards=np.array([batch.rewards[i] for i, _ in order]), per_function=batch.per_function[[i for i, _ in order]],
         advantages=torch.empty(0), metrics=batch.metrics, policy_version=batch.policy_version,
         versions=[list(s.versions) if s else batch.versions[i] for i, s in order],

@@ -10,19 +10,24 @@ Layout, one directory per saved step (`RUN_DIR/checkpoints/step-000012/`):
                  (cohort/runs/manifest.py)
 
 `state.pt` holds
-- the counters: optimizer steps taken, policy version, generation index. Every
-  completion's sampling seed derives from rollout.seed and the generation index
-  (`cohort.rollout.base.completion_seeds`), so restoring it restores the samples;
+- the trainer's `TrainerState` (cohort/trainer/state.py), through its own
+  `state_dict`: optimizer steps taken, policy version, and the current generation
+  batch when the checkpoint falls inside one (train.steps_per_generation ×
+  algorithm.num_iterations > 1), so the resumed run trains on the same
+  completions, old and reference log-probs;
 - the RNG states of python, numpy and torch (CPU, and CUDA when present);
 - the state dicts of the trainer parts named in `STATEFUL` (an explicit list:
   a part with state that is not listed there is not saved): the optimizer, the
   LR schedule, the prompt sampler, the KL controller, a PPO critic (its model,
-  optimizer and schedule), the weight-sync check and the rollout scheduler (the
-  groups admitted and not trained, the continuation buffer);
-- the current generation batch when the checkpoint falls inside one
-  (train.steps_per_generation × algorithm.num_iterations > 1), so the resumed run
-  trains on the same completions, old and reference log-probs;
-- (`sync_check`: the canaries, noise floor and last verified log-probs.)
+  optimizer and schedule), the weight-sync check (the canaries, noise floor and
+  last verified log-probs) and the rollout scheduler (the generation index, the
+  groups admitted and not trained, the continuation buffer). Every completion's
+  sampling seed derives from rollout.seed and the generation index
+  (`cohort.rollout.base.completion_seeds`), so restoring it restores the samples.
+
+Older checkpoints are read too: parts saved under an earlier name
+(`RENAMED_PARTS`), and the generation index saved beside the counters rather
+than in the scheduler's state.
 
 Under train.precision=mixed the weights saved here are the float32 master
 weights (final/ holds the model.dtype copy, cohort/trainer/run.py).
@@ -72,7 +77,6 @@ import torch
 from safetensors.torch import load_file
 
 from cohort.runs.manifest import MANIFEST, Verdict, verify, write_manifest
-from cohort.trainer.rollout_batch import RolloutBatch
 
 CHECKPOINTS = "checkpoints"
 PREFIX = "step-"
@@ -80,7 +84,9 @@ DAMAGED_PREFIX = "damaged-"
 LOGS_WITH_STEPS = ("metrics.jsonl", "completions.jsonl", "eval.jsonl", "warnings.jsonl")
 
 
-RENAMED_PARTS = {"async_rollout": "rollout", "continuations": "rollout"}  # older checkpoints: the rollout scheduler's state
+# older checkpoints' part names: the rollout scheduler's state; the learning-rate schedule (saved as "scheduler" before
+# it was renamed, so that "scheduler" would mean one thing, the rollout scheduler)
+RENAMED_PARTS = {"async_rollout": "rollout", "continuations": "rollout", "scheduler": "lr_schedule"}
 
 
 class CheckpointError(RuntimeError):
@@ -92,7 +98,7 @@ class CheckpointError(RuntimeError):
 
 # The trainer parts whose state a checkpoint holds, by the name each is saved under (renaming one renames its entry in
 # state.pt: RENAMED_PARTS reads the old name). Absent parts (no critic, say) are skipped.
-STATEFUL = ("optimizer", "scheduler", "sampler", "kl_controller", "critic", "sync_check", "rollout")
+STATEFUL = ("optimizer", "lr_schedule", "sampler", "kl_controller", "critic", "sync_check", "rollout")
 
 
 def stateful_parts(trainer) -> dict[str, Any]:
@@ -117,39 +123,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def batch_to_state(batch: RolloutBatch) -> dict[str, Any]:
-    out: dict[str, Any] = {"numpy": []}
-    for f in dataclasses.fields(batch):
-        if f.name == "streamed":
-            continue  # (gradient sums live only until the batch's one step: never inside a checkpointed batch)
-        value = getattr(batch, f.name)
-        if isinstance(value, np.ndarray):
-            value = torch.from_numpy(value.copy())
-            out["numpy"].append(f.name)
-        out[f.name] = value
-    return out
-
-
-def batch_from_state(state: dict[str, Any], device: torch.device | None = None) -> RolloutBatch:
-    """The saved batch, its tensors (advantages, log-probs, values) moved onto `device` (the trainer's)."""
-    values = {k: (v.numpy() if k in state["numpy"] else _to_device(v, device)) for k, v in state.items() if k != "numpy"}
-    return RolloutBatch(**values)
-
-
-def _to_device(value: Any, device: torch.device | None) -> Any:
-    if device is None:
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
-        return [v.to(device) for v in value]
-    return value
-
-
-def mid_generation(trainer) -> bool:
-    return trainer.step_count % trainer.plan.optimizer_steps_per_generation != 0
-
-
 def _holds_tensors(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return True
@@ -163,19 +136,17 @@ def _holds_tensors(value: Any) -> bool:
 def snapshot(trainer) -> dict[str, Any]:
     """The cheap part of the state at the start of a step, to rewind to if the step turns out non-finite.
 
-    Copied: counters, RNG, the batch reference, and every stateful part whose state holds no tensors
-    (the sampler, a KL controller, the LR schedule). Not copied: weights and optimizer moments, which a
-    non-finite step never changes (it stops before the optimizer step).
+    Copied: the `TrainerState` (counters, the batch reference), RNG, and every stateful part whose state holds no
+    tensors (the sampler, a KL controller, the LR schedule, the rollout scheduler with its generation index). Not
+    copied: weights and optimizer moments, which a non-finite step never changes (it stops before the optimizer step).
     """
     small = {name: part.state_dict() for name, part in stateful_parts(trainer).items()}
-    return {"step": trainer.step_count, "policy_version": trainer.policy_version, "generation_index": trainer.generation_index,
-            "rng": rng_state(), "batch": trainer.batch,
+    return {"state": trainer.state.copy(), "rng": rng_state(),
             "parts": {name: copy.deepcopy(state) for name, state in small.items() if not _holds_tensors(state)}}
 
 
 def rewind(trainer, snap: dict[str, Any]) -> None:
-    trainer.step_count, trainer.policy_version = snap["step"], snap["policy_version"]
-    trainer.generation_index, trainer.batch = snap["generation_index"], snap["batch"]
+    trainer.state.rewind_to(snap["state"])
     parts = stateful_parts(trainer)
     for name, state in snap["parts"].items():
         parts[name].load_state_dict(state)
@@ -203,7 +174,7 @@ def save_checkpoint(trainer, keep: int | None = None) -> Path:
     if (reason := unsupported(trainer)) is not None:
         raise CheckpointError(reason)
     root = Path(trainer.run_dir) / CHECKPOINTS
-    final = checkpoint_dir(trainer.run_dir, trainer.step_count)
+    final = checkpoint_dir(trainer.run_dir, trainer.state.step)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -221,7 +192,7 @@ def save_checkpoint(trainer, keep: int | None = None) -> Path:
         previous = latest_checkpoint(trainer.run_dir)
         kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
         raise CheckpointError(
-            f"could not write the checkpoint of step {trainer.step_count} under {root}: {exc}; {kept}. "
+            f"could not write the checkpoint of step {trainer.state.step} under {root}: {exc}; {kept}. "
             "Free disk space or set run.output_dir to a writable disk, then resume with `cohort train --resume RUN_DIR`"
         ) from exc
     prune(root, keep if keep is not None else trainer.cfg.run.keep_checkpoints)
@@ -236,15 +207,15 @@ def _write_contents(trainer, directory: Path) -> None:
         trainer.policy.save_pretrained(str(model_dir), safe_serialization=True)
     trainer.tokenizer.save_pretrained(str(model_dir))
     state = {
-        "step": trainer.step_count, "policy_version": trainer.policy_version, "generation_index": trainer.generation_index,
+        **trainer.state.state_dict(),  # step, policy_version, batch (cohort/trainer/state.py)
         "rng": rng_state(),
         "parts": {name: part.state_dict() for name, part in stateful_parts(trainer).items()},
         "modules": {},  # (checkpoints before STATEFUL listed trainable modules here; none was ever saved)
-        "batch": batch_to_state(trainer.batch) if trainer.batch is not None and mid_generation(trainer) else None,
     }
     torch.save(state, directory / "state.pt")
-    meta = {"step": trainer.step_count, "policy_version": trainer.policy_version, "generation_index": trainer.generation_index,
-            "mid_generation": state["batch"] is not None, "generation_batch_size": trainer.plan.generation_batch_size,
+    meta = {"step": state["step"], "policy_version": state["policy_version"],
+            "generation_index": state["parts"]["rollout"]["generation_index"], "mid_generation": state["batch"] is not None,
+            "generation_batch_size": trainer.plan.generation_batch_size,
             "saved_at": time.strftime("%Y-%m-%d %H:%M:%S"), "manifest": MANIFEST}  # (so a missing manifest reads as damage)
     (directory / "meta.json").write_text(json.dumps(meta, indent=2))
 
@@ -411,19 +382,27 @@ def load_checkpoint(trainer, directory: Path) -> dict[str, Any]:
     else:
         load_weights(trainer.policy, directory / "model")
     parts = stateful_parts(trainer)
-    for name, part_state in state["parts"].items():
-        name = RENAMED_PARTS.get(name, name)
+    for name, part_state in _part_states(state):
         if name not in parts:
             raise CheckpointError(f"{directory} holds state for trainer part {name!r}, which this trainer does not have")
         parts[name].load_state_dict(part_state)
-    trainer.step_count, trainer.policy_version = state["step"], state["policy_version"]
-    trainer.generation_index = state["generation_index"]
+    trainer.state.load_state_dict(state, trainer.device)  # (the engine is taken to hold none of these weights)
     if "sync_check" not in state["parts"] and state.get("canary"):  # a checkpoint from before the calibrated check
         trainer.sync_check.canaries = [tuple(state["canary"])]
-    trainer.batch = batch_from_state(state["batch"], trainer.device) if state["batch"] is not None else None
-    trainer.synced_version = -1  # a fresh engine holds model.path's weights, not these
     set_rng_state(state["rng"])
     return meta
+
+
+def _part_states(state: dict[str, Any]) -> list[tuple[str, Any]]:
+    """state.pt's part states under this trainer's part names: older names renamed (`RENAMED_PARTS`), and the generation
+    index of a checkpoint that saved it beside the counters put into the rollout scheduler's state."""
+    parts = [(RENAMED_PARTS.get(name, name), part_state) for name, part_state in state["parts"].items()]
+    if "generation_index" not in state:
+        return parts
+    old = {"generation_index": state["generation_index"]}  # (before the scheduler saved its own generation index)
+    if not any(name == "rollout" for name, _ in parts):
+        parts.append(("rollout", {}))
+    return [(name, {**part_state, **old} if name == "rollout" else part_state) for name, part_state in parts]
 
 
 def load_weights(model: torch.nn.Module, directory: Path) -> None:

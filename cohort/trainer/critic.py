@@ -69,7 +69,7 @@ class Critic:
             self.model.body.gradient_checkpointing_enable()
         self.model.train()
         own = cfg.train.model_copy(update={"learning_rate": cfg.critic.learning_rate, "warmup_steps": cfg.critic.warmup_steps})
-        self.optimizer, self.scheduler = build_optimizer(self.model, own)
+        self.optimizer, self.lr_schedule = build_optimizer(self.model, own)
         self.pack = pack
 
     @torch.no_grad()
@@ -108,20 +108,22 @@ class Critic:
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         self.optimizer.step()
-        self.scheduler.step()
+        self.lr_schedule.step()
         sums = host_values({**sums, "grad_norm": grad_norm})
         grad_norm = sums.pop("grad_norm")
         tokens = max(sums.pop("tokens"), 1.0)
         out = {"critic/loss": sums.pop("critic/loss"), "critic/grad_norm": grad_norm,
-               "critic/learning_rate": self.scheduler.get_last_lr()[0]}
+               "critic/learning_rate": self.lr_schedule.get_last_lr()[0]}
         out.update({key: value / tokens for key, value in sums.items()})
         return out
 
-    # The checkpoint module saves every trainer attribute with state_dict/load_state_dict.
+    # The checkpoint module saves the critic (a part in its STATEFUL) with state_dict/load_state_dict.
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "lr_schedule": self.lr_schedule.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """From `state_dict()` (checkpoints before the rename hold the schedule under "scheduler")."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.lr_schedule.load_state_dict(state["lr_schedule"] if "lr_schedule" in state else state["scheduler"])

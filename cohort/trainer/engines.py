@@ -33,9 +33,9 @@ from cohort.models.precision import Precision
 from cohort.plan.batch import batch_plan
 from cohort.plan.memory import engine_batch_limits
 from cohort.prompts import max_positions_of
-from cohort.rollout.hf_engine import HFEngine
-from cohort.rollout.remote_engine import LocalServerEngine, RemoteEngine, engine_cores
-from cohort.rollout.vllm_engine import VLLMEngine
+from cohort.rollout.engines.hf import HFEngine
+from cohort.rollout.engines.remote import LocalServerEngine, RemoteEngine, engine_cores
+from cohort.rollout.engines.vllm import VLLMEngine
 
 
 SMALL_MODEL_PARAMETERS = 3_000_000  # below this a CPU step is fastest on one thread (docs/performance.md, "Threads")

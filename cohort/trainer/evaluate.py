@@ -21,9 +21,9 @@ from cohort.models.devices import resolve_device
 from cohort.models.precision import resolve_precision
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
-from cohort.rollout.base import SamplingConfig, completion_seeds, completion_text
+from cohort.rollout.base import SamplingConfig, completion_seeds, decode_completion
 from cohort.agents import setup as agents
-from cohort.tools.metrics import tool_arguments
+from cohort.rollout.collect import tool_arguments
 from cohort.tools.setup import rows_by_prompt, wrap_engine
 from cohort.trainer.engines import build_engine, engine_length, set_torch_threads
 
@@ -41,7 +41,7 @@ def evaluate(engine, tokenizer, dataset, prompt_ids, rewards, *, max_tokens: int
     sampling = SamplingConfig(max_tokens, temperature)
     seeds = completion_seeds(seed, 10**6, len(prompts)) if temperature > 0 else None
     outs = engine.generate(prompts, sampling, seeds)
-    texts = [completion_text(tokenizer, o) for o in outs]
+    texts = [decode_completion(tokenizer, o) for o in outs]
     key = dataset.prompt_key
     completions = [[{"role": "assistant", "content": t}] if isinstance(r[key], list) else t for r, t in zip(rows, texts)]
     columns = {c: [r.get(c) for r in rows] for c in dataset.columns}

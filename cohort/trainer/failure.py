@@ -75,7 +75,7 @@ def settle(trainer, snap: dict, optimizer_stepped: bool) -> str:
         checkpoint.rewind(trainer, snap)
         trainer.phases.pop()
         return "rewound"
-    if trainer.step_count == snap["step"] + 1:  # the step was recorded; the weight push after it failed
+    if trainer.state.step == snap["state"].step + 1:  # the step was recorded; the weight push after it failed
         return "complete"
     return "inconsistent"
 
@@ -106,7 +106,7 @@ def run_failed(trainer, error: BaseException) -> RunFailed:
         where = f"at step {step}" + (f" ({error.phase})" if error.phase else "")
     else:
         cause, state = error, "complete"
-        where = f"after step {trainer.step_count}" if trainer.step_count else "before the first step"
+        where = f"after step {trainer.state.step}" if trainer.state.step else "before the first step"
     try:
         saved = _save_last_good_state(trainer, state)
     except checkpoint.CheckpointError as exc:
@@ -124,14 +124,14 @@ def _save_last_good_state(trainer, state: str) -> str:
                 f"is half-updated; {found}")
     if (reason := checkpoint.unsupported(trainer)) is not None:
         return f"Nothing saved: {reason}."
-    if trainer.step_count == 0 and latest is not None:  # e.g. a resume that failed before its first step
+    if trainer.state.step == 0 and latest is not None:  # e.g. a resume that failed before its first step
         return (f"Nothing new saved (no step completed in this process); the checkpoints already saved are unchanged, "
                 f"the newest is {latest}. {resume}")
-    if trainer.step_count == 0:
+    if trainer.state.step == 0:
         return "Nothing saved (no step had completed); run again once the cause is fixed."
-    if latest is None or latest.name != checkpoint.checkpoint_dir(trainer.run_dir, trainer.step_count).name:
+    if latest is None or latest.name != checkpoint.checkpoint_dir(trainer.run_dir, trainer.state.step).name:
         latest = checkpoint.save_checkpoint(trainer)
-    return f"Saved the last good state (after step {trainer.step_count}) to {latest}. {resume}"
+    return f"Saved the last good state (after step {trainer.state.step}) to {latest}. {resume}"
 
 
 def setup_failed(run_dir: Path, error: BaseException) -> RunFailed:

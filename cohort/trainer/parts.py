@@ -1,13 +1,14 @@
 """Everything a Trainer is built from, declared in one place: `TrainerParts`.
 
 `cohort.trainer.setup.setup` builds the parts from the config and returns them;
-the `Trainer` (cohort/trainer/loop.py) holds them as `trainer.parts` and reads
+the `Trainer` (cohort/trainer/trainer.py) holds them as `trainer.parts` and reads
 each as an attribute of its own (`trainer.policy`, `trainer.engine`, ...). The
-Trainer's other state (counters, the current batch, the weight-sync check, phase
-timers) is declared in its `__init__`.
+counters and the current batch are its `TrainerState` (cohort/trainer/state.py);
+its other state (the weight-sync check, phase timers, the rollout scheduler) is
+declared in its `__init__`.
 
 The checkpoint module (cohort/trainer/checkpoint.py) saves the state dicts of the
-parts listed in its `STATEFUL` (optimizer, scheduler, sampler, critic, KL
+parts listed in its `STATEFUL` (optimizer, lr_schedule, sampler, critic, KL
 controller, ...) under the part's name here, so renaming a field renames its
 entry in state.pt (`RENAMED_PARTS` there reads old names).
 """
@@ -56,7 +57,7 @@ class TrainerParts:
     ref_model: torch.nn.Module | None  # frozen copy of the initial policy, only when algorithm.beta != 0
     teacher: torch.nn.Module | None  # algorithm.name = distill: teacher.path, frozen, held like the reference
     optimizer: torch.optim.Optimizer  # the policy's AdamW
-    scheduler: torch.optim.lr_scheduler.LRScheduler  # its learning-rate schedule
+    lr_schedule: torch.optim.lr_scheduler.LRScheduler  # its learning-rate schedule (train.lr_scheduler)
     algorithm: AlgorithmChoice  # the configured algorithm with every `auto` resolved
     kl_controller: FixedKLController | AdaptiveKLController  # beta, fixed or adapted towards algorithm.kl_target
     aggregation: str  # how token losses become one loss (from algorithm.loss_type)

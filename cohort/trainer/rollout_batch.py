@@ -2,11 +2,13 @@
 
 `RolloutBatch` holds one generation batch: the sampled completions, their
 rewards and advantages, and (only when needed) old, reference and teacher
-log-probs and the critic's values and targets.
+log-probs and the critic's values and targets. `StreamedGradients` is what a
+batch trained group by group as it was collected carries to its optimizer step.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +17,15 @@ import torch
 
 from cohort.models.batching import padded_tensor
 from cohort.rollout.base import Trajectory
+
+
+@dataclass
+class StreamedGradients:
+    """The streamed update's state between generation and the optimizer step: accumulated metric sums (loss
+    unnormalised) and the loss normaliser's count so far; the gradients themselves sit in the parameters' .grad."""
+
+    sums: dict[str, Any] = field(default_factory=lambda: defaultdict(float))  # tensors on the device until the step
+    count: float = 0.0
 
 
 @dataclass
@@ -41,7 +52,7 @@ class RolloutBatch:
     taken_version: int = 0  # the trainer's version when the batch was assembled: tokens sampled before it are off-policy
     loss_masks: list[list[int]] | None = None  # per completion token, 0 on tool-output tokens (None: every token trained)
     episodes: list[Any] | None = None  # multi-turn: each trajectory's tool-loop record (cohort/tools/loop.py Episode)
-    streamed: Any = None  # the streamed update's sums when its groups were trained as they arrived (collect.py), else None
+    streamed: StreamedGradients | None = None  # the streamed update's sums when its groups were trained as they arrived
 
     @classmethod
     def from_trajectories(cls, rows: list[int], prompt_ids: list[list[int]], trajectories: list[Trajectory], *,

@@ -1,4 +1,8 @@
-"""A whole training run around the step loop: eval before, steps, eval after, outputs.
+"""The training loop: a whole run of `Trainer.step()` calls, with eval before, logs, checkpoints, eval after, outputs.
+
+`run_training(trainer)` is `Trainer.train()` (the Trainer and its one step: cohort/trainer/trainer.py). The loop
+itself is `_run`'s `while`: one step, its metrics line, diagnostics, sampled completions, a mid-run eval, a
+checkpoint, until train.max_steps or a stop signal.
 
 Outputs in the run directory: `config.yaml` (the resolved config), `metrics.jsonl`
 (one line per step, flushed), `completions.jsonl` (samples every
@@ -46,7 +50,7 @@ def run_eval(trainer, label: str, sink: JsonlWriter) -> dict:
     # through the rollout scheduler, which shares the engine with the groups in flight
     result = evaluate(trainer.rollout, trainer.tokenizer, trainer.eval_data, trainer.eval_ids, trainer.rewards,
                       max_tokens=trainer.cfg.rollout.max_completion_length)
-    record = {"label": label, "step": trainer.step_count, "accuracy": result["accuracy"], "reward": result["reward"],
+    record = {"label": label, "step": trainer.state.step, "accuracy": result["accuracy"], "reward": result["reward"],
               "num_prompts": result["num_prompts"], "seconds": time.perf_counter() - start}
     sink.write(record)
     return record
@@ -54,9 +58,9 @@ def run_eval(trainer, label: str, sink: JsonlWriter) -> dict:
 
 def _log_completions(trainer, sink: JsonlWriter, step: int) -> None:
     """The first run.num_completions_to_log completions this step trained on (a slice of the batch when it spans several steps)."""
-    batch, n = trainer.batch, trainer.cfg.run.num_completions_to_log
+    batch, n = trainer.state.batch, trainer.cfg.run.num_completions_to_log
     key = trainer.train_data.prompt_key
-    for i in trainer.step_indices[:n]:
+    for i in trainer.state.step_indices[:n]:
         row = trainer.train_data.rows[batch.row_indices[i]]
         sink.write({"step": step, "prompt": row[key], "completion": batch.completions_text[i],
                     "reward": float(batch.rewards[i]), "advantage": batch.sequence_advantage(i),
@@ -113,7 +117,7 @@ def _run(trainer, resume_from: str | Path | None) -> dict:
     samples = JsonlWriter(run_dir / "completions.jsonl")
     warnings_sink = JsonlWriter(run_dir / "warnings.jsonl")
     logger = MetricsLogger(run_dir, cfg.run.loggers, total_steps=cfg.train.max_steps, progress=cfg.run.progress,
-                           config=cfg.to_dict(), start_step=trainer.step_count, wandb_project=cfg.run.wandb_project)
+                           config=cfg.to_dict(), start_step=trainer.state.step, wandb_project=cfg.run.wandb_project)
     diagnostics = Diagnostics(max_completion_length=cfg.rollout.max_completion_length,
                               teacher_signal=cfg.algorithm.name == "distill") if cfg.run.diagnostics else None
     if resumed:
@@ -126,14 +130,14 @@ def _run(trainer, resume_from: str | Path | None) -> dict:
     before = _earlier_eval(run_dir, "before") if resumed else run_eval(trainer, "before", eval_sink)
     if before and not resumed:
         logger.print(f"eval before training: accuracy {before['accuracy']:.3f} on {before['num_prompts']} held-out prompts")
-    history, saved_step, stopped = [], (trainer.step_count if resumed else None), None
+    history, saved_step, stopped = [], (trainer.state.step if resumed else None), None
     stop = GracefulStop(logger.print)
     try:
         with stop:
             # every process follows rank 0's decision, so none starts a step the others skip
-            while trainer.step_count < cfg.train.max_steps and not (stopped := trainer.dist.broadcast_object(stop.requested)):
+            while trainer.state.step < cfg.train.max_steps and not (stopped := trainer.dist.broadcast_object(stop.requested)):
                 metrics = _guarded_step(trainer)
-                step = trainer.step_count
+                step = trainer.state.step
                 history.append({"step": step, **metrics})
                 logger.log(step, metrics)
                 for warning in diagnostics.observe(step, metrics) if diagnostics else []:
@@ -158,7 +162,7 @@ def _run(trainer, resume_from: str | Path | None) -> dict:
             logger.print(f"eval after training: scoring {len(trainer.eval_data.rows)} held-out prompts greedily ...")
         after = run_eval(trainer, "after", eval_sink)
         save_model(trainer, run_dir / "final")
-        if cfg.run.save_every and saved_step != trainer.step_count:
+        if cfg.run.save_every and saved_step != trainer.state.step:
             checkpoint.save_checkpoint(trainer)
         summary = _summary(trainer, history, before, after, time.perf_counter() - wall_start)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -170,10 +174,10 @@ def _run(trainer, resume_from: str | Path | None) -> dict:
 
 def _stop_message(trainer, signal_name: str, saved_step: int | None) -> str:
     """Save the state of a stopped run (unless just saved) and say how to resume it."""
-    done = f"stopped by {signal_name} after step {trainer.step_count}"
+    done = f"stopped by {signal_name} after step {trainer.state.step}"
     if (reason := checkpoint.unsupported(trainer)) is not None:
         return f"{done}; no checkpoint: {reason}"
-    path = checkpoint.save_checkpoint(trainer) if saved_step != trainer.step_count else checkpoint.latest_checkpoint(trainer.run_dir)
+    path = checkpoint.save_checkpoint(trainer) if saved_step != trainer.state.step else checkpoint.latest_checkpoint(trainer.run_dir)
     return f"{done}; checkpoint {path}. Resume with: cohort train --resume {trainer.run_dir}"
 
 
@@ -188,7 +192,7 @@ def _guarded_step(trainer) -> dict:
     except NonFiniteError as exc:
         checkpoint.rewind(trainer, snap)
         trainer.phases.pop()
-        saved = (f"Saved the last good state (after step {trainer.step_count}) to {checkpoint.save_checkpoint(trainer)}"
+        saved = (f"Saved the last good state (after step {trainer.state.step}) to {checkpoint.save_checkpoint(trainer)}"
                  if checkpoint.unsupported(trainer) is None else f"Nothing saved: {checkpoint.unsupported(trainer)}")
         message = (f"stopped: {exc.metric} is {exc.value} at step {exc.step} (non-finite); the optimizer step was not taken. "
                    f"{saved}. Common causes: a learning rate far too high, rewards so large they overflow, fp16 overflow. "
@@ -196,7 +200,7 @@ def _guarded_step(trainer) -> dict:
         raise RunHalted(message) from exc
     except Exception as exc:
         phase = trainer.phases.failed  # read before settle() rewinds the phase timers
-        raise failure.StepFailed(snap["step"] + 1, phase, failure.settle(trainer, snap, watch.stepped)) from exc
+        raise failure.StepFailed(snap["state"].step + 1, phase, failure.settle(trainer, snap, watch.stepped)) from exc
 
 
 def _resume(trainer, resume_from: str | Path) -> str:
@@ -219,7 +223,7 @@ def _earlier_eval(run_dir: Path, label: str) -> dict:
 
 def _summary(trainer, history, before, after, wall_s) -> dict:
     last = history[-1] if history else {}
-    summary = {"steps": trainer.step_count, "wall_s": wall_s, "run_dir": str(trainer.run_dir),
+    summary = {"steps": trainer.state.step, "wall_s": wall_s, "run_dir": str(trainer.run_dir),
                "final_metrics": {k: v for k, v in last.items() if isinstance(v, (int, float))}}
     if history:
         step_times = sorted(h["timing/step_s"] for h in history[1:]) or [history[0]["timing/step_s"]]

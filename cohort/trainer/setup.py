@@ -76,7 +76,7 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
         ref_model = dist.shard(ref_model, precision, param_offload=cfg.train.param_offload)
     teacher = _teacher(cfg, dist, tokenizer) if cfg.algorithm.name == "distill" else None
     policy = dist.shard(policy, precision, param_offload=cfg.train.param_offload)  # FSDP2 when W > 1: optimizer on shards
-    optimizer, scheduler = build_optimizer(policy, cfg.train)
+    optimizer, lr_schedule = build_optimizer(policy, cfg.train)
     if cfg.train.optimizer_offload:
         offload_optimizer_state(optimizer)
     algorithm = algorithms.resolve(cfg, off_policy=plan.off_policy)
@@ -92,7 +92,8 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
         dist=dist, device=device, run_dir=run_dir, rewards=rewards, model_dir=model_dir, tokenizer=tokenizer,
         pad_id=tokenizer.pad_token_id, renderer=prompts.renderer, prompts_filtered=prompts.filtered,
         train_data=prompts.train, train_ids=prompts.train_ids, eval_data=prompts.eval, eval_ids=prompts.eval_ids,
-        sampler=sampler, precision=precision, policy=policy, lora=lora, ref_model=ref_model, teacher=teacher, optimizer=optimizer, scheduler=scheduler,
+        sampler=sampler, precision=precision, policy=policy, lora=lora, ref_model=ref_model, teacher=teacher,
+        optimizer=optimizer, lr_schedule=lr_schedule,
         algorithm=algorithm, kl_controller=algorithms.kl_controller(cfg),
         aggregation=algorithm.aggregation, loss_name=algorithm.loss_name, critic=critic,
         engine=engine, owns_engine=owns_engine, engine_shares_policy=getattr(engine, "model", None) is policy,

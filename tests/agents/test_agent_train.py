@@ -10,7 +10,7 @@ import torch
 
 from cohort.config.loading import load_config
 from cohort.rollout.base import AgentRun
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SMALL = ["train.max_steps=2", "train.prompts_per_step=4", "run.eval_every=0", "run.save_every=0"]
@@ -23,7 +23,7 @@ def two_steps(name: str, run_dir: Path, overrides: list[str]) -> list[dict]:
         out = []
         for _ in range(2):
             metrics = trainer.step()
-            b = trainer.batch
+            b = trainer.state.batch
             out.append({"prompts": b.prompt_ids, "completions": b.completion_ids, "masks": b.loss_masks,
                         "rewards": b.rewards.tolist(), "metrics": metrics, "episodes": b.episodes})
         return out
@@ -76,7 +76,7 @@ def test_a_rewriting_agent_trains_one_sample_per_call(tmp_path):
     trainer = Trainer(cfg, run_dir=tmp_path, log=lambda *a: None)
     try:
         metrics = trainer.step()
-        b = trainer.batch
+        b = trainer.state.batch
     finally:
         trainer.close()
     # 2 prompts x G = 8 runs, two calls each, never a chain: 32 samples, each run's first call just before its row

@@ -1,4 +1,4 @@
-"""`/v1/chat/completions` and `/v1/models` on the rollout server (cohort/rollout/server.py), over loopback HTTP with
+"""`/v1/chat/completions` and `/v1/models` on the rollout server (cohort/rollout/server/app.py), over loopback HTTP with
 plain urllib: a scripted engine behind the real request stream (fast), then `cohort serve`'s wiring with vLLM and
 tiny:tool_calc (slow)."""
 
@@ -16,7 +16,7 @@ from cohort.agents.chat import ChatCompletions
 from cohort.data.tasks import tool_calc_rows
 from cohort.models.loading import load_tokenizer, resolve_model_dir, stop_token_ids
 from cohort.rollout.base import BatchRequests, Trajectory
-from cohort.rollout.server import RolloutService, serve_in_thread
+from cohort.rollout.server.app import RolloutService, serve_in_thread
 
 TOKEN = "chat-token"
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*34"}}\n</tool_call>'
@@ -143,7 +143,7 @@ def test_a_server_without_the_endpoint_says_so(tiny_chat_model_dir):
 def tool_calc_server():
     """`cohort serve tiny:tool_calc --no-tools-in-prompt`'s service (cmd_serve's construction) on a loopback thread."""
     pytest.importorskip("vllm")
-    from cohort.rollout.vllm_engine import VLLMEngine
+    from cohort.rollout.engines.vllm import VLLMEngine
 
     model_dir = resolve_model_dir("tiny:tool_calc")
     tok = load_tokenizer(model_dir)

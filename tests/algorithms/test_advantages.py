@@ -64,21 +64,6 @@ def test_rloo_by_hand_and_leave_one_out_identity():
     torch.testing.assert_close(rloo, (centred.reshape(5, 6) * n / (n - 1)).reshape(-1), rtol=0, atol=1e-12)
 
 
-def test_reinforce_pp_whitens_over_the_batch():
-    # group_size 1 (REINFORCE++'s setting): [1, 0, 0, 1] batch mean .5, Bessel std sqrt(1/3).
-    a = 0.5 / (math.sqrt(1 / 3) + EPS)
-    close(compute_advantages("reinforce_pp", t64([1, 0, 0, 1]), 1), [a, -a, -a, a])
-    # Groups are ignored: group_size 2 or 4 give the same result.
-    close(compute_advantages("reinforce_pp", t64([1, 0, 0, 1]), 4), [a, -a, -a, a])
-
-
-def test_reinforce_pp_baseline_by_hand():
-    # Groups [1, 0 | 2, 4]: centred [.5, -.5, -1, 1]; batch mean 0,
-    # Bessel var (.25 + .25 + 1 + 1) / 3 = 2.5 / 3; advantage = centred / (sqrt(2.5/3) + eps).
-    std = math.sqrt(2.5 / 3) + EPS
-    close(compute_advantages("reinforce_pp_baseline", t64([1, 0, 2, 4]), 2), [0.5 / std, -0.5 / std, -1 / std, 1 / std])
-
-
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
 def test_group_advantages_sum_to_zero(name):
     torch.manual_seed(1)
@@ -94,7 +79,7 @@ def test_constant_group_gives_exact_zeros(name):
     assert (compute_advantages(name, rewards, 3) == 0).all()
 
 
-@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"])
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
 def test_group_of_one_gives_zero(name):
     assert (compute_advantages(name, t64([1.0, 0.0, 3.0]), 1) == 0).all()
     # Also a group with a single finite reward.

@@ -23,12 +23,6 @@ def naive_mean_std(values):
 def naive_advantages(name, rewards, group_size, scale, eps=1e-6):
     out = [0.0] * len(rewards)
     finite_all = [r for r in rewards if not math.isnan(r)]
-    if name == "reinforce_pp":
-        mean, std = naive_mean_std(finite_all)
-        for i, r in enumerate(rewards):
-            if not math.isnan(r) and len(set(finite_all)) > 1:
-                out[i] = (r - mean) / (std + eps)
-        return out
     for start in range(0, len(rewards), group_size):
         idx = [i for i in range(start, start + group_size) if not math.isnan(rewards[i])]
         group = [rewards[i] for i in idx]
@@ -36,7 +30,7 @@ def naive_advantages(name, rewards, group_size, scale, eps=1e-6):
             continue  # constant group, group of one, or no finite reward: 0
         mean, std = naive_mean_std(group)
         for i in idx:
-            if name in ("grpo", "dr_grpo", "reinforce_pp_baseline"):
+            if name in ("grpo", "dr_grpo"):
                 out[i] = rewards[i] - mean
                 if name == "grpo" and scale == "group":
                     out[i] /= std + eps
@@ -44,17 +38,11 @@ def naive_advantages(name, rewards, group_size, scale, eps=1e-6):
                     out[i] /= naive_mean_std(finite_all)[1] + eps
             elif name == "rloo":
                 out[i] = rewards[i] - (sum(group) - rewards[i]) / (len(group) - 1)
-    if name == "reinforce_pp_baseline":
-        valid = [i for i, r in enumerate(rewards) if not math.isnan(r)]
-        mean, std = naive_mean_std([out[i] for i in valid])
-        for i in valid:
-            out[i] = (out[i] - mean) / (std + eps)
     return out
 
 
 @pytest.mark.parametrize("name, scale", [("grpo", "group"), ("grpo", "batch"), ("grpo", "none"), ("dr_grpo", "group"),
-                                         ("rloo", "group"), ("reinforce_pp", "group"),
-                                         ("reinforce_pp_baseline", "group")])
+                                         ("rloo", "group")])
 def test_advantages_match_naive_loops(name, scale):
     rng = random.Random(0)
     rewards = [rng.choice([0.0, 1.0, 0.5, rng.random(), float("nan")]) for _ in range(7 * 5)]

@@ -32,7 +32,7 @@ from cohort.config import ConfigError
 from cohort.config.loading import load_config
 from cohort.plan.validate import validate_config
 from cohort.distributed.fsdp import DistContext, LocalContext
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 
 # Dense and arbitrary, so every group has reward spread and every step a real gradient. (With an all-zero
 # gradient, one process takes no step while FSDP's 1e-7 rounding noise becomes a full lr-sized step under Adam.)

@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+from tests.builders import write_doubling
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 ray = pytest.importorskip("ray")
@@ -26,7 +27,7 @@ REWARD = "def sevens(prompts, completions, **kw):\n    return [c.count('7') / ma
 
 def _run(tmp_path, model_dir, out, *extra):
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(32)))
+    write_doubling(data, 32, answers=False)
     (tmp_path / "ray_rewards.py").write_text(REWARD)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
     env.pop(TOKEN := "COHORT_SERVER_TOKEN", None)  # the driver makes one for its actors

@@ -24,6 +24,7 @@ import pytest
 from cohort.config.loading import load_config
 from cohort.launch.ray_cluster import (AUTH_FAILURE, _actor_env, _connection_problem, actor_device_env, cluster_problems,
                                        local_ray_resources, trainer_device_envs)
+from tests.builders import write_doubling
 
 TOKEN = "cohort-test-token-0123456789abcdef"
 
@@ -154,7 +155,7 @@ def ray_head():
 
 def _train(tmp_path, tiny_model_dir, address, *extra, auth=True, timeout_s=120):
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(16)))
+    write_doubling(data, 16, answers=False)
     (tmp_path / "cluster_rewards.py").write_text("def sevens(prompts, completions, **kw):\n    return [c.count('7') / max(1, len(c)) for c in completions]\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 on both sides keeps Ray on 127.0.0.1 (else the driver swaps it for the routed address)

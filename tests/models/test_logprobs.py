@@ -161,7 +161,7 @@ def _head_grads(hidden, weight, targets, fn, dtype, autocast: bool) -> list[torc
     w = weight.detach().to(dtype).clone().requires_grad_()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         total = fn(h, w).sum()
-    total.backward()  # outside autocast, as the trainer runs it (cohort/trainer/loop.py)
+    total.backward()  # outside autocast, as the trainer runs it (cohort/trainer/trainer.py)
     return [h.grad.double(), w.grad.double()]
 
 

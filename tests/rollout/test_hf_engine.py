@@ -8,7 +8,7 @@ import torch
 from cohort.models.loading import load_policy
 from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import SamplingConfig
-from cohort.rollout.hf_engine import HFEngine
+from cohort.rollout.engines.hf import HFEngine
 from cohort.models.batching import pack_right_padded
 
 EOS = 256
@@ -78,7 +78,7 @@ def test_a_transformers_without_the_continuous_batching_api_falls_back_to_genera
     warns once and samples with plain generate, the trainer's log-probs read off it as ever."""
     import dataclasses
 
-    from cohort.rollout import hf_continuous
+    from cohort.rollout.engines import hf_continuous
 
     @dataclasses.dataclass
     class ConfigOf517:  # the fields cohort passes that 5.17 has

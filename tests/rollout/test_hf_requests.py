@@ -14,8 +14,8 @@ import torch
 from cohort.models.loading import load_policy
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import Request, SamplingConfig, Trajectory, generate_requests
-from cohort.rollout.hf_continuous import missing_api
-from cohort.rollout.hf_engine import HFEngine
+from cohort.rollout.engines.hf_continuous import missing_api
+from cohort.rollout.engines.hf import HFEngine
 
 # transformers 5.17 (the GPU lane's) lacks what streaming needs: its engine falls back to generate (test_hf_engine.py)
 pytestmark = pytest.mark.skipif(missing_api() is not None, reason=f"transformers lacks {missing_api()}")

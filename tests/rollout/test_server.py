@@ -18,10 +18,10 @@ import urllib.request
 import pytest
 import torch
 
-from cohort.rollout import remote_engine
+from cohort.rollout.engines import remote as remote_engine
 from cohort.rollout.base import BatchRequests, SamplingConfig, Trajectory
-from cohort.rollout.remote_engine import RemoteEngine, RemoteEngineError, split_evenly, weight_parts
-from cohort.rollout.server import RolloutService, WeightStager, serve_in_thread
+from cohort.rollout.engines.remote import RemoteEngine, RemoteEngineError, split_evenly, weight_parts
+from cohort.rollout.server.app import RolloutService, WeightStager, serve_in_thread
 
 TOKEN = "test-token-123"
 
@@ -300,7 +300,7 @@ def test_server_mode_config_problems_name_the_fix(monkeypatch):
 
 
 def test_split_cores_between_a_local_server_and_the_trainer():
-    from cohort.rollout.server import split_cores
+    from cohort.rollout.server.app import split_cores
 
     # no overlap, nothing asked: the two take turns, each keeps its default (every core)
     assert split_cores([0, 1], None, False) == (None, None)

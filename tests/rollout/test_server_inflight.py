@@ -21,10 +21,10 @@ import torch
 from cohort.config.loading import load_config
 from cohort.models.loading import load_policy, load_tokenizer
 from cohort.models.logprobs import sequence_logprobs
-from cohort.rollout import remote_engine
+from cohort.rollout.engines import remote as remote_engine
 from cohort.rollout.base import FINISHED, Request, SamplingConfig, Trajectory
-from cohort.rollout.remote_engine import LocalServerEngine, RemoteEngine, RemoteEngineError
-from cohort.rollout.server import RolloutService, serve_in_thread
+from cohort.rollout.engines.remote import LocalServerEngine, RemoteEngine, RemoteEngineError
+from cohort.rollout.server.app import RolloutService, serve_in_thread
 
 TOKEN = "inflight-token"
 STEP_S = 0.002  # one fake engine step

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from cohort.rollout.base import BatchRequests, Request, SamplingConfig, Trajectory
-from cohort.rollout.remote_engine import RemoteEngine, RemoteEngineError
-from cohort.rollout.server import RolloutService, request_from_json, request_to_json, serve_in_thread
+from cohort.rollout.engines.remote import RemoteEngine, RemoteEngineError
+from cohort.rollout.server.app import RolloutService, request_from_json, request_to_json, serve_in_thread
 
 TOKEN = "stream-token"
 STEP_S = 0.002  # one fake engine step

@@ -27,11 +27,12 @@ from cohort.config.loading import load_config
 from cohort.models.loading import load_policy, load_tokenizer
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import FINISHED, Request, SamplingConfig, Trajectory
-from cohort.rollout.remote_engine import RemoteEngine
-from cohort.rollout.server import LocalServer, RolloutService, serve_in_thread
+from cohort.rollout.engines.remote import RemoteEngine
+from cohort.rollout.server.app import LocalServer, RolloutService, serve_in_thread
 from cohort.trainer import checkpoint
 from cohort.trainer.failure import RunFailed
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
+from tests.builders import write_doubling
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -92,7 +93,7 @@ def test_cli_server_refuses_without_token_then_generates_with_pushed_weights(cli
 
 def _config(tmp_path, model_dir, urls, steps):
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(32)))
+    write_doubling(data, 32, answers=False)
     (tmp_path / "server_rewards.py").write_text(
         "def sevens(prompts, completions, **kw):\n    return [c.count('7') / max(1, len(c)) for c in completions]\n")
     return load_config(None, [
@@ -152,7 +153,7 @@ def test_canary_catches_corrupted_weights_and_stops_the_run(cli_server, thread_s
             trainer.train()
     finally:
         trainer.close()
-    assert trainer.step_count == 2  # versions 0 and 1 synced fine; the push after step 2 was caught
+    assert trainer.state.step == 2  # versions 0 and 1 synced fine; the push after step 2 was caught
     assert time.perf_counter() - start < 120
 
 
@@ -167,7 +168,7 @@ def test_a_server_that_dies_mid_run_saves_the_state_before_the_failed_step(vllm_
 
     def submit_to_a_dying_server(requests, *args, **kwargs):
         # the scheduler counts the generation batches it admits: the server dies as the third batch is submitted
-        if trainer.generation_index == 3 and not server.socket._closed:
+        if trainer.rollout.generation_index == 3 and not server.socket._closed:
             server.shutdown()
             server.server_close()
         return real_submit(requests, *args, **kwargs)

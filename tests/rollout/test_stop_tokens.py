@@ -18,8 +18,8 @@ import torch
 from cohort.models.char_tokenizer import EOS_TOKEN_ID, save_char_tokenizer
 from cohort.models.loading import ModelLoadError, chat_end_of_turn_id, load_policy, load_tokenizer, stop_token_ids
 from cohort.models.logprobs import sequence_logprobs
-from cohort.rollout.base import SamplingConfig, Trajectory, completion_text, finish_reason
-from cohort.rollout.hf_engine import HFEngine, until_stop
+from cohort.rollout.base import SamplingConfig, Trajectory, decode_completion, finish_reason
+from cohort.rollout.engines.hf import HFEngine, until_stop
 
 SECOND_STOP = 75  # "K"
 IM_END = 258
@@ -118,9 +118,9 @@ def test_until_stop_finish_reason_and_reward_text():
     assert finish_reason([], STOPS) == "length"
     tok = build_tokenizer_for_text()
     # "12K" where K (75) is the stop: rewards see "12"; a truncated "12K..." keeps its text; special tokens are skipped
-    assert completion_text(tok, Trajectory([49, 50, 75], [0.0] * 3, "stop")) == "12"
-    assert completion_text(tok, Trajectory([49, 50, 75], [0.0] * 3, "length")) == "12K"
-    assert completion_text(tok, Trajectory([49, IM_END, 50, 256], [0.0] * 4, "stop")) == "12"
+    assert decode_completion(tok, Trajectory([49, 50, 75], [0.0] * 3, "stop")) == "12"
+    assert decode_completion(tok, Trajectory([49, 50, 75], [0.0] * 3, "length")) == "12K"
+    assert decode_completion(tok, Trajectory([49, IM_END, 50, 256], [0.0] * 4, "stop")) == "12"
 
 
 def build_tokenizer_for_text():
@@ -152,7 +152,7 @@ def test_transformers_engine_stops_at_every_stop_id(two_stop_dir):
 @pytest.mark.vllm
 def test_vllm_stops_at_the_same_set_and_matches_transformers_greedy(two_stop_dir):
     pytest.importorskip("vllm")
-    from cohort.rollout.vllm_engine import VLLMEngine
+    from cohort.rollout.engines.vllm import VLLMEngine
 
     tok = load_tokenizer(two_stop_dir)
     policy = load_policy(two_stop_dir, "float32")

@@ -10,7 +10,7 @@ import torch
 from cohort.models.loading import load_policy, load_tokenizer
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import SamplingConfig
-from cohort.rollout.vllm_engine import RELOAD_LOGGER, expected_reload_warnings_dropped
+from cohort.rollout.engines.vllm import RELOAD_LOGGER, expected_reload_warnings_dropped
 
 pytestmark = pytest.mark.vllm
 
@@ -87,7 +87,7 @@ def test_an_engine_survives_another_engine_of_the_process_being_closed(vllm_engi
     # vLLM keeps its parallel groups in process globals and an engine's shutdown destroys them for the whole process:
     # before VLLMEngine._ensure_parallel_state, the surviving engine failed with "pipeline model parallel group is not
     # initialized" (a notebook that builds a second trainer, or this suite's own engines).
-    from cohort.rollout.vllm_engine import VLLMEngine
+    from cohort.rollout.engines.vllm import VLLMEngine
 
     vllm_engine.update_weights(load_policy(tiny_model_dir, "float32").named_parameters(), 0)
     before = vllm_engine.generate([[1, 2, 3]], SamplingConfig(4), [7])[0].token_ids

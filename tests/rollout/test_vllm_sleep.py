@@ -12,8 +12,8 @@ import torch
 
 from cohort.models.placement import engine_gpus
 from cohort.rollout.base import release_engine_memory
-from cohort.rollout.server import child_visible_devices
-from cohort.rollout.vllm_engine import VLLMEngine, llm_options
+from cohort.rollout.server.app import child_visible_devices
+from cohort.rollout.engines.vllm import VLLMEngine, llm_options
 
 
 class _Runner:

@@ -1,4 +1,4 @@
-"""A streamed push (cohort/rollout/remote_engine.py `stream_weight_parts`): the same parts and the same bytes as
+"""A streamed push (cohort/rollout/engines/remote.py `stream_weight_parts`): the same parts and the same bytes as
 grouping the whole set first, with only one part's tensors alive at a time; and LoRA's merged weights through it are
 bit-identical to the merged state dict."""
 
@@ -9,9 +9,9 @@ import weakref
 import pytest
 import torch
 
-from cohort.rollout import remote_engine
+from cohort.rollout.engines import remote as remote_engine
 from cohort.rollout.base import WeightStream
-from cohort.rollout.remote_engine import plan_weight_parts, serialize_part, stream_weight_parts
+from cohort.rollout.engines.remote import plan_weight_parts, serialize_part, stream_weight_parts
 
 
 def _made_on_the_fly(alive: list, tied: torch.Tensor):

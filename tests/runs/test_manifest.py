@@ -168,7 +168,7 @@ def test_an_intact_checkpoint_that_does_not_load_is_not_skipped(tmp_path):
 
 def test_a_failure_before_the_first_step_names_the_checkpoints_already_saved(tmp_path):
     latest = fake_checkpoint(tmp_path, 3)
-    trainer = types.SimpleNamespace(run_dir=tmp_path, step_count=0)
+    trainer = types.SimpleNamespace(run_dir=tmp_path, state=types.SimpleNamespace(step=0))
     assert failure._save_last_good_state(trainer, "complete") == (
         f"Nothing new saved (no step completed in this process); the checkpoints already saved are unchanged, the newest "
         f"is {latest}. Fix the cause, then resume with: cohort train --resume {tmp_path}"

@@ -98,7 +98,7 @@ def test_compare_overlays_runs(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def real_run(tiny_model_dir, tmp_path_factory):
     from cohort.config.loading import load_config
-    from cohort.trainer.loop import Trainer
+    from cohort.trainer.trainer import Trainer
 
     root = tmp_path_factory.mktemp("report-run")
     data = root / "train.jsonl"

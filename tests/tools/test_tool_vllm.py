@@ -31,7 +31,7 @@ def every_turn_calls_count(text: str) -> ParsedTurn:
 @pytest.mark.vllm
 def test_tool_turns_round_trip_through_vllm(quick_stop_chat_model):
     pytest.importorskip("vllm")
-    from cohort.rollout.vllm_engine import VLLMEngine
+    from cohort.rollout.engines.vllm import VLLMEngine
 
     tok = load_tokenizer(quick_stop_chat_model)
     inner = VLLMEngine(quick_stop_chat_model, dtype="float32", max_model_len=256, seed=0)

@@ -15,7 +15,6 @@ Three kinds of test:
 
 from __future__ import annotations
 
-import json
 import math
 import textwrap
 import typing
@@ -29,6 +28,7 @@ from cohort.algorithms.specs import ALGORITHMS, LOSS_TYPES, AdvantageInputs
 from cohort.config import AlgorithmConfig
 from cohort.config.loading import load_config
 from cohort.trainer.algorithms import resolve
+from tests.builders import write_doubling
 
 
 def t32(values):
@@ -238,12 +238,12 @@ def toy(tmp_path, monkeypatch):
     (tmp_path / "algo_rewards.py").write_text(SEVENS)
     monkeypatch.syspath_prepend(str(tmp_path))
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(32)))
+    write_doubling(data, 32)
     return tmp_path, data
 
 
 def _trainer(toy, model_dir, name, *extra, steps=30, engine=None):
-    from cohort.trainer.loop import Trainer
+    from cohort.trainer.trainer import Trainer
 
     tmp_path, data = toy
     cfg = load_config(None, [
@@ -269,13 +269,13 @@ def test_switching_algorithm_changes_nothing_else_in_the_loop(toy, tiny_model_di
             policy_storage = {p.data_ptr() for p in trainer.policy.parameters()}
             assert not policy_storage & {p.data_ptr() for p in trainer.critic.model.parameters()}  # its own copy
         first = trainer.step()
-        batch = trainer.batch
+        batch = trainer.state.batch
         # old log-probs only when the KL is measured at generation time (on-policy otherwise)
         assert (batch.old_logp is not None) == bool(extra)
         assert (batch.values is not None) == (name == "ppo") and ("timing/critic_s" in first) == (name == "ppo")
         trainer.step()
         seen[(name, extra)] = (batch.row_indices, batch.prompt_ids, batch.completion_ids, batch.rewards.tolist(),
-                               first["reward"], trainer.batch.row_indices)
+                               first["reward"], trainer.state.batch.row_indices)
         trainer.close()
     reference = seen[("grpo", ())]
     for key, value in seen.items():
@@ -337,7 +337,7 @@ def test_critic_and_kl_controller_are_checkpointed(toy, tiny_model_dir):
     fresh.critic.load_state_dict(state)
     for a, b in zip(trainer.critic.model.parameters(), fresh.critic.model.parameters()):
         assert torch.equal(a, b)
-    assert fresh.critic.scheduler.last_epoch == trainer.critic.scheduler.last_epoch == 1
+    assert fresh.critic.lr_schedule.last_epoch == trainer.critic.lr_schedule.last_epoch == 1
     trainer.close()
     fresh.close()
 
@@ -381,8 +381,8 @@ def test_entropy_bonus_and_top_entropy_reach_the_loss(toy, tiny_model_dir):
     g = torch.Generator().manual_seed(0)  # the random model scores ~0 everywhere: give every completion an advantage
     batch.advantages = torch.randn(len(batch), 1, generator=g) * trainer.advantage_mask(batch)
     indices = list(range(len(batch)))
-    micro = trainer._micro_batches(batch, indices)
-    packed = [trainer._pack(batch, mb) for mb in micro]
+    micro = trainer.micro_batches(batch, indices)
+    packed = [trainer.pack(batch, mb) for mb in micro]
     num_items = sum(aggregation_count(mask, "token_mean") for _, mask in packed)
     sums = defaultdict(float)
     trainer.optimizer.zero_grad(set_to_none=True)

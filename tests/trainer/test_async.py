@@ -19,9 +19,10 @@ from cohort.rollout.base import Trajectory
 from cohort.rollout.stream import FinishedGroup
 from cohort.trainer import checkpoint
 from cohort.rollout.scheduler import Origin
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.plan.validate import validate_config
+from tests.builders import tiny_run, write_doubling
 
 pytest.importorskip("vllm")
 QUIET = dict(log=lambda *a, **k: None)
@@ -34,18 +35,15 @@ def data_file(tmp_path, monkeypatch):
         "    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     path = tmp_path / "train.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(12)))
+    write_doubling(path, 12, answers=False)
     return path
 
 
 def _config(tmp_path, data_file, model_dir, *extra, name="run"):
-    return load_config(None, [
-        f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16",
-        "rollout.num_generations=4", "rollout.max_completion_length=24", "engine.kv_cache_gib=0.25",
+    return load_config(None, tiny_run(
+        model_dir, data_file, tmp_path / name, "rollout.max_completion_length=24", "engine.kv_cache_gib=0.25",
         "train.prompts_per_step=2", "train.micro_batch_size=8", "train.max_steps=5", "train.learning_rate=3e-3",
-        "train.max_grad_norm=0", "rewards=[{name: 'async_rewards:digit_share'}]", f"run.output_dir={tmp_path / name}",
-        "run.progress=false", "run.loggers=[jsonl]", *extra,
-    ])
+        "train.max_grad_norm=0", "rewards=[{name: 'async_rewards:digit_share'}]", *extra))
 
 
 def _run(cfg, steps):
@@ -54,7 +52,7 @@ def _run(cfg, steps):
     try:
         for _ in range(steps):
             metrics.append(trainer.step())
-            batches.append(trainer.batch)
+            batches.append(trainer.state.batch)
         weights = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
     finally:
         trainer.close()
@@ -97,7 +95,7 @@ def test_too_stale_groups_are_masked_or_dropped(tmp_path, data_file, tiny_model_
                                   f"pipeline.stale_tokens={mode}", name=mode), **QUIET)
         rollout = trainer.rollout
         try:
-            trainer.policy_version = 3
+            trainer.state.policy_version = 3
             members = [Trajectory([5, 6, 7], [-1.0] * 3, "stop", 0, versions=[0, 0, 3]) for _ in range(4)]
             fresh = [Trajectory([5, 6], [-1.0] * 2, "stop", 3, versions=[3, 3]) for _ in range(4)]
             stale, ok = FinishedGroup(100, [0] * 4, members), FinishedGroup(101, [1] * 4, fresh)
@@ -106,7 +104,7 @@ def test_too_stale_groups_are_masked_or_dropped(tmp_path, data_file, tiny_model_
                 assert rollout.screen(stale, 3) and rollout.screen(ok, 3) and rollout.stale_masked == 8
                 batch = RolloutBatch([0], [[1, 2]], [[5, 6, 7]], [[-1.0] * 3], [False], ["x"], np.zeros(1), np.zeros((1, 0)),
                                      torch.zeros(1, 3), versions=[[0, 0, 3]], taken_version=3)
-                assert torch.equal(trainer._pack(batch, [0])[1], torch.tensor([[0.0, 0.0, 1.0]]))
+                assert torch.equal(trainer.pack(batch, [0])[1], torch.tensor([[0.0, 0.0, 1.0]]))
             else:
                 assert not rollout.screen(stale, 3) and rollout.screen(ok, 3) and rollout.stale_dropped == 1
                 # the replacement is in flight in place of group 100 (101 stays admitted until a batch takes it)
@@ -123,7 +121,7 @@ def test_admitted_groups_survive_a_checkpoint_no_prompt_lost_or_repeated(tmp_pat
     try:
         for _ in range(2):
             trainer.step()
-            trained.update(trainer.batch.row_indices)
+            trained.update(trainer.state.batch.row_indices)
         path = checkpoint.save_checkpoint(trainer)
         saved = trainer.rollout.state_dict()["admitted"]
     finally:
@@ -134,9 +132,9 @@ def test_admitted_groups_survive_a_checkpoint_no_prompt_lost_or_repeated(tmp_pat
         checkpoint.load_checkpoint(resumed, path)
         for _ in range(2):
             resumed.step()
-            trained.update(resumed.batch.row_indices)
+            trained.update(resumed.state.batch.row_indices)
         left = Counter(i for a in resumed.rollout.state_dict()["admitted"] for i in a["rows"])
-        drawn = resumed.generation_index
+        drawn = resumed.rollout.generation_index
     finally:
         resumed.close()
     fresh = Trainer(cfg, **QUIET)  # the sampler's rows for generation batches 0 .. drawn-1, in order
@@ -185,14 +183,14 @@ def test_an_eval_while_groups_are_in_flight_loses_none_of_them(tmp_path, data_fi
     trained = Counter()
     try:
         trainer.step()
-        trained.update(trainer.batch.row_indices)
+        trained.update(trainer.state.batch.row_indices)
         trainer.rollout.admit(1)  # batch 3 may start now (as the next step would admit it)
         assert trainer.rollout.stream.pending > 0  # groups in flight during the eval
         outs = trainer.rollout.generate([trainer.train_ids[0], trainer.train_ids[1]], SamplingConfig(8, 0.0), [1, 2])
         assert len(outs) == 2 and all(o.finished and o.token_ids for o in outs)
         for _ in range(3):
             trainer.step()
-            trained.update(trainer.batch.row_indices)
+            trained.update(trainer.state.batch.row_indices)
         assert not trainer.rollout.origins  # every admitted group was trained
     finally:
         trainer.close()
@@ -208,7 +206,7 @@ def test_a_local_server_engine_gets_its_own_cores_under_asynchronous_training(tm
     # Generation and the update run at once (as with pipeline.max_staleness=1): on this machine's N cores the engine takes the
     # last N // 2 (at least one) and the trainer's threads default to the rest; synchronous runs share them all.
     import os
-    from cohort.rollout.remote_engine import engine_cores
+    from cohort.rollout.engines.remote import engine_cores
     cores = sorted(os.sched_getaffinity(0))
     k = max(1, len(cores) // 2)
     cfg = _config(tmp_path, data_file, tiny_model_dir, "pipeline.max_staleness=1", "engine.mode=local_server")
@@ -240,24 +238,23 @@ def test_dynamic_sampling_and_partial_rollouts_combine_with_a_staleness_bound(tm
                 assert all(batch.row_indices[i] % 2 == 0 for i in range(len(batch)))  # only vary rows trained
 
 
-def test_a_calibrated_sync_check_leaves_the_engine_lock_alone(monkeypatch):
+def test_a_calibrated_sync_check_leaves_the_engine_lock_alone():
     """Once the canaries' noise floor is measured, collecting a batch takes no engine lock: under k >= 1 each take
     waited for the driver's poll in progress (0.12 s a step on the arith demo, bench/async_step.py)."""
     from types import MethodType, SimpleNamespace
-
-    from cohort.trainer import loop
 
     def no_lock():
         raise AssertionError("the engine lock was taken with nothing to calibrate")
 
     collected = SimpleNamespace(sampled_version=2, prompts=[[1]], outs=[])
-    monkeypatch.setattr(loop, "collect_batch", lambda ctx: collected)
     trainer = SimpleNamespace(
-        sync_weights=lambda: None, optimizer=SimpleNamespace(zero_grad=lambda set_to_none: None), rollout=None,
+        sync_weights=lambda: None, optimizer=SimpleNamespace(zero_grad=lambda set_to_none: None),
+        rollout=SimpleNamespace(collect=lambda request: collected),
         rewards=None, tokenizer=None, train_data=None, train_ids=None, plan=SimpleNamespace(num_generations=2),
-        phases=None, policy_version=3, stream_update=False, _train_groups=None, engine_shares_policy=False,
+        phases=None, state=SimpleNamespace(policy_version=3), stream_update=False, train_groups=None,
+        engine_shares_policy=False,
         sync_check=SimpleNamespace(floor=(1e-6, 2e-6), canaries=[([1], [2])], fixed_tolerance=None),
-        _engine_lock=no_lock, _finish_batch=lambda c, version: ("batch", version))
+        _engine_lock=no_lock, _finish_batch=lambda c, version, streamed: ("batch", version))
     trainer._calibrate_sync_check = MethodType(Trainer._calibrate_sync_check, trainer)
     assert Trainer.generate_batch(trainer) == ("batch", 2)
     trainer.sync_check.floor, trainer.sync_check.fixed_tolerance = None, 0.01  # a fixed tolerance: nothing to measure

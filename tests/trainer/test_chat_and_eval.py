@@ -9,7 +9,7 @@ import pytest
 
 from cohort import cli
 from cohort.config.loading import load_config
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 
 MODULE = textwrap.dedent('''
     SEEN = []

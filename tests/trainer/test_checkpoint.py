@@ -32,7 +32,8 @@ from safetensors.torch import load_file
 
 from cohort.config.loading import load_config
 from cohort.trainer import checkpoint
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
+from tests.builders import tiny_run, write_doubling
 
 REWARD_MODULE = textwrap.dedent('''
     import os, pathlib, time
@@ -54,19 +55,16 @@ def user_setup(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "ckpt_test_rewards", raising=False)  # a fresh call counter per test
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(12)))
+    write_doubling(data, 12)
     return tmp_path, data
 
 
 def overrides(model_dir, data, run_dir, engine, *extra):
     """6 steps; a generation batch serves 2 steps (so step 3 is inside one); 2 micro-batches per step."""
-    return [
-        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", f"engine.name={engine}",
-        "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=2", "train.steps_per_generation=2",
-        "train.micro_batch_size=4", "train.max_steps=6", "train.learning_rate=3e-3", "train.num_threads=1",
-        "rewards=[{name: 'ckpt_test_rewards:sevens'}]", f"run.output_dir={run_dir}", "run.progress=false", "run.loggers=[jsonl]",
-        "run.log_completions_every=1", "run.num_completions_to_log=16", *extra,
-    ]
+    return tiny_run(model_dir, data, run_dir, f"engine.name={engine}", "rollout.max_completion_length=6",
+                    "train.prompts_per_step=2", "train.steps_per_generation=2", "train.micro_batch_size=4", "train.max_steps=6",
+                    "train.learning_rate=3e-3", "train.num_threads=1", "rewards=[{name: 'ckpt_test_rewards:sevens'}]",
+                    "run.log_completions_every=1", "run.num_completions_to_log=16", *extra)
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -152,7 +150,7 @@ def test_a_new_stateful_part_is_saved_and_restored_once_listed(user_setup, tiny_
     other = Trainer(load_config(None, overrides(tiny_model_dir, data, tmp_path / "a", "hf")))
     other.my_controller = Counter()
     meta = checkpoint.load_checkpoint(other, path)
-    assert other.my_controller.value == 41 and meta["step"] == other.step_count == 1
+    assert other.my_controller.value == 41 and meta["step"] == other.state.step == 1
     assert other.sampler.state_dict() == trainer.sampler.state_dict()
     for (name, p), q in zip(trainer.policy.named_parameters(), other.policy.parameters()):
         assert torch.equal(p, q), name
@@ -232,7 +230,7 @@ KILL_DURING_SAVE = textwrap.dedent('''
     import os, signal, sys
     from cohort.config.loading import load_config
     from cohort.trainer import checkpoint
-    from cohort.trainer.loop import Trainer
+    from cohort.trainer.trainer import Trainer
 
     if __name__ == "__main__":
         trainer = Trainer(load_config(None, sys.argv[1:]))
@@ -297,7 +295,7 @@ def test_kill_during_save_leaves_the_previous_checkpoint_loadable(user_setup, ti
     assert checkpoint.latest_checkpoint(run_dir).name == "step-000001"
     trainer = Trainer(load_config(None, overrides(tiny_model_dir, data, run_dir, "hf")))
     meta = checkpoint.load_checkpoint(trainer, checkpoint.latest_checkpoint(run_dir))
-    assert meta["step"] == trainer.step_count == 1 and trainer.policy_version == 1
+    assert meta["step"] == trainer.state.step == 1 and trainer.state.policy_version == 1
     trainer.step()  # and it trains on
     checkpoint.save_checkpoint(trainer)
     assert [p.name for p in root.iterdir() if p.name.startswith(".tmp")] == []  # the torn write was swept

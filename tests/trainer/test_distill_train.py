@@ -23,9 +23,10 @@ import torch
 
 from cohort.config.loading import load_config
 from cohort.rollout.base import Trajectory
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.trainer.scoring import distill_micro_batch
+from tests.builders import tiny_run, write_doubling
 
 REWARD_MODULE = "def sevens(completions, **kwargs):\n    return [c.count('7') / max(1, len(c)) for c in completions]\n"
 
@@ -37,7 +38,7 @@ def sevens_setup(tmp_path_factory, tiny_model_dir):
     (root / "distill_sevens.py").write_text(REWARD_MODULE)
     sys.path.insert(0, str(root))
     data = root / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(32)))
+    write_doubling(data, 32, answers=False)
     trainer = Trainer(_config(root / "teacher", data, tiny_model_dir, "train.max_steps=30"), log=lambda *a, **k: None)
     try:
         trainer.train()
@@ -48,11 +49,10 @@ def sevens_setup(tmp_path_factory, tiny_model_dir):
 
 
 def _config(run_dir, data, model_dir, *extra):
-    return load_config(None, [
-        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "engine.name=hf",
-        "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=4",
+    return load_config(None, tiny_run(
+        model_dir, data, run_dir, "engine.name=hf", "rollout.max_completion_length=6", "train.prompts_per_step=4",
         "train.micro_batch_size=16", "train.learning_rate=3e-3", "rewards=[{name: 'distill_sevens:sevens'}]",
-        f"run.output_dir={run_dir}", "run.progress=false", "run.loggers=[jsonl]", "run.diagnostics=false", *extra])
+        "run.diagnostics=false", *extra))
 
 
 def _distill(run_dir, data, student, teacher, *extra, engine=None, steps: int = 25) -> list[dict]:

@@ -20,7 +20,8 @@ import torch
 from cohort import cli
 from cohort.config.loading import load_config
 from cohort.trainer import checkpoint, failure
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
+from tests.builders import write_doubling
 
 REWARD_MODULE = textwrap.dedent('''
     import os
@@ -46,7 +47,7 @@ def user_setup(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "fail_test_rewards", raising=False)  # a fresh call counter per test
     monkeypatch.delenv("COHORT_TEST_FAIL_AT_CALL", raising=False)
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(12)))
+    write_doubling(data, 12)
     return tmp_path, data
 
 
@@ -133,7 +134,7 @@ def test_failure_after_the_optimizer_step_saves_nothing_half_updated(user_setup,
     trainer = small_trainer(tiny_model_dir, data, tmp_path / "half", "run.save_every=1")
 
     def fail_in_step_2(optimizer, args, kwargs):
-        if trainer.policy_version == 1:
+        if trainer.state.policy_version == 1:
             raise RuntimeError("optimizer hook broke")
 
     trainer.optimizer.register_step_post_hook(fail_in_step_2)
@@ -156,7 +157,7 @@ def test_failed_weight_push_after_a_complete_step_saves_that_step(user_setup, ti
     real_sync = trainer.sync_weights
 
     def failing_sync():  # after step 2 is recorded (step_count 2), before step 3 generates
-        if trainer.step_count == 2:
+        if trainer.state.step == 2:
             raise ConnectionError("rollout server went away")
         real_sync()
 

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 
@@ -21,7 +20,8 @@ import torch
 
 from cohort.config.loading import load_config
 from cohort.models.batching import length_sorted_micro_batches
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
+from tests.builders import write_doubling
 
 
 def test_token_budget_micro_batches_by_hand():
@@ -46,7 +46,7 @@ def data_file(tmp_path, monkeypatch):
         "    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     path = tmp_path / "train.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(16)))
+    write_doubling(path, 16)
     return path
 
 
@@ -77,7 +77,7 @@ def test_token_budget_update_equals_one_micro_batch(tmp_path, data_file, tiny_mo
     assert float(batch.advantages.abs().sum()) > 0
     whole = _gradients_of_update(trainer, batch, indices)
     trainer.cfg.train.max_tokens_per_microbatch = 40
-    micro = trainer._micro_batches(batch, indices)
+    micro = trainer.micro_batches(batch, indices)
     assert len(micro) > 2
     assert all(len(mb) * max(len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in mb) <= 40 or len(mb) == 1
                for mb in micro)
@@ -97,7 +97,7 @@ class PassCounter:
         self.update_forwards = 0
         self.micro_batches = 0
         self._in_update = False
-        original_score, original_update, original_micro = trainer._score, trainer.update, trainer._micro_batches
+        original_score, original_update, original_micro = trainer._score, trainer.update, trainer.micro_batches
 
         def score(batch, scorers):
             for model, _ in scorers.values():
@@ -121,7 +121,7 @@ class PassCounter:
             if self._in_update:
                 self.update_forwards += 1
 
-        trainer._score, trainer.update, trainer._micro_batches = score, update, micro_batches
+        trainer._score, trainer.update, trainer.micro_batches = score, update, micro_batches
         body = getattr(trainer.policy, trainer.policy.base_model_prefix)
         body.register_forward_pre_hook(count_forward, with_kwargs=True)
 
@@ -148,7 +148,7 @@ def test_reference_and_old_logprobs_once_per_generation_batch(tmp_path, data_fil
     counter = PassCounter(trainer)
     for _ in range(4):
         trainer.step()
-    assert trainer.generation_index == 2
+    assert trainer.rollout.generation_index == 2
     assert counter.score_calls == {"policy": 2, "reference": 2}
     assert counter.update_forwards == counter.micro_batches == 4 * 2  # 16 completions per step / 8 per micro-batch
     trainer.close()
@@ -211,7 +211,7 @@ def _steps_with_versions(trainer, steps: int) -> tuple[list[dict], list[tuple[in
     original_update = trainer.update
 
     def update(batch, indices):
-        seen.append((batch.policy_version, trainer.policy_version))
+        seen.append((batch.policy_version, trainer.state.policy_version))
         return original_update(batch, indices)
 
     trainer.update = update
@@ -246,7 +246,7 @@ def test_local_server_overlap_runs_engine_and_trainer_on_separate_cores_and_lear
     # batch generated there while this one trains. Same workload and bar as the in-process overlap test above.
     import os
 
-    from cohort.rollout.server import split_cores
+    from cohort.rollout.server.app import split_cores
 
     cfg = load_config(None, [
         f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "engine.name=vllm",

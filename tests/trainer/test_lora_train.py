@@ -20,9 +20,10 @@ pytest.importorskip("peft")
 from cohort.config.loading import load_config  # noqa: E402
 from cohort.models.lora import LoraPolicy  # noqa: E402
 from cohort.trainer import checkpoint  # noqa: E402
-from cohort.trainer.loop import Trainer  # noqa: E402
+from cohort.trainer.trainer import Trainer  # noqa: E402
 from cohort.trainer.lora_sync import adapter_effect  # noqa: E402
 from cohort.trainer.sync_check import SyncCheckError  # noqa: E402
+from tests.builders import tiny_run, write_doubling
 
 REWARD_MODULE = textwrap.dedent('''
     def sevens(prompts, completions, **kwargs):
@@ -36,18 +37,14 @@ def user_setup(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "lora_test_rewards", raising=False)
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(32)))
+    write_doubling(data, 32)
     return tmp_path, data
 
 
 def _overrides(model_dir, data, run_dir, engine, *extra):
-    return [
-        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", f"engine.name={engine}",
-        "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=4", "train.micro_batch_size=8",
-        "train.max_steps=30", "train.learning_rate=2e-2", "lora.rank=8", "algorithm.beta=0.01",
-        "rewards=[{name: 'lora_test_rewards:sevens'}]", f"run.output_dir={run_dir}", "run.progress=false",
-        "run.loggers=[jsonl]", *extra,
-    ]
+    return tiny_run(model_dir, data, run_dir, f"engine.name={engine}", "rollout.max_completion_length=6",
+                    "train.prompts_per_step=4", "train.micro_batch_size=8", "train.max_steps=30", "train.learning_rate=2e-2",
+                    "lora.rank=8", "algorithm.beta=0.01", "rewards=[{name: 'lora_test_rewards:sevens'}]", *extra)
 
 
 def _base_tensors(model) -> dict[str, torch.Tensor]:

@@ -8,7 +8,6 @@ so which groups finish first — and what is cut off where — is known by hand.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from types import SimpleNamespace
@@ -22,8 +21,9 @@ from cohort.models.batching import pack_right_padded
 from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import Trajectory, continuation_seed
 from cohort.trainer import checkpoint
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.plan.validate import validate_config
+from tests.builders import tiny_run, write_doubling
 
 QUIET = dict(log=lambda *a, **k: None)
 
@@ -39,18 +39,15 @@ def data_file(tmp_path, monkeypatch):
         "    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     path = tmp_path / "train.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(10)))
+    write_doubling(path, 10, answers=False)
     return path
 
 
 def _config(tmp_path, data_file, model_dir, *extra, name="run"):
-    return load_config(None, [
-        f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "engine.name=hf",
-        "rollout.num_generations=4", "rollout.max_completion_length=40", "train.prompts_per_step=2", "train.micro_batch_size=8",
-        "train.max_steps=4", "data.shuffle=false", "pipeline.over_provision=2", "pipeline.max_aborts=2",
-        "rewards=[{name: 'partial_rewards:by_slot'}]", f"run.output_dir={tmp_path / name}", "run.progress=false",
-        "run.loggers=[jsonl]", *extra,
-    ])
+    return load_config(None, tiny_run(
+        model_dir, data_file, tmp_path / name, "engine.name=hf", "rollout.max_completion_length=40", "train.prompts_per_step=2",
+        "train.micro_batch_size=8", "train.max_steps=4", "data.shuffle=false", "pipeline.over_provision=2",
+        "pipeline.max_aborts=2", "rewards=[{name: 'partial_rewards:by_slot'}]", *extra))
 
 
 class Scripted:
@@ -114,7 +111,7 @@ def test_buffer_keeps_whole_groups_fifo_resumes_from_tokens_and_caps_aborts(tmp_
         # Step 1: B = 2, over_provision 2 → 4 groups (rows 0, 1 from the batch, 2, 3 extra). After 4 polls rows 0
         # and 2 are done (3 and 4 tokens): the batch. Rows 1 and 3 are cut off holding 4 tokens each (one per poll).
         m1 = trainer.step()
-        assert trainer.batch.row_indices == [0] * 4 + [2] * 4
+        assert trainer.state.batch.row_indices == [0] * 4 + [2] * 4
         assert m1["partial/aborted"] == 8 and m1["partial/buffered_groups"] == 2 and m1["partial/ratio"] == 0
         buffered = list(trainer.rollout.buffer.groups)
         assert [g.rows[0] for g in buffered] == [1, 3] and all(g.aborts == [1] * 4 for g in buffered)
@@ -129,18 +126,18 @@ def test_buffer_keeps_whole_groups_fifo_resumes_from_tokens_and_caps_aborts(tmp_
         assert len(resumed) == 8 and all(r.resume.token_ids == [5, 6, 7, 8] for r in resumed)
         seeds = {r.request_id.rsplit("/", 1)[1]: r.seed for r in resumed[:4]}
         assert seeds["0"] == continuation_seed(buffered[0].seeds[0], 1) != buffered[0].seeds[0]
-        assert trainer.batch.row_indices == [4] * 4 + [5] * 4
+        assert trainer.state.batch.row_indices == [4] * 4 + [5] * 4
         assert m2["partial/resumed"] == 8 and m2["partial/aborted"] == 8 and m2["partial/pinned"] == 0
         assert [g.aborts for g in trainer.rollout.buffer.groups] == [[2] * 4, [2] * 4]
         assert all(len(m.token_ids) == 10 and m.versions == [0] * 4 + [1] * 6 for g in trainer.rollout.buffer.groups for m in g.members)
         # Step 3: rows 1, 3 pinned (first in line), rows 6, 7 new. Rows 6, 7 finish first (2, 3 tokens) but the step
         # waits for the pinned groups (2 and 4 more tokens) and they are the batch; 6 and 7 are buffered complete.
         m3 = trainer.step()
-        assert trainer.batch.row_indices == [1] * 4 + [3] * 4
+        assert trainer.state.batch.row_indices == [1] * 4 + [3] * 4
         assert m3["partial/pinned"] == 2 and m3["partial/aborted"] == 0 and m3["partial/ratio"] == 1.0
-        assert [len(c) for c in trainer.batch.completion_ids] == [12] * 4 + [14] * 4
+        assert [len(c) for c in trainer.state.batch.completion_ids] == [12] * 4 + [14] * 4
         # tokens 0-3 sampled at version 0, 4-9 at version 1, the rest at 2 = the trainer's version now
-        assert trainer.batch.versions[0] == [0] * 4 + [1] * 6 + [2] * 2 and trainer.batch.taken_version == 2
+        assert trainer.state.batch.versions[0] == [0] * 4 + [1] * 6 + [2] * 2 and trainer.state.batch.taken_version == 2
         # staleness over the 8 × (12 or 14) trained tokens: rows 1: 4×2 + 6×1 per member; row 3: same + 4 fresh
         assert m3["staleness/max"] == 2 and m3["staleness/mean"] == pytest.approx(4 * (8 + 6) * 2 / (4 * 26))
         assert m3["staleness/off_policy_frac"] == pytest.approx(4 * 10 * 2 / (4 * 26))
@@ -149,7 +146,7 @@ def test_buffer_keeps_whole_groups_fifo_resumes_from_tokens_and_caps_aborts(tmp_
         # Step 4: the complete rows 6, 7 are taken at once; the new rows 8, 9 are cut before sampling anything, so
         # they are buffered with no tokens and no abort counted.
         m4 = trainer.step()
-        assert trainer.batch.row_indices == [6] * 4 + [7] * 4
+        assert trainer.state.batch.row_indices == [6] * 4 + [7] * 4
         assert m4["partial/aborted"] == 0 and [g.aborts for g in trainer.rollout.buffer.groups] == [[0] * 4] * 2
     finally:
         trainer.close()
@@ -167,7 +164,7 @@ def test_the_buffer_survives_a_checkpoint_and_resume_loses_and_repeats_no_prompt
                 checkpoint.load_checkpoint(trainer, resume)
             for _ in range(steps):
                 trainer.step()
-                rows.append(trainer.batch.row_indices[::4])
+                rows.append(trainer.state.batch.row_indices[::4])
             checkpoint.save_checkpoint(trainer)
             return rows, trainer.run_dir
         finally:
@@ -200,8 +197,8 @@ def test_off_policy_objectives_by_hand(tmp_path, data_file, tiny_model_dir, obje
         engine = (logp[0] - torch.tensor([math.log(3.0), math.log(1.5), 0.0, 0.0])).tolist()
         batch = RolloutBatch([0], [[1, 2]], [[5, 6, 7, 8]], [engine], [False], ["x"], np.zeros(1), np.zeros((1, 0)),
                              torch.zeros(1, 4), versions=[[0, 0, 1, 1]], taken_version=1, policy_version=0)
-        trainer.policy_version = 1
-        mask = trainer._pack(batch, [0])[1]
+        trainer.state.policy_version = 1
+        mask = trainer.pack(batch, [0])[1]
         sums = __import__("collections").defaultdict(float)
         old, weights = trainer._off_policy(batch, [0], logp, logp.detach(), mask, sums)
         if objective == "decoupled":
@@ -235,10 +232,10 @@ def test_vllm_partial_rollouts_resume_with_log_probs_of_the_policy_that_sampled_
     copies, resumed_tokens, aborted = {}, 0, 0
     try:
         for _ in range(4):
-            copies[trainer.policy_version] = copy.deepcopy(trainer.policy).eval()
+            copies[trainer.state.policy_version] = copy.deepcopy(trainer.policy).eval()
             m = trainer.step()
             aborted += m["partial/aborted"]
-            batch = trainer.batch
+            batch = trainer.state.batch
             for i, (prompt, ids) in enumerate(zip(batch.prompt_ids, batch.completion_ids)):
                 versions = batch.versions[i]
                 for v in set(versions):
@@ -264,7 +261,7 @@ def test_with_dynamic_sampling_the_batch_is_the_first_b_groups_kept(tmp_path, da
     trainer.engine = Scripted({tuple(trainer.train_ids[r]): n for r, n in lengths.items()}, trainer.engine.stop_token_ids[0])
     try:
         m = trainer.step()
-        assert trainer.batch.row_indices == [0] * 4 + [2] * 4
+        assert trainer.state.batch.row_indices == [0] * 4 + [2] * 4
         assert m["dynamic_sampling/groups_dropped"] == 1 and m["dynamic_sampling/groups_generated"] == 3
         assert [g.rows[0] for g in trainer.rollout.buffer.groups] == [3] and m["partial/aborted"] == 4
     finally:

@@ -7,13 +7,12 @@ import json
 
 from cohort.config.loading import load_config
 from cohort.trainer import checkpoint
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.trainer.parts import PART_NAMES, TrainerParts
 
 # what Trainer.__init__ declares besides the parts (a new attribute must be declared there and added here)
-OWN_STATE = {"cfg", "plan", "log", "phases", "step_count", "policy_version", "synced_version", "batch",
-             "step_indices", "sync_check", "sync_metrics", "last_canary_gap", "sync_bytes_sent", "parts", "rollout",
-             "stream_update"}
+OWN_STATE = {"cfg", "plan", "log", "phases", "state", "sync_check", "sync_metrics", "last_canary_gap", "sync_bytes_sent",
+             "parts", "rollout", "stream_update"}
 
 
 def test_every_part_is_a_declared_field_and_assigning_one_replaces_it(tmp_path, tiny_model_dir):
@@ -34,8 +33,8 @@ def test_every_part_is_a_declared_field_and_assigning_one_replaces_it(tmp_path, 
         assert trainer.parts.engine is wrapped and "engine" not in vars(trainer)
         trainer.engine = engine
         # checkpoints save the stateful parts under the names old checkpoints use
-        assert sorted(checkpoint.stateful_parts(trainer)) == ["kl_controller", "optimizer", "rollout", "sampler", "scheduler",
-                                                              "sync_check"]
+        assert sorted(checkpoint.stateful_parts(trainer)) == ["kl_controller", "lr_schedule", "optimizer", "rollout",
+                                                              "sampler", "sync_check"]
         assert PART_NAMES == {f.name for f in dataclasses.fields(TrainerParts)}
     finally:
         trainer.close()

@@ -17,8 +17,9 @@ from cohort.config import ConfigError
 from cohort.config.loading import load_config
 from cohort.models.precision import resolve_precision
 from cohort.plan.memory import memory_estimate, model_facts
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.plan.validate import validate_config
+from tests.builders import write_doubling
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def setup_dir(tmp_path, monkeypatch):
         "def score(prompts, completions, **kw):\n    return [c.count('7') / max(1, len(c)) + 0.1 * len(c) for c in completions]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(32)))
+    write_doubling(data, 32, answers=False)
     return tmp_path, data
 
 

@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from cohort.config.loading import load_config
-from cohort.rollout.vllm_engine import VLLMEngine
-from cohort.trainer.loop import Trainer
+from cohort.rollout.engines.vllm import VLLMEngine
+from cohort.trainer.trainer import Trainer
 from cohort.trainer.sync_check import FLOOR_MULTIPLE, MIN_GAP_NATS
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -54,14 +54,14 @@ def reference(engine, tmp_path_factory):
 
 def test_completions_stop_at_im_end_and_the_trained_mask_ends_there(reference):
     trainer, _ = reference
-    batch = trainer.batch  # step 2's 8 completions
+    batch = trainer.state.batch  # step 2's 8 completions
     assert trainer.pad_id == IM_END and trainer.engine.stop_token_ids == [IM_END]
     stopped = [i for i, ids in enumerate(batch.completion_ids) if not batch.truncated[i]]
     assert stopped  # the instruct model ends most short answers itself
     for i, ids in enumerate(batch.completion_ids):
         assert IM_END not in ids[:-1]  # never sampled past the end of turn
         assert (ids[-1] == IM_END) == (i in stopped) and (i in stopped or len(ids) == MAX_TOKENS)
-    packed, mask = trainer._pack(batch, list(range(len(batch))))
+    packed, mask = trainer.pack(batch, list(range(len(batch))))
     for i, ids in enumerate(batch.completion_ids):
         # pad = eos: the mask comes from the lengths, so the <|im_end|> the model chose is trained, the padding is not
         assert mask[i, : len(ids)].tolist() == [1.0] * len(ids) and not mask[i, len(ids):].any()
@@ -78,12 +78,12 @@ def test_engine_and_trainer_log_probs_agree_and_the_engine_sees_each_push(refere
     assert steps[0]["sync/canary_gap_mean"] <= bound  # the push after step 1 passed the canary check
     # the evaluation after training pushed step 2's weights: the engine scores the canaries as the trainer did then
     canaries = trainer.sync_check.canaries
-    assert (trainer.policy_version, trainer.synced_version) == (2, 2)
+    assert (trainer.state.policy_version, trainer.state.synced_version) == (2, 2)
     held = torch.tensor([x for row in trainer.engine.score([p for p, _ in canaries], [c for _, c in canaries], 1.0) for x in row])
     previous = torch.tensor(trainer.sync_check.previous)
     assert (held - previous).abs().mean() <= bound
     trainer.step()  # one more update (a third step: generation, rewards, the optimizer step), not pushed yet
-    assert (trainer.policy_version, trainer.synced_version) == (3, 2)
+    assert (trainer.state.policy_version, trainer.state.synced_version) == (3, 2)
     trainer.sync_weights()  # push it and check it
     now = torch.tensor(trainer.sync_check.previous)  # the trainer's log-probs of the canaries under the new weights
     assert (now - previous).abs().mean() > 10 * bound  # the update moved the canaries far beyond the noise...

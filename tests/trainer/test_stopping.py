@@ -22,8 +22,9 @@ import torch
 from cohort import cli
 from cohort.config.loading import load_config
 from cohort.trainer import checkpoint
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.trainer.stopping import GracefulStop, NonFiniteError, check_finite
+from tests.builders import tiny_run, write_doubling
 
 REWARD_MODULE = textwrap.dedent('''
     import os, pathlib, time
@@ -52,17 +53,14 @@ def user_setup(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "stop_test_rewards", raising=False)  # a fresh call counter per test
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(12)))
+    write_doubling(data, 12)
     return tmp_path, data
 
 
 def overrides(model_dir, data, run_dir, reward, *extra):
-    return [
-        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "engine.name=hf",
-        "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=2", "train.micro_batch_size=8",
-        "train.learning_rate=3e-3", "train.num_threads=1", f"rewards=[{{name: 'stop_test_rewards:{reward}'}}]",
-        f"run.output_dir={run_dir}", "run.progress=false", "run.loggers=[jsonl]", *extra,
-    ]
+    return tiny_run(model_dir, data, run_dir, "engine.name=hf", "rollout.max_completion_length=6", "train.prompts_per_step=2",
+                    "train.micro_batch_size=8", "train.learning_rate=3e-3", "train.num_threads=1",
+                    f"rewards=[{{name: 'stop_test_rewards:{reward}'}}]", *extra)
 
 
 @pytest.mark.slow
@@ -144,7 +142,7 @@ def test_nan_loss_stops_after_saving_the_last_good_state(user_setup, tiny_model_
     ref.train()
     restored = Trainer(load_config(None, overrides(tiny_model_dir, data, tmp_path / "restored", "slow_sevens", "train.max_steps=2")))
     meta = checkpoint.load_checkpoint(restored, run_dir / "checkpoints" / "step-000002")
-    assert meta["step"] == 2 and restored.generation_index == 2 and restored.policy_version == 2
+    assert meta["step"] == 2 and restored.rollout.generation_index == 2 and restored.state.policy_version == 2
     assert restored.sampler.state_dict() == ref.sampler.state_dict()
     for (name, p), q in zip(ref.policy.named_parameters(), restored.policy.parameters()):
         assert torch.isfinite(q).all() and torch.equal(p, q), name

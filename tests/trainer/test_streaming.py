@@ -20,11 +20,12 @@ from safetensors.torch import load_file
 
 from cohort.config import ConfigError
 from cohort.config.loading import load_config
-from cohort.rollout.base import SamplingConfig, completion_seeds, completion_text
+from cohort.rollout.base import SamplingConfig, completion_seeds, decode_completion
 from cohort.trainer import checkpoint
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
-from cohort.trainer.collect import RefillLedger
+from cohort.rollout.collect import RefillLedger
+from tests.builders import tiny_run
 
 
 @pytest.fixture
@@ -46,13 +47,10 @@ def data_file(tmp_path, monkeypatch):
 
 
 def _config(tmp_path, data_file, model_dir, *extra, name="run"):
-    return load_config(None, [
-        f"model.path={model_dir}", f"data.train_files=[{data_file}]", "data.max_prompt_length=16", "engine.name=hf",
-        "rollout.num_generations=4", "rollout.max_completion_length=8", "train.prompts_per_step=2", "train.micro_batch_size=8",
-        "train.max_steps=3", "train.learning_rate=1e-3", "train.max_grad_norm=0", "algorithm.loss_type=dapo",
-        "rewards=[{name: 'stream_rewards:digit_share'}]", f"run.output_dir={tmp_path / name}", "run.progress=false",
-        "run.loggers=[jsonl]", *extra,
-    ])
+    return load_config(None, tiny_run(
+        model_dir, data_file, tmp_path / name, "engine.name=hf", "rollout.max_completion_length=8", "train.prompts_per_step=2",
+        "train.micro_batch_size=8", "train.max_steps=3", "train.learning_rate=1e-3", "train.max_grad_norm=0",
+        "algorithm.loss_type=dapo", "rewards=[{name: 'stream_rewards:digit_share'}]", *extra))
 
 
 class Reordered:
@@ -83,7 +81,7 @@ def _old_batch_path(trainer: Trainer) -> tuple[RolloutBatch, object]:
     prompts = [trainer.train_ids[i] for i in rows]
     sampling = SamplingConfig(cfg.rollout.max_completion_length, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k)
     outs = trainer.engine.generate(prompts, sampling, completion_seeds(cfg.rollout.seed, 0, len(prompts)))
-    texts = [completion_text(trainer.tokenizer, o) for o in outs]
+    texts = [decode_completion(trainer.tokenizer, o) for o in outs]
     data = trainer.train_data
     scored = trainer.rewards.score(prompts=[data.rows[i]["prompt"] for i in rows], completions=texts,
                                    completion_ids=[o.token_ids for o in outs],
@@ -183,7 +181,7 @@ def test_dynamic_sampling_drops_constant_groups_and_refills_them(tmp_path, data_
         history, trained_rows = [], []
         for _ in range(3):
             history.append(trainer.step())
-            trained_rows.append(trainer.batch.row_indices[::4])
+            trained_rows.append(trainer.state.batch.row_indices[::4])
     finally:
         trainer.close()
     # Kinds by row: 0 const, 1 vary, 2 const, 3 const, 4 vary, 5 vary, 6 vary, 7 vary; no shuffle, 2 groups per step.
@@ -244,7 +242,7 @@ def test_local_server_streamed_update_equals_the_batch_update_over_5_steps(tmp_p
             steps = []
             for _ in range(5):
                 metrics = trainer.step()
-                steps.append((trainer.batch.completion_ids, trainer.batch.rewards.tolist(), metrics["loss"]))
+                steps.append((trainer.state.batch.completion_ids, trainer.state.batch.rewards.tolist(), metrics["loss"]))
             return trainer.stream_update, start, {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}, steps
         finally:
             trainer.close()

@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from cohort.config.loading import load_config
-from cohort.rollout import vllm_engine as vllm_engine_module
-from cohort.trainer.loop import Trainer
+from cohort.rollout.engines import vllm as vllm_engine_module
+from cohort.trainer.trainer import Trainer
 from cohort.trainer import sync_check
 from cohort.trainer.sync_check import SyncCheck, SyncCheckError, judge
+from tests.builders import tiny_run, write_doubling
 
 T = torch.tensor
 
@@ -125,13 +126,10 @@ def test_state_round_trip_and_a_failed_check_raises_with_the_version():
 
 
 def _config(tmp_path, model_dir, data, dtype="float32", lr=3e-3, steps=8):
-    return load_config(None, [
-        f"model.path={model_dir}", f"model.dtype={dtype}", f"data.train_files=[{data}]", "data.max_prompt_length=16",
-        "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=4",
+    return load_config(None, tiny_run(
+        model_dir, data, tmp_path / "run", f"model.dtype={dtype}", "rollout.max_completion_length=6", "train.prompts_per_step=4",
         "train.micro_batch_size=16", f"train.max_steps={steps}", f"train.learning_rate={lr}",
-        "rewards=[{name: user_rewards_sync_check.sevens}]", f"run.output_dir={tmp_path / 'run'}", "run.progress=false",
-        "run.loggers=[jsonl]", "engine.kv_cache_gib=1",
-    ])
+        "rewards=[{name: user_rewards_sync_check.sevens}]", "engine.kv_cache_gib=1"))
 
 
 @pytest.fixture
@@ -140,7 +138,7 @@ def sevens_data(tmp_path, monkeypatch):
         "def sevens(prompts, completions, **kw):\n    return [c.count('7') / max(1, len(c)) for c in completions]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}="}) + "\n" for a in range(32)))
+    write_doubling(data, 32, answers=False)
     return data
 
 
@@ -184,7 +182,7 @@ def test_a_stale_tied_lm_head_is_caught(vllm_engine, tiny_model_dir, sevens_data
     trainer = Trainer(_config(tmp_path, tiny_model_dir, sevens_data), engine=vllm_engine)
     refresh = vllm_engine_module._refresh_tied_lm_head
     monkeypatch.setattr(vllm_engine_module, "_refresh_tied_lm_head",
-                        lambda model: refresh(model) if trainer.policy_version < 3 else None)
+                        lambda model: refresh(model) if trainer.state.policy_version < 3 else None)
     version, _ = _run_until_caught(trainer)
     assert version == 3
 

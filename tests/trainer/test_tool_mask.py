@@ -3,7 +3,6 @@ loss/ratio/entropy/KL mask, the loss normaliser and the length metrics (the tran
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
@@ -12,14 +11,15 @@ import torch
 from cohort.algorithms import aggregation_count
 from cohort.config.loading import load_config
 from cohort.rollout.base import Trajectory
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
+from tests.builders import write_doubling
 
 
 @pytest.fixture
 def trainer(tmp_path, tiny_model_dir):
     path = tmp_path / "train.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(4)))
+    write_doubling(path, 4)
     cfg = load_config(None, [
         f"model.path={tiny_model_dir}", f"data.train_files=[{path}]", "data.max_prompt_length=16", "engine.name=hf",
         "rollout.num_generations=2", "rollout.max_completion_length=8", "train.prompts_per_step=1",
@@ -42,7 +42,7 @@ def test_masks_and_normaliser_leave_tool_tokens_out(trainer):
     batch = _batch()
     expected = torch.tensor([[1, 1, 0, 0, 0, 1], [1, 1, 1, 1, 0, 0]], dtype=torch.float32)  # row 1 padded from 4 to 6
     assert torch.equal(trainer.advantage_mask(batch), expected)
-    _, mask = trainer._pack(batch, [0, 1])
+    _, mask = trainer.pack(batch, [0, 1])
     assert torch.equal(mask, expected)
     # dapo (token mean over the batch): the normaliser counts trained tokens, 3 + 4 = 7, not 6 + 4 = 10
     assert float(aggregation_count(mask, trainer.aggregation)) == 7.0

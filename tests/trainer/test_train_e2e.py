@@ -17,7 +17,8 @@ import yaml
 
 from cohort.config.loading import load_config
 from cohort.models.devices import has_bf16_units
-from cohort.trainer.loop import Trainer
+from cohort.trainer.trainer import Trainer
+from tests.builders import tiny_run
 
 REWARD_MODULE = textwrap.dedent('''
     import asyncio
@@ -43,12 +44,10 @@ def user_setup(tmp_path, monkeypatch):
 
 
 def _config(tmp_path, data, model_dir, engine, reward):
-    return load_config(None, [
-        f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", f"engine.name={engine}",
-        "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=4", "train.micro_batch_size=8",
-        "train.max_steps=30", "train.learning_rate=3e-3", f"rewards=[{{name: '{reward}'}}]",
-        f"run.output_dir={tmp_path / ('run-' + engine)}", "run.progress=false", "run.loggers=[jsonl]",
-    ])
+    return load_config(None, tiny_run(
+        model_dir, data, tmp_path / ("run-" + engine), f"engine.name={engine}", "rollout.max_completion_length=6",
+        "train.prompts_per_step=4", "train.micro_batch_size=8", "train.max_steps=30", "train.learning_rate=3e-3",
+        f"rewards=[{{name: '{reward}'}}]"))
 
 
 def _check_run(run_dir, model_dir):

@@ -62,8 +62,8 @@ import torch
 
 from cohort.models.placement import engine_gpus, training_processes, visible_gpus
 from cohort.rollout.base import Request, RequestEngineMixin, Trajectory
-from cohort.rollout.server import TOKEN_ENV, LocalServer, completion_from_json, request_to_json, split_cores
-from cohort.rollout.server_stream import MAX_POLL_WAIT_S
+from cohort.rollout.server.app import TOKEN_ENV, LocalServer, completion_from_json, request_to_json, split_cores
+from cohort.rollout.server.request_stream import MAX_POLL_WAIT_S
 
 PART_BYTES = 64 * 2**20  # largest safetensors part per request: what a push holds at once, as tensors and as bytes
 LONG_POLL_S = MAX_POLL_WAIT_S - 5.0  # server-side wait of one /poll when one server is busy (it answers at the first result)

@@ -40,7 +40,7 @@ from typing import Iterable, Sequence
 
 from cohort.rollout.base import EngineLock, Request, Trajectory
 from cohort.rollout.driver import EngineDriver
-from cohort.rollout.server_requests import BadRequest
+from cohort.rollout.server.bodies import BadRequest
 
 DRIVER_POLL_S = 0.02  # the longest one engine poll may run while HTTP handlers wait for the lock
 MAX_POLL_WAIT_S = 30.0  # the longest one /poll holds its connection open; the client polls again

@@ -1,6 +1,7 @@
-"""The driver loop: generate → reward → log-probs → advantages → update (→ critic) → sync, each phase timed.
+"""The Trainer and its step: generate → reward → log-probs → advantages → update (→ critic) → sync, each phase timed.
 
-One `Trainer.step()` is one optimizer step. A generation batch serves
+One `Trainer.step()` is one optimizer step; the loop over steps (with evals, logs and checkpoints around it) is
+`Trainer.train()`, in cohort/trainer/run.py. A generation batch serves
 `train.steps_per_generation × algorithm.num_iterations` steps (TRL's order:
 slices 0..S−1, then again for the next iteration). The maths is in
 `cohort.algorithms`; this module only moves tensors between the phases:
@@ -30,22 +31,25 @@ slices 0..S−1, then again for the next iteration). The maths is in
   (`pipeline.max_staleness`; k = 0 is synchronous training, k >= 1 generates
   through the update and pushes weights in flight, each token stamped with its
   version), partial rollouts (`pipeline.over_provision`) and dynamic sampling's
-  refills. The batch is collected by cohort/trainer/collect.py: rewards per
-  group as groups finish and, with `pipeline.stream_update`, the forward/backward
-  passes of finished groups while the rest generate (`finish_streamed_update`
-  then divides by the normaliser and steps). Off-policy tokens are weighted by
+  refills. The trainer asks for each batch with one call, `Scheduler.collect`
+  (cohort/rollout/collect.py): rewards per group as groups finish and, with
+  `pipeline.stream_update`, the forward/backward passes of finished groups while
+  the rest generate, through the `train_groups` callback it hands over
+  (`finish_streamed_update` then divides by the normaliser and steps). Off-policy tokens are weighted by
   `algorithm.rollout_correction`.
 
 Several training processes differ only through `self.dist` (cohort/distributed/fsdp.py:
 this rank's groups, the global loss normaliser, reduced metrics and gradients — all
 the identity in one process); a rollout server is just another engine
-(rollout/remote_engine.py). Out of scope here: checkpoints, exact resume and stopping
-(trainer/checkpoint.py, trainer/stopping.py, driven from trainer/run.py).
+(rollout/engines/remote.py). Out of scope here: the loop over steps, checkpoints, exact resume and stopping
+(trainer/run.py, trainer/checkpoint.py, trainer/stopping.py); the counters and current batch are a `TrainerState`
+(trainer/state.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
 from collections import defaultdict
@@ -65,21 +69,23 @@ from cohort.models.batching import (length_sorted_micro_batches, pack_right_padd
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES, float32_weights
 from cohort.rollout.base import SamplingConfig, WeightStream, release_engine_memory
+from cohort.rollout.collect import BatchRequest, Collected
 from cohort.rollout.scheduler import Scheduler
 from cohort.tools.metrics import tool_metrics
 from cohort.trainer.agent_samples import with_run_samples
 from cohort.trainer.metric_sums import host_values, running_max, step_metrics
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.parts import PART_NAMES, TrainerParts
-from cohort.trainer.rollout_batch import RolloutBatch
+from cohort.trainer.rollout_batch import RolloutBatch, StreamedGradients
+from cohort.trainer.state import TrainerState
 from cohort.trainer.run import run_training
 from cohort.trainer.setup import setup
 from cohort.trainer.stopping import check_finite
-from cohort.trainer.collect import CollectContext, Collected, StreamedGradients, collect_batch
 from cohort.trainer.scoring import distill_micro_batch, score_completions, teacher_scorer
 from cohort.trainer.sync_check import SyncCheck, canary_tokens
 from cohort.plan.batch import BatchPlan
 from cohort.plan.validate import validate_config
+
 
 class Phases:
     """Wall-clock timing of named phases: `with phases("generate"): ...` adds to timing/generate_s."""
@@ -107,93 +113,86 @@ class Phases:
 
 
 class Trainer:
-    """The driver loop over its parts. Its whole state: what `__init__` declares below, plus `self.parts`
-    (`TrainerParts`, cohort/trainer/parts.py: policy, engine, rewards, optimizer, ...), each part read and
-    written as an attribute of the trainer (`self.policy`)."""
+    """One optimizer step at a time (`step`; `train` runs the loop) over its parts. Its whole state is what `__init__`
+    declares: `self.state` (`TrainerState`, cohort/trainer/state.py: every counter and the current batch),
+    `self.parts` (`TrainerParts`, cohort/trainer/parts.py: policy, engine, rewards, optimizer, ...), each part read as
+    an attribute of the trainer (`self.policy`), `self.rollout` (the rollout scheduler), the sync check and timers."""
 
     def __init__(self, cfg: CohortConfig, *, run_dir: str | Path | None = None, engine=None, log=print, plan: BatchPlan | None = None):
         self.cfg = cfg
         self.plan = plan if plan is not None else validate_config(cfg)  # fails before any model loads; a caller that validated hands its plan
         self.log = log
         self.phases = Phases()
-        self.step_count = 0  # optimizer steps taken
-        self.policy_version = 0  # bumped by each optimizer step
-        self.synced_version = -1  # the policy version the engine holds (-1: not pushed yet)
-        self.batch: RolloutBatch | None = None  # the generation batch the current steps train on
-        self.step_indices: list[int] = []  # this step's completions within self.batch (what the step's logs show)
+        self.state = TrainerState(self.plan.optimizer_steps_per_generation)  # counters, the batch (checkpointed)
         self.sync_check = SyncCheck(cfg.engine.sync_check_tolerance,  # canaries + noise floor (trainer/sync_check.py)
                                     **({"min_gap": LORA_MIN_GAP_NATS} if cfg.lora.rank else {}))  # LoRA: lora_sync.py
         self.sync_metrics: dict[str, float] = {}  # the last sync check's statistics, reported with the next step
         self.last_canary_gap: float | None = None  # largest per-token canary gap at the last sync, nats
         self.sync_bytes_sent = 0.0  # bytes the engine reports sending since the last step's metrics (server mode)
         run_dir = Path(run_dir or cfg.run.output_dir or default_output_dir())
-        self.parts: TrainerParts = setup(cfg, self.plan, run_dir, pack=self._pack, external_engine=engine)
+        self.parts: TrainerParts = setup(cfg, self.plan, run_dir, pack=self.pack, external_engine=engine)
         r, plan = cfg.rollout, self.plan
         self.rollout = Scheduler(  # what is in flight and what is admitted next (cohort/rollout/scheduler.py; checkpointed)
             self.engine, self.sampler, self.train_ids, SamplingConfig(r.max_completion_length, r.temperature, r.top_p, r.top_k),
             plan.num_generations, plan.generation_batch_size // plan.num_generations, plan.admission,
             seed=r.seed, generations=-(-plan.max_steps // plan.optimizer_steps_per_generation))
-        self.stream_update = plan.stream_update  # train groups as they finish (collect.py; the plan decided where exact)
+        self.stream_update = plan.stream_update  # train groups as they finish (rollout/collect.py; the plan decided where exact)
 
     def __getattr__(self, name: str):
-        """`self.policy` and every other part: read from `self.parts` (only called when normal lookup fails)."""
+        """`self.policy` and every other part: read from `self.parts` (only called when normal lookup fails). The parts
+        are read this way all over the trainer's modules, tests and benchmarks; they are never assigned on the trainer
+        (the engine, which tests swap, has its own setter below)."""
         parts = self.__dict__.get("parts")
         if parts is not None and name in PART_NAMES:
             return getattr(parts, name)
         raise AttributeError(f"'Trainer' object has no attribute {name!r}")
 
-    def __setattr__(self, name: str, value) -> None:
-        """A part assigned on the trainer (`trainer.engine = wrapped`) replaces it in `self.parts`, never shadows it."""
-        if name in PART_NAMES and "parts" in self.__dict__:
-            setattr(self.parts, name, value)
-            if name == "engine" and "rollout" in self.__dict__:
-                self.rollout.engine = value  # (the scheduler sends every request to it)
-        else:
-            object.__setattr__(self, name, value)
-
     @property
-    def generation_index(self) -> int:
-        """Generation batches admitted (seeds every completion's sampling): the rollout scheduler's count, checkpointed."""
-        return self.rollout.generation_index
+    def engine(self):
+        """The rollout engine (a part)."""
+        return self.parts.engine
 
-    @generation_index.setter
-    def generation_index(self, value: int) -> None:
-        self.rollout.generation_index = value
+    @engine.setter
+    def engine(self, engine) -> None:
+        """Swap the engine (a test's wrapper): in the parts and in the scheduler, which sends every request to it."""
+        self.parts.engine = engine
+        self.rollout.engine = engine
 
     # ------------------------------------------------------------------ phases
 
     def generate_batch(self) -> RolloutBatch:
-        """The next generation batch from the scheduler (collect.py), in submission order: rewards per group as groups
-        finish; with the streamed update, the forward/backward passes too."""
+        """The next generation batch from the scheduler (`Scheduler.collect`, rollout/collect.py), in submission order:
+        rewards per group as groups finish; with the streamed update, the forward/backward passes too."""
         self.sync_weights()  # the engine samples from the current policy (a no-op unless a resume left it behind)
         self.optimizer.zero_grad(set_to_none=True)  # (a streamed update accumulates into them during the collection)
-        collected = collect_batch(CollectContext(
-            self.rollout, self.rewards, self.tokenizer, self.train_data, self.train_ids, self.plan.num_generations,
-            self.phases, self.policy_version, self.stream_update, self._train_groups))
+        streamed = StreamedGradients() if self.stream_update else None
+        collected = self.rollout.collect(BatchRequest(
+            self.rewards, self.tokenizer, self.train_data, self.phases, self.state.policy_version,
+            train_groups=functools.partial(self.train_groups, streamed=streamed) if streamed is not None else None))
         self._calibrate_sync_check(collected.sampled_version, collected.prompts, collected.outs)
-        return self._finish_batch(collected, collected.sampled_version)
+        return self._finish_batch(collected, collected.sampled_version, streamed)
 
-    def _finish_batch(self, collected: Collected, sampled_version: int) -> RolloutBatch:
+    def _finish_batch(self, collected: Collected, sampled_version: int, streamed: StreamedGradients | None) -> RolloutBatch:
         """The batch from its collected groups: metrics, old and reference log-probs, critic values, advantages."""
         outs, scored = collected.outs, collected.scored
         rewards_t = torch.tensor(scored.total, dtype=torch.float32, device=self.device)  # (N,)
         batch = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
                                                per_function=scored.per_function, texts=collected.texts,
                                                policy_version=sampled_version)
-        batch.taken_version = self.policy_version
+        batch.taken_version = self.state.policy_version
         batch.metrics = {**self._batch_metrics(batch, rewards_t, scored.metrics), **collected.metrics, **tool_metrics(outs)}
         with self.phases("logprob"):  # the old-policy and teacher passes in one (the streamed update trained with its own)
             scorers = {"old": (self.policy, self.precision.autocast)} if self.algorithm.score_old_logp else {}
-            if self.teacher is not None and collected.streamed is None:
+            if self.teacher is not None and streamed is None:
                 scorers["teacher"] = teacher_scorer(self.teacher)
             scored = self._score(batch, scorers)
             batch.old_logp, batch.teacher_logp = scored.get("old"), scored.get("teacher")
             # (the streamed update scored the reference per group already)
             batch.ref_logp = collected.ref_logp if collected.ref_logp is not None else self.reference_logprobs(batch)
-        batch.streamed = collected.streamed
+        batch.streamed = streamed
         if self.critic is not None:
             with self.phases("critic"):
-                batch.values = self.critic.values(batch, self._micro_batches(batch, list(range(len(batch)))))
+                batch.values = self.critic.values(batch, self.micro_batches(batch, list(range(len(batch)))))
         self._advantages(batch, rewards_t)
         widened = with_run_samples(batch, outs, self.tokenizer)  # agent runs that rewrote their history: one sample per call
         if widened is not batch:  # (scored again over the widened batch: what the narrow one had, every sample now)
@@ -241,7 +240,7 @@ class Trainer:
         """Every scorer's log-probs of every completion, in one pass over the micro-batches (trainer/scoring.py)."""
         if not scorers:
             return {}
-        return score_completions(batch, self._micro_batches(batch, list(range(len(batch)))), scorers, pad_id=self.pad_id,
+        return score_completions(batch, self.micro_batches(batch, list(range(len(batch)))), scorers, pad_id=self.pad_id,
                                  device=self.device, temperature=self.cfg.rollout.temperature,
                                  chunk_size=self.cfg.train.logprob_chunk_size)
 
@@ -249,10 +248,10 @@ class Trainer:
         """One optimizer step over `indices` of the batch, with gradient accumulation (or the streamed update's end)."""
         if batch.streamed is not None:  # its groups were trained as they arrived: only the step is left
             return self.finish_streamed_update(batch.streamed)
-        micro = self._micro_batches(batch, self.dist.local_indices(indices, self.plan.num_generations))  # this rank's groups
+        micro = self.micro_batches(batch, self.dist.local_indices(indices, self.plan.num_generations))  # this rank's groups
         # as many micro-batches on every rank (FSDP's collectives must match); a token budget can differ per rank
         micro = split_to_count(micro, self.dist.max_count(len(micro)))
-        packed = [self._pack(batch, mb) for mb in micro]
+        packed = [self.pack(batch, mb) for mb in micro]
         num_items = self.dist.global_count(sum(aggregation_count(p[1], self.aggregation) for p in packed))
         sums: dict[str, Any] = defaultdict(float)  # tensors on the device until the step ends (one host read)
         self.optimizer.zero_grad(set_to_none=True)
@@ -273,12 +272,13 @@ class Trainer:
         grad_norm = self._clip_and_step(sums["loss"])
         return self._update_metrics(sums, grad_norm)
 
-    def _train_groups(self, rows: list[int], trajectories, rewards: np.ndarray,
-                      streamed: StreamedGradients) -> list[torch.Tensor] | None:
-        """The streamed update (collect.py): forward/backward over whole kept groups, the loss summed unnormalised into
-        `streamed`, their advantages from their own rewards. Returns their reference log-probs (None: beta = 0)."""
+    def train_groups(self, rows: list[int], trajectories, rewards: np.ndarray, *,
+                     streamed: StreamedGradients) -> list[torch.Tensor] | None:
+        """The streamed update (the callback `generate_batch` hands the collection, rollout/collect.py): forward/backward
+        over whole kept groups, the loss summed unnormalised into `streamed`, their advantages from their own rewards.
+        Returns their reference log-probs (None: beta = 0)."""
         part = RolloutBatch.from_trajectories(rows, [self.train_ids[i] for i in rows], trajectories, rewards=rewards,
-                                              per_function=np.empty((len(rows), 0)), texts=[], policy_version=self.policy_version)
+                                              per_function=np.empty((len(rows), 0)), texts=[], policy_version=self.state.policy_version)
         a = self.cfg.algorithm
         with self.phases("update"):
             part.ref_logp = self.reference_logprobs(part)  # None without a reference (beta = 0)
@@ -286,8 +286,8 @@ class Trainer:
             part.advantages = self.algorithm.spec.advantages(AdvantageInputs(
                 rewards=torch.tensor(part.rewards, dtype=torch.float32, device=self.device), mask=self.advantage_mask(part),
                 group_size=self.plan.num_generations, scale=a.scale_rewards, gamma=a.gamma, lam=a.lam)).advantages
-            micro = self._micro_batches(part, list(range(len(part))))
-            packed = [self._pack(part, mb) for mb in micro]
+            micro = self.micro_batches(part, list(range(len(part))))
+            packed = [self.pack(part, mb) for mb in micro]
             streamed.count += float(sum(aggregation_count(p[1], self.aggregation) for p in packed))
             self.backward_micro_batches(part, micro, packed, 1.0, streamed.sums)
         return part.ref_logp
@@ -333,14 +333,15 @@ class Trainer:
             for key, value in metrics.items():
                 sums[key] += value.detach() * tokens if torch.is_tensor(value) else float(value) * tokens
 
-    def _micro_batches(self, batch: RolloutBatch, indices: list[int]) -> list[list[int]]:
+    def micro_batches(self, batch: RolloutBatch, indices: list[int]) -> list[list[int]]:
         """`indices` split into length-sorted micro-batches of at most train.micro_batch_size completions
         and train.max_tokens_per_microbatch padded tokens."""
         lengths = [len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in indices]
         groups = length_sorted_micro_batches(lengths, self.plan.micro_batch_size, self.cfg.train.max_tokens_per_microbatch)
         return [[indices[j] for j in mb] for mb in groups]
 
-    def _pack(self, batch: RolloutBatch, mb: list[int]):
+    def pack(self, batch: RolloutBatch, mb: list[int]):
+        """Micro-batch `mb` as right-padded tensors and its (B, width) loss mask (the critic packs with it too)."""
         pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.pad_id,
                                self.device)
         # tool-output tokens (loss mask 0) are in the input but out of the loss, ratio, entropy, KL and normaliser
@@ -350,7 +351,7 @@ class Trainer:
             mask = mask * (1.0 - batch.off_policy(mb, width, self.device))  # tokens of older policies: out of the loss
         bound = self.rollout.token_staleness_bound  # tokens staler than pipeline.max_staleness (k >= 1): out of it
         if bound < float("inf") and batch.versions:
-            mask = mask * (batch.staleness(mb, width, self.policy_version, self.device) <= bound).float()
+            mask = mask * (batch.staleness(mb, width, self.state.policy_version, self.device) <= bound).float()
         return pb, mask
 
     def _kept(self, batch: RolloutBatch, rows: list[int]) -> torch.Tensor:
@@ -393,7 +394,7 @@ class Trainer:
         `decoupled` keeps the proximal policy `prox` (old log-probs, or the current ones detached) and weights each token
         by pi_prox / pi_engine, truncated or masked (`algorithm.rollout_correction`; auto: only when some token of the
         micro-batch is off-policy); `coupled` takes the engine's log-probs as the denominator, no weights; `mask_stale`
-        (its tokens already left out by `_pack`) keeps prox, no weights. Also accumulates the staleness metrics."""
+        (its tokens already left out by `pack`) keeps prox, no weights. Also accumulates the staleness metrics."""
         a = self.cfg.algorithm
         width = logp.shape[1]
         off = batch.off_policy(mb, width, self.device) * mask  # (tokens carry the version that sampled them, whatever the engine)
@@ -408,7 +409,7 @@ class Trainer:
             return self._engine_logp(batch, mb, width).to(prox.dtype), None
         # (the host's versions first: an on-policy micro-batch never waits for the device to read `off`)
         stale = (batch.sampled_before(mb) and bool(off.sum() > 0)) or (
-            batch.policy_version != self.policy_version and not self.engine_shares_policy and batch.old_logp is None)
+            batch.policy_version != self.state.policy_version and not self.engine_shares_policy and batch.old_logp is None)
         if a.rollout_correction == "none" or (a.rollout_correction == "auto" and not stale):
             return prox, None
         if not has_engine:
@@ -435,7 +436,7 @@ class Trainer:
         off-policy token count, over the loss's tokens."""
         if not batch.versions:
             return
-        stale = batch.staleness(mb, mask.shape[1], self.policy_version, self.device) * mask
+        stale = batch.staleness(mb, mask.shape[1], self.state.policy_version, self.device) * mask
         sums["staleness_sum"] += stale.sum()
         running_max(sums, "staleness_max", stale)
         sums["staleness_tokens"] += mask.sum()
@@ -448,9 +449,9 @@ class Trainer:
         if batch.old_logp is not None:
             reference = pad_rows([batch.old_logp[i] for i in mb], logp.shape[1])
         elif batch.versions:
-            mask = mask * (batch.staleness(mb, logp.shape[1], self.policy_version, self.device) == 0).float()
+            mask = mask * (batch.staleness(mb, logp.shape[1], self.state.policy_version, self.device) == 0).float()
             reference = logp.detach()
-        elif batch.policy_version == self.policy_version and (self.policy_version == self.synced_version or self.engine_shares_policy):
+        elif batch.policy_version == self.state.policy_version and (self.state.policy_version == self.state.synced_version or self.engine_shares_policy):
             reference = logp.detach()
         if reference is None or not batch.engine_logp[mb[0]]:
             return
@@ -464,24 +465,24 @@ class Trainer:
         params = [p for p in self.policy.parameters() if p.grad is not None]
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
         grad_norm = self.dist.sync_and_clip_grads(params, max_norm)  # multi-process: the global norm over every shard
-        check_finite(self.step_count + 1, loss=loss, grad_norm=grad_norm)  # raises before the weights change
+        check_finite(self.state.step + 1, loss=loss, grad_norm=grad_norm)  # raises before the weights change
         self.optimizer.step()
-        self.scheduler.step()
-        self.policy_version += 1
+        self.lr_schedule.step()
+        self.state.policy_version += 1
         return grad_norm
 
     def _update_metrics(self, sums: dict[str, float], grad_norm: float) -> dict[str, float]:
-        return step_metrics(sums, grad_norm, self.scheduler.get_last_lr()[0], staleness_shown=self.rollout.rules.off_policy)
+        return step_metrics(sums, grad_norm, self.lr_schedule.get_last_lr()[0], staleness_shown=self.rollout.rules.off_policy)
 
     def sync_weights(self) -> None:
         """Push the policy into the engine if it changed since the last push, then check the canary.
 
         With requests in flight (a staleness bound k >= 1) the engine loads them between two of its steps."""
-        if self.synced_version == self.policy_version:
+        if self.state.synced_version == self.state.policy_version:
             return
         with self.phases("sync"), self._engine_lock():  # (asynchronous: between two of the engine's steps)
             if self.engine_shares_policy:
-                self.engine.update_weights((), self.policy_version)  # nothing to copy: only the version its tokens carry
+                self.engine.update_weights((), self.state.policy_version)  # nothing to copy: only the version its tokens carry
             else:
                 dtype = DTYPES[self.cfg.generation_dtype]  # the engine's copy: bfloat16 from float32 master weights, say
                 weights = self.lora.merged_weights if self.lora is not None else self.policy.named_parameters  # LoRA: merged
@@ -492,11 +493,11 @@ class Trainer:
                 # sampled under the new weights are also checked when they are trained (mismatch/*)
                 if self.sync_check.ready and (not self.engine.in_flight or getattr(self.engine, "in_flight_updates", False)):
                     canary = self._canary_logprobs()
-                    self.sync_metrics.update(self.sync_check.check(self.policy_version, *canary))
+                    self.sync_metrics.update(self.sync_check.check(self.state.policy_version, *canary))
                     self.last_canary_gap = self.sync_metrics["sync/canary_gap_max"]
                     if self.lora is not None:  # LoRA: the engine must hold the adapter, not the base (trainer/lora_sync.py)
                         self.sync_metrics.update(check_adapter_effect(self, *canary[:2]))
-        self.synced_version = self.policy_version
+        self.state.synced_version = self.state.policy_version
 
     def _engine_lock(self):
         """The rollout scheduler's engine lock (a driver thread polls between our calls)."""
@@ -505,7 +506,7 @@ class Trainer:
     def _push(self, stream: WeightStream):
         """update_weights; between two engine steps when requests are in flight (a staleness bound k >= 1)."""
         in_flight = {"in_flight": True} if self.engine.in_flight else {}
-        return self.engine.update_weights(stream, self.policy_version, **in_flight)
+        return self.engine.update_weights(stream, self.state.policy_version, **in_flight)
 
     def _canary_logprobs(self) -> tuple[torch.Tensor, torch.Tensor, float | None]:
         """Flat (M,) log-probs of every canary token, the engine's and the trainer's (temperature 1), and under mixed
@@ -540,7 +541,7 @@ class Trainer:
         if not self.sync_check.canaries:
             self.sync_check.choose(prompts, [o.token_ids for o in outs], self.plan.num_generations,
                                    tokens=canary_tokens(self.cfg.generation_dtype, self.precision.compute_dtype))
-        same_weights = sampled_version == self.policy_version == self.synced_version
+        same_weights = sampled_version == self.state.policy_version == self.state.synced_version
         if self.sync_check.canaries and same_weights and self.sync_check.fixed_tolerance is None:
             with self.phases("sync"):
                 self.sync_metrics.update(self.sync_check.calibrate(*self._canary_logprobs()))
@@ -551,23 +552,23 @@ class Trainer:
         """One optimizer step: (generate + reward + log-probs + advantages when due), update, critic update, sync."""
         plan = self.plan
         step_start = time.perf_counter()
-        slot = self.step_count % plan.optimizer_steps_per_generation
-        if slot == 0 or self.batch is None:
-            self.batch = self.generate_batch()  # (pushes the policy into the engine first, when it changed)
-        per_step = plan.completions_per_step if plan.optimizer_steps_per_generation > 1 else len(self.batch)  # (agent_samples.py)
+        slot = self.state.step % plan.optimizer_steps_per_generation
+        if slot == 0 or self.state.batch is None:
+            self.state.batch = self.generate_batch()  # (pushes the policy into the engine first, when it changed)
+        per_step = plan.completions_per_step if plan.optimizer_steps_per_generation > 1 else len(self.state.batch)  # (agent_samples.py)
         start = (slot % plan.steps_per_generation) * per_step
         indices = list(range(start, start + per_step))
-        self.step_indices = indices
+        self.state.step_indices = indices
         release_engine_memory(self.engine)  # vLLM's sleep mode: its KV cache (and weights) off the GPU for the update
         with self.phases("update"):
-            metrics = self.update(self.batch, indices)
+            metrics = self.update(self.state.batch, indices)
         if self.critic is not None:
             with self.phases("critic"):
-                metrics.update(self.critic.update(self.batch, self._micro_batches(self.batch, indices)))
-        self.step_count += 1
-        if self.step_count % plan.optimizer_steps_per_generation == 0 and self.step_count < plan.max_steps:
+                metrics.update(self.critic.update(self.state.batch, self.micro_batches(self.state.batch, indices)))
+        self.state.step += 1
+        if self.state.step % plan.optimizer_steps_per_generation == 0 and self.state.step < plan.max_steps:
             self.sync_weights()
-        out = {**(self.batch.metrics if slot == 0 else {}), **metrics, **self.phases.pop()}
+        out = {**(self.state.batch.metrics if slot == 0 else {}), **metrics, **self.phases.pop()}
         out["timing/step_s"] = time.perf_counter() - step_start
         if self.sync_bytes_sent:
             out["sync/bytes_sent"], self.sync_bytes_sent = self.sync_bytes_sent, 0.0

@@ -1,7 +1,7 @@
 """Rollout with transformers on the trainer's own model (the fallback engine): continuous batching, else `generate`.
 
 The request level (`submit` / `poll` / `abort`) runs on transformers' continuous batching when it can
-(`cohort.rollout.hf_continuous`): requests stream back one by one as they finish, abort returns each one's
+(`cohort.rollout.engines.hf_continuous`): requests stream back one by one as they finish, abort returns each one's
 tokens so far, and requests of any remaining length share one running batch. That is automatic: on unless
 the trainer computes under autocast (the generation thread would not see it), and per request unless it uses
 top-k / top-p (transformers would report the filtered distribution's log-probs); a model transformers refuses
@@ -40,7 +40,7 @@ import torch
 from cohort.models.batching import pack_right_padded
 from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import BatchRequests, Request, SamplingConfig, Trajectory
-from cohort.rollout.hf_continuous import ContinuousRequests
+from cohort.rollout.engines.hf_continuous import ContinuousRequests
 
 
 class SampledLogProbs:

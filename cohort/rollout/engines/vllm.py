@@ -79,7 +79,7 @@ scheduled whole (tests/rollout/test_vllm_requests.py pins a 19,200-token seeded 
 On a GPU (CUDA only; none of this runs on the CPU backend, where validation refuses engine.sleep_mode):
 - `gpu_memory_utilization` is the fraction of the GPU's *total* memory vLLM takes (vLLM 0.32 refuses to start when
   less than that is free, and sizes its KV cache to fill what its weights and profile run leave of it); cohort's
-  planner derives it (cohort/plan.py); None here means vLLM alone on its GPU: 0.9, vLLM's own default.
+  planner derives it (cohort/plan/memory.py); None here means vLLM alone on its GPU: 0.9, vLLM's own default.
 - Sleep mode (engine.sleep_mode, vLLM built with enable_sleep_mode, which turns on its CuMem allocator):
   `release_memory()`, which the trainer calls before its update, runs `LLM.sleep(level)`. vLLM first pauses its
   scheduler (aborting whatever it holds, which is nothing: it sleeps only when no request is in flight) and clears
@@ -195,7 +195,7 @@ def llm_options(model_dir: Path, *, dtype: str, seed: int, max_model_len: int, e
                 tensor_parallel_size: int, batch_limits: tuple[int, int] | None = None) -> dict:
     """The keyword arguments of `vllm.LLM` for this engine: the GPU ones only on CUDA, the CPU's chunked-prefill
     switch only on CPU (module docstring); sleep mode only when asked (vLLM then allocates through its CuMem pool).
-    `batch_limits`: (max_num_seqs, max_num_batched_tokens) from the batch plan (cohort.plan.engine_batch_limits),
+    `batch_limits`: (max_num_seqs, max_num_batched_tokens) from the batch plan (cohort.plan.memory.engine_batch_limits),
     passed on CUDA, where vLLM's own defaults (1,024 sequences on an H100/H200) size a start-up sampler pass that
     a colocated split has no room for; None, or on the CPU, vLLM's defaults."""
     kwargs = dict(

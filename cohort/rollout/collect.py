@@ -2,8 +2,11 @@
 sampling's refills, the cut of partial rollouts, and (where exact) the update's forward/backward passes on finished
 groups while the rest still generate.
 
-`collect_batch(ctx)` asks the scheduler (cohort/rollout/scheduler.py) to admit what its rules allow, then takes
-groups as they finish until the batch's B groups are kept. The groups that one poll of the engine completes are
+`Scheduler.collect(request)` (cohort/rollout/scheduler.py) is the trainer's one call per batch: `collect_batch`
+here asks the scheduler to admit what its rules allow, then takes groups as they finish until the batch's B groups
+are kept, and returns them as a `Collected`. What it needs from the trainer comes in the `BatchRequest`: the reward
+set, the tokenizer, the prompt rows, the phase timers, the policy version that trains on the batch, and (streamed
+update) the callback that trains kept groups. The groups that one poll of the engine completes are
 scored in one reward call, started at once (`RewardSet.submit`, on the reward event loop, while the engine keeps
 generating); a call's rewards are read once they are done, or when nothing else is left to wait for. A streaming
 engine (vLLM in-process, a rollout server, transformers' continuous batching) returns groups as they finish, so
@@ -26,29 +29,44 @@ The batch's end (`_cut`): B kept groups are the batch (pinned partial rollouts f
 rest (`Scheduler.end_batch`: the queue keeps it under k >= 1; partial rollouts under k = 0 cut it off into the
 continuation buffer).
 
-Streamed update (`pipeline.stream_update`; when it applies: `cohort.plan.stream_update_blockers`): each kept group is
-handed to `ctx.train_groups` (the trainer's forward/backward with its advantages from its own rewards, loss summed
-unnormalised); when the batch is complete the trainer divides the gradients by the loss normaliser and steps
-(`Trainer.finish_streamed_update`). The gradient equals the batch update's up to float rounding.
+Streamed update (`pipeline.stream_update`; when it applies: `cohort.plan.batch.stream_update_blockers`): each kept group is
+handed to `request.train_groups` as soon as it is certain to be in the batch (the trainer's forward/backward with its
+advantages from its own rewards, loss summed unnormalised into the trainer's own sums); when the batch is complete
+the trainer divides the gradients by the loss normaliser and steps (`Trainer.finish_streamed_update`). The gradient
+equals the batch update's up to float rounding. This module only decides when a group is trained, never how.
+
+Also here: `tool_arguments`, the optional reward arguments of multi-turn trajectories (the held-out eval passes them
+too).
 
 Left out: several training processes with dynamic sampling or a staleness bound (validation refuses them).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from cohort.algorithms import advantage_stats
 from cohort.rewards.reward_set import PendingScores, RewardOutput
-from cohort.rollout.base import Trajectory, completion_text
-from cohort.rollout.scheduler import Scheduler
+from cohort.rollout.base import AgentRun, Episode, Trajectory, decode_completion
 from cohort.rollout.stream import FinishedGroup
-from cohort.tools.metrics import tool_arguments
+
+
+@dataclass
+class BatchRequest:
+    """What the trainer hands the rollout side for one batch (`Scheduler.collect`)."""
+
+    rewards: Any  # RewardSet (or rank 0's MainOnlyRewards)
+    tokenizer: Any
+    data: Any  # the PromptDataset whose rows the scheduler's prompt ids are
+    phases: Any  # the trainer's phase timers: phases("generate") / phases("reward")
+    version: int  # the policy version that trains on this batch
+    # the streamed update: (rows, trajectories, rewards) of whole kept groups -> their reference log-probs (or None);
+    # None: no group is trained before the batch is complete
+    train_groups: Callable[[list[int], list[Trajectory], np.ndarray], list[torch.Tensor] | None] | None = None
 
 
 @dataclass
@@ -63,33 +81,21 @@ class Collected:
     metrics: dict[str, float] = field(default_factory=dict)  # dynamic_sampling/*, partial/*, async/*
     ref_logp: list[torch.Tensor] | None = None  # the streamed update's reference log-probs, when beta != 0
     sampled_version: int = 0  # the oldest policy version any of its groups was submitted under
-    streamed: StreamedGradients | None = None  # the streamed update's sums (its gradients are in the parameters' .grad)
 
 
 @dataclass
-class CollectContext:
-    """What collecting one batch uses (the trainer builds it per batch)."""
+class _Context:
+    """One collection's inputs: the scheduler collecting and what the trainer's request brought."""
 
-    scheduler: Scheduler
-    rewards: Any  # RewardSet (or rank 0's MainOnlyRewards)
+    scheduler: Any  # the Scheduler (cohort/rollout/scheduler.py) whose `collect` this is (it imports this module)
+    rewards: Any
     tokenizer: Any
-    data: Any  # the PromptDataset of the rows
-    prompt_ids: list[list[int]]  # its prompts as token ids
+    data: Any
+    prompt_ids: list[list[int]]  # the scheduler's prompts as token ids, one per row of `data`
     group_size: int  # G
-    phases: Any  # the trainer's phase timers: phases("generate") / phases("reward")
-    version: int  # the policy version that trains on this batch
-    stream_update: bool = False  # train each kept group as it arrives (the streamed update)
-    # (rows, trajectories, rewards, the batch's sums) of whole kept groups -> their reference log-probs (or None)
-    train_groups: Callable[..., list[torch.Tensor] | None] | None = None
-
-
-@dataclass
-class StreamedGradients:
-    """The streamed update's state between generation and the optimizer step: accumulated metric sums (loss
-    unnormalised) and the loss normaliser's count so far; the gradients themselves sit in the parameters' .grad."""
-
-    sums: dict[str, Any] = field(default_factory=lambda: defaultdict(float))  # tensors on the device until the step
-    count: float = 0.0
+    phases: Any
+    version: int
+    train_groups: Callable[[list[int], list[Trajectory], np.ndarray], list[torch.Tensor] | None] | None
 
 
 @dataclass
@@ -167,19 +173,21 @@ def all_equal(rewards: np.ndarray) -> bool:
     return bool(advantage_stats(torch.tensor(rewards, dtype=torch.float32, device="cpu"), len(rewards))["frac_reward_zero_std"] == 1.0)
 
 
-def collect_batch(ctx: CollectContext) -> Collected:
-    """One generation batch from the scheduler (see the module docstring): admit what the rules allow, take groups as
-    they finish until the batch's B are kept; with `ctx.stream_update`, train each kept group as it arrives."""
-    scheduler = ctx.scheduler
+def collect_batch(scheduler, request: BatchRequest) -> Collected:
+    """One generation batch from `scheduler` (see the module docstring): admit what the rules allow, take groups as
+    they finish until the batch's B are kept; with `request.train_groups`, train each kept group as it arrives."""
+    r = request
+    ctx = _Context(scheduler, r.rewards, r.tokenizer, r.data, scheduler.prompt_ids, scheduler.g, r.phases, r.version,
+                   r.train_groups)
     with ctx.phases("generate"):  # (a rollout server that is gone fails here: the error names the phase)
         scheduler.admit(ctx.version)
     ledger = None
     if scheduler.rules.refill:  # dynamic sampling: which groups were dropped, by round
-        ledger = RefillLedger(len(scheduler.origins), scheduler.rules.max_refill_rounds, min(scheduler.origins, default=0))
+        admitted = scheduler.untaken_groups()
+        ledger = RefillLedger(len(admitted), scheduler.rules.max_refill_rounds, min(admitted, default=0))
     calls: list[_Call] = []
-    streamed = StreamedGradients() if ctx.stream_update else None
     try:
-        kept = _drive(ctx, ledger, calls, scheduler.batch_groups, streamed)
+        kept = _drive(ctx, ledger, calls, scheduler.batch_groups)
     except BaseException:
         scheduler.abort()  # nothing of this batch stays in the engine (a reward error, the refill bound, an interrupt)
         raise
@@ -187,12 +195,10 @@ def collect_batch(ctx: CollectContext) -> Collected:
     collected = _assemble(ctx, kept, calls, ledger)
     collected.metrics.update(scheduler.metrics(collected.outs, ctx.version))
     collected.sampled_version = min([ctx.version] + [grp.version for grp in kept])
-    collected.streamed = streamed
     return collected
 
 
-def _drive(ctx: CollectContext, ledger: RefillLedger | None, calls: list[_Call], target: int,
-           streamed: StreamedGradients | None) -> list[_Group]:
+def _drive(ctx: _Context, ledger: RefillLedger | None, calls: list[_Call], target: int) -> list[_Group]:
     """Take groups as they finish until `target` are kept: rewards (one call per poll's groups), the staleness
     bound, dynamic sampling's decision and refills, the streamed update. Every reward call made is appended to
     `calls`."""
@@ -233,9 +239,9 @@ def _drive(ctx: CollectContext, ledger: RefillLedger | None, calls: list[_Call],
                 scheduler.drop(group.finished.index, ctx.version, refill=k < refills)
         candidates = kept + (waiting if ledger is None else [])  # without dynamic sampling every complete group is kept
         if len(candidates) >= target and not scheduler.pinned_open():
-            return _cut(ctx, candidates, [grp for grp in waiting if grp not in candidates], target, streamed)
-        if streamed is not None:
-            _train(ctx, streamed, [grp for grp in _batch_choice(scheduler.pinned(), kept, target, sure=True)[0] if not grp.trained])
+            return _cut(ctx, candidates, [grp for grp in waiting if grp not in candidates], target)
+        if ctx.train_groups is not None:
+            _train(ctx, [grp for grp in _batch_choice(scheduler.pinned(), kept, target, sure=True)[0] if not grp.trained])
         if finished is None and not waiting and not scheduler.pending:  # nothing left in flight and the batch lacks
             with ctx.phases("generate"):  # groups (dropped ones not refilled under k >= 1, whose later batches were
                 scheduler.top_up(target - len(candidates), ctx.version)  # counted live, or the run's last batch)
@@ -252,8 +258,7 @@ def _batch_choice(pinned: set[int], kept: list[_Group], target: int, sure: bool 
     return batch, [grp for grp in kept if grp not in batch]
 
 
-def _cut(ctx: CollectContext, kept: list[_Group], waiting: list[_Group], target: int,
-         streamed: StreamedGradients | None) -> list[_Group]:
+def _cut(ctx: _Context, kept: list[_Group], waiting: list[_Group], target: int) -> list[_Group]:
     """The batch is `target` of the kept groups (`_batch_choice`); the scheduler takes back the rest (the surplus
     and, with partial rollouts under k = 0, everything still generating: cut off into the continuation buffer)."""
     batch, surplus = _batch_choice(ctx.scheduler.pinned(), kept, target)
@@ -261,8 +266,8 @@ def _cut(ctx: CollectContext, kept: list[_Group], waiting: list[_Group], target:
         ctx.scheduler.end_batch([grp.finished for grp in batch], [grp.finished for grp in surplus + waiting])
     with ctx.phases("reward"):  # after the cut: a slow reward function never holds the engine's tail
         _read_rewards(kept + waiting, wait=True)  # (every reward call's output exists for the merge)
-    if streamed is not None:
-        _train(ctx, streamed, [grp for grp in batch if not grp.trained])
+    if ctx.train_groups is not None:
+        _train(ctx, [grp for grp in batch if not grp.trained])
     return batch
 
 
@@ -273,22 +278,39 @@ def _drop(ledger: RefillLedger, group: _Group) -> bool:
     return dropped
 
 
-def _start_rewards(ctx: CollectContext, finished: list[FinishedGroup], calls: list[_Call]) -> list[_Group]:
+def _start_rewards(ctx: _Context, finished: list[FinishedGroup], calls: list[_Call]) -> list[_Group]:
     """One RewardSet call over these groups' completions, started on the reward event loop."""
     data = ctx.data
     rows = [i for group in finished for i in group.key]
     trajectories = [t for group in finished for t in group.trajectories]
-    texts = [completion_text(ctx.tokenizer, t) for t in trajectories]
+    texts = [decode_completion(ctx.tokenizer, t) for t in trajectories]
     prompts = [data.rows[i][data.prompt_key] for i in rows]
     call = _Call(ctx.rewards.submit(
         prompts=prompts, completions=[as_completion(p, t) for p, t in zip(prompts, texts)],
         completion_ids=[t.token_ids for t in trajectories],
         columns={c: [data.rows[i].get(c) for i in rows] for c in data.columns}, group_size=ctx.group_size,
-        optional=tool_arguments(trajectories, prompts)))  # multi-turn: conversations, environments (cohort/tools/metrics.py)
+        optional=tool_arguments(trajectories, prompts)))  # multi-turn: conversations, environments
     calls.append(call)
     g = ctx.group_size
-    return [_Group(group, group.key, texts[k * g:(k + 1) * g], call, k * g, version=ctx.scheduler.origin(group.index).version)
+    return [_Group(group, group.key, texts[k * g:(k + 1) * g], call, k * g, version=ctx.scheduler.submitted_version(group.index))
             for k, group in enumerate(finished)]
+
+
+def tool_arguments(trajectories: Sequence[Trajectory], prompts: Sequence[Any]) -> dict[str, list[Any]]:
+    """The optional reward arguments of multi-turn trajectories: `conversations` (the prompt's messages, a text prompt
+    as one user message, then the completion's assistant and tool turns) and, with an environment, `environments`
+    (each trajectory's instance); for agent runs `agent_runs` (each trajectory's `AgentRun`); {} when no trajectory
+    went through the tool loop or an agent."""
+    if any(isinstance(t.episode, AgentRun) for t in trajectories):
+        return {"agent_runs": [t.episode if isinstance(t.episode, AgentRun) else None for t in trajectories]}
+    episodes = [t.episode if isinstance(t.episode, Episode) else None for t in trajectories]
+    if not any(episodes):
+        return {}
+    heads = [list(p) if isinstance(p, list) else [{"role": "user", "content": str(p)}] for p in prompts]
+    out: dict[str, list[Any]] = {"conversations": [h + (e.conversation if e else []) for h, e in zip(heads, episodes)]}
+    if any(e is not None and e.environment is not None for e in episodes):
+        out["environments"] = [e.environment if e else None for e in episodes]
+    return out
 
 
 def as_completion(prompt: Any, text: str) -> Any:
@@ -306,7 +328,7 @@ def _read_rewards(waiting: list[_Group], wait: bool) -> tuple[list[_Group], list
     return sorted(scored, key=lambda grp: grp.finished.index), still
 
 
-def _assemble(ctx: CollectContext, kept: list[_Group], calls: list[_Call], ledger: RefillLedger | None) -> Collected:
+def _assemble(ctx: _Context, kept: list[_Group], calls: list[_Call], ledger: RefillLedger | None) -> Collected:
     """The kept groups (in submission order) as one batch; the reward outputs merged over exactly their rows."""
     outs = [t for grp in kept for t in grp.finished.trajectories]
     rows = [i for grp in kept for i in grp.rows]
@@ -321,15 +343,15 @@ def _assemble(ctx: CollectContext, kept: list[_Group], calls: list[_Call], ledge
 
 # ------------------------------------------------------------------ the streamed update
 
-def _train(ctx: CollectContext, streamed: StreamedGradients, groups: list[_Group]) -> None:
-    """Forward/backward over these kept groups (`ctx.train_groups`, into `streamed`); their reference log-probs kept
-    for the batch."""
+def _train(ctx: _Context, groups: list[_Group]) -> None:
+    """Forward/backward over these kept groups (the trainer's `train_groups`); their reference log-probs kept for the
+    batch."""
     if not groups:
         return
     g = ctx.group_size
     ref_logp = ctx.train_groups([i for grp in groups for i in grp.rows],
                                 [t for grp in groups for t in grp.finished.trajectories],
-                                np.concatenate([grp.total for grp in groups]), streamed)
+                                np.concatenate([grp.total for grp in groups]))
     for k, grp in enumerate(groups):
         grp.trained = True
         grp.ref_logp = ref_logp[k * g:(k + 1) * g] if ref_logp is not None else None

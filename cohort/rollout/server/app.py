@@ -40,7 +40,7 @@ Errors on /v1/ paths come in OpenAI's shape, `{"error": {"message", "type", "par
 with type "invalid_request_error" and `param` naming it).
 
 One driver thread moves the engine forward while requests are in flight
-(cohort/rollout/server_stream.py). A request id must be unique among the
+(cohort/rollout/server/request_stream.py). A request id must be unique among the
 requests in flight (400 otherwise). While requests are generating, /generate
 gets 409 (a batch call would take the streamed requests' results), and so do
 /weights and /score unless the engine takes weights under running requests
@@ -97,17 +97,17 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, urlparse
 
 from cohort.models.loading import load_tokenizer, resolve_model_dir
-from cohort.rollout import server_requests
+from cohort.rollout.server import bodies
 from cohort.rollout.base import EngineLock, Request, Trajectory, engine_thread
-from cohort.rollout.server_stream import Conflict, RequestStream
-from cohort.rollout.vllm_engine import VLLMEngine
+from cohort.rollout.server.request_stream import Conflict, RequestStream
+from cohort.rollout.engines.vllm import VLLMEngine
 
 TOKEN_ENV = "COHORT_SERVER_TOKEN"
 POST_PATHS = ("/generate", "/score", "/weights", "/submit", "/poll", "/abort", "/v1/chat/completions")
 GET_PATHS = ("/health", "/v1/models")
 OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 409: "conflict_error",
                       413: "invalid_request_error"}
-MAX_BODY_BYTES = 4 * 2**30  # one request (a weights part is at most remote_engine.PART_BYTES)
+MAX_BODY_BYTES = 4 * 2**30  # one request (a weights part is at most engines/remote.py PART_BYTES)
 READ_TIMEOUT_S = 120.0  # a client that stops sending mid-request frees its thread after this
 
 
@@ -128,9 +128,9 @@ def request_to_json(r: Request) -> dict[str, Any]:
             "seed": r.seed, "resume": completion_to_json(r.resume) if r.resume is not None else None}
 
 
-def request_from_json(d: Any, limits: server_requests.Limits = server_requests.Limits()) -> Request:
+def request_from_json(d: Any, limits: bodies.Limits = bodies.Limits()) -> Request:
     """A Request from its JSON, every field checked (BadRequest naming the field otherwise)."""
-    return server_requests.request(d, "request", limits)
+    return bodies.request(d, "request", limits)
 
 
 class WeightStager:
@@ -169,7 +169,7 @@ class RolloutService:
         self.model = model
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
-        self.limits = server_requests.Limits(vocab_size, max_model_len)
+        self.limits = bodies.Limits(vocab_size, max_model_len)
         self.lock = EngineLock()
         self.stream = RequestStream(engine, self.lock)
         self.stager = WeightStager()
@@ -191,7 +191,7 @@ class RolloutService:
         return bool(getattr(self.engine, "in_flight_updates", False))
 
     def generate(self, body: dict[str, Any]) -> dict[str, Any]:
-        prompts, sampling, seeds = server_requests.generate_request(body, self.limits)
+        prompts, sampling, seeds = bodies.generate_request(body, self.limits)
         with self.lock:
             self.stream.refuse_while_generating("generate")
             outs = self.engine.generate(prompts, sampling, seeds)
@@ -199,7 +199,7 @@ class RolloutService:
         return {"policy_version": version, "completions": [completion_to_json(c) for c in outs]}
 
     def score(self, body: dict[str, Any]) -> dict[str, Any]:
-        prompts, completions, temperature = server_requests.score_request(body, self.limits)
+        prompts, completions, temperature = bodies.score_request(body, self.limits)
         with self.lock:
             if not self.in_flight_updates:  # an engine that can scores next to the requests in flight
                 self.stream.refuse_while_generating("score")
@@ -216,7 +216,7 @@ class RolloutService:
         try:
             tensors = load_safetensors(payload)
         except Exception as exc:  # safetensors raises its own error types for a bad header
-            raise server_requests.BadRequest(f"weights: the body is not a safetensors file ({type(exc).__name__}: {exc})") from None
+            raise bodies.BadRequest(f"weights: the body is not a safetensors file ({type(exc).__name__}: {exc})") from None
         with self.lock:  # held between two driver polls: weights never change under an engine step
             if not in_flight:
                 self.stream.refuse_while_generating("weights")
@@ -228,15 +228,15 @@ class RolloutService:
             return {"policy_version": self.engine.policy_version, "parts_received": part + 1}
 
     def submit(self, body: dict[str, Any]) -> dict[str, Any]:
-        requests = server_requests.submit_request(body, self.limits)
+        requests = bodies.submit_request(body, self.limits)
         self.stream.submit(requests)
         return {"accepted": len(requests), "policy_version": self.engine.policy_version}
 
     def poll(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._handed_back(self.stream.poll(server_requests.poll_request(body)))
+        return self._handed_back(self.stream.poll(bodies.poll_request(body)))
 
     def abort(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._handed_back(self.stream.abort(server_requests.abort_request(body)))
+        return self._handed_back(self.stream.abort(bodies.abort_request(body)))
 
     def chat_completions(self, body: dict[str, Any]) -> dict[str, Any]:
         if self.chat is None:
@@ -283,7 +283,7 @@ class _Handler(JSONHandler):
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
-            raise server_requests.BadRequest(f"Content-Length must be an integer, got {self.headers.get('Content-Length')!r}") from None
+            raise bodies.BadRequest(f"Content-Length must be an integer, got {self.headers.get('Content-Length')!r}") from None
         if length > MAX_BODY_BYTES:
             raise _HTTPError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {length} bytes exceeds {MAX_BODY_BYTES}")
         return self.rfile.read(length)
@@ -319,16 +319,16 @@ class _Handler(JSONHandler):
         try:
             self._authorize()
             if url.path == "/v1/chat/completions":
-                self._reply(200, self.service.chat_completions(server_requests.json_object(self._body(), "chat.completions")))
+                self._reply(200, self.service.chat_completions(bodies.json_object(self._body(), "chat.completions")))
             elif url.path == "/generate":
-                self._reply(200, self.service.generate(server_requests.json_object(self._body(), "generate")))
+                self._reply(200, self.service.generate(bodies.json_object(self._body(), "generate")))
             elif url.path == "/score":
-                self._reply(200, self.service.score(server_requests.json_object(self._body(), "score")))
+                self._reply(200, self.service.score(bodies.json_object(self._body(), "score")))
             elif url.path in ("/submit", "/poll", "/abort"):
                 handler = getattr(self.service, url.path[1:])
-                self._reply(200, handler(server_requests.json_object(self._body(), url.path[1:])))
+                self._reply(200, handler(bodies.json_object(self._body(), url.path[1:])))
             elif url.path == "/weights":
-                version, part, parts, in_flight = server_requests.weights_query(parse_qs(url.query))
+                version, part, parts, in_flight = bodies.weights_query(parse_qs(url.query))
                 self._reply(200, self.service.weights(version, part, parts, self._body(), in_flight))
             else:
                 raise _HTTPError(HTTPStatus.NOT_FOUND, f"no such endpoint: POST {url.path}; POST {', '.join(POST_PATHS)}, "
@@ -337,7 +337,7 @@ class _Handler(JSONHandler):
             self._error(exc.status, exc.message)
         except Conflict as exc:  # the right request at the wrong time: the message says what to do first
             self._error(HTTPStatus.CONFLICT, str(exc))
-        except server_requests.BadRequest as exc:  # the client's mistake, said plainly
+        except bodies.BadRequest as exc:  # the client's mistake, said plainly
             self._error(HTTPStatus.BAD_REQUEST, str(exc), getattr(exc, "param", None))
         except Exception as exc:  # the trainer gets the reason, the server keeps serving
             self._error(500, f"{type(exc).__name__}: {exc}")
@@ -424,7 +424,7 @@ class LocalServer:
         if cpu_cores:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cpu_cores)
             env["OMP_NUM_THREADS"] = str(len(cpu_cores))
-        if cuda_devices:  # the GPUs cohort chose for the engine (remote_engine.engine_gpus), as this process numbers them
+        if cuda_devices:  # the GPUs cohort chose for the engine (engines/remote.py engine_gpus), as this process numbers them
             env["CUDA_VISIBLE_DEVICES"] = child_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), cuda_devices)
         cmd = [sys.executable, "-m", "cohort.cli", "serve", str(model_dir), "--port", "0", "--dtype", dtype, "--seed", str(seed),
                "--kv-cache-gib", str(kv_cache_gib), "--tensor-parallel-size", str(tensor_parallel_size)]
