@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # Nothing about the Hugging Face Hub is set here: HF_HOME, HF_HUB_OFFLINE and HF_TOKEN are yours (tests/conftest.py runs
 # the tests offline on its own).
 
-.PHONY: install install-gpu smollm2 demo test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels gpu-lane clean
+.PHONY: install install-gpu smollm2 demo lint test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels gpu-lane clean
 
 # A venv that `make install-gpu` made stays a GPU one: `make install` (and so demo and test) then keeps its CUDA builds.
 GPU_STAMP := $(VENV)/.cohort-gpu-installed
@@ -102,7 +102,11 @@ gpu-lane: $(GPU_LANE)/.installed gpu-check-wheels
 demo: install
 	$(VENV)/bin/cohort train
 
-test: install smollm2
+# The linter first (pyflakes and pycodestyle's errors: pyproject.toml [tool.ruff]), then every test.
+lint: install
+	$(PY) -m ruff check cohort tests bench examples
+
+test: install smollm2 lint
 	$(PY) -m pytest -q tests
 
 # The fast lane while working: every test not marked slow (tests/conftest.py says what is slow); make test runs all.

@@ -20,7 +20,7 @@ import argparse
 import _common as common
 
 common.cohort_cli_environment()  # cohort runs here as `cohort train` would: the CLI's environment, before torch loads
-from _cohort_run import cohort_overrides, default_run_dir, run_steps
+from _cohort_run import cohort_overrides, default_run_dir, run_steps  # noqa: E402  (after the environment above)
 
 
 def main(argv: list[str] | None = None) -> dict:

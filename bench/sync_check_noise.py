@@ -25,8 +25,8 @@ from _common import load_average
 _common.cohort_cli_environment()  # the environment `cohort train` runs in, before torch and vLLM load
 
 from cohort.config.loading import load_config  # noqa: E402  (after the environment above)
-from cohort.trainer import sync_check
-from cohort.trainer.trainer import Trainer
+from cohort.trainer import sync_check  # noqa: E402
+from cohort.trainer.trainer import Trainer  # noqa: E402
 
 
 def main() -> None:

@@ -82,7 +82,7 @@ def patch_cpu_weight_sync(trainer) -> None:
     generation.sync_weights = sync_weights
 
 
-def grpo_config(args, out_dir) -> "GRPOConfig":
+def grpo_config(args, out_dir) -> "GRPOConfig":  # noqa: F821  (TRL is imported inside: bench/.trl-venv only)
     """TRL's config: the workload's fields and the flags named in the module docstring; every other field TRL's default."""
     from trl import GRPOConfig
 

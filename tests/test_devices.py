@@ -67,7 +67,7 @@ def lazy_device() -> torch.device:
 
 
 @pytest.mark.slow
-def test_step_and_sync_make_nothing_off_the_model_device(tmp_path, data_file, tiny_model_dir, lazy_device):
+def test_step_and_sync_make_nothing_off_the_model_device(tmp_path, data_file, tiny_model_dir, lazy_device):  # noqa: F811 (the fixture)
     # beta != 0 (a reference model), two optimizer steps per generation batch
     # with num_iterations 1: old log-probs are scored, and the batch's tensors are reused across steps
     cfg = load_config(None, [

@@ -21,7 +21,6 @@ from cohort.config import ConfigError
 from cohort.config.loading import load_config
 from cohort.plan.batch import batch_plan
 from cohort.plan.memory import activation_bytes_per_token_layer, engine_batch_limits, gpu_fit_problems, gpu_memory_plan, memory_estimate, model_facts, ModelFacts
-from cohort.plan.printout import format_plan
 from cohort.plan.validate import validate_config
 
 ROOT = Path(__file__).resolve().parents[1]

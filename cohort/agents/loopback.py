@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import secrets
 import threading
-from http import HTTPStatus
 from http.server import ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import urlparse

@@ -258,7 +258,6 @@ def gmpo(inputs: LossInputs) -> TokenLosses:
     seq_loss = -seq_adv * seq_ratio  # (B, 1)
     term = -seq_adv * seq_ratio.detach() * clipped_lr / tokens  # (B, T): carries the sequence loss's gradient
     loss = (seq_loss / tokens).detach().expand_as(adv) + term - term.detach()
-    ratio = torch.exp(log_ratio).detach()
     low = (adv < 0) & (log_ratio < -inputs.eps_low)
     high = (adv > 0) & (log_ratio > inputs.eps_high)
     no = torch.zeros_like(adv, dtype=torch.bool)

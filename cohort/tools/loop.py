@@ -43,11 +43,11 @@ import inspect
 import json
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from cohort.rewards.calling import DaemonThreads
-from cohort.rollout.base import TOOL_STATUSES, Episode, Request, RequestEngineMixin, Trajectory, WrappedEngine, continuation_seed
+from cohort.rollout.base import Episode, Request, RequestEngineMixin, Trajectory, WrappedEngine, continuation_seed
 from cohort.tools.parsers import ParsedTurn, Parser, ToolCall
 from cohort.tools.render import ToolRenderer
 from cohort.tools.schema import Tool, environment_tools

@@ -21,7 +21,7 @@ rewrote its history).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Sequence
+from typing import Sequence
 
 from cohort.rollout.base import AgentRun, Trajectory
 from cohort.tools.loop import TOOL_STATUSES, Episode

@@ -81,7 +81,8 @@ def test_repeat_sampler_groups_and_epochs():
 
 def test_repeat_sampler_state_round_trip():
     a = RepeatSampler(7, 3, 2, shuffle=True, seed=5)
-    a.next_prompts(); a.next_prompts()
+    a.next_prompts()
+    a.next_prompts()
     b = RepeatSampler(7, 3, 2, shuffle=True, seed=5)
     b.load_state_dict(a.state_dict())
     assert [a.next_prompts() for _ in range(4)] == [b.next_prompts() for _ in range(4)]

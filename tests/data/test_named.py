@@ -8,7 +8,6 @@ import json
 import pytest
 
 from cohort.config import CohortConfig, ConfigError
-from cohort.data.datasets import DataError
 from cohort.data.loading import load_data
 from cohort.data.named import named_data_problems
 from cohort.rewards.columns import reward_column_problems

@@ -6,9 +6,7 @@ points its cache at the test's own directory. What a download would do online is
 
 from __future__ import annotations
 
-import re
 import shutil
-from pathlib import Path
 
 import httpx
 import pytest

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cohort.rewards import RewardEntry, RewardSet, get
+from cohort.rewards import RewardSet, get
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -3,8 +3,6 @@ rewards' optional `conversations` / `environments` arguments."""
 
 from __future__ import annotations
 
-import json
-import sys
 
 import pytest
 

@@ -15,7 +15,6 @@ Three kinds of test:
 
 from __future__ import annotations
 
-import math
 import textwrap
 import typing
 

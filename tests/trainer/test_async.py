@@ -205,7 +205,6 @@ def test_an_eval_while_groups_are_in_flight_loses_none_of_them(tmp_path, data_fi
 def test_a_local_server_engine_gets_its_own_cores_under_asynchronous_training(tmp_path, data_file, tiny_model_dir):
     # Generation and the update run at once (as with pipeline.max_staleness=1): on this machine's N cores the engine takes the
     # last N // 2 (at least one) and the trainer's threads default to the rest; synchronous runs share them all.
-    import os
     from cohort.rollout.engines.remote import engine_cores
     cores = sorted(os.sched_getaffinity(0))
     k = max(1, len(cores) // 2)

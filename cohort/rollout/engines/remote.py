@@ -370,7 +370,8 @@ class RemoteEngine(RequestEngineMixin):
             blob = serialize_part(part)
             del part  # the tensors: only the bytes are needed from here
             path = f"/weights?version={version}&part={i}&parts={count}" + ("&in_flight=1" if in_flight else "")
-            replies = self._each(lambda url: self._request(url, path, body=blob, content_type="application/octet-stream"), self.urls)
+            replies = self._each(lambda url, body=blob: self._request(url, path, body=body, content_type="application/octet-stream"),
+                                 self.urls)
             sent += len(blob) * len(self.urls)
             del blob  # before the next part is made
         for url, reply in zip(self.urls, replies):
