@@ -24,7 +24,7 @@ from collections import Counter
 from typing import Sequence
 
 from cohort.rollout.base import AgentRun, Trajectory
-from cohort.tools.loop import TOOL_STATUSES, Episode
+from cohort.rollout.base import TOOL_STATUSES, Episode
 
 
 def tool_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
