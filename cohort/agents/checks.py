@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from cohort.algorithm_facts import FACTS
+from cohort.config import CohortConfig
 from cohort.tools.schema import import_object
 
 
@@ -60,7 +61,7 @@ def _from_file(spec: str):
     return getattr(module, name)
 
 
-def agent_problems(cfg, *, world_size: int = 1, one_step: bool = True, one_step_fix: str = "") -> list[str]:
+def agent_problems(cfg: CohortConfig, *, world_size: int = 1, one_step: bool = True, one_step_fix: str = "") -> list[str]:
     """Every problem with the agent section, alone and with the rest of the config ([] when fine). `one_step`: the
     run trains each generation batch in one optimizer step (cohort.plan.run_mode, above this package, decides; its fix
     is `one_step_fix`)."""

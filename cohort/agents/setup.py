@@ -13,12 +13,13 @@ from typing import Any, Callable
 from cohort.agents.chat import ChatCompletions, Conversation
 from cohort.agents.checks import resolve_agent
 from cohort.agents.engine import AgentEngine
+from cohort.config import CohortConfig
 from cohort.rollout.base import Request
 
 UNBOUNDED = 2**31  # the endpoint's context: AgentEngine bounds each call by the engine's context and the run's budget
 
 
-def wrap_engine(cfg, engine, tokenizer, rows: Callable[[Request], dict[str, Any]] | None = None, *,
+def wrap_engine(cfg: CohortConfig, engine, tokenizer, rows: Callable[[Request], dict[str, Any]] | None = None, *,
                 max_model_len: int | None = None) -> AgentEngine:
     """`engine` behind the agent endpoint, each request one run of agent.function."""
     name = cfg.model.path

@@ -12,6 +12,7 @@ Left out: tokenizing (cohort/prompts.py) and checking the files (check_data_conf
 
 from __future__ import annotations
 
+from cohort.config import CohortConfig
 from cohort.data.datasets import PromptDataset, load_prompt_dataset, rows_dataset
 from cohort.data.named import load_named_split
 from cohort.data.tasks import get_task
@@ -19,7 +20,7 @@ from cohort.data.tasks import get_task
 AGENT_REWARD = {"name": "cohort.agents.reward.agent_reward", "weight": 1.0}  # with agent.function: the reward set
 
 
-def load_data(cfg) -> tuple[PromptDataset, PromptDataset | None, list[dict] | None]:
+def load_data(cfg: CohortConfig) -> tuple[PromptDataset, PromptDataset | None, list[dict] | None]:
     """(train dataset, eval dataset or None, reward specs) from files or the built-in task."""
     specs = [s.model_dump() for s in cfg.rewards] if cfg.rewards is not None else None
     if cfg.data.dataset_name:

@@ -62,6 +62,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.fsdp import register_fsdp_forward_method
 
+from cohort.config import CohortConfig
 from cohort.models.devices import process_group_backend, use_device
 from cohort.models.logprobs import ROOT_FORWARD
 from cohort.models.precision import Precision
@@ -341,7 +342,7 @@ def context_from_env(device: torch.device = CPU) -> LocalContext:
     return LocalContext(device)
 
 
-def rank_run_dir(ctx: LocalContext, cfg, run_dir: Path) -> Path:
+def rank_run_dir(ctx: LocalContext, cfg: CohortConfig, run_dir: Path) -> Path:
     """This rank's run directory: rank 0's everywhere (even if the clocks differ); ranks > 0 write their (duplicate)
     logs under run_dir/ranks/rank-N, quietly (their `cfg.run` loggers, progress bar and diagnostics turned off)."""
     run_dir = Path(ctx.broadcast_object(str(run_dir)))

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import torch
 
+from cohort.config import CohortConfig
 from cohort.models.loading import write_config_dtype
 from cohort.models.precision import Precision
 
@@ -244,7 +245,7 @@ def _conv1d_kind() -> tuple[type, ...]:
     return (Conv1D,)
 
 
-def lora_problems(cfg, model_dir: Path | None = None, *, needs_critic: bool = False, world_size: int = 1) -> list[str]:
+def lora_problems(cfg: CohortConfig, model_dir: Path | None = None, *, needs_critic: bool = False, world_size: int = 1) -> list[str]:
     """Every problem with the lora section's fields, with its fix; `model_dir` (when given) to check target modules.
 
     `needs_critic` (the algorithm trains a critic) and `world_size` (training processes) come from the caller, which
@@ -272,7 +273,7 @@ def lora_problems(cfg, model_dir: Path | None = None, *, needs_critic: bool = Fa
     return problems
 
 
-def _combination_problems(cfg, needs_critic: bool, world_size: int) -> list[str]:
+def _combination_problems(cfg: CohortConfig, needs_critic: bool, world_size: int) -> list[str]:
     problems = []
     if needs_critic:
         problems.append(f"lora.rank = {cfg.lora.rank} with algorithm.name = {cfg.algorithm.name}: the critic is not "

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from cohort.config import CohortConfig
+
 
 @dataclass(frozen=True)
 class EngineGpus:
@@ -48,6 +50,6 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def training_processes(cfg) -> int:
+def training_processes(cfg: CohortConfig) -> int:
     """Processes training together, one GPU each: torchrun's WORLD_SIZE when launched by it, else train.num_processes."""
     return int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else cfg.train.num_processes

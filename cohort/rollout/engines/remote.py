@@ -60,6 +60,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
+from cohort.config import CohortConfig
 from cohort.models.placement import engine_gpus, training_processes, visible_gpus
 from cohort.rollout.base import Request, RequestEngineMixin, Trajectory
 from cohort.rollout.server.app import TOKEN_ENV, LocalServer, completion_from_json, request_to_json, split_cores
@@ -402,7 +403,7 @@ class RemoteEngine(RequestEngineMixin):
         self.pool.shutdown(wait=False)
 
 
-def engine_cores(cfg) -> tuple[list[int] | None, int | None]:
+def engine_cores(cfg: CohortConfig) -> tuple[list[int] | None, int | None]:
     """(cores bound to a local server's engine, the trainer's default thread count) for this config (`split_cores`):
     split when generation runs beside the update (pipeline.max_staleness >= 1)."""
     concurrent = bool(cfg.pipeline.max_staleness)
@@ -419,7 +420,7 @@ class LocalServerEngine(RequestEngineMixin):
     its own torch.distributed groups, which would wait for every rank).
     """
 
-    def __init__(self, model_dir, cfg, *, max_model_len: int, dtype: str):
+    def __init__(self, model_dir, cfg: CohortConfig, *, max_model_len: int, dtype: str):
         gpus = engine_gpus(training_processes(cfg), cfg.engine.tensor_parallel_size, visible_gpus())
         self.server = LocalServer(model_dir, dtype=dtype, max_model_len=max_model_len, seed=cfg.rollout.seed,
                                   kv_cache_gib=cfg.engine.kv_cache_gib, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
