@@ -331,8 +331,10 @@ for _layer in range(24):
         "self_attn.k_proj.bias": [128], "self_attn.v_proj.weight": [128, 896], "self_attn.v_proj.bias": [128],
         "self_attn.o_proj.weight": [896, 896], "mlp.gate_proj.weight": [4864, 896], "mlp.up_proj.weight": [4864, 896],
         "mlp.down_proj.weight": [896, 4864], "input_layernorm.weight": [896], "post_attention_layernorm.weight": [896]}.items()})
+# eager vLLM, as the derivations below assume (the default captures CUDA graphs on a GPU: +1 GiB, tested on its own)
 QWEN05 = ["model.dtype=bfloat16", "data.max_prompt_length=768", "rollout.max_completion_length=256",
-          "train.micro_batch_size=8", "train.prompts_per_step=8", "rollout.num_generations=8"]  # 1,024 tokens, 64 per batch
+          "train.micro_batch_size=8", "train.prompts_per_step=8", "rollout.num_generations=8",  # 1,024 tokens, 64 per batch
+          "engine.enforce_eager=true"]
 GIB = 2**30
 
 
@@ -442,6 +444,16 @@ def test_gpu_plan_of_a_qwen05_shaped_model_without_checkpointing(qwen05_dir):
     assert (gpu.utilization, gpu.derived, gpu.engine_bytes, gpu.needed, gpu.fits) == (0.04, True, 3_435_973_837, 27_212_913_613, True)
     gpu141, _ = qwen05_gpu(141, model_dir=qwen05_dir)
     assert (gpu141.utilization, gpu141.needed, gpu141.fits) == (0.03, 28_318_867_692, True)
+
+
+def test_the_default_engine_counts_cuda_graphs_on_a_gpu(qwen05_dir):
+    """engine.enforce_eager unset captures CUDA graphs on a GPU: vLLM's working memory 1 GiB + 1 GiB for the graphs =
+    2,147,483,648; share = 3,022,696,192 + 1,073,741,824 = 4,096,438,016, + 10% = 4,506,081,817.6 of 80 GiB
+    (85,899,345,920) = 0.0525 -> 0.06 (5,153,960,755.2, rounded up: 5,153,960,756 B); needed = 536,870,912 +
+    23,240,068,864 + 5,153,960,756 = 28,930,900,532: fits."""
+    graphs, _ = qwen05_gpu(80, "engine.enforce_eager=null", model_dir=qwen05_dir)
+    assert [size for _, size, _ in graphs.engine] == [988_065_536, 805_306_368, 2_147_483_648, 155_582_464]
+    assert (graphs.utilization, graphs.engine_bytes, graphs.needed, graphs.fits) == (0.06, 5_153_960_756, 28_930_900_532, True)
 
 
 def test_the_planner_counts_vllms_warm_up_for_the_sequences_cohort_passes(qwen05_dir):

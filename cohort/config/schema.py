@@ -121,7 +121,9 @@ class EngineConfig(_Section):
         "trainer's process; `local_server` as a private `cohort serve` child process on this machine (stopped at the end); `server` on "
         "the `cohort serve` servers in engine.server_urls (token from COHORT_SERVER_TOKEN). docs/deployment.md.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Generation dtype; `auto` uses model.dtype.")
-    enforce_eager: bool = Field(True, description="vLLM: skip graph compilation.")
+    enforce_eager: bool | None = Field(None, description="vLLM: skip CUDA graph capture and compilation. None: eager on the CPU, "
+        "where vLLM has no graphs to capture, and graphs on a GPU (vLLM's own default: faster decoding of small batches for about "
+        "1 GiB more, which the planner counts).")
     enable_prefix_caching: bool = Field(True, description="vLLM: reuse the prompt's KV cache across the G completions of a prompt.")
     kv_cache_gib: float = Field(1.0, description="vLLM on CPU: KV cache size in GiB.")
     gpu_memory_utilization: float | None = Field(None, description="vLLM on GPU: the fraction of the GPU's memory vLLM may take. None: "

@@ -217,7 +217,7 @@ VLLM_WORKING_BYTES = 1 * GIB  # vLLM's memory besides weights, KV cache and the 
 # the sort's float32 values and int64 indices = 16 B a logit (1,024 × 151,936: 2.32 GiB; issue 38 read 2.3-2.6 GiB)
 VLLM_SAMPLER_BYTES_PER_LOGIT = 16
 ENGINE_BATCHED_TOKENS = 8192  # max_num_batched_tokens on CUDA, at least max_model_len (vLLM's default below 70 GiB)
-VLLM_CUDA_GRAPH_BYTES = 1 * GIB  # on top when CUDA graphs are captured (engine.enforce_eager = false)
+VLLM_CUDA_GRAPH_BYTES = 1 * GIB  # on top when CUDA graphs are captured (engine.enforce_eager unset, on a GPU, or false)
 VLLM_BLOCK_TOKENS = 16  # vLLM's KV cache block on CUDA: a sequence takes whole blocks
 VLLM_SHARE_MARGIN = 0.10  # the derived gpu_memory_utilization covers vLLM's share + 10%, rounded up to 0.01
 OWN_GPU_UTILIZATION = 0.9  # vLLM's own default, for an engine alone on its GPU
@@ -290,7 +290,7 @@ def engine_share(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts) -> list[
          f"{plan.generation_batch_size} sequences × {blocks:,} tokens × {per_token:,} B per token{split}"),
         ("vLLM working memory", VLLM_WORKING_BYTES + (0 if cfg.engine.enforce_eager else VLLM_CUDA_GRAPH_BYTES),
          "profile-run activations, buffers (a fixed allowance)"
-         + ("" if cfg.engine.enforce_eager else " + CUDA graphs (engine.enforce_eager = false)")),
+         + ("" if cfg.engine.enforce_eager else " + CUDA graphs (engine.enforce_eager unset or false)")),
         ("vLLM sampler warm-up", sequences * facts.vocab_size * VLLM_SAMPLER_BYTES_PER_LOGIT,
          f"max_num_seqs {sequences} × vocab {facts.vocab_size:,} × {VLLM_SAMPLER_BYTES_PER_LOGIT} B (its start-up "
          "top-k/top-p pass)"),

@@ -91,6 +91,17 @@ def test_llm_options_on_a_gpu_and_on_the_cpu():
     assert cpu["enable_chunked_prefill"] is False and "gpu_memory_utilization" not in cpu
 
 
+def test_engine_enforce_eager_unset_is_eager_on_the_cpu_and_captures_cuda_graphs_on_a_gpu():
+    # engine.enforce_eager's default (None) leaves vLLM its own choice per device: graphs on CUDA (enforce_eager False),
+    # none on the CPU (True, as cohort always passed before); a value the user sets is passed as it is on either
+    common = dict(dtype="bfloat16", seed=0, max_model_len=1024, enable_prefix_caching=True, gpu_memory_utilization=None,
+                  sleep_mode=0, tensor_parallel_size=1)
+    chosen = {(cuda, eager): llm_options(Path("m"), cuda=cuda, enforce_eager=eager, **common)["enforce_eager"]
+              for cuda in (True, False) for eager in (None, True, False)}
+    assert chosen == {(True, None): False, (False, None): True, (True, True): True, (False, True): True,
+                      (True, False): False, (False, False): False}
+
+
 def test_vllm_gets_its_batch_limits_from_the_batch_plan_on_a_gpu(tmp_path, monkeypatch):
     """build_engine hands vLLM max_num_seqs = the generation batch (4 prompts × 8 = 32 here) and one step's tokens
     (8,192 here, at least max_model_len); on CUDA they reach vllm.LLM, where vLLM's H100/H200 default of 1,024

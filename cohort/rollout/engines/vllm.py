@@ -190,17 +190,19 @@ def _restore_parallel_state(worker) -> None:
 OWN_GPU_UTILIZATION = 0.9  # vLLM's own default: the engine alone on its GPU (cohort.plan derives it when shared)
 
 
-def llm_options(model_dir: Path, *, dtype: str, seed: int, max_model_len: int, enforce_eager: bool,
+def llm_options(model_dir: Path, *, dtype: str, seed: int, max_model_len: int, enforce_eager: bool | None,
                 enable_prefix_caching: bool, cuda: bool, gpu_memory_utilization: float | None, sleep_mode: int,
                 tensor_parallel_size: int, batch_limits: tuple[int, int] | None = None) -> dict:
     """The keyword arguments of `vllm.LLM` for this engine: the GPU ones only on CUDA, the CPU's chunked-prefill
     switch only on CPU (module docstring); sleep mode only when asked (vLLM then allocates through its CuMem pool).
     `batch_limits`: (max_num_seqs, max_num_batched_tokens) from the batch plan (cohort.plan.memory.engine_batch_limits),
     passed on CUDA, where vLLM's own defaults (1,024 sequences on an H100/H200) size a start-up sampler pass that
-    a colocated split has no room for; None, or on the CPU, vLLM's defaults."""
+    a colocated split has no room for; None, or on the CPU, vLLM's defaults. `enforce_eager` None: eager on the CPU,
+    CUDA graphs on a GPU (engine.enforce_eager)."""
     kwargs = dict(
         model=str(model_dir), tokenizer=str(model_dir), dtype=dtype, seed=seed, max_model_len=max_model_len,
-        enforce_eager=enforce_eager, enable_prefix_caching=enable_prefix_caching, logprobs_mode="processed_logprobs",
+        enforce_eager=(not cuda) if enforce_eager is None else enforce_eager, enable_prefix_caching=enable_prefix_caching,
+        logprobs_mode="processed_logprobs",
     )
     if cuda:
         kwargs["gpu_memory_utilization"] = OWN_GPU_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
@@ -235,7 +237,7 @@ class _Live:
 class VLLMEngine(RequestEngineMixin):
     in_flight_updates = True  # update_weights(..., in_flight=True) loads between steps (module docstring)
 
-    def __init__(self, model_dir: Path, *, dtype: str, max_model_len: int, seed: int = 0, enforce_eager: bool = True,
+    def __init__(self, model_dir: Path, *, dtype: str, max_model_len: int, seed: int = 0, enforce_eager: bool | None = None,
                  enable_prefix_caching: bool = True, kv_cache_gib: float = 1.0, gpu_memory_utilization: float | None = None,
                  sleep_mode: int = 0, tensor_parallel_size: int = 1, batch_limits: tuple[int, int] | None = None):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
