@@ -55,7 +55,7 @@ def with_run_samples(batch: RolloutBatch, trajectories: Sequence[Trajectory], to
         advantages=torch.empty(0), metrics=batch.metrics, policy_version=batch.policy_version,
         versions=[list(s.versions) if s else batch.versions[i] for i, s in order],
         taken_version=batch.taken_version,
-        loss_masks=[list(s.loss_mask) if s else batch._loss_mask(i) for i, s in order],
+        loss_masks=[list(s.loss_mask) if s else batch.loss_mask_of(i) for i, s in order],
         episodes=[None if s else (batch.episodes[i] if batch.episodes else None) for i, s in order],
         streamed=batch.streamed)
     width = max(1, max(len(c) for c in out.completion_ids))

@@ -68,9 +68,10 @@ class RolloutBatch:
     def token_mask(self, rows: list[int], width: int, device: torch.device | None = None) -> torch.Tensor:
         """(B, width) float on `device`: 1.0 on the completion tokens of `rows` that are trained on (the trajectories'
         loss masks: 0 on tool-output tokens), 0.0 on tool tokens and padding."""
-        return padded_tensor([self._loss_mask(i)[:width] for i in rows], width, torch.float32, device)
+        return padded_tensor([self.loss_mask_of(i)[:width] for i in rows], width, torch.float32, device)
 
-    def _loss_mask(self, i: int) -> list[int]:
+    def loss_mask_of(self, i: int) -> list[int]:
+        """Completion i's loss mask: 1 per sampled token, 0 per tool-output token (all ones without tool turns)."""
         return self.loss_masks[i] if self.loss_masks is not None else [1] * len(self.completion_ids[i])
 
     def trained_lengths(self) -> list[int]:
