@@ -69,8 +69,8 @@ train prompts run past 100 tokens (``LongTailRecipe.stop_check`` says why). Meas
 shared cores, load 5-11): 300 steps, 561 s; held-out greedy 78.5% (every one-number answer, 51/74 of 2-5 numbers,
 10/27 of 6-16, 0/7 of 17 or more), sampled 71.3%, pass@8 84%, 13 of 512 samples over 100 tokens. On an AMD EPYC
 without bf16 units that stop sampled none at step 300; this one went on to step 350 (8 of 512): held-out greedy
-79.5%, sampled 72.1%, pass@8 84%, 1047 s under load 5-15. The first counting recipe, counting from any ``a`` to any ``b``, never learned
-to stop at ``b`` in 400 steps (it stopped after one number or never).
+79.5%, sampled 72.1%, pass@8 84%, 1047 s under load 5-15. The first counting recipe, counting from any ``a`` to any
+``b``, never learned to stop at ``b`` in 400 steps (it stopped after one number or never).
 
 Left out: GPU builds (a tiny model trains in a minute or two on one CPU core),
 and a hub upload.
@@ -609,7 +609,7 @@ def sampled_completions(
 
 def tail_lengths(model, prompts: list, max_new_tokens: int, codec: Codec | None = None) -> list[int]:
     """Each prompt's one temperature-1 completion (seed 0, on the KV cache), as its length with the eos (in tokens with the
-    character tokenizer, which the recipes that read it use); one
-    that never stops counts ``max_new_tokens``: what an engine sampling these prompts would decode."""
+    character tokenizer, which the recipes that read it use); one that never stops counts ``max_new_tokens``: what an
+    engine sampling these prompts would decode."""
     samples = sampled_completions(model, prompts, 1, max_new_tokens, seed=0, codec=codec, kv_cache=True)
     return [max_new_tokens if texts[0] is None else len(texts[0]) + 1 for texts in samples]
