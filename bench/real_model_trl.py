@@ -4,21 +4,24 @@ The workload (issue 35), identical on both sides: chat prompts "What is a + b?" 
 700 to train on; bench/_common.py `sum_question_rows`), reward 1 when the completion's last integer is the sum
 (`last_integer_reward`), G = 8, 8 prompts a step (64 completions), 48-token completions, temperature 0.7, lr 1e-5,
 beta 0, 20 steps, the seed given. Everything else is each tool's default:
-- cohort: `python -m cohort.cli train` with only those fields (model.dtype=auto picks bf16 mixed on this model, the
-  CLI's environment, colocated vLLM);
+- cohort: `python -m cohort.cli train` with only those fields (model.dtype=auto: bf16 mixed on a CPU with bf16 units,
+  float32 on one without, as the 2-core development VM and CI; the CLI's environment, colocated vLLM);
 - TRL 1.16 `GRPOTrainer` (bench/trl_grpo_step.py in bench/.trl-venv, `make bench-env`): its defaults (bf16 autocast
   over float32 weights, gradient checkpointing, dapo loss, transformers generate) with `use_cpu=True`, the step's 64
   completions as 16 × 4 gradient accumulation, and no environment variable that changes speed (compare.SPEED_VARS
   are removed from its environment, as bench/compare.py does).
 The variant `cohort_async` adds `pipeline.max_staleness=1 engine.mode=local_server` (one step off-policy; reported,
-never a default).
+never a default). The variant `trl_float32` is TRL with `bf16=False`, NOT its default: on a CPU without bf16 units
+TRL's default autocast is emulated and a step takes minutes, so this is the TRL side a learning comparison can afford
+there; it is labelled wherever it is quoted.
 
 Both final models (cohort's final/, in model.dtype as cohort delivers it; TRL's save_model) and the base model are
 scored by ONE evaluator (`--evaluate DIR`, in a fresh process of this venv): float32 transformers, the chat template
 with its generation prompt, greedy, 48 new tokens, the same reward, on the 200 held-out prompts.
 
 Speed per run: median s/step over steps 2..N, the phases (`timing/*`: cohort's own metrics, TRL's from wrapping its
-methods, bench/trl_grpo_step.py) and their shares, `other_share` (the step outside its named phases), trained
+methods, bench/trl_grpo_step.py) and their shares, per step then the median: `other_share` (the step outside its named
+phases) and `outside_generate_update_share` (outside generation and the update: pushes, checks, log-prob passes), trained
 completion tokens/s (completion tokens of a step / its time). `uptime` load before and after each run is recorded:
 on a shared machine the timings are only as good as that load.
 
@@ -49,6 +52,7 @@ VARIANTS = {
     "cohort": (),
     "cohort_async": ("pipeline.max_staleness=1", "engine.mode=local_server"),
     "trl": (),
+    "trl_float32": (),
 }
 
 
@@ -65,8 +69,9 @@ def data_files() -> tuple[Path, Path]:
 
 def command(variant: str, model_dir: Path, train_file: Path, seed: int, steps: int, run_dir: Path) -> list[str]:
     """The command line a user would type: the workload's fields only (module docstring)."""
-    if variant == "trl":
-        return [str(TRL_PYTHON), str(common.BENCH_DIR / "trl_grpo_step.py"), "--bf16", "--model-dir", str(model_dir),
+    if variant.startswith("trl"):
+        precision = ["--bf16"] if variant == "trl" else []  # TRL's default bf16=True; trl_float32 is labelled non-default
+        return [str(TRL_PYTHON), str(common.BENCH_DIR / "trl_grpo_step.py"), *precision, "--model-dir", str(model_dir),
                 "--data-file", str(train_file), "--reward", "last_integer", "--steps", str(steps),
                 "--prompts-per-step", str(PROMPTS_PER_STEP), "--num-generations", str(GROUP),
                 "--max-completion-length", str(MAX_TOKENS), "--temperature", str(TEMPERATURE), "--learning-rate", str(LR),
@@ -114,9 +119,12 @@ def speed(records: list[dict]) -> dict:
                     and "/" not in k[len("timing/"):] and k != "timing/step_s"})
     phases = {n: common.median([r.get(f"timing/{n}_s", 0.0) for r in steady]) for n in names}
     tokens = [r.get("tokens/generated", r.get("completion_tokens", 0)) for r in steady]
+    # per step, then the median (medians of phases do not add up to the median step)
+    outside = [1 - (r.get("timing/generate_s", 0.0) + r.get("timing/update_s", 0.0)) / r["timing/step_s"] for r in steady]
+    unnamed = [1 - sum(r.get(f"timing/{n}_s", 0.0) for n in names) / r["timing/step_s"] for r in steady]
     return {"steps": len(records), "median_step_s": step_s, "step_s_all": [round(r["timing/step_s"], 3) for r in records],
             "phases_median_s": phases, "phases_share": {n: v / step_s for n, v in phases.items()},
-            "other_share": 1 - sum(phases.values()) / step_s,
+            "other_share": common.median(unnamed), "outside_generate_update_share": common.median(outside),
             "trained_tokens_per_s": sum(tokens) / sum(r["timing/step_s"] for r in steady),
             "mismatch": {k: common.median([r[k] for r in steady if k in r]) for k in sorted(steady[-1]) if k.startswith("mismatch/")},
             "reward_mean_last": records[-1].get("reward", records[-1].get("rewards/mean"))}
