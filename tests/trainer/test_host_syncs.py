@@ -35,9 +35,11 @@ class HostSyncs(TorchFunctionMode):
         self.calls: list[str] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        caller = sys._getframe(1).f_code.co_filename
-        if caller.startswith(COHORT):  # cohort's own calls only
-            self.record(func, args, f"{caller[len(COHORT) + 1:]}:{sys._getframe(1).f_lineno}")
+        frame = sys._getframe(1)
+        while frame.f_code.co_name == "__torch_function__":  # a subclass's own frames: the caller is above them
+            frame = frame.f_back
+        if frame.f_code.co_filename.startswith(COHORT):  # cohort's own calls only
+            self.record(func, args, f"{frame.f_code.co_filename[len(COHORT) + 1:]}:{frame.f_lineno}")
         return func(*args, **(kwargs or {}))
 
     def record(self, func, args, where: str) -> None:
@@ -114,3 +116,30 @@ def test_the_update_loop_copies_nothing_to_the_device_and_reads_nothing_back(tmp
         assert float(sums["mismatch_tokens"]) == 10.0  # the tokens sampled by the trainer's version: 4 + 3 + 2 + 3 - 2
     finally:
         trainer.close()
+
+
+def test_the_log_prob_pass_moves_every_micro_batch_before_its_first_forward(tiny_model_dir):
+    # score_completions (old, reference and teacher log-probs) over 2 micro-batches: the 5 tensors of each packed
+    # micro-batch (ids, attention mask, prompt lengths, completion ids and mask) are made before the first forward
+    # (an embedding lookup), not one micro-batch's between two forwards, where each waits for the forward before it.
+    from cohort.trainer.rollout_batch import RolloutBatch
+    from cohort.trainer.scoring import score_completions
+
+    class Order(HostTraffic):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.nn.functional.embedding:
+                self.calls.append("forward")
+            return super().__torch_function__(func, types, args, kwargs)
+
+    import numpy as np
+
+    policy = load_policy(tiny_model_dir, "float32")
+    completions = [[5, 6, 7, 8], [5, 6, 7], [9, 10], [11, 12, 13]]
+    batch = RolloutBatch([0] * 4, [[1, 2, 3]] * 4, completions, [[]] * 4, [False] * 4, ["x"] * 4, np.zeros(4),
+                         np.zeros((4, 0)), torch.zeros(4, 4))
+    with Order() as order:
+        out = score_completions(batch, [[0, 1], [2, 3]], {"old": (policy, torch.enable_grad)}, pad_id=0,
+                                device=torch.device("cpu"), temperature=1.0, chunk_size=2)
+    kinds = [c.split()[0] for c in order.calls]
+    assert kinds == ["tensor"] * 10 + ["forward"] * 2  # before: 5 tensors, a forward, 5 tensors, a forward
+    assert [len(r) for r in out["old"]] == [4, 3, 2, 3]
