@@ -110,7 +110,8 @@ class RolloutConfig(_Section):
     temperature: float = Field(1.0, description="Sampling temperature; the trainer divides logits by the same value when scoring.")
     top_p: float = Field(1.0, description="Nucleus sampling mass (1.0: off).")
     top_k: int = Field(0, description="Top-k sampling (0: off).")
-    seed: int = Field(0, description="Base sampling seed; every completion gets its own seed derived from it, the step and its index.")
+    seed: int = Field(0, description="Base sampling seed; every completion gets its own seed derived from it, the step and its index "
+        "(vLLM on a GPU: only with engine.per_request_seeds; otherwise it seeds the engine once).")
 
 
 class EngineConfig(_Section):
