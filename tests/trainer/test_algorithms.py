@@ -389,7 +389,8 @@ def test_entropy_bonus_and_top_entropy_reach_the_loss(toy, tiny_model_dir):
     ours = [p.grad.clone() for p in trainer.policy.parameters()]
     trainer.optimizer.zero_grad(set_to_none=True)
     kept = 0.0
-    for mb, (pb, mask) in zip(micro, packed):
+    for mb, mbi in zip(micro, packed):
+        pb, mask = mbi.packed, mbi.mask
         logp, entropy = naive_completion_logprobs(trainer.policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths,
                                                   pb.completion_ids, mask)
         keep = top_entropy_mask(entropy.detach(), mask, 0.5)
