@@ -38,6 +38,9 @@ class PackedBatch:
                                                              self.completion_ids, self.completion_mask)))
 
 
+HOST = torch.device("cpu")  # where the trainer stages host-made tensors, named so (never by omission) before `to_device`
+
+
 def to_device(t: torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
     """Host tensor `t` on `device` (itself when already there, or for None). Onto a CUDA device it goes from pinned
     memory without blocking the host: the copy queues behind the device's work instead of the host waiting for it, as

@@ -64,7 +64,7 @@ from cohort.algorithms import (aggregate_loss, aggregation_count, kl_penalty, ma
 from cohort.algorithms import advantage_stats
 from cohort.algorithms.specs import AdvantageInputs
 from cohort.config import CohortConfig, default_output_dir
-from cohort.models.batching import (length_sorted_micro_batches, pack_right_padded, pad_rows, padded_tensor,
+from cohort.models.batching import (HOST, length_sorted_micro_batches, pack_right_padded, pad_rows, padded_tensor,
                                     split_to_count, to_device)
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES, float32_weights
@@ -348,18 +348,18 @@ class Trainer:
         loss reads from the batch's host lists (the engine's log-probs, each token's staleness and off-policy flag).
         Made on the host and moved to the device once, before the first forward: the loop over the micro-batches then
         queues its work without a copy to the device or a read back (issue 38, item 7; tests/trainer/test_host_syncs.py)."""
-        pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.pad_id)
+        pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.pad_id, HOST)
         # tool-output tokens (loss mask 0) are in the input but out of the loss, ratio, entropy, KL and normaliser
         width = pb.completion_mask.shape[1]
-        mask = pb.completion_mask * batch.token_mask(mb, width) * self._kept(batch, mb)[:, None]
-        off = batch.off_policy(mb, width) if batch.versions else None  # tokens sampled before the batch was taken
-        behind = batch.staleness(mb, width, self.state.policy_version) if batch.versions else None
+        mask = pb.completion_mask * batch.token_mask(mb, width, HOST) * self._kept(batch, mb)[:, None]
+        off = batch.off_policy(mb, width, HOST) if batch.versions else None  # tokens sampled before the batch was taken
+        behind = batch.staleness(mb, width, self.state.policy_version, HOST) if batch.versions else None
         if self.cfg.algorithm.off_policy_objective == "mask_stale" and off is not None:
             mask = mask * (1.0 - off)  # tokens of older policies: out of the loss
         bound = self.rollout.token_staleness_bound  # tokens staler than pipeline.max_staleness (k >= 1): out of it
         if bound < float("inf") and behind is not None:
             mask = mask * (behind <= bound).float()
-        engine = padded_tensor([batch.engine_logp[i][:width] for i in mb], width, torch.float32, None)  # 0 where none
+        engine = padded_tensor([batch.engine_logp[i][:width] for i in mb], width, torch.float32, HOST)  # 0 where none
         trains_off_policy = off is not None and bool((off * mask).sum() > 0)  # read on the host, where it was made
         return MicroBatch(pb.to(self.device), to_device(mask, self.device), *(
             None if t is None else to_device(t, self.device) for t in (off, behind, engine)), trains_off_policy)
@@ -368,15 +368,15 @@ class Trainer:
         """(B,) on the host: 1.0 for completions that enter the loss; 0.0 for truncated ones under
         mask_truncated_completions."""
         if not self.cfg.algorithm.mask_truncated_completions:
-            return torch.ones(len(rows))
-        return torch.tensor([0.0 if batch.truncated[i] else 1.0 for i in rows])
+            return torch.ones(len(rows), device=HOST)
+        return torch.tensor([0.0 if batch.truncated[i] else 1.0 for i in rows], device=HOST)
 
     def advantage_mask(self, batch: RolloutBatch) -> torch.Tensor:
         """(N, T) 1.0 on each completion's tokens that enter the loss (T = the longest completion, at least 1):
         not padding, not tool output (loss mask 0), not a truncated completion under mask_truncated_completions."""
         width = max(1, max(len(c) for c in batch.completion_ids))
         rows = list(range(len(batch)))
-        return to_device(batch.token_mask(rows, width) * self._kept(batch, rows)[:, None], self.device)  # 0 on padding, tool tokens
+        return to_device(batch.token_mask(rows, width, HOST) * self._kept(batch, rows)[:, None], self.device)  # 0 on padding, tool tokens
 
     def _advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
         """Advantages (N, T) and critic targets for the whole generation batch, by the algorithm's spec; KL bookkeeping."""
