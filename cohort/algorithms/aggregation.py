@@ -124,6 +124,8 @@ def aggregate_loss(
     numerator = aggregation.numerator(per_token, mask_f, width)
     if num_items is None:
         count = aggregation.count(mask_f)
+    elif not torch.is_tensor(num_items):  # a host number divides as a kernel argument: no copy to the device
+        return numerator / (float(num_items) if num_items > 0 else 1.0)
     else:
-        count = torch.as_tensor(num_items, device=per_token.device).to(numerator.dtype)
+        count = num_items.to(device=per_token.device, dtype=numerator.dtype)
     return numerator / torch.where(count > 0, count, torch.ones_like(count))

@@ -110,7 +110,8 @@ class RolloutConfig(_Section):
     temperature: float = Field(1.0, description="Sampling temperature; the trainer divides logits by the same value when scoring.")
     top_p: float = Field(1.0, description="Nucleus sampling mass (1.0: off).")
     top_k: int = Field(0, description="Top-k sampling (0: off).")
-    seed: int = Field(0, description="Base sampling seed; every completion gets its own seed derived from it, the step and its index.")
+    seed: int = Field(0, description="Base sampling seed; every completion gets its own seed derived from it, the step and its index "
+        "(vLLM on a GPU: only with engine.per_request_seeds; otherwise it seeds the engine once).")
 
 
 class EngineConfig(_Section):
@@ -124,6 +125,11 @@ class EngineConfig(_Section):
     enforce_eager: bool | None = Field(None, description="vLLM: skip CUDA graph capture and compilation. None: eager on the CPU, "
         "where vLLM has no graphs to capture, and graphs on a GPU (vLLM's own default: faster decoding of small batches for about "
         "1 GiB more, which the planner counts).")
+    per_request_seeds: bool | None = Field(None, description="vLLM: give each completion its own sampling seed (from rollout.seed, "
+        "the step and its index), so its tokens do not depend on what else is in the batch. None: on the CPU, where vLLM's sampling "
+        "is batch-invariant and a seeded run repeats exactly; off on a GPU, where vLLM samples seeded requests one by one outside its "
+        "fast sampler and its batched kernels are not batch-invariant anyway (the engine draws from one generator seeded by "
+        "rollout.seed). Servers (engine.mode local_server, server) use the default of their device.")
     enable_prefix_caching: bool = Field(True, description="vLLM: reuse the prompt's KV cache across the G completions of a prompt.")
     kv_cache_gib: float = Field(1.0, description="vLLM on CPU: KV cache size in GiB.")
     gpu_memory_utilization: float | None = Field(None, description="vLLM on GPU: the fraction of the GPU's memory vLLM may take. None: "

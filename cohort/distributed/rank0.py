@@ -7,9 +7,10 @@ part in gathering the shards; rank 0 hands the full tensors over), and streamed:
 rank 0's engine reads the weights as a stream of gathered tensors, each all-gathered
 when it asks for the next, so rank 0 holds one full tensor at a time (plus what its
 engine keeps: the remote engine packs parts of up to 64 MiB) and no rank ever holds
-the whole model. Every walk the engine starts over the stream (the remote engine
-walks it twice: sizes, then tensors) is announced to the other ranks, which join
-its all-gathers in the same order and drop what they receive.
+the whole model. Every walk the engine starts over the stream is announced to the
+other ranks, which join its all-gathers in the same order and drop what they
+receive; the remote engine, which plans its parts from the sizes first, reads them
+from the shards' metadata (`GatheredWalks.layout`), so a push gathers each tensor once.
 
 Which engine rank 0 holds (chosen by `cohort.trainer.engines.rank0_engine`):
 - engine.mode=server: the client of the rollout servers (`RemoteEngine`);
@@ -110,6 +111,12 @@ class GatheredWalks:
         self.ctx.broadcast_object(_WALK)
         self._open = iter(gather_named_tensors(self.named, self.ctx.device))
         return self._open
+
+    def layout(self) -> list[tuple[str, int]]:
+        """(name, bytes of the full tensor) in walk order, from each shard's metadata (a DTensor knows its global shape
+        and dtype): no all-gather and no walk announced, so an engine that plans before it sends (the remote engine's
+        parts) gathers the weights once per push, not twice (issue 38, item 7)."""
+        return [(name, tensor.numel() * tensor.element_size()) for name, tensor in self.named]
 
     def finish(self) -> None:
         """Join the rest of the open walk's all-gathers (the other ranks are in them), dropping the tensors."""

@@ -8,7 +8,9 @@ padding; with a token budget (`train.max_tokens_per_microbatch`) a micro-batch
 also holds at most that many padded cells, so short sequences travel many to a
 micro-batch and long ones few. The padding fraction is reported as a metric.
 
-Every tensor is made on the device it is asked for (the model's), never on the CPU first and moved row by row.
+Every tensor is made in one call, never row by row: on the device it is asked for, or on the host and moved whole
+with `to_device` (the trainer's micro-batches, all moved before the first forward so that its loop over them copies
+nothing to the device).
 """
 
 from __future__ import annotations
@@ -29,6 +31,26 @@ class PackedBatch:
     @property
     def padding_fraction(self) -> float:
         return 1.0 - float(self.attention_mask.sum()) / self.attention_mask.numel()
+
+    def to(self, device: torch.device | str | None) -> PackedBatch:
+        """Every tensor on `device` (`to_device`)."""
+        return PackedBatch(*(to_device(t, device) for t in (self.input_ids, self.attention_mask, self.prompt_lengths,
+                                                             self.completion_ids, self.completion_mask)))
+
+
+HOST = torch.device("cpu")  # where the trainer stages host-made tensors, named so (never by omission) before `to_device`
+
+
+def to_device(t: torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
+    """Host tensor `t` on `device` (itself when already there, or for None). Onto a CUDA device it goes from pinned
+    memory without blocking the host: the copy queues behind the device's work instead of the host waiting for it, as
+    `torch.tensor(list, device="cuda")` does (issue 38, item 7)."""
+    device = torch.device(device) if device is not None else t.device
+    if t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def pack_right_padded(prompts: list[list[int]], completions: list[list[int]], pad_id: int,

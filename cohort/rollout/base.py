@@ -40,7 +40,8 @@ timeouts) or returns its requests with status "error" (vLLM in-process); it
 never leaves `poll` returning [] forever with requests in flight.
 
 Seeds: one per completion, derived from (rollout.seed, generation index, slot),
-so a run is reproducible and a resumed run draws the same samples.
+so a run is reproducible and a resumed run draws the same samples. (vLLM on a GPU
+drops them unless engine.per_request_seeds is set: cohort/rollout/engines/vllm.py.)
 """
 
 from __future__ import annotations

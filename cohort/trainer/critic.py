@@ -60,7 +60,7 @@ class ValueModel(torch.nn.Module):
 
 class Critic:
     def __init__(self, model_dir, cfg, pack, *, precision: Precision, device: torch.device):
-        """`pack(batch, indices) -> (PackedBatch, loss mask)` is the trainer's, so both models see the same tokens;
+        """`pack(batch, indices) -> MicroBatch` is the trainer's, so both models see the same tokens;
         `precision` and `device` are the policy's (float32 masters when mixed, on the training side's device)."""
         self.cfg = cfg
         self.precision = precision
@@ -77,7 +77,7 @@ class Critic:
         """Per completion, its (len,) values under the current critic."""
         out: list[torch.Tensor | None] = [None] * len(batch)
         for idx in micro_batches:
-            pb, _ = self.pack(batch, idx)
+            pb = self.pack(batch, idx).packed
             with self.precision.autocast():
                 values = self.model(pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_mask)
             for row, i in enumerate(idx):
@@ -87,10 +87,11 @@ class Critic:
     def update(self, batch, micro_batches: list[list[int]]) -> dict[str, float]:
         """One optimizer step of the clipped value loss over the micro-batches (gradient accumulation)."""
         packed = [self.pack(batch, mb) for mb in micro_batches]
-        num_items = sum(aggregation_count(mask, "token_mean") for _, mask in packed)
+        num_items = sum(aggregation_count(p.mask, "token_mean") for p in packed)
         sums: dict[str, Any] = defaultdict(float)  # tensors on the device until the step ends (metric_sums.py)
         self.optimizer.zero_grad(set_to_none=True)
-        for mb, (pb, mask) in zip(micro_batches, packed):
+        for mb, mbi in zip(micro_batches, packed):
+            pb, mask = mbi.packed, mbi.mask
             with self.precision.autocast():  # the backward runs outside it, as autocast asks
                 values = self.model(pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_mask).float()
             width = values.shape[1]

@@ -97,7 +97,8 @@ def build_engine(cfg, model_dir: Path, tokenizer, *, max_model_len: int, precisi
     return VLLMEngine(model_dir, dtype=cfg.generation_dtype, max_model_len=max_model_len, seed=cfg.rollout.seed,
                       enforce_eager=cfg.engine.enforce_eager, enable_prefix_caching=cfg.engine.enable_prefix_caching,
                       kv_cache_gib=cfg.engine.kv_cache_gib, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-                      sleep_mode=cfg.engine.sleep_mode, batch_limits=engine_batch_limits(batch_plan(cfg), max_model_len))
+                      sleep_mode=cfg.engine.sleep_mode, batch_limits=engine_batch_limits(batch_plan(cfg), max_model_len),
+                      per_request_seeds=cfg.engine.per_request_seeds)
 
 
 def rank0_engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, *, max_model_len: int,

@@ -17,7 +17,8 @@ import torch
 def running_max(sums: dict[str, Any], key: str, values: torch.Tensor) -> None:
     """sums[key] = max(sums[key], values.max()), kept as a tensor on values' device (an empty `values` counts as 0)."""
     peak = values.detach().max() if values.numel() else values.new_zeros(())
-    sums[key] = torch.maximum(torch.as_tensor(sums[key], dtype=peak.dtype, device=peak.device), peak)
+    previous = sums[key]  # a float before the first (a clamp takes it as a kernel argument: no copy to the device)
+    sums[key] = torch.maximum(previous, peak) if torch.is_tensor(previous) else peak.clamp(min=float(previous))
 
 
 def host_values(sums: dict[str, Any]) -> dict[str, float]:

@@ -3,7 +3,8 @@
 `RolloutBatch` holds one generation batch: the sampled completions, their
 rewards and advantages, and (only when needed) old, reference and teacher
 log-probs and the critic's values and targets. `StreamedGradients` is what a
-batch trained group by group as it was collected carries to its optimizer step.
+batch trained group by group as it was collected carries to its optimizer step; `MicroBatch` is one micro-batch of it
+as the update's loop reads it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cohort.models.batching import padded_tensor
+from cohort.models.batching import PackedBatch, padded_tensor
 from cohort.rollout.base import Trajectory
 
 
@@ -26,6 +27,21 @@ class StreamedGradients:
 
     sums: dict[str, Any] = field(default_factory=lambda: defaultdict(float))  # tensors on the device until the step
     count: float = 0.0
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch as the update's loop reads it, every tensor on the device (Trainer.pack): the packed rows, the
+    (B, width) loss mask, and, when the batch has them, each token's off-policy flag (1.0: sampled before the batch was
+    taken) and its versions behind the trainer; the engine's log-probs (0 where it gave none); `trains_off_policy`: some token in the loss is
+    off-policy (known on the host, so the loop never reads the device to decide)."""
+
+    packed: PackedBatch
+    mask: torch.Tensor
+    off: torch.Tensor | None
+    behind: torch.Tensor | None
+    engine: torch.Tensor
+    trains_off_policy: bool
 
 
 @dataclass

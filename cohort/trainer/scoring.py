@@ -25,7 +25,7 @@ from typing import Callable, ContextManager
 import torch
 
 from cohort.algorithms import distill_advantages
-from cohort.models.batching import pack_right_padded, pad_rows
+from cohort.models.batching import HOST, pack_right_padded, pad_rows
 from cohort.models.logprobs import completion_logprobs
 from cohort.trainer.rollout_batch import RolloutBatch
 
@@ -37,8 +37,10 @@ def score_completions(batch: RolloutBatch, micro_batches: list[list[int]], score
                       device: torch.device, temperature: float, chunk_size: int) -> dict[str, list[torch.Tensor]]:
     """{name: one (len(completion),) float32 log-prob row per completion} for every scorer, in one pass."""
     out: dict[str, list[torch.Tensor | None]] = {name: [None] * len(batch) for name in scorers}
-    for idx in micro_batches:
-        packed = pack_right_padded([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], pad_id, device)
+    # every micro-batch made on the host and moved before the first forward: the loop copies nothing to the device
+    packs = [pack_right_padded([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], pad_id, HOST).to(device)
+             for idx in micro_batches]
+    for idx, packed in zip(micro_batches, packs):
         for name, (model, context) in scorers.items():
             with context():
                 logp, _ = completion_logprobs(model, packed.input_ids, packed.attention_mask, packed.prompt_lengths,

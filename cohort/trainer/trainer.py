@@ -64,8 +64,8 @@ from cohort.algorithms import (aggregate_loss, aggregation_count, kl_penalty, ma
 from cohort.algorithms import advantage_stats
 from cohort.algorithms.specs import AdvantageInputs
 from cohort.config import CohortConfig, default_output_dir
-from cohort.models.batching import (length_sorted_micro_batches, pack_right_padded, pad_rows, padded_tensor,
-                                    split_to_count)
+from cohort.models.batching import (HOST, length_sorted_micro_batches, pack_right_padded, pad_rows, padded_tensor,
+                                    split_to_count, to_device)
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES, float32_weights
 from cohort.rollout.base import SamplingConfig, WeightStream, release_engine_memory
@@ -76,7 +76,7 @@ from cohort.trainer.agent_samples import with_run_samples
 from cohort.trainer.metric_sums import host_values, running_max, step_metrics
 from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
 from cohort.trainer.parts import PART_NAMES, TrainerParts
-from cohort.trainer.rollout_batch import RolloutBatch, StreamedGradients
+from cohort.trainer.rollout_batch import MicroBatch, RolloutBatch, StreamedGradients
 from cohort.trainer.state import TrainerState
 from cohort.trainer.run import run_training
 from cohort.trainer.setup import setup
@@ -252,7 +252,7 @@ class Trainer:
         # as many micro-batches on every rank (FSDP's collectives must match); a token budget can differ per rank
         micro = split_to_count(micro, self.dist.max_count(len(micro)))
         packed = [self.pack(batch, mb) for mb in micro]
-        num_items = self.dist.global_count(sum(aggregation_count(p[1], self.aggregation) for p in packed))
+        num_items = self.dist.global_count(sum(aggregation_count(p.mask, self.aggregation) for p in packed))
         sums: dict[str, Any] = defaultdict(float)  # tensors on the device until the step ends (one host read)
         self.optimizer.zero_grad(set_to_none=True)
         self.backward_micro_batches(batch, micro, packed, num_items, sums)
@@ -288,15 +288,18 @@ class Trainer:
                 group_size=self.plan.num_generations, scale=a.scale_rewards, gamma=a.gamma, lam=a.lam)).advantages
             micro = self.micro_batches(part, list(range(len(part))))
             packed = [self.pack(part, mb) for mb in micro]
-            streamed.count += float(sum(aggregation_count(p[1], self.aggregation) for p in packed))
+            streamed.count += float(sum(aggregation_count(p.mask, self.aggregation) for p in packed))
             self.backward_micro_batches(part, micro, packed, 1.0, streamed.sums)
         return part.ref_logp
 
-    def backward_micro_batches(self, batch: RolloutBatch, micro: list[list[int]], packed, num_items, sums) -> None:
+    def backward_micro_batches(self, batch: RolloutBatch, micro: list[list[int]], packed: list[MicroBatch], num_items,
+                               sums) -> None:
         """Forward and backward over each micro-batch (gradients accumulate), the loss divided by `num_items`. The
-        metrics accumulate in `sums` as tensors on the device (no host sync per micro-batch; `host_values` reads them)."""
+        metrics accumulate in `sums` as tensors on the device (no host sync per micro-batch; `host_values` reads them),
+        and every host-made tensor was moved when `packed` was made: the loop copies nothing to the device."""
         cfg, a = self.cfg, self.cfg.algorithm
-        for mb, (pb, mask) in zip(micro, packed):
+        for mb, mbi in zip(micro, packed):
+            pb, mask = mbi.packed, mbi.mask
             with self.precision.autocast():  # float32 master weights, low-precision maths when mixed; backward outside
                 logp, entropy = completion_logprobs(self.policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths,
                                                     pb.completion_ids, mask, temperature=cfg.rollout.temperature,
@@ -305,7 +308,7 @@ class Trainer:
             old = pad_rows([batch.old_logp[i] for i in mb], width) if batch.old_logp is not None else logp.detach()
             adv = batch.advantages[mb][:, :width].to(logp.dtype)  # (B, width) of the batch's (N, T)
             adv, distill_metrics = distill_micro_batch(batch, mb, adv, old, mask, cfg.teacher)  # distill: + the teacher's part
-            old, weights = self._off_policy(batch, mb, logp, old, mask, sums)
+            old, weights = self._off_policy(batch, mb, mbi, logp, old, sums)
             if a.top_entropy_quantile < 1:  # TRL's rho: only the micro-batch's top-rho tokens by entropy carry the loss
                 keep = top_entropy_mask(entropy.detach(), mask, 1.0 - a.top_entropy_quantile)
                 weights = keep.to(logp.dtype) if weights is None else weights * keep
@@ -329,7 +332,7 @@ class Trainer:
             sums["tokens"] += tokens
             sums["padding"] += pb.attention_mask.numel() - pb.attention_mask.sum()  # padded cells
             sums["cells"] += pb.attention_mask.numel()
-            self._accumulate_mismatch(sums, batch, mb, logp, mask)
+            self._accumulate_mismatch(sums, batch, mb, mbi, logp)
             for key, value in metrics.items():
                 sums[key] += value.detach() * tokens if torch.is_tensor(value) else float(value) * tokens
 
@@ -340,32 +343,40 @@ class Trainer:
         groups = length_sorted_micro_batches(lengths, self.plan.micro_batch_size, self.cfg.train.max_tokens_per_microbatch)
         return [[indices[j] for j in mb] for mb in groups]
 
-    def pack(self, batch: RolloutBatch, mb: list[int]):
-        """Micro-batch `mb` as right-padded tensors and its (B, width) loss mask (the critic packs with it too)."""
-        pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.pad_id,
-                               self.device)
+    def pack(self, batch: RolloutBatch, mb: list[int]) -> MicroBatch:
+        """Micro-batch `mb` as right-padded tensors, its (B, width) loss mask (the critic packs with it too) and what its
+        loss reads from the batch's host lists (the engine's log-probs, each token's staleness and off-policy flag).
+        Made on the host and moved to the device once, before the first forward: the loop over the micro-batches then
+        queues its work without a copy to the device or a read back (issue 38, item 7; tests/trainer/test_host_syncs.py)."""
+        pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.pad_id, HOST)
         # tool-output tokens (loss mask 0) are in the input but out of the loss, ratio, entropy, KL and normaliser
         width = pb.completion_mask.shape[1]
-        mask = pb.completion_mask * batch.token_mask(mb, width, self.device) * self._kept(batch, mb)[:, None]
-        if self.cfg.algorithm.off_policy_objective == "mask_stale":
-            mask = mask * (1.0 - batch.off_policy(mb, width, self.device))  # tokens of older policies: out of the loss
+        mask = pb.completion_mask * batch.token_mask(mb, width, HOST) * self._kept(batch, mb)[:, None]
+        off = batch.off_policy(mb, width, HOST) if batch.versions else None  # tokens sampled before the batch was taken
+        behind = batch.staleness(mb, width, self.state.policy_version, HOST) if batch.versions else None
+        if self.cfg.algorithm.off_policy_objective == "mask_stale" and off is not None:
+            mask = mask * (1.0 - off)  # tokens of older policies: out of the loss
         bound = self.rollout.token_staleness_bound  # tokens staler than pipeline.max_staleness (k >= 1): out of it
-        if bound < float("inf") and batch.versions:
-            mask = mask * (batch.staleness(mb, width, self.state.policy_version, self.device) <= bound).float()
-        return pb, mask
+        if bound < float("inf") and behind is not None:
+            mask = mask * (behind <= bound).float()
+        engine = padded_tensor([batch.engine_logp[i][:width] for i in mb], width, torch.float32, HOST)  # 0 where none
+        trains_off_policy = off is not None and bool((off * mask).sum() > 0)  # read on the host, where it was made
+        return MicroBatch(pb.to(self.device), to_device(mask, self.device), *(
+            None if t is None else to_device(t, self.device) for t in (off, behind, engine)), trains_off_policy)
 
     def _kept(self, batch: RolloutBatch, rows: list[int]) -> torch.Tensor:
-        """(B,) 1.0 for completions that enter the loss; 0.0 for truncated ones under mask_truncated_completions."""
+        """(B,) on the host: 1.0 for completions that enter the loss; 0.0 for truncated ones under
+        mask_truncated_completions."""
         if not self.cfg.algorithm.mask_truncated_completions:
-            return torch.ones(len(rows), device=self.device)
-        return torch.tensor([0.0 if batch.truncated[i] else 1.0 for i in rows], device=self.device)
+            return torch.ones(len(rows), device=HOST)
+        return torch.tensor([0.0 if batch.truncated[i] else 1.0 for i in rows], device=HOST)
 
     def advantage_mask(self, batch: RolloutBatch) -> torch.Tensor:
         """(N, T) 1.0 on each completion's tokens that enter the loss (T = the longest completion, at least 1):
         not padding, not tool output (loss mask 0), not a truncated completion under mask_truncated_completions."""
         width = max(1, max(len(c) for c in batch.completion_ids))
         rows = list(range(len(batch)))
-        return batch.token_mask(rows, width, self.device) * self._kept(batch, rows)[:, None]  # 0 on padding and tool tokens
+        return to_device(batch.token_mask(rows, width, HOST) * self._kept(batch, rows)[:, None], self.device)  # 0 on padding, tool tokens
 
     def _advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
         """Advantages (N, T) and critic targets for the whole generation batch, by the algorithm's spec; KL bookkeeping."""
@@ -388,17 +399,15 @@ class Trainer:
             batch.metrics.update({"kl": float(kl_mean), "kl_coef": beta})
             self.kl_controller.update(kl_mean, len(batch))  # a no-op for the fixed controller
 
-    def _off_policy(self, batch: RolloutBatch, mb: list[int], logp: torch.Tensor, prox: torch.Tensor, mask: torch.Tensor,
+    def _off_policy(self, batch: RolloutBatch, mb: list[int], mbi: MicroBatch, logp: torch.Tensor, prox: torch.Tensor,
                     sums) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The ratio's denominator and the per-token weights for `algorithm.off_policy_objective` (docs/algorithms.md):
         `decoupled` keeps the proximal policy `prox` (old log-probs, or the current ones detached) and weights each token
         by pi_prox / pi_engine, truncated or masked (`algorithm.rollout_correction`; auto: only when some token of the
         micro-batch is off-policy); `coupled` takes the engine's log-probs as the denominator, no weights; `mask_stale`
         (its tokens already left out by `pack`) keeps prox, no weights. Also accumulates the staleness metrics."""
-        a = self.cfg.algorithm
-        width = logp.shape[1]
-        off = batch.off_policy(mb, width, self.device) * mask  # (tokens carry the version that sampled them, whatever the engine)
-        self._accumulate_staleness(sums, batch, mb, mask, off)
+        a, mask = self.cfg.algorithm, mbi.mask
+        self._accumulate_staleness(sums, mbi)  # (tokens carry the version that sampled them, whatever the engine)
         if a.off_policy_objective == "mask_stale":
             return prox, None
         has_engine = all(len(batch.engine_logp[i]) == len(batch.completion_ids[i]) for i in mb)
@@ -406,16 +415,15 @@ class Trainer:
             if not has_engine:
                 raise RuntimeError("algorithm.off_policy_objective = coupled needs the engine's log-probs of every sampled "
                                    "token; this engine returned none. Use decoupled or mask_stale")
-            return self._engine_logp(batch, mb, width).to(prox.dtype), None
-        # (the host's versions first: an on-policy micro-batch never waits for the device to read `off`)
-        stale = (batch.sampled_before(mb) and bool(off.sum() > 0)) or (
+            return mbi.engine.to(prox.dtype), None
+        stale = mbi.trains_off_policy or (  # (known on the host: the loop never waits for the device to decide)
             batch.policy_version != self.state.policy_version and not self.engine_shares_policy and batch.old_logp is None)
         if a.rollout_correction == "none" or (a.rollout_correction == "auto" and not stale):
             return prox, None
         if not has_engine:
             raise RuntimeError("algorithm.rollout_correction needs the engine's log-probs of every sampled token; this engine "
                                "returned none. Set algorithm.rollout_correction=none (and pipeline.max_staleness=0)")
-        engine = self._engine_logp(batch, mb, width)
+        engine = mbi.engine
         mode = "truncate" if a.rollout_correction == "auto" else a.rollout_correction
         weights, metrics = rollout_correction(prox.detach().float(), engine, mask, level="token", mode=mode,
                                               cap=a.rollout_correction_cap)
@@ -427,36 +435,31 @@ class Trainer:
         sums["ess_w2"] += (w * w).sum()
         return prox, weights.to(logp.dtype)
 
-    def _engine_logp(self, batch: RolloutBatch, mb: list[int], width: int) -> torch.Tensor:
-        """(B, width) float32 on the device: the engine's log-probs of the micro-batch's tokens, 0 on padding."""
-        return padded_tensor([batch.engine_logp[i][:width] for i in mb], width, torch.float32, self.device)
-
-    def _accumulate_staleness(self, sums, batch: RolloutBatch, mb: list[int], mask: torch.Tensor, off: torch.Tensor) -> None:
+    def _accumulate_staleness(self, sums, mbi: MicroBatch) -> None:
         """staleness/* (versions between each trained token's sampler and the policy training on it) and the
         off-policy token count, over the loss's tokens."""
-        if not batch.versions:
+        if mbi.behind is None:
             return
-        stale = batch.staleness(mb, mask.shape[1], self.state.policy_version, self.device) * mask
+        stale = mbi.behind * mbi.mask
         sums["staleness_sum"] += stale.sum()
         running_max(sums, "staleness_max", stale)
-        sums["staleness_tokens"] += mask.sum()
-        sums["off_policy_tokens"] += off.sum()
+        sums["staleness_tokens"] += mbi.mask.sum()
+        sums["off_policy_tokens"] += (mbi.off * mbi.mask).sum()
 
-    def _accumulate_mismatch(self, sums, batch: RolloutBatch, mb: list[int], logp: torch.Tensor, mask: torch.Tensor) -> None:
+    def _accumulate_mismatch(self, sums, batch: RolloutBatch, mb: list[int], mbi: MicroBatch, logp: torch.Tensor) -> None:
         """|trainer − engine| log-prob gap, measured where the trainer still holds the sampling policy (per token: the
         tokens stamped with the trainer's version; asynchronous training checks its in-flight weight pushes by it)."""
-        reference = None
+        reference, mask = None, mbi.mask
         if batch.old_logp is not None:
             reference = pad_rows([batch.old_logp[i] for i in mb], logp.shape[1])
-        elif batch.versions:
-            mask = mask * (batch.staleness(mb, logp.shape[1], self.state.policy_version, self.device) == 0).float()
+        elif mbi.behind is not None:
+            mask = mask * (mbi.behind == 0).float()
             reference = logp.detach()
         elif batch.policy_version == self.state.policy_version and (self.state.policy_version == self.state.synced_version or self.engine_shares_policy):
             reference = logp.detach()
         if reference is None or not batch.engine_logp[mb[0]]:
             return
-        engine = self._engine_logp(batch, mb, logp.shape[1])
-        gap = (reference.float() - engine).abs() * mask
+        gap = (reference.float() - mbi.engine).abs() * mask
         sums["mismatch_sum"] += gap.sum()
         running_max(sums, "mismatch_max", gap)
         sums["mismatch_tokens"] += mask.sum()

@@ -184,6 +184,12 @@ class FakeShard:
     def to_local(self):
         return torch.zeros(1)
 
+    def numel(self):  # a DTensor's metadata is the full tensor's (no all-gather)
+        return 4
+
+    def element_size(self):
+        return 4
+
     def full_tensor(self):
         self.log.append(self.value)
         return torch.full((4,), self.value)
@@ -228,6 +234,27 @@ def test_rank0_hands_its_engine_one_full_tensor_at_a_time():
     # 3 tensors, 2 walks: 6 all-gathers, each full tensor gone before the next arrives (a list of them would hold 1, 2, 3)
     assert engine.engine.alive == [1] * 6 and engine.engine.values == [0.0, 1.0, 2.0] * 2 and log == [0.0, 1.0, 2.0] * 2
     assert ctx.said == ["walk", "walk", _PushEnd(sent="sent")]  # every walk announced, then the engine's answer
+
+
+def test_the_remote_engine_plans_its_parts_from_the_shards_metadata_and_gathers_each_tensor_once():
+    # The remote engine plans parts from the sizes before it sends (stream_weight_parts). Before, that plan was a walk
+    # of its own: 3 tensors, 2 walks, 6 all-gathers. Now the sizes come from the shards' metadata (GatheredWalks.layout:
+    # 3 × 4 floats × 4 bytes = 16 bytes each); with 32-byte parts: [w0, w1], [w2]; 3 all-gathers, one walk announced.
+    from cohort.rollout.engines.remote import stream_weight_parts
+
+    class PartSender:
+        def update_weights(self, stream, version):
+            count, parts = stream_weight_parts(stream, 32)
+            return count, [[(name, float(t[0])) for name, t in part] for part in parts]
+
+    log: list = []
+    named = [(f"w{k}", FakeShard(float(k), log)) for k in range(3)]
+    ctx = Script(is_main=True)
+    sent = MainOnlyEngine(PartSender(), ctx).update_weights(named, version=2)
+    assert sent == (2, [[("w0", 0.0), ("w1", 1.0)], [("w2", 2.0)]])
+    assert log == [0.0, 1.0, 2.0] and ctx.said == ["walk", _PushEnd(sent=sent)]
+    assert follow_walks(named, Script(False, ["walk", _PushEnd(sent=sent)])) == sent  # the other ranks: one walk too
+    assert log == [0.0, 1.0, 2.0] * 2
 
 
 def test_the_other_ranks_follow_each_walk_and_share_rank0s_failure():

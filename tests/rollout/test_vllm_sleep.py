@@ -121,6 +121,32 @@ def test_vllm_gets_its_batch_limits_from_the_batch_plan_on_a_gpu(tmp_path, monke
     assert "max_num_seqs" not in llm_options(Path("m"), cuda=False, **common)
 
 
+def test_per_request_seeds_on_the_cpu_only_unless_set(tmp_path, monkeypatch):
+    """engine.per_request_seeds unset: each request carries its seed on the CPU (seeded runs repeat exactly there) and
+    none on CUDA, where vLLM samples seeded requests one by one (issue 38, item 7); a value set is kept on either. The
+    request's SamplingParams then carry its seed, or None (the engine's generator, LLM(seed=rollout.seed))."""
+    from types import SimpleNamespace
+
+    from cohort.config.loading import load_config
+    from cohort.rollout.base import SamplingConfig
+    from cohort.rollout.engines.vllm import seeds_each_request
+    from cohort.trainer import engines
+
+    chosen = {(cuda, s): seeds_each_request(s, cuda=cuda) for cuda in (True, False) for s in (None, True, False)}
+    assert chosen == {(True, None): False, (False, None): True, (True, True): True, (False, True): True,
+                      (True, False): False, (False, False): False}
+    sampling = SamplingConfig(max_tokens=4, temperature=1.0)
+    for each, expected in ((True, 1234), (False, None)):
+        engine = SimpleNamespace(per_request_seeds=each, stop_token_ids=[2])
+        assert VLLMEngine._params(engine, sampling, 1234).seed == expected
+    built = {}
+    monkeypatch.setattr(engines, "VLLMEngine", lambda model_dir, **kwargs: built.update(kwargs))
+    for value in (None, False):
+        cfg = load_config(None, ["train.prompts_per_step=4", "rollout.num_generations=8", "engine.per_request_seeds=" + {None: "null", False: "false"}[value]])
+        engines.build_engine(cfg, tmp_path, None, max_model_len=300, precision=None)
+        assert built["per_request_seeds"] is value
+
+
 def test_sleep_before_the_update_weights_woken_before_the_push_and_kv_cache_after():
     engine = _engine(sleep_mode=2)
     assert release_engine_memory(engine) is True

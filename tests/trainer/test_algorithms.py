@@ -382,14 +382,15 @@ def test_entropy_bonus_and_top_entropy_reach_the_loss(toy, tiny_model_dir):
     indices = list(range(len(batch)))
     micro = trainer.micro_batches(batch, indices)
     packed = [trainer.pack(batch, mb) for mb in micro]
-    num_items = sum(aggregation_count(mask, "token_mean") for _, mask in packed)
+    num_items = sum(aggregation_count(p.mask, "token_mean") for p in packed)
     sums = defaultdict(float)
     trainer.optimizer.zero_grad(set_to_none=True)
     trainer.backward_micro_batches(batch, micro, packed, num_items, sums)
     ours = [p.grad.clone() for p in trainer.policy.parameters()]
     trainer.optimizer.zero_grad(set_to_none=True)
     kept = 0.0
-    for mb, (pb, mask) in zip(micro, packed):
+    for mb, mbi in zip(micro, packed):
+        pb, mask = mbi.packed, mbi.mask
         logp, entropy = naive_completion_logprobs(trainer.policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths,
                                                   pb.completion_ids, mask)
         keep = top_entropy_mask(entropy.detach(), mask, 0.5)

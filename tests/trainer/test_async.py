@@ -104,7 +104,7 @@ def test_too_stale_groups_are_masked_or_dropped(tmp_path, data_file, tiny_model_
                 assert rollout.screen(stale, 3) and rollout.screen(ok, 3) and rollout.stale_masked == 8
                 batch = RolloutBatch([0], [[1, 2]], [[5, 6, 7]], [[-1.0] * 3], [False], ["x"], np.zeros(1), np.zeros((1, 0)),
                                      torch.zeros(1, 3), versions=[[0, 0, 3]], taken_version=3)
-                assert torch.equal(trainer.pack(batch, [0])[1], torch.tensor([[0.0, 0.0, 1.0]]))
+                assert torch.equal(trainer.pack(batch, [0]).mask, torch.tensor([[0.0, 0.0, 1.0]]))
             else:
                 assert not rollout.screen(stale, 3) and rollout.screen(ok, 3) and rollout.stale_dropped == 1
                 # the replacement is in flight in place of group 100 (101 stays admitted until a batch takes it)

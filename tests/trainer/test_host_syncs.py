@@ -11,6 +11,7 @@ padding mask once, `fast_all` in masking_utils.py, before the body's forward is 
 from __future__ import annotations
 
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -34,14 +35,18 @@ class HostSyncs(TorchFunctionMode):
         self.calls: list[str] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if not sys._getframe(1).f_code.co_filename.startswith(COHORT):  # cohort's own calls only
-            pass
-        elif func in HOST_READS:
-            self.calls.append(getattr(func, "__name__", str(func)))
+        frame = sys._getframe(1)
+        while frame.f_code.co_name == "__torch_function__":  # a subclass's own frames: the caller is above them
+            frame = frame.f_back
+        if frame.f_code.co_filename.startswith(COHORT):  # cohort's own calls only
+            self.record(func, args, f"{frame.f_code.co_filename[len(COHORT) + 1:]}:{frame.f_lineno}")
+        return func(*args, **(kwargs or {}))
+
+    def record(self, func, args, where: str) -> None:
+        if func in HOST_READS:
+            self.calls.append(f"{getattr(func, '__name__', func)} {where}")
         elif func is torch.Tensor.__getitem__ and _has_bool_index(args[1]):
-            self.calls.append("boolean-mask index")
-        return func(*args, **kwargs)
+            self.calls.append(f"boolean-mask index {where}")
 
 
 def _has_bool_index(index) -> bool:
@@ -61,3 +66,80 @@ def test_the_log_prob_kernel_never_waits_for_the_device(tiny_model_dir):
     assert syncs.calls == []  # before: 3 boolean-mask indexes and a nonzero per call
     assert logp[1, 1] == 0 and entropy[1, 1] == 0 and logp[2, 1] == 0  # out of the mask: 0, as before
     assert (logp[mask.bool()] < 0).all()  # (outside the recorded region: the test's own reads)
+
+
+class HostTraffic(HostSyncs):
+    """HostSyncs, plus every tensor cohort's code makes from Python data (`torch.tensor`, `torch.as_tensor`): on a GPU
+    each is a host-to-device copy, which waits for the device's queue when made on it (a blocking copy)."""
+
+    def record(self, func, args, where: str) -> None:
+        if func in (torch.tensor, torch.as_tensor):
+            self.calls.append(f"{func.__name__} {where}")
+        super().record(func, args, where)
+
+
+def test_the_update_loop_copies_nothing_to_the_device_and_reads_nothing_back(tmp_path, tiny_model_dir):
+    # Every host-made tensor a micro-batch needs (the engine's log-probs, each token's staleness and off-policy flag,
+    # the loss mask) is made when the micro-batches are packed, before the first forward; the loop over them queues
+    # forward, loss and backward without a copy or a read. The batch exercises every branch that used to make one:
+    # 4 completions, 2 micro-batches of 2; completion 0 has 2 tokens sampled at version 2 (taken at 3: off-policy, so
+    # the rollout correction runs on the engine's log-probs), the rest at 3; engine log-probs on every token
+    # (mismatch metrics); staleness metrics (versions present).
+    import numpy as np
+
+    from cohort.algorithms.aggregation import aggregation_count
+    from cohort.config.loading import load_config
+    from cohort.trainer.rollout_batch import RolloutBatch
+    from cohort.trainer.trainer import Trainer
+    from tests.builders import tiny_run, write_doubling
+
+    data = write_doubling(tmp_path / "train.jsonl", 8)
+    cfg = load_config(None, tiny_run(tiny_model_dir, data, tmp_path / "run", "engine.name=hf", "train.prompts_per_step=1",
+                                     "train.micro_batch_size=2", "rollout.max_completion_length=8",
+                                     "rewards=[{name: exact_match}]"))
+    trainer = Trainer(cfg, log=lambda *a, **k: None)
+    try:
+        trainer.state.policy_version = 3
+        completions = [[5, 6, 7, 8], [5, 6, 7], [9, 10], [11, 12, 13]]
+        batch = RolloutBatch([0] * 4, [[1, 2, 3]] * 4, completions, [[-1.0] * len(c) for c in completions], [False] * 4,
+                             ["x"] * 4, np.zeros(4), np.zeros((4, 0)), torch.tensor([[1.0] * 4, [-1.0] * 4, [0.5] * 4, [-0.5] * 4]),
+                             policy_version=3, versions=[[2, 2, 3, 3], [3, 3, 3], [3, 3], [3, 3, 3]], taken_version=3)
+        micro = trainer.micro_batches(batch, list(range(4)))
+        packed = [trainer.pack(batch, mb) for mb in micro]
+        assert len(micro) == 2
+        num_items = sum(aggregation_count(p.mask, trainer.aggregation) for p in packed)  # as update() counts
+        sums = defaultdict(float)
+        with HostTraffic() as traffic:
+            trainer.backward_micro_batches(batch, micro, packed, num_items, sums)
+        assert traffic.calls == []  # before: 15 (per micro-batch: 3-4 torch.tensor, 2 as_tensor, 1 bool on the 1st)
+        assert float(sums["off_policy_tokens"]) == 2.0 and float(sums["staleness_sum"]) == 2.0  # 2 tokens 1 version behind
+        assert float(sums["mismatch_tokens"]) == 10.0  # the tokens sampled by the trainer's version: 4 + 3 + 2 + 3 - 2
+    finally:
+        trainer.close()
+
+
+def test_the_log_prob_pass_moves_every_micro_batch_before_its_first_forward(tiny_model_dir):
+    # score_completions (old, reference and teacher log-probs) over 2 micro-batches: the 5 tensors of each packed
+    # micro-batch (ids, attention mask, prompt lengths, completion ids and mask) are made before the first forward
+    # (an embedding lookup), not one micro-batch's between two forwards, where each waits for the forward before it.
+    from cohort.trainer.rollout_batch import RolloutBatch
+    from cohort.trainer.scoring import score_completions
+
+    class Order(HostTraffic):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.nn.functional.embedding:
+                self.calls.append("forward")
+            return super().__torch_function__(func, types, args, kwargs)
+
+    import numpy as np
+
+    policy = load_policy(tiny_model_dir, "float32")
+    completions = [[5, 6, 7, 8], [5, 6, 7], [9, 10], [11, 12, 13]]
+    batch = RolloutBatch([0] * 4, [[1, 2, 3]] * 4, completions, [[]] * 4, [False] * 4, ["x"] * 4, np.zeros(4),
+                         np.zeros((4, 0)), torch.zeros(4, 4))
+    with Order() as order:
+        out = score_completions(batch, [[0, 1], [2, 3]], {"old": (policy, torch.enable_grad)}, pad_id=0,
+                                device=torch.device("cpu"), temperature=1.0, chunk_size=2)
+    kinds = [c.split()[0] for c in order.calls]
+    assert kinds == ["tensor"] * 10 + ["forward"] * 2  # before: 5 tensors, a forward, 5 tensors, a forward
+    assert [len(r) for r in out["old"]] == [4, 3, 2, 3]

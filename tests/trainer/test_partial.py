@@ -198,9 +198,10 @@ def test_off_policy_objectives_by_hand(tmp_path, data_file, tiny_model_dir, obje
         batch = RolloutBatch([0], [[1, 2]], [[5, 6, 7, 8]], [engine], [False], ["x"], np.zeros(1), np.zeros((1, 0)),
                              torch.zeros(1, 4), versions=[[0, 0, 1, 1]], taken_version=1, policy_version=0)
         trainer.state.policy_version = 1
-        mask = trainer.pack(batch, [0])[1]
+        mbi = trainer.pack(batch, [0])
+        mask = mbi.mask
         sums = __import__("collections").defaultdict(float)
-        old, weights = trainer._off_policy(batch, [0], logp, logp.detach(), mask, sums)
+        old, weights = trainer._off_policy(batch, [0], mbi, logp, logp.detach(), sums)
         if objective == "decoupled":
             assert torch.allclose(weights, torch.tensor([[2.0, 1.5, 1.0, 1.0]]), atol=1e-6) and torch.equal(old, logp)
             # Kish ESS over 4 tokens: (5.5)^2 / (4 + 2.25 + 1 + 1) / 4 = 30.25 / 8.25 / 4

@@ -61,7 +61,8 @@ def test_completions_stop_at_im_end_and_the_trained_mask_ends_there(reference):
     for i, ids in enumerate(batch.completion_ids):
         assert IM_END not in ids[:-1]  # never sampled past the end of turn
         assert (ids[-1] == IM_END) == (i in stopped) and (i in stopped or len(ids) == MAX_TOKENS)
-    packed, mask = trainer.pack(batch, list(range(len(batch))))
+    mbi = trainer.pack(batch, list(range(len(batch))))
+    packed, mask = mbi.packed, mbi.mask
     for i, ids in enumerate(batch.completion_ids):
         # pad = eos: the mask comes from the lengths, so the <|im_end|> the model chose is trained, the padding is not
         assert mask[i, : len(ids)].tolist() == [1.0] * len(ids) and not mask[i, len(ids):].any()

@@ -42,7 +42,7 @@ def test_masks_and_normaliser_leave_tool_tokens_out(trainer):
     batch = _batch()
     expected = torch.tensor([[1, 1, 0, 0, 0, 1], [1, 1, 1, 1, 0, 0]], dtype=torch.float32)  # row 1 padded from 4 to 6
     assert torch.equal(trainer.advantage_mask(batch), expected)
-    _, mask = trainer.pack(batch, [0, 1])
+    mask = trainer.pack(batch, [0, 1]).mask
     assert torch.equal(mask, expected)
     # dapo (token mean over the batch): the normaliser counts trained tokens, 3 + 4 = 7, not 6 + 4 = 10
     assert float(aggregation_count(mask, trainer.aggregation)) == 7.0

@@ -127,13 +127,15 @@ def stream_weight_parts(named_tensors: Iterable[tuple[str, torch.Tensor]], part_
     """(number of parts, the parts one at a time), the same parts as `plan_weight_parts`.
 
     A re-iterable source (a `WeightStream`, a list) is walked twice: once for the names and sizes (each tensor
-    dropped once measured), once for the tensors, so only the part being sent is held; a one-shot iterator is
-    grouped whole first. The second walk must list the same names in the same order."""
+    dropped once measured), once for the tensors, so only the part being sent is held; a source with a `layout()`
+    ((name, bytes) without making the tensors: multi-process training's gathered weights) is walked once, for the
+    tensors. A one-shot iterator is grouped whole first. The tensor walk must list the same names in the same order."""
     if isinstance(named_tensors, Iterator):
         parts = plan_weight_parts(named_tensors, part_bytes)
         return len(parts), iter(parts)
-    plan = [[name for name, _ in part] for part in
-            _group(((name, torch.empty(0), nbytes) for name, _, nbytes in _unique(named_tensors)), part_bytes)]
+    layout = getattr(named_tensors, "layout", None)
+    sizes = layout() if layout is not None else ((name, nbytes) for name, _, nbytes in _unique(named_tensors))
+    plan = [[name for name, _ in part] for part in _group(((name, torch.empty(0), nbytes) for name, nbytes in sizes), part_bytes)]
 
     def walk() -> Iterator[list[tuple[str, torch.Tensor]]]:
         sized = _unique(named_tensors)

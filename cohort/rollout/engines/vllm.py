@@ -217,6 +217,14 @@ def llm_options(model_dir: Path, *, dtype: str, seed: int, max_model_len: int, e
     return kwargs
 
 
+def seeds_each_request(setting: bool | None, *, cuda: bool) -> bool:
+    """engine.per_request_seeds: whether each request carries its own seed. None: on the CPU only. On CUDA vLLM 0.32's
+    sampler draws a seeded request's noise one request at a time (`random_sample`: a kernel per request per decoding
+    step) and its FlashInfer sampler refuses per-request generators; unseeded requests share one draw, from the engine's
+    generator (`LLM(seed=rollout.seed)`)."""
+    return (not cuda) if setting is None else setting
+
+
 class _Live:
     """A request inside vLLM: what it has streamed back so far (token ids, log-probs, the version of each token)."""
 
@@ -239,7 +247,8 @@ class VLLMEngine(RequestEngineMixin):
 
     def __init__(self, model_dir: Path, *, dtype: str, max_model_len: int, seed: int = 0, enforce_eager: bool | None = None,
                  enable_prefix_caching: bool = True, kv_cache_gib: float = 1.0, gpu_memory_utilization: float | None = None,
-                 sleep_mode: int = 0, tensor_parallel_size: int = 1, batch_limits: tuple[int, int] | None = None):
+                 sleep_mode: int = 0, tensor_parallel_size: int = 1, batch_limits: tuple[int, int] | None = None,
+                 per_request_seeds: bool | None = None):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
         from vllm import LLM
 
@@ -248,6 +257,7 @@ class VLLMEngine(RequestEngineMixin):
                              gpu_memory_utilization=gpu_memory_utilization, sleep_mode=sleep_mode,
                              tensor_parallel_size=tensor_parallel_size, batch_limits=batch_limits)
         self.llm = LLM(**kwargs)
+        self.per_request_seeds = seeds_each_request(per_request_seeds, cuda=torch.cuda.is_available())
         self.sleep_mode = sleep_mode
         self._asleep: set[str] = set()  # "weights", "kv_cache": what vLLM holds asleep now (sleep mode)
         self._weights_discarded = False  # level 2 slept and no push since: the weights are uninitialised memory
@@ -265,7 +275,7 @@ class VLLMEngine(RequestEngineMixin):
 
         return SamplingParams(
             n=1, max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else -1, seed=seed, logprobs=0,
+            top_k=sampling.top_k if sampling.top_k > 0 else -1, seed=seed if self.per_request_seeds else None, logprobs=0,
             stop_token_ids=list(self.stop_token_ids),
             detokenize=False,  # the trainer reads token ids; incremental detokenizing cost 20-30% of tokens/s (bench/rollout.py)
             output_kind=RequestOutputKind.DELTA,  # each step returns only the new tokens: appended, never re-copied
