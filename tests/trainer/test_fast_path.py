@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from collections import defaultdict
 
@@ -191,17 +193,18 @@ def test_rollout_correction_weights_by_hand(tmp_path, data_file, tiny_model_dir)
         mask[row, :n] = 1
         batch.engine_logp[i] = (logp[row, :n] - shifts[:n]).tolist()
     sums = defaultdict(float)
-    _, weights = trainer._off_policy(batch, mb, logp, logp, mask, sums)  # prox = the trainer's log-probs
+    mbi = dataclasses.replace(trainer.pack(batch, mb), mask=mask)  # (packed after the engine's log-probs are set)
+    _, weights = trainer._off_policy(batch, mb, mbi, logp, logp, sums)  # prox = the trainer's log-probs
     expected = torch.ones(width)
     expected[:4] = torch.tensor([1.5, 2.0, 0.5, 1.0])
     assert torch.allclose(weights, expected[None, :] * mask, atol=1e-5)
     assert sums["correction/frac_capped"] > 0
     trainer.cfg.algorithm.rollout_correction = "mask"
-    _, masked = trainer._off_policy(batch, mb, logp, logp, mask, defaultdict(float))
+    _, masked = trainer._off_policy(batch, mb, mbi, logp, logp, defaultdict(float))
     expected[1] = 0.0
     assert torch.allclose(masked, expected[None, :] * mask, atol=1e-5)
     trainer.cfg.algorithm.rollout_correction = "auto"  # hf shares the policy: never stale, so no weights
-    assert trainer._off_policy(batch, mb, logp, logp, mask, defaultdict(float))[1] is None
+    assert trainer._off_policy(batch, mb, mbi, logp, logp, defaultdict(float))[1] is None
     trainer.close()
 
 
