@@ -33,8 +33,8 @@ class StreamedGradients:
 class MicroBatch:
     """One micro-batch as the update's loop reads it, every tensor on the device (Trainer.pack): the packed rows, the
     (B, width) loss mask, and, when the batch has them, each token's off-policy flag (1.0: sampled before the batch was
-    taken) and its versions behind the trainer; the engine's log-probs (0 where it gave none); `trains_off_policy`: some token in the loss is
-    off-policy (known on the host, so the loop never reads the device to decide)."""
+    taken) and its versions behind the trainer; the engine's log-probs (0 where it gave none); `trains_off_policy`:
+    some token in the loss is off-policy (known on the host, so the loop never reads the device to decide)."""
 
     packed: PackedBatch
     mask: torch.Tensor
