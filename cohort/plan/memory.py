@@ -15,8 +15,9 @@
   engine.sleep_mode releasing vLLM's memory during the update. Pure: `cohort.plan.validate` reads the GPU's size
   from CUDA and refuses what cannot fit.
 
-Left out: the allocator's fragmentation; on a GPU the CUDA context is a fixed allowance (CUDA_CONTEXT_BYTES), not
-a measurement.
+Left out: on a GPU the CUDA context is a fixed allowance (CUDA_CONTEXT_BYTES), not a measurement; on the CPU the
+free heap that glibc keeps resident between chunks that live on, which the trainer gives back by default
+(train.release_host_memory, cohort/models/host_memory.py; docs/runs.md, "Memory on the CPU").
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import torch
 
 from cohort.algorithms import aggregation_count, value_loss
 from cohort.models.batching import pad_rows
+from cohort.models.host_memory import release_host_memory
 from cohort.models.loading import load_policy
 from cohort.models.logprobs import decoder_and_head
 from cohort.models.precision import Precision
@@ -63,6 +64,7 @@ class Critic:
         """`pack(batch, indices) -> MicroBatch` is the trainer's, so both models see the same tokens;
         `precision` and `device` are the policy's (float32 masters when mixed, on the training side's device)."""
         self.cfg = cfg
+        self.device = device
         self.precision = precision
         self.model = ValueModel.from_checkpoint(model_dir, self.precision.weights_dtype).to(device)
         if cfg.train.gradient_checkpointing:
@@ -76,8 +78,8 @@ class Critic:
     def values(self, batch, micro_batches: list[list[int]]) -> list[torch.Tensor]:
         """Per completion, its (len,) values under the current critic."""
         out: list[torch.Tensor | None] = [None] * len(batch)
-        for idx in micro_batches:
-            pb = self.pack(batch, idx).packed
+        packs = [self.pack(batch, idx).packed for idx in micro_batches]  # all moved before the first forward, as the update's
+        for idx, pb in zip(micro_batches, packs):
             with self.precision.autocast():
                 values = self.model(pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_mask)
             for row, i in enumerate(idx):
@@ -105,6 +107,8 @@ class Critic:
             for key, value in metrics.items():
                 sums[key] += value.detach() * tokens if torch.is_tensor(value) else float(value) * tokens
             sums["tokens"] += tokens
+            if self.cfg.train.release_host_memory:
+                release_host_memory(self.device)  # (CPU) as the policy's update does after each micro-batch
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)

@@ -66,6 +66,7 @@ from cohort.algorithms.specs import AdvantageInputs
 from cohort.config import CohortConfig, default_output_dir
 from cohort.models.batching import (HOST, length_sorted_micro_batches, pack_right_padded, pad_rows, padded_tensor,
                                     split_to_count, to_device)
+from cohort.models.host_memory import release_host_memory
 from cohort.models.logprobs import completion_logprobs
 from cohort.models.precision import DTYPES, float32_weights
 from cohort.rollout.base import SamplingConfig, WeightStream, release_engine_memory
@@ -335,6 +336,11 @@ class Trainer:
             self._accumulate_mismatch(sums, batch, mb, mbi, logp)
             for key, value in metrics.items():
                 sums[key] += value.detach() * tokens if torch.is_tensor(value) else float(value) * tokens
+            self.release_host_memory()  # (CPU) this micro-batch's activations: the next one's are of another size
+
+    def release_host_memory(self) -> bool:
+        """train.release_host_memory, on the CPU: the heap's free pages back to the system (cohort/models/host_memory.py)."""
+        return self.cfg.train.release_host_memory and release_host_memory(self.device)
 
     def micro_batches(self, batch: RolloutBatch, indices: list[int]) -> list[list[int]]:
         """`indices` split into length-sorted micro-batches of at most train.micro_batch_size completions
@@ -563,11 +569,13 @@ class Trainer:
         indices = list(range(start, start + per_step))
         self.state.step_indices = indices
         release_engine_memory(self.engine)  # vLLM's sleep mode: its KV cache (and weights) off the GPU for the update
+        self.release_host_memory()  # (CPU) what generation and the push freed, out of the heap before the update
         with self.phases("update"):
             metrics = self.update(self.state.batch, indices)
         if self.critic is not None:
             with self.phases("critic"):
                 metrics.update(self.critic.update(self.state.batch, self.micro_batches(self.state.batch, indices)))
+        self.release_host_memory()  # (CPU) the update's, before the push and the next generation
         self.state.step += 1
         if self.state.step % plan.optimizer_steps_per_generation == 0 and self.state.step < plan.max_steps:
             self.sync_weights()

@@ -143,3 +143,39 @@ def test_the_log_prob_pass_moves_every_micro_batch_before_its_first_forward(tiny
     kinds = [c.split()[0] for c in order.calls]
     assert kinds == ["tensor"] * 10 + ["forward"] * 2  # before: 5 tensors, a forward, 5 tensors, a forward
     assert [len(r) for r in out["old"]] == [4, 3, 2, 3]
+
+
+def test_the_critic_moves_every_micro_batch_before_its_first_forward(tmp_path, tiny_model_dir):
+    # The critic's value pass (ppo) over 2 micro-batches of 2: every tensor `Trainer.pack` makes for both (on the host,
+    # then moved) comes before the first forward (an embedding lookup), as in the log-prob pass above. Before, each
+    # micro-batch was packed between two forwards: tensors, a forward, tensors, a forward.
+    import numpy as np
+
+    from cohort.config.loading import load_config
+    from cohort.trainer.rollout_batch import RolloutBatch
+    from cohort.trainer.trainer import Trainer
+    from tests.builders import tiny_run, write_doubling
+
+    class Order(HostTraffic):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.nn.functional.embedding:
+                self.calls.append("forward")
+            return super().__torch_function__(func, types, args, kwargs)
+
+    data = write_doubling(tmp_path / "train.jsonl", 8)
+    cfg = load_config(None, tiny_run(tiny_model_dir, data, tmp_path / "run", "engine.name=hf", "algorithm.name=ppo",
+                                     "train.prompts_per_step=1", "train.micro_batch_size=2", "rollout.max_completion_length=8",
+                                     "rewards=[{name: exact_match}]"))
+    trainer = Trainer(cfg, log=lambda *a, **k: None)
+    try:
+        completions = [[5, 6, 7, 8], [5, 6, 7], [9, 10], [11, 12, 13]]
+        batch = RolloutBatch([0] * 4, [[1, 2, 3]] * 4, completions, [[]] * 4, [False] * 4, ["x"] * 4, np.zeros(4),
+                             np.zeros((4, 0)), torch.zeros(4, 4))
+        with Order() as order:
+            values = trainer.critic.values(batch, [[0, 1], [2, 3]])
+        kinds = [c.split()[0] for c in order.calls]
+        assert kinds.count("forward") == 2 and "forward" not in kinds[: -2]  # the forwards last, nothing between them
+        assert len(kinds) > 2  # (the packing made tensors: the order above says something)
+        assert [len(v) for v in values] == [4, 3, 2, 3]
+    finally:
+        trainer.close()
