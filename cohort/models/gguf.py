@@ -13,6 +13,9 @@ the model's positions: GGUF carries none) and generation config. The saved weigh
 dequantized ones before the directory is published.
 
 Choices:
+- The special tokens (bos, eos, pad, unk) are the ones the file declares (`tokenizer.ggml.*_token_id`), whatever
+  transformers made of them: transformers 5.17 reads SmolLM2's with eos = `<|im_start|>` and no pad, 5.19 as declared
+  (eos = pad = `<|im_end|>`). A change is logged at WARNING.
 - float32, not the file's quantization: training needs full-precision weights; `model.dtype` decides what the run
   computes in. A Q4_1 file's values are not bf16-exact, so float32 keeps the dequantized weights as they are.
 - Cached under `$COHORT_CACHE` (default ~/.cache/cohort) in `gguf-<file stem>-<key>`, the key a hash of the file's
@@ -50,7 +53,10 @@ logger = logging.getLogger(__name__)
 GGUF_PREFIX = "gguf:"
 GGUF_MAGIC = b"GGUF"  # the first four bytes of every GGUF file
 METADATA_FILE = "cohort_gguf.json"
-CONVERTER_VERSION = 1  # bump when the conversion changes what it writes
+CONVERTER_VERSION = 2  # bump when the conversion changes what it writes (2: special tokens as the file declares them)
+# The file's own special-token ids (llama.cpp's keys) and the tokenizer attribute each one names
+SPECIAL_TOKEN_KEYS = {"bos_token": "tokenizer.ggml.bos_token_id", "eos_token": "tokenizer.ggml.eos_token_id",
+                      "pad_token": "tokenizer.ggml.padding_token_id", "unk_token": "tokenizer.ggml.unknown_token_id"}
 INSTALL_GGUF = "pip install 'gguf>=0.10' (or make smollm2, which also installs it)"
 
 
@@ -153,6 +159,12 @@ def _convert_into(out_dir: Path, file: Path, path: str, key: str) -> None:
     except Exception as exc:  # transformers' errors for unsupported architectures or damaged tensors: one message
         raise GGUFError(f"{key} = {path!r}: transformers cannot read {file} ({type(exc).__name__}: {exc}); a truncated or "
                         "damaged file (re-download it) or an architecture transformers does not read from GGUF") from exc
+    fixed = declare_special_tokens(tokenizer, declared_special_tokens(file))
+    if fixed:
+        import transformers
+
+        logger.warning("%s: transformers %s read its special tokens otherwise than the file declares them; set as "
+                       "declared: %s", file.name, transformers.__version__, "; ".join(fixed))
     model.hf_quantizer = None  # a plain checkpoint, not a GGUF-quantized one
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -168,6 +180,32 @@ def _convert_into(out_dir: Path, file: Path, path: str, key: str) -> None:
     (out_dir / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
     logger.warning("converted %s: %s, %.1fM parameters, %.0f s", file.name, metadata["architecture"],
                    metadata["parameters"] / 1e6, metadata["convert_s"])
+
+
+def declared_special_tokens(file: Path) -> dict[str, int]:
+    """The special-token ids `file` declares (SPECIAL_TOKEN_KEYS: attribute -> id), those it has."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(file)).fields
+    return {attr: int(fields[key].parts[fields[key].data[0]][0]) for attr, key in SPECIAL_TOKEN_KEYS.items()
+            if key in fields}
+
+
+def declare_special_tokens(tokenizer, declared: dict[str, int]) -> list[str]:
+    """Set each special token of `tokenizer` to the one the GGUF file declares (`declared`: attribute -> id) where they
+    differ; what was changed, as "eos_token '<|im_start|>' -> '<|im_end|>' (id 2)". transformers 5.17 reads
+    SmolLM2's file with eos = `<|im_start|>` and no pad token, where the file declares eos = pad = `<|im_end|>` (id 2)
+    and 5.19 reads it so: the end of an answer, the padding and the mask's end all hang on these."""
+    fixed = []
+    for attr, token_id in sorted(declared.items()):
+        if not 0 <= token_id < len(tokenizer):
+            continue  # an id outside the vocabulary (some files declare -1 or a placeholder): nothing to set
+        token = tokenizer.convert_ids_to_tokens(token_id)
+        current = getattr(tokenizer, attr)
+        if current != token:
+            setattr(tokenizer, attr, token)
+            fixed.append(f"{attr} {current!r} -> {token!r} (id {token_id})")
+    return fixed
 
 
 def _check_saved(out_dir: Path, model: torch.nn.Module) -> None:

@@ -80,10 +80,32 @@ def test_without_the_gguf_package_the_conversion_names_the_install(tmp_path, mon
         resolve_model_dir(str(file))
 
 
+def test_special_tokens_are_set_as_the_file_declares_them(tiny_chat_model_dir):
+    # transformers 5.17 reads SmolLM2's GGUF with eos = <|im_start|> and no pad token, where the file declares
+    # eos = pad = <|im_end|> (5.19 reads it so): the conversion sets each special token to the declared id's token,
+    # says what it changed, and skips an id outside the vocabulary.
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_chat_model_dir)
+    start, end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    tok.eos_token, tok.pad_token = "<|im_start|>", None
+    fixed = gguf.declare_special_tokens(tok, {"eos_token": end, "pad_token": end, "bos_token": len(tok) + 5})
+    assert tok.eos_token_id == tok.pad_token_id == end and tok.eos_token == "<|im_end|>"
+    assert fixed == [f"eos_token '<|im_start|>' -> '<|im_end|>' (id {end})", f"pad_token None -> '<|im_end|>' (id {end})"]
+    assert gguf.declare_special_tokens(tok, {"eos_token": end, "pad_token": end}) == []  # as declared: nothing changes
+
+
 # --------------------------------------------------------------------------- the converted SmolLM2-135M-Instruct
 
 # What SmolLM2-135M-Instruct's chat template renders for one user turn: it adds this system turn when none is given.
 DEFAULT_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+
+
+@pytest.mark.slow
+def test_the_packaged_file_declares_its_special_tokens(smollm2_dir):
+    # read from the GGUF's own metadata (llama.cpp's tokenizer.ggml.*_token_id), what the conversion sets them to
+    declared = gguf.declared_special_tokens(gguf.gguf_file(SMOLLM2))
+    assert declared == {"bos_token": 1, "eos_token": 2, "pad_token": 2, "unk_token": 0}
 
 
 @pytest.mark.slow
