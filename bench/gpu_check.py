@@ -33,6 +33,7 @@ here; its numbers say only that the script works.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -57,7 +58,7 @@ from cohort.distributed.rank0 import DetachedHFEngine  # noqa: E402
 from cohort.models.devices import resolve_device  # noqa: E402
 from cohort.models.loading import load_policy, load_tokenizer, stop_token_ids  # noqa: E402
 from cohort.plan.memory import memory_estimate, model_facts  # noqa: E402
-from cohort.trainer.trainer import Trainer  # noqa: E402
+from cohort.trainer.trainer import Phases, Trainer  # noqa: E402
 
 SHAPES = {  # Qwen2 config fields; "0.5b" is Qwen2.5-0.5B's shape
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -86,6 +87,36 @@ def matmul_rate(device: torch.device, n: int, seconds: float = 2.0) -> float:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class PhasePeaks(Phases):
+    """The trainer's phase timers that also keep, per phase, the device allocator's peak while it was the innermost
+    phase open ("outside" between phases). The 0.5B run's whole peak was 1.17x the planner's rows on the H200
+    (2026-12-04) without saying in which phase; the planner's rows are the update's. `read_peak` / `reset_peak`:
+    torch.cuda.max_memory_allocated / reset_peak_memory_stats on a GPU."""
+
+    def __init__(self, read_peak: Callable[[], int], reset_peak: Callable[[], None]):
+        super().__init__()
+        self.read_peak, self.reset_peak = read_peak, reset_peak
+        self.peaks: dict[str, int] = {}
+        self.open: list[str] = []
+
+    def mark(self) -> None:
+        """The peak since the last mark, to the innermost open phase; then a new window."""
+        name = self.open[-1] if self.open else "outside"
+        self.peaks[name] = max(self.peaks.get(name, 0), self.read_peak())
+        self.reset_peak()
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        self.mark()
+        self.open.append(name)
+        try:
+            with super().__call__(name):
+                yield
+        finally:
+            self.mark()
+            self.open.pop()
 
 
 def run_demo(device: torch.device, steps: int, out_dir: Path) -> dict:
@@ -137,6 +168,9 @@ def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     trainer = Trainer(cfg, engine=engine, log=lambda *a, **k: None)
+    if device.type == "cuda":  # the peak per phase (the rollout gets the trainer's timers with each batch request)
+        trainer.phases = PhasePeaks(lambda: torch.cuda.max_memory_allocated(device),
+                                    lambda: torch.cuda.reset_peak_memory_stats(device))
     start = time.perf_counter()
     try:
         parameters = sum(p.numel() for p in trainer.policy.parameters())
@@ -154,11 +188,17 @@ def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: 
         trainer.sync_weights()  # the last step's push, checked
         moved = max(((p.detach().float() - first[n]).abs().max() / first[n].abs().max()).item()
                     for n, p in trainer.policy.named_parameters() if n in first)
-        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        if isinstance(trainer.phases, PhasePeaks):
+            trainer.phases.mark()
+            phase_peaks = dict(trainer.phases.peaks)
+        else:
+            phase_peaks = {}
+        peak = max(phase_peaks.values()) if phase_peaks else None
         reserved = torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None
     finally:
         trainer.close()
-    return _big_report(cfg, trainer, model_dir, records, parameters, rate, peak, reserved, moved, shape, tokens)
+    return _big_report(cfg, trainer, model_dir, records, parameters, rate, peak, reserved, moved, shape, tokens) | {
+        "peak_allocated_bytes_by_phase": phase_peaks}
 
 
 def _big_report(cfg, trainer, model_dir: Path, records: list[dict], parameters: int, rate: float, peak, reserved,

@@ -11,7 +11,8 @@ beta 0, 20 steps, the seed given. Everything else is each tool's default:
   completions as 16 × 4 gradient accumulation, and no environment variable that changes speed (compare.SPEED_VARS
   are removed from its environment, as bench/compare.py does).
 The variant `cohort_async` adds `pipeline.max_staleness=1 engine.mode=local_server` (one step off-policy; reported,
-never a default). The variant `trl_float32` is TRL with `bf16=False`, NOT its default: on a CPU without bf16 units
+never a default); `cohort_keep_heap` adds `train.release_host_memory=false` (what the heap trims cost: docs/runs.md,
+"Memory on the CPU"). The variant `trl_float32` is TRL with `bf16=False`, NOT its default: on a CPU without bf16 units
 TRL's default autocast is emulated and a step takes minutes, so this is the TRL side a learning comparison can afford
 there; it is labelled wherever it is quoted.
 
@@ -51,6 +52,7 @@ WORK = common.CACHE / "real_model"
 VARIANTS = {
     "cohort": (),
     "cohort_async": ("pipeline.max_staleness=1", "engine.mode=local_server"),
+    "cohort_keep_heap": ("train.release_host_memory=false",),
     "trl": (),
     "trl_float32": (),
 }
@@ -67,11 +69,13 @@ def data_files() -> tuple[Path, Path]:
     return paths
 
 
-def command(variant: str, model_dir: Path, train_file: Path, seed: int, steps: int, run_dir: Path) -> list[str]:
+def command(variant: str, model_dir: Path, train_file: Path, seed: int, steps: int, run_dir: Path,
+            trl_python: str = str(TRL_PYTHON), trl_device: str = "cpu") -> list[str]:
     """The command line a user would type: the workload's fields only (module docstring)."""
     if variant.startswith("trl"):
         precision = ["--bf16"] if variant == "trl" else []  # TRL's default bf16=True; trl_float32 is labelled non-default
-        return [str(TRL_PYTHON), str(common.BENCH_DIR / "trl_grpo_step.py"), *precision, "--model-dir", str(model_dir),
+        return [trl_python, str(common.BENCH_DIR / "trl_grpo_step.py"), *precision, "--device", trl_device,
+                "--model-dir", str(model_dir),
                 "--data-file", str(train_file), "--reward", "last_integer", "--steps", str(steps),
                 "--prompts-per-step", str(PROMPTS_PER_STEP), "--num-generations", str(GROUP),
                 "--max-completion-length", str(MAX_TOKENS), "--temperature", str(TEMPERATURE), "--learning-rate", str(LR),
@@ -84,17 +88,23 @@ def command(variant: str, model_dir: Path, train_file: Path, seed: int, steps: i
             "rewards=[{name: 'bench._common:last_integer_reward'}]", f"run.output_dir={run_dir}", *VARIANTS[variant]]
 
 
+def child_pythonpath() -> str:
+    """The checkout first, then whatever PYTHONPATH already holds (a lent GPU machine's carried packages)."""
+    return os.pathsep.join(filter(None, [str(common.REPO), os.environ.get("PYTHONPATH")]))
+
+
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
-def run_one(variant: str, model_dir: Path, train_file: Path, seed: int, steps: int, timeout_s: float) -> dict:
-    """One training run in a fresh process; its speed summary and where its final model is."""
+def run_one(variant: str, model_dir: Path, train_file: Path, seed: int, steps: int, timeout_s: float, **trl) -> dict:
+    """One training run in a fresh process; its speed summary and where its final model is. `trl`: `command`'s
+    trl_python and trl_device."""
     run_dir = WORK / f"{variant}-seed{seed}-{int(time.time())}"
     run_dir.mkdir(parents=True)
-    cmd = command(variant, model_dir, train_file, seed, steps, run_dir)
+    cmd = command(variant, model_dir, train_file, seed, steps, run_dir, **trl)
     env = {k: v for k, v in os.environ.items() if k not in SPEED_VARS}  # each side sets its own, as its users get it
-    env["PYTHONPATH"] = str(common.REPO)
+    env["PYTHONPATH"] = child_pythonpath()
     head = {"variant": variant, "seed": seed, "command": " ".join(cmd), "uptime_before": uptime(),
             "load_before": common.load_average(), "run_dir": str(run_dir)}
     start = time.perf_counter()
@@ -152,10 +162,19 @@ def evaluate(model_dir: str, held_out_file: Path, batch_size: int = 50) -> dict:
 
 def evaluate_in_child(model_dir: str) -> dict:
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--evaluate", model_dir], capture_output=True,
-                         text=True, cwd=common.REPO, env=os.environ | {"PYTHONPATH": str(common.REPO)})
+                         text=True, cwd=common.REPO, env=os.environ | {"PYTHONPATH": child_pythonpath()})
     if out.returncode != 0:
         return {"model_dir": model_dir, "error": out.stderr[-2000:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def base_score(args) -> dict:
+    """The base model's score: none with --no-eval, read from --base-json, else evaluated now."""
+    if args.no_eval:
+        return {}
+    if args.base_json:
+        return json.loads(Path(args.base_json).read_text())
+    return evaluate_in_child(args.model_dir)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -168,6 +187,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default=None, help="also write the JSON here (rewritten after every run)")
     ap.add_argument("--evaluate", metavar="MODEL_DIR", help="only score MODEL_DIR on the held-out prompts")
     ap.add_argument("--no-eval", action="store_true", help="speed only: score no model (a short run's gain means nothing)")
+    ap.add_argument("--base-json", default=None, help="the base model's score from an earlier `--evaluate` (not scored again)")
+    ap.add_argument("--trl-python", default=str(TRL_PYTHON), help="the Python with TRL installed (default: bench/.trl-venv's)")
+    ap.add_argument("--trl-device", default="cpu", choices=["cpu", "auto"],
+                    help="TRL's device: cpu (use_cpu=True) or auto (TRL's default: a GPU where there is one; "
+                         "bench/gpu_trl_learning.sh)")
     args = ap.parse_args(argv)
     train_file, held_out_file = data_files()
     if args.evaluate:
@@ -179,10 +203,11 @@ def main(argv: list[str] | None = None) -> dict:
     doc = {"generated": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join([sys.executable, *sys.argv]),
            "workload": {"prompts_per_step": PROMPTS_PER_STEP, "num_generations": GROUP, "max_completion_length": MAX_TOKENS,
                         "temperature": TEMPERATURE, "learning_rate": LR, "steps": args.steps, "held_out": 200},
-           "base": {} if args.no_eval else evaluate_in_child(args.model_dir), "runs": []}
+           "base": base_score(args), "runs": []}
     for seed in args.seeds:
         for variant in args.variants:
-            run = run_one(variant, Path(args.model_dir), train_file, seed, args.steps, args.timeout_s)
+            run = run_one(variant, Path(args.model_dir), train_file, seed, args.steps, args.timeout_s,
+                          trl_python=args.trl_python, trl_device=args.trl_device)
             if "final_dir" in run and not args.no_eval:
                 run["eval"] = evaluate_in_child(run["final_dir"])
                 run["gain_points"] = 100 * (run["eval"].get("accuracy", float("nan")) - doc["base"].get("accuracy", float("nan")))

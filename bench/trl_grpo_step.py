@@ -12,7 +12,8 @@ What this script sets, and why each is what a TRL user sets:
 - `bf16=False`: the float32 arithmetic of cohort's float32 runs. TRL's own default is bf16=True (bf16 autocast over
   float32 weights); `--bf16` restores it (the variant `trl_bf16`), the side to set beside cohort's `model.dtype=auto`
   where that picks bf16 (the 31.5M workload on a CPU with bf16 units);
-- `use_cpu=True` (there is no GPU), `report_to="none"`, `save_strategy="no"` (no checkpoint inside the timed steps:
+- `use_cpu=True` (there is no GPU; `--device auto` leaves TRL's own default, its accelerator when it has one: the
+  GPU side of bench/real_model_trl.py), `report_to="none"`, `save_strategy="no"` (no checkpoint inside the timed steps:
   cohort's run saves only after its last step).
 Everything else is TRL's default: `gradient_checkpointing=True`, `loss_type="dapo"`, `beta=0.0`, `temperature=1.0`,
 `logging_steps=10`, the progress bar, transformers `generate`. No environment variable that changes speed is set
@@ -101,7 +102,7 @@ def grpo_config(args, out_dir) -> "GRPOConfig":  # noqa: F821  (TRL is imported 
         extra |= dict(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=64 + args.max_completion_length,
                       vllm_gpu_memory_utilization=0.3)
     return GRPOConfig(
-        output_dir=str(out_dir), use_cpu=True, report_to="none", save_strategy="no", bf16=args.bf16,
+        output_dir=str(out_dir), use_cpu=args.device == "cpu", report_to="none", save_strategy="no", bf16=args.bf16,
         per_device_train_batch_size=per_step, num_generations=args.num_generations,
         max_completion_length=args.max_completion_length, learning_rate=args.learning_rate, max_steps=args.steps, **extra,
     )
@@ -119,6 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--vllm", action="store_true", help="TRL's colocated vLLM path instead of transformers generate")
     ap.add_argument("--bf16", action="store_true", help="TRL's own default bf16=True (bf16 autocast over float32 weights)")
     ap.add_argument("--model-dir", default=None)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "auto"],
+                    help="cpu: use_cpu=True (default); auto: TRL's default placement (its GPU where there is one)")
     ap.add_argument("--data-file", default=None, help="prompts (jsonl with prompt, answer) instead of the addition ones")
     ap.add_argument("--reward", default="addition", choices=["addition", "last_integer"],
                     help="bench/_common.py's addition_reward or last_integer_reward")
@@ -202,6 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "benchmark": "grpo_step", "trainer": "trl", "trl_version": trl.__version__, "transformers_version": transformers.__version__,
         "engine": "vllm" if args.vllm else "transformers", "threads": torch.get_num_threads(),
+        "device": str(trainer.accelerator.device), "bf16": config.bf16,
         "gradient_checkpointing": config.gradient_checkpointing, "prompts_per_step": args.prompts_per_step,
         "num_generations": args.num_generations, "max_completion_length": args.max_completion_length,
         "median_step_s": step_s, "step_s_all": [round(s["step_s"], 4) for s in steps],

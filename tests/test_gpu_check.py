@@ -36,3 +36,22 @@ def test_each_part_is_written_as_it_ends_and_a_failing_part_does_not_stop_the_ne
     assert json.loads((tmp_path / "demo.json").read_text())["steps"] == 2
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary) == {"device", "big", "demo"} and doc["demo"]["steps"] == 2
+
+
+def test_the_allocator_peak_is_kept_per_phase():
+    # A fake allocator: `read` returns the peak since the last reset; each phase's entry and exit ends a window. The
+    # trace, by hand: before "generate" opens, 100 -> outside; generate's window 700 -> generate; between the phases 20
+    # -> outside; "update" encloses a nested "logprob": update's first window 300 -> update, logprob's 900 -> logprob,
+    # the rest of update's 500 -> update (max 500); after it, the final mark's 50 -> outside (max(100, 20, 50) = 100).
+    gpu_check = _gpu_check()
+    windows = iter([100, 700, 20, 300, 900, 500, 50])
+    resets = []
+    phases = gpu_check.PhasePeaks(lambda: next(windows), lambda: resets.append(1))
+    with phases("generate"):
+        pass
+    with phases("update"):
+        with phases("logprob"):
+            pass
+    phases.mark()
+    assert phases.peaks == {"outside": 100, "generate": 700, "update": 500, "logprob": 900}
+    assert len(resets) == 7 and set(phases.pop()) == {"timing/generate_s", "timing/update_s", "timing/logprob_s"}

@@ -155,16 +155,21 @@ def test_completion_entropy_gradient_matches_naive(policy):
 
 
 def _head_grads(hidden, weight, targets, fn, dtype, autocast: bool) -> list[torch.Tensor]:
-    """d(sum of the targets' log-probs)/d(hidden, head weight) in float64, computed by `fn` in `dtype`."""
+    """d(sum of the targets' log-probs)/d(hidden, head weight) in float64 on the CPU, computed by `fn` in `dtype` on
+    `hidden`'s device (autocast on that device's type)."""
     h = hidden.detach().to(dtype).clone().requires_grad_()
     w = weight.detach().to(dtype).clone().requires_grad_()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with torch.autocast(h.device.type, dtype=torch.bfloat16, enabled=autocast):
         total = fn(h, w).sum()
     total.backward()  # outside autocast, as the trainer runs it (cohort/trainer/trainer.py)
-    return [h.grad.double(), w.grad.double()]
+    return [h.grad.double().cpu(), w.grad.double().cpu()]
 
 
-def test_bf16_autocast_gradient_on_confident_tokens(policy):
+CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (runs in bench/gpu_check's lent-machine command)")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA_ONLY)])
+def test_bf16_autocast_gradient_on_confident_tokens(policy, device):
     # Under bf16 autocast (train.precision=mixed) the kernel's gradient of the summed log-probs must be at least as close
     # to a float64 reference as plain autocast's log_softmax over the full logits. With logits z and target t,
     #   d log p_t / d z_k = [k = t] − softmax(z)_k,
@@ -176,7 +181,8 @@ def test_bf16_autocast_gradient_on_confident_tokens(policy):
     # these, mean p 0.93: 0.71 relative error against plain autocast's 0.14). The head now runs in its weight's dtype
     # (float32 masters) in both passes, so only float32 rounding is left (2e-5); plain autocast keeps its bf16 head.
     # The model: the tiny policy's hidden states (float32, from its body) and its head scaled ×12, targets its greedy
-    # tokens, so that the mean p(target) exceeds 0.8 as a pretrained model's own tokens do.
+    # tokens, so that the mean p(target) exceeds 0.8 as a pretrained model's own tokens do. On "cuda" the same sums run
+    # with CUDA's bf16 autocast and matmuls (the reference stays float64 on the CPU).
     from cohort.models.logprobs import LinearLogProb
 
     batch = _batch()
@@ -189,12 +195,13 @@ def test_bf16_autocast_gradient_on_confident_tokens(policy):
     assert torch.softmax(logits, -1).gather(-1, targets[:, None]).mean() > 0.8
 
     def plain(h, w):
-        return torch.log_softmax(torch.nn.functional.linear(h, w).float(), -1).gather(-1, targets[:, None])
+        return torch.log_softmax(torch.nn.functional.linear(h, w).float(), -1).gather(-1, targets.to(h.device)[:, None])
 
     def kernel(h, w):
-        return LinearLogProb.apply(h, w, None, targets, 1.0, None)[0]
+        return LinearLogProb.apply(h, w, None, targets.to(h.device), 1.0, None)[0]
 
     reference = _head_grads(hidden, weight, targets, plain, torch.float64, autocast=False)
+    hidden, weight = hidden.to(device), weight.to(device)
     for got, want, name in zip(_head_grads(hidden, weight, targets, kernel, torch.float32, autocast=True),
                                _head_grads(hidden, weight, targets, plain, torch.float32, autocast=True), ("hidden", "weight")):
         ref = reference[0] if name == "hidden" else reference[1]
