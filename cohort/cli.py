@@ -183,11 +183,27 @@ def cmd_convert(ns) -> int:
 
 
 def cmd_tasks(ns) -> int:
+    from cohort.data import reasoning_gym
     from cohort.data.tasks import get_task, list_tasks
 
+    if ns.source:  # reasoning_gym (all 105 and composite) or reasoning_gym:<name>
+        source, _, name = ns.source.partition(":")
+        if source != "reasoning_gym":
+            print(f"cohort tasks: unknown task source {source!r}; `cohort tasks reasoning_gym` lists reasoning-gym's tasks",
+                  file=sys.stderr)
+            return 2
+        try:
+            print(reasoning_gym.format_tasks(name or None), end="")
+        except ValueError as exc:
+            print(f"cohort tasks: {exc}", file=sys.stderr)
+            return 2
+        return 0
     for name in list_tasks():
         task = get_task(name)
         print(f"{name}: {task.description} ({len(task.train_rows)} train / {len(task.eval_rows)} eval prompts)")
+    print(f"reasoning_gym:<name>: reasoning-gym's {len(reasoning_gym.task_names()) - 1} procedural tasks and its composite mix, "
+          "each scored by its own score_answer (data.task_config sets its fields); `cohort tasks reasoning_gym` lists them "
+          "with their fields and defaults")
     return 0
 
 
@@ -247,7 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--num-processes", type=int, default=1, help="TRL: accelerate's --num_processes when the input "
                       "does not give it (the completions of an optimizer step are per_device_train_batch_size × this × gradient_accumulation_steps)")
     conv.set_defaults(func=cmd_convert)
-    tasks = sub.add_parser("tasks", help="list the built-in tasks")
+    tasks = sub.add_parser("tasks", help="list the built-in tasks (and reasoning-gym's: `cohort tasks reasoning_gym`)")
+    tasks.add_argument("source", nargs="?", help="reasoning_gym: every reasoning-gym task with its config fields and "
+                       "defaults; reasoning_gym:<name>: that one")
     tasks.set_defaults(func=cmd_tasks)
     rewards = sub.add_parser("rewards", help="reward functions")
     rewards_sub = rewards.add_subparsers(dest="rewards_command")

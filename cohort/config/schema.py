@@ -76,8 +76,22 @@ class LoraConfig(_Section):
 
 
 class DataConfig(_Section):
-    task: str | None = Field("arith", description="Built-in task used when data.train_files is empty (`cohort tasks` lists them). "
-        "Ignored when train_files is set.")
+    task: str | None = Field("arith", description="Built-in task used when data.train_files is empty (`cohort tasks` lists them), "
+        "or a reasoning-gym task by name, `reasoning_gym:<name>` (`cohort tasks reasoning_gym` lists the 105 and their fields; "
+        "`reasoning_gym:composite` mixes several by weight; docs/environments.md). Ignored when train_files is set.")
+    task_config: dict[str, Any] = Field(default_factory=dict, description="With data.task reasoning_gym:<name>: the task's config "
+        "fields, e.g. {min_terms: 2, max_digits: 1} (`cohort tasks reasoning_gym` lists each task's fields and defaults; an unknown "
+        "field is refused with the task's fields). composite: {datasets: [{name: leg_counting, weight: 2, config: {...}}, ...]}.")
+    task_size: int = Field(1000, ge=1, description="With data.task reasoning_gym:<name>: entries generated for training (fewer train "
+        "rows where an entry repeats a held-out question, which is dropped).")
+    task_eval_size: int = Field(200, ge=1, description="With data.task reasoning_gym:<name>: held-out entries, generated before the "
+        "training ones from the same dataset (indices 0..task_eval_size-1, repeated questions once); scored before and after training.")
+    task_seed: int = Field(0, description="With data.task reasoning_gym:<name>: the dataset's seed (the same seed, config and sizes "
+        "give the same rows on every machine; train.seed only orders them).")
+    answer_format: Literal["tags", "last_line", "last_number"] = Field("tags", description="With data.task reasoning_gym:<name>: where "
+        "the reward reads the answer. `tags`: reasoning-gym's way, its system prompt asks for <answer>...</answer> and an untagged "
+        "reply scores 0. `last_line` / `last_number`: for models that answer without tags, no system prompt of reasoning-gym's (the "
+        "chat template's own), and the answer is the tags when present, else the reply's last non-empty line / last number.")
     dataset_name: str | None = Field(None, description="Training data by name, as TRL's dataset_name: a Hugging Face Hub dataset "
         "(`trl-lib/DeepMath-103K`) or a local dataset directory, read with datasets.load_dataset (downloaded once into the Hugging Face "
         "cache, offline afterwards). Replaces data.train_files.")

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from cohort.data.reasoning_gym import PREFIX as RG_PREFIX
+from cohort.data.reasoning_gym import check_task as check_rg_task
+from cohort.data.reasoning_gym import is_rg_task
 from cohort.data.tasks import list_tasks
 
 PromptType = str | list[dict[str, str]]
@@ -204,8 +207,14 @@ def check_data_config(data) -> list[str]:
         problems.append("data.train_files is empty, data.dataset_name and data.task are None: give training files, a dataset by "
                         "name (data.dataset_name) or a built-in task (`cohort tasks`)")
     if not own_data(data) and data.task:
-        if data.task not in list_tasks():
-            problems.append(f"data.task = {data.task!r} is not a built-in task; choose one of {', '.join(list_tasks())}")
+        if is_rg_task(data.task):
+            problems += check_rg_task(data.task, data.task_config)
+        elif data.task not in list_tasks():
+            problems.append(f"data.task = {data.task!r} is not a built-in task; choose one of {', '.join(list_tasks())}, "
+                            f"or a reasoning-gym task, {RG_PREFIX}<name> (`cohort tasks reasoning_gym`)")
+        elif data.task_config:
+            problems.append(f"data.task_config is for reasoning_gym:<name> tasks; the built-in {data.task!r} has no config: "
+                            "remove data.task_config")
     for key in ("train_files", "eval_files"):
         for f in getattr(data, key):
             problems += _check_file(key, f, data.prompt_key)

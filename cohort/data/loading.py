@@ -2,7 +2,7 @@
 
 `load_data(cfg)` reads `data.dataset_name` (its train split, and its test split or
 `data.eval_files` as eval data), or `data.train_files` / `data.eval_files`, or the built-in
-`data.task` (whose reward specs apply when `rewards` is unset; with `agent.function`
+`data.task` (a built-in or `reasoning_gym:<name>`, cohort/data/reasoning_gym.py; whose reward specs apply when `rewards` is unset; with `agent.function`
 the agent's returned reward, cohort/agents/reward.py), and caps the
 eval set at `data.eval_max_samples`. The trainer, `cohort eval` and the planner
 all start from it, so they see the same rows.
@@ -13,11 +13,25 @@ Left out: tokenizing (cohort/prompts.py) and checking the files (check_data_conf
 from __future__ import annotations
 
 from cohort.config import CohortConfig
-from cohort.data.datasets import PromptDataset, load_prompt_dataset, rows_dataset
+from cohort.data.datasets import DataError, PromptDataset, load_prompt_dataset, rows_dataset
 from cohort.data.named import load_named_split
-from cohort.data.tasks import get_task
+from cohort.data import reasoning_gym
+from cohort.data.tasks import Task, get_task
 
 AGENT_REWARD = {"name": "cohort.agents.reward.agent_reward", "weight": 1.0}  # with agent.function: the reward set
+
+
+def configured_task(data, seed: int) -> Task:
+    """The task `data.task` names: a built-in (from `seed`) or `reasoning_gym:<name>` (from data.task_config,
+    data.task_seed, data.task_size, data.task_eval_size, data.answer_format; `seed` is not used: the trainer's
+    sampler orders the rows)."""
+    if reasoning_gym.is_rg_task(data.task):
+        try:
+            return reasoning_gym.build_task(data.task, data.task_config, seed=data.task_seed, size=data.task_size,
+                                            eval_size=data.task_eval_size, answer_format=data.answer_format)
+        except (ValueError, TypeError, AssertionError) as exc:  # a bad name or field, or a value the task's config rejects
+            raise DataError(f"data.task {data.task!r} with data.task_config {data.task_config}: {exc}") from exc
+    return get_task(data.task, seed=seed)
 
 
 def load_data(cfg: CohortConfig) -> tuple[PromptDataset, PromptDataset | None, list[dict] | None]:
@@ -31,7 +45,7 @@ def load_data(cfg: CohortConfig) -> tuple[PromptDataset, PromptDataset | None, l
         train = load_prompt_dataset(cfg.data.train_files, cfg.data.prompt_key)
         evals = load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None
     else:
-        task = get_task(cfg.data.task, seed=cfg.train.seed)
+        task = configured_task(cfg.data, cfg.train.seed)
         train = rows_dataset(task.train_rows, "prompt", f"task {task.name} (train)")
         evals = (load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files
                  else rows_dataset(task.eval_rows, "prompt", f"task {task.name} (eval)"))

@@ -23,7 +23,7 @@ from typing import Any
 
 from cohort.data.datasets import SAMPLE_ROWS, file_columns, normalise_row, own_data
 from cohort.data.named import split_label, split_rows
-from cohort.data.tasks import get_task
+from cohort.data.loading import configured_task
 from cohort.rewards import verl
 from cohort.rewards.registry import SPEC_KEYS, ColumnNeed, needed_columns
 from cohort.rewards.reward_set import validate_spec
@@ -36,7 +36,7 @@ def _specs(cfg: Any) -> list[tuple[str, dict[str, Any]]]:
     if cfg.rewards is not None:
         return [(f"rewards[{i}] (name = {s.name!r})", {"name": s.name, **s.options()}) for i, s in enumerate(cfg.rewards)]
     if cfg.data.task and not own_data(cfg.data):
-        return [(f"the task's reward {s['name']!r}", dict(s)) for s in get_task(cfg.data.task, cfg.train.seed).reward_specs]
+        return [(f"the task's reward {s['name']!r}", dict(s)) for s in configured_task(cfg.data, cfg.train.seed).reward_specs]
     return []
 
 
@@ -62,7 +62,7 @@ def _sources(cfg: Any) -> list[tuple[str, Callable[[int | None], list[str]]]]:
         sources.append((f"data.train_files ({', '.join(data.train_files)})",
                         lambda rows: file_columns(data.train_files, data.prompt_key, rows)))
     elif data.task:
-        task = get_task(data.task, cfg.train.seed)
+        task = configured_task(data, cfg.train.seed)
         sources.append((f"the task {data.task!r}", lambda rows: _row_columns(task.train_rows + task.eval_rows)))
     if data.eval_files:
         sources.append((f"data.eval_files ({', '.join(data.eval_files)})",

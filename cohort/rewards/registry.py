@@ -56,6 +56,7 @@ _BUILTIN_MODULES = (
     "cohort.rewards.remote",
     "cohort.rewards.verl",
     "cohort.rewards.dapo",
+    "cohort.rewards.reasoning_gym",
 )
 _FACTORIES: dict[str, Callable[..., RewardFunction]] = {}
 _NEEDS: dict[str, tuple[Needs, ...]] = {}
