@@ -212,13 +212,23 @@ def check_data_config(data) -> list[str]:
         elif data.task not in list_tasks():
             problems.append(f"data.task = {data.task!r} is not a built-in task; choose one of {', '.join(list_tasks())}, "
                             f"or a reasoning-gym task, {RG_PREFIX}<name> (`cohort tasks reasoning_gym`)")
-        elif data.task_config:
-            problems.append(f"data.task_config is for reasoning_gym:<name> tasks; the built-in {data.task!r} has no config: "
-                            "remove data.task_config")
+        else:
+            problems += _rg_fields_set(data)
     for key in ("train_files", "eval_files"):
         for f in getattr(data, key):
             problems += _check_file(key, f, data.prompt_key)
     return problems
+
+
+RG_FIELDS = ("task_config", "task_size", "task_eval_size", "task_seed", "answer_format")  # read by reasoning_gym:<name> only
+
+
+def _rg_fields_set(data) -> list[str]:
+    """data.task_config and its siblings set away from their defaults with a built-in task, which never reads them."""
+    fields = type(data).model_fields
+    changed = [f"data.{k}" for k in RG_FIELDS if getattr(data, k) != fields[k].get_default(call_default_factory=True)]
+    return [f"{', '.join(changed)}: for reasoning_gym:<name> tasks; the built-in task {data.task!r} does not read "
+            f"{'it' if len(changed) == 1 else 'them'}: remove {'it' if len(changed) == 1 else 'them'}"] if changed else []
 
 
 def _check_file(key: str, f: str, prompt_key: str) -> list[str]:

@@ -136,8 +136,9 @@ def test_unknown_names_and_fields_are_refused_with_the_fix():
 def test_config_checks_refuse_before_anything_loads():
     cfg = load_config(None, ["model.path=gguf:smollm2-135m-instruct", "data.task=reasoning_gym:chain_summ"])
     assert any("closest: reasoning_gym:chain_sum" in p for p in check_data_config(cfg.data))
-    cfg = load_config(None, ["data.task=arith", "data.task_config.min_terms=2"])
-    assert any("remove data.task_config" in p for p in check_data_config(cfg.data))
+    cfg = load_config(None, ["data.task=arith", "data.task_config.min_terms=2", "data.answer_format=last_line"])
+    assert check_data_config(cfg.data) == ["data.task_config, data.answer_format: for reasoning_gym:<name> tasks; the "
+                                           "built-in task 'arith' does not read them: remove them"]
     cfg = load_config(None, ["data.task=reasoning_gym:chain_sum", "data.task_config.max_digits=1", "data.task_size=6",
                              "data.task_eval_size=3"])
     assert check_data_config(cfg.data) == []
