@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from cohort.config import load_config
-from cohort.data.datasets import check_data_config
+from cohort.data.datasets import DataError, check_data_config
 from cohort.data.loading import load_data
 from cohort.data.reasoning_gym import PREFIX, build_task, check_task, format_tasks, split_indices, task_fields, task_names
 from cohort.rewards import registry
@@ -144,6 +144,9 @@ def test_config_checks_refuse_before_anything_loads():
     assert check_data_config(cfg.data) == []
     train, evals, specs = load_data(cfg)
     assert len(evals.rows) == 3 and len(train.rows) <= 6 and specs[0]["name"] == "reasoning_gym"
+    cfg = load_config(None, ["data.task=reasoning_gym:chain_sum", "data.task_config.min_terms=0"])
+    with pytest.raises(DataError, match="min_terms must be positive"):  # a value the task's own config rejects
+        load_data(cfg)
 
 
 def test_cohort_tasks_listing():
