@@ -44,7 +44,7 @@ def serve_guess(port: int, sessions: int = 8) -> subprocess.Popen:
     """tests/tools/envs/guess_env.py's `app` under uvicorn on 127.0.0.1:port, ready (GET /health answers)."""
     env = dict(os.environ, GUESS_SESSIONS=str(sessions), PYTHONPATH=str(ENVS))
     server = subprocess.Popen([sys.executable, "-m", "uvicorn", "guess_env:app", "--host", "127.0.0.1", "--port", str(port),
-                               "--log-level", "warning"], env=env, cwd=ENVS)
+                               "--log-level", "warning"], env=env, cwd=ENVS, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:

@@ -42,8 +42,18 @@ def parse(text):
     return ParsedTurn(calls=[ToolCall("echo", {"message": text.strip()[:8] or "x"})])
 
 
+TURNS = [0]
+
+
 def guess_parse(text):
-    """Every assistant turn read as a guess: its length modulo 4 (varied, so groups' rewards differ)."""
+    """Every assistant turn read as a guess: its length modulo 4 (varied, so groups' rewards differ). With
+    $GUESS_KILL_AT_TURN and $GUESS_SERVER_PID set, the server is killed at that turn (the kill-mid-step test)."""
+    import os
+    import signal
+
     from cohort.tools.parsers import ParsedTurn, ToolCall
 
+    TURNS[0] += 1
+    if os.environ.get("GUESS_KILL_AT_TURN") and TURNS[0] == int(os.environ["GUESS_KILL_AT_TURN"]):
+        os.kill(int(os.environ["GUESS_SERVER_PID"]), signal.SIGKILL)
     return ParsedTurn(calls=[ToolCall("step", {"guess": len(text) % 4})])
