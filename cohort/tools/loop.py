@@ -12,6 +12,12 @@ re-tokenized, and its `Request.remaining` makes `max_tokens` one budget over eve
 To the trainer the result is one `Trajectory` whose loss mask has zeros on tool tokens; `Trajectory.episode` holds
 its `Episode` (the conversation, the environment instance, the tool status and counts).
 
+Environments (cohort/tools/schema.py): the instance is built and `reset(**row)` when the request starts; a string it
+returns is appended to the prompt's last user message (TRL's rule, `prompt_with`: the prompt tokens are rendered
+again, and the trajectory carries them as its `prompt_ids`); a `reset` that raises fails the episode (status error,
+the message recorded, the first turn is the last), one that raises `EnvironmentLost` fails the run's step. After a
+turn's calls, an environment whose `done` is true ends the trajectory (the turn's results recorded, not appended).
+
 Budgets and status: a call after `max_turns` assistant turns is not run; a tool turn that does not fit in the token
 budget is not appended (the trajectory ends "length"); either makes the tool status "truncated", as does a response
 cut to `max_tool_response_length`. A call past its timeout makes it "tool_timeout", a tool that raises "error"
