@@ -44,6 +44,7 @@ SCHEMES = ("ws://", "wss://")
 HTTP_SCHEMES = ("http://", "https://")
 SKIPPED_FIELDS = ("metadata",)  # Action fields not offered to the model
 OBSERVATION_EXTRAS = ("done", "reward", "metadata")
+CLOSE_TIMEOUT_S = 1.0  # a session's close waits at most this for the server's answer (a frozen server: not 10 s each)
 JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
 
 
@@ -148,7 +149,8 @@ class SocketSession:
         self.url, self.timeout_s = url, timeout_s
         try:
             # (entered by hand: the session outlives this call; close() ends it)
-            self.ws = connect(f"{url.rstrip('/')}/ws", open_timeout=timeout_s, max_size=100 * 2**20).__enter__()
+            self.ws = connect(f"{url.rstrip('/')}/ws", open_timeout=timeout_s, close_timeout=CLOSE_TIMEOUT_S,
+                              max_size=100 * 2**20).__enter__()
         except Exception as exc:  # noqa: BLE001 - refused, unreachable, bad handshake: all mean no session
             raise EnvironmentLost(f"cannot open a session at {url}/ws: {type(exc).__name__}: {exc}") from exc
 

@@ -153,6 +153,13 @@ def test_served_environment_over_its_websocket_session(guess_server):
         failing.step(guess=99)
     failing.close()
     check_capacity(guess_server, 8, 5.0, "test")  # the server takes 8 sessions
+    frozen = resolve_environment(guess_server, timeout_s=1.0)()
+    frozen.reset(target=1)
+    start = time.monotonic()
+    with pytest.raises(EnvironmentLost, match=r"sent no answer to 'step' in 1 s"):
+        frozen.step(guess=42)
+    frozen.close()
+    assert time.monotonic() - start < 4 and frozen.done  # never waits for the frozen server (5 s)
 
 
 def test_a_server_with_one_session_is_refused_with_the_fix_and_a_killed_one_fails_fast():

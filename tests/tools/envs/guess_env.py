@@ -1,11 +1,12 @@
 """A small OpenEnv environment for the tests: guess a number from 0 to 3 in at most three steps (typed Action and
 Observation; `done` when guessed or after the third step; reward 1 for the right guess). A row's `target` picks the
-number; `target = -1` makes `reset` raise and a guess of 99 makes `step` raise (the failure tests). `app` serves it
+number; `target = -1` makes `reset` raise, a guess of 99 makes `step` raise and one of 42 freezes it for 5 s (the failure tests). `app` serves it
 with openenv's own `create_app` (sessions: $GUESS_SESSIONS, default 8)."""
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Optional
 
 from openenv.core.env_server.http_server import create_app
@@ -42,6 +43,8 @@ class GuessEnv(Environment[GuessAction, GuessObservation, State]):
     def step(self, action: GuessAction, timeout_s: Optional[float] = None, **kwargs: Any) -> GuessObservation:
         if action.guess == 99:
             raise RuntimeError("the oracle is asleep")
+        if action.guess == 42:
+            time.sleep(5)  # a frozen environment
         self._state.step_count += 1
         right = action.guess == self.target
         feedback = "right" if right else ("lower" if action.guess > self.target else "higher")
