@@ -201,9 +201,12 @@ class ToolsConfig(_Section):
         "(`my_module.multiply`): `def` or `async def` with type hints and a docstring (TRL tools work unchanged); from Python the "
         "functions themselves. Built in: `cohort.tools.builtin.python`, `cohort.tools.builtin.calculator`. Empty (and no "
         "tools.environment): one turn.")
-    environment: str | type | None = Field(None, description="A class by import path: one instance per trajectory, `reset(**row)` gets "
-        "the dataset row, its public methods are tools, `close()` runs at the end; reward functions that take `environments` receive "
-        "the instances.")
+    environment: str | type | None = Field(None, description="A class by import path, written as for TRL's `environment_factory`: one "
+        "instance per trajectory, `reset(**row)` gets the dataset row and its returned string is appended to the prompt's last user "
+        "message, its public methods are tools, `get_reward()` (if any) is one more reward of weight 1, a true `done` attribute "
+        "ends the trajectory, `close()` runs at the end; reward functions that take `environments` receive the instances. An "
+        "OpenEnv `Environment` subclass runs in-process through an adapter (one `step` tool with the Action's fields); "
+        "`ws://host:port` is a running OpenEnv server, one `/ws` session per trajectory (docs/environments.md).")
     parser: str = Field("hermes", description="How tool calls are read from an assistant turn: `hermes` "
         "(`<tool_call>{json}</tool_call>`), `compact` (`<<name(arg, key=value)>>`), or an import path to `fn(text) -> "
         "cohort.tools.parsers.ParsedTurn`.")

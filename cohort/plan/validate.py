@@ -70,6 +70,7 @@ from cohort.plan.teacher_checks import teacher_fit_problems, teacher_problems
 from cohort.prompts import encode_prompts, fit_problems, max_positions_of
 from cohort.rewards.columns import reward_column_problems
 from cohort.tools.checks import tool_problems
+from cohort.tools.schema import has_environment_reward
 
 
 def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
@@ -425,6 +426,8 @@ def _check_rewards(cfg: CohortConfig) -> list[str]:
     if not cfg.rewards:
         if cfg.algorithm.name == "distill" and cfg.teacher.reward_weight == 0:
             return []  # distilling alone: the teacher is the signal
+        if has_environment_reward(cfg.tools.environment):
+            return []  # the environment's get_reward() is the reward (TRL's environment_factory without reward_funcs)
         return ["rewards = []: at least one reward function is needed; e.g. rewards=[{name: accuracy}] (`cohort rewards list` "
                 "shows the built-ins)" + ("; or teacher.reward_weight=0 to distil alone" if cfg.algorithm.name == "distill" else "")]
     problems = []

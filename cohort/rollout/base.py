@@ -162,10 +162,25 @@ class Episode:
     parse_errors: int = 0
     argument_errors: int = 0  # unknown tool, missing or unexpected arguments
     segments: list[tuple[int, int, str]] = field(default_factory=list)
+    observation: str | None = None  # what the environment's reset returned: appended to the prompt (`with_observation`)
 
     def mark(self, status: str) -> None:
         if TOOL_STATUSES.index(status) > TOOL_STATUSES.index(self.status):
             self.status = status
+
+
+def with_observation(prompt: Any, observation: str) -> Any:
+    """A dataset prompt with an environment's first observation appended as TRL's environment_factory does: to the
+    last user message's content with no separator (a user message of its own when there is none), or to a text
+    prompt."""
+    if not isinstance(prompt, list):
+        return str(prompt) + observation
+    messages = [dict(m) for m in prompt]
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    if not users:
+        return messages + [{"role": "user", "content": observation}]
+    messages[users[-1]]["content"] = str(messages[users[-1]].get("content") or "") + observation
+    return messages
 
 
 @dataclass

@@ -51,7 +51,7 @@ import torch
 
 from cohort.algorithms import advantage_stats
 from cohort.rewards.reward_set import PendingScores, RewardOutput
-from cohort.rollout.base import AgentRun, Episode, Trajectory, decode_completion
+from cohort.rollout.base import AgentRun, Episode, Trajectory, decode_completion, with_observation
 from cohort.rollout.stream import FinishedGroup
 
 
@@ -298,7 +298,7 @@ def _start_rewards(ctx: _Context, finished: list[FinishedGroup], calls: list[_Ca
 
 def tool_arguments(trajectories: Sequence[Trajectory], prompts: Sequence[Any]) -> dict[str, list[Any]]:
     """The optional reward arguments of multi-turn trajectories: `conversations` (the prompt's messages, a text prompt
-    as one user message, then the completion's assistant and tool turns) and, with an environment, `environments`
+    as one user message, an environment's first observation appended to the last user message, then the completion's assistant and tool turns) and, with an environment, `environments`
     (each trajectory's instance); for agent runs `agent_runs` (each trajectory's `AgentRun`); {} when no trajectory
     went through the tool loop or an agent."""
     if any(isinstance(t.episode, AgentRun) for t in trajectories):
@@ -307,6 +307,7 @@ def tool_arguments(trajectories: Sequence[Trajectory], prompts: Sequence[Any]) -
     if not any(episodes):
         return {}
     heads = [list(p) if isinstance(p, list) else [{"role": "user", "content": str(p)}] for p in prompts]
+    heads = [with_observation(h, e.observation) if e is not None and e.observation else h for h, e in zip(heads, episodes)]
     out: dict[str, list[Any]] = {"conversations": [h + (e.conversation if e else []) for h, e in zip(heads, episodes)]}
     if any(e is not None and e.environment is not None for e in episodes):
         out["environments"] = [e.environment if e else None for e in episodes]

@@ -12,6 +12,12 @@ re-tokenized, and its `Request.remaining` makes `max_tokens` one budget over eve
 To the trainer the result is one `Trajectory` whose loss mask has zeros on tool tokens; `Trajectory.episode` holds
 its `Episode` (the conversation, the environment instance, the tool status and counts).
 
+Environments (cohort/tools/schema.py): the instance is built and `reset(**row)` when the request starts; a string it
+returns is appended to the prompt's last user message (TRL's rule, `prompt_with`: the prompt tokens are rendered
+again, and the trajectory carries them as its `prompt_ids`); a `reset` that raises fails the episode (status error,
+the message recorded, the first turn is the last), one that raises `EnvironmentLost` fails the run's step. After a
+turn's calls, an environment whose `done` is true ends the trajectory (the turn's results recorded, not appended).
+
 Budgets and status: a call after `max_turns` assistant turns is not run; a tool turn that does not fit in the token
 budget is not appended (the trajectory ends "length"); either makes the tool status "truncated", as does a response
 cut to `max_tool_response_length`. A call past its timeout makes it "tool_timeout", a tool that raises "error"
@@ -50,6 +56,7 @@ from cohort.rewards.calling import DaemonThreads
 from cohort.rollout.base import Episode, Request, RequestEngineMixin, Trajectory, WrappedEngine, continuation_seed
 from cohort.tools.parsers import ParsedTurn, Parser, ToolCall
 from cohort.tools.render import ToolRenderer
+from cohort.tools.openenv import EnvironmentLost
 from cohort.tools.schema import Tool, environment_tools
 
 FAILED = ("tool_timeout", "error")
@@ -62,13 +69,14 @@ class _Open:
     episode: Episode
     tools: dict[str, Tool]
     turn_start: int = 0  # where the current assistant turn starts in the completion
+    failed: str | None = None  # the environment failed at reset: the first turn is the last
 
 
 @dataclass
 class _Result:
     name: str
     content: str
-    outcome: str  # ok | timeout | error | parse_error | argument_error | skipped
+    outcome: str  # ok | timeout | error | lost | parse_error | argument_error | skipped
 
 
 class ToolEngine(RequestEngineMixin, WrappedEngine):
@@ -77,8 +85,10 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
     def __init__(self, inner, tokenizer, *, parser: Parser, tools: Sequence[Tool] = (), environment: type | None = None,
                  rows: Callable[[Request], dict[str, Any]] | None = None, max_turns: int = 4, max_parallel_calls: int = 4,
                  tool_timeout_s: float = 10.0, max_tool_response_length: int | None = None,
-                 truncate_side: str = "right", failure_policy: str = "reward"):
+                 truncate_side: str = "right", failure_policy: str = "reward",
+                 prompt_with: Callable[[dict[str, Any], str], list[int]] | None = None):
         self.inner, self.tokenizer, self.parser = inner, tokenizer, parser
+        self.prompt_with = prompt_with  # (row, observation) -> the row's prompt token ids with the observation appended
         self.tools, self.environment, self.rows = list(tools), environment, rows
         self.max_turns, self.max_parallel_calls, self.tool_timeout_s = max_turns, max_parallel_calls, tool_timeout_s
         self.failure_policy = failure_policy
@@ -101,7 +111,7 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
                 self._open[r.request_id] = self._start(r)
                 started.append(r.request_id)
             between_turns = [r for r in requests if _ended_a_turn(r.resume, self.inner.stop_token_ids)]
-            self.inner.submit([r for r in requests if r not in between_turns])
+            self.inner.submit([self._open[r.request_id].request for r in requests if r not in between_turns])
             for r in between_turns:  # aborted after a turn, before its calls ran: run them now (as a fresh turn)
                 self._retake_turn(self._open[r.request_id], r.resume)
         except BaseException:
@@ -161,21 +171,38 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
         if resume is not None and isinstance(resume.episode, Episode):
             episode = replace(resume.episode, conversation=list(resume.episode.conversation), environment=None,
                               calls=Counter(resume.episode.calls), segments=list(resume.episode.segments))
+        failed = None
         if self.environment is not None:
             row = self.rows(request) if self.rows is not None else {}
-            try:
-                episode.environment = self.environment()
-                reset = getattr(episode.environment, "reset", None)
-                observation = reset(**row) if reset is not None else None
-            except Exception as exc:
-                raise RuntimeError(f"tools.environment {self.environment.__name__}: building it or reset(**row) failed "
-                                   f"for request {request.request_id} (row columns {sorted(row)}): "
-                                   f"{type(exc).__name__}: {exc}") from exc
-            if observation:
-                episode.conversation.append({"role": "user", "content": str(observation)})
-            tools.update({t.name: t for t in environment_tools(episode.environment)})
+            observation, failed = self._reset(request, episode, row)
+            if failed is None:
+                tools.update({t.name: t for t in environment_tools(episode.environment)})
+            if observation and resume is None:
+                episode.observation = observation
+                if self.prompt_with is not None and row:  # TRL's rule: the observation ends the last user message
+                    request = replace(request, prompt_ids=tuple(self.prompt_with(row, observation)))
+        if resume is not None and resume.prompt_ids:  # its tokens were sampled after this prompt (observation included)
+            request = replace(request, prompt_ids=tuple(resume.prompt_ids))
         tool_positions = [i for i, m in enumerate(resume.loss_mask) if m == 0] if resume is not None else []
-        return _Open(request, episode, tools, turn_start=tool_positions[-1] + 1 if tool_positions else 0)
+        return _Open(request, episode, tools, turn_start=tool_positions[-1] + 1 if tool_positions else 0, failed=failed)
+
+    def _reset(self, request: Request, episode: Episode, row: dict[str, Any]) -> tuple[str | None, str | None]:
+        """Build the trajectory's environment and reset it with the row: (observation, None), or (None, why) when
+        the environment raised (the episode fails: status error, the message recorded; the run goes on). A lost
+        service (`EnvironmentLost`) raises: every episode would fail the same way."""
+        name = getattr(self.environment, "__name__", repr(self.environment))
+        try:
+            episode.environment = self.environment()
+            reset = getattr(episode.environment, "reset", None)
+            observation = reset(**row) if reset is not None else None
+        except EnvironmentLost as exc:
+            raise RuntimeError(f"tools.environment {name}: {exc} (request {request.request_id}, at reset)") from exc
+        except Exception as exc:  # noqa: BLE001 - the environment's own failure fails its episode, never the run
+            why = f"tools.environment {name}: reset(**row) failed (row columns {sorted(row)}): {type(exc).__name__}: {exc}"
+            episode.mark("error")
+            episode.conversation.append({"role": "tool", "name": "reset", "content": f"error: {why}"})
+            return None, why
+        return (str(observation) if observation else None), None
 
     def _retake_turn(self, entry: _Open, resume: Trajectory) -> None:
         """Handle a resumed trajectory's last turn (complete, its calls never run) as if it had just come back."""
@@ -198,7 +225,7 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
         text = self.tokenizer.decode(turn_ids[:-1] if t.status == "stop" else turn_ids, skip_special_tokens=True)
         episode.conversation.append({"role": "assistant", "content": text})
         episode.turns += 1
-        if t.status != "stop":  # length (the budget is spent), aborted or error: nothing more to run
+        if t.status != "stop" or entry.failed:  # length (the budget is spent), aborted, error, or no environment
             self._done.append(self._finish(entry, t))
             return
         parsed = self._parse(text)
@@ -223,6 +250,14 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
             future, t = self._running.pop(rid)
             entry = self._open[rid]
             calls, results = future.result()
+            lost = [r for r in results if r.outcome == "lost"]
+            if lost:  # the service behind the environment is gone: this step cannot finish (EnvironmentLost)
+                raise RuntimeError(f"tools.environment: {lost[0].content[len('error: '):]} (request {rid}; "
+                                   f"{len(self._open)} episode(s) in flight fail with it)")
+            if getattr(entry.episode.environment, "done", False) is True:  # the episode is over: the turn's results
+                entry.episode.conversation += [{"role": "tool", "name": r.name, "content": r.content} for r in results]
+                self._done.append(self._finish(entry, t))  # are recorded, not appended as tokens
+                continue
             ids = self.renderer.tool_ids([(c.name, c.arguments) for c in calls], [(r.name, r.content) for r in results])
             if len(t.token_ids) + len(ids) >= entry.request.sampling.max_tokens:  # no room to answer after it
                 entry.episode.mark("truncated")
@@ -269,7 +304,7 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
         calls = parsed.calls[: self.max_parallel_calls]
         futures = [self._threads.submit(self._call, entry.tools, call) for call in calls]
         deadline = time.monotonic() + self.tool_timeout_s
-        results = [self._outcome(call, future, deadline) for call, future in zip(calls, futures)]
+        results = [self._outcome(call, future, deadline, entry.tools) for call, future in zip(calls, futures)]
         results += [_Result(c.name, f"error: at most {self.max_parallel_calls} tool calls per turn; this one was not run",
                             "skipped") for c in parsed.calls[self.max_parallel_calls:]]
         results += [_Result("error", f"error: {message}", "parse_error") for message in parsed.errors]
@@ -277,14 +312,19 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
             self._count(episode, r)
         return calls + parsed.calls[self.max_parallel_calls:] + [ToolCall("error", {}) for _ in parsed.errors], results
 
-    def _outcome(self, call: ToolCall, future: concurrent.futures.Future, deadline: float) -> _Result:
+    def _outcome(self, call: ToolCall, future: concurrent.futures.Future, deadline: float, tools: dict[str, Tool]) -> _Result:
         try:
             value = future.result(timeout=max(0.0, deadline - time.monotonic()))
         except concurrent.futures.TimeoutError:
             return _Result(call.name, f"error: the tool {call.name!r} timed out after {self.tool_timeout_s:g} s", "timeout")
         except _ArgumentError as exc:
             return _Result(call.name, f"error: {exc}", "argument_error")
+        except EnvironmentLost as exc:
+            return _Result(call.name, f"error: {exc}", "lost")
         except Exception as exc:  # noqa: BLE001 - the model sees the failure; the status records it
+            tool = tools.get(call.name)
+            if tool is not None and tool.environment:  # an environment's method: TRL's {"error": message}
+                return _Result(call.name, json.dumps({"error": str(exc)}), "error")
             return _Result(call.name, f"error: {type(exc).__name__}: {exc}", "error")
         content = value if isinstance(value, str) else json.dumps(value, default=str)
         content, cut = self.renderer.truncate(content)
@@ -302,14 +342,14 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
 
     @staticmethod
     def _count(episode: Episode, r: _Result) -> None:
-        if r.outcome in ("ok", "truncated", "timeout", "error"):
+        if r.outcome in ("ok", "truncated", "timeout", "error", "lost"):
             episode.calls[r.name] += 1
-        if r.outcome in ("timeout", "error"):
+        if r.outcome in ("timeout", "error", "lost"):
             episode.failed_calls += 1
         episode.timeouts += r.outcome == "timeout"
         episode.parse_errors += r.outcome == "parse_error"
         episode.argument_errors += r.outcome == "argument_error"
-        episode.mark({"timeout": "tool_timeout", "error": "error", "truncated": "truncated"}.get(r.outcome, "ok"))
+        episode.mark({"timeout": "tool_timeout", "error": "error", "lost": "error", "truncated": "truncated"}.get(r.outcome, "ok"))
 
 
 def _ended_a_turn(resume: Trajectory | None, stop_token_ids: Sequence[int]) -> bool:

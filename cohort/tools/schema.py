@@ -5,12 +5,16 @@ A tool is a plain function, `def` or `async def`, typed and with a Google-style 
 tool function works unchanged. `tools.functions` names them by import path (`my_module.multiply` or
 `my_module:multiply`); the Python API may pass the functions themselves.
 
-An environment (`tools.environment: my_module.MyEnv`) is a class: one instance per trajectory, built with no
-arguments; `reset(**row)` gets the dataset row and may return a first observation (recorded as a user message at
-the head of the trajectory's conversation, not tokenized into the prompt); its public methods (not
-`reset`, `close`, nor names starting with `_`) are the trajectory's tools, on top of `tools.functions`; `close()`,
-when it has one, runs when the trajectory ends, whatever ended it (the instance's attributes stay readable, so a
-reward function receiving `environments=` can still read its state).
+An environment (`tools.environment: my_module.MyEnv`) is a class written the way TRL's
+`GRPOTrainer(environment_factory=...)` takes it: one instance per trajectory, built with no arguments; `reset(**row)`
+gets the dataset row and may return a first observation (appended to the prompt's last user message with no
+separator, as TRL does: cohort/tools/loop.py); its public methods (not `reset`, `close`, `get_reward`, nor names
+starting with `_`) are the trajectory's tools, on top of `tools.functions`, and one that raises answers
+`{"error": message}` (TRL's); `get_reward()`, when it has one, is one more reward of weight 1
+(`environment_reward`); a `done` attribute that is true after a turn's calls ends the trajectory; `close()`, when it
+has one, runs when the trajectory ends, whatever ended it (the instance's attributes stay readable, so a reward
+function receiving `environments=` can still read its state). An OpenEnv environment class or server URL goes
+through its adapter (cohort/tools/openenv.py), which is such a class.
 
 Left out: tools with side effects shared across trajectories are the user's business (each call runs on its own
 thread); schemas written by hand (the function's signature is the schema).
@@ -18,6 +22,7 @@ thread); schemas written by hand (the function's signature is the schema).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 from dataclasses import dataclass
@@ -25,7 +30,9 @@ from typing import Any, Callable, Sequence
 
 from transformers.utils import get_json_schema
 
-RESERVED_METHODS = ("reset", "close")
+from cohort.tools import openenv
+
+RESERVED_METHODS = ("reset", "close", "get_reward")
 
 
 def import_object(path: str, what: str) -> Any:
@@ -41,7 +48,9 @@ def import_object(path: str, what: str) -> Any:
         raise ValueError(f"{what} {path!r}: cannot import {module_name!r} ({exc}); is it on PYTHONPATH?") from exc
     for part in attr.split("."):
         if not hasattr(target, part):
-            raise ValueError(f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}")
+            close = difflib.get_close_matches(part, [n for n in dir(target) if not n.startswith("_")], n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(repr(f'{module_name}.{c}') for c in close)}?" if close else ""
+            raise ValueError(f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}{hint}")
         target = getattr(target, part)
     return target
 
@@ -66,6 +75,7 @@ class Tool:
     name: str
     function: Callable[..., Any]
     schema: dict[str, Any]
+    environment: bool = False  # an environment's method: an exception becomes its result {"error": message} (TRL's)
 
     @property
     def is_async(self) -> bool:
@@ -87,11 +97,17 @@ def resolve_tools(specs: Sequence[str | Callable[..., Any]]) -> list[Tool]:
     return tools
 
 
-def resolve_environment(spec: str | type | None) -> type | None:
-    """`tools.environment` as a class whose public methods all have schemas (checked now, before any model loads)."""
+def resolve_environment(spec: str | type | None, timeout_s: float = 10.0) -> type | None:
+    """`tools.environment` as a class whose public methods all have schemas (checked now, before any model loads): a
+    class as it is, an OpenEnv environment class or server URL (`ws://host:port`) through its adapter
+    (cohort/tools/openenv.py; `timeout_s` bounds each message to a server)."""
     if spec is None:
         return None
+    if openenv.is_server_url(spec):
+        return openenv.openenv_environment(spec, timeout_s)
     cls = import_object(spec, "tools.environment") if isinstance(spec, str) else spec
+    if openenv.is_openenv_class(cls):
+        return openenv.openenv_environment(cls, timeout_s)
     if not inspect.isclass(cls):
         raise ValueError(f"tools.environment = {spec!r} is a {type(cls).__name__}, not a class")
     if not environment_methods(cls):
@@ -116,4 +132,29 @@ def environment_methods(owner: Any) -> dict[str, Callable[..., Any]]:
 
 def environment_tools(instance: Any) -> list[Tool]:
     """An environment instance's tools: its public methods, bound to it."""
-    return [Tool(name, method, tool_schema(method, name)) for name, method in environment_methods(instance).items()]
+    return [Tool(name, method, tool_schema(method, name), environment=True)
+            for name, method in environment_methods(instance).items()]
+
+
+def environment_reward(completions: list[Any], environments: list[Any], **kwargs: Any) -> list[float | None]:
+    """The environment's own reward: each trajectory's `environment.get_reward()` (None without an environment)."""
+    return [env.get_reward() if env is not None else None for env in environments]
+
+
+def has_environment_reward(spec: str | type | None) -> bool:
+    """tools.environment has `get_reward()` (an OpenEnv environment's adapter has): `environment_reward` joins the
+    rewards with weight 1. Nothing is connected to; an import path that does not resolve is the checks' business."""
+    if spec is None or openenv.is_server_url(spec):
+        return spec is not None
+    try:
+        cls = import_object(spec, "tools.environment") if isinstance(spec, str) else spec
+    except ValueError:
+        return False
+    return openenv.is_openenv_class(cls) or callable(getattr(cls, "get_reward", None))
+
+
+def environment_reward_specs(tools) -> list[dict[str, Any]]:
+    """The reward spec the environment adds to the run's rewards ([] when it has no `get_reward()`)."""
+    if not has_environment_reward(tools.environment):
+        return []
+    return [{"name": environment_reward, "weight": 1.0, "alias": "environment"}]

@@ -16,6 +16,8 @@ Nothing here touches a Trainer: `setup` returns the parts and the Trainer holds 
 from __future__ import annotations
 
 import copy
+import functools
+import math
 from pathlib import Path
 from typing import Callable
 
@@ -34,7 +36,9 @@ from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
 from cohort.plan.teacher_checks import mismatch_problem, tokenizer_mismatch
 from cohort.agents import setup as agents
-from cohort.tools.setup import rows_by_prompt, wrap_engine
+from cohort.tools.openenv import check_capacity, is_server_url
+from cohort.tools.schema import environment_reward_specs
+from cohort.tools.setup import prompt_with_observation, rows_by_prompt, wrap_engine
 from cohort.trainer import algorithms
 from cohort.trainer.checkpoint import check_disk_space
 from cohort.trainer.critic import Critic
@@ -54,10 +58,13 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
     run_dir = rank_run_dir(dist, cfg, run_dir)
     _check_writable(run_dir)
     train_data, eval_data, reward_specs = dist.local_main_first(lambda: load_data(cfg))  # (a dataset by name: once per node)
-    rewards = main_only_rewards(RewardSet.from_specs(reward_specs), dist)
+    rewards = main_only_rewards(RewardSet.from_specs(list(reward_specs or []) + environment_reward_specs(cfg.tools)), dist)
     model_dir = dist.local_main_first(lambda: resolve_model_dir(cfg.model.path, cfg.model.revision))  # (a Hub id: the same)
     tokenizer = load_tokenizer(model_dir)
     prompts = encode_prompts(cfg, tokenizer, model_dir, train_data, eval_data)  # raises if one cannot fit
+    sessions = _sessions(plan, prompts)
+    if cfg.tools.enabled and dist.is_main and is_server_url(cfg.tools.environment):  # before any weights load
+        check_capacity(cfg.tools.environment, sessions[0], cfg.tools.timeout_s, sessions[1])
     sampler = RepeatSampler(len(prompts.train), plan.prompts_per_generation, plan.num_generations,
                             shuffle=cfg.data.shuffle, seed=cfg.train.seed)
     precision = resolve_precision(cfg.model.dtype, cfg.train.precision, device)  # float32 master weights when mixed
@@ -85,7 +92,7 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
     engine, owns_engine = _engine(cfg, dist, model_dir, tokenizer, external_engine, max_model_len=max_model_len,
                                   precision=precision, policy=policy)
     if cfg.tools.enabled:  # multi-turn: every request goes through the tool loop (cohort/tools/loop.py)
-        engine = _with_tools(cfg, engine, tokenizer, prompts)
+        engine = _with_tools(cfg, engine, tokenizer, prompts, sessions)
     if cfg.agent.enabled:  # every request is one run of the agent function (cohort/agents/engine.py)
         engine = agents.wrap_engine(cfg, engine, tokenizer, _rows(prompts), max_model_len=max_model_len)
     return TrainerParts(
@@ -142,15 +149,29 @@ def _engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, external, *, ma
     return build_engine(cfg, model_dir, tokenizer, max_model_len=max_model_len, precision=precision, policy=policy), True
 
 
-def _with_tools(cfg, engine, tokenizer, prompts):
+def _with_tools(cfg, engine, tokenizer, prompts, sessions: tuple[int, str]):
     """The engine inside the tool loop; under several processes the loop wraps rank 0's engine, so tools run once,
     beside it, and every rank receives the finished multi-turn trajectories."""
-    rows = _rows(prompts)
+    wrap = functools.partial(wrap_engine, cfg.tools, rows=_rows(prompts), tokenizer=tokenizer,
+                             prompt_with=prompt_with_observation(prompts.renderer.encode, prompts.train.prompt_key))
     if isinstance(engine, MainOnlyEngine):
         if engine.engine is not None:
-            engine.engine = wrap_engine(cfg.tools, engine.engine, tokenizer, rows)
+            engine.engine = wrap(engine=engine.engine)
         return engine
-    return wrap_engine(cfg.tools, engine, tokenizer, rows)
+    return wrap(engine=engine)
+
+
+def _sessions(plan, prompts) -> tuple[int, str]:
+    """(trajectories the run keeps in flight at once, why): each holds an environment instance (an OpenEnv server: a
+    session) from its reset to its end."""
+    train = math.ceil(plan.generation_batch_size * plan.admission.over_provision)
+    evals = len(prompts.eval.rows) if prompts.eval is not None else 0
+    why = f"a generation batch of {plan.generation_batch_size} completions"
+    if plan.admission.over_provision != 1:
+        why += f" × pipeline.over_provision {plan.admission.over_provision:g}"
+    if evals > train:
+        return evals, f"the {evals} eval prompts, all at once"
+    return train, why
 
 
 def _rows(prompts):

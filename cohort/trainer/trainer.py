@@ -278,7 +278,8 @@ class Trainer:
         """The streamed update (the callback `generate_batch` hands the collection, rollout/collect.py): forward/backward
         over whole kept groups, the loss summed unnormalised into `streamed`, their advantages from their own rewards.
         Returns their reference log-probs (None: beta = 0)."""
-        part = RolloutBatch.from_trajectories(rows, [self.train_ids[i] for i in rows], trajectories, rewards=rewards,
+        prompts = [t.prompt_ids or self.train_ids[i] for t, i in zip(trajectories, rows)]  # (an environment's observation)
+        part = RolloutBatch.from_trajectories(rows, prompts, trajectories, rewards=rewards,
                                               per_function=np.empty((len(rows), 0)), texts=[], policy_version=self.state.policy_version)
         a = self.cfg.algorithm
         with self.phases("update"):

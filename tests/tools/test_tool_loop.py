@@ -242,7 +242,7 @@ def test_environment_instance_per_trajectory_reset_with_the_row_and_closed(tok):
     out = generate_requests(engine, [Request(r, (1,), SamplingConfig(400)) for r in ("r/0", "r/1")])
     first, second = out
     assert first.episode.environment is not second.episode.environment and len(Tally.instances) == 2
-    assert first.episode.conversation[0] == {"role": "user", "content": "tally at 5"}
+    assert first.episode.observation == "tally at 5" and first.episode.conversation[0]["role"] == "assistant"
     assert [m["content"] for m in first.episode.conversation if m["role"] == "tool"] == ["7", "9"]  # 5+2, then +2
     assert first.episode.environment.value == 9 and second.episode.environment.value == 9  # untouched: started at 9
     assert all(env.closed for env in Tally.instances)
