@@ -8,7 +8,10 @@ with the run's `Conversation`) writes the reply. A wrong or finished key gets 40
 or that the endpoint refuses (`ChatRequestError`) 400, anything else 500; errors come in OpenAI's shape
 (`{"error": {"message", "type"}}`) so the `openai` client raises its usual exceptions.
 
-Left out: streaming (`stream: true` is the endpoint's to refuse), other paths (`GET /v1/models` answers the one model).
+`stream: true` is answered with server-sent events (cohort/agents/chat.py's `stream_chunks`); an error before the
+reply is the JSON error above, as OpenAI's API answers a stream it cannot start.
+
+Left out: other paths (`GET /v1/models` answers the one model).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import urlparse
 
-from cohort.agents.chat import ChatRequestError
+from cohort.agents.chat import ChatRequestError, stream_chunks
 from cohort.rollout.server.app import JSONHandler
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -111,7 +114,8 @@ class _Handler(JSONHandler):
                 raise ChatRequestError("body", f"not JSON: {exc}") from None
             if not isinstance(payload, dict):
                 raise ChatRequestError("body", "must be a JSON object")
-            self._reply(200, self.owner.answer(run, payload))
+            response = self.owner.answer(run, payload)
+            self._reply_chat(response, stream_chunks(payload, response))
         except ChatRequestError as exc:
             self._error(400, str(exc), "invalid_request_error", exc.param)
         except Exception as exc:  # noqa: BLE001 - the agent gets the reason; the endpoint keeps serving
