@@ -18,6 +18,7 @@ from cohort.agents.verifiers import VerifiersAgent, check_environment, environme
 from cohort.models.loading import load_tokenizer, stop_token_ids  # noqa: E402
 from cohort.rollout.base import Request, SamplingConfig  # noqa: E402
 from tests.agents.test_engine import ScriptedEngine  # noqa: E402
+from tests.tools.conftest import quick_stop_chat_model  # noqa: E402,F401 (the fixture)
 
 ENVS = Path(__file__).parent / "vf_envs"
 LOCAL = {"agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}, "taskset": {"num_tasks": 2}}
@@ -102,3 +103,87 @@ def test_an_endpoint_error_fails_the_episode_with_its_reason(episodes):
     [t, _], _, _ = episodes("verifiers:cohort_vf_arith", LOCAL, ["it is 6"], max_model_len=4)
     assert t.episode.status == "error" and "holds 4 (prompt and completion)" in t.episode.error, t.episode.error
     assert t.episode.turns == 0
+
+
+def test_a_tool_episode_chains_its_calls_into_one_trajectory(episodes):
+    # call 0 asks the environment's MCP calculator (verifiers' tool server, a subprocess), call 1 answers with its result
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3*2"}}\n</tool_call>'
+    args = {**LOCAL, "taskset": {"num_tasks": 1}}
+    [t], inner, tokenizer = episodes("verifiers:cohort_vf_calc", args, [call, "6"])
+    run = t.episode
+    assert run.error is None, run.error
+    assert run.turns == 2 and run.samples == [] and run.outcome == {"reward": 1.0, "exact": 1.0}
+    assert 0 in t.loss_mask and t.loss_mask[0] == 1 and t.loss_mask[-1] == 1  # the tool turn masked, both calls trained
+    tool_turn = tokenizer.decode([i for i, m in zip(t.token_ids, t.loss_mask) if m == 0])
+    assert "6" in tool_turn  # the calculator's result, as the chat template rendered it
+    first, second = inner.requests
+    assert list(second.prompt_ids[: len(first.prompt_ids)]) == list(first.prompt_ids)  # token in, token out
+
+
+def train_20_steps(tmp_path, model_dir, spec, args, overrides=()):
+    """20 steps through the Trainer; each step's episodes, and the metrics.jsonl lines."""
+    import json
+
+    import yaml
+
+    from cohort.config.loading import load_config
+    from cohort.trainer.trainer import Trainer
+
+    cfg = {"model": {"path": str(model_dir)}, "data": {"max_prompt_length": 32}, "engine": {"name": "hf"},
+           "rollout": {"num_generations": 2, "max_completion_length": 48},
+           "agent": {"environment": spec, "environment_args": args, "timeout_s": 120},
+           "train": {"prompts_per_step": 2, "micro_batch_size": 4, "max_steps": 20},
+           "run": {"progress": False, "loggers": ["jsonl"], "eval_every": 0, "save_every": 0}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    trainer = Trainer(load_config(tmp_path / "run.yaml", list(overrides)), run_dir=tmp_path / "run", log=lambda *a: None)
+    steps, step = [], trainer.step
+
+    def recorded_step():
+        metrics = step()
+        b = trainer.state.batch
+        steps.append({"episodes": b.episodes, "completions": b.completion_ids, "masks": b.loss_masks,
+                      "rewards": b.rewards.tolist(), "metrics": metrics})
+        return metrics
+
+    trainer.step = recorded_step  # (train() writes metrics.jsonl; each step's batch is kept for the checks)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return steps, [line for line in lines if "rewards/verifiers_reward/mean" in line]
+
+
+def check_every_episode_joined(steps, lines):
+    assert len(steps) == 20 and len(lines) == 20
+    for step, line in zip(steps, lines):
+        runs = step["episodes"]
+        assert len(runs) == 4  # 2 tasks x 2 episodes, none lost
+        for run, completion in zip(runs, step["completions"]):
+            assert run.error is None, run.error
+            assert run.turns >= 1 and completion  # its calls joined by X-Session-ID: the tokens it trained on
+        rewards = [run.outcome["reward"] for run in runs]
+        assert step["rewards"] == rewards
+        assert line["rewards/verifiers_reward/mean"] == pytest.approx(sum(rewards) / 4, abs=1e-9)
+        assert line["agent/exact"] == pytest.approx(sum(rewards) / 4, abs=1e-9) and line["agent/failed"] == 0.0
+
+
+@pytest.mark.slow
+def test_a_single_turn_taskset_trains_20_steps(tmp_path, quick_stop_chat_model):
+    steps, lines = train_20_steps(tmp_path, quick_stop_chat_model, "verifiers:cohort_vf_arith",
+                                  {**LOCAL, "taskset": {"num_tasks": 4}})
+    check_every_episode_joined(steps, lines)
+    assert all(run.turns == 1 for step in steps for run in step["episodes"])
+
+
+@pytest.mark.slow
+def test_a_tool_taskset_trains_20_steps(tmp_path, quick_stop_chat_model):
+    args = {"agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}, "max_turns": 3},
+            "taskset": {"num_tasks": 4}}
+    steps, lines = train_20_steps(tmp_path, quick_stop_chat_model, "verifiers:cohort_vf_calc", args,
+                                  ["tools.parser=cohort_vf_calc.parse"])
+    check_every_episode_joined(steps, lines)
+    runs = [run for step in steps for run in step["episodes"]]
+    assert any(run.turns > 1 for run in runs)  # some episodes called the calculator...
+    masks = [m for step in steps for m in step["masks"]]
+    assert any(0 in m for m in masks)  # ...whose results are in the trajectories, masked

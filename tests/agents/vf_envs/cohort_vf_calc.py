@@ -45,5 +45,16 @@ class CalcTaskset(vf.Taskset[CalcTask, CalcConfig]):
 __all__ = ["CalcTaskset"]
 
 
+
+def parse(text):
+    """tools.parser for the random tiny model of the training test: a turn of odd length calls the calculator, an
+    even one answers (so some episodes use the tool and some do not)."""
+    from cohort.tools.parsers import ParsedTurn, ToolCall
+
+    if len(text) % 2:
+        return ParsedTurn(calls=[ToolCall("calculator", {"expression": "3*2"})], content="")
+    return ParsedTurn(content=text)
+
+
 if __name__ == "__main__":
     CalcToolset.run()
