@@ -169,7 +169,7 @@ def check_every_episode_joined(steps, lines):
 
 
 @pytest.mark.slow
-def test_a_single_turn_taskset_trains_20_steps(tmp_path, quick_stop_chat_model):
+def test_a_single_turn_taskset_trains_20_steps(tmp_path, quick_stop_chat_model):  # noqa: F811 (the imported fixture)
     steps, lines = train_20_steps(tmp_path, quick_stop_chat_model, "verifiers:cohort_vf_arith",
                                   {**LOCAL, "taskset": {"num_tasks": 4}})
     check_every_episode_joined(steps, lines)
@@ -177,7 +177,7 @@ def test_a_single_turn_taskset_trains_20_steps(tmp_path, quick_stop_chat_model):
 
 
 @pytest.mark.slow
-def test_a_tool_taskset_trains_20_steps(tmp_path, quick_stop_chat_model):
+def test_a_tool_taskset_trains_20_steps(tmp_path, quick_stop_chat_model):  # noqa: F811 (the imported fixture)
     args = {"agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}, "max_turns": 3},
             "taskset": {"num_tasks": 4}}
     steps, lines = train_20_steps(tmp_path, quick_stop_chat_model, "verifiers:cohort_vf_calc", args,
