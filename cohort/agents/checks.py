@@ -22,7 +22,7 @@ import inspect
 import sys
 from pathlib import Path
 
-from cohort.agents.verifiers import check_environment
+from cohort.data.verifiers import check_environment
 from cohort.algorithm_facts import FACTS
 from cohort.config import CohortConfig
 from cohort.tools.schema import import_object
@@ -64,7 +64,7 @@ def _from_file(spec: str):
 
 def agent_problems(cfg: CohortConfig, *, world_size: int = 1, one_step: bool = True, one_step_fix: str = "") -> list[str]:
     """Every problem with the agent section, alone and with the rest of the config ([] when fine; agent.environment:
-    cohort/agents/verifiers.py's checks, the unknown name refused before anything loads). `one_step`: the
+    cohort/data/verifiers.py's checks, the unknown name refused before anything loads). `one_step`: the
     run trains each generation batch in one optimizer step (cohort.plan.run_mode, above this package, decides; its fix
     is `one_step_fix`)."""
     agent = cfg.agent

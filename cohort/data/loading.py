@@ -1,6 +1,6 @@
 """The datasets and reward specs a config names, loaded (no tokenizer, no model).
 
-`load_data(cfg)` reads agent.environment's tasks (cohort/agents/verifiers.py), or `data.dataset_name` (its train split, and its test split or
+`load_data(cfg)` reads agent.environment's tasks (cohort/data/verifiers.py), or `data.dataset_name` (its train split, and its test split or
 `data.eval_files` as eval data), or `data.train_files` / `data.eval_files`, or the built-in
 `data.task` (whose reward specs apply when `rewards` is unset; with `agent.function`
 the agent's returned reward, cohort/agents/reward.py), and caps the
@@ -12,7 +12,7 @@ Left out: tokenizing (cohort/prompts.py) and checking the files (check_data_conf
 
 from __future__ import annotations
 
-from cohort.agents.verifiers import environment_rows
+from cohort.data.verifiers import environment_rows
 from cohort.config import CohortConfig
 from cohort.data.datasets import PromptDataset, load_prompt_dataset, rows_dataset
 from cohort.data.named import load_named_split
@@ -25,7 +25,7 @@ ENVIRONMENT_REWARD = {"name": "cohort.agents.verifiers.verifiers_reward", "weigh
 def load_data(cfg: CohortConfig) -> tuple[PromptDataset, PromptDataset | None, list[dict] | None]:
     """(train dataset, eval dataset or None, reward specs) from files or the built-in task."""
     specs = [s.model_dump() for s in cfg.rewards] if cfg.rewards is not None else None
-    if cfg.agent.environment is not None:  # the environment's tasks, one row each (cohort/agents/verifiers.py)
+    if cfg.agent.environment is not None:  # the environment's tasks, one row each (cohort/data/verifiers.py)
         train = rows_dataset(environment_rows(cfg.agent.environment, cfg.agent.environment_args), "prompt",
                              f"environment {cfg.agent.environment}")
         evals = load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None

@@ -14,7 +14,8 @@ pytest.importorskip("verifiers.v1")
 
 from cohort.agents.chat import ChatCompletions, Conversation  # noqa: E402
 from cohort.agents.engine import AgentEngine  # noqa: E402
-from cohort.agents.verifiers import VerifiersAgent, check_environment, environment_rows, verifiers_reward  # noqa: E402
+from cohort.agents.verifiers import VerifiersAgent, verifiers_reward  # noqa: E402
+from cohort.data.verifiers import check_environment, environment_rows  # noqa: E402
 from cohort.models.loading import load_tokenizer, stop_token_ids  # noqa: E402
 from cohort.rollout.base import Request, SamplingConfig  # noqa: E402
 from tests.agents.test_engine import ScriptedEngine  # noqa: E402
