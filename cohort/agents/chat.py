@@ -25,7 +25,15 @@ token, and the next turn's suffix then starts with the template's end-of-turn to
 not constrained: the policy decides whether to call). A choice the engine aborted or failed on raises
 `SamplingFailed` (the server answers 500; the agent sees an API error).
 
-Left out: streaming, `top_logprobs`, penalties, structured output (chat_request.py refuses them with the reason).
+Streaming (`stream: true`): `stream_chunks(body, response)` turns the finished response into OpenAI's
+`chat.completion.chunk` events, which the HTTP layers send as server-sent events (`data: {...}` each, then
+`data: [DONE]`): per choice a first chunk with the role and the content, one chunk per tool call (index, id, name and
+the whole arguments string: a client that joins argument deltas gets the same string), a last chunk with the
+finish_reason (and logprobs when asked); with `stream_options.include_usage` every chunk has `usage: null` and one
+more chunk holds the usage and `choices: []`. The events are written once the engine has sampled the whole choice
+(the engine hands back finished trajectories), so a client sees the reply arrive at once, in the shape it expects.
+
+Left out: `top_logprobs`, penalties, structured output (chat_request.py refuses them with the reason).
 """
 
 from __future__ import annotations
@@ -44,7 +52,32 @@ from cohort.tools.render import ToolRenderer, ToolTemplateError
 
 Sample = Callable[[list[Request]], list[Trajectory]]  # blocking: these requests through the engine, trajectories in order
 
-__all__ = ["ChatCompletions", "ChatRequestError", "Conversation", "Sample", "SampledCall", "SamplingFailed"]
+__all__ = ["ChatCompletions", "ChatRequestError", "Conversation", "Sample", "SampledCall", "SamplingFailed", "stream_chunks"]
+
+
+def stream_chunks(body: dict[str, Any], response: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The `chat.completion.chunk` events of `response` when `body` (a request `create` accepted) asked for a stream,
+    else None (module docstring: "Streaming")."""
+    if body.get("stream") is not True:
+        return None
+    usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    head = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"], "model": response["model"]}
+    extra = {"usage": None} if usage else {}
+    chunks = []
+    for choice in response["choices"]:
+        message, index = choice["message"], choice["index"]
+        delta = {"role": "assistant", "content": message.get("content") or ""}
+        chunks.append({**head, "choices": [{"index": index, "delta": delta, "finish_reason": None, "logprobs": None}], **extra})
+        for k, call in enumerate(message.get("tool_calls") or []):
+            tool_delta = {"index": k, "id": call["id"], "type": "function",
+                          "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}}
+            chunks.append({**head, "choices": [{"index": index, "delta": {"tool_calls": [tool_delta]}, "finish_reason": None,
+                                                "logprobs": None}], **extra})
+        chunks.append({**head, "choices": [{"index": index, "delta": {}, "finish_reason": choice["finish_reason"],
+                                            "logprobs": choice.get("logprobs")}], **extra})
+    if usage:
+        chunks.append({**head, "choices": [], "usage": response["usage"]})
+    return chunks
 
 
 @dataclass
@@ -112,6 +145,8 @@ class ChatCompletions:
         self.parser = get_parser(parser) if isinstance(parser, str) else parser
         self.model_name = model_name
         self.max_model_len = max_model_len
+
+    stream_chunks = staticmethod(stream_chunks)  # (for servers that get this object, not this module)
 
     def create(self, body: dict, *, conversation: Conversation | None = None) -> tuple[dict, list[SampledCall]]:
         """An OpenAI-shaped chat.completion response for `body` and what was sampled. With `conversation` (one agent

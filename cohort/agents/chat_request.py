@@ -11,7 +11,8 @@ arguments}}` with `arguments` a dict (OpenAI sends a JSON string; chat templates
 (the `openai` client's message objects carry `refusal`, `audio`, `annotations`, ...).
 
 Taken: messages, tools, tool_choice, n, temperature, top_p, max_tokens / max_completion_tokens, stop, logprobs,
-seed. Refused with a reason when set to anything but their default: stream, top_logprobs, presence_penalty,
+seed, stream and stream_options.include_usage (the reply as server-sent events: cohort/agents/chat.py's
+`stream_chunks`). Refused with a reason when set to anything but their default: top_logprobs, presence_penalty,
 frequency_penalty, logit_bias, response_format other than text, and the legacy functions / function_call (the
 engine samples with temperature and top-p only, and returns one log-prob per token). Ignored: model, user,
 metadata, store, parallel_tool_calls, service_tier and any other key.
@@ -30,7 +31,6 @@ ROLES = ("system", "user", "assistant", "tool")
 MAX_CHOICES = 128
 MAX_STOP_STRINGS = 4
 REFUSED_UNLESS_DEFAULT = {  # key -> (its default values, why it is refused)
-    "stream": ((None, False), "streaming responses are not supported; send stream=false"),
     "top_logprobs": ((None, 0), "the engine returns the sampled token's log-prob only; leave top_logprobs out"),
     "presence_penalty": ((None, 0, 0.0), "the engine samples with temperature and top_p only"),
     "frequency_penalty": ((None, 0, 0.0), "the engine samples with temperature and top_p only"),
@@ -61,6 +61,8 @@ class ChatRequest:
     stop: tuple[str, ...]
     logprobs: bool
     seed: int | None
+    stream: bool = False  # the reply as server-sent events (chat.py's stream_chunks)
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage and no choices
 
 
 def chat_request(body: Any) -> ChatRequest:
@@ -82,7 +84,16 @@ def chat_request(body: Any) -> ChatRequest:
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
         max_tokens=None if max_tokens is None else _integer({"max_tokens": max_tokens}, "max_tokens", None, 1, None),
         stop=_stop(body.get("stop")), logprobs=_flag(body, "logprobs"),
-        seed=None if body.get("seed") is None else _integer(body, "seed", None, None, None))
+        seed=None if body.get("seed") is None else _integer(body, "seed", None, None, None),
+        stream=_flag(body, "stream"), include_usage=_include_usage(body.get("stream_options")))
+
+
+def _include_usage(options: Any) -> bool:
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise ChatRequestError("stream_options", f"must be an object like {{\"include_usage\": true}}, got {json.dumps(options)[:60]}")
+    return _flag(options, "include_usage")
 
 
 def canonical_messages(messages: Any) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ import inspect
 import sys
 from pathlib import Path
 
+from cohort.data.verifiers import check_environment
 from cohort.algorithm_facts import FACTS
 from cohort.config import CohortConfig
 from cohort.tools.schema import import_object
@@ -62,7 +63,8 @@ def _from_file(spec: str):
 
 
 def agent_problems(cfg: CohortConfig, *, world_size: int = 1, one_step: bool = True, one_step_fix: str = "") -> list[str]:
-    """Every problem with the agent section, alone and with the rest of the config ([] when fine). `one_step`: the
+    """Every problem with the agent section, alone and with the rest of the config ([] when fine; agent.environment:
+    cohort/data/verifiers.py's checks, the unknown name refused before anything loads). `one_step`: the
     run trains each generation batch in one optimizer step (cohort.plan.run_mode, above this package, decides; its fix
     is `one_step_fix`)."""
     agent = cfg.agent
@@ -71,11 +73,21 @@ def agent_problems(cfg: CohortConfig, *, world_size: int = 1, one_step: bool = T
     if not agent.enabled:
         return []
     problems = []
-    try:
-        resolve_agent(agent.function)
-    except ValueError as exc:
-        problems.append(str(exc))
-    name = agent.function if isinstance(agent.function, str) else getattr(agent.function, "__name__", "the agent")
+    if agent.environment is not None:
+        if agent.function is not None:
+            problems.append(f"agent.environment = {agent.environment!r} with agent.function: the environment runs its own "
+                            "agent; unset one of them")
+        if cfg.data.train_files or cfg.data.dataset_name:
+            problems.append(f"agent.environment = {agent.environment!r} with data.train_files / data.dataset_name: the "
+                            "environment's tasks are the dataset; unset them")
+        problems += check_environment(agent.environment, agent.environment_args)
+    else:
+        try:
+            resolve_agent(agent.function)
+        except ValueError as exc:
+            problems.append(str(exc))
+    name = (agent.environment if agent.environment is not None else agent.function if isinstance(agent.function, str)
+            else getattr(agent.function, "__name__", "the agent"))
     for when, what, fix in (
         (cfg.tools.enabled, "tools.functions / tools.environment", "the agent runs its own tool loop; unset the tools section"),
         (cfg.rewards is not None, "rewards", "the agent's return value is the run's reward (return a dict for more "

@@ -28,6 +28,11 @@ function that raises (one message, the last good state saved, cohort/trainer/fai
 aborts its calls in the inner engine and returns its calls so far with status "aborted" (it cannot be resumed:
 validation refuses partial rollouts with an agent).
 
+Frameworks that run their own client (verifiers): inside a run, `join_session(session_id)` makes the endpoint take
+calls carrying `X-Session-ID: session_id` as this run's, whatever their API key (cohort/agents/sessions.py;
+cohort/agents/verifiers.py joins
+each trace id as verifiers mints it). An agent object with an `aclose()` coroutine has it awaited on `close`.
+
 Left out: resuming an aborted run (the agent program's state is gone).
 """
 
@@ -44,6 +49,7 @@ from typing import Any, Callable, Iterable, Sequence
 from cohort.agents.chat import ChatRequestError
 from cohort.agents.loopback import LoopbackServer, new_key
 from cohort.agents.runs import run_trajectory
+from cohort.agents.sessions import JOIN
 from cohort.rollout.base import AgentRun, Request, RequestEngineMixin, Trajectory, WrappedEngine, continuation_seed
 
 WAIT_S = 0.05  # how long one poll waits for calls to arrive while runs are busy outside the engine
@@ -146,6 +152,8 @@ class AgentEngine(RequestEngineMixin, WrappedEngine):
     def close(self) -> None:
         self.abort()
         self.server.close()
+        if hasattr(self.agent, "aclose"):  # an agent object holding resources (cohort/agents/verifiers.py's environment)
+            asyncio.run_coroutine_threadsafe(self.agent.aclose(), self._loop).result(timeout=60)
         if self._http is not None:
             asyncio.run_coroutine_threadsafe(self._http.aclose(), self._loop).result(timeout=5)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -163,6 +171,7 @@ class AgentEngine(RequestEngineMixin, WrappedEngine):
             self._http = openai.DefaultAsyncHttpxClient(trust_env=False, limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024))
         client = openai.AsyncOpenAI(base_url=self.server.url, api_key=run.key, max_retries=0, timeout=self.timeout_s,
                                     http_client=self._http)
+        JOIN.set(lambda session_id: self.server.join(session_id, run.key))  # (this task's context: the run's own)
         return await asyncio.wait_for(self.agent(client, row), self.timeout_s)
 
     def _answer(self, run: _Run, body: dict[str, Any]) -> dict[str, Any]:

@@ -245,6 +245,13 @@ class AgentConfig(_Section):
         "metrics. None: no agent.")
     timeout_s: float = Field(300.0, description="Seconds one agent run may take, model calls included; a run past it is cancelled "
         "and fails like a reward function that raises.")
+    environment: str | None = Field(None, description="An environment whose episodes are the agent runs: `verifiers:<id>` "
+        "(a verifiers>=0.4 environment by module name or `owner/name@version`, installed; docs/environments.md, \"verifiers "
+        "environments\"). Its tasks are the dataset (one row each) and each episode's reward the run's reward; instead of "
+        "agent.function. None: none.")
+    environment_args: dict[str, Any] = Field(default_factory=dict, description="The environment's own config, as its "
+        "framework spells it: for verifiers the `--env.*` fields of vf-eval as a mapping, e.g. {taskset: {num_tasks: 8}, "
+        "agent: {harness: {id: null}, runtime: {type: subprocess}}} (the taskset id comes from agent.environment).")
     render_tools: bool = Field(True, description="Render the `tools` of an agent's call into the prompt through the chat template's "
         "tools block; false for a checkpoint trained without that block (tiny:tool_calc), as `cohort serve --no-tools-in-prompt`: "
         "the calls are parsed either way (tools.parser).")
@@ -255,8 +262,8 @@ class AgentConfig(_Section):
 
     @property
     def enabled(self) -> bool:
-        """True when rollouts are agent runs."""
-        return self.function is not None
+        """True when rollouts are agent runs (an agent function's or an environment's)."""
+        return self.function is not None or self.environment is not None
 
 
 class AlgorithmConfig(_Section):

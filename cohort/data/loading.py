@@ -1,6 +1,6 @@
 """The datasets and reward specs a config names, loaded (no tokenizer, no model).
 
-`load_data(cfg)` reads `data.dataset_name` (its train split, and its test split or
+`load_data(cfg)` reads agent.environment's tasks (cohort/data/verifiers.py), or `data.dataset_name` (its train split, and its test split or
 `data.eval_files` as eval data), or `data.train_files` / `data.eval_files`, or the built-in
 `data.task` (a built-in or `reasoning_gym:<name>`, cohort/data/reasoning_gym.py; whose reward specs apply when `rewards` is unset; with `agent.function`
 the agent's returned reward, cohort/agents/reward.py), and caps the
@@ -12,6 +12,7 @@ Left out: tokenizing (cohort/prompts.py) and checking the files (check_data_conf
 
 from __future__ import annotations
 
+from cohort.data.verifiers import environment_rows
 from cohort.config import CohortConfig
 from cohort.data.datasets import DataError, PromptDataset, load_prompt_dataset, rows_dataset
 from cohort.data.named import load_named_split
@@ -19,6 +20,7 @@ from cohort.data import reasoning_gym
 from cohort.data.tasks import Task, get_task
 
 AGENT_REWARD = {"name": "cohort.agents.reward.agent_reward", "weight": 1.0}  # with agent.function: the reward set
+ENVIRONMENT_REWARD = {"name": "cohort.agents.verifiers.verifiers_reward", "weight": 1.0}  # with agent.environment
 
 
 def configured_task(data, seed: int) -> Task:
@@ -40,7 +42,11 @@ def configured_task(data, seed: int) -> Task:
 def load_data(cfg: CohortConfig) -> tuple[PromptDataset, PromptDataset | None, list[dict] | None]:
     """(train dataset, eval dataset or None, reward specs) from files or the built-in task."""
     specs = [s.model_dump() for s in cfg.rewards] if cfg.rewards is not None else None
-    if cfg.data.dataset_name:
+    if cfg.agent.environment is not None:  # the environment's tasks, one row each (cohort/data/verifiers.py)
+        train = rows_dataset(environment_rows(cfg.agent.environment, cfg.agent.environment_args), "prompt",
+                             f"environment {cfg.agent.environment}")
+        evals = load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None
+    elif cfg.data.dataset_name:
         train = load_named_split(cfg.data, cfg.data.dataset_train_split, "data.dataset_train_split")
         evals = (load_named_split(cfg.data, cfg.data.dataset_test_split, "data.dataset_test_split") if cfg.data.dataset_test_split
                  else load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None)
@@ -53,8 +59,8 @@ def load_data(cfg: CohortConfig) -> tuple[PromptDataset, PromptDataset | None, l
         evals = (load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files
                  else rows_dataset(task.eval_rows, "prompt", f"task {task.name} (eval)"))
         specs = specs if specs is not None else task.reward_specs
-    if cfg.agent.enabled:  # the run's reward is what the agent returned (cohort/agents/reward.py)
-        specs = [dict(AGENT_REWARD)]
+    if cfg.agent.enabled:  # the run's reward is what the agent returned (cohort/agents/reward.py), or its episode's
+        specs = [dict(ENVIRONMENT_REWARD if cfg.agent.environment is not None else AGENT_REWARD)]
     if evals is not None and cfg.data.eval_max_samples:
         evals.rows, evals.sources = evals.rows[: cfg.data.eval_max_samples], evals.sources[: cfg.data.eval_max_samples]
     return train, evals, specs

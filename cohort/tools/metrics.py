@@ -14,6 +14,7 @@ Metrics (only when some trajectory went through the tool loop):
 
 Agent runs (cohort/agents) carry an `AgentRun` instead: reward functions may name `agent_runs=`, and the metrics are
 `agent/<key>` (the mean over the runs that returned it of each key the agent's dict returned besides `reward`),
+`agent/failed` (runs that ended with an error: only an environment's failed episodes get this far, cohort/agents/verifiers.py),
 `agent/calls_mean` (model calls per run) and `agent/samples_mean` (trained samples per run: 1, or its calls when it
 rewrote its history).
 """
@@ -60,6 +61,7 @@ def agent_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
             if key != "reward":
                 reported.setdefault(f"agent/{key}", []).append(float(value))
     out = {key: sum(values) / len(values) for key, values in sorted(reported.items())}
+    out["agent/failed"] = float(sum(run.error is not None for run in runs))
     out["agent/calls_mean"] = sum(run.turns for run in runs) / len(runs)
     out["agent/samples_mean"] = sum(1 + len(run.samples) for run in runs) / len(runs)
     return out

@@ -182,3 +182,62 @@ def test_what_an_agent_may_return(value, expected):
 def test_what_an_agent_may_not_return(value):
     with pytest.raises(ValueError, match="agent returned"):
         as_outcome(value)
+
+
+async def streaming_calculator_agent(client, row):
+    """calculator_agent with `stream=True` on both calls, read through the `openai` client's own stream parser (its
+    ChatCompletionStreamState joins the deltas, tool-call deltas included, into one completion)."""
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+
+    async def ask(messages):
+        state, usage = ChatCompletionStreamState(), []
+        stream = await client.chat.completions.create(model="m", messages=messages, stream=True,
+                                                      stream_options={"include_usage": True})
+        async for chunk in stream:
+            state.handle_chunk(chunk)
+            usage.append(chunk.usage)
+        assert usage[:-1] == [None] * (len(usage) - 1) and usage[-1].completion_tokens > 0  # the last chunk: usage, no choices
+        return state.get_final_completion()
+
+    messages = [{"role": "user", "content": row["question"]}]
+    first = await ask(messages)
+    call = first.choices[0].message.tool_calls[0]
+    assert first.choices[0].finish_reason == "tool_calls" and json.loads(call.function.arguments) == {"expression": "6*7"}
+    messages += [{"role": "assistant", "content": first.choices[0].message.content or "",
+                  "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.function.name,
+                                                                                  "arguments": call.function.arguments}}]},
+                 {"role": "tool", "tool_call_id": call.id, "content": "42"}]
+    second = await ask(messages)
+    return {"reward": float(second.choices[0].message.content == "42"), "tool_calls": 1}
+
+
+def test_a_streaming_agent_gets_what_a_plain_one_gets(make_engine):
+    # the same run as test_a_tool_loop_run_is_one_trajectory_with_the_tool_turn_masked, every reply streamed as
+    # server-sent events: the same tokens, masks and reward
+    plain, _, _ = make_engine(calculator_agent, rows=lambda r: {"question": "6*7="})
+    streamed, _, _ = make_engine(streaming_calculator_agent, rows=lambda r: {"question": "6*7="})
+    a, b = run_one(plain), run_one(streamed)
+    assert b.episode.error is None and b.episode.outcome == {"reward": 1.0, "tool_calls": 1.0}
+    assert (b.prompt_ids, b.token_ids, b.loss_mask) == (a.prompt_ids, a.token_ids, a.loss_mask)
+
+
+def test_a_stream_is_data_events_then_done(make_engine):
+    import urllib.request
+
+    engine, _, _ = make_engine(calculator_agent, script=("hello",))
+    run = object()
+    engine.server.register("k", run)
+    engine.server.answer = lambda _run, body: {"id": "c1", "object": "chat.completion", "created": 1, "model": "m",
+                                               "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                                            "finish_reason": "stop", "logprobs": None}],
+                                               "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True}).encode()
+    request = urllib.request.Request(engine.server.url + "/chat/completions", body,
+                                     {"Authorization": "Bearer k", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as reply:
+        assert reply.headers["Content-Type"] == "text/event-stream"
+        events = reply.read().decode().split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""] and all(e.startswith("data: {") for e in events[:-2])
+    chunks = [json.loads(e[len("data: "):]) for e in events[:-2]]
+    assert [c["choices"][0]["delta"] for c in chunks] == [{"role": "assistant", "content": "hi"}, {}]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and "usage" not in chunks[0]  # no include_usage: no usage

@@ -238,11 +238,12 @@ class RolloutService:
     def abort(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._handed_back(self.stream.abort(bodies.abort_request(body)))
 
-    def chat_completions(self, body: dict[str, Any]) -> dict[str, Any]:
+    def chat_completions(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+        """The chat.completion, and its stream events when the body asked for `stream: true` (else None)."""
         if self.chat is None:
             raise _HTTPError(HTTPStatus.NOT_FOUND, "this server has no OpenAI-compatible endpoint (start it with `cohort serve`)")
         response, _ = self.chat.create(body)
-        return response
+        return response, self.chat.stream_chunks(body, response)
 
     def models(self) -> dict[str, Any]:
         name = getattr(self.chat, "model_name", "") or self.model  # the name clients send (`cohort serve`'s MODEL argument)
@@ -272,6 +273,24 @@ class JSONHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _reply_events(self, chunks: list[dict[str, Any]]) -> None:
+        """Server-sent events: `data: <chunk>` each, then `data: [DONE]` (an OpenAI stream; one body with its length,
+        so a kept-alive connection stays usable)."""
+        data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _reply_chat(self, response: dict[str, Any], chunks: list[dict[str, Any]] | None) -> None:
+        """A chat completion as JSON, or as the events `chunks` when the request asked for a stream."""
+        if chunks is None:
+            self._reply(200, response)
+        else:
+            self._reply_events(chunks)
 
 
 class _Handler(JSONHandler):
@@ -319,7 +338,8 @@ class _Handler(JSONHandler):
         try:
             self._authorize()
             if url.path == "/v1/chat/completions":
-                self._reply(200, self.service.chat_completions(bodies.json_object(self._body(), "chat.completions")))
+                body = bodies.json_object(self._body(), "chat.completions")
+                self._reply_chat(*self.service.chat_completions(body))
             elif url.path == "/generate":
                 self._reply(200, self.service.generate(bodies.json_object(self._body(), "generate")))
             elif url.path == "/score":

@@ -1,0 +1,192 @@
+"""verifiers (v1) environments as agent runs (cohort/agents/verifiers.py): the checks before anything loads, then
+episodes that verifiers itself runs (its chat harness as a subprocess, its interception server, its eval client)
+against the loopback endpoint over a scripted engine, joined to their runs by X-Session-ID; then training
+(slow)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verifiers.v1")
+
+from cohort.agents.chat import ChatCompletions, Conversation  # noqa: E402
+from cohort.agents.engine import AgentEngine  # noqa: E402
+from cohort.agents.verifiers import VerifiersAgent, verifiers_reward  # noqa: E402
+from cohort.data.verifiers import check_environment, environment_rows  # noqa: E402
+from cohort.models.loading import load_tokenizer, stop_token_ids  # noqa: E402
+from cohort.rollout.base import Request, SamplingConfig  # noqa: E402
+from tests.agents.test_engine import ScriptedEngine  # noqa: E402
+from tests.tools.conftest import quick_stop_chat_model  # noqa: E402,F401 (the fixture)
+
+ENVS = Path(__file__).parent / "vf_envs"
+LOCAL = {"agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}, "taskset": {"num_tasks": 2}}
+
+
+@pytest.fixture(autouse=True)
+def test_environments(monkeypatch):
+    """The tests' tasksets importable here and in the subprocesses verifiers starts (its tool servers)."""
+    monkeypatch.syspath_prepend(str(ENVS))
+    root = str(Path(__file__).resolve().parents[2])
+    monkeypatch.setenv("PYTHONPATH", ":".join([str(ENVS), root] + ([p] if (p := __import__("os").environ.get("PYTHONPATH")) else [])))
+
+
+def test_an_unknown_environment_is_refused_with_the_closest_names():
+    [problem] = check_environment("verifiers:textarna", LOCAL)
+    assert "no verifiers environment module 'textarna' is installed" in problem and "closest installed: textarena" in problem
+    assert "cohort_vf_arith" not in sys.modules  # (nothing was imported to say so)
+
+
+def test_an_owner_name_version_id_finds_its_module_and_a_remote_runtime_is_named():
+    assert check_environment("verifiers:someone/cohort-vf-arith@0.1.0", LOCAL) == []
+    [problem] = check_environment("verifiers:cohort_vf_arith", {"agent": {"harness": {"id": "null"}}})
+    assert "runs its harness in prime's remote sandboxes" in problem
+    assert "agent.environment_args.agent.runtime.type=subprocess" in problem
+    assert "write verifiers:" in check_environment("gym:cohort_vf_arith", LOCAL)[0]
+
+
+def test_rows_are_the_tasks_in_order():
+    rows = environment_rows("verifiers:cohort_vf_arith", LOCAL)
+    assert [r["prompt"] for r in rows] == [[{"role": "user", "content": "3*2="}], [{"role": "user", "content": "10*7="}]]
+    assert [r["vf_task"] for r in rows] == [0, 1] and all(r["vf_key"] for r in rows)
+
+
+@pytest.fixture
+def episodes(tiny_chat_model_dir):
+    """run(spec, args, script) -> the trajectories of one episode per task, verifiers playing them against the
+    loopback endpoint over a scripted engine (each call answered with the script's next text)."""
+    tokenizer = load_tokenizer(tiny_chat_model_dir)
+    stops = stop_token_ids(tiny_chat_model_dir, tokenizer)
+    engines = []
+
+    def run(spec, args, script, max_model_len=512):
+        rows = environment_rows(spec, args)
+        inner = ScriptedEngine(tokenizer, stops, list(script))
+        chat = lambda sample: ChatCompletions(tokenizer, stops, sample, max_model_len=2**31)  # noqa: E731 (as wrap_engine)
+        agent = VerifiersAgent(spec, args, "tiny")
+        engine = AgentEngine(inner, chat, Conversation, agent, rows=lambda r: rows[int(r.request_id[3:])], timeout_s=60,
+                             max_model_len=max_model_len)
+        engines.append(engine)
+        prompts = [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True) for row in rows]
+        engine.submit([Request(f"run{i}", tuple(p), SamplingConfig(64), i) for i, p in enumerate(prompts)])
+        out = []
+        while len(out) < len(rows):
+            out += engine.poll(1.0)
+        return sorted(out, key=lambda t: t.request_id), inner, tokenizer
+
+    yield run
+    for engine in engines:
+        engine.close()
+
+
+def test_a_single_turn_episode_is_its_run_tokens_and_reward(episodes):
+    trajectories, inner, tokenizer = episodes("verifiers:cohort_vf_arith", LOCAL, ["it is 6"])
+    for t in trajectories:
+        run = t.episode
+        assert run.error is None, run.error
+        assert run.turns == 1  # the one call joined its run through X-Session-ID
+        assert t.token_ids == tokenizer("it is 6", add_special_tokens=False)["input_ids"] + [inner.stop_token_ids[0]]
+    assert [t.episode.outcome for t in trajectories] == [{"reward": 1.0, "exact": 1.0}, {"reward": 0.0, "exact": 0.0}]
+    assert verifiers_reward(["a", "b"], agent_runs=[t.episode for t in trajectories]) == [1.0, 0.0]
+
+
+def test_an_environment_that_raises_fails_its_episode_with_the_message(episodes):
+    args = {**LOCAL, "taskset": {"num_tasks": 1, "raise_in_reward": True}}
+    [t], _, _ = episodes("verifiers:cohort_vf_arith", args, ["it is 6"])
+    assert t.episode.status == "error" and "the scorer broke" in t.episode.error
+    assert verifiers_reward(["a"], agent_runs=[t.episode]) == [None]  # no reward; training goes on
+
+
+def test_an_endpoint_error_fails_the_episode_with_its_reason(episodes):
+    # the task's prompt is past the engine's context: the endpoint answers 400, verifiers' client gets it
+    [t, _], _, _ = episodes("verifiers:cohort_vf_arith", LOCAL, ["it is 6"], max_model_len=4)
+    assert t.episode.status == "error" and "holds 4 (prompt and completion)" in t.episode.error, t.episode.error
+    assert t.episode.turns == 0
+
+
+def test_a_tool_episode_chains_its_calls_into_one_trajectory(episodes):
+    # call 0 asks the environment's MCP calculator (verifiers' tool server, a subprocess), call 1 answers with its result
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3*2"}}\n</tool_call>'
+    args = {**LOCAL, "taskset": {"num_tasks": 1}}
+    [t], inner, tokenizer = episodes("verifiers:cohort_vf_calc", args, [call, "6"])
+    run = t.episode
+    assert run.error is None, run.error
+    assert run.turns == 2 and run.samples == [] and run.outcome == {"reward": 1.0, "exact": 1.0}
+    assert 0 in t.loss_mask and t.loss_mask[0] == 1 and t.loss_mask[-1] == 1  # the tool turn masked, both calls trained
+    tool_turn = tokenizer.decode([i for i, m in zip(t.token_ids, t.loss_mask) if m == 0])
+    assert "6" in tool_turn  # the calculator's result, as the chat template rendered it
+    first, second = inner.requests
+    assert list(second.prompt_ids[: len(first.prompt_ids)]) == list(first.prompt_ids)  # token in, token out
+
+
+def train_20_steps(tmp_path, model_dir, spec, args, overrides=()):
+    """20 steps through the Trainer; each step's episodes, and the metrics.jsonl lines."""
+    import json
+
+    import yaml
+
+    from cohort.config.loading import load_config
+    from cohort.trainer.trainer import Trainer
+
+    cfg = {"model": {"path": str(model_dir)}, "data": {"max_prompt_length": 32}, "engine": {"name": "hf"},
+           "rollout": {"num_generations": 2, "max_completion_length": 48},
+           "agent": {"environment": spec, "environment_args": args, "timeout_s": 120},
+           "train": {"prompts_per_step": 2, "micro_batch_size": 4, "max_steps": 20},
+           "run": {"progress": False, "loggers": ["jsonl"], "eval_every": 0, "save_every": 0}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    trainer = Trainer(load_config(tmp_path / "run.yaml", list(overrides)), run_dir=tmp_path / "run", log=lambda *a: None)
+    steps, step = [], trainer.step
+
+    def recorded_step():
+        metrics = step()
+        b = trainer.state.batch
+        steps.append({"episodes": b.episodes, "completions": b.completion_ids, "masks": b.loss_masks,
+                      "rewards": b.rewards.tolist(), "metrics": metrics})
+        return metrics
+
+    trainer.step = recorded_step  # (train() writes metrics.jsonl; each step's batch is kept for the checks)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return steps, [line for line in lines if "rewards/verifiers_reward/mean" in line]
+
+
+def check_every_episode_joined(steps, lines):
+    assert len(steps) == 20 and len(lines) == 20
+    for step, line in zip(steps, lines):
+        runs = step["episodes"]
+        assert len(runs) == 4  # 2 tasks x 2 episodes, none lost
+        for run, completion in zip(runs, step["completions"]):
+            assert run.error is None, run.error
+            assert run.turns >= 1 and completion  # its calls joined by X-Session-ID: the tokens it trained on
+        rewards = [run.outcome["reward"] for run in runs]
+        assert step["rewards"] == rewards
+        assert line["rewards/verifiers_reward/mean"] == pytest.approx(sum(rewards) / 4, abs=1e-9)
+        assert line["agent/exact"] == pytest.approx(sum(rewards) / 4, abs=1e-9) and line["agent/failed"] == 0.0
+
+
+@pytest.mark.slow
+def test_a_single_turn_taskset_trains_20_steps(tmp_path, quick_stop_chat_model):  # noqa: F811 (the imported fixture)
+    steps, lines = train_20_steps(tmp_path, quick_stop_chat_model, "verifiers:cohort_vf_arith",
+                                  {**LOCAL, "taskset": {"num_tasks": 4}})
+    check_every_episode_joined(steps, lines)
+    assert all(run.turns == 1 for step in steps for run in step["episodes"])
+
+
+@pytest.mark.slow
+def test_a_tool_taskset_trains_20_steps(tmp_path, quick_stop_chat_model):  # noqa: F811 (the imported fixture)
+    args = {"agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}, "max_turns": 3},
+            "taskset": {"num_tasks": 4}}
+    steps, lines = train_20_steps(tmp_path, quick_stop_chat_model, "verifiers:cohort_vf_calc", args,
+                                  ["tools.parser=cohort_vf_calc.parse", "agent.render_tools=false"])
+    # (render_tools false: the template's tools block alone is ~430 tokens, past the tiny model's 256 positions; the
+    # parser makes the calls)
+    check_every_episode_joined(steps, lines)
+    runs = [run for step in steps for run in step["episodes"]]
+    assert any(run.turns > 1 for run in runs)  # some episodes called the calculator...
+    masks = [m for step in steps for m in step["masks"]]
+    assert any(0 in m for m in masks)  # ...whose results are in the trajectories, masked
