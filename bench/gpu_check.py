@@ -165,6 +165,7 @@ def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: 
     tokenizer = load_tokenizer(model_dir)
     engine = DetachedHFEngine(load_policy(model_dir, torch.bfloat16, device), pad_token_id=tokenizer.pad_token_id,
                               stop_token_ids=stop_token_ids(model_dir, tokenizer))
+    print(f"big: rollout engine: transformers, {engine.inner.choice}", file=sys.stderr, flush=True)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     trainer = Trainer(cfg, engine=engine, log=lambda *a, **k: None)
@@ -198,7 +199,7 @@ def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: 
     finally:
         trainer.close()
     return _big_report(cfg, trainer, model_dir, records, parameters, rate, peak, reserved, moved, shape, tokens) | {
-        "peak_allocated_bytes_by_phase": phase_peaks}
+        "peak_allocated_bytes_by_phase": phase_peaks, "engine_choice": engine.inner.choice}
 
 
 def _big_report(cfg, trainer, model_dir: Path, records: list[dict], parameters: int, rate: float, peak, reserved,
