@@ -6,7 +6,8 @@
 - `colocate` + `hf`: transformers generation with the given model (the trainer's
   own policy, so no weight push is needed) or, without one, a copy loaded from
   model.path; its sampling path (continuous batching or plain generate, and why) is
-  printed (`engine.name=auto` resolves to hf where vLLM is not installed);
+  printed to stderr (during `cohort train`: RUN_DIR/logs/engine.log) (`engine.name=auto` resolves to hf where vLLM
+  is not installed);
 - `colocate` + `vllm`: vLLM in this process (`VLLMEngine`).
 
 `rank0_engine` is the multi-process case: rank 0 holds the engine and every rank
@@ -22,11 +23,11 @@ an agent renders its own prompts).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
 
-from cohort.console import terminal
 from cohort.distributed.fsdp import LocalContext
 from cohort.distributed.rank0 import DetachedHFEngine, MainOnlyEngine
 from cohort.models.devices import resolve_device
@@ -96,7 +97,7 @@ def build_engine(cfg, model_dir: Path, tokenizer, *, max_model_len: int, precisi
             policy = load_policy(model_dir, precision.weights_dtype, device).eval()
         stops = stop_token_ids(model_dir, tokenizer)  # the set vLLM and the rollout server use too
         engine = HFEngine(policy, pad_token_id=tokenizer.pad_token_id, stop_token_ids=stops, compute_context=precision.autocast)
-        print(f"rollout engine: transformers, {engine.choice}", file=terminal(), flush=True)
+        print(f"rollout engine: transformers, {engine.choice}", file=sys.stderr, flush=True)  # (train: the engine log)
         return engine
     return VLLMEngine(model_dir, dtype=cfg.generation_dtype, max_model_len=max_model_len, seed=cfg.rollout.seed,
                       enforce_eager=cfg.engine.enforce_eager, enable_prefix_caching=cfg.engine.enable_prefix_caching,
@@ -113,7 +114,7 @@ def rank0_engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, *, max_mod
         if cfg.engine.mode == "colocate" and cfg.engine.name == "hf":
             engine = DetachedHFEngine(load_policy(model_dir, cfg.model.dtype, device), pad_token_id=tokenizer.pad_token_id,
                                       stop_token_ids=stop_token_ids(model_dir, tokenizer))
-            print(f"rollout engine: transformers on rank 0's copy, {engine.inner.choice}", file=terminal(), flush=True)
+            print(f"rollout engine: transformers on rank 0's copy, {engine.inner.choice}", file=sys.stderr, flush=True)
         elif cfg.engine.mode in ("colocate", "local_server"):  # vLLM cannot nest in a multi-rank process group
             engine = local_server_engine(cfg, model_dir, max_model_len)
         else:
