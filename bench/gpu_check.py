@@ -24,7 +24,10 @@ Two parts, the big one first (what only a GPU can show), each timed separately:
   every step pushes the weights and checks the canaries. Reported: s/step, trained tokens/s (prompt + completion
   tokens through the update), the update's model FLOPs utilisation (6 x parameters x trained tokens/s over the bf16
   matrix rate measured at start), the allocator's peak (`max_memory_allocated`) and what it reserved
-  (`max_memory_reserved`) beside the planner's estimate, how far the weights moved, and the canary gap.
+  (`max_memory_reserved`) beside the planner's estimate, how far the weights moved, and the canary gap. Since issue
+  47 also: the engine's choice (continuous batching or plain generate), each step's `timing/*`, the peak per phase
+  beside the planner's bytes per phase, and one more step (untimed; `--no-profile` skips it) whose update runs under
+  `UpdateProbe`: torch.profiler's time by category and host reads, and on CUDA what was live at the update's peak.
 
 `--device cpu` shrinks the big model (`--shape small`) and the step counts, so the whole check takes a few minutes
 here; its numbers say only that the script works.
