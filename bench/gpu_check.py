@@ -24,7 +24,10 @@ Two parts, the big one first (what only a GPU can show), each timed separately:
   every step pushes the weights and checks the canaries. Reported: s/step, trained tokens/s (prompt + completion
   tokens through the update), the update's model FLOPs utilisation (6 x parameters x trained tokens/s over the bf16
   matrix rate measured at start), the allocator's peak (`max_memory_allocated`) and what it reserved
-  (`max_memory_reserved`) beside the planner's estimate, how far the weights moved, and the canary gap.
+  (`max_memory_reserved`) beside the planner's estimate, how far the weights moved, and the canary gap. Since issue
+  47 also: the engine's choice (continuous batching or plain generate), each step's `timing/*`, the peak per phase
+  beside the planner's bytes per phase, and one more step (untimed; `--no-profile` skips it) whose update runs under
+  `UpdateProbe`: torch.profiler's time by category and host reads, and on CUDA what was live at the update's peak.
 
 `--device cpu` shrinks the big model (`--shape small`) and the step counts, so the whole check takes a few minutes
 here; its numbers say only that the script works.
@@ -57,7 +60,7 @@ from cohort.config.loading import load_config  # noqa: E402
 from cohort.distributed.rank0 import DetachedHFEngine  # noqa: E402
 from cohort.models.devices import resolve_device  # noqa: E402
 from cohort.models.loading import load_policy, load_tokenizer, stop_token_ids  # noqa: E402
-from cohort.plan.memory import memory_estimate, model_facts  # noqa: E402
+from cohort.plan.memory import kv_bytes_per_token, memory_estimate, model_facts  # noqa: E402
 from cohort.trainer.trainer import Phases, Trainer  # noqa: E402
 
 SHAPES = {  # Qwen2 config fields; "0.5b" is Qwen2.5-0.5B's shape
@@ -119,6 +122,114 @@ class PhasePeaks(Phases):
             self.open.pop()
 
 
+CATEGORIES = (  # an op's or kernel's name -> where the update's time goes (first match; by name, so approximate)
+    ("optimizer", ("adam", "foreach", "multi_tensor", "optimizer", "clip_grad", "norm")),
+    ("attention", ("attention", "sdpa", "flash", "fmha", "efficient")),
+    ("log-prob", ("logprob", "log_softmax", "logsumexp", "softmax", "amax", "gather", "cross_entropy")),
+    ("matmul", ("gemm", "matmul", "aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "cutlass", "xmma", "cublas")),
+    ("copy and cast", ("copy", "_to_copy", "aten::to", "cat", "contiguous", "memcpy", "memset")),
+)
+HOST_SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "aten::_local_scalar_dense")  # (on a CPU tensor, no wait)
+
+
+def profile_summary(events, on_device: bool, top: int = 15) -> dict:
+    """Self time of `events` (a torch.profiler `key_averages()`, or anything with `key`, `count`,
+    `self_cpu_time_total` and `self_device_time_total` in microseconds) by CATEGORIES and the `top` ops, in ms;
+    `host_syncs`: calls of HOST_SYNCS (each one waits for the GPU). `on_device`: the device's kernel time (CUDA), else
+    the CPU's op time."""
+    field = "self_device_time_total" if on_device else "self_cpu_time_total"
+    timed = [(e.key, e.count, getattr(e, field, 0.0) / 1e3) for e in events]
+    by_category: dict[str, float] = {}
+    for key, _, ms in timed:
+        name = key.lower()
+        category = next((c for c, words in CATEGORIES if any(w.lower() in name for w in words)), "other")
+        by_category[category] = by_category.get(category, 0.0) + ms
+    ops = sorted(timed, key=lambda t: -t[2])[:top]
+    return {"time": "device kernels" if on_device else "CPU ops", "total_ms": sum(ms for _, _, ms in timed),
+            "by_category_ms": dict(sorted(by_category.items(), key=lambda kv: -kv[1])),
+            "top_ops": [{"name": k[:120], "calls": n, "self_ms": ms} for k, n, ms in ops],
+            "host_syncs": {k: n for k, n, _ in timed if any(k.startswith(h) for h in HOST_SYNCS)}}
+
+
+def live_at_peak(trace: list[dict], top: int = 15) -> dict:
+    """Replays a CUDA allocator trace (`torch.cuda.memory._snapshot()["device_traces"][i]`: events with `action`
+    alloc / free_requested, `addr`, `size`, `frames`) and returns the highest live total and what was live then,
+    grouped by where it was allocated: the innermost Python frame of cohort/ and the innermost frame overall (an
+    allocation of the backward has no Python frame: the autograd engine's thread). Bytes allocated before the trace
+    began are not in it (`peak_bytes` is above them)."""
+    total, peak, peak_index = 0, 0, -1
+    sizes: dict[int, int] = {}
+    for i, event in enumerate(trace):
+        if event["action"] == "alloc":
+            sizes[event["addr"]] = event["size"]
+            total += event["size"]
+            if total > peak:
+                peak, peak_index = total, i
+        elif event["action"] == "free_requested":
+            total -= sizes.pop(event["addr"], 0)
+    live: dict[int, dict] = {}
+    for event in trace[: peak_index + 1]:
+        if event["action"] == "alloc":
+            live[event["addr"]] = event
+        elif event["action"] == "free_requested":
+            live.pop(event["addr"], None)
+    groups: dict[str, int] = {}
+    for event in live.values():
+        frames = [f"{f['filename'].split('site-packages/')[-1]}:{f['line']}" for f in event.get("frames", ())
+                  if f.get("filename", "").endswith(".py")]
+        ours = next((f for f in frames if "cohort/" in f), None)
+        where = " <- ".join(dict.fromkeys(f for f in (frames[0] if frames else None, ours) if f)) or "no Python frame (backward)"
+        groups[where] = groups.get(where, 0) + event["size"]
+    return {"peak_bytes": peak, "live_allocations": len(live),
+            "by_site_bytes": dict(sorted(groups.items(), key=lambda kv: -kv[1])[:top])}
+
+
+class UpdateProbe:
+    """Wraps the trainer's phase timers: the next "update" phase (once armed) runs under torch.profiler and, on CUDA,
+    the allocator's history; `result` then holds `profile_summary` and `live_at_peak` of it. Everything else passes
+    through to the wrapped timers."""
+
+    def __init__(self, phases, device: torch.device):
+        self.phases, self.device = phases, device
+        self.armed, self.result = False, None
+
+    def __getattr__(self, name):
+        return getattr(self.phases, name)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        if name != "update" or not self.armed:
+            with self.phases(name):
+                yield
+            return
+        self.armed = False
+        cuda = self.device.type == "cuda"
+        activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+        if cuda:
+            torch.cuda.memory._record_memory_history(max_entries=500_000, stacks="python")
+        try:
+            with self.phases(name), torch.profiler.profile(activities=activities) as prof:
+                yield
+            _sync(self.device)
+            self.result = {"profile": profile_summary(prof.key_averages(), on_device=cuda)}
+            if cuda:
+                trace = torch.cuda.memory._snapshot()["device_traces"][self.device.index or 0]
+                self.result["live_at_peak"] = live_at_peak(trace)
+        finally:
+            if cuda:
+                torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def phase_estimates(rows: list[tuple[str, int, str]], engine_copy: int, kv_bytes: int, logits_bytes: int) -> dict:
+    """The planner's bytes per phase: its rows are the update's peak (+ the engine's copy); the other phases hold
+    what persists between steps (weights, gradients, AdamW moments, the engine's copy), generation adds its KV cache
+    and three (B, V) float32 buffers of logits (the scores, their log-softmax, the sampler's probabilities)."""
+    sizes = {name: size for name, size, _ in rows}
+    resident = sum(sizes.get(name, 0) for name in ("weights", "gradients", "AdamW moments", "reference model")) + engine_copy
+    return {"update": sum(sizes.values()) + engine_copy, "generate": resident + kv_bytes + logits_bytes,
+            "resident": resident}
+
+
 def run_demo(device: torch.device, steps: int, out_dir: Path) -> dict:
     """The embedded demo through cohort.train (its preset), the transformers engine on `device`."""
     start = time.perf_counter()
@@ -150,9 +261,10 @@ SPREAD_REWARD = "def spread(prompts, completions, **kw):\n    return [(sum(map(o
 
 
 def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: Path, rate: float,
-            budget_s: float) -> dict:
+            budget_s: float, profile: bool = True) -> dict:
     """GRPO steps of the random Qwen2 on the arith prompts, measured step by step (see the module docstring); no
-    step starts after `budget_s` seconds."""
+    step starts after `budget_s` seconds. `profile`: then one more step, not timed, whose update runs under
+    `UpdateProbe`."""
     model_dir = build_random_qwen2(out_dir / f"qwen2-{shape}", shape, max_positions=tokens + 64)
     (out_dir / "gpu_check_rewards.py").write_text(SPREAD_REWARD)
     sys.path.insert(0, str(out_dir))
@@ -165,6 +277,7 @@ def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: 
     tokenizer = load_tokenizer(model_dir)
     engine = DetachedHFEngine(load_policy(model_dir, torch.bfloat16, device), pad_token_id=tokenizer.pad_token_id,
                               stop_token_ids=stop_token_ids(model_dir, tokenizer))
+    print(f"big: rollout engine: transformers, {engine.inner.choice}", file=sys.stderr, flush=True)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     trainer = Trainer(cfg, engine=engine, log=lambda *a, **k: None)
@@ -175,7 +288,7 @@ def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: 
     try:
         parameters = sum(p.numel() for p in trainer.policy.parameters())
         first = {n: p.detach().float().clone() for n, p in trainer.policy.named_parameters() if p.dim() == 2}
-        records = []
+        records, probe = [], None
         while len(records) < steps and time.perf_counter() - start < budget_s:
             metrics = trainer.step()
             batch, rows = trainer.state.batch, trainer.state.step_indices
@@ -184,7 +297,13 @@ def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: 
                             "generate_s": metrics.get("timing/generate_s", 0.0), "trained_tokens": trained,
                             "frac_reward_zero_std": metrics.get("frac_reward_zero_std"),
                             "grad_norm": metrics.get("grad_norm"),
-                            "canary_gap_max": metrics.get("sync/canary_gap_max")})
+                            "canary_gap_max": metrics.get("sync/canary_gap_max"),
+                            "timing": {k: v for k, v in metrics.items() if k.startswith("timing/")}})
+        if profile and time.perf_counter() - start < budget_s:  # one more step, its update profiled (not timed)
+            probe = trainer.phases = UpdateProbe(trainer.phases, device)
+            probe.armed = True
+            trainer.step()
+            trainer.phases = probe.phases
         trainer.sync_weights()  # the last step's push, checked
         moved = max(((p.detach().float() - first[n]).abs().max() / first[n].abs().max()).item()
                     for n, p in trainer.policy.named_parameters() if n in first)
@@ -197,8 +316,12 @@ def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: 
         reserved = torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None
     finally:
         trainer.close()
-    return _big_report(cfg, trainer, model_dir, records, parameters, rate, peak, reserved, moved, shape, tokens) | {
-        "peak_allocated_bytes_by_phase": phase_peaks}
+    report = _big_report(cfg, trainer, model_dir, records, parameters, rate, peak, reserved, moved, shape, tokens)
+    planned = report.pop("planner_by_phase")
+    return report | {"peak_allocated_bytes_by_phase": phase_peaks, "planner_bytes_by_phase": planned,
+                     "peak_over_plan_by_phase": {name: phase_peaks[name] / planned.get(name, planned["resident"])
+                                                 for name in phase_peaks if name != "outside"},
+                     "engine_choice": engine.inner.choice, "update_probe": probe.result if probe else None}
 
 
 def _big_report(cfg, trainer, model_dir: Path, records: list[dict], parameters: int, rate: float, peak, reserved,
@@ -209,6 +332,11 @@ def _big_report(cfg, trainer, model_dir: Path, records: list[dict], parameters: 
     rows = memory_estimate(cfg, trainer.plan, model_facts(str(model_dir)))  # the planner's trainer peak (cohort plan)
     engine_copy = 2 * parameters  # the engine's own bf16 copy (DetachedHFEngine), which the trainer's peak leaves out
     estimate = sum(size for _, size, _ in rows) + engine_copy
+    facts = model_facts(str(model_dir))
+    completions = cfg.train.prompts_per_step * cfg.rollout.num_generations
+    longest = max(len(p) for p in trainer.state.batch.prompt_ids) + tokens
+    by_phase = phase_estimates(rows, engine_copy, kv_bytes_per_token(cfg, facts) * completions * longest,
+                               3 * completions * facts.vocab_size * 4)
     return {"shape": shape, "parameters": parameters, "steps": len(records), "completion_tokens": tokens,
             "s_per_step": sum(r["step_s"] for r in timed) / len(timed),
             "generate_s_per_step": sum(r["generate_s"] for r in timed) / len(timed),
@@ -216,6 +344,7 @@ def _big_report(cfg, trainer, model_dir: Path, records: list[dict], parameters: 
             "update_mfu": 6 * parameters * tokens_per_s / rate,
             "peak_allocated_bytes": peak, "peak_reserved_bytes": reserved, "planner_estimate_bytes": estimate,
             "planner_rows": {name: size for name, size, _ in rows}, "engine_copy_bytes": engine_copy,
+            "planner_by_phase": by_phase,
             "peak_over_estimate": peak / estimate if peak else None,
             "reserved_over_estimate": reserved / estimate if reserved else None,
             "weights_moved_max_relative": moved, "frac_reward_zero_std": [r["frac_reward_zero_std"] for r in records],
@@ -251,6 +380,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--big-tokens", type=int, default=None, help="completion tokens; default: 256 on a GPU, 16 on CPU")
     ap.add_argument("--shape", choices=list(SHAPES), default=None, help="default: 0.5b on a GPU, small on CPU")
     ap.add_argument("--skip", nargs="*", default=[], choices=["demo", "big"])
+    ap.add_argument("--no-profile", action="store_true", help="no extra big step with its update under torch.profiler "
+                    "(and, on CUDA, the allocator's history: what was live at the update's peak)")
     ap.add_argument("--out-dir", default=None, help="each part's JSON written here as it ends (default: a temporary "
                     "folder); $OUT/gpu-check on a lent machine, so what finished comes back")
     ap.add_argument("--out", default=None, help="also write the whole JSON here at the end")
@@ -268,7 +399,8 @@ def main(argv: list[str] | None = None) -> dict:
     parts = {}
     if "big" not in args.skip:
         parts["big"] = lambda: run_big(device, args.shape or ("0.5b" if gpu else "small"), args.big_steps or (20 if gpu else 3),
-                                       args.big_tokens or (256 if gpu else 16), work, rate, args.big_budget_s)
+                                       args.big_tokens or (256 if gpu else 16), work, rate, args.big_budget_s,
+                                       not args.no_profile)
     if "demo" not in args.skip:
         parts["demo"] = lambda: run_demo(device, args.demo_steps or (300 if gpu else 4), work)
     run_parts(parts, out_dir, doc)

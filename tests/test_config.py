@@ -61,6 +61,20 @@ def test_every_field_has_help():
     assert all(help_text for _, _, _, help_text in rows)
 
 
+def test_engine_name_auto_is_vllm_where_it_is_installed_else_hf(monkeypatch):
+    # A lent GPU machine has PyTorch and transformers but no vLLM: auto samples with transformers there (its
+    # continuous batching), and the saved config names what was picked.
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    installed = find_spec("vllm") is not None
+    assert load_config(None, ["engine.name=auto"]).engine.name == ("vllm" if installed else "hf")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+    cfg = load_config(None, ["engine.name=auto"])
+    assert cfg.engine.name == "hf" and cfg.to_dict()["engine"]["name"] == "hf"
+    assert load_config(None, ["engine.name=vllm"]).engine.name == "vllm"  # an explicit name is kept
+
+
 def test_batch_plan_arithmetic():
     # 3 prompts × G=4 = 12 completions per step; 2 steps per generation -> 24 per generation batch;
     # micro-batches of 6 -> 2 per step; num_iterations 2 -> 4 optimizer steps per generation.

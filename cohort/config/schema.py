@@ -19,6 +19,7 @@ import path), so every package above may take its typed section from here withou
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from collections.abc import Callable
@@ -131,11 +132,20 @@ class RolloutConfig(_Section):
 class EngineConfig(_Section):
     """Which engine generates, where it runs, and its knobs."""
 
-    name: Literal["vllm", "hf"] = Field("vllm", description="Generation engine: vLLM (default) or transformers on the policy itself (the fallback).")
+    name: Literal["vllm", "hf"] = Field("vllm", description="Generation engine: vLLM (default) or transformers on the policy itself (the fallback: "
+        "continuous batching where it can, docs/gpu.md). `auto`: vllm where it is installed, else hf; the resolved name is saved.")
     mode: Literal["colocate", "local_server", "server"] = Field("colocate", description="Where the engine runs: `colocate` in the "
         "trainer's process; `local_server` as a private `cohort serve` child process on this machine (stopped at the end); `server` on "
         "the `cohort serve` servers in engine.server_urls (token from COHORT_SERVER_TOKEN). docs/deployment.md.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Generation dtype; `auto` uses model.dtype.")
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _auto_name(cls, value):
+        """`auto`: vllm where it can be imported, else hf (a machine with PyTorch and transformers alone, as the lent GPUs)."""
+        if value == "auto":
+            return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+        return value
     enforce_eager: bool | None = Field(None, description="vLLM: skip CUDA graph capture and compilation. None: eager on the CPU, "
         "where vLLM has no graphs to capture, and graphs on a GPU (vLLM's own default: faster decoding of small batches for about "
         "1 GiB more, which the planner counts).")

@@ -5,7 +5,9 @@
 - `local_server`: vLLM in a private `cohort serve` child (`LocalServerEngine`);
 - `colocate` + `hf`: transformers generation with the given model (the trainer's
   own policy, so no weight push is needed) or, without one, a copy loaded from
-  model.path;
+  model.path; its sampling path (continuous batching or plain generate, and why) is
+  printed to stderr (during `cohort train`: RUN_DIR/logs/engine.log) (`engine.name=auto` resolves to hf where vLLM
+  is not installed);
 - `colocate` + `vllm`: vLLM in this process (`VLLMEngine`).
 
 `rank0_engine` is the multi-process case: rank 0 holds the engine and every rank
@@ -21,6 +23,7 @@ an agent renders its own prompts).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -93,7 +96,9 @@ def build_engine(cfg, model_dir: Path, tokenizer, *, max_model_len: int, precisi
         if policy is None:  # `cohort eval`: no trainer, so a copy of model.path to generate with
             policy = load_policy(model_dir, precision.weights_dtype, device).eval()
         stops = stop_token_ids(model_dir, tokenizer)  # the set vLLM and the rollout server use too
-        return HFEngine(policy, pad_token_id=tokenizer.pad_token_id, stop_token_ids=stops, compute_context=precision.autocast)
+        engine = HFEngine(policy, pad_token_id=tokenizer.pad_token_id, stop_token_ids=stops, compute_context=precision.autocast)
+        print(f"rollout engine: transformers, {engine.choice}", file=sys.stderr, flush=True)  # (train: the engine log)
+        return engine
     return VLLMEngine(model_dir, dtype=cfg.generation_dtype, max_model_len=max_model_len, seed=cfg.rollout.seed,
                       enforce_eager=cfg.engine.enforce_eager, enable_prefix_caching=cfg.engine.enable_prefix_caching,
                       kv_cache_gib=cfg.engine.kv_cache_gib, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
@@ -109,6 +114,7 @@ def rank0_engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, *, max_mod
         if cfg.engine.mode == "colocate" and cfg.engine.name == "hf":
             engine = DetachedHFEngine(load_policy(model_dir, cfg.model.dtype, device), pad_token_id=tokenizer.pad_token_id,
                                       stop_token_ids=stop_token_ids(model_dir, tokenizer))
+            print(f"rollout engine: transformers on rank 0's copy, {engine.inner.choice}", file=sys.stderr, flush=True)
         elif cfg.engine.mode in ("colocate", "local_server"):  # vLLM cannot nest in a multi-rank process group
             engine = local_server_engine(cfg, model_dir, max_model_len)
         else:

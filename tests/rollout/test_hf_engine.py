@@ -72,28 +72,27 @@ def test_engines_on_the_trainers_module_refuse_in_flight_weight_updates(policy, 
 
 
 def test_a_transformers_without_the_continuous_batching_api_falls_back_to_generate(policy, monkeypatch):
-    """transformers 5.17 (the GPU machine's) names the page size `block_size`, has no `auto_switch_to_flash` and its
-    manager no `pause()`. Its config class stands in here (on 5.17 itself the real one does: the lane's run of this
-    file). Before, the config was built outside the start's `try` and its TypeError escaped `generate`; now the engine
-    warns once and samples with plain generate, the trainer's log-probs read off it as ever."""
+    """A config with neither `page_size` (5.19) nor `block_size` (5.17; the adapter passes that) nor `return_logprobs`
+    stands in for a transformers the adapter cannot drive: the engine warns once, naming what is missing, and samples
+    with plain generate, the trainer's log-probs read off it as ever. (5.17 itself streams: test_hf_requests.py in the
+    lane.)"""
     import dataclasses
 
     from cohort.rollout.engines import hf_continuous
 
     @dataclasses.dataclass
-    class ConfigOf517:  # the fields cohort passes that 5.17 has
-        block_size: int = 256
+    class ConfigOfNone:
         num_blocks: int | None = None
         max_batch_tokens: int | None = None
         max_requests_per_batch: int | None = None
         allow_block_sharing: bool = True
         use_async_batching: bool | None = None
-        return_logprobs: bool = False
         seed: int | None = None
 
-    monkeypatch.setattr(hf_continuous, "ContinuousBatchingConfig", ConfigOf517)
-    assert hf_continuous.missing_api().startswith("ContinuousBatchingConfig.page_size, ")
+    monkeypatch.setattr(hf_continuous, "ContinuousBatchingConfig", ConfigOfNone)
+    assert hf_continuous.missing_api() == ("ContinuousBatchingConfig.return_logprobs, "
+                                           "ContinuousBatchingConfig.page_size (or block_size)")
     engine = HFEngine(policy, pad_token_id=EOS, stop_token_ids=[EOS])
-    with pytest.warns(UserWarning, match="continuous batching lacks ContinuousBatchingConfig.page_size.*plain generate"):
+    with pytest.warns(UserWarning, match=r"continuous batching lacks ContinuousBatchingConfig.return_logprobs.*plain generate"):
         (out,) = engine.generate([[49, 50, 43, 51, 61]], SamplingConfig(max_tokens=6, temperature=0.7), seeds=[3])
     assert engine.continuous is None and len(out.logprobs) == len(out.token_ids) > 0

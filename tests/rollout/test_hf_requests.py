@@ -17,7 +17,7 @@ from cohort.rollout.base import Request, SamplingConfig, Trajectory, generate_re
 from cohort.rollout.engines.hf_continuous import missing_api
 from cohort.rollout.engines.hf import HFEngine
 
-# transformers 5.17 (the GPU lane's) lacks what streaming needs: its engine falls back to generate (test_hf_engine.py)
+# 5.17 (the GPU lane's) and 5.19 both stream (hf_continuous's adapter); a transformers the adapter cannot drive skips
 pytestmark = pytest.mark.skipif(missing_api() is not None, reason=f"transformers lacks {missing_api()}")
 
 EOS = 256
@@ -54,6 +54,32 @@ def test_continuous_batching_is_on_for_float32_and_off_under_autocast(policy):
                      compute_context=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
     assert mixed.continuous is None  # the generation thread would not run under the trainer's (thread-local) autocast
     assert HFEngine(policy, pad_token_id=EOS, stop_token_ids=[EOS], continuous_batching=False).continuous is None
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["own-pause", "loop-gate"])
+def test_greedy_tokens_are_plain_generates_on_this_transformers(policy, monkeypatch, gate):
+    # The same model, greedy, stop at EOS: continuous batching's tokens are plain `generate`'s, each prompt alone (no
+    # left padding) and all in one call, and its log-probs (temperature 1) the trainer's. `loop-gate`: the pause of
+    # transformers 5.17 (no ContinuousBatchingManager.pause()), cohort's gate around the loop, also on 5.19.
+    from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
+
+    if gate and hasattr(ContinuousBatchingManager, "pause"):
+        monkeypatch.delattr(ContinuousBatchingManager, "pause")
+    prompts = [list(P1), list(P2), list(P3), list(P1)]
+    greedy = SamplingConfig(max_tokens=24, temperature=0.0)
+    streamed = HFEngine(policy, pad_token_id=EOS, stop_token_ids=[EOS])
+    plain = HFEngine(policy, pad_token_id=EOS, stop_token_ids=[EOS], continuous_batching=False)
+    try:
+        got = streamed.generate(prompts, greedy, seeds=[0] * 4)
+        assert streamed.continuous is not None and streamed.continuous._managers  # it ran, not the fallback
+        assert bool(streamed.continuous._gates) == (gate or not hasattr(ContinuousBatchingManager, "pause"))
+        alone = [plain.generate([p], greedy, seeds=[0])[0] for p in prompts]
+        assert [t.token_ids for t in got] == [t.token_ids for t in alone]
+        assert [t.status for t in got] == [t.status for t in alone]
+        for p, t in zip(prompts, got):
+            assert_trainer_logprobs(policy, p, t, 1.0)
+    finally:
+        streamed.close()
 
 
 def test_a_short_request_comes_back_alone_while_a_long_one_goes_on(engine, policy):

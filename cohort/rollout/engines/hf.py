@@ -40,7 +40,7 @@ import torch
 from cohort.models.batching import pack_right_padded
 from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import BatchRequests, Request, SamplingConfig, Trajectory
-from cohort.rollout.engines.hf_continuous import ContinuousRequests
+from cohort.rollout.engines.hf_continuous import ContinuousRequests, engine_choice
 
 
 class SampledLogProbs:
@@ -91,6 +91,7 @@ class HFEngine(BatchRequests):
         self.continuous = (ContinuousRequests(model, stop_token_ids=self.stop_token_ids, pad_token_id=pad_token_id,
                                               max_requests_per_batch=batch_size)
                            if continuous_batching and not autocast else None)
+        self.choice = engine_choice(autocast) if continuous_batching else "plain generate (continuous_batching=False)"
 
     @property
     def device(self) -> torch.device:
@@ -106,6 +107,7 @@ class HFEngine(BatchRequests):
             self.continuous.start(request.remaining.temperature)
         except RuntimeError as e:
             warnings.warn(f"{e}; the transformers engine falls back to plain generate", stacklevel=3)
+            self.choice = f"plain generate ({e})"
             self.continuous.close()
             self.continuous = None
             return False

@@ -26,9 +26,15 @@ reproducible only as far as its polls return at the same steps. The manager's ow
 Left out, and sent to the plain `generate` path by `HFEngine`: top-k / top-p (transformers' log-probs would be
 those of the filtered, renormalised distribution, not the trainer's), the trainer's autocast (thread-local: the
 generation thread would run without it), and architectures the manager refuses or fails on (`start` probes
-one token and says why), and a transformers that lacks what this module calls (`missing_api`: 5.17, the GPU machine's,
-has no `page_size`, `auto_switch_to_flash` or `pause()`). CPU offload of the KV cache is off: a request that does
-not fit waits.
+one token and says why), and a transformers that lacks what this module calls even through its adapter
+(`missing_api`). CPU offload of the KV cache is off: a request that does not fit waits.
+
+Versions: 5.19 (the project's) has all of it. 5.17 (the GPU machine's) names the page size `block_size`, has no
+`auto_switch_to_flash` and its manager no `pause()`; the adapter (`_config`, `_LoopGate`) passes `block_size`, keeps
+the attention transformers' own way (the model is switched to "paged|<its attention>" before the manager is built,
+which its flash auto-switch leaves alone), and parks the generation loop between steps with a gate around the
+manager's `_generation_loop_body` (the loop calls it once per step and once per 0.1 s wait when idle), which is what
+5.19's `pause()` does. Tests: tests/rollout/test_hf_requests.py runs on both (`make gpu-lane` for 5.17).
 """
 
 from __future__ import annotations
@@ -66,15 +72,86 @@ class _Stream:
                           request_id=self.request.request_id)
 
 
+_NEEDED_FIELDS = ("return_logprobs", "num_blocks", "max_batch_tokens", "max_requests_per_batch")
+
+
 def missing_api() -> str | None:
-    """What this module needs and the installed transformers lacks (None: nothing). transformers 5.17, the GPU
-    machine's, has `block_size` for `page_size`, no `auto_switch_to_flash` and no `ContinuousBatchingManager.pause()`
-    (5.19 has all three): there the engine samples with plain `generate`."""
-    fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
-    lacking = [f"ContinuousBatchingConfig.{name}" for name in ("page_size", "auto_switch_to_flash") if name not in fields]
-    if not hasattr(ContinuousBatchingManager, "pause"):
-        lacking.append("ContinuousBatchingManager.pause()")
+    """What this module needs and the installed transformers lacks even through the adapter (None: nothing; module
+    docstring, "Versions"): 5.17 and 5.19 have all of it."""
+    lacking = [f"ContinuousBatchingConfig.{name}" for name in _NEEDED_FIELDS if not _has_field(name)]
+    if not (_has_field("page_size") or _has_field("block_size")):
+        lacking.append("ContinuousBatchingConfig.page_size (or block_size)")
+    if not (hasattr(ContinuousBatchingManager, "pause") or hasattr(ContinuousBatchingManager, "_generation_loop_body")):
+        lacking.append("ContinuousBatchingManager.pause() (or _generation_loop_body)")
     return ", ".join(lacking) or None
+
+
+def api_adapter() -> str:
+    """How this transformers is driven, in words (the engine choice prints it)."""
+    native = _has_field("page_size") and _has_field("auto_switch_to_flash") and hasattr(ContinuousBatchingManager, "pause")
+    return (f"transformers {transformers.__version__}: " +
+            ("its own page_size and pause()" if native else "block_size, paged attention set by cohort, cohort's loop gate"))
+
+
+def engine_choice(autocast: bool) -> str:
+    """The transformers engine's sampling path in one line (`HFEngine.choice`; printed when a run builds it)."""
+    missing = missing_api()
+    if missing:
+        return f"plain generate (transformers {transformers.__version__}'s continuous batching lacks {missing})"
+    if autocast:
+        return "plain generate (the trainer's autocast, which transformers' generation thread would not run under)"
+    return f"continuous batching ({api_adapter()}); plain generate for top-k / top-p requests"
+
+
+def _has_field(name: str) -> bool:
+    return name in {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+
+
+def _config(**kwargs) -> ContinuousBatchingConfig:
+    """ContinuousBatchingConfig of this transformers: `page_size` as `block_size` where it has no `page_size` (5.17),
+    `auto_switch_to_flash=False` where it has that field (the engine keeps the trainer's attention)."""
+    if not _has_field("page_size"):
+        kwargs["block_size"] = kwargs.pop("page_size")
+    if _has_field("auto_switch_to_flash"):
+        kwargs["auto_switch_to_flash"] = False
+    return ContinuousBatchingConfig(**kwargs)
+
+
+class _LoopGate:
+    """`ContinuousBatchingManager.pause()` for a transformers without it (5.17): wraps the manager's
+    `_generation_loop_body` (on the instance), which parks before its next step while a pause is held. `pause()`
+    returns once the loop is parked (or gone); the loop delivers each step's tokens before it gets there."""
+
+    def __init__(self, manager):
+        self.manager = manager
+        self.condition = threading.Condition()
+        self.requested = False
+        self.parked = False
+        body = manager._generation_loop_body
+
+        def gated(*args, **kwargs):
+            with self.condition:
+                if self.requested:
+                    self.parked = True
+                    self.condition.notify_all()
+                    self.condition.wait_for(lambda: not self.requested)
+                    self.parked = False
+            return body(*args, **kwargs)
+
+        manager._generation_loop_body = gated
+
+    @contextlib.contextmanager
+    def pause(self):
+        with self.condition:
+            self.requested = True
+            while not self.parked and self.manager.is_running():  # a loop that stopped never parks
+                self.condition.wait(timeout=0.1)
+        try:
+            yield
+        finally:
+            with self.condition:
+                self.requested = False
+                self.condition.notify_all()
 
 
 class ContinuousRequests:
@@ -103,6 +180,7 @@ class ContinuousRequests:
         self._seed: int | None = None  # the first seed submitted since the last poll
         self._ids = itertools.count()
         self._cb_attention: dict[float, str] = {}  # the attention implementation each manager runs with
+        self._gates: dict[float, _LoopGate] = {}  # where the manager has no pause() (5.17)
 
     @staticmethod
     def accepts(sampling: SamplingConfig) -> bool:
@@ -128,10 +206,11 @@ class ContinuousRequests:
                                       pad_token_id=self.pad_token_id)
         rng, was_training, attention = torch.get_rng_state(), self.model.training, self._attention()
         try:  # (the config too: a transformers whose config lacks a field raises TypeError here, and falls back)
-            cb = ContinuousBatchingConfig(return_logprobs=True, num_blocks=self.num_blocks, page_size=self.page_size,
-                                          max_batch_tokens=self.max_batch_tokens,
-                                          max_requests_per_batch=self.max_requests_per_batch, auto_switch_to_flash=False,
-                                          use_async_batching=False, allow_block_sharing=False, seed=0)
+            cb = _config(return_logprobs=True, num_blocks=self.num_blocks, page_size=self.page_size,
+                         max_batch_tokens=self.max_batch_tokens, max_requests_per_batch=self.max_requests_per_batch,
+                         use_async_batching=False, allow_block_sharing=False, seed=0)
+            if not _has_field("auto_switch_to_flash") and "paged|" not in attention:  # 5.17: its flash auto-switch
+                self.model.set_attn_implementation(f"paged|{attention}")  # passes a paged one by (5.19 warns on it)
             manager = self.model.init_continuous_batching(generation_config=generation, continuous_batching_config=cb)
             manager.warmup()  # builds the batch processor here, in this thread (it calls torch.manual_seed)
         except Exception as e:  # an attention implementation or cache layout it does not support
@@ -143,6 +222,8 @@ class ContinuousRequests:
             self.model.train(was_training)
         # the generation thread inherits daemon-ness from the thread that starts it: a daemon, so a process that
         # never calls close() still exits
+        if not hasattr(manager, "pause"):
+            self._gates[temperature] = _LoopGate(manager)
         starter = threading.Thread(target=manager.start, daemon=True)
         starter.start()
         starter.join()
@@ -263,7 +344,8 @@ class ContinuousRequests:
 
     def _hold(self, temperature: float) -> None:
         """Park this manager's generation loop (returns once it is parked)."""
-        pause = self._managers[temperature].pause()
+        gate = self._gates.get(temperature)
+        pause = gate.pause() if gate is not None else self._managers[temperature].pause()
         pause.__enter__()
         self._pauses[temperature] = pause
 
@@ -274,6 +356,7 @@ class ContinuousRequests:
         manager = self._managers.pop(temperature)
         if temperature in self._pauses:
             self._release(temperature)
+        self._gates.pop(temperature, None)
         manager.stop(block=True, timeout=10, hard_stop=True)
         manager.destroy()
 
