@@ -14,6 +14,7 @@ from cohort.rewards.calling import AsyncReward, async_implementation
 BUILD_OPTIONS = {
     "soft_overlong": {"max_completion_length": 8, "cache_length": 2},
     "remote": {"url": "http://127.0.0.1:9"},
+    "reasoning_gym": {"task": "chain_sum", "size": 4},  # builds the task's dataset offline, opens nothing
 }
 
 
