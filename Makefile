@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # Nothing about the Hugging Face Hub is set here: HF_HOME, HF_HUB_OFFLINE and HF_TOKEN are yours (tests/conftest.py runs
 # the tests offline on its own).
 
-.PHONY: install install-gpu smollm2 demo lint test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels gpu-trl-carry gpu-trl-wheels gpu-lane clean
+.PHONY: install install-gpu smollm2 demo tiny-weights lint test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels gpu-trl-carry gpu-trl-wheels gpu-lane clean
 
 # A venv that `make install-gpu` made stays a GPU one: `make install` (and so demo and test) then keeps its CUDA builds.
 GPU_STAMP := $(VENV)/.cohort-gpu-installed
@@ -123,6 +123,11 @@ gpu-lane: $(GPU_LANE)/.installed gpu-check-wheels
 
 demo: install
 	$(VENV)/bin/cohort train
+
+# Re-ship the built-in tiny models' weights (cohort/models/tiny_weights/) from their recipes, built on this machine: only
+# after a recipe change (tests/models/test_tiny_shipped.py says when), then update that test's digests and docs/runs.md.
+tiny-weights: install
+	$(PY) -m cohort.models.tiny $(TINY)
 
 # The linter first (pyflakes and pycodestyle's errors: pyproject.toml [tool.ruff]), then every test.
 lint: install
