@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # Nothing about the Hugging Face Hub is set here: HF_HOME, HF_HUB_OFFLINE and HF_TOKEN are yours (tests/conftest.py runs
 # the tests offline on its own).
 
-.PHONY: install install-gpu smollm2 demo tiny-weights lint test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels gpu-trl-carry gpu-trl-wheels gpu-lane clean
+.PHONY: install install-gpu smollm2 demo tiny-weights lint check test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels gpu-trl-carry gpu-trl-wheels gpu-lane clean
 
 # A venv that `make install-gpu` made stays a GPU one: `make install` (and so demo and test) then keeps its CUDA builds.
 GPU_STAMP := $(VENV)/.cohort-gpu-installed
@@ -135,6 +135,12 @@ lint: install
 
 test: install smollm2 lint
 	$(PY) -m pytest -q tests
+
+# Does the install work? The linter, the fast lane and one real run through vLLM (three steps of the demo), in about 5
+# minutes on 2 cores, where make test takes 30-45 (README, "The two commands").
+check: install lint
+	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q "tests/test_demo.py::test_a_three_step_demo_starts_at_the_shipped_accuracy_and_says_where_its_files_are"
 
 # The fast lane while working: every test not marked slow (tests/conftest.py says what is slow); make test runs all.
 test-fast: install

@@ -104,7 +104,21 @@ def cmd_train(ns) -> int:
     if before is not None and after is not None:
         print(f"held-out greedy accuracy: {before:.1%} before → {after:.1%} after ({(after - before) * 100:+.1f} points)")
     print(f"{summary['steps']} steps in {summary['wall_s']:.1f} s; run directory: {summary['run_dir']}")
+    _say_where(summary["run_dir"])
     return 0
+
+
+def _say_where(run_dir: str) -> None:
+    """The closing lines of `cohort train`: where the plot, the trained model and the report are (what a first run's
+    reader looks for next)."""
+    from pathlib import Path
+
+    run = Path(run_dir)
+    if (run / "reward_curve.png").is_file():
+        print(f"  reward curve: {run / 'reward_curve.png'}")
+    if (run / "final").is_dir():
+        print(f"  trained model: {run / 'final'} (a transformers checkpoint)")
+    print(f"  report (every plot and sample completions, one HTML page): cohort report {run} -> {run / 'report' / 'report.html'}")
 
 
 def cmd_report(ns) -> int:

@@ -37,3 +37,28 @@ def test_default_run_raises_heldout_accuracy_by_20_points(tmp_path):
     assert "held-out greedy accuracy" in proc.stdout and (run_dir / "reward_curve.png").stat().st_size > 10_000
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 300 and json.loads(lines[-1])["step"] == 300
+
+
+@pytest.mark.timeout(900)  # vLLM's start (30-60 s idle) and two evaluations; 3 steps of about a second
+def test_a_three_step_demo_starts_at_the_shipped_accuracy_and_says_where_its_files_are(tmp_path):
+    # `make check`'s end-to-end run: the user's command, the shipped tiny:arith, vLLM, the trainer, the evaluations
+    run_dir = tmp_path / "quick"
+    proc = subprocess.run([sys.executable, "-m", "cohort.cli", "train", "train.max_steps=3", f"run.output_dir={run_dir}",
+                           "run.progress=false"], capture_output=True, text=True, timeout=850)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # the shipped weights answer 75 of the 300 held-out sums greedily through vLLM, as through transformers
+    # (tests/models/test_tiny_shipped.py pins both the bytes and that count)
+    assert summary["eval/accuracy_before"] == 0.25
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in steps] == [1, 2, 3]
+    # 64 prompts x 8 completions a step, each a sum of 2-3 digits and eos: 2-4 tokens
+    assert all(2 <= row["completions/mean_length"] <= 4 and 0 <= row["reward"] <= 1 for row in steps)
+    out = proc.stdout.splitlines()
+    assert out[-5].startswith("held-out greedy accuracy: 25.0% before → ")
+    assert out[-4].startswith("3 steps in ") and out[-4].endswith(f"run directory: {run_dir}")
+    assert out[-3:] == [f"  reward curve: {run_dir / 'reward_curve.png'}",
+                        f"  trained model: {run_dir / 'final'} (a transformers checkpoint)",
+                        f"  report (every plot and sample completions, one HTML page): cohort report {run_dir} -> "
+                        f"{run_dir / 'report' / 'report.html'}"]
+    assert (run_dir / "reward_curve.png").stat().st_size > 10_000 and (run_dir / "final" / "model.safetensors").is_file()
