@@ -133,7 +133,7 @@ def test_config_show_prints_resolved(capsys):
 # --------------------------------------------------------------------------- the demo preset belongs to the demo
 
 PRESET_VALUES = {"data.max_prompt_length": 24, "rollout.max_completion_length": 8, "train.prompts_per_step": 64,
-                 "train.micro_batch_size": 256, "train.learning_rate": 3e-4, "train.max_steps": 300}
+                 "train.micro_batch_size": 256, "train.learning_rate": 3e-4, "train.max_steps": 150}
 FIELD_DEFAULTS = {"data.max_prompt_length": None, "rollout.max_completion_length": 256, "train.prompts_per_step": 8,
                   "train.micro_batch_size": 16, "train.learning_rate": 1e-6, "train.max_steps": 100}
 
@@ -206,7 +206,7 @@ def yaml_load(path):
 
 def test_cli_says_which_config_it_used(capsys, tiny_model_dir, data_file):
     assert cli.main(["plan"]) == 0
-    # the preset, then model.dtype=auto's choice: float32 for the demo's ~1M model on a CPU (unknown size before it is built)
+    # the preset, then model.dtype=auto's choice: float32 for the demo's 1.0M model on a CPU (its shipped weights' headers)
     # (a CPU without AVX512-BF16/AMX, such as some development VMs, says so instead: the reason follows the machine)
     small = " on cpu: bfloat16 pays from 3M there)" if has_bf16_units(torch.device("cpu")) else "no bfloat16 units on cpu)"
     first = capsys.readouterr().out.splitlines()[0]

@@ -1,14 +1,12 @@
 """The embedded default (`cohort train` with no config = `make demo`) visibly learns.
 
 This is the product's promise, tested the way a user runs it: a subprocess with
-no config, the real tiny:arith model (built once and cached), vLLM rollouts,
-numeric_match rewards. The warm start is built on the machine that runs this, so
-its start differs by machine: 37.7% -> 72.0% in 300 steps at 32 prompts a step
-on the first machine; 43.0% -> 55.0% at 32 and 43.0% -> 68.0% at 64 (the preset
-since 2026-12-03; 797 s under load 15-38, about 6 minutes idle) on an AMD EPYC
-without bf16 units, CI's machine now. The issue's bar is +20 points; a broken
-advantage sign, a stale engine or a learning rate that collapses the model (1e-3
-gave -9) fails it.
+no config, the real tiny:arith model (its weights ship with cohort: the same
+25.0% start on every machine), vLLM rollouts, numeric_match rewards. Measured
+2026-12-05 (seed 0, 64 prompts a step, 150 steps): 25.0% -> 62.3% (+37.3); the
+issue's bar is +30 points. A broken advantage sign, a stale engine or a learning
+rate that collapses the model (1e-3 gave -9) fails it. The seconds are measured in
+bench/demo_time.py, not here.
 """
 
 from __future__ import annotations
@@ -23,20 +21,20 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.builtin_models('arith')]
 
 
-@pytest.mark.timeout(2400)  # a whole training run: 64 prompts x 8 samples for 300 steps, under CI's load
-def test_default_run_raises_heldout_accuracy_by_20_points(tmp_path):
+@pytest.mark.timeout(1800)  # a whole training run: 64 prompts x 8 samples for 150 steps (~3 minutes idle), under CI's load
+def test_default_run_raises_heldout_accuracy_by_30_points(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
     run_dir = tmp_path / "demo"
     proc = subprocess.run([sys.executable, "-m", "cohort.cli", "train", f"run.output_dir={run_dir}", "run.progress=false"],
-                          env=env, capture_output=True, text=True, timeout=2300)
+                          env=env, capture_output=True, text=True, timeout=1700)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     before, after = summary["eval/accuracy_before"], summary["eval/accuracy_after"]
-    assert 0.2 < before < 0.6  # "well above 0 and well below 100"
-    assert after - before >= 0.20, (before, after)
+    assert before == 0.25  # 75 of 300: the shipped start, on any machine (tests/models/test_tiny_shipped.py)
+    assert after - before >= 0.30, (before, after)
     assert "held-out greedy accuracy" in proc.stdout and (run_dir / "reward_curve.png").stat().st_size > 10_000
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 300 and json.loads(lines[-1])["step"] == 300
+    assert len(lines) == 150 and json.loads(lines[-1])["step"] == 150
 
 
 @pytest.mark.timeout(900)  # vLLM's start (30-60 s idle) and two evaluations; 3 steps of about a second

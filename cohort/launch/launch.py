@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from cohort.config import CohortConfig, ConfigError, default_output_dir
@@ -59,18 +60,31 @@ def train_here(cfg: CohortConfig, plan: BatchPlan | None, resume: str | None = N
     (`USER_ERRORS`, raised as they are) becomes `RunFailed`: one message, the traceback in RUN_DIR/logs/error.log."""
     run_dir = Path(cfg.run.output_dir or default_output_dir())
     rank = int(os.environ.get("RANK", "0"))
-    with capture_output(run_dir / "logs" / ("engine.log" if rank == 0 else f"engine-rank{rank}.log"), verbose=cfg.run.verbose):
+    with capture_output(run_dir / "logs" / ("engine.log" if rank == 0 else f"engine-rank{rank}.log"), verbose=cfg.run.verbose) as term:
+        started = time.perf_counter()
+        if rank == 0:  # (the silence before the first eval line: say what it is)
+            print(_starting_line(cfg), file=term, flush=True)
         try:
             trainer = Trainer(cfg, run_dir=run_dir, plan=plan)
         except USER_ERRORS:
             raise
         except Exception as exc:  # loading, starting the engine: RunFailed from it
             raise setup_failed(run_dir, exc) from exc
+        if rank == 0:
+            print(f"started in {time.perf_counter() - started:.0f} s (what the engine printed: {run_dir / 'logs' / 'engine.log'})",
+                  file=term, flush=True)
         try:
             summary = trainer.train(resume_from=resume)  # raises RunFailed itself, after saving what it can
         finally:
             trainer.close()
     return summary if trainer.dist.is_main else None
+
+
+def _starting_line(cfg: CohortConfig) -> str:
+    """The console's line before the model loads and the engine starts (tens of seconds on a CPU, minutes for a big model)."""
+    engine = {"vllm": "vLLM", "hf": "the transformers engine"}.get(cfg.engine.name, cfg.engine.name)
+    where = {"colocate": "", "local_server": " in a child process"}.get(cfg.engine.mode, f" at {', '.join(cfg.engine.server_urls or [])}")
+    return f"loading {cfg.model.path} and starting {engine}{where} ..."
 
 
 def torchrun_command(num_processes: int, cli_args: list[str], output_dir: str) -> list[str]:

@@ -402,6 +402,12 @@ def shipped_tiny_dir(name: str) -> Path | None:
     return directory if shipped.get("recipe_digest") == TINY_RECIPES[name].digest() else None
 
 
+def available_tiny_dir(name: str) -> Path | None:
+    """A directory holding tiny model ``name``'s checkpoint without building or copying anything: the cached one, else
+    the shipped one (the same files), else None. For checks that read the config, tokenizer or weight headers."""
+    return cached_tiny_dir(name) or shipped_tiny_dir(name)
+
+
 def build_tiny_model(name: str = "arith", *, cache_dir: str | Path | None = None, force: bool = False,
                      train: bool = False) -> Path:
     """The checkpoint directory of tiny model ``name``, installed into the cache on first use.

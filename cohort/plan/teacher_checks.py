@@ -34,7 +34,7 @@ from pathlib import Path
 
 from cohort.config import CohortConfig
 from cohort.models import hub, loading
-from cohort.models.tiny import TINY_RECIPES, cached_tiny_dir
+from cohort.models.tiny import TINY_RECIPES, available_tiny_dir
 from cohort.models.tokenizer_check import tokenizer_file_problems
 from cohort.plan.batch import BatchPlan
 from cohort.prompts import max_positions_of
@@ -98,7 +98,7 @@ def _tokenizer_source(path: str, revision: str | None = None) -> Path | tuple | 
     weights); for an unbuilt tiny model, what determines the tokenizer its recipe writes; None otherwise."""
     if path.startswith("tiny:"):
         name = path.split(":", 1)[1]
-        built = cached_tiny_dir(name)
+        built = available_tiny_dir(name)
         if built is not None:
             return built
         recipe = TINY_RECIPES[name]

@@ -58,7 +58,7 @@ from cohort.models.devices import DeviceError, auto_dtype, has_bf16_units, resol
 from cohort.models.hub import hub_parameter_count
 from cohort.models.lora import lora_problems
 from cohort.models.placement import engine_gpus, training_processes, visible_gpus
-from cohort.models.tiny import cached_tiny_dir
+from cohort.models.tiny import available_tiny_dir
 from cohort.models.tokenizer_check import tokenizer_file_problems, tokenizer_problems
 from cohort.plan.batch import BatchPlan, MeasuredPrompts, batch_plan, stream_update_active, with_measured_prompts
 from cohort.plan.loss_checks import loss_problems
@@ -134,8 +134,8 @@ def settle_model_dtype(cfg: CohortConfig, *, for_gpu: bool = False) -> tuple[str
     if cfg.model.dtype != "auto":
         return placed, []
     model_dir = model_dir_of(cfg)  # (a Hub id: its snapshot, with its weights' headers when the weights are cached)
-    if cfg.model.path.startswith("tiny:"):  # an embedded model: its cached checkpoint when built (never built here)
-        model_dir = cached_tiny_dir(cfg.model.path.split(":", 1)[1])
+    if cfg.model.path.startswith("tiny:"):  # an embedded model: its cached or shipped checkpoint (never built here)
+        model_dir = available_tiny_dir(cfg.model.path.split(":", 1)[1])
     try:
         parameters = loading.checkpoint_parameters(model_dir) if model_dir is not None and model_dir.is_dir() else None
     except Exception:  # an unreadable header (SafetensorError, OSError): the weights check below names the file
