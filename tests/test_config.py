@@ -169,6 +169,14 @@ def test_a_model_or_data_of_ones_own_gets_the_field_defaults(own, tmp_path, data
         f" + {len(args)} override" + "s" * (len(args) > 1))
 
 
+def test_a_reasoning_gym_task_is_data_of_ones_own():
+    # the preset's 24-token prompts and lr 3e-4 were tuned for the arith sums; a built-in task keeps them
+    from cohort.config.loading import resolve_config
+
+    assert not resolve_config(None, ["data.task=reasoning_gym:chain_sum"]).demo_preset
+    assert resolve_config(None, ["data.task=arith_chat"]).demo_preset
+
+
 def test_a_config_file_starts_from_the_field_defaults(tmp_path):
     # a YAML file is complete on its own (a resumed run's config.yaml included): never re-preset
     path = tmp_path / "partial.yaml"

@@ -33,8 +33,10 @@ DEMO_PRESET_FILE = "examples/arith.yaml"  # the same values as a config file
 
 
 def is_embedded_demo(tree: dict[str, Any]) -> bool:
-    """True when a config tree names no model and no data of its own: the embedded tiny model on a built-in task."""
+    """True when a config tree names no model and no data of its own: the embedded tiny model on a built-in task. A
+    reasoning-gym task is data of one's own (the preset's 24-token prompts were tuned for 3-token sums)."""
     model, data = tree.get("model") or {}, tree.get("data") or {}
     path = model.get("path") if isinstance(model, dict) else None
-    own = (data.get("train_files") or data.get("dataset_name")) if isinstance(data, dict) else None
+    own = (data.get("train_files") or data.get("dataset_name") or str(data.get("task") or "").startswith("reasoning_gym:")
+           if isinstance(data, dict) else None)
     return (path is None or str(path).startswith("tiny:")) and not own

@@ -1,0 +1,105 @@
+"""The checks of the agent section that `validate_config` runs before any model loads: the range of agent.timeout_s,
+that agent.function resolves to an `async def` taking (client, row), and every combination the agent path cannot run,
+each naming the fields and the fix.
+
+Why each combination is refused:
+- tools.functions / tools.environment: the agent runs its own tool loop; cohort's would wrap the endpoint's engine
+  calls a second time.
+- rewards: the agent's return value is the run's reward.
+- pipeline.over_provision > 1 (partial rollouts under k = 0): an interrupted run cannot be resumed (the agent
+  program's state is gone), so the batch's end would throw away work it has to redo.
+- a critic (algorithm.name = ppo), more than one optimizer step per generation batch, several training processes:
+  a run that rewrote its history adds samples to the batch after its advantages are computed
+  (cohort/trainer/agent_samples.py), which those paths cannot take.
+
+Imports no engine (cohort.plan.validate stays free of cohort.rollout).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+
+from cohort.data.verifiers import check_environment
+from cohort.algorithm_facts import FACTS
+from cohort.config import CohortConfig
+from cohort.tools.schema import import_object
+
+
+def resolve_agent(spec):
+    """The agent function of agent.function (an import path or the function); ValueError when it is not an
+    `async def` taking (client, row)."""
+    function = (_from_file(spec) if isinstance(spec, str) and ".py:" in spec
+                else import_object(spec, "agent.function") if isinstance(spec, str) else spec)
+    if not inspect.iscoroutinefunction(function):
+        raise ValueError(f"agent.function {spec!r} must be an `async def agent(client, row)`; got {type(function).__name__} "
+                         f"{getattr(function, '__name__', function)!r}")
+    try:
+        inspect.signature(function).bind(None, None)
+    except TypeError:
+        raise ValueError(f"agent.function {spec!r}: {function.__name__}{inspect.signature(function)} must take two "
+                         "arguments, (client, row)") from None
+    return function
+
+
+def _from_file(spec: str):
+    """`path/to/file.py:name` (relative to the working directory): the file loaded as a module, once."""
+    path, _, name = spec.rpartition(":")
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise ValueError(f"agent.function {spec!r}: no file {str(file)!r} (a relative path is read from the working directory)")
+    module_name = f"cohort_agent_{file.stem}"
+    module = sys.modules.get(module_name)
+    if module is None or getattr(module, "__file__", None) != str(file):
+        loader = importlib.util.spec_from_file_location(module_name, file)
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[module_name] = module
+        loader.loader.exec_module(module)
+    if not hasattr(module, name):
+        raise ValueError(f"agent.function {spec!r}: {file.name} has no {name!r}")
+    return getattr(module, name)
+
+
+def agent_problems(cfg: CohortConfig, *, world_size: int = 1, one_step: bool = True, one_step_fix: str = "") -> list[str]:
+    """Every problem with the agent section, alone and with the rest of the config ([] when fine; agent.environment:
+    cohort/data/verifiers.py's checks, the unknown name refused before anything loads). `one_step`: the
+    run trains each generation batch in one optimizer step (cohort.plan.run_mode, above this package, decides; its fix
+    is `one_step_fix`)."""
+    agent = cfg.agent
+    if not agent.timeout_s > 0:
+        return [f"agent.timeout_s = {agent.timeout_s} must be > 0 seconds (300 is the default)"]
+    if not agent.enabled:
+        return []
+    problems = []
+    if agent.environment is not None:
+        if agent.function is not None:
+            problems.append(f"agent.environment = {agent.environment!r} with agent.function: the environment runs its own "
+                            "agent; unset one of them")
+        if cfg.data.train_files or cfg.data.dataset_name:
+            problems.append(f"agent.environment = {agent.environment!r} with data.train_files / data.dataset_name: the "
+                            "environment's tasks are the dataset; unset them")
+        problems += check_environment(agent.environment, agent.environment_args)
+    else:
+        try:
+            resolve_agent(agent.function)
+        except ValueError as exc:
+            problems.append(str(exc))
+    name = (agent.environment if agent.environment is not None else agent.function if isinstance(agent.function, str)
+            else getattr(agent.function, "__name__", "the agent"))
+    for when, what, fix in (
+        (cfg.tools.enabled, "tools.functions / tools.environment", "the agent runs its own tool loop; unset the tools section"),
+        (cfg.rewards is not None, "rewards", "the agent's return value is the run's reward (return a dict for more "
+                                             "metrics); remove rewards"),
+        (cfg.pipeline.over_provision > 1, f"pipeline.over_provision = {cfg.pipeline.over_provision}",
+         "an interrupted agent run cannot be resumed; set pipeline.over_provision=1"),
+        (FACTS[cfg.algorithm.name].needs_critic, f"algorithm.name = {cfg.algorithm.name}",
+         "a run that rewrote its history becomes several samples, which a critic's per-token values cannot follow; use grpo, "
+         "rloo or reinforce_pp"),
+        (not one_step, "more than one optimizer step per generation batch", f"set {one_step_fix}"),
+        (world_size > 1, f"{world_size} training processes", "agent runs are served in one process; set train.num_processes=1"),
+    ):
+        if when:
+            problems.append(f"agent.function = {name!r} with {what}: {fix}")
+    return problems

@@ -1,0 +1,91 @@
+"""From one agent run's model calls to what the trainer consumes (pure: token ids in, `Trajectory` records out).
+
+Every call the agent made through the endpoint is a `SampledCall` (cohort/agents/chat.py): the exact prompt ids the
+engine was given and the engine's trajectory (sampled ids with the stop token kept, log-probs, per-token policy
+versions). `run_trajectory(calls, ...)` decides between two shapes:
+
+- **one trajectory** when the run is a chain: every call's prompt starts with the previous call's prompt followed by
+  the previous call's sampled ids, token for token (the agent kept its history and the endpoint rendered it without
+  re-tokenizing, cohort/agents/chat.py's `Conversation`). The trajectory's prompt is the first call's prompt; its
+  completion is everything after: each call's sampled ids (loss mask 1, the engine's log-probs and versions) and,
+  between them, the ids the next prompt added (tool results, user turns, the next assistant header: loss mask 0,
+  log-prob 0, the version of the call that follows). This is exactly what the in-process tool loop
+  (cohort/tools/loop.py) builds for the same tokens.
+- **one sample per call** when some call's prompt does not extend the one before (the agent rewrote, trimmed or
+  summarised its history): each call is its own sample (its prompt, its sampled ids, loss mask 1). The run's
+  trajectory is its last call; the earlier ones ride along as `AgentRun.samples` and join the batch with the run's
+  advantage (cohort/trainer/agent_samples.py).
+
+A last call that found the run's budget spent (AgentEngine answers it with nothing sampled, finish_reason "length")
+is left out and the run ends "length", as the tool loop ends a trajectory whose tool turn does not fit. A run that
+made no call has an empty completion (prompt: the request's prompt), which trains nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+from cohort.rollout.base import Trajectory
+
+
+def is_chain(calls: Sequence) -> bool:
+    """Whether every call's prompt is the previous call's prompt + sampled ids, then possibly more."""
+    for before, call in zip(calls, calls[1:]):
+        head = list(before.prompt_ids) + list(before.trajectory.token_ids)
+        if list(call.prompt_ids[: len(head)]) != head:
+            return False
+    return True
+
+
+def chain_trajectory(calls: Sequence, request_id: str) -> Trajectory:
+    """The calls of a chain (`is_chain`) as one trajectory: prompt = the first call's prompt, then each call's sampled
+    ids (mask 1) with the ids the next prompt adds in between (mask 0, log-prob 0, the next call's version)."""
+    first = calls[0]
+    token_ids: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    mask: list[int] = []
+    with_logprobs = all(len(c.trajectory.logprobs) == len(c.trajectory.token_ids) for c in calls)
+    for k, call in enumerate(calls):
+        t = call.trajectory
+        if k:  # what this prompt added after the previous call's prompt + sampled ids (tool results, user turns)
+            added = list(call.prompt_ids[len(first.prompt_ids) + len(token_ids):])
+            token_ids += added
+            logprobs += [0.0] * len(added)
+            versions += [t.policy_version] * len(added)
+            mask += [0] * len(added)
+        token_ids += t.token_ids
+        logprobs += t.logprobs if with_logprobs else []
+        versions += t.versions
+        mask += t.loss_mask
+    last = calls[-1].trajectory
+    return Trajectory(token_ids, logprobs if with_logprobs else [], last.status, first.trajectory.policy_version, versions,
+                      mask, list(first.prompt_ids), request_id, last.error)
+
+
+def call_samples(calls: Sequence, request_id: str) -> list[Trajectory]:
+    """Each call as its own sample (its prompt, its sampled ids); the last keeps `request_id`, the others get
+    `<request_id>/call<k>`."""
+    out = []
+    for k, call in enumerate(calls):
+        rid = request_id if k == len(calls) - 1 else f"{request_id}/call{k}"
+        out.append(replace(call.trajectory, prompt_ids=list(call.prompt_ids), request_id=rid, episode=None))
+    return out
+
+
+def run_trajectory(calls: Sequence, request_id: str, prompt_ids: Sequence[int], policy_version: int
+                   ) -> tuple[Trajectory, list[Trajectory]]:
+    """(the run's trajectory, its earlier samples): one chained trajectory and [] for a chain, else the last call and
+    the calls before it (module docstring). No call: an empty completion of `prompt_ids`."""
+    cut = bool(calls) and not calls[-1].trajectory.token_ids and calls[-1].trajectory.status == "length"
+    if cut:  # the last call found the budget spent (nothing sampled): the run ends "length", that prompt not appended
+        calls = calls[:-1]
+    if not calls:
+        return Trajectory([], [], "length" if cut else "stop", policy_version, prompt_ids=list(prompt_ids),
+                          request_id=request_id), []
+    if is_chain(calls):
+        trajectory, samples = chain_trajectory(calls, request_id), []
+    else:
+        *samples, trajectory = call_samples(calls, request_id)
+    return (replace(trajectory, status="length") if cut else trajectory), samples

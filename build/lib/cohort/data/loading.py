@@ -1,0 +1,66 @@
+"""The datasets and reward specs a config names, loaded (no tokenizer, no model).
+
+`load_data(cfg)` reads agent.environment's tasks (cohort/data/verifiers.py), or `data.dataset_name` (its train split, and its test split or
+`data.eval_files` as eval data), or `data.train_files` / `data.eval_files`, or the built-in
+`data.task` (a built-in or `reasoning_gym:<name>`, cohort/data/reasoning_gym.py; whose reward specs apply when `rewards` is unset; with `agent.function`
+the agent's returned reward, cohort/agents/reward.py), and caps the
+eval set at `data.eval_max_samples`. The trainer, `cohort eval` and the planner
+all start from it, so they see the same rows.
+
+Left out: tokenizing (cohort/prompts.py) and checking the files (check_data_config).
+"""
+
+from __future__ import annotations
+
+from cohort.data.verifiers import environment_rows
+from cohort.config import CohortConfig
+from cohort.data.datasets import DataError, PromptDataset, load_prompt_dataset, rows_dataset
+from cohort.data.named import load_named_split
+from cohort.data import reasoning_gym
+from cohort.data.tasks import Task, get_task
+
+AGENT_REWARD = {"name": "cohort.agents.reward.agent_reward", "weight": 1.0}  # with agent.function: the reward set
+ENVIRONMENT_REWARD = {"name": "cohort.agents.verifiers.verifiers_reward", "weight": 1.0}  # with agent.environment
+
+
+def configured_task(data, seed: int) -> Task:
+    """The task `data.task` names: a built-in (from `seed`) or `reasoning_gym:<name>` (from data.task_config,
+    data.task_seed, data.task_size, data.task_eval_size, data.answer_format; `seed` is not used: the trainer's
+    sampler orders the rows)."""
+    if reasoning_gym.is_rg_task(data.task):
+        problems = reasoning_gym.check_task(data.task, data.task_config)
+        if problems:  # (worded as the data checks word them, so a plan lists each once)
+            raise DataError("; ".join(problems))
+        try:
+            return reasoning_gym.build_task(data.task, data.task_config, seed=data.task_seed, size=data.task_size,
+                                            eval_size=data.task_eval_size, answer_format=data.answer_format)
+        except (ValueError, TypeError, AssertionError) as exc:  # a value the task's config rejects (min_terms=0)
+            raise DataError(f"data.task {data.task!r} with data.task_config {data.task_config}: {exc}") from exc
+    return get_task(data.task, seed=seed)
+
+
+def load_data(cfg: CohortConfig) -> tuple[PromptDataset, PromptDataset | None, list[dict] | None]:
+    """(train dataset, eval dataset or None, reward specs) from files or the built-in task."""
+    specs = [s.model_dump() for s in cfg.rewards] if cfg.rewards is not None else None
+    if cfg.agent.environment is not None:  # the environment's tasks, one row each (cohort/data/verifiers.py)
+        train = rows_dataset(environment_rows(cfg.agent.environment, cfg.agent.environment_args), "prompt",
+                             f"environment {cfg.agent.environment}")
+        evals = load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None
+    elif cfg.data.dataset_name:
+        train = load_named_split(cfg.data, cfg.data.dataset_train_split, "data.dataset_train_split")
+        evals = (load_named_split(cfg.data, cfg.data.dataset_test_split, "data.dataset_test_split") if cfg.data.dataset_test_split
+                 else load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None)
+    elif cfg.data.train_files:
+        train = load_prompt_dataset(cfg.data.train_files, cfg.data.prompt_key)
+        evals = load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None
+    else:
+        task = configured_task(cfg.data, cfg.train.seed)
+        train = rows_dataset(task.train_rows, "prompt", f"task {task.name} (train)")
+        evals = (load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files
+                 else rows_dataset(task.eval_rows, "prompt", f"task {task.name} (eval)"))
+        specs = specs if specs is not None else task.reward_specs
+    if cfg.agent.enabled:  # the run's reward is what the agent returned (cohort/agents/reward.py), or its episode's
+        specs = [dict(ENVIRONMENT_REWARD if cfg.agent.environment is not None else AGENT_REWARD)]
+    if evals is not None and cfg.data.eval_max_samples:
+        evals.rows, evals.sources = evals.rows[: cfg.data.eval_max_samples], evals.sources[: cfg.data.eval_max_samples]
+    return train, evals, specs

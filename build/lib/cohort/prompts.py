@@ -1,0 +1,177 @@
+"""How long a prompt may be, decided by the model and the data before any weights load.
+
+`data.max_prompt_length = None` (the default) means: as long as the model can hold
+beside the completion (its `max_position_embeddings` − `rollout.max_completion_length`).
+Whatever the ceiling, every budget that depends on the prompt (the vLLM sequence
+length, the planner's token bound, the fit check) follows the longest prompt
+actually kept after tokenizing with the model's own tokenizer, not the ceiling:
+a 512-position model with 6-token prompts trains with the default config.
+
+- `PromptRenderer`: a dataset prompt (a string, or chat messages rendered with the
+  tokenizer's chat template) as token ids, applying `data.overlong_prompts`.
+- `prompt_limit(cfg, max_positions)`: the ceiling, and how messages name it and fix it.
+- `encode_prompts(...)`: token ids of the train and eval prompts under that ceiling
+  (`data.overlong_prompts` decides what happens to longer ones), then `fit_problems`:
+  a kept prompt + `rollout.max_completion_length` must fit the model's positions.
+  Raised as a ConfigError, before the policy's weights load.
+
+It sits above the config and the models (it reads both) and below the planner and
+the trainer, which both encode prompts before any weights load.
+
+Left out: the tokenizer's `model_max_length` (often a placeholder such as 1e30);
+the model's positions decide.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cohort.config import CohortConfig, ConfigError
+from cohort.data.datasets import DataError, PromptDataset
+from cohort.models.tiny import TINY_RECIPES
+
+
+class PromptRenderer:
+    """`max_prompt_length` None keeps every prompt; `limit_name` and `fix` word the messages (`prompt_limit`)."""
+
+    def __init__(self, tokenizer, max_prompt_length: int | None, overlong: str, *, limit_name: str = "data.max_prompt_length",
+                 fix: str = "raise data.max_prompt_length"):
+        self.tokenizer = tokenizer
+        self.max_prompt_length = max_prompt_length
+        self.overlong = overlong
+        self.limit_name = limit_name
+        self.fix = fix
+
+    def is_chat(self, prompt: Any) -> bool:
+        return isinstance(prompt, list)
+
+    def text(self, prompt: Any) -> str:
+        if not self.is_chat(prompt):
+            return prompt
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise DataError(
+                "prompts are chat messages but the tokenizer has no chat template; give plain-text prompts or a tokenizer "
+                "whose tokenizer_config.json has a chat_template"
+            )
+        return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+    def encode(self, prompt: Any) -> list[int]:
+        return list(self.tokenizer(self.text(prompt), add_special_tokens=False)["input_ids"])
+
+    def encode_dataset(self, dataset: PromptDataset, name: str) -> tuple[PromptDataset, list[list[int]], int]:
+        """Token ids for every row, with overlong prompts handled; returns (dataset, ids, number filtered)."""
+        keep_rows, keep_ids, keep_src, dropped = [], [], [], 0
+        for row, src in zip(dataset.rows, dataset.sources):
+            ids = self.encode(row[dataset.prompt_key])
+            if self.max_prompt_length is not None and len(ids) > self.max_prompt_length:
+                if self.overlong == "error":
+                    raise DataError(
+                        f"{src}: prompt has {len(ids)} tokens > {self.limit_name} = {self.max_prompt_length}; "
+                        f"{self.fix}, or set data.overlong_prompts to filter or truncate_left"
+                    )
+                if self.overlong == "filter":
+                    dropped += 1
+                    continue
+                ids = ids[-self.max_prompt_length:]
+            keep_rows.append(row)
+            keep_ids.append(ids)
+            keep_src.append(src)
+        if not keep_rows:
+            raise DataError(f"{name}: every prompt is longer than {self.limit_name} = {self.max_prompt_length}; {self.fix}")
+        return PromptDataset(keep_rows, dataset.prompt_key, keep_src), keep_ids, dropped
+
+
+@dataclass(frozen=True)
+class PromptLimit:
+    """The longest prompt kept whole (None: no bound known) and the words messages use for it."""
+
+    tokens: int | None
+    name: str  # e.g. "data.max_prompt_length"
+    fix: str  # how to let longer prompts in
+
+
+def prompt_limit(cfg: CohortConfig, max_positions: int | None) -> PromptLimit:
+    if cfg.data.max_prompt_length is not None:
+        return PromptLimit(cfg.data.max_prompt_length, "data.max_prompt_length", "raise data.max_prompt_length")
+    completion = cfg.rollout.max_completion_length
+    if max_positions is None:  # the model's config states no length: nothing to filter by
+        return PromptLimit(None, "data.max_prompt_length", "set data.max_prompt_length")
+    return PromptLimit(max_positions - completion,
+                       f"the model's max_position_embeddings − rollout.max_completion_length ({max_positions} − {completion})",
+                       "lower rollout.max_completion_length (or use a model with more positions)")
+
+
+def max_positions_of(model_path: str | Path) -> int | None:
+    """The model's max_position_embeddings (n_positions for GPT-2-style configs), from config.json or a tiny recipe."""
+    text = str(model_path)
+    if text.startswith("tiny:"):
+        recipe = TINY_RECIPES.get(text.split(":", 1)[1])
+        return recipe.max_position_embeddings if recipe else None
+    try:
+        config = json.loads((Path(text).expanduser() / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config", config)  # multimodal wrappers keep the LM's numbers inside
+    value = config.get("max_position_embeddings", config.get("n_positions"))
+    return int(value) if value else None
+
+
+def fit_problems(cfg: CohortConfig, max_positions: int | None, longest: int | None = None, where: str = "") -> list[str]:
+    """A prompt of `longest` tokens (None: the data was not read) + the completion must fit `max_positions`."""
+    completion = cfg.rollout.max_completion_length
+    if max_positions is None:
+        return []
+    if completion >= max_positions:
+        return [f"rollout.max_completion_length = {completion} leaves no room for a prompt in the model's "
+                f"max_position_embeddings = {max_positions}; lower it (e.g. to {max_positions // 2})"]
+    if longest is None or longest + completion <= max_positions:
+        return []
+    fixes = [f"lower data.max_prompt_length to {max_positions - completion} (longer prompts then follow data.overlong_prompts) "
+             "or unset it (None: what fits the model)"]
+    if max_positions - longest >= 1:
+        fixes.append(f"lower rollout.max_completion_length to {max_positions - longest}")
+    return [f"the longest prompt kept ({where}: {longest} tokens) + rollout.max_completion_length = {longest} + {completion} = "
+            f"{longest + completion} exceeds the model's max_position_embeddings = {max_positions}; {', or '.join(fixes)}"]
+
+
+@dataclass
+class EncodedPrompts:
+    """The kept prompts of a run and their token ids."""
+
+    renderer: PromptRenderer
+    train: PromptDataset
+    train_ids: list[list[int]]
+    eval: PromptDataset | None
+    eval_ids: list[list[int]] | None
+    filtered: int  # train prompts dropped as overlong
+
+    def longest(self) -> tuple[int, str]:
+        """(tokens, row) of the longest prompt kept, train or eval."""
+        pairs = list(zip(self.train_ids, self.train.sources))
+        if self.eval is not None:
+            pairs += list(zip(self.eval_ids, self.eval.sources))
+        ids, where = max(pairs, key=lambda pair: len(pair[0]))
+        return len(ids), where
+
+
+def encode_prompts(cfg: CohortConfig, tokenizer, model_dir: str | Path, train: PromptDataset,
+                   evals: PromptDataset | None) -> EncodedPrompts:
+    """Token ids under the run's prompt limit; raises DataError (a row, or all rows, too long) or ConfigError (cannot fit)."""
+    positions = max_positions_of(model_dir)
+    limit = prompt_limit(cfg, positions)
+    problems = fit_problems(cfg, positions)
+    if problems:  # no room for any prompt: say so before tokenizing
+        raise ConfigError(problems)
+    renderer = PromptRenderer(tokenizer, limit.tokens, cfg.data.overlong_prompts, limit_name=limit.name, fix=limit.fix)
+    train, train_ids, filtered = renderer.encode_dataset(train, "train data")
+    eval_ids = None
+    if evals is not None:
+        evals, eval_ids, _ = renderer.encode_dataset(evals, "eval data")
+    encoded = EncodedPrompts(renderer, train, train_ids, evals, eval_ids, filtered)
+    problems = fit_problems(cfg, positions, *encoded.longest())
+    if problems:
+        raise ConfigError(problems)
+    return encoded

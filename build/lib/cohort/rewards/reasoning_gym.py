@@ -1,0 +1,79 @@
+"""``reasoning_gym``: a reasoning-gym task's own ``score_answer`` on the answer read from the completion.
+
+The task's spec (``cohort.data.reasoning_gym.build_task`` writes it) names the dataset once: ``task``, ``config``,
+``seed``, ``size``; each row carries only ``rg_index``, and the reward rebuilds that entry from the dataset object
+cached per process (entries are deterministic for (task, config, seed, index)). Choices:
+- ``answer_format`` says where the answer is, for models that do or do not write reasoning-gym's tags:
+  ``tags`` (default): the text of the last ``<answer>...</answer>`` (reasoning-gym's ``extract_answer``); no tags
+  scores 0.0, as reasoning-gym scores it. ``last_line``: the tags when present, else the last non-empty line.
+  ``last_number``: the tags when present, else the completion's last number as written (thousands commas dropped):
+  for numeric tasks and a model that answers in a sentence.
+- The score is the task's float in [0, 1] as is (some tasks give partial credit); a scorer that raises gives 0.0
+  for that completion (a malformed answer is a wrong answer), never a crashed step.
+
+Left out: the scorers' async variants and reasoning-gym's remote (server) scoring.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from cohort.data.reasoning_gym import ANSWER_FORMATS, ROW_INDEX, rg_dataset
+from cohort.rewards.numeric import _NUMBER
+from cohort.rewards.registry import Needs, register
+from cohort.rewards.text import completion_texts
+
+_TAGS = re.compile(r"<answer>\s?(.*?)\s?</answer>", flags=re.DOTALL)  # reasoning_gym.utils.extract_answer's regex
+
+
+def extract(text: str, answer_format: str) -> str | None:
+    """The answer text of a completion as ``answer_format`` reads it (module docstring); None: no answer."""
+    tagged = _TAGS.findall(text)
+    if tagged:
+        return tagged[-1].strip()
+    if answer_format == "last_line":
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return lines[-1] if lines else None
+    if answer_format == "last_number":
+        numbers = list(_NUMBER.finditer(text))
+        return numbers[-1].group(0).replace(",", "") if numbers else None
+    return None
+
+
+class ReasoningGymScore:
+    """Callable built by ``reasoning_gym``; holds the dataset's definition, not the dataset (so it pickles)."""
+
+    __name__ = "reasoning_gym"
+
+    def __init__(self, task: str, config: dict[str, Any], seed: int, size: int, answer_format: str):
+        if answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"reasoning_gym answer_format {answer_format!r}: choose one of {', '.join(ANSWER_FORMATS)}")
+        self.task, self.config, self.seed, self.size, self.answer_format = task, dict(config), seed, size, answer_format
+
+    def __call__(self, *, completions: list[Any], **columns: Any) -> list[float]:
+        if ROW_INDEX not in columns:
+            raise ValueError(f"reward reasoning_gym needs the {ROW_INDEX!r} column of a reasoning_gym:<name> task's rows")
+        dataset = rg_dataset(self.task, self.config, self.seed, self.size)
+        return [self.score(dataset, text, int(index))
+                for text, index in zip(completion_texts(completions), columns[ROW_INDEX], strict=True)]
+
+    def score(self, dataset: Any, text: str, index: int) -> float:
+        answer = extract(text, self.answer_format)
+        if answer is None:
+            return 0.0
+        try:
+            return float(dataset.score_answer(answer, dataset[index]))
+        except Exception:  # a scorer that chokes on a malformed answer: a wrong answer
+            return 0.0
+
+
+@register("reasoning_gym", needs=[Needs("the entry's index", None, (ROW_INDEX,))])
+def reasoning_gym(*, task: str, config: dict | None = None, seed: int = 0, size: int, answer_format: str = "tags") -> ReasoningGymScore:
+    """A reasoning-gym task's own score_answer (in [0, 1]) on the completion's answer, for `data.task: reasoning_gym:<name>`.
+
+    The task writes this spec itself (task, config, seed, size of its dataset); rows carry `rg_index`.
+    answer_format: `tags` (reasoning-gym's <answer>...</answer>; none scores 0), `last_line` or `last_number` (the
+    tags when present, else the completion's last line / last number).
+    """
+    return ReasoningGymScore(task, config or {}, seed, size, answer_format)

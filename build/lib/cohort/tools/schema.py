@@ -1,0 +1,160 @@
+"""Tools and environments: plain Python functions (or an environment class's public methods) and their JSON schemas.
+
+A tool is a plain function, `def` or `async def`, typed and with a Google-style docstring: its JSON schema is what
+`transformers.utils.get_json_schema` builds (the schema chat templates render in their tools block), so a TRL
+tool function works unchanged. `tools.functions` names them by import path (`my_module.multiply` or
+`my_module:multiply`); the Python API may pass the functions themselves.
+
+An environment (`tools.environment: my_module.MyEnv`) is a class written the way TRL's
+`GRPOTrainer(environment_factory=...)` takes it: one instance per trajectory, built with no arguments; `reset(**row)`
+gets the dataset row and may return a first observation (appended to the prompt's last user message with no
+separator, as TRL does: cohort/tools/loop.py); its public methods (not `reset`, `close`, `get_reward`, nor names
+starting with `_`) are the trajectory's tools, on top of `tools.functions`, and one that raises answers
+`{"error": message}` (TRL's); `get_reward()`, when it has one, is one more reward of weight 1
+(`environment_reward`); a `done` attribute that is true after a turn's calls ends the trajectory; `close()`, when it
+has one, runs when the trajectory ends, whatever ended it (the instance's attributes stay readable, so a reward
+function receiving `environments=` can still read its state). An OpenEnv environment class or server URL goes
+through its adapter (cohort/tools/openenv.py), which is such a class.
+
+Left out: tools with side effects shared across trajectories are the user's business (each call runs on its own
+thread); schemas written by hand (the function's signature is the schema).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from transformers.utils import get_json_schema
+
+from cohort.tools import openenv
+
+RESERVED_METHODS = ("reset", "close", "get_reward")
+
+
+def import_object(path: str, what: str) -> Any:
+    """The object at `path` (`module.name` or `module:name`); a ValueError saying what is wrong otherwise."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"{what} {path!r} is not an import path; write 'my_module.name' or 'my_module:name'")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{what} {path!r}: cannot import {module_name!r} ({exc}); is it on PYTHONPATH?") from exc
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            close = difflib.get_close_matches(part, [n for n in dir(target) if not n.startswith("_")], n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(repr(f'{module_name}.{c}') for c in close)}?" if close else ""
+            raise ValueError(f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}{hint}")
+        target = getattr(target, part)
+    return target
+
+
+def tool_schema(function: Callable[..., Any], name: str | None = None) -> dict[str, Any]:
+    """The function's JSON schema as transformers builds it ({"type": "function", "function": {...}})."""
+    label = name or getattr(function, "__name__", repr(function))
+    try:
+        schema = get_json_schema(function)
+    except Exception as exc:  # noqa: BLE001 - transformers raises several kinds; all mean the same to the user
+        raise ValueError(f"tool {label!r}: no JSON schema can be built from its signature and docstring ({exc}). A tool "
+                         "needs a type hint on every argument and a docstring with an 'Args:' entry for each") from exc
+    if name:
+        schema["function"]["name"] = name
+    return schema
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One callable tool: its name, the function, its schema."""
+
+    name: str
+    function: Callable[..., Any]
+    schema: dict[str, Any]
+    environment: bool = False  # an environment's method: an exception becomes its result {"error": message} (TRL's)
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.function)
+
+
+def resolve_tools(specs: Sequence[str | Callable[..., Any]]) -> list[Tool]:
+    """`tools.functions` entries (import paths or callables) as Tools; a duplicate name or a bad entry raises."""
+    tools, seen = [], set()
+    for i, spec in enumerate(specs):
+        function = import_object(spec, f"tools.functions[{i}]") if isinstance(spec, str) else spec
+        if not callable(function):
+            raise ValueError(f"tools.functions[{i}] = {spec!r} is a {type(function).__name__}, not a function")
+        tool = Tool(function.__name__, function, tool_schema(function))
+        if tool.name in seen:
+            raise ValueError(f"tools.functions: two tools are named {tool.name!r}; tool names must be unique")
+        seen.add(tool.name)
+        tools.append(tool)
+    return tools
+
+
+def resolve_environment(spec: str | type | None, timeout_s: float = 10.0) -> type | None:
+    """`tools.environment` as a class whose public methods all have schemas (checked now, before any model loads): a
+    class as it is, an OpenEnv environment class or server URL (`ws://host:port`) through its adapter
+    (cohort/tools/openenv.py; `timeout_s` bounds each message to a server)."""
+    if spec is None:
+        return None
+    if openenv.is_server_url(spec):
+        return openenv.openenv_environment(spec, timeout_s)
+    cls = import_object(spec, "tools.environment") if isinstance(spec, str) else spec
+    if openenv.is_openenv_class(cls):
+        return openenv.openenv_environment(cls, timeout_s)
+    if not inspect.isclass(cls):
+        raise ValueError(f"tools.environment = {spec!r} is a {type(cls).__name__}, not a class")
+    if not environment_methods(cls):
+        raise ValueError(f"tools.environment {cls.__name__}: no public method to offer as a tool (methods other than "
+                         f"{RESERVED_METHODS} whose names do not start with '_')")
+    for name, method in environment_methods(cls).items():
+        tool_schema(method, name)
+    return cls
+
+
+def environment_methods(owner: Any) -> dict[str, Callable[..., Any]]:
+    """The public methods of an environment class or instance, by name (bound when `owner` is an instance)."""
+    out = {}
+    for name in dir(owner):
+        if name.startswith("_") or name in RESERVED_METHODS:
+            continue
+        member = getattr(owner, name)
+        if inspect.isfunction(member) or inspect.ismethod(member):
+            out[name] = member
+    return out
+
+
+def environment_tools(instance: Any) -> list[Tool]:
+    """An environment instance's tools: its public methods, bound to it."""
+    return [Tool(name, method, tool_schema(method, name), environment=True)
+            for name, method in environment_methods(instance).items()]
+
+
+def environment_reward(completions: list[Any], environments: list[Any], **kwargs: Any) -> list[float | None]:
+    """The environment's own reward: each trajectory's `environment.get_reward()` (None without an environment)."""
+    return [env.get_reward() if env is not None else None for env in environments]
+
+
+def has_environment_reward(spec: str | type | None) -> bool:
+    """tools.environment has `get_reward()` (an OpenEnv environment's adapter has): `environment_reward` joins the
+    rewards with weight 1. Nothing is connected to; an import path that does not resolve is the checks' business."""
+    if spec is None or openenv.is_server_url(spec):
+        return spec is not None
+    try:
+        cls = import_object(spec, "tools.environment") if isinstance(spec, str) else spec
+    except ValueError:
+        return False
+    return openenv.is_openenv_class(cls) or callable(getattr(cls, "get_reward", None))
+
+
+def environment_reward_specs(tools) -> list[dict[str, Any]]:
+    """The reward spec the environment adds to the run's rewards ([] when it has no `get_reward()`)."""
+    if not has_environment_reward(tools.environment):
+        return []
+    return [{"name": environment_reward, "weight": 1.0, "alias": "environment"}]

@@ -1,0 +1,50 @@
+"""From the config to a tool loop: the wrapping of a built engine in a `ToolEngine` (cohort/trainer/setup.py calls
+`wrap_engine` when tools.functions or tools.environment is set; the config's checks are in cohort/tools/checks.py).
+
+`rows_by_prompt` maps a request's prompt token ids to its dataset row, which `reset(**row)` of an environment gets:
+the tool loop sees requests, not rows. Rows whose prompts tokenize identically get the first such row's columns.
+`prompt_with_observation` renders a row's prompt again with an environment's first observation appended (TRL's rule,
+`cohort.rollout.base.with_observation`). (An OpenEnv server's capacity is checked by cohort/trainer/setup.py before
+any weights load: `cohort.tools.openenv.check_capacity`.)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from cohort.rollout.base import Request, with_observation
+from cohort.tools.loop import ToolEngine
+from cohort.tools.parsers import get_parser
+from cohort.tools.schema import resolve_environment, resolve_tools
+
+SOCKET_TIMEOUT_SHARE = 0.9  # a server's answer is awaited for this share of tools.timeout_s: the session fails first
+
+
+def rows_by_prompt(prompt_ids: Sequence[Sequence[int]], rows: Sequence[dict[str, Any]]) -> Callable[[Request], dict[str, Any]]:
+    """A request -> its dataset row (by its prompt token ids; {} for a prompt not in the data)."""
+    index: dict[tuple[int, ...], dict[str, Any]] = {}
+    for ids, row in zip(prompt_ids, rows):
+        index.setdefault(tuple(ids), row)
+    return lambda request: dict(index.get(tuple(request.prompt_ids), {}))
+
+
+def prompt_with_observation(encode: Callable[[Any], list[int]], prompt_key: str) -> Callable[[dict[str, Any], str], list[int]]:
+    """(row, observation) -> token ids of the row's prompt with the observation appended (`encode`: the run's prompt
+    renderer's)."""
+    return lambda row, observation: encode(with_observation(row[prompt_key], observation))
+
+
+def environment_class(tools) -> type | None:
+    """tools.environment resolved (an OpenEnv adapter's messages bounded by tools.timeout_s)."""
+    return resolve_environment(tools.environment, tools.timeout_s * SOCKET_TIMEOUT_SHARE)
+
+
+def wrap_engine(tools, engine, tokenizer, rows: Callable[[Request], dict[str, Any]] | None = None, *,
+                prompt_with: Callable[[dict[str, Any], str], list[int]] | None = None) -> ToolEngine:
+    """`engine` inside the tool loop the tools section describes (the chat template is checked here)."""
+    return ToolEngine(engine, tokenizer, parser=get_parser(tools.parser), tools=resolve_tools(tools.functions),
+                      environment=environment_class(tools), rows=rows, max_turns=tools.max_turns,
+                      max_parallel_calls=tools.max_parallel_calls, tool_timeout_s=tools.timeout_s,
+                      max_tool_response_length=tools.max_response_length,
+                      truncate_side=tools.response_truncate_side, failure_policy=tools.failure_policy,
+                      prompt_with=prompt_with)

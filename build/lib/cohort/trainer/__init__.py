@@ -1,0 +1,1 @@
+"""cohort.trainer."""

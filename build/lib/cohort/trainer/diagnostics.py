@@ -1,0 +1,145 @@
+"""Warnings while a run trains: the metric that looks wrong, its value, and what to try.
+
+`Diagnostics.observe(step, metrics)` reads one step's metrics and returns the
+warnings that became due. Each rule needs its condition to hold for a few
+observations in a row (`patience`, counted over the steps where the metric is
+logged: generation-batch metrics appear only on the step that generated), warns
+once, and re-arms only after the condition has cleared, so a long bad stretch
+gives one line, not one per step. The driver prints each warning through the
+metrics logger and appends it to `warnings.jsonl`.
+
+The rules and their thresholds (module constants, documented in docs/runs.md):
+
+- `frac_reward_zero_std` > 0.9: most groups got identical rewards, so they have
+  zero advantage and teach nothing (the task is too easy or too hard). Not under
+  on-policy distillation (`teacher_signal`): the teacher gives every token an
+  advantage whatever the rewards.
+- `completions/clipped_ratio` > 0.5: most completions hit max_completion_length.
+- `mismatch/logprob_abs_max` > 1.0 nats: the trainer and the rollout engine
+  disagree about some sampled token's log-prob by more than a factor e.
+- `timing/reward_s` is the largest phase of the step: reward functions, not the
+  model, bound the speed of the run.
+
+Left out: stopping the run on a warning (a NaN stops it: cohort.trainer.stopping)
+and thresholds per config field (these are advisories, not contracts).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+ZERO_STD_THRESHOLD = 0.9
+CLIPPED_THRESHOLD = 0.5
+MISMATCH_THRESHOLD = 1.0
+PATIENCE = 3
+PHASE_KEY = re.compile(r"^timing/([a-z_]+)_s$")  # timing/generate_s; not timing/step_s, not timing/reward/<fn>_s
+
+
+@dataclass(frozen=True)
+class RunWarning:
+    step: int
+    kind: str
+    metric: str
+    value: float
+    message: str
+
+    @property
+    def text(self) -> str:
+        return f"warning at step {self.step} [{self.kind}]: {self.message}"
+
+    def record(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _Rule:
+    kind: str
+    metric: str
+    check: Callable[[dict], float | None]  # the value when the condition holds, None when it does not, or skip
+    advise: Callable[[float, dict], str]
+    streak: int = 0
+    fired: bool = False
+
+
+def _above(metric: str, threshold: float) -> Callable[[dict], float | None]:
+    def check(metrics: dict) -> float | None:
+        value = metrics.get(metric)
+        if not isinstance(value, (int, float)) or math.isnan(value):
+            return math.nan  # not logged this step: neither extends nor breaks the streak
+        return float(value) if value > threshold else None
+
+    return check
+
+
+def _reward_phase_slowest(metrics: dict) -> float | None:
+    phases = {m.group(1): float(v) for k, v in metrics.items() if (m := PHASE_KEY.match(k)) and isinstance(v, (int, float))}
+    phases.pop("step", None)
+    if "reward" not in phases or len(phases) < 2:
+        return math.nan
+    slowest = max(phases, key=phases.get)
+    return phases["reward"] if slowest == "reward" else None
+
+
+class Diagnostics:
+    def __init__(self, *, max_completion_length: int, patience: int = PATIENCE, teacher_signal: bool = False):
+        self.patience = patience
+        zero_std = _Rule("reward_zero_std", "frac_reward_zero_std", _above("frac_reward_zero_std", ZERO_STD_THRESHOLD),
+                         _advise_zero_std)
+        self.rules = [
+            *([] if teacher_signal else [zero_std]),  # (distill: constant-reward groups still learn from the teacher)
+            _Rule("length_limit", "completions/clipped_ratio", _above("completions/clipped_ratio", CLIPPED_THRESHOLD),
+                  lambda v, m: _advise_length(v, max_completion_length)),
+            _Rule("logprob_mismatch", "mismatch/logprob_abs_max", _above("mismatch/logprob_abs_max", MISMATCH_THRESHOLD),
+                  _advise_mismatch),
+            _Rule("slow_reward", "timing/reward_s", _reward_phase_slowest, _advise_slow_reward),
+        ]
+
+    def observe(self, step: int, metrics: dict) -> list[RunWarning]:
+        due = []
+        for rule in self.rules:
+            value = rule.check(metrics)
+            if value is not None and math.isnan(value):
+                continue
+            if value is None:
+                rule.streak, rule.fired = 0, False
+                continue
+            rule.streak += 1
+            if rule.streak >= self.patience and not rule.fired:
+                rule.fired = True
+                due.append(RunWarning(step, rule.kind, rule.metric, value, rule.advise(value, metrics)))
+        return due
+
+
+def _advise_zero_std(value: float, metrics: dict) -> str:
+    reward = metrics.get("reward")
+    level = f"mean reward {reward:.3g}; " if isinstance(reward, (int, float)) else ""
+    return (f"frac_reward_zero_std = {value:.2f} (> {ZERO_STD_THRESHOLD}) for {PATIENCE} generation batches: most groups scored "
+            f"all-equal rewards, which give zero advantage and no gradient ({level}all at the top: the task is too easy; all at "
+            "the bottom: too hard). Use harder or easier prompts, a reward with partial credit, or more completions per prompt "
+            "(rollout.num_generations)")
+
+
+def _advise_length(value: float, limit: int) -> str:
+    return (f"completions/clipped_ratio = {value:.2f} (> {CLIPPED_THRESHOLD}) for {PATIENCE} generation batches: most completions "
+            f"stop at rollout.max_completion_length = {limit} tokens. Raise it, penalise length (the soft_overlong reward), or "
+            "leave truncated completions out of the loss (algorithm.mask_truncated_completions=true)")
+
+
+def _advise_mismatch(value: float, metrics: dict) -> str:
+    mean = metrics.get("mismatch/logprob_abs_mean")
+    mean_text = f" (mean {mean:.3g})" if isinstance(mean, (int, float)) else ""
+    return (f"mismatch/logprob_abs_max = {value:.3g} nats (> {MISMATCH_THRESHOLD}){mean_text}: the rollout engine and the trainer "
+            "disagree about the log-probability of sampled tokens, so the engine samples from a different policy than the one "
+            "trained. Generate in the training dtype (engine.dtype=auto), check that sampling settings (temperature, top_p, "
+            "top_k) are what the trainer assumes, or correct with importance weights")
+
+
+def _advise_slow_reward(value: float, metrics: dict) -> str:
+    step = metrics.get("timing/step_s")
+    share = f" of a {step:.3g} s step" if isinstance(step, (int, float)) else ""
+    return (f"timing/reward_s = {value:.3g} s{share} is the slowest phase for {PATIENCE} generation batches: the reward "
+            "functions, not the model, bound the run's speed. Make them async or vectorised, cache repeated work, or run "
+            "expensive checks (code execution) with more parallel workers")

@@ -1,0 +1,140 @@
+"""A run that fails keeps what it earned: its last good state saved, one short message, the traceback in a file.
+
+Any exception inside `cohort train` that is not a configuration or checkpoint
+problem (a reward function that raises or breaks the contract, a dead rollout
+server, an engine error) becomes `RunFailed`, whose message names the step, the
+phase (generate, reward, logprob, update, critic, sync) and the error as its
+raiser worded it (a `RewardError` names the function and the offending
+completion); the full traceback goes to RUN_DIR/logs/error.log and the message
+gives that path. The CLI prints it and exits 4.
+
+Which state is saved (`settle`, given the snapshot taken at the step's start and
+whether `optimizer.step()` was entered during the step, seen by a step pre-hook):
+- the optimizer step was not taken (the failure came in generate, reward,
+  log-probs or the backward pass; the weights and optimizer moments are those of
+  the step's start): the counters, RNG, sampler and batch are rewound to the
+  step's start, and that state (after step N−1) is saved, exactly as for a
+  non-finite loss;
+- the step completed and only the push of its weights into the engine failed:
+  the state after step N is consistent (the engine is not part of a checkpoint),
+  and saved; that step's metrics line is not written;
+- the optimizer stepped but the step was not recorded (a PPO critic update that
+  failed after the policy's): the policy and the critic disagree, so nothing new
+  is saved and the message names the newest earlier checkpoint, if any.
+A failure between steps (logging, a mid-run eval) leaves the state after the last
+recorded step, which is saved. Before the first completed step nothing is saved
+(resuming would be starting over); the message then names the newest checkpoint
+already there, if any (a resume that failed before its first step). Multi-process runs save nothing
+(`checkpoint.unsupported`).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+
+from cohort.trainer import checkpoint
+
+ERROR_LOG = Path("logs") / "error.log"
+MAX_MESSAGE_LINES = 4
+
+
+class RunFailed(RuntimeError):
+    """The run failed; the message says what, where the traceback is, and how to resume (the CLI exits 4)."""
+
+
+class StepFailed(RuntimeError):
+    """Step `step` raised (the cause is `__cause__`) in `phase`; `state` is `settle`'s verdict."""
+
+    def __init__(self, step: int, phase: str | None, state: str):
+        self.step, self.phase, self.state = step, phase, state
+        super().__init__(f"step {step} failed in {phase or 'an unknown phase'}")
+
+
+class OptimizerWatch:
+    """`with OptimizerWatch(opt) as watch:` … `watch.stepped`: whether `opt.step()` was entered inside (even if it then raised)."""
+
+    def __init__(self, optimizer):
+        self.optimizer, self.stepped, self._handle = optimizer, False, None
+
+    def _mark(self, *args) -> None:
+        self.stepped = True
+
+    def __enter__(self) -> OptimizerWatch:
+        self._handle = self.optimizer.register_step_pre_hook(self._mark)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._handle.remove()
+
+
+def settle(trainer, snap: dict, optimizer_stepped: bool) -> str:
+    """Put a trainer whose step raised into its newest consistent state; returns which: rewound | complete | inconsistent."""
+    if not optimizer_stepped:  # the weights and moments are still the step's start
+        checkpoint.rewind(trainer, snap)
+        trainer.phases.pop()
+        return "rewound"
+    if trainer.state.step == snap["state"].step + 1:  # the step was recorded; the weight push after it failed
+        return "complete"
+    return "inconsistent"
+
+
+def write_error_log(run_dir: Path, error: BaseException) -> Path:
+    """Append the full traceback (with its causes) to RUN_DIR/logs/error.log; returns the path."""
+    path = Path(run_dir) / ERROR_LOG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        fh.write("".join(traceback.format_exception(error)))
+    return path
+
+
+def describe(error: BaseException) -> str:
+    """The error in at most MAX_MESSAGE_LINES short lines; cohort's own errors as worded, others with their type."""
+    text = str(error).strip() or "(no message)"
+    if not type(error).__module__.startswith("cohort."):
+        text = f"{type(error).__name__}: {text}"
+    lines = [line if len(line) <= 300 else line[:297] + "..." for line in text.splitlines()]
+    return "\n".join(lines[:MAX_MESSAGE_LINES] + (["  ..."] if len(lines) > MAX_MESSAGE_LINES else []))
+
+
+def run_failed(trainer, error: BaseException) -> RunFailed:
+    """Save what can be saved after `error` and build the `RunFailed` that reports it (the caller raises it)."""
+    if isinstance(error, StepFailed):
+        cause, step, state = error.__cause__ or error, error.step, error.state
+        where = f"at step {step}" + (f" ({error.phase})" if error.phase else "")
+    else:
+        cause, state = error, "complete"
+        where = f"after step {trainer.state.step}" if trainer.state.step else "before the first step"
+    try:
+        saved = _save_last_good_state(trainer, state)
+    except checkpoint.CheckpointError as exc:
+        saved = f"Saving the last good state failed too: {exc}"
+    log = write_error_log(trainer.run_dir, cause)
+    return RunFailed(f"run failed {where}: {describe(cause)}\n{saved}\nFull traceback: {log}")
+
+
+def _save_last_good_state(trainer, state: str) -> str:
+    resume = f"Fix the cause, then resume with: cohort train --resume {trainer.run_dir}"
+    latest = checkpoint.latest_checkpoint(trainer.run_dir)
+    if state == "inconsistent":
+        found = f"the newest checkpoint is {latest}. {resume}" if latest else "no earlier checkpoint exists."
+        return (f"Nothing saved: the failure came after the optimizer step and before the step was recorded, so the state "
+                f"is half-updated; {found}")
+    if (reason := checkpoint.unsupported(trainer)) is not None:
+        return f"Nothing saved: {reason}."
+    if trainer.state.step == 0 and latest is not None:  # e.g. a resume that failed before its first step
+        return (f"Nothing new saved (no step completed in this process); the checkpoints already saved are unchanged, "
+                f"the newest is {latest}. {resume}")
+    if trainer.state.step == 0:
+        return "Nothing saved (no step had completed); run again once the cause is fixed."
+    if latest is None or latest.name != checkpoint.checkpoint_dir(trainer.run_dir, trainer.state.step).name:
+        latest = checkpoint.save_checkpoint(trainer)
+    return f"Saved the last good state (after step {trainer.state.step}) to {latest}. {resume}"
+
+
+def setup_failed(run_dir: Path, error: BaseException) -> RunFailed:
+    """A failure before the trainer existed (loading, starting the engine): traceback to the log, a short message."""
+    log = write_error_log(run_dir, error)
+    return RunFailed(f"run failed before training started: {describe(error)}\nFull traceback: {log}")

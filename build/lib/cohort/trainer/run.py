@@ -1,0 +1,243 @@
+"""The training loop: a whole run of `Trainer.step()` calls, with eval before, logs, checkpoints, eval after, outputs.
+
+`run_training(trainer)` is `Trainer.train()` (the Trainer and its one step: cohort/trainer/trainer.py). The loop
+itself is `_run`'s `while`: one step, its metrics line, diagnostics, sampled completions, a mid-run eval, a
+checkpoint, until train.max_steps or a stop signal.
+
+Outputs in the run directory: `config.yaml` (the resolved config), `metrics.jsonl`
+(one line per step, flushed), `completions.jsonl` (samples every
+`run.log_completions_every` steps), `eval.jsonl`, `warnings.jsonl` (diagnostics),
+`checkpoints/step-N/` (every `run.save_every` steps, on a stop, and at the end when
+saving is on), `final/` (a transformers checkpoint with tokenizer), `summary.json`
+and `reward_curve.png`.
+
+Stopping: the first SIGINT/SIGTERM finishes the current step, saves a checkpoint
+and returns (the CLI exits 0 and prints how to resume); a second one aborts. A
+non-finite loss or gradient norm rewinds to the start of that step (the weights
+never changed), saves that last good state and raises `RunHalted`. Any other
+failure saves the last consistent state the same way where there is one and
+raises `RunFailed` (cohort/trainer/failure.py says which state that is).
+Resuming (`resume_from`) restores a checkpoint (the newest intact one of a run
+directory: damaged ones are named and set aside, cohort/trainer/checkpoint.py),
+drops log lines written after it by the interrupted process, skips the "before"
+eval and appends.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from cohort.models.loading import write_config_dtype
+from cohort.trainer import checkpoint, failure
+from cohort.trainer.diagnostics import Diagnostics
+from cohort.trainer.evaluate import evaluate
+from cohort.runs.jsonl import read_jsonl
+from cohort.runs.loggers import JsonlWriter, MetricsLogger
+from cohort.runs.report import load_run, plot_reward
+from cohort.trainer.stopping import GracefulStop, NonFiniteError, RunHalted
+
+
+def run_eval(trainer, label: str, sink: JsonlWriter) -> dict:
+    if trainer.eval_data is None:
+        return {}
+    trainer.sync_weights()
+    start = time.perf_counter()
+    # through the rollout scheduler, which shares the engine with the groups in flight
+    result = evaluate(trainer.rollout, trainer.tokenizer, trainer.eval_data, trainer.eval_ids, trainer.rewards,
+                      max_tokens=trainer.cfg.rollout.max_completion_length)
+    record = {"label": label, "step": trainer.state.step, "accuracy": result["accuracy"], "reward": result["reward"],
+              "num_prompts": result["num_prompts"], "seconds": time.perf_counter() - start}
+    sink.write(record)
+    return record
+
+
+def _log_completions(trainer, sink: JsonlWriter, step: int) -> None:
+    """The first run.num_completions_to_log completions this step trained on (a slice of the batch when it spans several steps)."""
+    batch, n = trainer.state.batch, trainer.cfg.run.num_completions_to_log
+    key = trainer.train_data.prompt_key
+    for i in trainer.state.step_indices[:n]:
+        row = trainer.train_data.rows[batch.row_indices[i]]
+        sink.write({"step": step, "prompt": row[key], "completion": batch.completions_text[i],
+                    "reward": float(batch.rewards[i]), "advantage": batch.sequence_advantage(i),
+                    "finish_reason": "length" if batch.truncated[i] else "stop",
+                    **batch.tool_record(i)})  # multi-turn: the conversation, tool turns marked by role "tool"
+
+
+def save_model(trainer, directory: Path) -> None:
+    """The trained model as a transformers checkpoint in model.dtype (float32 master weights cast down when mixed)."""
+    if getattr(trainer, "lora", None) is not None:  # LoRA: final/adapter/, and final/ merged when asked (models/lora.py)
+        trainer.lora.save_final(directory, trainer.tokenizer, trainer.precision.compute_dtype,
+                                merged=trainer.cfg.lora.save_merged)
+        return
+    state = trainer.dist.full_state_dict(trainer.policy)  # multi-process: gathered on rank 0 (collective); else None
+    if not trainer.dist.is_main:
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    precision = trainer.precision
+    if precision.mixed:
+        state = cast_state_dict(state or trainer.policy.state_dict(), precision.compute_dtype)
+    trainer.policy.save_pretrained(str(directory), safe_serialization=True, state_dict=state)
+    if precision.mixed:
+        write_config_dtype(directory, precision.compute_dtype)
+    trainer.tokenizer.save_pretrained(str(directory))
+
+
+def cast_state_dict(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every tensor cast to `dtype`; names that shared one tensor (tied embeddings) still share one, so it is saved once."""
+    cast: dict[int, torch.Tensor] = {}  # data pointer -> its cast copy (every original stays alive in `state`)
+    out = {}
+    for name, tensor in state.items():
+        if tensor.data_ptr() not in cast:
+            cast[tensor.data_ptr()] = tensor.detach().to(dtype)
+        out[name] = cast[tensor.data_ptr()]
+    return out
+
+
+def run_training(trainer, resume_from: str | Path | None = None) -> dict:
+    """The whole run (see the module docstring); a failure after setup raises `RunFailed` once the last good state is saved."""
+    try:
+        return _run(trainer, resume_from)
+    except (RunHalted, checkpoint.CheckpointError):
+        raise
+    except Exception as exc:
+        raise failure.run_failed(trainer, exc) from exc
+
+
+def _run(trainer, resume_from: str | Path | None) -> dict:
+    cfg, run_dir = trainer.cfg, trainer.run_dir
+    wall_start = time.perf_counter()
+    resumed = _resume(trainer, resume_from) if resume_from is not None else None
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    eval_sink = JsonlWriter(run_dir / "eval.jsonl")
+    samples = JsonlWriter(run_dir / "completions.jsonl")
+    warnings_sink = JsonlWriter(run_dir / "warnings.jsonl")
+    logger = MetricsLogger(run_dir, cfg.run.loggers, total_steps=cfg.train.max_steps, progress=cfg.run.progress,
+                           config=cfg.to_dict(), start_step=trainer.state.step, wandb_project=cfg.run.wandb_project)
+    diagnostics = Diagnostics(max_completion_length=cfg.rollout.max_completion_length,
+                              teacher_signal=cfg.algorithm.name == "distill") if cfg.run.diagnostics else None
+    if resumed:
+        logger.print(resumed)
+    if trainer.prompts_filtered:
+        renderer = trainer.renderer
+        logger.print(f"filtered {trainer.prompts_filtered} prompt(s) longer than {renderer.limit_name} = {renderer.max_prompt_length}")
+    if trainer.eval_data is not None and not resumed:  # (minutes on a real model: say what the silence is)
+        logger.print(f"eval before training: scoring {len(trainer.eval_data.rows)} held-out prompts greedily ...")
+    before = _earlier_eval(run_dir, "before") if resumed else run_eval(trainer, "before", eval_sink)
+    if before and not resumed:
+        logger.print(f"eval before training: accuracy {before['accuracy']:.3f} on {before['num_prompts']} held-out prompts")
+    history, saved_step, stopped = [], (trainer.state.step if resumed else None), None
+    stop = GracefulStop(logger.print)
+    try:
+        with stop:
+            # every process follows rank 0's decision, so none starts a step the others skip
+            while trainer.state.step < cfg.train.max_steps and not (stopped := trainer.dist.broadcast_object(stop.requested)):
+                metrics = _guarded_step(trainer)
+                step = trainer.state.step
+                history.append({"step": step, **metrics})
+                logger.log(step, metrics)
+                for warning in diagnostics.observe(step, metrics) if diagnostics else []:
+                    logger.print(warning.text)
+                    warnings_sink.write(warning.record())
+                if cfg.run.log_completions_every and (step % cfg.run.log_completions_every == 0 or step == 1):
+                    _log_completions(trainer, samples, step)
+                if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step < cfg.train.max_steps:
+                    mid = run_eval(trainer, "during", eval_sink)
+                    logger.log(step, {"eval/accuracy": mid["accuracy"]}) if mid else None
+                if cfg.run.save_every and step % cfg.run.save_every == 0:
+                    checkpoint.save_checkpoint(trainer)
+                    saved_step = step
+    finally:
+        logger.close()
+        warnings_sink.close()
+    if stopped:
+        summary = _summary(trainer, history, before, {}, time.perf_counter() - wall_start)
+        summary.update(stopped=stopped, message=_stop_message(trainer, stopped, saved_step))
+    else:
+        if trainer.eval_data is not None:
+            logger.print(f"eval after training: scoring {len(trainer.eval_data.rows)} held-out prompts greedily ...")
+        after = run_eval(trainer, "after", eval_sink)
+        save_model(trainer, run_dir / "final")
+        if cfg.run.save_every and saved_step != trainer.state.step:
+            checkpoint.save_checkpoint(trainer)
+        summary = _summary(trainer, history, before, after, time.perf_counter() - wall_start)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    _plot_rewards(run_dir, before, summary.get("eval/accuracy_after"), algorithm=cfg.algorithm.name)
+    eval_sink.close()
+    samples.close()
+    return summary
+
+
+def _stop_message(trainer, signal_name: str, saved_step: int | None) -> str:
+    """Save the state of a stopped run (unless just saved) and say how to resume it."""
+    done = f"stopped by {signal_name} after step {trainer.state.step}"
+    if (reason := checkpoint.unsupported(trainer)) is not None:
+        return f"{done}; no checkpoint: {reason}"
+    path = checkpoint.save_checkpoint(trainer) if saved_step != trainer.state.step else checkpoint.latest_checkpoint(trainer.run_dir)
+    return f"{done}; checkpoint {path}. Resume with: cohort train --resume {trainer.run_dir}"
+
+
+def _guarded_step(trainer) -> dict:
+    """`trainer.step()`; on a non-finite loss or gradient: rewind to the step's start, save it, raise RunHalted.
+    On any other failure: settle the trainer in its newest consistent state and raise `StepFailed` from the error."""
+    snap = checkpoint.snapshot(trainer)
+    watch = failure.OptimizerWatch(trainer.optimizer)
+    try:
+        with watch:
+            return trainer.step()
+    except NonFiniteError as exc:
+        checkpoint.rewind(trainer, snap)
+        trainer.phases.pop()
+        saved = (f"Saved the last good state (after step {trainer.state.step}) to {checkpoint.save_checkpoint(trainer)}"
+                 if checkpoint.unsupported(trainer) is None else f"Nothing saved: {checkpoint.unsupported(trainer)}")
+        message = (f"stopped: {exc.metric} is {exc.value} at step {exc.step} (non-finite); the optimizer step was not taken. "
+                   f"{saved}. Common causes: a learning rate far too high, rewards so large they overflow, fp16 overflow. "
+                   f"Fix the cause, then resume with: cohort train --resume {trainer.run_dir}")
+        raise RunHalted(message) from exc
+    except Exception as exc:
+        phase = trainer.phases.failed  # read before settle() rewinds the phase timers
+        raise failure.StepFailed(snap["state"].step + 1, phase, failure.settle(trainer, snap, watch.stepped)) from exc
+
+
+def _resume(trainer, resume_from: str | Path) -> str:
+    """Restore the newest intact checkpoint of a run directory (or the given checkpoint); returns the lines for the log."""
+    resumed = checkpoint.resume(Path(resume_from), lambda path: checkpoint.load_checkpoint(trainer, path))
+    meta = resumed.meta
+    dropped = checkpoint.truncate_logs(trainer.run_dir, meta["step"])
+    lost = sum(dropped.values())
+    extra = f"; dropped {lost} log line(s) written after it" if lost else ""
+    if resumed.verdict.status == "unverified":
+        extra += "; unverified: it has no manifest (written before checkpoints were verified)"
+    line = f"resumed from {resumed.path} at step {meta['step']} (policy version {meta['policy_version']}){extra}"
+    return "\n".join([*resumed.notes, line])
+
+
+def _earlier_eval(run_dir: Path, label: str) -> dict:
+    found = [r for r in read_jsonl(run_dir / "eval.jsonl") if r.get("label") == label]
+    return found[-1] if found else {}
+
+
+def _summary(trainer, history, before, after, wall_s) -> dict:
+    last = history[-1] if history else {}
+    summary = {"steps": trainer.state.step, "wall_s": wall_s, "run_dir": str(trainer.run_dir),
+               "final_metrics": {k: v for k, v in last.items() if isinstance(v, (int, float))}}
+    if history:
+        step_times = sorted(h["timing/step_s"] for h in history[1:]) or [history[0]["timing/step_s"]]
+        summary["median_step_s"] = step_times[len(step_times) // 2]
+    if before:
+        summary["eval/accuracy_before"] = before["accuracy"]
+    if after:
+        summary["eval/accuracy_after"] = after["accuracy"]
+    return summary
+
+
+def _plot_rewards(run_dir: Path, before, after_accuracy, *, algorithm: str = "grpo") -> None:
+    """RUN_DIR/reward_curve.png: `cohort report`'s reward plot (cohort/runs/report.py), titled with the held-out accuracy."""
+    title = f"cohort {algorithm.upper()}"
+    if before and after_accuracy is not None:
+        title += f" — held-out greedy accuracy {before['accuracy']:.1%} → {after_accuracy:.1%}"
+    plot_reward(load_run(run_dir), run_dir, file_name="reward_curve.png", title=title)

@@ -1,0 +1,190 @@
+"""Building a trainer's parts (`TrainerParts`, cohort/trainer/parts.py) from the config, in the order that fails fastest.
+
+Data and rewards first (cheap, and the most common mistakes), then the
+tokenizer and the prompts (a prompt the model cannot hold fails here, before any
+weights load), the policy, the optional reference model (only when
+algorithm.beta != 0), the distillation teacher (only for algorithm.name = distill;
+held like the reference: frozen, sharded and offloaded with it), the optimizer and the schedule, the algorithm's resolved
+choices (`cohort.trainer.algorithms`), the critic (only for an algorithm that
+needs one), and last the rollout engine (the slowest to start,
+cohort/trainer/engines.py), wrapped in the tool loop when tools.functions or tools.environment is set, or in agent
+runs when agent.function is (cohort/agents).
+
+Nothing here touches a Trainer: `setup` returns the parts and the Trainer holds them.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from cohort.config import ConfigError
+from cohort.data.datasets import RepeatSampler
+from cohort.data.loading import load_data
+from cohort.distributed.fsdp import LocalContext, context_from_env, offload_optimizer_state, rank_run_dir
+from cohort.distributed.rank0 import MainOnlyEngine, main_only_rewards
+from cohort.models.devices import autocast_device_type, resolve_device, use_device
+from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir
+from cohort.models.lora import attach_lora, base_dtype
+from cohort.models.precision import DTYPES, Precision, resolve_precision
+from cohort.prompts import encode_prompts
+from cohort.rewards import RewardSet
+from cohort.plan.teacher_checks import mismatch_problem, tokenizer_mismatch
+from cohort.agents import setup as agents
+from cohort.tools.openenv import check_capacity, is_server_url
+from cohort.tools.schema import environment_reward_specs
+from cohort.tools.setup import prompt_with_observation, rows_by_prompt, wrap_engine
+from cohort.trainer import algorithms
+from cohort.trainer.checkpoint import check_disk_space
+from cohort.trainer.critic import Critic
+from cohort.trainer.engines import build_engine, engine_length, rank0_engine, set_torch_threads
+from cohort.trainer.optim import build_optimizer
+from cohort.trainer.parts import TrainerParts
+
+
+def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> TrainerParts:
+    """Every part of a trainer for `cfg` and its batch `plan`. `pack(batch, indices)` is the trainer's batch packing
+    (the critic sees the same tokens as the policy); `external_engine`, when given, is used and not closed."""
+    torch.manual_seed(cfg.train.seed)
+    # cuda:LOCAL_RANK with a GPU (train.device=auto), else the CPU: every model and every step's tensor goes there
+    dist = context_from_env(resolve_device(cfg.train.device))  # one process, or one of W under torchrun
+    device = dist.device
+    use_device(device)
+    run_dir = rank_run_dir(dist, cfg, run_dir)
+    _check_writable(run_dir)
+    train_data, eval_data, reward_specs = dist.local_main_first(lambda: load_data(cfg))  # (a dataset by name: once per node)
+    rewards = main_only_rewards(RewardSet.from_specs(list(reward_specs or []) + environment_reward_specs(cfg.tools)), dist)
+    model_dir = dist.local_main_first(lambda: resolve_model_dir(cfg.model.path, cfg.model.revision))  # (a Hub id: the same)
+    tokenizer = load_tokenizer(model_dir)
+    prompts = encode_prompts(cfg, tokenizer, model_dir, train_data, eval_data)  # raises if one cannot fit
+    sessions = _sessions(plan, prompts)
+    if cfg.tools.enabled and dist.is_main and is_server_url(cfg.tools.environment):  # before any weights load
+        check_capacity(cfg.tools.environment, sessions[0], cfg.tools.timeout_s, sessions[1])
+    sampler = RepeatSampler(len(prompts.train), plan.prompts_per_generation, plan.num_generations,
+                            shuffle=cfg.data.shuffle, seed=cfg.train.seed)
+    precision = resolve_precision(cfg.model.dtype, cfg.train.precision, device)  # float32 master weights when mixed
+    policy = load_policy(model_dir, base_dtype(precision) if cfg.lora.rank else precision.weights_dtype,  # LoRA: frozen
+                         device=device)
+    set_torch_threads(cfg, num_parameters=sum(p.numel() for p in policy.parameters()), device=device)  # before any engine
+    if cfg.train.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    lora = attach_lora(policy, cfg.lora, precision=precision,
+                       gradient_checkpointing=cfg.train.gradient_checkpointing) if cfg.lora.rank else None
+    policy.train()
+    check_disk_space(run_dir, policy, cfg.run.keep_checkpoints, cfg.run.save_every)
+    # the reference (beta != 0) is a frozen copy; under LoRA it is the policy with its adapter disabled (no copy)
+    ref_model = _reference(policy) if cfg.algorithm.beta != 0 and lora is None else None
+    if ref_model is not None:  # W > 1: sharded (and offloaded) like the policy, never a full copy per rank
+        ref_model = dist.shard(ref_model, precision, param_offload=cfg.train.param_offload)
+    teacher = _teacher(cfg, dist, tokenizer) if cfg.algorithm.name == "distill" else None
+    policy = dist.shard(policy, precision, param_offload=cfg.train.param_offload)  # FSDP2 when W > 1: optimizer on shards
+    optimizer, lr_schedule = build_optimizer(policy, cfg.train)
+    if cfg.train.optimizer_offload:
+        offload_optimizer_state(optimizer)
+    algorithm = algorithms.resolve(cfg, off_policy=plan.off_policy)
+    critic = _critic(cfg, model_dir, pack, precision, device) if algorithm.spec.needs_critic else None
+    max_model_len = engine_length(cfg, model_dir, prompts.train_ids + (prompts.eval_ids or []))
+    engine, owns_engine = _engine(cfg, dist, model_dir, tokenizer, external_engine, max_model_len=max_model_len,
+                                  precision=precision, policy=policy)
+    if cfg.tools.enabled:  # multi-turn: every request goes through the tool loop (cohort/tools/loop.py)
+        engine = _with_tools(cfg, engine, tokenizer, prompts, sessions)
+    if cfg.agent.enabled:  # every request is one run of the agent function (cohort/agents/engine.py)
+        engine = agents.wrap_engine(cfg, engine, tokenizer, _rows(prompts), max_model_len=max_model_len)
+    return TrainerParts(
+        dist=dist, device=device, run_dir=run_dir, rewards=rewards, model_dir=model_dir, tokenizer=tokenizer,
+        pad_id=tokenizer.pad_token_id, renderer=prompts.renderer, prompts_filtered=prompts.filtered,
+        train_data=prompts.train, train_ids=prompts.train_ids, eval_data=prompts.eval, eval_ids=prompts.eval_ids,
+        sampler=sampler, precision=precision, policy=policy, lora=lora, ref_model=ref_model, teacher=teacher,
+        optimizer=optimizer, lr_schedule=lr_schedule,
+        algorithm=algorithm, kl_controller=algorithms.kl_controller(cfg),
+        aggregation=algorithm.aggregation, loss_name=algorithm.loss_name, critic=critic,
+        engine=engine, owns_engine=owns_engine, engine_shares_policy=getattr(engine, "model", None) is policy,
+    )
+
+
+def _reference(policy: torch.nn.Module) -> torch.nn.Module:
+    ref = copy.deepcopy(policy)
+    ref.eval()
+    ref.requires_grad_(False)
+    return ref
+
+
+def _teacher(cfg, dist: LocalContext, tokenizer) -> torch.nn.Module:
+    """distill: teacher.path frozen in its own dtype (`cfg.teacher_dtype`, no float32 master copy) on the training device;
+    under several processes sharded, and offloaded with train.param_offload, exactly as the reference model is. Its
+    tokenizer is compared with the student's first (validation could not read every kind of path), so a teacher of
+    another tokenizer is refused before its weights load."""
+    teacher_dir = resolve_model_dir(cfg.teacher.path)
+    mismatch = tokenizer_mismatch(tokenizer, load_tokenizer(teacher_dir))
+    if mismatch is not None:
+        raise ConfigError([mismatch_problem(cfg, mismatch)])
+    dtype = DTYPES[cfg.teacher_dtype]
+    teacher = load_policy(teacher_dir, dtype, device=dist.device)
+    teacher.eval()
+    teacher.requires_grad_(False)
+    held = Precision(weights_dtype=dtype, compute_dtype=dtype, device_type=autocast_device_type(dist.device))  # never mixed
+    return dist.shard(teacher, held, param_offload=cfg.train.param_offload)
+
+
+def _critic(cfg, model_dir: Path, pack: Callable, precision: Precision, device: torch.device) -> Critic:
+    """PPO's value model: its own copy of critic.path (default: the policy's checkpoint) with a new value head, on the
+    policy's device and in its precision."""
+    return Critic(resolve_model_dir(cfg.critic.path) if cfg.critic.path else model_dir, cfg, pack=pack,  # (one process)
+                  precision=precision, device=device)
+
+
+def _engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, external, *, max_model_len: int, precision: Precision,
+            policy: torch.nn.Module):
+    """(engine, owned): the one handed in, rank 0's under several processes, else the configured one in this process."""
+    if external is not None:
+        return external, False
+    if dist.world_size > 1:  # rank 0 builds the engine; every rank gets its results
+        return rank0_engine(cfg, dist, model_dir, tokenizer, max_model_len=max_model_len, precision=precision,
+                            device=dist.device), True
+    return build_engine(cfg, model_dir, tokenizer, max_model_len=max_model_len, precision=precision, policy=policy), True
+
+
+def _with_tools(cfg, engine, tokenizer, prompts, sessions: tuple[int, str]):
+    """The engine inside the tool loop; under several processes the loop wraps rank 0's engine, so tools run once,
+    beside it, and every rank receives the finished multi-turn trajectories."""
+    wrap = functools.partial(wrap_engine, cfg.tools, rows=_rows(prompts), tokenizer=tokenizer,
+                             prompt_with=prompt_with_observation(prompts.renderer.encode, prompts.train.prompt_key))
+    if isinstance(engine, MainOnlyEngine):
+        if engine.engine is not None:
+            engine.engine = wrap(engine=engine.engine)
+        return engine
+    return wrap(engine=engine)
+
+
+def _sessions(plan, prompts) -> tuple[int, str]:
+    """(trajectories the run keeps in flight at once, why): each holds an environment instance (an OpenEnv server: a
+    session) from its reset to its end."""
+    train = math.ceil(plan.generation_batch_size * plan.admission.over_provision)
+    evals = len(prompts.eval.rows) if prompts.eval is not None else 0
+    why = f"a generation batch of {plan.generation_batch_size} completions"
+    if plan.admission.over_provision != 1:
+        why += f" × pipeline.over_provision {plan.admission.over_provision:g}"
+    if evals > train:
+        return evals, f"the {evals} eval prompts, all at once"
+    return train, why
+
+
+def _rows(prompts):
+    """A request -> its dataset row (train and eval), for environments and agents."""
+    return rows_by_prompt(prompts.train_ids + (prompts.eval_ids or []),
+                          prompts.train.rows + (prompts.eval.rows if prompts.eval is not None else []))
+
+
+def _check_writable(run_dir) -> None:
+    probe = run_dir / ".write-test"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError([f"run.output_dir = {str(run_dir)!r} is not writable ({exc}); choose another run.output_dir"]) from exc
