@@ -37,7 +37,8 @@ REWARD_MODULE = textwrap.dedent('''
         return [float(c.strip() == a) for c, a in zip(completions, answer)]
 ''')
 STEP_COMPLETIONS = DEMO_PRESET["train"]["prompts_per_step"] * DEMO_PRESET["rollout"]["num_generations"]  # 64 × 8
-COHORT_LINES = ("config: ", "eval before training: ", "step ", "  ", "training ", "cohort: run failed at step 3 (reward): ",
+COHORT_LINES = ("config: ", "loading tiny:arith and starting vLLM ...", "started in ", "eval before training: ", "step ",
+                "  ", "training ", "cohort: run failed at step 3 (reward): ",
                 "Saved the last good state (after step 2) to ", "Full traceback: ")
 
 

@@ -45,6 +45,10 @@ class ReasoningGymScore:
     """Callable built by ``reasoning_gym``; holds the dataset's definition, not the dataset (so it pickles)."""
 
     __name__ = "reasoning_gym"
+    # evals count a completion correct from this score on (cohort.trainer.evaluate): reasoning-gym's default scorer
+    # gives len(answer key) / len(answer) when the key is inside the answer ("10" for the key "1" scores 0.5), so
+    # correct is the task's full score
+    correct_at = 1.0
 
     def __init__(self, task: str, config: dict[str, Any], seed: int, size: int, answer_format: str):
         if answer_format not in ANSWER_FORMATS:

@@ -6,8 +6,11 @@ rewards only, no optimizer and no trainer.
 
 Accuracy is the mean score of the *first* reward function, counting a score
 >= 0.5 as correct: the first reward is taken to be the task's correctness check
-(numeric_match, accuracy, code_tests ...). Rows it cannot score (None) are left
-out. `eval/reward` is the mean weighted total of all functions.
+(numeric_match, accuracy, code_tests ...). A function with partial credit says
+where correct starts in its `correct_at` attribute (reasoning_gym: 1.0, since
+reasoning-gym's default scorer gives "10" 0.5 for the answer "1"). Rows it
+cannot score (None) are left out. `eval/reward` is the mean weighted total of
+all functions.
 """
 
 from __future__ import annotations
@@ -26,6 +29,15 @@ from cohort.agents import setup as agents
 from cohort.rollout.collect import tool_arguments
 from cohort.tools.setup import rows_by_prompt, wrap_engine
 from cohort.trainer.engines import build_engine, engine_length, set_torch_threads
+
+
+CORRECT_AT = 0.5
+
+
+def correct_at(rewards) -> float:
+    """The first reward's score from which a completion counts as correct: its own `correct_at`, else 0.5."""
+    functions = getattr(rewards, "functions", None) or [None]
+    return float(getattr(functions[0], "correct_at", CORRECT_AT))
 
 
 def evaluate(engine, tokenizer, dataset, prompt_ids, rewards, *, max_tokens: int, num_samples: int = 1,
@@ -48,7 +60,7 @@ def evaluate(engine, tokenizer, dataset, prompt_ids, rewards, *, max_tokens: int
     scored = rewards.score(prompts=[r[key] for r in rows], completions=completions, completion_ids=[o.token_ids for o in outs],
                            columns=columns, group_size=k, optional=tool_arguments(outs, [r[key] for r in rows]))
     first = scored.per_function[:, 0].reshape(-1, k)  # (P, k)
-    correct = np.where(np.isnan(first), np.nan, (first >= 0.5).astype(float))
+    correct = np.where(np.isnan(first), np.nan, (first >= correct_at(rewards)).astype(float))
     scorable = ~np.all(np.isnan(first), axis=1)
     accuracy = float(np.nanmean(correct)) if scorable.any() else float("nan")
     pass_k = float(np.mean(np.nanmax(np.nan_to_num(correct[scorable], nan=0.0), axis=1))) if scorable.any() else float("nan")

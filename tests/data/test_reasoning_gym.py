@@ -109,6 +109,22 @@ def test_answer_formats():
     assert score(task, [row], [f"So the answer is {row['answer']}."]) == [1.0]
 
 
+def test_an_eval_counts_only_the_task_s_full_score_as_correct():
+    # letter_counting's scorer is reasoning-gym's default: 1.0 for the key, len(key) / len(answer) when the key is
+    # inside the answer. For a key of one digit k, the answer "k0" holds it and scores 1/2 = 0.5, which the evals'
+    # generic 0.5 bar would count as correct; reasoning_gym's correct_at (1.0) does not.
+    from cohort.rewards.reward_set import RewardSet
+    from cohort.trainer.evaluate import correct_at
+
+    task = build_task(PREFIX + "letter_counting", {"min_words": 3, "max_words": 5}, seed=0, size=20, eval_size=20,
+                      answer_format="last_number")
+    row = next(r for r in task.eval_rows if len(r["answer"]) == 1)
+    rewards = RewardSet.from_specs(task.reward_specs)
+    assert score(task, [row, row], [f"It appears {row['answer']} times.", f"It appears {row['answer']}0 times."]) == [1.0, 0.5]
+    assert correct_at(rewards) == 1.0
+    assert correct_at(RewardSet.from_specs([{"name": "numeric_match"}])) == 0.5
+
+
 def test_no_socket_is_opened(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a socket was opened")
