@@ -11,7 +11,7 @@ and the reward functions: everything between admitting a batch and the batch bei
 |---|---|---|
 | reasoning_gym | `data.task: reasoning_gym:products` (max_digits 2, answer_format last_number) | the task's train rows (prompt, answer) |
 | verifiers | `agent.environment: verifiers:cohort_vf_arith` (tests/agents/vf_envs; the `null` chat harness as a subprocess) | its tasks' prompts, the product as the answer |
-| openenv | `tools.environment: guess_env.GuessEnv` (tests/tools/envs; an OpenEnv class, in-process) | the guessing prompts with the first observation already appended |
+| openenv | `tools.environment: _env_guess.GuessEnv` (bench/_env_guess.py: an OpenEnv class, in-process) | the guessing game's prompts |
 | openenv_served | `tools.environment: ws://127.0.0.1:PORT` (the same class served by openenv's `create_app` on loopback) | (the same plain run) |
 | trl_environment_factory | `tools.environment: _env_guess.GuessGame` (the same game in TRL's environment_factory shape) | (the same plain run) |
 
@@ -21,8 +21,10 @@ tool's tokens: their overhead includes the extra turns' engine requests, not onl
 sampled tokens and turns are reported beside its seconds. The reasoning-gym connector's own work without the engine
 (~28 us/episode) is bench/env_rollouts.py's.
 
-    PYTHONPATH=. .venv/bin/python bench/env_rollouts_engine.py > bench/env_rollouts_engine.json
-    PYTHONPATH=. .venv/bin/python bench/env_rollouts_engine.py --model tiny:tool_calc --runs openenv plain_guess   # a check
+    PYTHONPATH=. .venv/bin/python bench/env_rollouts_engine.py > bench/env_rollouts_engine.json   # 10-12 min on 2 cores
+    PYTHONPATH=. .venv/bin/python bench/env_rollouts_engine.py --model DIR --steps 2 --runs plain_guess openenv   # a check
+
+`--model` takes any chat checkpoint with 256 positions or more (the tests' random chat model will do for a check).
 
 Prints one JSON object (bench/_common.py's `emit`): each run's raw numbers, the overhead per episode of each
 connector, and the machine's load around the whole measurement (LoadWatch) and each run.
