@@ -9,8 +9,9 @@ the connector's overhead, with the machine's load (bench/_common.py's LoadWatch)
 
     .venv/bin/python bench/env_rollouts.py [--task products] [--n 2048] [--size 1000]
 
-Left out: generation itself (identical on both sides) and the other connectors (verifiers, OpenEnv), whose
-per-episode cost is an HTTP or WebSocket round trip and belongs in their own section.
+Left out: generation itself (identical on both sides) and the other connectors (verifiers, OpenEnv, TRL's
+environment_factory classes): bench/env_rollouts_engine.py times every connector's rollouts with the engine, on the
+real model, against a plain dataset.
 """
 
 from __future__ import annotations
