@@ -3,9 +3,11 @@
 
 The game is tests/tools/envs/guess_env.py's (guess a number from 0 to 3; `done` when right or after the third guess;
 reward 1 for the right guess), without its failure hooks and with an empty first observation: the dataset's prompt
-says everything. (A first observation of even one token would not fit: vLLM's `max_model_len` is sized from the
-dataset's longest prompt + `rollout.max_completion_length` + 1, so an appended observation silently shortens the
-completions and fails the first step's sync canary once one reaches that length; docs/tools.md, "Left out".)
+says everything. (When these numbers were taken, a first observation of even one token did not fit: vLLM's
+`max_model_len` was sized from the dataset's longest prompt + `rollout.max_completion_length` + 1, so an appended
+observation shortened the completions and failed the first step's sync canary. Since 2026-12-06 a run with
+`tools.environment` gets the model's positions, as agents do; the game keeps its empty observation so the numbers
+stay comparable.)
 
 - `GuessEnv`: an OpenEnv `Environment` (typed Action and Observation), run in-process; `app` serves it with openenv's
   own `create_app` (`uvicorn _env_guess:app`; sessions: $GUESS_SESSIONS, default 16).

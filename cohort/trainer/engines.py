@@ -68,11 +68,12 @@ def small_cpu_model(num_parameters: int | None, device: torch.device | None = No
 
 def engine_length(cfg, model_dir: Path, prompt_ids: list[list[int]]) -> int:
     """The sequence length every engine of the run must fit: the longest prompt kept + rollout.max_completion_length + 1,
-    never more than the model's positions (encode_prompts checked that prompt + completion fits them); with
-    agent.function the model's positions (an agent's prompts are its own)."""
+    never more than the model's positions (encode_prompts checked that prompt + completion fits them); with an agent
+    or a tools.environment the model's positions (an agent's prompts are its own; an environment's `reset` appends
+    its first observation, of a length known only then, to the prompt)."""
     longest = max(len(ids) for ids in prompt_ids)
     length, positions = longest + cfg.rollout.max_completion_length + 1, max_positions_of(model_dir)
-    if cfg.agent.enabled and positions:  # an agent writes its own prompts (a tools block, a system turn): the model's room
+    if (cfg.agent.enabled or cfg.tools.environment is not None) and positions:  # prompts grow after encoding
         return positions
     return min(length, positions) if positions else length
 

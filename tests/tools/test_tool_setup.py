@@ -161,3 +161,14 @@ def test_calculator_evaluates_arithmetic_and_refuses_anything_else():
         with pytest.raises(ValueError):
             calculator(bad)
     assert resolve_tools([calculator])[0].schema["function"]["parameters"]["required"] == ["expression"]
+
+
+def test_an_environment_s_engine_has_the_model_s_room_for_its_first_observation():
+    # tiny:arith has 128 positions (its recipe). A 10-token prompt and 8 completion tokens need 10 + 8 + 1 = 19; an
+    # environment's reset appends its observation to the prompt after encoding, so its run gets all 128 (as agents do).
+    from cohort.trainer.engines import engine_length
+
+    base = ["model.path=tiny:arith", "rollout.max_completion_length=8"]
+    assert engine_length(load_config(overrides=base), "tiny:arith", [[1] * 10, [1] * 4]) == 19
+    with_env = load_config(overrides=[*base, "tools.environment=tests.tools.test_tool_setup.Counter"])
+    assert engine_length(with_env, "tiny:arith", [[1] * 10]) == 128
