@@ -157,9 +157,26 @@ def cmd_plan(ns) -> int:
 
 def cmd_eval(ns) -> int:
     cfg, _ = _load(ns.config, say_source=sys.stderr)  # stdout is the JSON result
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from cohort.console import capture_output
     from cohort.trainer.evaluate import evaluate_model
 
-    result = evaluate_model(cfg, num_samples=ns.num_samples, temperature=ns.temperature or (1.0 if ns.num_samples > 1 else 0.0))
+    # as in `cohort train`, the engine's and libraries' output goes to a log (eval has no run directory: a temp file)
+    handle, log = tempfile.mkstemp(prefix="cohort-eval-", suffix=".log")
+    os.close(handle)
+    how = "greedily" if ns.num_samples == 1 else f"with {ns.num_samples} samples each"
+    print(f"eval: loading {cfg.model.path} and scoring the held-out prompts {how} (what the engine prints: {log}) ...",
+          file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    with capture_output(Path(log), verbose=cfg.run.verbose):
+        result = evaluate_model(cfg, num_samples=ns.num_samples,
+                                temperature=ns.temperature or (1.0 if ns.num_samples > 1 else 0.0))
+    if result is not None:
+        print(f"eval: accuracy {result['accuracy']:.3f} on {result['num_prompts']} held-out prompts in "
+              f"{time.perf_counter() - start:.0f} s", file=sys.stderr)
     if result is None:
         print("no eval data: set data.eval_files or data.dataset_test_split (or use a built-in task)", file=sys.stderr)
         return 2

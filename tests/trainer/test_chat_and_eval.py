@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 
 import pytest
@@ -57,9 +58,14 @@ def test_cli_eval_reports_accuracy_and_pass_at_k(tmp_path, tiny_model_dir, capsy
     code = cli.main(["eval", f"model.path={tiny_model_dir}", f"data.train_files=[{path}]", f"data.eval_files=[{path}]",
                      "engine.name=hf", "rollout.max_completion_length=2", "data.max_prompt_length=16", "rewards=[{name: numeric_match}]",
                      f"run.output_dir={tmp_path / 'run'}", "--num-samples", "3"])
-    out = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
     assert code == 0
     assert out["num_prompts"] == 6 and "pass@3" in out
+    # the console: what it does and where the engine's output went, then the result in one line (stdout is the JSON)
+    log = captured.err.split("(what the engine prints: ", 1)[1].split(")", 1)[0]
+    assert f"eval: loading {tiny_model_dir} and scoring the held-out prompts with 3 samples each" in captured.err
+    assert f"eval: accuracy {out['accuracy']:.3f} on 6 held-out prompts in " in captured.err and os.path.isfile(log)
     # pass@k >= mean accuracy always (any of k correct vs the average of k)
     assert 0.0 <= out["accuracy"] <= out["pass@3"] <= 1.0
 
