@@ -62,6 +62,22 @@ def test_in_process_openenv_environment_trains(tmp_path, quick_stop_chat_model, 
     _check_trained(tmp_path / "local")
 
 
+@pytest.mark.vllm
+def test_a_first_observation_fits_vllm_s_length(tmp_path, quick_stop_chat_model, envs_on_path):
+    # GuessEnv's reset appends " Guess a number from 0 to 3." (about 10 tokens) to the prompt after it was encoded.
+    # vLLM's max_model_len was sized from the encoded prompts + max_completion_length + 1, so with 8 completion tokens
+    # the first request (prompt + observation + 8) was past it and failed step 1 (before 2026-12-06); a
+    # tools.environment run now gets the model's positions. 3 steps through vLLM; every episode ends ok or at the
+    # 8-token budget (truncated), none in error.
+    pytest.importorskip("vllm")
+    _data(tmp_path)
+    cohort.train(_config(tmp_path, quick_stop_chat_model, "vllm", "guess_env.GuessEnv", engine={"name": "vllm"},
+                         rollout={"max_completion_length": 8}, train={"max_steps": 3}))
+    lines = _metrics(tmp_path / "vllm")
+    assert [m["step"] for m in lines] == [1, 2, 3]
+    assert all(m["tools/status/ok"] + m["tools/status/truncated"] == 1 and m["tools/calls/step"] > 0 for m in lines)
+
+
 @pytest.mark.slow
 def test_served_openenv_environment_trains_over_websocket_sessions(tmp_path, quick_stop_chat_model, envs_on_path):
     _data(tmp_path)
