@@ -1,1 +1,0 @@
-"""Agents written with any framework: the OpenAI-compatible chat endpoint that records what it sampled, token for token (chat.py, chat_request.py); agent functions as rollouts (engine.py: each request one run of `async def agent(client, row)` against a loopback endpoint, loopback.py; runs.py: its calls -> trajectories; reward.py; checks.py, setup.py)."""
