@@ -24,7 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
 from _common import REPO, LoadWatch, emit, load_average
+
+from cohort.models.devices import cpu_model, has_bf16_units
 
 
 def one_run(seed: int, caches: Path, run_dir: Path) -> dict:
@@ -67,11 +70,7 @@ def main() -> None:
 
 
 def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            flags = Path("/proc/cpuinfo").read_text()
-            return line.split(":", 1)[1].strip() + (" (AVX512-BF16)" if "avx512_bf16" in flags else " (no bf16 units)")
-    return "unknown"
+    return cpu_model() + (" (AVX512-BF16)" if has_bf16_units(torch.device("cpu")) else " (no bf16 units)")
 
 
 if __name__ == "__main__":

@@ -174,12 +174,11 @@ def cmd_eval(ns) -> int:
     with capture_output(Path(log), verbose=cfg.run.verbose):
         result = evaluate_model(cfg, num_samples=ns.num_samples,
                                 temperature=ns.temperature or (1.0 if ns.num_samples > 1 else 0.0))
-    if result is not None:
-        print(f"eval: accuracy {result['accuracy']:.3f} on {result['num_prompts']} held-out prompts in "
-              f"{time.perf_counter() - start:.0f} s", file=sys.stderr)
     if result is None:
         print("no eval data: set data.eval_files or data.dataset_test_split (or use a built-in task)", file=sys.stderr)
         return 2
+    print(f"eval: accuracy {result['accuracy']:.3f} on {result['num_prompts']} held-out prompts in "
+          f"{time.perf_counter() - start:.0f} s", file=sys.stderr)
     result.pop("completions")
     print(json.dumps(result, indent=2))
     return 0

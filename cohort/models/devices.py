@@ -23,6 +23,7 @@ explicitly is taken as written: tests/test_devices.py runs a step on PyTorch's
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -88,6 +89,19 @@ def autocast_device_type(device: torch.device) -> str:
 # Below this many parameters a CPU step is overhead, not matrix maths, and bfloat16 does not pay on CPU (measured:
 # docs/gpu.md, "Precision"); at and above it a CPU with bf16 units trains in bf16 mixed precision.
 CPU_BF16_MIN_PARAMETERS = 3_000_000
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo's `model name`, else platform.processor()), for build and benchmark records."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown"
 
 
 def has_bf16_units(device: torch.device) -> bool:

@@ -106,6 +106,7 @@ from filelock import FileLock
 
 from cohort.data.tasks import get_task
 from cohort.models import tiny_chat
+from cohort.models.devices import cpu_model
 from cohort.models.tiny_decode import Codec, decode_loop
 from cohort.models.char_tokenizer import (
     EOS_TOKEN_ID,
@@ -447,25 +448,13 @@ def ship_tiny_model(name: str) -> Path:
     with tempfile.TemporaryDirectory(prefix="cohort-ship-") as scratch:
         built = build_tiny_model(name, cache_dir=scratch, train=True)
         metadata = json.loads((built / METADATA_FILE).read_text())
-        metadata["built_on"] = {"cpu": _cpu_model(), "machine": platform.machine(), "threads": 1}
+        metadata["built_on"] = {"cpu": cpu_model(), "machine": platform.machine(), "threads": 1}
         (built / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
         destination = SHIPPED_DIR / name
         shutil.rmtree(destination, ignore_errors=True)
         destination.mkdir(parents=True)
         _copy_files(built, destination)
     return destination
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "unknown"
 
 
 def build_once(target: Path, build: Callable[[Path], None], *, announce: Callable[[], None], marker: str = METADATA_FILE,
