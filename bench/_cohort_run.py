@@ -86,23 +86,23 @@ def phase_limits(trainer, batch, repeats: int = 3) -> dict:
 
     cfg = trainer.cfg
     sampling = SamplingConfig(cfg.rollout.max_completion_length, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k)
-    trainer.sync_weights()
+    trainer.sync.push()
     gen = []
     for r in range(repeats):
         start = time.perf_counter()
-        outs = trainer.engine.generate(batch.prompt_ids, sampling, [10_000 * (r + 1) + i for i in range(len(batch))])
+        outs = trainer.parts.engine.generate(batch.prompt_ids, sampling, [10_000 * (r + 1) + i for i in range(len(batch))])
         gen.append((sum(len(o.token_ids) for o in outs), time.perf_counter() - start))
     raw_tokens_per_s = max(t / s for t, s in gen)
 
     def bare(groups: list[list[int]]) -> float:
         start = time.perf_counter()
         for idx in groups:
-            pb = pack_right_padded([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], trainer.pad_id)
-            logits = trainer.policy(input_ids=pb.input_ids, attention_mask=pb.attention_mask).logits  # (B, L, V)
+            pb = pack_right_padded([batch.prompt_ids[i] for i in idx], [batch.completion_ids[i] for i in idx], trainer.parts.pad_id)
+            logits = trainer.parts.policy(input_ids=pb.input_ids, attention_mask=pb.attention_mask).logits  # (B, L, V)
             targets = pb.input_ids[:, 1:].masked_fill(pb.attention_mask[:, 1:] == 0, -100)
             loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten())
             loss.backward()
-        trainer.policy.zero_grad(set_to_none=True)
+        trainer.parts.policy.zero_grad(set_to_none=True)
         return time.perf_counter() - start
 
     micro = trainer.micro_batches(batch, list(range(len(batch))))  # the micro-batches the trainer's update forms

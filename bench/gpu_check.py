@@ -61,7 +61,8 @@ from cohort.distributed.rank0 import DetachedHFEngine  # noqa: E402
 from cohort.models.devices import resolve_device  # noqa: E402
 from cohort.models.loading import load_policy, load_tokenizer, stop_token_ids  # noqa: E402
 from cohort.plan.memory import kv_bytes_per_token, memory_estimate, model_facts  # noqa: E402
-from cohort.trainer.trainer import Phases, Trainer  # noqa: E402
+from cohort.trainer.phases import Phases  # noqa: E402
+from cohort.trainer.trainer import Trainer  # noqa: E402
 
 SHAPES = {  # Qwen2 config fields; "0.5b" is Qwen2.5-0.5B's shape
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -282,12 +283,12 @@ def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: 
         torch.cuda.reset_peak_memory_stats(device)
     trainer = Trainer(cfg, engine=engine, log=lambda *a, **k: None)
     if device.type == "cuda":  # the peak per phase (the rollout gets the trainer's timers with each batch request)
-        trainer.phases = PhasePeaks(lambda: torch.cuda.max_memory_allocated(device),
-                                    lambda: torch.cuda.reset_peak_memory_stats(device))
+        trainer.swap_phases(PhasePeaks(lambda: torch.cuda.max_memory_allocated(device),
+                                       lambda: torch.cuda.reset_peak_memory_stats(device)))
     start = time.perf_counter()
     try:
-        parameters = sum(p.numel() for p in trainer.policy.parameters())
-        first = {n: p.detach().float().clone() for n, p in trainer.policy.named_parameters() if p.dim() == 2}
+        parameters = sum(p.numel() for p in trainer.parts.policy.parameters())
+        first = {n: p.detach().float().clone() for n, p in trainer.parts.policy.named_parameters() if p.dim() == 2}
         records, probe = [], None
         while len(records) < steps and time.perf_counter() - start < budget_s:
             metrics = trainer.step()
@@ -300,13 +301,14 @@ def run_big(device: torch.device, shape: str, steps: int, tokens: int, out_dir: 
                             "canary_gap_max": metrics.get("sync/canary_gap_max"),
                             "timing": {k: v for k, v in metrics.items() if k.startswith("timing/")}})
         if profile and time.perf_counter() - start < budget_s:  # one more step, its update profiled (not timed)
-            probe = trainer.phases = UpdateProbe(trainer.phases, device)
+            probe = UpdateProbe(trainer.phases, device)
+            trainer.swap_phases(probe)
             probe.armed = True
             trainer.step()
-            trainer.phases = probe.phases
-        trainer.sync_weights()  # the last step's push, checked
+            trainer.swap_phases(probe.phases)
+        trainer.sync.push()  # the last step's push, checked
         moved = max(((p.detach().float() - first[n]).abs().max() / first[n].abs().max()).item()
-                    for n, p in trainer.policy.named_parameters() if n in first)
+                    for n, p in trainer.parts.policy.named_parameters() if n in first)
         if isinstance(trainer.phases, PhasePeaks):
             trainer.phases.mark()
             phase_peaks = dict(trainer.phases.peaks)
@@ -350,7 +352,7 @@ def _big_report(cfg, trainer, model_dir: Path, records: list[dict], parameters: 
             "weights_moved_max_relative": moved, "frac_reward_zero_std": [r["frac_reward_zero_std"] for r in records],
             "grad_norm": [r["grad_norm"] for r in records],
             "canary_gap_max": max((r["canary_gap_max"] or 0.0) for r in records),
-            "last_canary_gap": trainer.last_canary_gap}
+            "last_canary_gap": trainer.sync.last_canary_gap}
 
 
 def run_parts(parts: dict[str, Callable[[], dict]], out_dir: Path, doc: dict) -> dict:

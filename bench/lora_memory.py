@@ -142,8 +142,8 @@ def child(model_dir: str, data: str, run_dir: str, lora_rank: int, steps: int, l
         _phase_peaks(loop_module, out["phase_peak_mib"])
         trainer = loop_module.Trainer(cfg)
         out["setup_peak_mib"] = _reset_peak()  # the peak up to here: imports and loading (and the engine)
-        out["parameters"] = sum(p.numel() for p in trainer.policy.parameters())
-        out["trainable"] = sum(p.numel() for group in trainer.optimizer.param_groups for p in group["params"])
+        out["parameters"] = sum(p.numel() for p in trainer.parts.policy.parameters())
+        out["trainable"] = sum(p.numel() for group in trainer.parts.optimizer.param_groups for p in group["params"])
         for _ in range(steps):
             trainer.step()
         engines = [_status_mib(str(pid))["VmHWM"] for pid in _children(os.getpid())]  # a local_server engine's process

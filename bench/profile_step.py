@@ -40,9 +40,9 @@ FIXED_COSTS = {
     "backward": ("torch/_tensor.py", "backward"),
     "optimizer + clip (Trainer._clip_and_step)": ("cohort/trainer/trainer.py", "_clip_and_step"),
     "optimizer.step": ("torch/optim/optimizer.py", "wrapper"),
-    "weight sync (Trainer.sync_weights)": ("cohort/trainer/trainer.py", "sync_weights"),
+    "weight sync (WeightSync.push)": ("cohort/trainer/weight_sync.py", "push"),
     "reload (VLLMEngine.update_weights)": ("cohort/rollout/engines/vllm.py", "update_weights"),
-    "canary log-probs (Trainer._canary_logprobs)": ("cohort/trainer/trainer.py", "_canary_logprobs"),
+    "canary log-probs (WeightSync.canary_logprobs)": ("cohort/trainer/weight_sync.py", "canary_logprobs"),
     "canary engine score (VLLMEngine.score)": ("cohort/rollout/engines/vllm.py", "score"),
     "metrics logger (MetricsLogger.log)": ("cohort/runs/loggers.py", "log"),
     "diagnostics (Diagnostics.observe)": ("cohort/trainer/diagnostics.py", "observe"),
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from cohort.config.loading import load_config
     from cohort.trainer.trainer import Trainer
+    from cohort.trainer.run import run_training
 
     workload = WORKLOADS[args.workload]
     run_dir = common.CACHE / "profile" / f"{args.workload}-{args.variant}-{int(time.time())}"
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
             profile = cProfile.Profile()
             start = time.perf_counter()
             profile.enable()
-            trainer.train()
+            run_training(trainer)
             profile.disable()
             total = time.perf_counter() - start
         finally:

@@ -44,7 +44,7 @@ def main() -> None:
         for _ in range(args.steps):
             metrics = trainer.step()
             if "sync/canary_gap_mean" in metrics:
-                floor, scale = trainer.sync_check.floor[0], metrics["sync/noise_scale"]
+                floor, scale = trainer.sync.check.floor[0], metrics["sync/noise_scale"]
                 gaps.append(metrics["sync/canary_gap_mean"])
                 scales.append(scale)
                 raw_ratios.append(metrics["sync/canary_gap_mean"] / floor)
@@ -56,8 +56,8 @@ def main() -> None:
     q = lambda xs, f: sorted(xs)[min(len(xs) - 1, int(f * len(xs)))] if xs else None  # noqa: E731
     print(json.dumps({
         "config": args.set, "steps": args.steps, "syncs_checked": len(ratios),
-        "canary_tokens": sum(len(c) for _, c in trainer.sync_check.canaries),
-        "floor_mean_nats": trainer.sync_check.floor[0], "floor_rms_nats": trainer.sync_check.floor[1],
+        "canary_tokens": sum(len(c) for _, c in trainer.sync.check.canaries),
+        "floor_mean_nats": trainer.sync.check.floor[0], "floor_rms_nats": trainer.sync.check.floor[1],
         "gap_over_stretched_floor": {"median": statistics.median(ratios), "p99": q(ratios, 0.99), "max": max(ratios)},
         "gap_over_starting_floor": {"median": statistics.median(raw_ratios), "p99": q(raw_ratios, 0.99), "max": max(raw_ratios)},
         "noise_scale": {"median": statistics.median(scales), "max": max(scales)},

@@ -85,19 +85,19 @@ def test_step_and_sync_make_nothing_off_the_model_device(tmp_path, data_file, ti
                               stop_token_ids=stop_token_ids(model_dir, tokenizer))
     trainer = Trainer(cfg, engine=engine, log=lambda *a, **k: None)
     try:
-        assert trainer.device == lazy_device
-        for model in (trainer.policy, trainer.ref_model):
+        assert trainer.parts.device == lazy_device
+        for model in (trainer.parts.policy, trainer.parts.ref_model):
             assert {p.device.type for p in model.parameters()} == {"lazy"}
-        recorder = DeviceLessTensors(next(trainer.policy.parameters()).device)
+        recorder = DeviceLessTensors(next(trainer.parts.policy.parameters()).device)
         with recorder:
             first = trainer.step()  # generate (engine on lazy) → rewards → old + ref log-probs → advantages → update
-            trainer.sync_weights()  # push into the engine's copy, canary scored by both
+            trainer.sync.push()  # push into the engine's copy, canary scored by both
             second = trainer.step()  # the batch's second slice: its stored tensors reused
         assert recorder.found == [], "tensors made off the model's device:\n" + "\n".join(recorder.found)
         assert trainer.state.batch.advantages.device.type == "lazy"
         assert {p.device.type for p in engine.inner.model.parameters()} == {"lazy"}
         # the sync really pushed and was checked: the canary gap is measured after the push (float32: ~0 nats)
-        assert trainer.state.synced_version == 1 and trainer.last_canary_gap is not None and trainer.last_canary_gap < 1e-4
+        assert trainer.state.synced_version == 1 and trainer.sync.last_canary_gap is not None and trainer.sync.last_canary_gap < 1e-4
         for metrics in (first, second):
             assert torch.isfinite(torch.tensor([metrics["loss"], metrics["grad_norm"]], device="cpu")).all()
             assert metrics["grad_norm"] > 0

@@ -35,6 +35,7 @@ from cohort.plan.batch import BatchPlan
 from cohort.runs.jsonl import RunFileError
 from cohort.trainer.checkpoint import CheckpointError
 from cohort.trainer.failure import setup_failed
+from cohort.trainer.run import run_training
 from cohort.trainer.trainer import Trainer
 
 # Problems of the config, data, model, a checkpoint or a run directory's file: raised as they are worded (the command
@@ -74,10 +75,10 @@ def train_here(cfg: CohortConfig, plan: BatchPlan | None, resume: str | None = N
             print(f"started in {time.perf_counter() - started:.0f} s (what the engine printed: {run_dir / 'logs' / 'engine.log'})",
                   file=term, flush=True)
         try:
-            summary = trainer.train(resume_from=resume)  # raises RunFailed itself, after saving what it can
+            summary = run_training(trainer, resume_from=resume)  # raises RunFailed itself, after saving what it can
         finally:
             trainer.close()
-    return summary if trainer.dist.is_main else None
+    return summary if trainer.parts.dist.is_main else None
 
 
 def _starting_line(cfg: CohortConfig) -> str:

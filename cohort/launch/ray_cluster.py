@@ -68,6 +68,7 @@ from cohort.config import CohortConfig, ConfigError, default_output_dir
 from cohort.models.loading import resolve_model_dir
 from cohort.rollout.server.app import TOKEN_ENV, RolloutService, serve_in_thread
 from cohort.rollout.engines.vllm import VLLMEngine
+from cohort.trainer.run import run_training
 from cohort.trainer.trainer import Trainer
 
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # the driver and actors pass configs and summaries, nothing large
@@ -189,7 +190,7 @@ class TrainerActor:
                                "WORLD_SIZE": str(self.world_size)})  # (LOCAL_RANK: set by use_devices)
         trainer = Trainer(CohortConfig.model_validate(cfg_tree))
         try:
-            return trainer.train()
+            return run_training(trainer)
         finally:
             trainer.close()
 

@@ -16,8 +16,8 @@ Layout, one directory per saved step (`RUN_DIR/checkpoints/step-000012/`):
   algorithm.num_iterations > 1), so the resumed run trains on the same
   completions, old and reference log-probs;
 - the RNG states of python, numpy and torch (CPU, and CUDA when present);
-- the state dicts of the trainer parts named in `STATEFUL` (an explicit list:
-  a part with state that is not listed there is not saved): the optimizer, the
+- the state dicts of the trainer's parts named in `stateful_parts` (an explicit
+  list: a part with state that is not listed there is not saved): the optimizer, the
   LR schedule, the prompt sampler, the KL controller, a PPO critic (its model,
   optimizer and schedule), the weight-sync check (the canaries, noise floor and
   last verified log-probs) and the rollout scheduler (the generation index, the
@@ -54,6 +54,10 @@ adapter_config.json + adapter_model.safetensors, float32) and the optimizer
 state holds the adapter's moments only: the base weights are model.path's,
 never changed, and are read from there on resume.
 
+What is saved and restored comes in one typed value, `Checkpointed` (the parts, the `TrainerState`, the
+stateful parts by name, the plan's batch size), which the Trainer builds (`Trainer.checkpointed()`); nothing here
+reads a Trainer.
+
 Not saved: the reference model (it is the initial model.path, rebuilt from it),
 the rollout engine (a fresh engine receives the weights at the first sync) and
 gradients (zero between optimizer steps).
@@ -70,13 +74,18 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from cohort.distributed.fsdp import LocalContext
+from cohort.rollout.scheduler import Scheduler
 from cohort.runs.manifest import MANIFEST, Verdict, verify, write_manifest
+from cohort.trainer.parts import TrainerParts
+from cohort.trainer.state import TrainerState
+from cohort.trainer.sync_check import SyncCheck
 
 CHECKPOINTS = "checkpoints"
 PREFIX = "step-"
@@ -96,14 +105,32 @@ class CheckpointError(RuntimeError):
 # --------------------------------------------------------------------------- what is saved
 
 
-# The trainer parts whose state a checkpoint holds, by the name each is saved under (renaming one renames its entry in
-# state.pt: RENAMED_PARTS reads the old name). Absent parts (no critic, say) are skipped.
-STATEFUL = ("optimizer", "lr_schedule", "sampler", "kl_controller", "critic", "sync_check", "rollout")
+class Stateful(Protocol):
+    """A part whose state a checkpoint holds: `state_dict()` (torch.load(weights_only=True) must read it back) and
+    `load_state_dict(state)`."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-def stateful_parts(trainer) -> dict[str, Any]:
-    """The parts in `STATEFUL` this trainer has, by name."""
-    return {name: part for name in STATEFUL if (part := getattr(trainer, name, None)) is not None}
+def stateful_parts(parts: TrainerParts, sync_check: SyncCheck, scheduler: Scheduler) -> dict[str, Stateful]:
+    """The trainer's parts whose state a checkpoint holds, by the name each is saved under in state.pt (renaming one
+    renames its entry: `RENAMED_PARTS` reads the old name). Absent parts (no critic, say) are left out."""
+    named = {"optimizer": parts.optimizer, "lr_schedule": parts.lr_schedule, "sampler": parts.sampler,
+             "kl_controller": parts.kl_controller, "critic": parts.critic, "sync_check": sync_check, "rollout": scheduler}
+    return {name: part for name, part in named.items() if part is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpointed:
+    """Everything a checkpoint writes and reads back, as the Trainer holds it (`Trainer.checkpointed()`)."""
+
+    parts: TrainerParts  # the policy (under LoRA: its adapter), the tokenizer, the device, the processes, run_dir
+    state: TrainerState  # the counters and the current batch
+    stateful: dict[str, Stateful]  # every other part with state, by the name saved under (`stateful_parts`)
+    generation_batch_size: int  # the plan's: a checkpoint saved inside a batch resumes only under the same one
+    keep: int  # run.keep_checkpoints: how many checkpoints `save_checkpoint` leaves
 
 
 def rng_state() -> dict[str, Any]:
@@ -133,25 +160,25 @@ def _holds_tensors(value: Any) -> bool:
     return False
 
 
-def snapshot(trainer) -> dict[str, Any]:
+def snapshot(saved: Checkpointed) -> dict[str, Any]:
     """The cheap part of the state at the start of a step, to rewind to if the step turns out non-finite.
 
     Copied: the `TrainerState` (counters, the batch reference), RNG, and every stateful part whose state holds no
     tensors (the sampler, a KL controller, the LR schedule, the rollout scheduler with its generation index). Not
     copied: weights and optimizer moments, which a non-finite step never changes (it stops before the optimizer step).
     """
-    small = {name: part.state_dict() for name, part in stateful_parts(trainer).items()}
-    return {"state": trainer.state.copy(), "rng": rng_state(),
+    small = {name: part.state_dict() for name, part in saved.stateful.items()}
+    return {"state": saved.state.copy(), "rng": rng_state(),
             "parts": {name: copy.deepcopy(state) for name, state in small.items() if not _holds_tensors(state)}}
 
 
-def rewind(trainer, snap: dict[str, Any]) -> None:
-    trainer.state.rewind_to(snap["state"])
-    parts = stateful_parts(trainer)
+def rewind(saved: Checkpointed, snap: dict[str, Any]) -> None:
+    """Back to `snapshot`'s `snap`: the counters and batch, the small part states, RNG; no gradients left."""
+    saved.state.rewind_to(snap["state"])
     for name, state in snap["parts"].items():
-        parts[name].load_state_dict(state)
+        saved.stateful[name].load_state_dict(state)
     set_rng_state(snap["rng"])
-    trainer.optimizer.zero_grad(set_to_none=True)
+    saved.parts.optimizer.zero_grad(set_to_none=True)
 
 
 # --------------------------------------------------------------------------- writing
@@ -161,26 +188,26 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / CHECKPOINTS / f"{PREFIX}{step:06d}"
 
 
-def unsupported(trainer) -> str | None:
-    """Why this trainer's state cannot be checkpointed, or None when it can."""
-    dist = getattr(trainer, "dist", None)
-    if dist is not None and dist.world_size > 1:
+def unsupported(dist: LocalContext) -> str | None:
+    """Why a trainer among these processes cannot checkpoint its state, or None when it can."""
+    if dist.world_size > 1:
         return "checkpoints of a multi-process (sharded) run are not written yet"
     return None
 
 
-def save_checkpoint(trainer, keep: int | None = None) -> Path:
+def save_checkpoint(saved: Checkpointed, keep: int | None = None) -> Path:
     """Write the trainer's state for its current step atomically; keep the newest `keep` (default run.keep_checkpoints)."""
-    if (reason := unsupported(trainer)) is not None:
+    if (reason := unsupported(saved.parts.dist)) is not None:
         raise CheckpointError(reason)
-    root = Path(trainer.run_dir) / CHECKPOINTS
-    final = checkpoint_dir(trainer.run_dir, trainer.state.step)
+    run_dir, step = saved.parts.run_dir, saved.state.step
+    root = Path(run_dir) / CHECKPOINTS
+    final = checkpoint_dir(run_dir, step)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     try:
         root.mkdir(parents=True, exist_ok=True)
         _sweep_partials(root)
         tmp.mkdir()
-        _write_contents(trainer, tmp)
+        _write_contents(saved, tmp)
         write_manifest(tmp)  # last: it lists every file above, complete
         _fsync_tree(tmp)
         if final.exists():  # the same step saved twice (resumed and stopped at once): replace it
@@ -189,33 +216,33 @@ def save_checkpoint(trainer, keep: int | None = None) -> Path:
         _fsync_dir(root)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        previous = latest_checkpoint(trainer.run_dir)
+        previous = latest_checkpoint(run_dir)
         kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
         raise CheckpointError(
-            f"could not write the checkpoint of step {trainer.state.step} under {root}: {exc}; {kept}. "
+            f"could not write the checkpoint of step {step} under {root}: {exc}; {kept}. "
             "Free disk space or set run.output_dir to a writable disk, then resume with `cohort train --resume RUN_DIR`"
         ) from exc
-    prune(root, keep if keep is not None else trainer.cfg.run.keep_checkpoints)
+    prune(root, keep if keep is not None else saved.keep)
     return final
 
 
-def _write_contents(trainer, directory: Path) -> None:
-    model_dir = directory / "model"
-    if getattr(trainer, "lora", None) is not None:  # LoRA: the adapter only, float32 as trained (cohort/models/lora.py)
-        trainer.lora.save_adapter(model_dir)
+def _write_contents(saved: Checkpointed, directory: Path) -> None:
+    model_dir, parts = directory / "model", saved.parts
+    if parts.lora is not None:  # LoRA: the adapter only, float32 as trained (cohort/models/lora.py)
+        parts.lora.save_adapter(model_dir)
     else:
-        trainer.policy.save_pretrained(str(model_dir), safe_serialization=True)
-    trainer.tokenizer.save_pretrained(str(model_dir))
+        parts.policy.save_pretrained(str(model_dir), safe_serialization=True)
+    parts.tokenizer.save_pretrained(str(model_dir))
     state = {
-        **trainer.state.state_dict(),  # step, policy_version, batch (cohort/trainer/state.py)
+        **saved.state.state_dict(),  # step, policy_version, batch (cohort/trainer/state.py)
         "rng": rng_state(),
-        "parts": {name: part.state_dict() for name, part in stateful_parts(trainer).items()},
-        "modules": {},  # (checkpoints before STATEFUL listed trainable modules here; none was ever saved)
+        "parts": {name: part.state_dict() for name, part in saved.stateful.items()},
+        "modules": {},  # (checkpoints before the list of stateful parts listed trainable modules here; none was ever saved)
     }
     torch.save(state, directory / "state.pt")
     meta = {"step": state["step"], "policy_version": state["policy_version"],
             "generation_index": state["parts"]["rollout"]["generation_index"], "mid_generation": state["batch"] is not None,
-            "generation_batch_size": trainer.plan.generation_batch_size,
+            "generation_batch_size": saved.generation_batch_size,
             "saved_at": time.strftime("%Y-%m-%d %H:%M:%S"), "manifest": MANIFEST}  # (so a missing manifest reads as damage)
     (directory / "meta.json").write_text(json.dumps(meta, indent=2))
 
@@ -358,7 +385,7 @@ def _set_aside(skipped: list[tuple[Path, str]], loaded: Path) -> str:
 # --------------------------------------------------------------------------- reading
 
 
-def load_checkpoint(trainer, directory: Path) -> dict[str, Any]:
+def load_checkpoint(saved: Checkpointed, directory: Path) -> dict[str, Any]:
     """Restore a trainer (built from the same config) to the state saved in `directory`; returns meta.json."""
     directory = Path(directory)
     try:
@@ -369,26 +396,26 @@ def load_checkpoint(trainer, directory: Path) -> dict[str, Any]:
         state = torch.load(directory / "state.pt", weights_only=True, map_location="cpu")  # (RNG states must be CPU tensors)
     except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
         raise CheckpointError(f"cannot read {directory / 'state.pt'}: {exc}") from exc
-    if state["batch"] is not None and meta.get("generation_batch_size") != trainer.plan.generation_batch_size:
+    if state["batch"] is not None and meta.get("generation_batch_size") != saved.generation_batch_size:
         raise CheckpointError(
             f"{directory} was saved inside a generation batch of {meta.get('generation_batch_size')} completions but the "
-            f"config now plans {trainer.plan.generation_batch_size}; resume with the batch settings of the original run"
+            f"config now plans {saved.generation_batch_size}; resume with the batch settings of the original run"
         )
-    if getattr(trainer, "lora", None) is not None:  # LoRA: the base is model.path's; the adapter is read back
+    parts = saved.parts
+    if parts.lora is not None:  # LoRA: the base is model.path's; the adapter is read back
         try:
-            trainer.lora.load_adapter(directory / "model")
+            parts.lora.load_adapter(directory / "model")
         except (OSError, ValueError) as exc:
             raise CheckpointError(str(exc)) from exc
     else:
-        load_weights(trainer.policy, directory / "model")
-    parts = stateful_parts(trainer)
+        load_weights(parts.policy, directory / "model")
     for name, part_state in _part_states(state):
-        if name not in parts:
+        if name not in saved.stateful:
             raise CheckpointError(f"{directory} holds state for trainer part {name!r}, which this trainer does not have")
-        parts[name].load_state_dict(part_state)
-    trainer.state.load_state_dict(state, trainer.device)  # (the engine is taken to hold none of these weights)
+        saved.stateful[name].load_state_dict(part_state)
+    saved.state.load_state_dict(state, parts.device)  # (the engine is taken to hold none of these weights)
     if "sync_check" not in state["parts"] and state.get("canary"):  # a checkpoint from before the calibrated check
-        trainer.sync_check.canaries = [tuple(state["canary"])]
+        saved.stateful["sync_check"].canaries = [tuple(state["canary"])]
     set_rng_state(state["rng"])
     return meta
 

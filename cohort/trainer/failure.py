@@ -21,6 +21,8 @@ whether `optimizer.step()` was entered during the step, seen by a step pre-hook)
 - the optimizer stepped but the step was not recorded (a PPO critic update that
   failed after the policy's): the policy and the critic disagree, so nothing new
   is saved and the message names the newest earlier checkpoint, if any.
+A non-finite loss or gradient norm is the first case (it is caught before the optimizer
+step): rewound, saved, and `halted` builds the `RunHalted` that says so.
 A failure between steps (logging, a mid-run eval) leaves the state after the last
 recorded step, which is saved. Before the first completed step nothing is saved
 (resuming would be starting over); the message then names the newest checkpoint
@@ -35,6 +37,9 @@ import traceback
 from pathlib import Path
 
 from cohort.trainer import checkpoint
+from cohort.trainer.checkpoint import Checkpointed
+from cohort.trainer.phases import Phases
+from cohort.trainer.stopping import NonFiniteError, RunHalted
 
 ERROR_LOG = Path("logs") / "error.log"
 MAX_MESSAGE_LINES = 4
@@ -69,15 +74,29 @@ class OptimizerWatch:
         self._handle.remove()
 
 
-def settle(trainer, snap: dict, optimizer_stepped: bool) -> str:
-    """Put a trainer whose step raised into its newest consistent state; returns which: rewound | complete | inconsistent."""
+def settle(saved: Checkpointed, phases: Phases, snap: dict, optimizer_stepped: bool) -> str:
+    """Put a trainer whose step raised into its newest consistent state (`snap`: `checkpoint.snapshot` at the step's
+    start; a rewound step's phase timers are emptied too); returns which: rewound | complete | inconsistent."""
     if not optimizer_stepped:  # the weights and moments are still the step's start
-        checkpoint.rewind(trainer, snap)
-        trainer.phases.pop()
+        checkpoint.rewind(saved, snap)
+        phases.pop()
         return "rewound"
-    if trainer.state.step == snap["state"].step + 1:  # the step was recorded; the weight push after it failed
+    if saved.state.step == snap["state"].step + 1:  # the step was recorded; the weight push after it failed
         return "complete"
     return "inconsistent"
+
+
+def halted(saved: Checkpointed, error: NonFiniteError) -> RunHalted:
+    """After a non-finite loss or gradient norm (the step rewound by `settle`): save that last good state and build the
+    `RunHalted` that says so and how to go on (the caller raises it)."""
+    run_dir = saved.parts.run_dir
+    if (reason := checkpoint.unsupported(saved.parts.dist)) is None:
+        kept = f"Saved the last good state (after step {saved.state.step}) to {checkpoint.save_checkpoint(saved)}"
+    else:
+        kept = f"Nothing saved: {reason}"
+    return RunHalted(f"stopped: {error.metric} is {error.value} at step {error.step} (non-finite); the optimizer step "
+                     f"was not taken. {kept}. Common causes: a learning rate far too high, rewards so large they overflow, "
+                     f"fp16 overflow. Fix the cause, then resume with: cohort train --resume {run_dir}")
 
 
 def write_error_log(run_dir: Path, error: BaseException) -> Path:
@@ -99,39 +118,40 @@ def describe(error: BaseException) -> str:
     return "\n".join(lines[:MAX_MESSAGE_LINES] + (["  ..."] if len(lines) > MAX_MESSAGE_LINES else []))
 
 
-def run_failed(trainer, error: BaseException) -> RunFailed:
+def run_failed(saved: Checkpointed, error: BaseException) -> RunFailed:
     """Save what can be saved after `error` and build the `RunFailed` that reports it (the caller raises it)."""
     if isinstance(error, StepFailed):
         cause, step, state = error.__cause__ or error, error.step, error.state
         where = f"at step {step}" + (f" ({error.phase})" if error.phase else "")
     else:
         cause, state = error, "complete"
-        where = f"after step {trainer.state.step}" if trainer.state.step else "before the first step"
+        where = f"after step {saved.state.step}" if saved.state.step else "before the first step"
     try:
-        saved = _save_last_good_state(trainer, state)
+        kept = _save_last_good_state(saved, state)
     except checkpoint.CheckpointError as exc:
-        saved = f"Saving the last good state failed too: {exc}"
-    log = write_error_log(trainer.run_dir, cause)
-    return RunFailed(f"run failed {where}: {describe(cause)}\n{saved}\nFull traceback: {log}")
+        kept = f"Saving the last good state failed too: {exc}"
+    log = write_error_log(saved.parts.run_dir, cause)
+    return RunFailed(f"run failed {where}: {describe(cause)}\n{kept}\nFull traceback: {log}")
 
 
-def _save_last_good_state(trainer, state: str) -> str:
-    resume = f"Fix the cause, then resume with: cohort train --resume {trainer.run_dir}"
-    latest = checkpoint.latest_checkpoint(trainer.run_dir)
+def _save_last_good_state(saved: Checkpointed, state: str) -> str:
+    run_dir, step = saved.parts.run_dir, saved.state.step
+    resume = f"Fix the cause, then resume with: cohort train --resume {run_dir}"
+    latest = checkpoint.latest_checkpoint(run_dir)
     if state == "inconsistent":
         found = f"the newest checkpoint is {latest}. {resume}" if latest else "no earlier checkpoint exists."
         return (f"Nothing saved: the failure came after the optimizer step and before the step was recorded, so the state "
                 f"is half-updated; {found}")
-    if (reason := checkpoint.unsupported(trainer)) is not None:
+    if (reason := checkpoint.unsupported(saved.parts.dist)) is not None:
         return f"Nothing saved: {reason}."
-    if trainer.state.step == 0 and latest is not None:  # e.g. a resume that failed before its first step
+    if step == 0 and latest is not None:  # e.g. a resume that failed before its first step
         return (f"Nothing new saved (no step completed in this process); the checkpoints already saved are unchanged, "
                 f"the newest is {latest}. {resume}")
-    if trainer.state.step == 0:
+    if step == 0:
         return "Nothing saved (no step had completed); run again once the cause is fixed."
-    if latest is None or latest.name != checkpoint.checkpoint_dir(trainer.run_dir, trainer.state.step).name:
-        latest = checkpoint.save_checkpoint(trainer)
-    return f"Saved the last good state (after step {trainer.state.step}) to {latest}. {resume}"
+    if latest is None or latest.name != checkpoint.checkpoint_dir(run_dir, step).name:
+        latest = checkpoint.save_checkpoint(saved)
+    return f"Saved the last good state (after step {step}) to {latest}. {resume}"
 
 
 def setup_failed(run_dir: Path, error: BaseException) -> RunFailed:

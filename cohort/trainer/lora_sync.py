@@ -4,8 +4,9 @@ A push of merged LoRA weights can silently do nothing: a name the engine does
 not know is skipped, and the engine keeps sampling from the base model (vLLM
 #34186 is the adapter-loading form of it). The calibrated canary check
 (cohort/trainer/sync_check.py) already fails when the engine is far from the
-trainer; this check names the failure mode. After each push it also scores the
-canaries with the adapter disabled (the base, b) and asks how much of the
+trainer; this check names the failure mode. After each push the weight sync
+(cohort/trainer/weight_sync.py) also scores the canaries with the adapter
+disabled (the base, b), and `adapter_effect` asks how much of the
 adapter's change to the canaries (t − b, trainer minus base) the engine shows:
 the projection of e − b on t − b, divided by |t − b|², is 1 for an engine that
 holds the adapter and 0 for one left on the base. It is only asked once the
@@ -29,8 +30,6 @@ from __future__ import annotations
 
 import torch
 
-from cohort.models.logprobs import completion_logprobs
-from cohort.models.batching import pack_right_padded
 from cohort.trainer.sync_check import FOLLOW_MIN, FOLLOW_NOISE_MIN, FOLLOW_SIGNAL, SyncCheckError
 
 LORA_MIN_GAP_NATS = 5e-5  # closeness bound's floor under LoRA: 4x the largest merged-vs-factorized mean gap measured
@@ -53,19 +52,3 @@ def adapter_effect(engine: torch.Tensor, trainer: torch.Tensor, base: torch.Tens
             "The merged weights did not reach the engine under the names it expects (lora.target_modules on a "
             "layer the engine names differently?)")
     return metrics
-
-
-def base_canary_logprobs(trainer) -> torch.Tensor:
-    """Flat (M,) log-probs of the canary tokens under the base model (the adapter disabled), temperature 1."""
-    canaries = trainer.sync_check.canaries
-    packed = pack_right_padded([p for p, _ in canaries], [c for _, c in canaries], trainer.pad_id, trainer.device)
-    with torch.no_grad(), trainer.precision.autocast(), trainer.lora.adapter_disabled():
-        logp, _ = completion_logprobs(trainer.policy, packed.input_ids, packed.attention_mask, packed.prompt_lengths,
-                                      packed.completion_ids, packed.completion_mask, temperature=1.0)
-    return torch.cat([logp[row, : len(completion)].float() for row, (_, completion) in enumerate(canaries)])
-
-
-def check_adapter_effect(trainer, engine: torch.Tensor, current: torch.Tensor) -> dict[str, float]:
-    """After a push: the engine's canary log-probs must follow the adapter away from the base (module docstring)."""
-    floor = trainer.sync_check.floor
-    return adapter_effect(engine, current, base_canary_logprobs(trainer), floor_rms=floor[1] if floor else 0.0)

@@ -1,21 +1,21 @@
 """Everything a Trainer is built from, declared in one place: `TrainerParts`.
 
 `cohort.trainer.setup.setup` builds the parts from the config and returns them;
-the `Trainer` (cohort/trainer/trainer.py) holds them as `trainer.parts` and reads
-each as an attribute of its own (`trainer.policy`, `trainer.engine`, ...). The
-counters and the current batch are its `TrainerState` (cohort/trainer/state.py);
-its other state (the weight-sync check, phase timers, the rollout scheduler) is
-declared in its `__init__`.
+the `Trainer` (cohort/trainer/trainer.py) holds them as `trainer.parts`, and every
+reader names the part through it (`trainer.parts.policy`, `trainer.parts.engine`;
+`Trainer.swap_engine` replaces the engine). The counters and the current batch
+are its `TrainerState` (cohort/trainer/state.py); its other state (the weight
+sync, phase timers, the rollout scheduler) is declared in its `__init__`.
 
 The checkpoint module (cohort/trainer/checkpoint.py) saves the state dicts of the
-parts listed in its `STATEFUL` (optimizer, lr_schedule, sampler, critic, KL
+parts listed in its `stateful_parts` (optimizer, lr_schedule, sampler, critic, KL
 controller, ...) under the part's name here, so renaming a field renames its
 entry in state.pt (`RENAMED_PARTS` there reads old names).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -67,5 +67,3 @@ class TrainerParts:
     owns_engine: bool  # close the engine with the trainer (False for an engine handed in)
     engine_shares_policy: bool  # the engine generates with the policy module itself: no weight push needed
 
-
-PART_NAMES = frozenset(f.name for f in fields(TrainerParts))

@@ -1,8 +1,9 @@
 """The training loop: a whole run of `Trainer.step()` calls, with eval before, logs, checkpoints, eval after, outputs.
 
-`run_training(trainer)` is `Trainer.train()` (the Trainer and its one step: cohort/trainer/trainer.py). The loop
-itself is `_run`'s `while`: one step, its metrics line, diagnostics, sampled completions, a mid-run eval, a
-checkpoint, until train.max_steps or a stop signal.
+`run_training(trainer)` drives a `Trainer` (its one step: cohort/trainer/trainer.py) from above: the loop itself is
+`_run`'s `while`: one step, its metrics line, diagnostics, sampled completions, a mid-run eval, a checkpoint, until
+train.max_steps or a stop signal. The helpers around it take what they read: the trainer's parts (`TrainerParts`),
+its `TrainerState`, or what a checkpoint holds (`trainer.checkpointed()`, cohort/trainer/checkpoint.py).
 
 Outputs in the run directory: `config.yaml` (the resolved config), `metrics.jsonl`
 (one line per step, flushed), `completions.jsonl` (samples every
@@ -33,22 +34,29 @@ import torch
 import yaml
 
 from cohort.models.loading import write_config_dtype
+from cohort.data.datasets import PromptDataset
 from cohort.trainer import checkpoint, failure
+from cohort.trainer.checkpoint import Checkpointed
 from cohort.trainer.diagnostics import Diagnostics
 from cohort.trainer.evaluate import evaluate
+from cohort.trainer.parts import TrainerParts
+from cohort.trainer.state import TrainerState
+from cohort.trainer.trainer import Trainer
 from cohort.runs.jsonl import read_jsonl
 from cohort.runs.loggers import JsonlWriter, MetricsLogger
 from cohort.runs.report import load_run, plot_reward
 from cohort.trainer.stopping import GracefulStop, NonFiniteError, RunHalted
 
 
-def run_eval(trainer, label: str, sink: JsonlWriter) -> dict:
-    if trainer.eval_data is None:
+def run_eval(trainer: Trainer, label: str, sink: JsonlWriter) -> dict:
+    """The held-out eval (greedy, every eval prompt) with the current policy pushed first; its record, also in `sink`."""
+    parts = trainer.parts
+    if parts.eval_data is None:
         return {}
-    trainer.sync_weights()
+    trainer.sync.push()
     start = time.perf_counter()
     # through the rollout scheduler, which shares the engine with the groups in flight
-    result = evaluate(trainer.rollout, trainer.tokenizer, trainer.eval_data, trainer.eval_ids, trainer.rewards,
+    result = evaluate(trainer.rollout, parts.tokenizer, parts.eval_data, parts.eval_ids, parts.rewards,
                       max_tokens=trainer.cfg.rollout.max_completion_length)
     record = {"label": label, "step": trainer.state.step, "accuracy": result["accuracy"], "reward": result["reward"],
               "num_prompts": result["num_prompts"], "seconds": time.perf_counter() - start}
@@ -56,35 +64,35 @@ def run_eval(trainer, label: str, sink: JsonlWriter) -> dict:
     return record
 
 
-def _log_completions(trainer, sink: JsonlWriter, step: int) -> None:
-    """The first run.num_completions_to_log completions this step trained on (a slice of the batch when it spans several steps)."""
-    batch, n = trainer.state.batch, trainer.cfg.run.num_completions_to_log
-    key = trainer.train_data.prompt_key
-    for i in trainer.state.step_indices[:n]:
-        row = trainer.train_data.rows[batch.row_indices[i]]
+def _log_completions(state: TrainerState, data: PromptDataset, sink: JsonlWriter, n: int) -> None:
+    """The first `n` (run.num_completions_to_log) completions the step just taken trained on (a slice of the batch when
+    it spans several steps), with their prompts from the train `data`."""
+    batch, key, step = state.batch, data.prompt_key, state.step
+    for i in state.step_indices[:n]:
+        row = data.rows[batch.row_indices[i]]
         sink.write({"step": step, "prompt": row[key], "completion": batch.completions_text[i],
                     "reward": float(batch.rewards[i]), "advantage": batch.sequence_advantage(i),
                     "finish_reason": "length" if batch.truncated[i] else "stop",
                     **batch.tool_record(i)})  # multi-turn: the conversation, tool turns marked by role "tool"
 
 
-def save_model(trainer, directory: Path) -> None:
-    """The trained model as a transformers checkpoint in model.dtype (float32 master weights cast down when mixed)."""
-    if getattr(trainer, "lora", None) is not None:  # LoRA: final/adapter/, and final/ merged when asked (models/lora.py)
-        trainer.lora.save_final(directory, trainer.tokenizer, trainer.precision.compute_dtype,
-                                merged=trainer.cfg.lora.save_merged)
+def save_model(parts: TrainerParts, directory: Path, *, lora_merged: bool = False) -> None:
+    """The trained model as a transformers checkpoint in model.dtype (float32 master weights cast down when mixed);
+    under LoRA the adapter, and the merged model too with `lora_merged` (lora.save_merged)."""
+    if parts.lora is not None:  # LoRA: final/adapter/, and final/ merged when asked (models/lora.py)
+        parts.lora.save_final(directory, parts.tokenizer, parts.precision.compute_dtype, merged=lora_merged)
         return
-    state = trainer.dist.full_state_dict(trainer.policy)  # multi-process: gathered on rank 0 (collective); else None
-    if not trainer.dist.is_main:
+    state = parts.dist.full_state_dict(parts.policy)  # multi-process: gathered on rank 0 (collective); else None
+    if not parts.dist.is_main:
         return
     directory.mkdir(parents=True, exist_ok=True)
-    precision = trainer.precision
+    precision = parts.precision
     if precision.mixed:
-        state = cast_state_dict(state or trainer.policy.state_dict(), precision.compute_dtype)
-    trainer.policy.save_pretrained(str(directory), safe_serialization=True, state_dict=state)
+        state = cast_state_dict(state or parts.policy.state_dict(), precision.compute_dtype)
+    parts.policy.save_pretrained(str(directory), safe_serialization=True, state_dict=state)
     if precision.mixed:
         write_config_dtype(directory, precision.compute_dtype)
-    trainer.tokenizer.save_pretrained(str(directory))
+    parts.tokenizer.save_pretrained(str(directory))
 
 
 def cast_state_dict(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -98,73 +106,75 @@ def cast_state_dict(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[
     return out
 
 
-def run_training(trainer, resume_from: str | Path | None = None) -> dict:
-    """The whole run (see the module docstring); a failure after setup raises `RunFailed` once the last good state is saved."""
+def run_training(trainer: Trainer, resume_from: str | Path | None = None) -> dict:
+    """Run `trainer` to train.max_steps (see the module docstring); `resume_from`: a run directory (its newest intact
+    checkpoint) or one checkpoint directory. A failure after setup raises `RunFailed` once the last good state is saved."""
     try:
         return _run(trainer, resume_from)
     except (RunHalted, checkpoint.CheckpointError):
         raise
     except Exception as exc:
-        raise failure.run_failed(trainer, exc) from exc
+        raise failure.run_failed(trainer.checkpointed(), exc) from exc
 
 
-def _run(trainer, resume_from: str | Path | None) -> dict:
-    cfg, run_dir = trainer.cfg, trainer.run_dir
+def _run(trainer: Trainer, resume_from: str | Path | None) -> dict:
+    cfg, parts, state = trainer.cfg, trainer.parts, trainer.state
+    run_dir, saved = parts.run_dir, trainer.checkpointed()  # (what each checkpoint saves: the same parts all run long)
     wall_start = time.perf_counter()
-    resumed = _resume(trainer, resume_from) if resume_from is not None else None
+    resumed = _resume(saved, resume_from) if resume_from is not None else None
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     eval_sink = JsonlWriter(run_dir / "eval.jsonl")
     samples = JsonlWriter(run_dir / "completions.jsonl")
     warnings_sink = JsonlWriter(run_dir / "warnings.jsonl")
     logger = MetricsLogger(run_dir, cfg.run.loggers, total_steps=cfg.train.max_steps, progress=cfg.run.progress,
-                           config=cfg.to_dict(), start_step=trainer.state.step, wandb_project=cfg.run.wandb_project)
+                           config=cfg.to_dict(), start_step=state.step, wandb_project=cfg.run.wandb_project)
     diagnostics = Diagnostics(max_completion_length=cfg.rollout.max_completion_length,
                               teacher_signal=cfg.algorithm.name == "distill") if cfg.run.diagnostics else None
     if resumed:
         logger.print(resumed)
-    if trainer.prompts_filtered:
-        renderer = trainer.renderer
-        logger.print(f"filtered {trainer.prompts_filtered} prompt(s) longer than {renderer.limit_name} = {renderer.max_prompt_length}")
-    if trainer.eval_data is not None and not resumed:  # (minutes on a real model: say what the silence is)
-        logger.print(f"eval before training: scoring {len(trainer.eval_data.rows)} held-out prompts greedily ...")
+    if parts.prompts_filtered:
+        renderer = parts.renderer
+        logger.print(f"filtered {parts.prompts_filtered} prompt(s) longer than {renderer.limit_name} = {renderer.max_prompt_length}")
+    if parts.eval_data is not None and not resumed:  # (minutes on a real model: say what the silence is)
+        logger.print(f"eval before training: scoring {len(parts.eval_data.rows)} held-out prompts greedily ...")
     before = _earlier_eval(run_dir, "before") if resumed else run_eval(trainer, "before", eval_sink)
     if before and not resumed:
         logger.print(f"eval before training: accuracy {before['accuracy']:.3f} on {before['num_prompts']} held-out prompts")
-    history, saved_step, stopped = [], (trainer.state.step if resumed else None), None
+    history, saved_step, stopped = [], (state.step if resumed else None), None
     stop = GracefulStop(logger.print)
     try:
         with stop:
             # every process follows rank 0's decision, so none starts a step the others skip
-            while trainer.state.step < cfg.train.max_steps and not (stopped := trainer.dist.broadcast_object(stop.requested)):
+            while state.step < cfg.train.max_steps and not (stopped := parts.dist.broadcast_object(stop.requested)):
                 metrics = _guarded_step(trainer)
-                step = trainer.state.step
+                step = state.step
                 history.append({"step": step, **metrics})
                 logger.log(step, metrics)
                 for warning in diagnostics.observe(step, metrics) if diagnostics else []:
                     logger.print(warning.text)
                     warnings_sink.write(warning.record())
                 if cfg.run.log_completions_every and (step % cfg.run.log_completions_every == 0 or step == 1):
-                    _log_completions(trainer, samples, step)
+                    _log_completions(state, parts.train_data, samples, cfg.run.num_completions_to_log)
                 if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step < cfg.train.max_steps:
                     mid = run_eval(trainer, "during", eval_sink)
                     logger.log(step, {"eval/accuracy": mid["accuracy"]}) if mid else None
                 if cfg.run.save_every and step % cfg.run.save_every == 0:
-                    checkpoint.save_checkpoint(trainer)
+                    checkpoint.save_checkpoint(saved)
                     saved_step = step
     finally:
         logger.close()
         warnings_sink.close()
     if stopped:
-        summary = _summary(trainer, history, before, {}, time.perf_counter() - wall_start)
-        summary.update(stopped=stopped, message=_stop_message(trainer, stopped, saved_step))
+        summary = _summary(state.step, run_dir, history, before, {}, time.perf_counter() - wall_start)
+        summary.update(stopped=stopped, message=_stop_message(saved, stopped, saved_step))
     else:
-        if trainer.eval_data is not None:
-            logger.print(f"eval after training: scoring {len(trainer.eval_data.rows)} held-out prompts greedily ...")
+        if parts.eval_data is not None:
+            logger.print(f"eval after training: scoring {len(parts.eval_data.rows)} held-out prompts greedily ...")
         after = run_eval(trainer, "after", eval_sink)
-        save_model(trainer, run_dir / "final")
-        if cfg.run.save_every and saved_step != trainer.state.step:
-            checkpoint.save_checkpoint(trainer)
-        summary = _summary(trainer, history, before, after, time.perf_counter() - wall_start)
+        save_model(parts, run_dir / "final", lora_merged=cfg.lora.save_merged)
+        if cfg.run.save_every and saved_step != state.step:
+            checkpoint.save_checkpoint(saved)
+        summary = _summary(state.step, run_dir, history, before, after, time.perf_counter() - wall_start)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _plot_rewards(run_dir, before, summary.get("eval/accuracy_after"), algorithm=cfg.algorithm.name)
     eval_sink.close()
@@ -172,42 +182,39 @@ def _run(trainer, resume_from: str | Path | None) -> dict:
     return summary
 
 
-def _stop_message(trainer, signal_name: str, saved_step: int | None) -> str:
+def _stop_message(saved: Checkpointed, signal_name: str, saved_step: int | None) -> str:
     """Save the state of a stopped run (unless just saved) and say how to resume it."""
-    done = f"stopped by {signal_name} after step {trainer.state.step}"
-    if (reason := checkpoint.unsupported(trainer)) is not None:
+    step, run_dir = saved.state.step, saved.parts.run_dir
+    done = f"stopped by {signal_name} after step {step}"
+    if (reason := checkpoint.unsupported(saved.parts.dist)) is not None:
         return f"{done}; no checkpoint: {reason}"
-    path = checkpoint.save_checkpoint(trainer) if saved_step != trainer.state.step else checkpoint.latest_checkpoint(trainer.run_dir)
-    return f"{done}; checkpoint {path}. Resume with: cohort train --resume {trainer.run_dir}"
+    path = checkpoint.save_checkpoint(saved) if saved_step != step else checkpoint.latest_checkpoint(run_dir)
+    return f"{done}; checkpoint {path}. Resume with: cohort train --resume {run_dir}"
 
 
-def _guarded_step(trainer) -> dict:
-    """`trainer.step()`; on a non-finite loss or gradient: rewind to the step's start, save it, raise RunHalted.
-    On any other failure: settle the trainer in its newest consistent state and raise `StepFailed` from the error."""
-    snap = checkpoint.snapshot(trainer)
-    watch = failure.OptimizerWatch(trainer.optimizer)
+def _guarded_step(trainer: Trainer) -> dict:
+    """`trainer.step()`; on a failure, the trainer is settled in its newest consistent state (cohort/trainer/failure.py):
+    a non-finite loss or gradient rewinds to the step's start, saves it and raises `RunHalted`; any other failure
+    raises `StepFailed` from the error."""
+    saved = trainer.checkpointed()
+    snap = checkpoint.snapshot(saved)
+    watch = failure.OptimizerWatch(trainer.parts.optimizer)
     try:
         with watch:
             return trainer.step()
-    except NonFiniteError as exc:
-        checkpoint.rewind(trainer, snap)
-        trainer.phases.pop()
-        saved = (f"Saved the last good state (after step {trainer.state.step}) to {checkpoint.save_checkpoint(trainer)}"
-                 if checkpoint.unsupported(trainer) is None else f"Nothing saved: {checkpoint.unsupported(trainer)}")
-        message = (f"stopped: {exc.metric} is {exc.value} at step {exc.step} (non-finite); the optimizer step was not taken. "
-                   f"{saved}. Common causes: a learning rate far too high, rewards so large they overflow, fp16 overflow. "
-                   f"Fix the cause, then resume with: cohort train --resume {trainer.run_dir}")
-        raise RunHalted(message) from exc
     except Exception as exc:
         phase = trainer.phases.failed  # read before settle() rewinds the phase timers
-        raise failure.StepFailed(snap["state"].step + 1, phase, failure.settle(trainer, snap, watch.stepped)) from exc
+        verdict = failure.settle(saved, trainer.phases, snap, watch.stepped)
+        if isinstance(exc, NonFiniteError):  # (raised before the optimizer step: always rewound)
+            raise failure.halted(saved, exc) from exc
+        raise failure.StepFailed(snap["state"].step + 1, phase, verdict) from exc
 
 
-def _resume(trainer, resume_from: str | Path) -> str:
+def _resume(saved: Checkpointed, resume_from: str | Path) -> str:
     """Restore the newest intact checkpoint of a run directory (or the given checkpoint); returns the lines for the log."""
-    resumed = checkpoint.resume(Path(resume_from), lambda path: checkpoint.load_checkpoint(trainer, path))
+    resumed = checkpoint.resume(Path(resume_from), lambda path: checkpoint.load_checkpoint(saved, path))
     meta = resumed.meta
-    dropped = checkpoint.truncate_logs(trainer.run_dir, meta["step"])
+    dropped = checkpoint.truncate_logs(saved.parts.run_dir, meta["step"])
     lost = sum(dropped.values())
     extra = f"; dropped {lost} log line(s) written after it" if lost else ""
     if resumed.verdict.status == "unverified":
@@ -221,9 +228,10 @@ def _earlier_eval(run_dir: Path, label: str) -> dict:
     return found[-1] if found else {}
 
 
-def _summary(trainer, history, before, after, wall_s) -> dict:
+def _summary(steps: int, run_dir: Path, history: list[dict], before: dict, after: dict, wall_s: float) -> dict:
+    """summary.json: steps taken, wall time, the last step's metrics, the median step time, the evals' accuracies."""
     last = history[-1] if history else {}
-    summary = {"steps": trainer.state.step, "wall_s": wall_s, "run_dir": str(trainer.run_dir),
+    summary = {"steps": steps, "wall_s": wall_s, "run_dir": str(run_dir),
                "final_metrics": {k: v for k, v in last.items() if isinstance(v, (int, float))}}
     if history:
         step_times = sorted(h["timing/step_s"] for h in history[1:]) or [history[0]["timing/step_s"]]

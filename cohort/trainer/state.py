@@ -1,8 +1,9 @@
 """`TrainerState`: every counter of a training run, and the generation batch it trains on, in one value.
 
-The Trainer (cohort/trainer/trainer.py) reads and advances it; a checkpoint (cohort/trainer/checkpoint.py) saves it
-with `state_dict()` and restores it with `load_state_dict()`; a step that fails is rewound to the `copy()` taken at
-its start (`rewind_to`). Nothing else writes it.
+The Trainer (cohort/trainer/trainer.py) reads and advances it (its weight sync, cohort/trainer/weight_sync.py, the
+version the engine holds); a checkpoint (cohort/trainer/checkpoint.py) saves it with `state_dict()` and restores it
+with `load_state_dict()`; a step that fails is rewound to the `copy()` taken at its start (`rewind_to`). Nothing else
+writes it.
 
 What it holds:
 - `step`: optimizer steps taken; `policy_version`: bumped by each optimizer step (every sampled token carries the

@@ -1,7 +1,7 @@
 """The Trainer and its step: generate → reward → log-probs → advantages → update (→ critic) → sync, each phase timed.
 
 One `Trainer.step()` is one optimizer step; the loop over steps (with evals, logs and checkpoints around it) is
-`Trainer.train()`, in cohort/trainer/run.py. A generation batch serves
+`run_training(trainer)`, in cohort/trainer/run.py, which drives the Trainer from above. A generation batch serves
 `train.steps_per_generation × algorithm.num_iterations` steps (TRL's order:
 slices 0..S−1, then again for the next iteration). The maths is in
 `cohort.algorithms`; this module only moves tensors between the phases:
@@ -15,15 +15,15 @@ slices 0..S−1, then again for the next iteration). The maths is in
   log-probs (cohort/trainer/scoring.py), and its per-token advantage joins the
   rewards' in each micro-batch's loss, against the proximal log-probs there;
 - what differs between algorithms (grpo, rloo, reinforce_pp*, ppo) is read from
-  `self.algorithm`, resolved from its spec (`cohort.algorithms.specs`) by `cohort.trainer.algorithms`: the
+  `self.parts.algorithm`, resolved from its spec (`cohort.algorithms.specs`) by `cohort.trainer.algorithms`: the
   advantage function, the policy-loss entry, where the KL goes, and whether a
   critic exists (then its values are computed at generation time and it is
   updated after the policy, both timed as `timing/critic_s`); old log-probs are
   also computed when the KL to the reference is measured at generation time;
 - new weights are pushed into the rollout engine lazily, just before the next
   generation (cast to the engine's dtype), and checked against the canaries'
-  noise floor (cohort/trainer/sync_check.py);
-- every forward pass of a trained model runs under `self.precision.autocast()`:
+  noise floor, by `self.sync` (cohort/trainer/weight_sync.py; the statistics: cohort/trainer/sync_check.py);
+- every forward pass of a trained model runs under `self.parts.precision.autocast()`:
   bf16 maths over float32 master weights under train.precision=mixed, nothing
   otherwise (cohort/models/precision.py); backward passes run outside it;
 - generation goes through the rollout scheduler (cohort/rollout/scheduler.py),
@@ -38,7 +38,7 @@ slices 0..S−1, then again for the next iteration). The maths is in
   (`finish_streamed_update` then divides by the normaliser and steps). Off-policy tokens are weighted by
   `algorithm.rollout_correction`.
 
-Several training processes differ only through `self.dist` (cohort/distributed/fsdp.py:
+Several training processes differ only through `self.parts.dist` (cohort/distributed/fsdp.py:
 this rank's groups, the global loss normaliser, reduced metrics and gradients — all
 the identity in one process); a rollout server is just another engine
 (rollout/engines/remote.py). Out of scope here: the loop over steps, checkpoints, exact resume and stopping
@@ -48,7 +48,6 @@ the identity in one process); a rollout server is just another engine
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 import time
@@ -68,136 +67,104 @@ from cohort.models.batching import (HOST, length_sorted_micro_batches, pack_righ
                                     split_to_count, to_device)
 from cohort.models.host_memory import release_host_memory
 from cohort.models.logprobs import completion_logprobs
-from cohort.models.precision import DTYPES, float32_weights
-from cohort.rollout.base import SamplingConfig, WeightStream, release_engine_memory
+from cohort.rollout.base import SamplingConfig, release_engine_memory
 from cohort.rollout.collect import BatchRequest, Collected
 from cohort.rollout.scheduler import Scheduler
 from cohort.tools.metrics import tool_metrics
 from cohort.trainer.agent_samples import with_run_samples
+from cohort.trainer.checkpoint import Checkpointed, stateful_parts
 from cohort.trainer.metric_sums import host_values, running_max, step_metrics
-from cohort.trainer.lora_sync import LORA_MIN_GAP_NATS, check_adapter_effect
-from cohort.trainer.parts import PART_NAMES, TrainerParts
+from cohort.trainer.parts import TrainerParts
+from cohort.trainer.phases import Phases
 from cohort.trainer.rollout_batch import MicroBatch, RolloutBatch, StreamedGradients
 from cohort.trainer.state import TrainerState
-from cohort.trainer.run import run_training
 from cohort.trainer.setup import setup
 from cohort.trainer.stopping import check_finite
 from cohort.trainer.scoring import distill_micro_batch, score_completions, teacher_scorer
-from cohort.trainer.sync_check import SyncCheck, canary_tokens
+from cohort.trainer.weight_sync import WeightSync
 from cohort.plan.batch import BatchPlan
 from cohort.plan.validate import validate_config
 
 
-class Phases:
-    """Wall-clock timing of named phases: `with phases("generate"): ...` adds to timing/generate_s."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.failed: str | None = None  # the innermost phase an exception left since the last pop() (for error messages)
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        start = time.perf_counter()
-        try:
-            yield
-        except BaseException:
-            self.failed = self.failed or name
-            raise
-        finally:
-            self.seconds[name] += time.perf_counter() - start
-
-    def pop(self) -> dict[str, float]:
-        out = {f"timing/{k}_s": v for k, v in self.seconds.items()}
-        self.seconds.clear()
-        self.failed = None
-        return out
-
-
 class Trainer:
-    """One optimizer step at a time (`step`; `train` runs the loop) over its parts. Its whole state is what `__init__`
-    declares: `self.state` (`TrainerState`, cohort/trainer/state.py: every counter and the current batch),
-    `self.parts` (`TrainerParts`, cohort/trainer/parts.py: policy, engine, rewards, optimizer, ...), each part read as
-    an attribute of the trainer (`self.policy`), `self.rollout` (the rollout scheduler), the sync check and timers."""
+    """One optimizer step at a time (`step`; the loop over steps is cohort/trainer/run.py's `run_training`) over its
+    parts. Its whole state is what `__init__` declares, each a typed attribute read by name (nothing is forwarded):
+    `state` (`TrainerState`, cohort/trainer/state.py: every counter and the current batch), `parts` (`TrainerParts`,
+    cohort/trainer/parts.py: policy, engine, rewards, optimizer, ...: `trainer.parts.policy`), `rollout` (the rollout
+    scheduler), `sync` (`WeightSync`, cohort/trainer/weight_sync.py: push, canaries, calibration) and the phase timers."""
 
     def __init__(self, cfg: CohortConfig, *, run_dir: str | Path | None = None, engine=None, log=print, plan: BatchPlan | None = None):
-        self.cfg = cfg
-        self.plan = plan if plan is not None else validate_config(cfg)  # fails before any model loads; a caller that validated hands its plan
+        self.cfg: CohortConfig = cfg
+        self.plan: BatchPlan = plan if plan is not None else validate_config(cfg)  # fails before any model loads; a caller that validated hands its plan
         self.log = log
         self.phases = Phases()
         self.state = TrainerState(self.plan.optimizer_steps_per_generation)  # counters, the batch (checkpointed)
-        self.sync_check = SyncCheck(cfg.engine.sync_check_tolerance,  # canaries + noise floor (trainer/sync_check.py)
-                                    **({"min_gap": LORA_MIN_GAP_NATS} if cfg.lora.rank else {}))  # LoRA: lora_sync.py
-        self.sync_metrics: dict[str, float] = {}  # the last sync check's statistics, reported with the next step
-        self.last_canary_gap: float | None = None  # largest per-token canary gap at the last sync, nats
-        self.sync_bytes_sent = 0.0  # bytes the engine reports sending since the last step's metrics (server mode)
         run_dir = Path(run_dir or cfg.run.output_dir or default_output_dir())
         self.parts: TrainerParts = setup(cfg, self.plan, run_dir, pack=self.pack, external_engine=engine)
-        r, plan = cfg.rollout, self.plan
+        r, plan, parts = cfg.rollout, self.plan, self.parts
         self.rollout = Scheduler(  # what is in flight and what is admitted next (cohort/rollout/scheduler.py; checkpointed)
-            self.engine, self.sampler, self.train_ids, SamplingConfig(r.max_completion_length, r.temperature, r.top_p, r.top_k),
+            parts.engine, parts.sampler, parts.train_ids, SamplingConfig(r.max_completion_length, r.temperature, r.top_p, r.top_k),
             plan.num_generations, plan.generation_batch_size // plan.num_generations, plan.admission,
             seed=r.seed, generations=-(-plan.max_steps // plan.optimizer_steps_per_generation))
+        self.sync = WeightSync(parts, self.state, self.rollout.lock, self.phases,  # push + canary check (trainer/weight_sync.py)
+                               generation_dtype=cfg.generation_dtype, group_size=plan.num_generations,
+                               fixed_tolerance=cfg.engine.sync_check_tolerance)
         self.stream_update = plan.stream_update  # train groups as they finish (rollout/collect.py; the plan decided where exact)
 
-    def __getattr__(self, name: str):
-        """`self.policy` and every other part: read from `self.parts` (only called when normal lookup fails). The parts
-        are read this way all over the trainer's modules, tests and benchmarks; they are never assigned on the trainer
-        (the engine, which tests swap, has its own setter below)."""
-        parts = self.__dict__.get("parts")
-        if parts is not None and name in PART_NAMES:
-            return getattr(parts, name)
-        raise AttributeError(f"'Trainer' object has no attribute {name!r}")
-
-    @property
-    def engine(self):
-        """The rollout engine (a part)."""
-        return self.parts.engine
-
-    @engine.setter
-    def engine(self, engine) -> None:
-        """Swap the engine (a test's wrapper): in the parts and in the scheduler, which sends every request to it."""
+    def swap_engine(self, engine) -> None:
+        """Replace the engine (a test's wrapper): in the parts and in the scheduler, which sends every request to it."""
         self.parts.engine = engine
         self.rollout.engine = engine
+
+    def swap_phases(self, phases: Phases) -> None:
+        """Replace the phase timers (a benchmark's, which also measure memory): the trainer's and its weight sync's."""
+        self.phases = self.sync.phases = phases
+
+    def checkpointed(self) -> Checkpointed:
+        """What a checkpoint of this trainer saves and restores (cohort/trainer/checkpoint.py): the parts, the state, the
+        parts with state by the names state.pt uses (the sync check, the rollout scheduler among them)."""
+        return Checkpointed(self.parts, self.state, stateful_parts(self.parts, self.sync.check, self.rollout),
+                            generation_batch_size=self.plan.generation_batch_size, keep=self.cfg.run.keep_checkpoints)
 
     # ------------------------------------------------------------------ phases
 
     def generate_batch(self) -> RolloutBatch:
         """The next generation batch from the scheduler (`Scheduler.collect`, rollout/collect.py), in submission order:
         rewards per group as groups finish; with the streamed update, the forward/backward passes too."""
-        self.sync_weights()  # the engine samples from the current policy (a no-op unless a resume left it behind)
-        self.optimizer.zero_grad(set_to_none=True)  # (a streamed update accumulates into them during the collection)
+        self.sync.push()  # the engine samples from the current policy (a no-op unless a resume left it behind)
+        self.parts.optimizer.zero_grad(set_to_none=True)  # (a streamed update accumulates into them during the collection)
         streamed = StreamedGradients() if self.stream_update else None
         collected = self.rollout.collect(BatchRequest(
-            self.rewards, self.tokenizer, self.train_data, self.phases, self.state.policy_version,
+            self.parts.rewards, self.parts.tokenizer, self.parts.train_data, self.phases, self.state.policy_version,
             train_groups=functools.partial(self.train_groups, streamed=streamed) if streamed is not None else None))
-        self._calibrate_sync_check(collected.sampled_version, collected.prompts, collected.outs)
+        self.sync.calibrate(collected.sampled_version, collected.prompts, collected.outs)
         return self._finish_batch(collected, collected.sampled_version, streamed)
 
     def _finish_batch(self, collected: Collected, sampled_version: int, streamed: StreamedGradients | None) -> RolloutBatch:
         """The batch from its collected groups: metrics, old and reference log-probs, critic values, advantages."""
         outs, scored = collected.outs, collected.scored
-        rewards_t = torch.tensor(scored.total, dtype=torch.float32, device=self.device)  # (N,)
+        rewards_t = torch.tensor(scored.total, dtype=torch.float32, device=self.parts.device)  # (N,)
         batch = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
                                                per_function=scored.per_function, texts=collected.texts,
                                                policy_version=sampled_version)
         batch.taken_version = self.state.policy_version
         batch.metrics = {**self._batch_metrics(batch, rewards_t, scored.metrics), **collected.metrics, **tool_metrics(outs)}
         with self.phases("logprob"):  # the old-policy and teacher passes in one (the streamed update trained with its own)
-            scorers = {"old": (self.policy, self.precision.autocast)} if self.algorithm.score_old_logp else {}
-            if self.teacher is not None and streamed is None:
-                scorers["teacher"] = teacher_scorer(self.teacher)
+            scorers = {"old": (self.parts.policy, self.parts.precision.autocast)} if self.parts.algorithm.score_old_logp else {}
+            if self.parts.teacher is not None and streamed is None:
+                scorers["teacher"] = teacher_scorer(self.parts.teacher)
             scored = self._score(batch, scorers)
             batch.old_logp, batch.teacher_logp = scored.get("old"), scored.get("teacher")
             # (the streamed update scored the reference per group already)
             batch.ref_logp = collected.ref_logp if collected.ref_logp is not None else self.reference_logprobs(batch)
         batch.streamed = streamed
-        if self.critic is not None:
+        if self.parts.critic is not None:
             with self.phases("critic"):
-                batch.values = self.critic.values(batch, self.micro_batches(batch, list(range(len(batch)))))
+                batch.values = self.parts.critic.values(batch, self.micro_batches(batch, list(range(len(batch)))))
         self._advantages(batch, rewards_t)
-        widened = with_run_samples(batch, outs, self.tokenizer)  # agent runs that rewrote their history: one sample per call
+        widened = with_run_samples(batch, outs, self.parts.tokenizer)  # agent runs that rewrote their history: one sample per call
         if widened is not batch:  # (scored again over the widened batch: what the narrow one had, every sample now)
-            widened.old_logp = self._score_all(self.policy, widened) if batch.old_logp is not None else None
+            widened.old_logp = self._score_all(self.parts.policy, widened) if batch.old_logp is not None else None
             widened.ref_logp = self.reference_logprobs(widened) if batch.ref_logp is not None else None
             widened.teacher_logp = self.teacher_logprobs(widened) if batch.teacher_logp is not None else None
             batch = widened
@@ -205,15 +172,15 @@ class Trainer:
 
     def teacher_logprobs(self, batch: RolloutBatch) -> list[torch.Tensor] | None:
         """The distillation teacher's log-probs of every completion; None without a teacher (algorithm.name != distill)."""
-        return self._score(batch, {"t": teacher_scorer(self.teacher)})["t"] if self.teacher is not None else None
+        return self._score(batch, {"t": teacher_scorer(self.parts.teacher)})["t"] if self.parts.teacher is not None else None
 
     def reference_logprobs(self, batch: RolloutBatch) -> list[torch.Tensor] | None:
         """The reference policy's log-probs of every completion; None when beta = 0 (no reference)."""
-        if self.ref_model is not None:
-            return self._score_all(self.ref_model, batch)
-        if self.lora is not None and self.cfg.algorithm.beta != 0:  # LoRA: the reference is the adapter disabled
-            with self.lora.adapter_disabled():
-                return self._score_all(self.policy, batch)
+        if self.parts.ref_model is not None:
+            return self._score_all(self.parts.ref_model, batch)
+        if self.parts.lora is not None and self.cfg.algorithm.beta != 0:  # LoRA: the reference is the adapter disabled
+            with self.parts.lora.adapter_disabled():
+                return self._score_all(self.parts.policy, batch)
         return None
 
     def _batch_metrics(self, batch: RolloutBatch, rewards: torch.Tensor, reward_metrics: dict[str, float]) -> dict[str, float]:
@@ -235,29 +202,29 @@ class Trainer:
 
     def _score_all(self, model: torch.nn.Module, batch: RolloutBatch) -> list[torch.Tensor]:
         """`model`'s log-probs of every completion, under the run's autocast (the policy, the reference)."""
-        return self._score(batch, {"m": (model, self.precision.autocast)})["m"]
+        return self._score(batch, {"m": (model, self.parts.precision.autocast)})["m"]
 
     def _score(self, batch: RolloutBatch, scorers: dict) -> dict[str, list[torch.Tensor]]:
         """Every scorer's log-probs of every completion, in one pass over the micro-batches (trainer/scoring.py)."""
         if not scorers:
             return {}
-        return score_completions(batch, self.micro_batches(batch, list(range(len(batch)))), scorers, pad_id=self.pad_id,
-                                 device=self.device, temperature=self.cfg.rollout.temperature,
+        return score_completions(batch, self.micro_batches(batch, list(range(len(batch)))), scorers, pad_id=self.parts.pad_id,
+                                 device=self.parts.device, temperature=self.cfg.rollout.temperature,
                                  chunk_size=self.cfg.train.logprob_chunk_size)
 
     def update(self, batch: RolloutBatch, indices: list[int]) -> dict[str, float]:
         """One optimizer step over `indices` of the batch, with gradient accumulation (or the streamed update's end)."""
         if batch.streamed is not None:  # its groups were trained as they arrived: only the step is left
             return self.finish_streamed_update(batch.streamed)
-        micro = self.micro_batches(batch, self.dist.local_indices(indices, self.plan.num_generations))  # this rank's groups
+        micro = self.micro_batches(batch, self.parts.dist.local_indices(indices, self.plan.num_generations))  # this rank's groups
         # as many micro-batches on every rank (FSDP's collectives must match); a token budget can differ per rank
-        micro = split_to_count(micro, self.dist.max_count(len(micro)))
+        micro = split_to_count(micro, self.parts.dist.max_count(len(micro)))
         packed = [self.pack(batch, mb) for mb in micro]
-        num_items = self.dist.global_count(sum(aggregation_count(p.mask, self.aggregation) for p in packed))
+        num_items = self.parts.dist.global_count(sum(aggregation_count(p.mask, self.parts.aggregation) for p in packed))
         sums: dict[str, Any] = defaultdict(float)  # tensors on the device until the step ends (one host read)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.parts.optimizer.zero_grad(set_to_none=True)
         self.backward_micro_batches(batch, micro, packed, num_items, sums)
-        sums = defaultdict(float, self.dist.reduce_metrics(host_values(sums)))  # over ranks (identity in one process)
+        sums = defaultdict(float, self.parts.dist.reduce_metrics(host_values(sums)))  # over ranks (identity in one process)
         grad_norm = self._clip_and_step(sums["loss"])
         return self._update_metrics(sums, grad_norm)
 
@@ -265,7 +232,7 @@ class Trainer:
         """The streamed update's optimizer step: every group's gradients are in, each micro-batch's loss summed
         unnormalised; divide by the loss normaliser (the same count the batch update divides by), then clip and step."""
         count = streamed.count if streamed.count > 0 else 1.0  # (aggregate_loss: a zero count divides by 1)
-        for p in self.policy.parameters():
+        for p in self.parts.policy.parameters():
             if p.grad is not None:
                 p.grad.div_(count)
         sums = defaultdict(float, host_values(streamed.sums))
@@ -278,19 +245,19 @@ class Trainer:
         """The streamed update (the callback `generate_batch` hands the collection, rollout/collect.py): forward/backward
         over whole kept groups, the loss summed unnormalised into `streamed`, their advantages from their own rewards.
         Returns their reference log-probs (None: beta = 0)."""
-        prompts = [t.prompt_ids or self.train_ids[i] for t, i in zip(trajectories, rows)]  # (an environment's observation)
+        prompts = [t.prompt_ids or self.parts.train_ids[i] for t, i in zip(trajectories, rows)]  # (an environment's observation)
         part = RolloutBatch.from_trajectories(rows, prompts, trajectories, rewards=rewards,
                                               per_function=np.empty((len(rows), 0)), texts=[], policy_version=self.state.policy_version)
         a = self.cfg.algorithm
         with self.phases("update"):
             part.ref_logp = self.reference_logprobs(part)  # None without a reference (beta = 0)
             part.teacher_logp = self.teacher_logprobs(part)  # None without a teacher (distill only)
-            part.advantages = self.algorithm.spec.advantages(AdvantageInputs(
-                rewards=torch.tensor(part.rewards, dtype=torch.float32, device=self.device), mask=self.advantage_mask(part),
+            part.advantages = self.parts.algorithm.spec.advantages(AdvantageInputs(
+                rewards=torch.tensor(part.rewards, dtype=torch.float32, device=self.parts.device), mask=self.advantage_mask(part),
                 group_size=self.plan.num_generations, scale=a.scale_rewards, gamma=a.gamma, lam=a.lam)).advantages
             micro = self.micro_batches(part, list(range(len(part))))
             packed = [self.pack(part, mb) for mb in micro]
-            streamed.count += float(sum(aggregation_count(p.mask, self.aggregation) for p in packed))
+            streamed.count += float(sum(aggregation_count(p.mask, self.parts.aggregation) for p in packed))
             self.backward_micro_batches(part, micro, packed, 1.0, streamed.sums)
         return part.ref_logp
 
@@ -302,8 +269,8 @@ class Trainer:
         cfg, a = self.cfg, self.cfg.algorithm
         for mb, mbi in zip(micro, packed):
             pb, mask = mbi.packed, mbi.mask
-            with self.precision.autocast():  # float32 master weights, low-precision maths when mixed; backward outside
-                logp, entropy = completion_logprobs(self.policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths,
+            with self.parts.precision.autocast():  # float32 master weights, low-precision maths when mixed; backward outside
+                logp, entropy = completion_logprobs(self.parts.policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths,
                                                     pb.completion_ids, mask, temperature=cfg.rollout.temperature,
                                                     chunk_size=cfg.train.logprob_chunk_size, entropy_grad=a.entropy_coeff != 0)
             width = logp.shape[1]
@@ -315,16 +282,16 @@ class Trainer:
                 keep = top_entropy_mask(entropy.detach(), mask, 1.0 - a.top_entropy_quantile)
                 weights = keep.to(logp.dtype) if weights is None else weights * keep
                 sums["entropy/kept_frac"] += keep.sum()
-            loss, metrics = policy_loss(self.loss_name, logp, old, adv, mask, token_weights=weights, aggregation=self.aggregation,
+            loss, metrics = policy_loss(self.parts.loss_name, logp, old, adv, mask, token_weights=weights, aggregation=self.parts.aggregation,
                                         max_length=cfg.rollout.max_completion_length, num_items=num_items,
-                                        **self.algorithm.loss_params)
+                                        **self.parts.algorithm.loss_params)
             metrics = {**metrics, **distill_metrics}
             if a.entropy_coeff != 0:  # verl's entropy bonus, aggregated as the policy loss
-                loss = loss - a.entropy_coeff * aggregate_loss(entropy, mask, self.aggregation, num_items=num_items,
+                loss = loss - a.entropy_coeff * aggregate_loss(entropy, mask, self.parts.aggregation, num_items=num_items,
                                                                max_length=cfg.rollout.max_completion_length)
-            if self.algorithm.kl_placement == "loss":
-                kl = kl_penalty(logp, pad_rows([batch.ref_logp[i] for i in mb], width), self.algorithm.kl_estimator)
-                loss = loss + self.kl_controller.value * aggregate_loss(kl, mask, self.aggregation, num_items=num_items,
+            if self.parts.algorithm.kl_placement == "loss":
+                kl = kl_penalty(logp, pad_rows([batch.ref_logp[i] for i in mb], width), self.parts.algorithm.kl_estimator)
+                loss = loss + self.parts.kl_controller.value * aggregate_loss(kl, mask, self.parts.aggregation, num_items=num_items,
                                                                         max_length=cfg.rollout.max_completion_length)
                 sums["kl"] += (kl.detach() * mask).sum()
             loss.backward()
@@ -341,7 +308,7 @@ class Trainer:
 
     def release_host_memory(self) -> bool:
         """train.release_host_memory, on the CPU: the heap's free pages back to the system (cohort/models/host_memory.py)."""
-        return self.cfg.train.release_host_memory and release_host_memory(self.device)
+        return self.cfg.train.release_host_memory and release_host_memory(self.parts.device)
 
     def micro_batches(self, batch: RolloutBatch, indices: list[int]) -> list[list[int]]:
         """`indices` split into length-sorted micro-batches of at most train.micro_batch_size completions
@@ -355,7 +322,7 @@ class Trainer:
         loss reads from the batch's host lists (the engine's log-probs, each token's staleness and off-policy flag).
         Made on the host and moved to the device once, before the first forward: the loop over the micro-batches then
         queues its work without a copy to the device or a read back (issue 38, item 7; tests/trainer/test_host_syncs.py)."""
-        pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.pad_id, HOST)
+        pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.parts.pad_id, HOST)
         # tool-output tokens (loss mask 0) are in the input but out of the loss, ratio, entropy, KL and normaliser
         width = pb.completion_mask.shape[1]
         mask = pb.completion_mask * batch.token_mask(mb, width, HOST) * self._kept(batch, mb)[:, None]
@@ -368,8 +335,8 @@ class Trainer:
             mask = mask * (behind <= bound).float()
         engine = padded_tensor([batch.engine_logp[i][:width] for i in mb], width, torch.float32, HOST)  # 0 where none
         trains_off_policy = off is not None and bool((off * mask).sum() > 0)  # read on the host, where it was made
-        return MicroBatch(pb.to(self.device), to_device(mask, self.device), *(
-            None if t is None else to_device(t, self.device) for t in (off, behind, engine)), trains_off_policy)
+        return MicroBatch(pb.to(self.parts.device), to_device(mask, self.parts.device), *(
+            None if t is None else to_device(t, self.parts.device) for t in (off, behind, engine)), trains_off_policy)
 
     def _kept(self, batch: RolloutBatch, rows: list[int]) -> torch.Tensor:
         """(B,) on the host: 1.0 for completions that enter the loss; 0.0 for truncated ones under
@@ -383,17 +350,17 @@ class Trainer:
         not padding, not tool output (loss mask 0), not a truncated completion under mask_truncated_completions."""
         width = max(1, max(len(c) for c in batch.completion_ids))
         rows = list(range(len(batch)))
-        return to_device(batch.token_mask(rows, width, HOST) * self._kept(batch, rows)[:, None], self.device)  # 0 on padding, tool tokens
+        return to_device(batch.token_mask(rows, width, HOST) * self._kept(batch, rows)[:, None], self.parts.device)  # 0 on padding, tool tokens
 
     def _advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
         """Advantages (N, T) and critic targets for the whole generation batch, by the algorithm's spec; KL bookkeeping."""
-        a, choice = self.cfg.algorithm, self.algorithm
+        a, choice = self.cfg.algorithm, self.parts.algorithm
         mask = self.advantage_mask(batch)
         width = mask.shape[1]
         kl = None
         if batch.old_logp is not None and batch.ref_logp is not None:  # KL(sampling policy ‖ reference) per token
             kl = kl_penalty(pad_rows(batch.old_logp, width), pad_rows(batch.ref_logp, width), choice.kl_estimator)
-        beta = self.kl_controller.value
+        beta = self.parts.kl_controller.value
         out = choice.spec.advantages(AdvantageInputs(
             rewards=rewards, mask=mask, group_size=self.plan.num_generations, kl=kl,
             kl_coef=beta if choice.kl_placement == "reward" else 0.0,
@@ -404,7 +371,7 @@ class Trainer:
         if kl is not None:
             kl_mean = masked_mean(kl, mask)
             batch.metrics.update({"kl": float(kl_mean), "kl_coef": beta})
-            self.kl_controller.update(kl_mean, len(batch))  # a no-op for the fixed controller
+            self.parts.kl_controller.update(kl_mean, len(batch))  # a no-op for the fixed controller
 
     def _off_policy(self, batch: RolloutBatch, mb: list[int], mbi: MicroBatch, logp: torch.Tensor, prox: torch.Tensor,
                     sums) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -424,7 +391,7 @@ class Trainer:
                                    "token; this engine returned none. Use decoupled or mask_stale")
             return mbi.engine.to(prox.dtype), None
         stale = mbi.trains_off_policy or (  # (known on the host: the loop never waits for the device to decide)
-            batch.policy_version != self.state.policy_version and not self.engine_shares_policy and batch.old_logp is None)
+            batch.policy_version != self.state.policy_version and not self.parts.engine_shares_policy and batch.old_logp is None)
         if a.rollout_correction == "none" or (a.rollout_correction == "auto" and not stale):
             return prox, None
         if not has_engine:
@@ -462,7 +429,7 @@ class Trainer:
         elif mbi.behind is not None:
             mask = mask * (mbi.behind == 0).float()
             reference = logp.detach()
-        elif batch.policy_version == self.state.policy_version and (self.state.policy_version == self.state.synced_version or self.engine_shares_policy):
+        elif batch.policy_version == self.state.policy_version and (self.state.policy_version == self.state.synced_version or self.parts.engine_shares_policy):
             reference = logp.detach()
         if reference is None or not batch.engine_logp[mb[0]]:
             return
@@ -472,89 +439,17 @@ class Trainer:
         sums["mismatch_tokens"] += mask.sum()
 
     def _clip_and_step(self, loss: float) -> float:
-        params = [p for p in self.policy.parameters() if p.grad is not None]
+        params = [p for p in self.parts.policy.parameters() if p.grad is not None]
         max_norm = self.cfg.train.max_grad_norm if self.cfg.train.max_grad_norm > 0 else float("inf")
-        grad_norm = self.dist.sync_and_clip_grads(params, max_norm)  # multi-process: the global norm over every shard
+        grad_norm = self.parts.dist.sync_and_clip_grads(params, max_norm)  # multi-process: the global norm over every shard
         check_finite(self.state.step + 1, loss=loss, grad_norm=grad_norm)  # raises before the weights change
-        self.optimizer.step()
-        self.lr_schedule.step()
+        self.parts.optimizer.step()
+        self.parts.lr_schedule.step()
         self.state.policy_version += 1
         return grad_norm
 
     def _update_metrics(self, sums: dict[str, float], grad_norm: float) -> dict[str, float]:
-        return step_metrics(sums, grad_norm, self.lr_schedule.get_last_lr()[0], staleness_shown=self.rollout.rules.off_policy)
-
-    def sync_weights(self) -> None:
-        """Push the policy into the engine if it changed since the last push, then check the canary.
-
-        With requests in flight (a staleness bound k >= 1) the engine loads them between two of its steps."""
-        if self.state.synced_version == self.state.policy_version:
-            return
-        with self.phases("sync"), self._engine_lock():  # (asynchronous: between two of the engine's steps)
-            if self.engine_shares_policy:
-                self.engine.update_weights((), self.state.policy_version)  # nothing to copy: only the version its tokens carry
-            else:
-                dtype = DTYPES[self.cfg.generation_dtype]  # the engine's copy: bfloat16 from float32 master weights, say
-                weights = self.lora.merged_weights if self.lora is not None else self.policy.named_parameters  # LoRA: merged
-                # a stream: each tensor is made (merged, cast) when the engine reads it, never a whole copy at once
-                stream = WeightStream(lambda: ((name, p.detach().to(dtype)) for name, p in weights()))
-                self.sync_bytes_sent += float(self._push(stream) or 0)
-                # the canaries are scored beside requests in flight by engines that take in-flight updates; the tokens
-                # sampled under the new weights are also checked when they are trained (mismatch/*)
-                if self.sync_check.ready and (not self.engine.in_flight or getattr(self.engine, "in_flight_updates", False)):
-                    canary = self._canary_logprobs()
-                    self.sync_metrics.update(self.sync_check.check(self.state.policy_version, *canary))
-                    self.last_canary_gap = self.sync_metrics["sync/canary_gap_max"]
-                    if self.lora is not None:  # LoRA: the engine must hold the adapter, not the base (trainer/lora_sync.py)
-                        self.sync_metrics.update(check_adapter_effect(self, *canary[:2]))
-        self.state.synced_version = self.state.policy_version
-
-    def _engine_lock(self):
-        """The rollout scheduler's engine lock (a driver thread polls between our calls)."""
-        return self.rollout.lock
-
-    def _push(self, stream: WeightStream):
-        """update_weights; between two engine steps when requests are in flight (a staleness bound k >= 1)."""
-        in_flight = {"in_flight": True} if self.engine.in_flight else {}
-        return self.engine.update_weights(stream, self.state.policy_version, **in_flight)
-
-    def _canary_logprobs(self) -> tuple[torch.Tensor, torch.Tensor, float | None]:
-        """Flat (M,) log-probs of every canary token, the engine's and the trainer's (temperature 1), and under mixed
-        precision the trainer's own rounding sensitivity: mean |its autocast log-probs − its float32 ones|."""
-        canaries = self.sync_check.canaries
-        engine = self.engine.score([p for p, _ in canaries], [c for _, c in canaries], 1.0)
-        packed = pack_right_padded([p for p, _ in canaries], [c for _, c in canaries], self.pad_id, self.device)
-
-        def trainer_logprobs(context) -> torch.Tensor:
-            with torch.no_grad(), context:
-                logp, _ = completion_logprobs(self.policy, packed.input_ids, packed.attention_mask, packed.prompt_lengths,
-                                              packed.completion_ids, packed.completion_mask, temperature=1.0)
-            return torch.cat([logp[row, : len(completion)].float() for row, (_, completion) in enumerate(canaries)])
-
-        trainer = trainer_logprobs(self.precision.autocast())
-        sensitivity = None
-        if self.precision.mixed:  # the same weights in float32 (a LoRA base held in bf16: upcast one module at a time)
-            sensitivity = float((trainer - trainer_logprobs(float32_weights(self.policy))).abs().mean())
-        return torch.tensor([x for row in engine for x in row], dtype=torch.float32, device=self.device), trainer, sensitivity
-
-    def _calibrate_sync_check(self, sampled_version: int, prompts: list[list[int]], outs) -> None:
-        """Pick the canaries from the first batch and measure the noise floor while engine and trainer provably agree.
-        Engine calls only while there is something to do: each waits for a driver thread's poll in progress."""
-        check = self.sync_check
-        if self.engine_shares_policy or check.floor is not None or (check.canaries and check.fixed_tolerance is not None):
-            return
-        with self._engine_lock():  # (a driver thread polls between engine calls, never during one)
-            self._calibrate_with_engine(sampled_version, prompts, outs)
-
-    def _calibrate_with_engine(self, sampled_version: int, prompts: list[list[int]], outs) -> None:
-        """Choose the canaries (first batch), then measure the floor once engine and trainer hold the same weights."""
-        if not self.sync_check.canaries:
-            self.sync_check.choose(prompts, [o.token_ids for o in outs], self.plan.num_generations,
-                                   tokens=canary_tokens(self.cfg.generation_dtype, self.precision.compute_dtype))
-        same_weights = sampled_version == self.state.policy_version == self.state.synced_version
-        if self.sync_check.canaries and same_weights and self.sync_check.fixed_tolerance is None:
-            with self.phases("sync"):
-                self.sync_metrics.update(self.sync_check.calibrate(*self._canary_logprobs()))
+        return step_metrics(sums, grad_norm, self.parts.lr_schedule.get_last_lr()[0], staleness_shown=self.rollout.rules.off_policy)
 
     # ------------------------------------------------------------------ loop
 
@@ -569,36 +464,29 @@ class Trainer:
         start = (slot % plan.steps_per_generation) * per_step
         indices = list(range(start, start + per_step))
         self.state.step_indices = indices
-        release_engine_memory(self.engine)  # vLLM's sleep mode: its KV cache (and weights) off the GPU for the update
+        release_engine_memory(self.parts.engine)  # vLLM's sleep mode: its KV cache (and weights) off the GPU for the update
         self.release_host_memory()  # (CPU) what generation and the push freed, out of the heap before the update
         with self.phases("update"):
             metrics = self.update(self.state.batch, indices)
-        if self.critic is not None:
+        if self.parts.critic is not None:
             with self.phases("critic"):
-                metrics.update(self.critic.update(self.state.batch, self.micro_batches(self.state.batch, indices)))
+                metrics.update(self.parts.critic.update(self.state.batch, self.micro_batches(self.state.batch, indices)))
         self.release_host_memory()  # (CPU) the update's, before the push and the next generation
         self.state.step += 1
         if self.state.step % plan.optimizer_steps_per_generation == 0 and self.state.step < plan.max_steps:
-            self.sync_weights()
+            self.sync.push()
         out = {**(self.state.batch.metrics if slot == 0 else {}), **metrics, **self.phases.pop()}
         out["timing/step_s"] = time.perf_counter() - step_start
-        if self.sync_bytes_sent:
-            out["sync/bytes_sent"], self.sync_bytes_sent = self.sync_bytes_sent, 0.0
-        out.update(self.sync_metrics)
-        self.sync_metrics = {}
+        out.update(self.sync.pop_metrics())  # the pushes' bytes and the last canary check's statistics
         return out
-
-    def train(self, resume_from: str | Path | None = None) -> dict[str, Any]:
-        """Run to train.max_steps. `resume_from`: a run directory (its newest checkpoint) or one checkpoint directory."""
-        return run_training(self, resume_from=resume_from)
 
     def close(self) -> None:
         """Release the engine, rewards and process group; call it from a `finally` (it sees whether a failure is unwinding)."""
         clean = sys.exc_info()[0] is None  # in a `finally` reached by an exception, that exception is still current
         if "rollout" in self.__dict__:
             self.rollout.close()  # stops a driver thread, aborts what is in flight
-        self.rewards.close()
-        if self.owns_engine:
-            self.engine.close()
-        self.dist.close(clean=clean)
+        self.parts.rewards.close()
+        if self.parts.owns_engine:
+            self.parts.engine.close()
+        self.parts.dist.close(clean=clean)
 

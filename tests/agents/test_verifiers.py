@@ -129,6 +129,7 @@ def train_20_steps(tmp_path, model_dir, spec, args, overrides=()):
 
     from cohort.config.loading import load_config
     from cohort.trainer.trainer import Trainer
+    from cohort.trainer.run import run_training
 
     cfg = {"model": {"path": str(model_dir)}, "data": {"max_prompt_length": 32}, "engine": {"name": "hf"},
            "rollout": {"num_generations": 2, "max_completion_length": 48},
@@ -148,7 +149,7 @@ def train_20_steps(tmp_path, model_dir, spec, args, overrides=()):
 
     trainer.step = recorded_step  # (train() writes metrics.jsonl; each step's batch is kept for the checks)
     try:
-        trainer.train()
+        run_training(trainer)
     finally:
         trainer.close()
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

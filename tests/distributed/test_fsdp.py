@@ -33,6 +33,7 @@ from cohort.config.loading import load_config
 from cohort.plan.validate import validate_config
 from cohort.distributed.fsdp import DistContext, LocalContext
 from cohort.trainer.trainer import Trainer
+from cohort.trainer.run import run_training
 
 # Dense and arbitrary, so every group has reward spread and every step a real gradient. (With an all-zero
 # gradient, one process takes no step while FSDP's 1e-7 rounding noise becomes a full lr-sized step under Adam.)
@@ -59,7 +60,7 @@ def test_two_processes_match_one_process(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     one = Trainer(load_config(None, _overrides(tmp_path, tiny_model_dir, tmp_path / "one")))
     try:
-        one.train()
+        run_training(one)
     finally:
         one.close()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}

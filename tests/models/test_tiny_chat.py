@@ -15,6 +15,7 @@ from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import SamplingConfig
 from cohort.rollout.engines.hf import HFEngine
 from cohort.trainer.trainer import Trainer
+from cohort.trainer.run import run_training
 
 TEXTS = [
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n47+8=<|im_end|>\n<|im_start|>assistant\n",
@@ -83,10 +84,10 @@ def _train_chat(tmp_path, model_dir, engine: str, monkeypatch):
                              "run.progress=false", "run.loggers=[jsonl]"])
     trainer = Trainer(cfg)
     try:
-        stops = stop_token_ids(trainer.model_dir, trainer.tokenizer)
-        assert trainer.engine.stop_token_ids == stops
+        stops = stop_token_ids(trainer.parts.model_dir, trainer.parts.tokenizer)
+        assert trainer.parts.engine.stop_token_ids == stops
         batch = trainer.generate_batch()
-        trainer.train()
+        run_training(trainer)
     finally:
         trainer.close()
     lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -32,6 +32,7 @@ from cohort.rollout.server.app import LocalServer, RolloutService, serve_in_thre
 from cohort.trainer import checkpoint
 from cohort.trainer.failure import RunFailed
 from cohort.trainer.trainer import Trainer
+from cohort.trainer.run import run_training
 from tests.builders import write_doubling
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -111,22 +112,22 @@ def test_train_in_server_mode_pushes_weights_and_generates_with_the_new_version(
     monkeypatch.syspath_prepend(str(tmp_path))
     trainer = Trainer(_config(tmp_path, tiny_model_dir, [cli_server.url, thread_server], steps=12))
     try:
-        trainer.train()
+        run_training(trainer)
         lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-        weights = sum(p.numel() * 4 for p in trainer.policy.parameters())
+        weights = sum(p.numel() * 4 for p in trainer.parts.policy.parameters())
         for line in lines[:-1]:  # every step but the last ends with a push to both servers (step 1 also starts with one)
             pushes = 2 if line["step"] == 1 else 1
             assert 2 * pushes * weights < line["sync/bytes_sent"] < 2 * pushes * weights * 1.01, line
             assert line["timing/sync_s"] > 0
-        assert trainer.last_canary_gap < 1e-4
+        assert trainer.sync.last_canary_gap < 1e-4
         first, last = sum(l["reward"] for l in lines[:3]) / 3, sum(l["reward"] for l in lines[-3:]) / 3
         assert last > first + 0.1, (first, last)  # the servers sample from the improving policy
-        trainer.sync_weights()  # push the final policy, then both servers must generate with it
-        prompt = trainer.train_ids[0]
-        outs = trainer.engine.generate([prompt] * 4, SamplingConfig(6, 1.0), [1, 2, 3, 4])  # 2 on each server
+        trainer.sync.push()  # push the final policy, then both servers must generate with it
+        prompt = trainer.parts.train_ids[0]
+        outs = trainer.parts.engine.generate([prompt] * 4, SamplingConfig(6, 1.0), [1, 2, 3, 4])  # 2 on each server
         assert [o.policy_version for o in outs] == [12] * 4
         for o in outs:
-            assert torch.allclose(torch.tensor(o.logprobs), sequence_logprobs(trainer.policy, prompt, o.token_ids), atol=1e-4)
+            assert torch.allclose(torch.tensor(o.logprobs), sequence_logprobs(trainer.parts.policy, prompt, o.token_ids), atol=1e-4)
     finally:
         trainer.close()
 
@@ -150,7 +151,7 @@ def test_canary_catches_corrupted_weights_and_stops_the_run(cli_server, thread_s
     start = time.perf_counter()
     try:
         with pytest.raises(RuntimeError, match="weight sync check failed at policy version 2"):
-            trainer.train()
+            run_training(trainer)
     finally:
         trainer.close()
     assert trainer.state.step == 2  # versions 0 and 1 synced fine; the push after step 2 was caught
@@ -164,7 +165,7 @@ def test_a_server_that_dies_mid_run_saves_the_state_before_the_failed_step(vllm_
     monkeypatch.syspath_prepend(str(tmp_path))
     server, url = serve_in_thread(RolloutService(vllm_engine, "t", model=str(tiny_model_dir), max_model_len=128))
     trainer = Trainer(_config(tmp_path, tiny_model_dir, [url], steps=5))
-    real_submit = trainer.engine.submit
+    real_submit = trainer.parts.engine.submit
 
     def submit_to_a_dying_server(requests, *args, **kwargs):
         # the scheduler counts the generation batches it admits: the server dies as the third batch is submitted
@@ -173,10 +174,10 @@ def test_a_server_that_dies_mid_run_saves_the_state_before_the_failed_step(vllm_
             server.server_close()
         return real_submit(requests, *args, **kwargs)
 
-    monkeypatch.setattr(trainer.engine, "submit", submit_to_a_dying_server)
+    monkeypatch.setattr(trainer.parts.engine, "submit", submit_to_a_dying_server)
     try:
         with pytest.raises(RunFailed) as err:
-            trainer.train()
+            run_training(trainer)
     finally:
         trainer.close()
         vllm_engine.update_weights(load_policy(tiny_model_dir, "float32").named_parameters(), 0)

@@ -17,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from cohort.distributed.fsdp import LocalContext
 from cohort.trainer import checkpoint, failure
 from cohort.runs.manifest import MANIFEST, verify, write_manifest
 
@@ -168,8 +169,9 @@ def test_an_intact_checkpoint_that_does_not_load_is_not_skipped(tmp_path):
 
 def test_a_failure_before_the_first_step_names_the_checkpoints_already_saved(tmp_path):
     latest = fake_checkpoint(tmp_path, 3)
-    trainer = types.SimpleNamespace(run_dir=tmp_path, state=types.SimpleNamespace(step=0))
-    assert failure._save_last_good_state(trainer, "complete") == (
+    saved = types.SimpleNamespace(parts=types.SimpleNamespace(run_dir=tmp_path, dist=LocalContext()),  # (a Checkpointed)
+                                  state=types.SimpleNamespace(step=0))
+    assert failure._save_last_good_state(saved, "complete") == (
         f"Nothing new saved (no step completed in this process); the checkpoints already saved are unchanged, the newest "
         f"is {latest}. Fix the cause, then resume with: cohort train --resume {tmp_path}"
     )

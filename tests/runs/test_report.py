@@ -99,6 +99,7 @@ def test_compare_overlays_runs(tmp_path, capsys):
 def real_run(tiny_model_dir, tmp_path_factory):
     from cohort.config.loading import load_config
     from cohort.trainer.trainer import Trainer
+    from cohort.trainer.run import run_training
 
     root = tmp_path_factory.mktemp("report-run")
     data = root / "train.jsonl"
@@ -111,7 +112,7 @@ def real_run(tiny_model_dir, tmp_path_factory):
         "train.micro_batch_size=8", "train.max_steps=6", "train.learning_rate=1e-3", "algorithm.beta=0.01",
         "rewards=[{name: numeric_match}]", f"run.output_dir={run_dir}", "run.progress=false",
         "run.loggers=[jsonl, tensorboard]", "run.log_completions_every=2"]))
-    trainer.train()
+    run_training(trainer)
     trainer.close()
     return run_dir
 

@@ -262,11 +262,11 @@ def test_switching_algorithm_changes_nothing_else_in_the_loop(toy, tiny_model_di
                         ("rloo", ("algorithm.beta=0.05",)), ("ppo", ("algorithm.beta=0.05",))]:
         trainer = _trainer(toy, tiny_model_dir, name, *extra)
         # the parts match the algorithm: a critic only for ppo, a reference model only with a KL term
-        assert (trainer.critic is not None) == (name == "ppo")
-        assert (trainer.ref_model is not None) == bool(extra)
-        if trainer.critic is not None:
-            policy_storage = {p.data_ptr() for p in trainer.policy.parameters()}
-            assert not policy_storage & {p.data_ptr() for p in trainer.critic.model.parameters()}  # its own copy
+        assert (trainer.parts.critic is not None) == (name == "ppo")
+        assert (trainer.parts.ref_model is not None) == bool(extra)
+        if trainer.parts.critic is not None:
+            policy_storage = {p.data_ptr() for p in trainer.parts.policy.parameters()}
+            assert not policy_storage & {p.data_ptr() for p in trainer.parts.critic.model.parameters()}  # its own copy
         first = trainer.step()
         batch = trainer.state.batch
         # old log-probs only when the KL is measured at generation time (on-policy otherwise)
@@ -291,14 +291,14 @@ def test_adaptive_kl_controller_moves_beta_once_per_generation_batch(toy, tiny_m
     assert first["kl"] == 0.0 and first["kl_coef"] == 0.1
     with torch.no_grad():  # move the policy away from the reference (the toy reward alone barely moves it in one step)
         torch.manual_seed(0)
-        for param in trainer.policy.parameters():
+        for param in trainer.parts.policy.parameters():
             param.add_(0.02 * torch.randn_like(param))
     second = trainer.step()
     assert second["kl_coef"] == pytest.approx(0.0968, abs=1e-12)
     assert second["kl"] > 0
     # Step 2 measured KL k: beta *= 1 + clip(k / 0.01 - 1, -0.2, 0.2) * 16 / 100.
     error = min(max(second["kl"] / 0.01 - 1, -0.2), 0.2)
-    assert trainer.kl_controller.value == pytest.approx(0.0968 * (1 + error * 0.16), rel=1e-12)
+    assert trainer.parts.kl_controller.value == pytest.approx(0.0968 * (1 + error * 0.16), rel=1e-12)
     trainer.close()
 
 
@@ -306,12 +306,12 @@ def test_critic_values_read_the_state_before_each_completion_token(toy, tiny_mod
     from cohort.models.batching import pack_right_padded
 
     trainer = _trainer(toy, tiny_model_dir, "ppo")
-    critic = trainer.critic.model
+    critic = trainer.parts.critic.model
     assert all(float(v.detach().abs().max()) == 0.0 for v in [critic.head.weight, critic.head.bias])  # starts at V = 0
     with torch.no_grad():
         critic.head.weight.normal_()
         critic.head.bias.fill_(0.3)
-    pb = pack_right_padded([[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]], trainer.pad_id)
+    pb = pack_right_padded([[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]], trainer.parts.pad_id)
     with torch.no_grad():
         values = critic(pb.input_ids, pb.attention_mask, pb.prompt_lengths, pb.completion_mask)
         hidden = critic.body(input_ids=pb.input_ids, attention_mask=pb.attention_mask).last_hidden_state
@@ -325,18 +325,16 @@ def test_critic_values_read_the_state_before_each_completion_token(toy, tiny_mod
 
 @pytest.mark.slow
 def test_critic_and_kl_controller_are_checkpointed(toy, tiny_model_dir):
-    from cohort.trainer import checkpoint
-
     trainer = _trainer(toy, tiny_model_dir, "ppo", "algorithm.beta=0.05", "algorithm.kl_controller=adaptive")
-    parts = checkpoint.stateful_parts(trainer)
+    parts = trainer.checkpointed().stateful
     assert "critic" in parts and "kl_controller" in parts
     trainer.step()
     state = {k: v for k, v in parts["critic"].state_dict().items()}
     fresh = _trainer(toy, tiny_model_dir, "ppo", "algorithm.beta=0.05", "algorithm.kl_controller=adaptive")
-    fresh.critic.load_state_dict(state)
-    for a, b in zip(trainer.critic.model.parameters(), fresh.critic.model.parameters()):
+    fresh.parts.critic.load_state_dict(state)
+    for a, b in zip(trainer.parts.critic.model.parameters(), fresh.parts.critic.model.parameters()):
         assert torch.equal(a, b)
-    assert fresh.critic.lr_schedule.last_epoch == trainer.critic.lr_schedule.last_epoch == 1
+    assert fresh.parts.critic.lr_schedule.last_epoch == trainer.parts.critic.lr_schedule.last_epoch == 1
     trainer.close()
     fresh.close()
 
@@ -384,21 +382,21 @@ def test_entropy_bonus_and_top_entropy_reach_the_loss(toy, tiny_model_dir):
     packed = [trainer.pack(batch, mb) for mb in micro]
     num_items = sum(aggregation_count(p.mask, "token_mean") for p in packed)
     sums = defaultdict(float)
-    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.parts.optimizer.zero_grad(set_to_none=True)
     trainer.backward_micro_batches(batch, micro, packed, num_items, sums)
-    ours = [p.grad.clone() for p in trainer.policy.parameters()]
-    trainer.optimizer.zero_grad(set_to_none=True)
+    ours = [p.grad.clone() for p in trainer.parts.policy.parameters()]
+    trainer.parts.optimizer.zero_grad(set_to_none=True)
     kept = 0.0
     for mb, mbi in zip(micro, packed):
         pb, mask = mbi.packed, mbi.mask
-        logp, entropy = naive_completion_logprobs(trainer.policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths,
+        logp, entropy = naive_completion_logprobs(trainer.parts.policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths,
                                                   pb.completion_ids, mask)
         keep = top_entropy_mask(entropy.detach(), mask, 0.5)
         kept += float(keep.sum())
         adv = batch.advantages[mb][:, : logp.shape[1]]
         loss, _ = policy_loss("ppo_clip", logp, logp.detach(), adv, mask, token_weights=keep, num_items=num_items)
         (loss - 0.1 * aggregate_loss(entropy, mask, "token_mean", num_items=num_items)).backward()
-    for got, p in zip(ours, trainer.policy.parameters()):
+    for got, p in zip(ours, trainer.parts.policy.parameters()):
         torch.testing.assert_close(got, p.grad, rtol=0, atol=2e-5)
     assert float(sums["entropy/kept_frac"]) == kept and 0.4 < kept / float(num_items) < 0.7  # about half the tokens
     metrics = trainer.step()  # and through a whole step: the kept fraction is reported
@@ -414,7 +412,7 @@ def test_a_trl_loss_type_trains_end_to_end(toy, tiny_model_dir, loss_type):
     (toy[0] / "loss_rewards.py").write_text("def varied(prompts, completions, **kw):\n    return [len(c) % 3 for c in completions]\n")
     trainer = _trainer(toy, tiny_model_dir, "grpo", f"algorithm.loss_type={loss_type}", "algorithm.epsilon_high=5",
                        "rewards=[{name: 'loss_rewards:varied'}]", steps=2)
-    assert (trainer.loss_name, trainer.aggregation) == (loss_type, "token_mean")
+    assert (trainer.parts.loss_name, trainer.parts.aggregation) == (loss_type, "token_mean")
     for _ in range(2):
         metrics = trainer.step()
         assert metrics["ratio/mean"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_ratio/high"] == 0.0
@@ -428,7 +426,7 @@ def test_gmpo_trains_end_to_end(toy, tiny_model_dir):
     (toy[0] / "gmpo_rewards.py").write_text("def varied(prompts, completions, **kw):\n    return [len(c) % 3 for c in completions]\n")
     trainer = _trainer(toy, tiny_model_dir, "grpo", "algorithm.loss_type=gmpo", "algorithm.epsilon_low=0.4",
                        "algorithm.epsilon_high=0.4", "rewards=[{name: 'gmpo_rewards:varied'}]", steps=2)
-    assert (trainer.loss_name, trainer.aggregation) == ("gmpo", "seq_mean_token_sum")
+    assert (trainer.parts.loss_name, trainer.parts.aggregation) == ("gmpo", "seq_mean_token_sum")
     for _ in range(2):
         metrics = trainer.step()
         assert metrics["ratio/mean"] == pytest.approx(1.0, abs=1e-6) and metrics["clip_ratio/region"] == 0.0
@@ -444,13 +442,13 @@ def test_ppo_with_a_kl_term_learns_through_the_shared_vllm_engine(toy, tiny_mode
     # 0.9 at step ~29); canary gap 4e-6; trainer-engine log-prob gap at most 1.4e-5.
     trainer = _trainer(toy, tiny_model_dir, "ppo", "engine.name=vllm", "critic.learning_rate=1e-3", "algorithm.beta=0.01",
                        "algorithm.kl_controller=adaptive", "algorithm.kl_target=1.0", engine=vllm_engine)
-    assert trainer.engine_shares_policy is False and trainer.ref_model is not None and trainer.critic is not None
+    assert trainer.parts.engine_shares_policy is False and trainer.parts.ref_model is not None and trainer.parts.critic is not None
     history = [trainer.step() for _ in range(40)]
     trainer.close()
     rewards = [m["reward"] for m in history]
     assert sum(rewards[:5]) / 5 < 0.15 and sum(rewards[-5:]) / 5 > 0.8, rewards
     assert all(m["mismatch/logprob_abs_max"] < 1e-3 for m in history)  # trainer vs engine on the sampled tokens
-    assert trainer.last_canary_gap < 1e-4
+    assert trainer.sync.last_canary_gap < 1e-4
     assert history[-1]["kl_coef"] != 0.01  # the controller moved beta
 
 

@@ -20,6 +20,7 @@ from cohort.rollout.stream import FinishedGroup
 from cohort.trainer import checkpoint
 from cohort.rollout.scheduler import Origin
 from cohort.trainer.trainer import Trainer
+from cohort.trainer.weight_sync import WeightSync
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.plan.validate import validate_config
 from tests.builders import tiny_run, write_doubling
@@ -53,7 +54,7 @@ def _run(cfg, steps):
         for _ in range(steps):
             metrics.append(trainer.step())
             batches.append(trainer.state.batch)
-        weights = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
+        weights = {k: v.detach().clone() for k, v in trainer.parts.policy.state_dict().items()}
     finally:
         trainer.close()
     return batches, metrics, weights
@@ -122,14 +123,14 @@ def test_admitted_groups_survive_a_checkpoint_no_prompt_lost_or_repeated(tmp_pat
         for _ in range(2):
             trainer.step()
             trained.update(trainer.state.batch.row_indices)
-        path = checkpoint.save_checkpoint(trainer)
+        path = checkpoint.save_checkpoint(trainer.checkpointed())
         saved = trainer.rollout.state_dict()["admitted"]
     finally:
         trainer.close()
     assert saved  # batch 2 was admitted at version 1 and is not trained yet
     resumed = Trainer(_config(tmp_path, data_file, tiny_model_dir, "pipeline.max_staleness=1", "train.max_steps=4", name="ckpt2"), **QUIET)
     try:
-        checkpoint.load_checkpoint(resumed, path)
+        checkpoint.load_checkpoint(resumed.checkpointed(), path)
         for _ in range(2):
             resumed.step()
             trained.update(resumed.state.batch.row_indices)
@@ -139,7 +140,7 @@ def test_admitted_groups_survive_a_checkpoint_no_prompt_lost_or_repeated(tmp_pat
         resumed.close()
     fresh = Trainer(cfg, **QUIET)  # the sampler's rows for generation batches 0 .. drawn-1, in order
     try:
-        expected = Counter(i for _ in range(drawn) for i in fresh.sampler.next_batch())
+        expected = Counter(i for _ in range(drawn) for i in fresh.parts.sampler.next_batch())
     finally:
         fresh.close()
     assert trained + left == expected
@@ -153,7 +154,7 @@ def test_a_dead_engine_fails_the_run_within_the_timeout(tmp_path, data_file, tin
     trainer = Trainer(cfg, **QUIET)
     try:
         trainer.step()
-        trainer.engine.server.process.kill()  # the `cohort serve` child dies mid-run
+        trainer.parts.engine.server.process.kill()  # the `cohort serve` child dies mid-run
         start = time.monotonic()
         with pytest.raises(RuntimeError, match="rollout (engine|server)"):  # (from the pump or a submit)
             for _ in range(5):
@@ -186,7 +187,7 @@ def test_an_eval_while_groups_are_in_flight_loses_none_of_them(tmp_path, data_fi
         trained.update(trainer.state.batch.row_indices)
         trainer.rollout.admit(1)  # batch 3 may start now (as the next step would admit it)
         assert trainer.rollout.stream.pending > 0  # groups in flight during the eval
-        outs = trainer.rollout.generate([trainer.train_ids[0], trainer.train_ids[1]], SamplingConfig(8, 0.0), [1, 2])
+        outs = trainer.rollout.generate([trainer.parts.train_ids[0], trainer.parts.train_ids[1]], SamplingConfig(8, 0.0), [1, 2])
         assert len(outs) == 2 and all(o.finished and o.token_ids for o in outs)
         for _ in range(3):
             trainer.step()
@@ -196,7 +197,7 @@ def test_an_eval_while_groups_are_in_flight_loses_none_of_them(tmp_path, data_fi
         trainer.close()
     fresh = Trainer(cfg, **QUIET)
     try:
-        expected = Counter(i for _ in range(4) for i in fresh.sampler.next_batch())
+        expected = Counter(i for _ in range(4) for i in fresh.parts.sampler.next_batch())
     finally:
         fresh.close()
     assert trained == expected
@@ -240,21 +241,19 @@ def test_dynamic_sampling_and_partial_rollouts_combine_with_a_staleness_bound(tm
 def test_a_calibrated_sync_check_leaves_the_engine_lock_alone():
     """Once the canaries' noise floor is measured, collecting a batch takes no engine lock: under k >= 1 each take
     waited for the driver's poll in progress (0.12 s a step on the arith demo, bench/async_step.py)."""
-    from types import MethodType, SimpleNamespace
+    from types import SimpleNamespace
 
-    def no_lock():
-        raise AssertionError("the engine lock was taken with nothing to calibrate")
+    class NoLock:
+        def __enter__(self):
+            raise AssertionError("the engine lock was taken with nothing to calibrate")
 
-    collected = SimpleNamespace(sampled_version=2, prompts=[[1]], outs=[])
-    trainer = SimpleNamespace(
-        sync_weights=lambda: None, optimizer=SimpleNamespace(zero_grad=lambda set_to_none: None),
-        rollout=SimpleNamespace(collect=lambda request: collected),
-        rewards=None, tokenizer=None, train_data=None, train_ids=None, plan=SimpleNamespace(num_generations=2),
-        phases=None, state=SimpleNamespace(policy_version=3), stream_update=False, train_groups=None,
-        engine_shares_policy=False,
-        sync_check=SimpleNamespace(floor=(1e-6, 2e-6), canaries=[([1], [2])], fixed_tolerance=None),
-        _engine_lock=no_lock, _finish_batch=lambda c, version, streamed: ("batch", version))
-    trainer._calibrate_sync_check = MethodType(Trainer._calibrate_sync_check, trainer)
-    assert Trainer.generate_batch(trainer) == ("batch", 2)
-    trainer.sync_check.floor, trainer.sync_check.fixed_tolerance = None, 0.01  # a fixed tolerance: nothing to measure
-    assert Trainer.generate_batch(trainer) == ("batch", 2)
+        def __exit__(self, *exc_info):
+            return False
+
+    parts = SimpleNamespace(lora=None, engine_shares_policy=False)
+    sync = WeightSync(parts, SimpleNamespace(policy_version=3, synced_version=3), NoLock(), phases=None,
+                      generation_dtype="float32", group_size=2, fixed_tolerance=None)
+    sync.check.floor, sync.check.canaries = (1e-6, 2e-6), [([1], [2])]  # calibrated
+    sync.calibrate(2, [[1]], [])
+    sync.check.floor, sync.check.fixed_tolerance = None, 0.01  # a fixed tolerance: nothing to measure
+    sync.calibrate(2, [[1]], [])

@@ -11,6 +11,7 @@ import pytest
 from cohort import cli
 from cohort.config.loading import load_config
 from cohort.trainer.trainer import Trainer
+from cohort.trainer.run import run_training
 
 MODULE = textwrap.dedent('''
     SEEN = []
@@ -39,10 +40,10 @@ def test_chat_prompts_use_template_and_chat_completions(chat_data, tiny_model_di
                              "train.micro_batch_size=4", "train.max_steps=1", "rewards=[{name: 'chat_rewards_mod:chat_reward'}]",
                              f"run.output_dir={tmp_path / 'run'}", "run.progress=false", "run.loggers=[jsonl]"])
     trainer = Trainer(cfg)
-    ids = trainer.train_ids[0]
+    ids = trainer.parts.train_ids[0]
     # ChatML rendering with the generation prompt: "<|im_start|>user\n0+1<|im_end|>\n<|im_start|>assistant\n"
-    assert trainer.tokenizer.decode(ids) == "<|im_start|>user\n0+1<|im_end|>\n<|im_start|>assistant\n"
-    trainer.train()
+    assert trainer.parts.tokenizer.decode(ids) == "<|im_start|>user\n0+1<|im_end|>\n<|im_start|>assistant\n"
+    run_training(trainer)
     trainer.close()
     import chat_rewards_mod
 

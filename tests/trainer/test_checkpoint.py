@@ -33,6 +33,7 @@ from safetensors.torch import load_file
 from cohort.config.loading import load_config
 from cohort.trainer import checkpoint
 from cohort.trainer.trainer import Trainer
+from cohort.trainer.run import run_training
 from tests.builders import tiny_run, write_doubling
 
 REWARD_MODULE = textwrap.dedent('''
@@ -91,7 +92,7 @@ def assert_same_run(a: Path, b: Path, model_dir: Path) -> None:
 def run_uninterrupted(tmp_path, data, model_dir, engine, vllm_engine=None) -> Path:
     run_dir = tmp_path / f"reference-{engine}"
     trainer = Trainer(load_config(None, overrides(model_dir, data, run_dir, engine)), engine=vllm_engine)
-    trainer.train()
+    run_training(trainer)
     trainer.close()
     return run_dir
 
@@ -106,7 +107,7 @@ def test_resume_from_every_checkpoint_equals_uninterrupted(user_setup, tiny_mode
     ref = tmp_path / "ref"
     extra = ("algorithm.num_iterations=2", "run.save_every=1", "run.keep_checkpoints=10")
     trainer = Trainer(load_config(None, overrides(tiny_model_dir, data, ref, "hf", *extra)))
-    trainer.train()
+    run_training(trainer)
     trainer.close()
     saved = checkpoint.list_checkpoints(ref)
     assert [p.name for p in saved] == [f"step-{k:06d}" for k in range(1, 7)]
@@ -118,15 +119,15 @@ def test_resume_from_every_checkpoint_equals_uninterrupted(user_setup, tiny_mode
         shutil.rmtree(copy / "final")
         cfg = load_config(copy / "config.yaml", [f"run.output_dir={copy}"])
         resumed = Trainer(cfg)
-        resumed.train(resume_from=copy / "checkpoints" / f"step-{k:06d}")
+        run_training(resumed, resume_from=copy / "checkpoints" / f"step-{k:06d}")
         resumed.close()
         assert_same_run(ref, copy, tiny_model_dir)
 
 
 @pytest.mark.slow
 def test_a_new_stateful_part_is_saved_and_restored_once_listed(user_setup, tiny_model_dir, monkeypatch):
-    """The explicit list: a part with state_dict/load_state_dict is checkpointed once it is named in STATEFUL, and
-    only then (an attribute hung on the trainer from outside is not saved by reflection)."""
+    """The explicit list: a part with state_dict/load_state_dict is checkpointed once `checkpoint.stateful_parts` names
+    it, and only then (an attribute hung on the trainer from outside is not saved by reflection)."""
     tmp_path, data = user_setup
 
     class Counter:
@@ -142,17 +143,23 @@ def test_a_new_stateful_part_is_saved_and_restored_once_listed(user_setup, tiny_
     trainer = Trainer(load_config(None, overrides(tiny_model_dir, data, tmp_path / "a", "hf")))
     trainer.my_controller = Counter()
     trainer.my_controller.value = 41
-    assert "my_controller" not in checkpoint.stateful_parts(trainer)  # not listed: not saved
-    monkeypatch.setattr(checkpoint, "STATEFUL", checkpoint.STATEFUL + ("my_controller",))
+    assert "my_controller" not in trainer.checkpointed().stateful  # not listed: not saved
+    listed, counters = checkpoint.stateful_parts, {}  # the run's parts -> its counter
+
+    def with_counter(parts, sync_check, scheduler):
+        return {**listed(parts, sync_check, scheduler), "my_controller": counters[id(parts)]}
+
+    monkeypatch.setattr("cohort.trainer.trainer.stateful_parts", with_counter)
+    counters[id(trainer.parts)] = trainer.my_controller
     trainer.step()
-    path = checkpoint.save_checkpoint(trainer)
+    path = checkpoint.save_checkpoint(trainer.checkpointed())
     trainer.close()
     other = Trainer(load_config(None, overrides(tiny_model_dir, data, tmp_path / "a", "hf")))
-    other.my_controller = Counter()
-    meta = checkpoint.load_checkpoint(other, path)
-    assert other.my_controller.value == 41 and meta["step"] == other.state.step == 1
-    assert other.sampler.state_dict() == trainer.sampler.state_dict()
-    for (name, p), q in zip(trainer.policy.named_parameters(), other.policy.parameters()):
+    counters[id(other.parts)] = Counter()
+    meta = checkpoint.load_checkpoint(other.checkpointed(), path)
+    assert counters[id(other.parts)].value == 41 and meta["step"] == other.state.step == 1
+    assert other.parts.sampler.state_dict() == trainer.parts.sampler.state_dict()
+    for (name, p), q in zip(trainer.parts.policy.named_parameters(), other.parts.policy.parameters()):
         assert torch.equal(p, q), name
     other.close()
 
@@ -235,7 +242,7 @@ KILL_DURING_SAVE = textwrap.dedent('''
     if __name__ == "__main__":
         trainer = Trainer(load_config(None, sys.argv[1:]))
         trainer.step()
-        checkpoint.save_checkpoint(trainer)          # step-000001: complete
+        checkpoint.save_checkpoint(trainer.checkpointed())          # step-000001: complete
         trainer.step()
         real_fsync, calls = os.fsync, [0]
 
@@ -246,7 +253,7 @@ KILL_DURING_SAVE = textwrap.dedent('''
                 os.kill(os.getpid(), signal.SIGKILL)
 
         os.fsync = fsync_then_die
-        checkpoint.save_checkpoint(trainer)
+        checkpoint.save_checkpoint(trainer.checkpointed())
 ''')
 
 
@@ -258,7 +265,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(user_setup, 
     run_dir = tmp_path / "damaged"
     trainer = Trainer(load_config(None, overrides(tiny_model_dir, data, run_dir, "hf", "run.save_every=2",
                                                   "run.keep_checkpoints=2")))
-    trainer.train()
+    run_training(trainer)
     trainer.close()
     step4, step6 = checkpoint.list_checkpoints(run_dir)
     assert (step4.name, step6.name) == ("step-000004", "step-000006")
@@ -294,10 +301,10 @@ def test_kill_during_save_leaves_the_previous_checkpoint_loadable(user_setup, ti
     assert len(names) == 2 and names[0].startswith(".tmp-step-000002-") and names[1] == "step-000001", names
     assert checkpoint.latest_checkpoint(run_dir).name == "step-000001"
     trainer = Trainer(load_config(None, overrides(tiny_model_dir, data, run_dir, "hf")))
-    meta = checkpoint.load_checkpoint(trainer, checkpoint.latest_checkpoint(run_dir))
+    meta = checkpoint.load_checkpoint(trainer.checkpointed(), checkpoint.latest_checkpoint(run_dir))
     assert meta["step"] == trainer.state.step == 1 and trainer.state.policy_version == 1
     trainer.step()  # and it trains on
-    checkpoint.save_checkpoint(trainer)
+    checkpoint.save_checkpoint(trainer.checkpointed())
     assert [p.name for p in root.iterdir() if p.name.startswith(".tmp")] == []  # the torn write was swept
     trainer.close()
 
@@ -309,7 +316,7 @@ def test_keep_checkpoints_and_write_failures(user_setup, tiny_model_dir, monkeyp
     trainer = Trainer(load_config(None, overrides(tiny_model_dir, data, run_dir, "hf", "run.keep_checkpoints=2")))
     for _ in range(3):
         trainer.step()
-        checkpoint.save_checkpoint(trainer)
+        checkpoint.save_checkpoint(trainer.checkpointed())
     assert [p.name for p in checkpoint.list_checkpoints(run_dir)] == ["step-000002", "step-000003"]
     trainer.step()
 
@@ -318,7 +325,7 @@ def test_keep_checkpoints_and_write_failures(user_setup, tiny_model_dir, monkeyp
 
     monkeypatch.setattr(torch, "save", disk_full)
     with pytest.raises(checkpoint.CheckpointError) as err:
-        checkpoint.save_checkpoint(trainer)
+        checkpoint.save_checkpoint(trainer.checkpointed())
     assert "No space left on device" in str(err.value) and "step-000003 is intact" in str(err.value)
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000002", "step-000003"]  # no torn dir left
     trainer.close()

@@ -24,6 +24,7 @@ import torch
 from cohort.config.loading import load_config
 from cohort.rollout.base import Trajectory
 from cohort.trainer.trainer import Trainer
+from cohort.trainer.run import run_training
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.trainer.scoring import distill_micro_batch
 from tests.builders import tiny_run, write_doubling
@@ -41,7 +42,7 @@ def sevens_setup(tmp_path_factory, tiny_model_dir):
     write_doubling(data, 32, answers=False)
     trainer = Trainer(_config(root / "teacher", data, tiny_model_dir, "train.max_steps=30"), log=lambda *a, **k: None)
     try:
-        trainer.train()
+        run_training(trainer)
     finally:
         trainer.close()
     yield data, root / "teacher" / "final"
@@ -59,7 +60,7 @@ def _distill(run_dir, data, student, teacher, *extra, engine=None, steps: int = 
     cfg = _config(run_dir, data, student, "algorithm.name=distill", f"teacher.path={teacher}", f"train.max_steps={steps}", *extra)
     trainer = Trainer(cfg, engine=engine, log=lambda *a, **k: None)
     try:
-        trainer.train()
+        run_training(trainer)
     finally:
         trainer.close()
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

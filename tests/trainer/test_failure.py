@@ -21,6 +21,7 @@ from cohort import cli
 from cohort.config.loading import load_config
 from cohort.trainer import checkpoint, failure
 from cohort.trainer.trainer import Trainer
+from cohort.trainer.run import run_training
 from tests.builders import write_doubling
 
 REWARD_MODULE = textwrap.dedent('''
@@ -99,9 +100,9 @@ def test_reward_that_raises_at_step_3_saves_step_2_and_resume_finishes_the_run(u
     # ... exactly as if it had never failed: the rewound state is the one after step 2
     reference = Trainer(load_config(None, overrides(tiny_model_dir, data, tmp_path / "ref", "sevens", "train.max_steps=5")))
     try:
-        reference.train()
+        run_training(reference)
         final = Trainer(load_config(None, overrides(run_dir / "final", data, tmp_path / "final", "sevens", "train.max_steps=5")))
-        for (name, p), q in zip(reference.policy.named_parameters(), final.policy.parameters()):
+        for (name, p), q in zip(reference.parts.policy.named_parameters(), final.parts.policy.parameters()):
             assert torch.equal(p, q), name
         final.close()
     finally:
@@ -137,10 +138,10 @@ def test_failure_after_the_optimizer_step_saves_nothing_half_updated(user_setup,
         if trainer.state.policy_version == 1:
             raise RuntimeError("optimizer hook broke")
 
-    trainer.optimizer.register_step_post_hook(fail_in_step_2)
+    trainer.parts.optimizer.register_step_post_hook(fail_in_step_2)
     try:
         with pytest.raises(failure.RunFailed) as err:
-            trainer.train()
+            run_training(trainer)
     finally:
         trainer.close()
     message = str(err.value)
@@ -154,17 +155,17 @@ def test_failure_after_the_optimizer_step_saves_nothing_half_updated(user_setup,
 def test_failed_weight_push_after_a_complete_step_saves_that_step(user_setup, tiny_model_dir, monkeypatch):
     tmp_path, data = user_setup
     trainer = small_trainer(tiny_model_dir, data, tmp_path / "push")
-    real_sync = trainer.sync_weights
+    real_sync = trainer.sync.push
 
     def failing_sync():  # after step 2 is recorded (step_count 2), before step 3 generates
         if trainer.state.step == 2:
             raise ConnectionError("rollout server went away")
         real_sync()
 
-    monkeypatch.setattr(trainer, "sync_weights", failing_sync)
+    monkeypatch.setattr(trainer.sync, "push", failing_sync)
     try:
         with pytest.raises(failure.RunFailed) as err:
-            trainer.train()
+            run_training(trainer)
         saved = checkpoint.latest_checkpoint(tmp_path / "push")
         assert saved.name == "step-000002"
         assert json.loads((saved / "meta.json").read_text())["policy_version"] == 2  # the weights after step 2's update

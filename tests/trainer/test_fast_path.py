@@ -65,9 +65,9 @@ def _trainer(tmp_path, data_file, model_dir, *extra):
 
 def _gradients_of_update(trainer, batch, indices):
     """The raw gradients one update leaves behind (no clipping: max_grad_norm = 0; the optimizer step is skipped)."""
-    trainer.optimizer.step = lambda *a, **k: None
+    trainer.parts.optimizer.step = lambda *a, **k: None
     trainer.update(batch, indices)
-    return {n: p.grad.clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
+    return {n: p.grad.clone() for n, p in trainer.parts.policy.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.slow
@@ -103,7 +103,7 @@ class PassCounter:
 
         def score(batch, scorers):
             for model, _ in scorers.values():
-                self.score_calls["policy" if model is trainer.policy else "reference"] += 1
+                self.score_calls["policy" if model is trainer.parts.policy else "reference"] += 1
             return original_score(batch, scorers)
 
         def update(batch, indices):
@@ -124,7 +124,7 @@ class PassCounter:
                 self.update_forwards += 1
 
         trainer._score, trainer.update, trainer.micro_batches = score, update, micro_batches
-        body = getattr(trainer.policy, trainer.policy.base_model_prefix)
+        body = getattr(trainer.parts.policy, trainer.parts.policy.base_model_prefix)
         body.register_forward_pre_hook(count_forward, with_kwargs=True)
 
 
@@ -134,7 +134,7 @@ def test_no_extra_passes_on_policy_without_kl(tmp_path, data_file, tiny_model_di
     counter = PassCounter(trainer)
     for _ in range(3):
         trainer.step()
-    assert trainer.ref_model is None  # beta = 0: no reference model at all
+    assert trainer.parts.ref_model is None  # beta = 0: no reference model at all
     assert counter.score_calls == {"policy": 0, "reference": 0}  # on-policy: old log-probs = current, detached
     assert counter.micro_batches >= 3
     assert counter.update_forwards == counter.micro_batches  # one forward per micro-batch, nothing else
@@ -266,7 +266,7 @@ def test_local_server_overlap_runs_engine_and_trainer_on_separate_cores_and_lear
     monkeypatch.setattr(torch, "set_num_threads", asked.append)
     trainer = Trainer(cfg, log=lambda *a, **k: None)
     try:
-        child = trainer.engine.server.process
+        child = trainer.parts.engine.server.process
         env = dict(line.split("=", 1) for line in open(f"/proc/{child.pid}/environ").read().split("\0") if "=" in line)
         assert engine_cores == cores[-max(1, len(cores) // 2):]  # on this 2-core machine: core 1 generates, core 0 trains
         assert env["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, engine_cores))
@@ -275,7 +275,7 @@ def test_local_server_overlap_runs_engine_and_trainer_on_separate_cores_and_lear
         history, seen = _steps_with_versions(trainer, 30)
         assert seen[0] == (0, 0) and all(sampled == current - 1 for sampled, current in seen[1:])
         assert all(h["sync/bytes_sent"] > 0 for h in history[:-1])  # new weights went to the child after every step
-        assert trainer.last_canary_gap < 1e-4  # the child samples from exactly the trainer's weights
+        assert trainer.sync.last_canary_gap < 1e-4  # the child samples from exactly the trainer's weights
         # Unlike the in-process run above, this one is not reproducible: the child batches requests as they arrive, and
         # another batch shape changes the logits in the last bits, so runs part from the third batch on. So its bars are on
         # the whole run. Ten runs here (2026-12-03, load 5-30): one-step-stale KL per step 0.00-0.30 in seven, a spike

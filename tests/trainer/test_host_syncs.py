@@ -107,7 +107,7 @@ def test_the_update_loop_copies_nothing_to_the_device_and_reads_nothing_back(tmp
         micro = trainer.micro_batches(batch, list(range(4)))
         packed = [trainer.pack(batch, mb) for mb in micro]
         assert len(micro) == 2
-        num_items = sum(aggregation_count(p.mask, trainer.aggregation) for p in packed)  # as update() counts
+        num_items = sum(aggregation_count(p.mask, trainer.parts.aggregation) for p in packed)  # as update() counts
         sums = defaultdict(float)
         with HostTraffic() as traffic:
             trainer.backward_micro_batches(batch, micro, packed, num_items, sums)
@@ -172,7 +172,7 @@ def test_the_critic_moves_every_micro_batch_before_its_first_forward(tmp_path, t
         batch = RolloutBatch([0] * 4, [[1, 2, 3]] * 4, completions, [[]] * 4, [False] * 4, ["x"] * 4, np.zeros(4),
                              np.zeros((4, 0)), torch.zeros(4, 4))
         with Order() as order:
-            values = trainer.critic.values(batch, [[0, 1], [2, 3]])
+            values = trainer.parts.critic.values(batch, [[0, 1], [2, 3]])
         kinds = [c.split()[0] for c in order.calls]
         assert kinds.count("forward") == 2 and "forward" not in kinds[: -2]  # the forwards last, nothing between them
         assert len(kinds) > 2  # (the packing made tensors: the order above says something)

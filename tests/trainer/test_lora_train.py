@@ -21,6 +21,7 @@ from cohort.config.loading import load_config  # noqa: E402
 from cohort.models.lora import LoraPolicy  # noqa: E402
 from cohort.trainer import checkpoint  # noqa: E402
 from cohort.trainer.trainer import Trainer  # noqa: E402
+from cohort.trainer.run import run_training  # noqa: E402
 from cohort.trainer.lora_sync import adapter_effect  # noqa: E402
 from cohort.trainer.sync_check import SyncCheckError  # noqa: E402
 from tests.builders import tiny_run, write_doubling
@@ -56,21 +57,21 @@ def test_lora_learns_through_vllm_and_leaves_the_base_bit_identical(user_setup, 
     tmp_path, data = user_setup
     run_dir = tmp_path / "run-vllm"
     trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, run_dir, "vllm")), engine=vllm_engine)
-    assert isinstance(trainer.lora, LoraPolicy) and trainer.ref_model is None  # no reference copy under LoRA
-    in_optimizer = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
-    assert in_optimizer == {id(p) for _, p in trainer.lora.trainable_parameters()}  # the adapter only
-    assert all(".lora_A." in n or ".lora_B." in n for n, p in trainer.policy.named_parameters() if id(p) in in_optimizer)
-    base_before = _base_tensors(trainer.policy)
-    trainer.train()
+    assert isinstance(trainer.parts.lora, LoraPolicy) and trainer.parts.ref_model is None  # no reference copy under LoRA
+    in_optimizer = {id(p) for group in trainer.parts.optimizer.param_groups for p in group["params"]}
+    assert in_optimizer == {id(p) for _, p in trainer.parts.lora.trainable_parameters()}  # the adapter only
+    assert all(".lora_A." in n or ".lora_B." in n for n, p in trainer.parts.policy.named_parameters() if id(p) in in_optimizer)
+    base_before = _base_tensors(trainer.parts.policy)
+    run_training(trainer)
     trainer.close()
-    assert all(torch.equal(base_before[n], p) for n, p in trainer.policy.named_parameters() if n in base_before)  # 29 syncs
+    assert all(torch.equal(base_before[n], p) for n, p in trainer.parts.policy.named_parameters() if n in base_before)  # 29 syncs
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     first, last = sum(l["reward"] for l in lines[:5]) / 5, sum(l["reward"] for l in lines[-5:]) / 5
     assert first < 0.15 and last > 0.6, (first, last)
     followed = [l["sync/adapter_followed"] for l in lines if "sync/adapter_followed" in l]
     assert followed and all(0.9 < f < 1.1 for f in followed)  # the engine holds base + adapter, not the base
     assert any(l.get("kl", 0) > 0 for l in lines)  # the adapter-disabled reference is used (beta = 0.01)
-    assert trainer.last_canary_gap < 1e-4
+    assert trainer.sync.last_canary_gap < 1e-4
     # final/: the adapter alone, and a merged checkpoint that from_pretrained loads and that is not the base
     from transformers import AutoModelForCausalLM
 
@@ -102,7 +103,7 @@ def test_a_sync_that_leaves_the_engine_on_the_base_is_caught(user_setup, tiny_mo
     trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, tmp_path / "stale", "vllm", "train.max_steps=10")),
                       engine=vllm_engine)
     with pytest.raises(Exception, match="weight sync check failed") as err:
-        trainer.train()
+        run_training(trainer)
     trainer.close()
     assert "SyncCheckError" in repr(err.value) or "sync check" in str(err.value)
 
@@ -117,7 +118,7 @@ def test_lora_resume_is_exact(user_setup, tiny_model_dir, dtype):
              "run.save_every=1", "run.keep_checkpoints=10", "run.log_completions_every=1", "run.num_completions_to_log=16")
     ref = tmp_path / "ref"
     trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, ref, "hf", *extra)))
-    trainer.train()
+    run_training(trainer)
     trainer.close()
     saved = checkpoint.list_checkpoints(ref)[2]  # step 3: inside the second generation batch
     assert json.loads((saved / "meta.json").read_text())["mid_generation"]
@@ -129,7 +130,7 @@ def test_lora_resume_is_exact(user_setup, tiny_model_dir, dtype):
     shutil.copytree(ref, copy)
     shutil.rmtree(copy / "final")
     resumed = Trainer(load_config(copy / "config.yaml", [f"run.output_dir={copy}"]))
-    resumed.train(resume_from=saved)
+    run_training(resumed, resume_from=saved)
     resumed.close()
     assert (ref / "completions.jsonl").read_text() == (copy / "completions.jsonl").read_text()
     a = load_file(str(ref / "final" / "adapter" / "adapter_model.safetensors"))
@@ -145,7 +146,7 @@ def test_lora_learns_with_a_local_server(user_setup, tiny_model_dir):
     run_dir = tmp_path / "run-local-server"
     trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, run_dir, "vllm", "engine.mode=local_server")))
     try:
-        trainer.train()
+        run_training(trainer)
     finally:
         trainer.close()
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -165,20 +166,20 @@ def test_lora_in_bfloat16_trains_float32_adapters_and_leaves_the_base(user_setup
     tmp_path, data = user_setup
     trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, tmp_path / precision, "hf", "train.max_steps=4",
                                                    "model.dtype=bfloat16", f"train.precision={precision}")))
-    base_before = _base_tensors(trainer.policy)
-    assert {p.dtype for _, p in trainer.lora.trainable_parameters()} == {torch.float32}
+    base_before = _base_tensors(trainer.parts.policy)
+    assert {p.dtype for _, p in trainer.parts.lora.trainable_parameters()} == {torch.float32}
     # every matrix of the base in bf16 (mixed used to hold them as float32 masters); mixed keeps the norms in float32
     assert {t.dtype for t in base_before.values() if t.dim() == 2} == {torch.bfloat16}
     assert {t.dtype for t in base_before.values() if t.dim() < 2} == {torch.float32 if precision == "mixed" else torch.bfloat16}
-    optimized = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
-    assert optimized == {id(p) for _, p in trainer.lora.trainable_parameters()}  # the adapter, nothing else
-    trainer.train()
-    assert all(p.grad is None for n, p in trainer.policy.named_parameters() if n in base_before)  # no base gradients
-    moments = trainer.optimizer.state.values()
+    optimized = {id(p) for group in trainer.parts.optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for _, p in trainer.parts.lora.trainable_parameters()}  # the adapter, nothing else
+    run_training(trainer)
+    assert all(p.grad is None for n, p in trainer.parts.policy.named_parameters() if n in base_before)  # no base gradients
+    moments = trainer.parts.optimizer.state.values()
     assert len(moments) == 2 * 7 * 2 and {m["exp_avg"].dtype for m in moments} == {torch.float32}
     trainer.close()
-    assert all(torch.equal(base_before[n], p) for n, p in trainer.policy.named_parameters() if n in base_before)
-    assert max(float(p.detach().abs().max()) for n, p in trainer.lora.trainable_parameters() if "lora_B" in n) > 0
+    assert all(torch.equal(base_before[n], p) for n, p in trainer.parts.policy.named_parameters() if n in base_before)
+    assert max(float(p.detach().abs().max()) for n, p in trainer.parts.lora.trainable_parameters() if "lora_B" in n) > 0
     config = json.loads((tmp_path / precision / "final" / "config.json").read_text())
     assert config["dtype"] == "bfloat16"  # the merged final/ in model.dtype
 
@@ -192,15 +193,15 @@ def test_lora_in_bfloat16_mixed_syncs_a_bf16_base_through_a_local_server(user_se
     run_dir = tmp_path / "run-bf16"
     trainer = Trainer(load_config(None, _overrides(tiny_model_dir, data, run_dir, "vllm", "engine.mode=local_server",
                                                    "model.dtype=bfloat16", "train.max_steps=12")))
-    base_before = _base_tensors(trainer.policy)
+    base_before = _base_tensors(trainer.parts.policy)
     try:
-        trainer.train()
+        run_training(trainer)
     finally:
         trainer.close()
     assert {t.dtype for t in base_before.values() if t.dim() == 2} == {torch.bfloat16}
-    assert all(torch.equal(base_before[n], p) for n, p in trainer.policy.named_parameters() if n in base_before)
+    assert all(torch.equal(base_before[n], p) for n, p in trainer.parts.policy.named_parameters() if n in base_before)
     # bf16 autocast vs float32 on the random tiny model: ~1e-2 nats per token (0 would mean no float32 pass happened)
-    assert 1e-3 < trainer.sync_check.sensitivity < 0.1, trainer.sync_check.sensitivity
+    assert 1e-3 < trainer.sync.check.sensitivity < 0.1, trainer.sync.check.sensitivity
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert sum(1 for l in lines if "sync/canary_gap_mean" in l) >= 10  # checked syncs, none failed
     followed = [l["sync/adapter_followed"] for l in lines if "sync/adapter_followed" in l]

@@ -103,10 +103,11 @@ class Scripted:
 
 def test_buffer_keeps_whole_groups_fifo_resumes_from_tokens_and_caps_aborts(tmp_path, data_file, tiny_model_dir):
     trainer = Trainer(_config(tmp_path, data_file, tiny_model_dir), **QUIET)
-    ids = trainer.train_ids  # rows in file order (data.shuffle=false): the sampler takes rows 0, 1, 2, ...
+    ids = trainer.parts.train_ids  # rows in file order (data.shuffle=false): the sampler takes rows 0, 1, 2, ...
     # Completion lengths per row: rows 0 and 2 short, rows 1 and 3 long (the tail), then short again.
     lengths = {0: 3, 1: 12, 2: 4, 3: 14, 4: 5, 5: 6, 6: 2, 7: 3, 8: 2, 9: 2}
-    trainer.engine = engine = Scripted({tuple(ids[row]): n for row, n in lengths.items()}, stop_id=trainer.engine.stop_token_ids[0])
+    engine = Scripted({tuple(ids[row]): n for row, n in lengths.items()}, stop_id=trainer.parts.engine.stop_token_ids[0])
+    trainer.swap_engine(engine)
     try:
         # Step 1: B = 2, over_provision 2 → 4 groups (rows 0, 1 from the batch, 2, 3 extra). After 4 polls rows 0
         # and 2 are done (3 and 4 tokens): the batch. Rows 1 and 3 are cut off holding 4 tokens each (one per poll).
@@ -157,16 +158,16 @@ def test_the_buffer_survives_a_checkpoint_and_resume_loses_and_repeats_no_prompt
 
     def run(name, steps, resume=None):
         trainer = Trainer(_config(tmp_path, data_file, tiny_model_dir, name=name), **QUIET)
-        trainer.engine = Scripted({tuple(trainer.train_ids[r]): n for r, n in lengths.items()}, trainer.engine.stop_token_ids[0])
+        trainer.swap_engine(Scripted({tuple(trainer.parts.train_ids[r]): n for r, n in lengths.items()}, trainer.parts.engine.stop_token_ids[0]))
         rows = []
         try:
             if resume is not None:
-                checkpoint.load_checkpoint(trainer, resume)
+                checkpoint.load_checkpoint(trainer.checkpointed(), resume)
             for _ in range(steps):
                 trainer.step()
                 rows.append(trainer.state.batch.row_indices[::4])
-            checkpoint.save_checkpoint(trainer)
-            return rows, trainer.run_dir
+            checkpoint.save_checkpoint(trainer.checkpointed())
+            return rows, trainer.parts.run_dir
         finally:
             trainer.close()
 
@@ -233,14 +234,14 @@ def test_vllm_partial_rollouts_resume_with_log_probs_of_the_policy_that_sampled_
     copies, resumed_tokens, aborted = {}, 0, 0
     try:
         for _ in range(4):
-            copies[trainer.state.policy_version] = copy.deepcopy(trainer.policy).eval()
+            copies[trainer.state.policy_version] = copy.deepcopy(trainer.parts.policy).eval()
             m = trainer.step()
             aborted += m["partial/aborted"]
             batch = trainer.state.batch
             for i, (prompt, ids) in enumerate(zip(batch.prompt_ids, batch.completion_ids)):
                 versions = batch.versions[i]
                 for v in set(versions):
-                    packed = pack_right_padded([prompt], [ids], trainer.pad_id)
+                    packed = pack_right_padded([prompt], [ids], trainer.parts.pad_id)
                     with torch.no_grad():
                         want, _ = completion_logprobs(copies[v], packed.input_ids, packed.attention_mask, packed.prompt_lengths,
                                                       packed.completion_ids, packed.completion_mask, temperature=1.0)
@@ -259,7 +260,7 @@ def test_with_dynamic_sampling_the_batch_is_the_first_b_groups_kept(tmp_path, da
     trainer = Trainer(_config(tmp_path, data_file, tiny_model_dir, "pipeline.dynamic_sampling=true",
                               "rewards=[{name: 'partial_rewards:constant_on_row1'}]"), **QUIET)
     lengths = {0: 3, 1: 2, 2: 4, 3: 14, 4: 5, 5: 6, 6: 2, 7: 3, 8: 2, 9: 2}
-    trainer.engine = Scripted({tuple(trainer.train_ids[r]): n for r, n in lengths.items()}, trainer.engine.stop_token_ids[0])
+    trainer.swap_engine(Scripted({tuple(trainer.parts.train_ids[r]): n for r, n in lengths.items()}, trainer.parts.engine.stop_token_ids[0]))
     try:
         m = trainer.step()
         assert trainer.state.batch.row_indices == [0] * 4 + [2] * 4
@@ -296,9 +297,9 @@ def test_tail_seconds_count_the_polls_while_fewer_than_half_the_batch_decode(tmp
     # with row 1's 4 < 6: 8 tail polls. The scheduler's clock advances 1 s per reading, so each poll lasts exactly 1 s.
     trainer = Trainer(_config(tmp_path, data_file, tiny_model_dir, "pipeline.over_provision=1", "train.prompts_per_step=3",
                               "train.micro_batch_size=12"), **QUIET)
-    ids = trainer.train_ids
-    trainer.engine = Scripted({tuple(ids[row]): n for row, n in {0: 3, 1: 12, 2: 4}.items()},
-                              stop_id=trainer.engine.stop_token_ids[0])
+    ids = trainer.parts.train_ids
+    trainer.swap_engine(Scripted({tuple(ids[row]): n for row, n in {0: 3, 1: 12, 2: 4}.items()},
+                                 stop_id=trainer.parts.engine.stop_token_ids[0]))
     clock = iter(float(s) for s in range(10**6))
     monkeypatch.setattr("cohort.rollout.scheduler.time", SimpleNamespace(perf_counter=lambda: next(clock), monotonic=time.monotonic))
     try:

@@ -18,6 +18,7 @@ from cohort.config.loading import load_config
 from cohort.models.precision import resolve_precision
 from cohort.plan.memory import memory_estimate, model_facts
 from cohort.trainer.trainer import Trainer
+from cohort.trainer.run import run_training
 from cohort.plan.validate import validate_config
 from tests.builders import write_doubling
 
@@ -54,11 +55,11 @@ def test_mixed_precision_updates_float32_masters_as_float32_does_where_pure_bf16
     try:
         for name, extra in (("fp32", ()), ("mixed", ("model.dtype=bfloat16",)), ("pure", ("model.dtype=bfloat16", "train.precision=pure"))):
             t = trainer(name + "-run", *extra)
-            before = {n: p.detach().float().clone() for n, p in t.policy.named_parameters()}
+            before = {n: p.detach().float().clone() for n, p in t.parts.policy.named_parameters()}
             t.update(batch, list(range(len(batch))))
-            deltas[name] = torch.cat([(p.detach().float() - before[n]).flatten() for n, p in t.policy.named_parameters()])
+            deltas[name] = torch.cat([(p.detach().float() - before[n]).flatten() for n, p in t.parts.policy.named_parameters()])
             changed[name] = float((deltas[name] != 0).float().mean())
-            assert t.policy.dtype == (torch.bfloat16 if name == "pure" else torch.float32)
+            assert t.parts.policy.dtype == (torch.bfloat16 if name == "pure" else torch.float32)
             t.close()
     finally:
         reference.close()
@@ -78,8 +79,8 @@ def test_final_model_is_saved_in_bf16_and_checkpoints_keep_float32_masters(setup
     trainer = Trainer(_config(tmp_path, data, tiny_model_dir, "model.dtype=bfloat16", "train.learning_rate=1e-3",
                               "run.save_every=2", f"run.output_dir={run_dir}"))
     try:
-        trainer.train()
-        master = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+        run_training(trainer)
+        master = {n: p.detach().clone() for n, p in trainer.parts.policy.named_parameters()}
     finally:
         trainer.close()
     final = run_dir / "final"

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from cohort.config.loading import load_config
 from cohort.rollout.engines.vllm import VLLMEngine
 from cohort.trainer.trainer import Trainer
+from cohort.trainer.run import run_training
 from cohort.trainer.sync_check import FLOOR_MULTIPLE, MIN_GAP_NATS
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -47,7 +48,7 @@ def reference(engine, tmp_path_factory):
     """Two full steps, a checkpoint after each; the trainer stays open for the checks."""
     run_dir = tmp_path_factory.mktemp("smollm2") / "reference"
     trainer = Trainer(load_config(None, overrides(run_dir)), engine=engine)
-    trainer.train()
+    run_training(trainer)
     yield trainer, run_dir
     trainer.close()
 
@@ -55,7 +56,7 @@ def reference(engine, tmp_path_factory):
 def test_completions_stop_at_im_end_and_the_trained_mask_ends_there(reference):
     trainer, _ = reference
     batch = trainer.state.batch  # step 2's 8 completions
-    assert trainer.pad_id == IM_END and trainer.engine.stop_token_ids == [IM_END]
+    assert trainer.parts.pad_id == IM_END and trainer.parts.engine.stop_token_ids == [IM_END]
     stopped = [i for i, ids in enumerate(batch.completion_ids) if not batch.truncated[i]]
     assert stopped  # the instruct model ends most short answers itself
     for i, ids in enumerate(batch.completion_ids):
@@ -72,24 +73,24 @@ def test_completions_stop_at_im_end_and_the_trained_mask_ends_there(reference):
 def test_engine_and_trainer_log_probs_agree_and_the_engine_sees_each_push(reference):
     trainer, run_dir = reference
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    floor_mean = trainer.sync_check.floor[0]
+    floor_mean = trainer.sync.check.floor[0]
     bound = max(FLOOR_MULTIPLE * floor_mean, MIN_GAP_NATS)  # the canary's closeness bound (trainer/sync_check.py)
     # the sampled tokens of each step, scored by both: within the canary's bound (float32 on both sides)
     assert all(step["mismatch/logprob_abs_mean"] <= bound for step in steps), ([s["mismatch/logprob_abs_mean"] for s in steps], bound)
     assert steps[0]["sync/canary_gap_mean"] <= bound  # the push after step 1 passed the canary check
     # the evaluation after training pushed step 2's weights: the engine scores the canaries as the trainer did then
-    canaries = trainer.sync_check.canaries
+    canaries = trainer.sync.check.canaries
     assert (trainer.state.policy_version, trainer.state.synced_version) == (2, 2)
-    held = torch.tensor([x for row in trainer.engine.score([p for p, _ in canaries], [c for _, c in canaries], 1.0) for x in row])
-    previous = torch.tensor(trainer.sync_check.previous)
+    held = torch.tensor([x for row in trainer.parts.engine.score([p for p, _ in canaries], [c for _, c in canaries], 1.0) for x in row])
+    previous = torch.tensor(trainer.sync.check.previous)
     assert (held - previous).abs().mean() <= bound
     trainer.step()  # one more update (a third step: generation, rewards, the optimizer step), not pushed yet
     assert (trainer.state.policy_version, trainer.state.synced_version) == (3, 2)
-    trainer.sync_weights()  # push it and check it
-    now = torch.tensor(trainer.sync_check.previous)  # the trainer's log-probs of the canaries under the new weights
+    trainer.sync.push()  # push it and check it
+    now = torch.tensor(trainer.sync.check.previous)  # the trainer's log-probs of the canaries under the new weights
     assert (now - previous).abs().mean() > 10 * bound  # the update moved the canaries far beyond the noise...
-    assert trainer.sync_metrics["sync/canary_gap_mean"] <= bound  # ...and the engine moved with it
-    assert 0.95 <= trainer.sync_metrics["sync/canary_followed"] <= 1.05  # 1: it took the whole update
+    assert trainer.sync.metrics["sync/canary_gap_mean"] <= bound  # ...and the engine moved with it
+    assert 0.95 <= trainer.sync.metrics["sync/canary_followed"] <= 1.05  # 1: it took the whole update
 
 
 def test_save_and_exact_resume(reference, engine, smollm2_dir):
@@ -98,7 +99,7 @@ def test_save_and_exact_resume(reference, engine, smollm2_dir):
     shutil.copytree(run_dir, copy)
     shutil.rmtree(copy / "final")
     resumed = Trainer(load_config(copy / "config.yaml", [f"run.output_dir={copy}"]), engine=engine)
-    resumed.train(resume_from=copy / "checkpoints" / "step-000001")  # pushes its checkpoint's weights into the engine
+    run_training(resumed, resume_from=copy / "checkpoints" / "step-000001")  # pushes its checkpoint's weights into the engine
     resumed.close()
     assert (copy / "completions.jsonl").read_text() == (run_dir / "completions.jsonl").read_text()  # same samples
     a, b = (load_file(str(d / "final" / "model.safetensors")) for d in (run_dir, copy))
@@ -111,12 +112,12 @@ def test_lora_on_smollm2_trains_the_adapter_and_leaves_the_base(engine, smollm2_
     run_dir = tmp_path / "lora"
     trainer = Trainer(load_config(None, overrides(run_dir, "lora.rank=8", "train.learning_rate=1e-4", "run.save_every=0")),
                       engine=engine)
-    base = {n: p.detach().clone() for n, p in trainer.policy.named_parameters() if not p.requires_grad}
+    base = {n: p.detach().clone() for n, p in trainer.parts.policy.named_parameters() if not p.requires_grad}
     assert len(base) == 1 + 30 * 9 + 1  # embeddings, 30 × (7 linear layers + 2 norms), final norm: all frozen
-    trainer.train()
-    trainer.sync_weights()  # base + adapter into the engine, checked like any push (trainer/lora_sync.py)
+    run_training(trainer)
+    trainer.sync.push()  # base + adapter into the engine, checked like any push (trainer/lora_sync.py)
     trainer.close()
-    assert all(torch.equal(base[n], p) for n, p in trainer.policy.named_parameters() if n in base)  # bit-identical
+    assert all(torch.equal(base[n], p) for n, p in trainer.parts.policy.named_parameters() if n in base)  # bit-identical
     adapter = load_file(str(run_dir / "final" / "adapter" / "adapter_model.safetensors"))
     assert len(adapter) == 2 * 7 * 30 and max(float(t.abs().max()) for k, t in adapter.items() if "lora_B" in k) > 1e-5
-    assert 0.9 <= trainer.sync_metrics.get("sync/adapter_followed", 1.0) <= 1.1
+    assert 0.9 <= trainer.sync.metrics.get("sync/adapter_followed", 1.0) <= 1.1

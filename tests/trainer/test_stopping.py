@@ -23,6 +23,7 @@ from cohort import cli
 from cohort.config.loading import load_config
 from cohort.trainer import checkpoint
 from cohort.trainer.trainer import Trainer
+from cohort.trainer.run import run_training
 from cohort.trainer.stopping import GracefulStop, NonFiniteError, check_finite
 from tests.builders import tiny_run, write_doubling
 
@@ -94,11 +95,11 @@ def test_sigterm_finishes_the_step_saves_and_exits_0(user_setup, tiny_model_dir)
 
     # and the stop checkpoint resumes exactly: 4 steps uninterrupted == 2 + stop + 2
     reference = Trainer(load_config(None, overrides(tiny_model_dir, data, tmp_path / "ref", "slow_sevens", "train.max_steps=4")))
-    reference.train()
+    run_training(reference)
     resumed = Trainer(load_config(run_dir / "config.yaml", ["train.max_steps=4"]))
-    summary = resumed.train(resume_from=run_dir)
+    summary = run_training(resumed, resume_from=run_dir)
     assert summary["steps"] == 4
-    for (name, p), q in zip(reference.policy.named_parameters(), resumed.policy.parameters()):
+    for (name, p), q in zip(reference.parts.policy.named_parameters(), resumed.parts.policy.parameters()):
         assert torch.equal(p, q), name
     reference.close()
     resumed.close()
@@ -139,12 +140,12 @@ def test_nan_loss_stops_after_saving_the_last_good_state(user_setup, tiny_model_
     assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     # the saved state is the one after step 2: resuming it with a sane reward runs step 3 from the same sampler position
     ref = Trainer(load_config(None, overrides(tiny_model_dir, data, tmp_path / "ref", "slow_sevens", "train.max_steps=2")))
-    ref.train()
+    run_training(ref)
     restored = Trainer(load_config(None, overrides(tiny_model_dir, data, tmp_path / "restored", "slow_sevens", "train.max_steps=2")))
-    meta = checkpoint.load_checkpoint(restored, run_dir / "checkpoints" / "step-000002")
+    meta = checkpoint.load_checkpoint(restored.checkpointed(), run_dir / "checkpoints" / "step-000002")
     assert meta["step"] == 2 and restored.rollout.generation_index == 2 and restored.state.policy_version == 2
-    assert restored.sampler.state_dict() == ref.sampler.state_dict()
-    for (name, p), q in zip(ref.policy.named_parameters(), restored.policy.parameters()):
+    assert restored.parts.sampler.state_dict() == ref.parts.sampler.state_dict()
+    for (name, p), q in zip(ref.parts.policy.named_parameters(), restored.parts.policy.parameters()):
         assert torch.isfinite(q).all() and torch.equal(p, q), name
     ref.close()
     restored.close()

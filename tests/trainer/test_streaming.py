@@ -23,6 +23,7 @@ from cohort.config.loading import load_config
 from cohort.rollout.base import SamplingConfig, completion_seeds, decode_completion
 from cohort.trainer import checkpoint
 from cohort.trainer.trainer import Trainer
+from cohort.trainer.run import run_training
 from cohort.trainer.rollout_batch import RolloutBatch
 from cohort.rollout.collect import RefillLedger
 from tests.builders import tiny_run
@@ -77,13 +78,13 @@ class Reordered:
 def _old_batch_path(trainer: Trainer) -> tuple[RolloutBatch, object]:
     """The pre-stream generation: one engine.generate over the batch, one RewardSet.score, the batch's advantages."""
     cfg = trainer.cfg
-    rows = trainer.sampler.next_batch()
-    prompts = [trainer.train_ids[i] for i in rows]
+    rows = trainer.parts.sampler.next_batch()
+    prompts = [trainer.parts.train_ids[i] for i in rows]
     sampling = SamplingConfig(cfg.rollout.max_completion_length, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k)
-    outs = trainer.engine.generate(prompts, sampling, completion_seeds(cfg.rollout.seed, 0, len(prompts)))
-    texts = [decode_completion(trainer.tokenizer, o) for o in outs]
-    data = trainer.train_data
-    scored = trainer.rewards.score(prompts=[data.rows[i]["prompt"] for i in rows], completions=texts,
+    outs = trainer.parts.engine.generate(prompts, sampling, completion_seeds(cfg.rollout.seed, 0, len(prompts)))
+    texts = [decode_completion(trainer.parts.tokenizer, o) for o in outs]
+    data = trainer.parts.train_data
+    scored = trainer.parts.rewards.score(prompts=[data.rows[i]["prompt"] for i in rows], completions=texts,
                                    completion_ids=[o.token_ids for o in outs],
                                    columns={c: [data.rows[i].get(c) for i in rows] for c in data.columns}, group_size=4)
     batch = RolloutBatch(rows, prompts, [o.token_ids for o in outs], [o.logprobs for o in outs],
@@ -97,7 +98,7 @@ def test_streamed_batch_equals_the_batch_path_bit_for_bit(tmp_path, data_file, t
     streamed = Trainer(_config(tmp_path, data_file, tiny_model_dir, "train.prompts_per_step=4", name="a"), log=lambda *a, **k: None)
     plain = Trainer(_config(tmp_path, data_file, tiny_model_dir, "train.prompts_per_step=4", name="b"), log=lambda *a, **k: None)
     try:
-        streamed.engine = Reordered(streamed.engine, per_poll=3)  # 16 completions back in 6 polls, newest first
+        streamed.swap_engine(Reordered(streamed.parts.engine, per_poll=3))  # 16 completions back in 6 polls, newest first
         got = streamed.generate_batch()
         want, scored = _old_batch_path(plain)
     finally:
@@ -115,11 +116,11 @@ def test_streamed_batch_equals_the_batch_path_bit_for_bit(tmp_path, data_file, t
 
 def _gradients(trainer: Trainer, order_per_poll: int | None) -> dict[str, torch.Tensor]:
     """The gradients the step's update leaves (optimizer step skipped; no clipping: max_grad_norm 0)."""
-    trainer.optimizer.step = lambda *a, **k: None
+    trainer.parts.optimizer.step = lambda *a, **k: None
     if order_per_poll:
-        trainer.engine = Reordered(trainer.engine, per_poll=order_per_poll)
+        trainer.swap_engine(Reordered(trainer.parts.engine, per_poll=order_per_poll))
     trainer.step()
-    return {n: p.grad.clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
+    return {n: p.grad.clone() for n, p in trainer.parts.policy.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.parametrize("loss_type,beta", [("dapo", 0.0), ("grpo", 0.0), ("dr_grpo", 0.0), ("dapo", 0.5)])
@@ -137,7 +138,7 @@ def test_streamed_update_gradient_equals_the_batch_update(tmp_path, data_file, t
         for trainer in (streamed, plain) if beta else ():
             generator = torch.Generator().manual_seed(0)
             with torch.no_grad():
-                for p in trainer.policy.parameters():
+                for p in trainer.parts.policy.parameters():
                     p.add_(0.02 * torch.randn(p.shape, generator=generator))
         assert not streamed.stream_update  # colocate: `auto` leaves it off...
         streamed.stream_update = True  # ...so this switch (tests only) runs the streamed path here
@@ -169,8 +170,8 @@ def _dynamic_run(tmp_path, data_file, model_dir, *extra):
     trainer = Trainer(_config(tmp_path, data_file, model_dir, "pipeline.dynamic_sampling=true", "data.shuffle=false",
                               "rewards=[{name: 'stream_rewards:by_kind'}]", *extra), log=lambda *a, **k: None)
     submitted = []
-    submit = trainer.engine.submit
-    trainer.engine.submit = lambda requests: submitted.append(len(requests)) or submit(requests)
+    submit = trainer.parts.engine.submit
+    trainer.parts.engine.submit = lambda requests: submitted.append(len(requests)) or submit(requests)
     return trainer, submitted
 
 
@@ -204,7 +205,7 @@ def test_dynamic_sampling_stops_with_a_clear_error_at_the_refill_bound(tmp_path,
     try:
         with pytest.raises(RuntimeError, match="pipeline.max_refill_rounds = 2") as err:
             trainer.generate_batch()
-        assert trainer.engine.in_flight == 0  # nothing left in the engine
+        assert trainer.parts.engine.in_flight == 0  # nothing left in the engine
     finally:
         trainer.close()
     # Every group is constant: round 0 (2 groups), round 1 (2 refills), round 2 (2 refills) all dropped; a third
@@ -238,12 +239,12 @@ def test_local_server_streamed_update_equals_the_batch_update_over_5_steps(tmp_p
                       f"pipeline.stream_update={mode}", "train.max_steps=5", "train.learning_rate=1e-4", name=name)
         trainer = Trainer(cfg, log=lambda *a, **k: None)
         try:
-            start = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+            start = {n: p.detach().clone() for n, p in trainer.parts.policy.named_parameters()}
             steps = []
             for _ in range(5):
                 metrics = trainer.step()
                 steps.append((trainer.state.batch.completion_ids, trainer.state.batch.rewards.tolist(), metrics["loss"]))
-            return trainer.stream_update, start, {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}, steps
+            return trainer.stream_update, start, {n: p.detach().clone() for n, p in trainer.parts.policy.named_parameters()}, steps
         finally:
             trainer.close()
 
@@ -268,13 +269,13 @@ def test_dynamic_sampling_resumes_exactly(tmp_path, data_file, tiny_model_dir):
              "run.save_every=1", "run.keep_checkpoints=5", "run.log_completions_every=1", "run.num_completions_to_log=8")
     ref = tmp_path / "ref"
     trainer = Trainer(_config(tmp_path, data_file, tiny_model_dir, *extra, name="ref"), log=lambda *a, **k: None)
-    trainer.train()
+    run_training(trainer)
     trainer.close()
     copy = tmp_path / "resumed"
     shutil.copytree(ref, copy)
     shutil.rmtree(copy / "final")
     resumed = Trainer(load_config(copy / "config.yaml", [f"run.output_dir={copy}"]), log=lambda *a, **k: None)
-    resumed.train(resume_from=checkpoint.list_checkpoints(copy)[0])
+    run_training(resumed, resume_from=checkpoint.list_checkpoints(copy)[0])
     resumed.close()
     lines = (ref / "completions.jsonl").read_text().splitlines()
     assert len(lines) == 3 * 8 and lines == (copy / "completions.jsonl").read_text().splitlines()

@@ -173,7 +173,7 @@ def test_a_stale_float32_engine_is_caught_at_the_first_sabotaged_sync(vllm_engin
     trainer = Trainer(_config(tmp_path, tiny_model_dir, sevens_data), engine=engine)
     version, message = _run_until_caught(trainer)
     assert version == 3 and "would sample from a policy other than the one being trained" in message
-    assert 0 < trainer.sync_check.floor[0] < 1e-5  # float32: two kernels agree to ~1e-6 nats
+    assert 0 < trainer.sync.check.floor[0] < 1e-5  # float32: two kernels agree to ~1e-6 nats
 
 
 def test_a_stale_tied_lm_head_is_caught(vllm_engine, tiny_model_dir, sevens_data, tmp_path, monkeypatch):
@@ -196,13 +196,13 @@ def test_bfloat16_run_has_no_false_alarm_and_a_stale_bfloat16_engine_is_caught(t
     cfg = _config(tmp_path, tiny_model_dir, sevens_data, dtype="bfloat16", steps=20)
     cfg.engine.mode = "local_server"
     trainer = Trainer(cfg)
-    trainer.engine = Sabotaged(trainer.engine, 14, lambda n: True)  # still owned: close() stops the child
+    trainer.swap_engine(Sabotaged(trainer.parts.engine, 14, lambda n: True))  # still owned: close() stops the child
     try:
         metrics = [trainer.step() for _ in range(12)]
     except BaseException:
         trainer.close()
         raise
-    floor = trainer.sync_check.floor[0]
+    floor = trainer.sync.check.floor[0]
     assert 1e-4 < floor < 0.05, floor  # bf16 noise: ~1e-3 nats per token on average
     assert all(m["sync/canary_gap_mean"] <= sync_check.FLOOR_MULTIPLE * floor * m["sync/noise_scale"] for m in metrics[:11])
     version, message = _run_until_caught(trainer)

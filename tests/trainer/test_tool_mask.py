@@ -45,7 +45,7 @@ def test_masks_and_normaliser_leave_tool_tokens_out(trainer):
     mask = trainer.pack(batch, [0, 1]).mask
     assert torch.equal(mask, expected)
     # dapo (token mean over the batch): the normaliser counts trained tokens, 3 + 4 = 7, not 6 + 4 = 10
-    assert float(aggregation_count(mask, trainer.aggregation)) == 7.0
+    assert float(aggregation_count(mask, trainer.parts.aggregation)) == 7.0
 
 
 def test_length_metrics_count_sampled_tokens_only(trainer):

@@ -18,6 +18,7 @@ import yaml
 from cohort.config.loading import load_config
 from cohort.models.devices import has_bf16_units
 from cohort.trainer.trainer import Trainer
+from cohort.trainer.run import run_training
 from tests.builders import tiny_run
 
 REWARD_MODULE = textwrap.dedent('''
@@ -72,7 +73,7 @@ def _check_run(run_dir, model_dir):
 def test_user_reward_module_learns_with_hf(user_setup, tiny_model_dir):
     tmp_path, data = user_setup
     trainer = Trainer(_config(tmp_path, data, tiny_model_dir, "hf", "user_rewards_e2e:sevens"))
-    trainer.train()
+    run_training(trainer)
     trainer.close()
     _check_run(tmp_path / "run-hf", tiny_model_dir)
     import user_rewards_e2e
@@ -85,11 +86,11 @@ def test_user_reward_module_learns_with_hf(user_setup, tiny_model_dir):
 def test_async_user_reward_learns_with_vllm(user_setup, tiny_model_dir, vllm_engine):
     tmp_path, data = user_setup
     trainer = Trainer(_config(tmp_path, data, tiny_model_dir, "vllm", "user_rewards_e2e.sevens_async"), engine=vllm_engine)
-    trainer.train()
+    run_training(trainer)
     trainer.close()
     _check_run(tmp_path / "run-vllm", tiny_model_dir)
     # the engine ended on the trained policy: its canary agreed with the trainer after every sync
-    assert trainer.last_canary_gap < 1e-4
+    assert trainer.sync.last_canary_gap < 1e-4
 
 
 @pytest.mark.slow
@@ -107,7 +108,7 @@ def test_reward_model_scores_reach_the_trainer(tmp_path, tiny_model_dir, tiny_re
         f"run.output_dir={tmp_path / 'run'}", "run.progress=false", "run.loggers=[jsonl]", "run.log_completions_every=1",
     ])
     trainer = Trainer(cfg)
-    trainer.train()
+    run_training(trainer)
     trainer.close()
     tok = transformers.AutoTokenizer.from_pretrained(str(tiny_reward_model_dir))
     rm = transformers.AutoModelForSequenceClassification.from_pretrained(str(tiny_reward_model_dir)).eval()
@@ -181,8 +182,8 @@ def test_a_512_position_model_trains_with_the_default_config_through_vllm(tmp_pa
     assert (cfg.engine.name, cfg.data.max_prompt_length, cfg.rollout.max_completion_length) == ("vllm", None, 256)
     trainer = Trainer(cfg)
     try:
-        assert trainer.engine.llm.llm_engine.model_config.max_model_len == 6 + 256 + 1
-        summary = trainer.train()
+        assert trainer.parts.engine.llm.llm_engine.model_config.max_model_len == 6 + 256 + 1
+        summary = run_training(trainer)
     finally:
         trainer.close()
-    assert summary["steps"] == 2 and trainer.last_canary_gap < 1e-3  # step 2 sampled from the updated weights
+    assert summary["steps"] == 2 and trainer.sync.last_canary_gap < 1e-3  # step 2 sampled from the updated weights
