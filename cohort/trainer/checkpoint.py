@@ -118,7 +118,8 @@ def stateful_parts(parts: TrainerParts, sync_check: SyncCheck, scheduler: Schedu
     """The trainer's parts whose state a checkpoint holds, by the name each is saved under in state.pt (renaming one
     renames its entry: `RENAMED_PARTS` reads the old name). Absent parts (no critic, say) are left out."""
     named = {"optimizer": parts.optimizer, "lr_schedule": parts.lr_schedule, "sampler": parts.sampler,
-             "kl_controller": parts.kl_controller, "critic": parts.critic, "sync_check": sync_check, "rollout": scheduler}
+             "kl_controller": parts.kl_controller, "critic": parts.critic, "sync_check": sync_check,
+             "rollout": scheduler}  # (the rollout scheduler, `trainer.scheduler`: "scheduler" is an old lr_schedule's key)
     return {name: part for name, part in named.items() if part is not None}
 
 

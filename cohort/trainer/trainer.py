@@ -90,8 +90,9 @@ class Trainer:
     """One optimizer step at a time (`step`; the loop over steps is cohort/trainer/run.py's `run_training`) over its
     parts. Its whole state is what `__init__` declares, each a typed attribute read by name (nothing is forwarded):
     `state` (`TrainerState`, cohort/trainer/state.py: every counter and the current batch), `parts` (`TrainerParts`,
-    cohort/trainer/parts.py: policy, engine, rewards, optimizer, ...: `trainer.parts.policy`), `rollout` (the rollout
-    scheduler), `sync` (`WeightSync`, cohort/trainer/weight_sync.py: push, canaries, calibration) and the phase timers."""
+    cohort/trainer/parts.py: policy, engine, rewards, optimizer, ...: `trainer.parts.policy`), `scheduler` (the
+    rollout scheduler, checkpointed as `rollout`), `sync` (`WeightSync`, cohort/trainer/weight_sync.py: push, canaries,
+    calibration) and the phase timers."""
 
     def __init__(self, cfg: CohortConfig, *, run_dir: str | Path | None = None, engine=None, log=print, plan: BatchPlan | None = None):
         self.cfg: CohortConfig = cfg
@@ -102,11 +103,11 @@ class Trainer:
         run_dir = Path(run_dir or cfg.run.output_dir or default_output_dir())
         self.parts: TrainerParts = setup(cfg, self.plan, run_dir, pack=self.pack, external_engine=engine)
         r, plan, parts = cfg.rollout, self.plan, self.parts
-        self.rollout = Scheduler(  # what is in flight and what is admitted next (cohort/rollout/scheduler.py; checkpointed)
+        self.scheduler = Scheduler(  # what is in flight and what is admitted next (cohort/rollout/scheduler.py; checkpointed)
             parts.engine, parts.sampler, parts.train_ids, SamplingConfig(r.max_completion_length, r.temperature, r.top_p, r.top_k),
             plan.num_generations, plan.generation_batch_size // plan.num_generations, plan.admission,
             seed=r.seed, generations=-(-plan.max_steps // plan.optimizer_steps_per_generation))
-        self.sync = WeightSync(parts, self.state, self.rollout.lock, self.phases,  # push + canary check (trainer/weight_sync.py)
+        self.sync = WeightSync(parts, self.state, self.scheduler.lock, self.phases,  # push + canary check (trainer/weight_sync.py)
                                generation_dtype=cfg.generation_dtype, group_size=plan.num_generations,
                                fixed_tolerance=cfg.engine.sync_check_tolerance)
         self.stream_update = plan.stream_update  # train groups as they finish (rollout/collect.py; the plan decided where exact)
@@ -114,7 +115,7 @@ class Trainer:
     def swap_engine(self, engine) -> None:
         """Replace the engine (a test's wrapper): in the parts and in the scheduler, which sends every request to it."""
         self.parts.engine = engine
-        self.rollout.engine = engine
+        self.scheduler.engine = engine
 
     def swap_phases(self, phases: Phases) -> None:
         """Replace the phase timers (a benchmark's, which also measure memory): the trainer's and its weight sync's."""
@@ -123,7 +124,7 @@ class Trainer:
     def checkpointed(self) -> Checkpointed:
         """What a checkpoint of this trainer saves and restores (cohort/trainer/checkpoint.py): the parts, the state, the
         parts with state by the names state.pt uses (the sync check, the rollout scheduler among them)."""
-        return Checkpointed(self.parts, self.state, stateful_parts(self.parts, self.sync.check, self.rollout),
+        return Checkpointed(self.parts, self.state, stateful_parts(self.parts, self.sync.check, self.scheduler),
                             generation_batch_size=self.plan.generation_batch_size, keep=self.cfg.run.keep_checkpoints)
 
     # ------------------------------------------------------------------ phases
@@ -134,7 +135,7 @@ class Trainer:
         self.sync.push()  # the engine samples from the current policy (a no-op unless a resume left it behind)
         self.parts.optimizer.zero_grad(set_to_none=True)  # (a streamed update accumulates into them during the collection)
         streamed = StreamedGradients() if self.stream_update else None
-        collected = self.rollout.collect(BatchRequest(
+        collected = self.scheduler.collect(BatchRequest(
             self.parts.rewards, self.parts.tokenizer, self.parts.train_data, self.phases, self.state.policy_version,
             train_groups=functools.partial(self.train_groups, streamed=streamed) if streamed is not None else None))
         self.sync.calibrate(collected.sampled_version, collected.prompts, collected.outs)
@@ -330,7 +331,7 @@ class Trainer:
         behind = batch.staleness(mb, width, self.state.policy_version, HOST) if batch.versions else None
         if self.cfg.algorithm.off_policy_objective == "mask_stale" and off is not None:
             mask = mask * (1.0 - off)  # tokens of older policies: out of the loss
-        bound = self.rollout.token_staleness_bound  # tokens staler than pipeline.max_staleness (k >= 1): out of it
+        bound = self.scheduler.token_staleness_bound  # tokens staler than pipeline.max_staleness (k >= 1): out of it
         if bound < float("inf") and behind is not None:
             mask = mask * (behind <= bound).float()
         engine = padded_tensor([batch.engine_logp[i][:width] for i in mb], width, torch.float32, HOST)  # 0 where none
@@ -449,7 +450,7 @@ class Trainer:
         return grad_norm
 
     def _update_metrics(self, sums: dict[str, float], grad_norm: float) -> dict[str, float]:
-        return step_metrics(sums, grad_norm, self.parts.lr_schedule.get_last_lr()[0], staleness_shown=self.rollout.rules.off_policy)
+        return step_metrics(sums, grad_norm, self.parts.lr_schedule.get_last_lr()[0], staleness_shown=self.scheduler.rules.off_policy)
 
     # ------------------------------------------------------------------ loop
 
@@ -483,8 +484,8 @@ class Trainer:
     def close(self) -> None:
         """Release the engine, rewards and process group; call it from a `finally` (it sees whether a failure is unwinding)."""
         clean = sys.exc_info()[0] is None  # in a `finally` reached by an exception, that exception is still current
-        if "rollout" in self.__dict__:
-            self.rollout.close()  # stops a driver thread, aborts what is in flight
+        if "scheduler" in self.__dict__:
+            self.scheduler.close()  # stops a driver thread, aborts what is in flight
         self.parts.rewards.close()
         if self.parts.owns_engine:
             self.parts.engine.close()

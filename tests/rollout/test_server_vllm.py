@@ -169,7 +169,7 @@ def test_a_server_that_dies_mid_run_saves_the_state_before_the_failed_step(vllm_
 
     def submit_to_a_dying_server(requests, *args, **kwargs):
         # the scheduler counts the generation batches it admits: the server dies as the third batch is submitted
-        if trainer.rollout.generation_index == 3 and not server.socket._closed:
+        if trainer.scheduler.generation_index == 3 and not server.socket._closed:
             server.shutdown()
             server.server_close()
         return real_submit(requests, *args, **kwargs)

@@ -94,22 +94,22 @@ def test_too_stale_groups_are_masked_or_dropped(tmp_path, data_file, tiny_model_
     for mode in ("mask", "drop"):
         trainer = Trainer(_config(tmp_path, data_file, tiny_model_dir, "pipeline.max_staleness=1",
                                   f"pipeline.stale_tokens={mode}", name=mode), **QUIET)
-        rollout = trainer.rollout
+        scheduler = trainer.scheduler
         try:
             trainer.state.policy_version = 3
             members = [Trajectory([5, 6, 7], [-1.0] * 3, "stop", 0, versions=[0, 0, 3]) for _ in range(4)]
             fresh = [Trajectory([5, 6], [-1.0] * 2, "stop", 3, versions=[3, 3]) for _ in range(4)]
             stale, ok = FinishedGroup(100, [0] * 4, members), FinishedGroup(101, [1] * 4, fresh)
-            rollout.origins.update({100: Origin(0, [0] * 4, [1, 2, 3, 4], 0), 101: Origin(0, [1] * 4, [5, 6, 7, 8], 0)})
+            scheduler.origins.update({100: Origin(0, [0] * 4, [1, 2, 3, 4], 0), 101: Origin(0, [1] * 4, [5, 6, 7, 8], 0)})
             if mode == "mask":
-                assert rollout.screen(stale, 3) and rollout.screen(ok, 3) and rollout.stale_masked == 8
+                assert scheduler.screen(stale, 3) and scheduler.screen(ok, 3) and scheduler.stale_masked == 8
                 batch = RolloutBatch([0], [[1, 2]], [[5, 6, 7]], [[-1.0] * 3], [False], ["x"], np.zeros(1), np.zeros((1, 0)),
                                      torch.zeros(1, 3), versions=[[0, 0, 3]], taken_version=3)
                 assert torch.equal(trainer.pack(batch, [0]).mask, torch.tensor([[0.0, 0.0, 1.0]]))
             else:
-                assert not rollout.screen(stale, 3) and rollout.screen(ok, 3) and rollout.stale_dropped == 1
+                assert not scheduler.screen(stale, 3) and scheduler.screen(ok, 3) and scheduler.stale_dropped == 1
                 # the replacement is in flight in place of group 100 (101 stays admitted until a batch takes it)
-                assert rollout.stream.pending == 1 and 100 not in rollout.origins and len(rollout.origins) == 2
+                assert scheduler.stream.pending == 1 and 100 not in scheduler.origins and len(scheduler.origins) == 2
         finally:
             trainer.close()
 
@@ -124,7 +124,7 @@ def test_admitted_groups_survive_a_checkpoint_no_prompt_lost_or_repeated(tmp_pat
             trainer.step()
             trained.update(trainer.state.batch.row_indices)
         path = checkpoint.save_checkpoint(trainer.checkpointed())
-        saved = trainer.rollout.state_dict()["admitted"]
+        saved = trainer.scheduler.state_dict()["admitted"]
     finally:
         trainer.close()
     assert saved  # batch 2 was admitted at version 1 and is not trained yet
@@ -134,8 +134,8 @@ def test_admitted_groups_survive_a_checkpoint_no_prompt_lost_or_repeated(tmp_pat
         for _ in range(2):
             resumed.step()
             trained.update(resumed.state.batch.row_indices)
-        left = Counter(i for a in resumed.rollout.state_dict()["admitted"] for i in a["rows"])
-        drawn = resumed.rollout.generation_index
+        left = Counter(i for a in resumed.scheduler.state_dict()["admitted"] for i in a["rows"])
+        drawn = resumed.scheduler.generation_index
     finally:
         resumed.close()
     fresh = Trainer(cfg, **QUIET)  # the sampler's rows for generation batches 0 .. drawn-1, in order
@@ -185,14 +185,14 @@ def test_an_eval_while_groups_are_in_flight_loses_none_of_them(tmp_path, data_fi
     try:
         trainer.step()
         trained.update(trainer.state.batch.row_indices)
-        trainer.rollout.admit(1)  # batch 3 may start now (as the next step would admit it)
-        assert trainer.rollout.stream.pending > 0  # groups in flight during the eval
-        outs = trainer.rollout.generate([trainer.parts.train_ids[0], trainer.parts.train_ids[1]], SamplingConfig(8, 0.0), [1, 2])
+        trainer.scheduler.admit(1)  # batch 3 may start now (as the next step would admit it)
+        assert trainer.scheduler.stream.pending > 0  # groups in flight during the eval
+        outs = trainer.scheduler.generate([trainer.parts.train_ids[0], trainer.parts.train_ids[1]], SamplingConfig(8, 0.0), [1, 2])
         assert len(outs) == 2 and all(o.finished and o.token_ids for o in outs)
         for _ in range(3):
             trainer.step()
             trained.update(trainer.state.batch.row_indices)
-        assert not trainer.rollout.origins  # every admitted group was trained
+        assert not trainer.scheduler.origins  # every admitted group was trained
     finally:
         trainer.close()
     fresh = Trainer(cfg, **QUIET)

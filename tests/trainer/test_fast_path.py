@@ -150,7 +150,7 @@ def test_reference_and_old_logprobs_once_per_generation_batch(tmp_path, data_fil
     counter = PassCounter(trainer)
     for _ in range(4):
         trainer.step()
-    assert trainer.rollout.generation_index == 2
+    assert trainer.scheduler.generation_index == 2
     assert counter.score_calls == {"policy": 2, "reference": 2}
     assert counter.update_forwards == counter.micro_batches == 4 * 2  # 16 completions per step / 8 per micro-batch
     trainer.close()

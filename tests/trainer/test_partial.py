@@ -114,7 +114,7 @@ def test_buffer_keeps_whole_groups_fifo_resumes_from_tokens_and_caps_aborts(tmp_
         m1 = trainer.step()
         assert trainer.state.batch.row_indices == [0] * 4 + [2] * 4
         assert m1["partial/aborted"] == 8 and m1["partial/buffered_groups"] == 2 and m1["partial/ratio"] == 0
-        buffered = list(trainer.rollout.buffer.groups)
+        buffered = list(trainer.scheduler.buffer.groups)
         assert [g.rows[0] for g in buffered] == [1, 3] and all(g.aborts == [1] * 4 for g in buffered)
         assert all(m.status == "aborted" and m.token_ids == [5, 6, 7, 8] for g in buffered for m in g.members)
         assert all(m.versions == [0] * 4 for g in buffered for m in g.members)
@@ -129,8 +129,8 @@ def test_buffer_keeps_whole_groups_fifo_resumes_from_tokens_and_caps_aborts(tmp_
         assert seeds["0"] == continuation_seed(buffered[0].seeds[0], 1) != buffered[0].seeds[0]
         assert trainer.state.batch.row_indices == [4] * 4 + [5] * 4
         assert m2["partial/resumed"] == 8 and m2["partial/aborted"] == 8 and m2["partial/pinned"] == 0
-        assert [g.aborts for g in trainer.rollout.buffer.groups] == [[2] * 4, [2] * 4]
-        assert all(len(m.token_ids) == 10 and m.versions == [0] * 4 + [1] * 6 for g in trainer.rollout.buffer.groups for m in g.members)
+        assert [g.aborts for g in trainer.scheduler.buffer.groups] == [[2] * 4, [2] * 4]
+        assert all(len(m.token_ids) == 10 and m.versions == [0] * 4 + [1] * 6 for g in trainer.scheduler.buffer.groups for m in g.members)
         # Step 3: rows 1, 3 pinned (first in line), rows 6, 7 new. Rows 6, 7 finish first (2, 3 tokens) but the step
         # waits for the pinned groups (2 and 4 more tokens) and they are the batch; 6 and 7 are buffered complete.
         m3 = trainer.step()
@@ -142,13 +142,13 @@ def test_buffer_keeps_whole_groups_fifo_resumes_from_tokens_and_caps_aborts(tmp_
         # staleness over the 8 × (12 or 14) trained tokens: rows 1: 4×2 + 6×1 per member; row 3: same + 4 fresh
         assert m3["staleness/max"] == 2 and m3["staleness/mean"] == pytest.approx(4 * (8 + 6) * 2 / (4 * 26))
         assert m3["staleness/off_policy_frac"] == pytest.approx(4 * 10 * 2 / (4 * 26))
-        assert [g.rows[0] for g in trainer.rollout.buffer.groups] == [6, 7]
-        assert all(m.finished for g in trainer.rollout.buffer.groups for m in g.members)
+        assert [g.rows[0] for g in trainer.scheduler.buffer.groups] == [6, 7]
+        assert all(m.finished for g in trainer.scheduler.buffer.groups for m in g.members)
         # Step 4: the complete rows 6, 7 are taken at once; the new rows 8, 9 are cut before sampling anything, so
         # they are buffered with no tokens and no abort counted.
         m4 = trainer.step()
         assert trainer.state.batch.row_indices == [6] * 4 + [7] * 4
-        assert m4["partial/aborted"] == 0 and [g.aborts for g in trainer.rollout.buffer.groups] == [[0] * 4] * 2
+        assert m4["partial/aborted"] == 0 and [g.aborts for g in trainer.scheduler.buffer.groups] == [[0] * 4] * 2
     finally:
         trainer.close()
 
@@ -265,7 +265,7 @@ def test_with_dynamic_sampling_the_batch_is_the_first_b_groups_kept(tmp_path, da
         m = trainer.step()
         assert trainer.state.batch.row_indices == [0] * 4 + [2] * 4
         assert m["dynamic_sampling/groups_dropped"] == 1 and m["dynamic_sampling/groups_generated"] == 3
-        assert [g.rows[0] for g in trainer.rollout.buffer.groups] == [3] and m["partial/aborted"] == 4
+        assert [g.rows[0] for g in trainer.scheduler.buffer.groups] == [3] and m["partial/aborted"] == 4
     finally:
         trainer.close()
 

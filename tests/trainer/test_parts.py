@@ -13,7 +13,7 @@ from cohort.trainer.parts import TrainerParts
 from cohort.trainer.weight_sync import WeightSync
 
 # what Trainer.__init__ declares (a new attribute must be declared there and added here)
-OWN_STATE = {"cfg", "plan", "log", "phases", "state", "parts", "rollout", "sync", "stream_update"}
+OWN_STATE = {"cfg", "plan", "log", "phases", "state", "parts", "scheduler", "sync", "stream_update"}
 
 
 def test_every_part_is_a_declared_field_read_through_the_parts_and_swapping_the_engine_reaches_the_scheduler(
@@ -35,12 +35,12 @@ def test_every_part_is_a_declared_field_read_through_the_parts_and_swapping_the_
         assert trainer.parts.engine_shares_policy  # engine.name=hf in one process generates with the policy itself
         engine = trainer.parts.engine
         trainer.swap_engine(wrapped := object())  # a test's wrapper replaces the part and the scheduler's engine
-        assert trainer.parts.engine is wrapped and trainer.rollout.engine is wrapped
+        assert trainer.parts.engine is wrapped and trainer.scheduler.engine is wrapped
         trainer.swap_engine(engine)
         # checkpoints save the stateful parts under the names old checkpoints use
         saved = trainer.checkpointed()
         assert sorted(saved.stateful) == ["kl_controller", "lr_schedule", "optimizer", "rollout", "sampler", "sync_check"]
-        assert saved.stateful == stateful_parts(trainer.parts, trainer.sync.check, trainer.rollout)
-        assert saved.stateful["sync_check"] is trainer.sync.check and saved.stateful["rollout"] is trainer.rollout
+        assert saved.stateful == stateful_parts(trainer.parts, trainer.sync.check, trainer.scheduler)
+        assert saved.stateful["sync_check"] is trainer.sync.check and saved.stateful["rollout"] is trainer.scheduler
     finally:
         trainer.close()

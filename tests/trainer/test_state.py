@@ -53,7 +53,7 @@ def test_a_checkpoint_in_the_layout_before_trainer_state_still_loads(tmp_path, t
     try:
         trainer.step()
         saved = checkpoint.save_checkpoint(trainer.checkpointed())
-        assert trainer.rollout.generation_index == 1 and trainer.parts.lr_schedule.last_epoch == 1
+        assert trainer.scheduler.generation_index == 1 and trainer.parts.lr_schedule.last_epoch == 1
     finally:
         trainer.close()
     state = torch.load(saved / "state.pt", weights_only=True)
@@ -65,7 +65,7 @@ def test_a_checkpoint_in_the_layout_before_trainer_state_still_loads(tmp_path, t
     again = Trainer(cfg)
     try:
         meta = checkpoint.load_checkpoint(again.checkpointed(), saved)
-        assert (meta["step"], again.state.step, again.state.policy_version, again.rollout.generation_index) == (1, 1, 1, 1)
+        assert (meta["step"], again.state.step, again.state.policy_version, again.scheduler.generation_index) == (1, 1, 1, 1)
         assert again.parts.lr_schedule.last_epoch == 1  # (a fresh schedule is at 0)
     finally:
         again.close()

@@ -143,7 +143,7 @@ def test_nan_loss_stops_after_saving_the_last_good_state(user_setup, tiny_model_
     run_training(ref)
     restored = Trainer(load_config(None, overrides(tiny_model_dir, data, tmp_path / "restored", "slow_sevens", "train.max_steps=2")))
     meta = checkpoint.load_checkpoint(restored.checkpointed(), run_dir / "checkpoints" / "step-000002")
-    assert meta["step"] == 2 and restored.rollout.generation_index == 2 and restored.state.policy_version == 2
+    assert meta["step"] == 2 and restored.scheduler.generation_index == 2 and restored.state.policy_version == 2
     assert restored.parts.sampler.state_dict() == ref.parts.sampler.state_dict()
     for (name, p), q in zip(ref.parts.policy.named_parameters(), restored.parts.policy.parameters()):
         assert torch.isfinite(q).all() and torch.equal(p, q), name
