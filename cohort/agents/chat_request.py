@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from cohort.rewards.text import content_text
 from cohort.rollout.server.bodies import BadRequest
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -136,18 +137,14 @@ def same_reply(sent: dict[str, Any], returned: dict[str, Any]) -> bool:
 
 
 def _content(content: Any, where: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
+    """A message's content as one string, once checked: a string, null, or a list of text parts only (joined)."""
     if isinstance(content, list):
-        texts = []
         for k, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise ChatRequestError(f"{where}[{k}]", 'only text parts ({"type": "text", "text": ...}) are supported')
-            texts.append(part["text"])
-        return "".join(texts)
-    raise ChatRequestError(where, f"must be a string, a list of text parts or null, got {type(content).__name__}")
+    elif content is not None and not isinstance(content, str):
+        raise ChatRequestError(where, f"must be a string, a list of text parts or null, got {type(content).__name__}")
+    return content_text(content)
 
 
 def _tool_call(call: Any, where: str) -> dict[str, Any]:

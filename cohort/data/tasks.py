@@ -96,6 +96,19 @@ def register_task(name: str) -> Callable[[TaskBuilder], TaskBuilder]:
     return decorator
 
 
+def _builtin_task(name: str, rows: Callable[[int], tuple[list[dict], list[dict]]], reward: str, description: str,
+                  metadata: dict) -> None:
+    """Register built-in task ``name``: ``rows(seed)`` gives its (train, eval) rows, scored by the one reward function
+    ``reward``; ``description`` is completed with the split sizes (``{train}``, ``{held_out}``)."""
+
+    @register_task(name)
+    def build(seed: int) -> Task:
+        train_rows, eval_rows = rows(seed)
+        return Task(name=name, train_rows=train_rows, eval_rows=eval_rows, reward_specs=[{"name": reward, "weight": 1.0}],
+                    description=description.format(train=len(train_rows), held_out=len(eval_rows)),
+                    metadata=dict(metadata))
+
+
 def list_tasks() -> list[str]:
     """Names of the built-in tasks, sorted."""
     return sorted(_TASK_BUILDERS)
@@ -155,38 +168,19 @@ def _arith_row(a: int, op: str, b: int) -> dict:
     return {"prompt": f"{a}{op}{b}=", "answer": str(answer)}
 
 
-@register_task("arith")
-def _build_arith(seed: int) -> Task:
-    train_rows, eval_rows = arith_rows(seed)
-    return Task(
-        name="arith",
-        train_rows=train_rows,
-        eval_rows=eval_rows,
-        reward_specs=[{"name": "numeric_match", "weight": 1.0}],
-        description=(
-            f"Addition/subtraction of a one-digit number ('47+8=' -> '55', '47-8=' -> '39'); "
-            f"{len(train_rows)} train / {len(eval_rows)} held-out prompts, answers >= 0."
-        ),
-        metadata={"max_first": ARITH_MAX_FIRST, "max_second": ARITH_MAX_SECOND, "max_answer_chars": 3},
-    )
-
-
-@register_task("arith_chat")
-def _build_arith_chat(seed: int) -> Task:
+def arith_chat_rows(seed: int) -> tuple[list[dict], list[dict]]:
+    """``arith_rows(seed)`` with each prompt as one chat user turn."""
     train_rows, eval_rows = arith_rows(seed)
     chat = [[{"prompt": [{"role": "user", "content": row["prompt"]}], "answer": row["answer"]} for row in rows]
             for rows in (train_rows, eval_rows)]
-    return Task(
-        name="arith_chat",
-        train_rows=chat[0],
-        eval_rows=chat[1],
-        reward_specs=[{"name": "numeric_match", "weight": 1.0}],
-        description=(
-            f"arith as one chat user turn ([{{'role': 'user', 'content': '47+8='}}] -> '55'); "
-            f"{len(chat[0])} train / {len(chat[1])} held-out prompts."
-        ),
-        metadata={"max_first": ARITH_MAX_FIRST, "max_second": ARITH_MAX_SECOND, "max_answer_chars": 3},
-    )
+    return chat[0], chat[1]
+
+
+ARITH_METADATA = {"max_first": ARITH_MAX_FIRST, "max_second": ARITH_MAX_SECOND, "max_answer_chars": 3}
+_builtin_task("arith", arith_rows, "numeric_match", "Addition/subtraction of a one-digit number ('47+8=' -> '55', "
+              "'47-8=' -> '39'); {train} train / {held_out} held-out prompts, answers >= 0.", ARITH_METADATA)
+_builtin_task("arith_chat", arith_chat_rows, "numeric_match", "arith as one chat user turn ([{{'role': 'user', "
+              "'content': '47+8='}}] -> '55'); {train} train / {held_out} held-out prompts.", ARITH_METADATA)
 
 
 TOOL_CALC_SPLIT_KEY = "tool_calc-split-v1"
@@ -210,22 +204,11 @@ def fixed_split(problems: list, split_key: str, eval_size: int, seed: int) -> tu
     return train, evals
 
 
-@register_task("tool_calc")
-def _build_tool_calc(seed: int) -> Task:
-    train_rows, eval_rows = tool_calc_rows(seed)
-    return Task(
-        name="tool_calc",
-        train_rows=train_rows,
-        eval_rows=eval_rows,
-        reward_specs=[{"name": "numeric_match", "weight": 1.0}],
-        description=(
-            "Multiplication of a 2-3 digit number by a 2 digit number as one chat user turn ('123*45=' -> '5535'), "
-            "meant for multi-turn tool calling with cohort.tools.builtin.calculator (examples/tool_calc.yaml): the "
-            f"tiny model cannot multiply in its head, but can with the tool; {len(train_rows)} train / "
-            f"{len(eval_rows)} held-out prompts."
-        ),
-        metadata={"max_answer_chars": 5},
-    )
+_builtin_task("tool_calc", tool_calc_rows, "numeric_match",
+              "Multiplication of a 2-3 digit number by a 2 digit number as one chat user turn ('123*45=' -> '5535'), "
+              "meant for multi-turn tool calling with cohort.tools.builtin.calculator (examples/tool_calc.yaml): the "
+              "tiny model cannot multiply in its head, but can with the tool; {train} train / {held_out} held-out "
+              "prompts.", {"max_answer_chars": 5})
 
 
 ADD_CHAT_SPLIT_KEY = "add_chat-split-v1"
@@ -241,21 +224,10 @@ def add_chat_rows(seed: int, eval_size: int = ADD_CHAT_EVAL_SIZE) -> tuple[list[
     return [row(a, b) for a, b in train], [row(a, b) for a, b in evals]
 
 
-@register_task("add_chat")
-def _build_add_chat(seed: int) -> Task:
-    train_rows, eval_rows = add_chat_rows(seed)
-    return Task(
-        name="add_chat",
-        train_rows=train_rows,
-        eval_rows=eval_rows,
-        reward_specs=[{"name": "numeric_match", "weight": 1.0}],
-        description=(
-            "Addition asked in words as one chat user turn ('What is 12 + 30?' -> '42'; a, b in 1..30), for a real "
-            f"instruct model that answers in prose (examples/smollm2_add.yaml); {len(train_rows)} train / "
-            f"{len(eval_rows)} held-out prompts."
-        ),
-        metadata={"max_answer_chars": 2},
-    )
+_builtin_task("add_chat", add_chat_rows, "numeric_match",
+              "Addition asked in words as one chat user turn ('What is 12 + 30?' -> '42'; a, b in 1..30), for a real "
+              "instruct model that answers in prose (examples/smollm2_add.yaml); {train} train / {held_out} held-out "
+              "prompts.", {"max_answer_chars": 2})
 
 
 LONG_TAIL_SPLIT_KEY = "long_tail-split-v1"  # change only with the tiny:long_tail recipe
@@ -305,19 +277,8 @@ def _long_tail_row(first: int, last: int) -> dict:
     return {"prompt": f"{first}..{last}=", "answer": " ".join(str(n) for n in range(first, last + 1))}
 
 
-@register_task("long_tail")
-def _build_long_tail(seed: int) -> Task:
-    train_rows, eval_rows = long_tail_rows(seed)
-    return Task(
-        name="long_tail",
-        train_rows=train_rows,
-        eval_rows=eval_rows,
-        reward_specs=[{"name": "exact_match", "weight": 1.0}],
-        description=(
-            "Count up to the next hundred ('14797..14800=' -> '14797 14798 14799 14800'); the count follows a power law, "
-            "so most answers are a few characters and about one in twenty is over a hundred (a long tail of "
-            f"completion lengths for partial rollouts, examples/long_tail.yaml); {len(train_rows)} train / "
-            f"{len(eval_rows)} held-out prompts."
-        ),
-        metadata={"max_answer_chars": 6 * LONG_TAIL_MAX_COUNT - 1},
-    )
+_builtin_task("long_tail", long_tail_rows, "exact_match",
+              "Count up to the next hundred ('14797..14800=' -> '14797 14798 14799 14800'); the count follows a power "
+              "law, so most answers are a few characters and about one in twenty is over a hundred (a long tail of "
+              "completion lengths for partial rollouts, examples/long_tail.yaml); {train} train / {held_out} held-out "
+              "prompts.", {"max_answer_chars": 6 * LONG_TAIL_MAX_COUNT - 1})

@@ -30,7 +30,7 @@ from typing import Iterable, Iterator
 import torch
 
 from cohort.distributed.fsdp import LocalContext, gather_named_tensors
-from cohort.rollout.base import BatchRequests, generate_requests
+from cohort.rollout.base import BatchRequests, ForwardingEngine, generate_requests
 from cohort.rollout.engines.hf import HFEngine
 
 
@@ -149,11 +149,12 @@ class MainOnlyRewards:
         return getattr(self.rewards, name)
 
 
-class DetachedHFEngine:
+class DetachedHFEngine(ForwardingEngine):
     """transformers generation on rank 0's own unsharded copy of the policy, updated by weight pushes.
 
     Under FSDP the trainer's module is sharded, and generating with it would need
     every rank in every decoding step; rank 0 samples from a full copy instead.
+    Requests, scoring and the policy version pass through to the `HFEngine` over that copy.
     """
 
     in_flight_updates = False  # transformers generation cannot take new weights mid-request
@@ -163,26 +164,6 @@ class DetachedHFEngine:
         self.inner = HFEngine(model, pad_token_id=pad_token_id, stop_token_ids=stop_token_ids)
         self.params = dict(model.named_parameters())
         self.buffers = dict(model.named_buffers())
-
-    @property
-    def policy_version(self) -> int:
-        return self.inner.policy_version
-
-    def submit(self, requests) -> None:
-        self.inner.submit(requests)
-
-    def poll(self, timeout: float | None = None):
-        return self.inner.poll(timeout)
-
-    def abort(self, request_ids=None):
-        return self.inner.abort(request_ids)
-
-    @property
-    def in_flight(self) -> int:
-        return self.inner.in_flight
-
-    def generate(self, prompts, sampling, seeds=None):
-        return self.inner.generate(prompts, sampling, seeds)
 
     @torch.no_grad()
     def update_weights(self, named_tensors, version: int, *, in_flight: bool = False) -> None:
@@ -197,11 +178,8 @@ class DetachedHFEngine:
         self.inner.policy_version = version
         return None
 
-    def score(self, prompts, completions, temperature: float = 1.0):
-        return self.inner.score(prompts, completions, temperature)
-
     def close(self) -> None:
-        pass
+        pass  # the inner HFEngine is not closed (its continuous-batching managers, if any, stay up until exit)
 
 
 def main_only_rewards(rewards, ctx: LocalContext):

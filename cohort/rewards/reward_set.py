@@ -285,19 +285,10 @@ class RewardSet:
 
     # -- scoring ---------------------------------------------------------------------
 
-    def score(
-        self,
-        *,
-        prompts: Sequence[Any],
-        completions: Sequence[Any],
-        completion_ids: Sequence[Sequence[int]],
-        columns: Mapping[str, Sequence[Any]] | None = None,
-        group_size: int = 1,
-        optional: Mapping[str, Sequence[Any]] | None = None,
-    ) -> RewardOutput:
-        """Score ``N`` completions with every function; shapes in the module docstring."""
-        return self.submit(prompts=prompts, completions=completions, completion_ids=completion_ids, columns=columns,
-                           group_size=group_size, optional=optional).result()
+    def score(self, **inputs: Any) -> RewardOutput:
+        """Score ``N`` completions with every function and wait for them: ``submit(**inputs).result()``, so the
+        keyword arguments are `submit`'s; shapes in the module docstring."""
+        return self.submit(**inputs).result()
 
     def submit(
         self,
@@ -309,7 +300,8 @@ class RewardSet:
         group_size: int = 1,
         optional: Mapping[str, Sequence[Any]] | None = None,
     ) -> PendingScores:
-        """`score`, started on the event loop and returned at once: `.result()` waits for it (and raises its errors).
+        """Start scoring ``N`` completions with every function on the event loop and return at once: `.result()` waits
+        for it (and raises its errors); `score` is the two in one.
         `optional`: per-completion arguments (multi-turn's `conversations`, `environments`) passed only to the
         functions that name them as a parameter (`calling.names_parameter`)."""
         if self._closed:

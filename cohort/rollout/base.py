@@ -331,9 +331,10 @@ def release_engine_memory(engine) -> bool:
     return bool(release()) if release is not None else False
 
 
-class WrappedEngine:
-    """What an engine that wraps another (`self.inner`: the tool loop, agent runs) passes through: the policy version,
-    the stop tokens, and every attribute it does not define (update_weights, score, release_memory, ...)."""
+class ForwardingEngine:
+    """An engine built around another (`self.inner`) that passes the whole `RolloutEngine` protocol through to it,
+    member by member; a subclass overrides what it does differently (rank 0's `DetachedHFEngine` loads the weights
+    itself, `LocalServerEngine` also stops its server on close, the tool loop and agent runs handle the requests)."""
 
     inner: Any
 
@@ -344,6 +345,42 @@ class WrappedEngine:
     @property
     def stop_token_ids(self) -> list[int]:
         return self.inner.stop_token_ids
+
+    @property
+    def in_flight_updates(self) -> bool:
+        return self.inner.in_flight_updates
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        self.inner.submit(requests)
+
+    def poll(self, timeout: float | None = None) -> list[Trajectory]:
+        return self.inner.poll(timeout)
+
+    def abort(self, request_ids: Iterable[str] | None = None) -> list[Trajectory]:
+        return self.inner.abort(request_ids)
+
+    @property
+    def in_flight(self) -> int:
+        return self.inner.in_flight
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Trajectory]:
+        return self.inner.generate(prompts, sampling, seeds)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *,
+                       in_flight: bool = False) -> int | None:
+        return self.inner.update_weights(named_tensors, version, in_flight=in_flight)
+
+    def score(self, prompts: list[list[int]], completions: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
+        return self.inner.score(prompts, completions, temperature)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class WrappedEngine(ForwardingEngine):
+    """A `ForwardingEngine` in the request path (the tool loop, agent runs) that also passes on every attribute beyond
+    the protocol that it does not define (release_memory, the transformers engine's model, ...), so wrapping an
+    engine hides none of its extras."""
 
     def __getattr__(self, name: str):
         if name in ("inner", "__setstate__"):

@@ -113,9 +113,14 @@ class Diagnostics:
         return due
 
 
+def _if_logged(metrics: dict, key: str, template: str) -> str:
+    """``template`` formatted with ``metrics[key]`` where that metric is a number this step, else ""."""
+    value = metrics.get(key)
+    return template.format(value) if isinstance(value, (int, float)) else ""
+
+
 def _advise_zero_std(value: float, metrics: dict) -> str:
-    reward = metrics.get("reward")
-    level = f"mean reward {reward:.3g}; " if isinstance(reward, (int, float)) else ""
+    level = _if_logged(metrics, "reward", "mean reward {:.3g}; ")
     return (f"frac_reward_zero_std = {value:.2f} (> {ZERO_STD_THRESHOLD}) for {PATIENCE} generation batches: most groups scored "
             f"all-equal rewards, which give zero advantage and no gradient ({level}all at the top: the task is too easy; all at "
             "the bottom: too hard). Use harder or easier prompts, a reward with partial credit, or more completions per prompt "
@@ -129,8 +134,7 @@ def _advise_length(value: float, limit: int) -> str:
 
 
 def _advise_mismatch(value: float, metrics: dict) -> str:
-    mean = metrics.get("mismatch/logprob_abs_mean")
-    mean_text = f" (mean {mean:.3g})" if isinstance(mean, (int, float)) else ""
+    mean_text = _if_logged(metrics, "mismatch/logprob_abs_mean", " (mean {:.3g})")
     return (f"mismatch/logprob_abs_max = {value:.3g} nats (> {MISMATCH_THRESHOLD}){mean_text}: the rollout engine and the trainer "
             "disagree about the log-probability of sampled tokens, so the engine samples from a different policy than the one "
             "trained. Generate in the training dtype (engine.dtype=auto), check that sampling settings (temperature, top_p, "
@@ -138,8 +142,7 @@ def _advise_mismatch(value: float, metrics: dict) -> str:
 
 
 def _advise_slow_reward(value: float, metrics: dict) -> str:
-    step = metrics.get("timing/step_s")
-    share = f" of a {step:.3g} s step" if isinstance(step, (int, float)) else ""
+    share = _if_logged(metrics, "timing/step_s", " of a {:.3g} s step")
     return (f"timing/reward_s = {value:.3g} s{share} is the slowest phase for {PATIENCE} generation batches: the reward "
             "functions, not the model, bound the run's speed. Make them async or vectorised, cache repeated work, or run "
             "expensive checks (code execution) with more parallel workers")

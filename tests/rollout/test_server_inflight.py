@@ -232,7 +232,7 @@ def test_cohort_serve_loads_weights_under_running_requests(child, policies, tiny
 
 @pytest_vllm
 def test_a_stalled_cohort_serve_fails_poll_within_the_timeout(child, tiny_model_dir, monkeypatch):
-    monkeypatch.setattr(child.remote, "timeout_s", SERVER_TIMEOUT_S)  # the timeout under test, for this test only
+    monkeypatch.setattr(child.inner, "timeout_s", SERVER_TIMEOUT_S)  # the timeout under test, for this test only
     child.submit([Request("stalled", (5, 6, 7), SamplingConfig(120, 1.0), seed=3)])
     os.kill(child.server.process.pid, signal.SIGSTOP)  # alive, answering nothing (a hung engine, a swapped-out host)
     try:

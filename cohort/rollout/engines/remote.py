@@ -62,7 +62,7 @@ import torch
 
 from cohort.config import CohortConfig
 from cohort.models.placement import engine_gpus, training_processes, visible_gpus
-from cohort.rollout.base import Request, RequestEngineMixin, Trajectory
+from cohort.rollout.base import ForwardingEngine, Request, RequestEngineMixin, Trajectory
 from cohort.rollout.server.app import TOKEN_ENV, LocalServer, completion_from_json, request_to_json, split_cores
 from cohort.rollout.server.request_stream import MAX_POLL_WAIT_S
 
@@ -412,7 +412,7 @@ def engine_cores(cfg: CohortConfig) -> tuple[list[int] | None, int | None]:
     return split_cores(sorted(os.sched_getaffinity(0)), cfg.engine.num_threads, concurrent)
 
 
-class LocalServerEngine(RequestEngineMixin):
+class LocalServerEngine(ForwardingEngine):
     """vLLM as a private loopback rollout server (`LocalServer`), driven like server mode; weights go over loopback as safetensors.
 
     Used by engine.mode=local_server, where generation gets its own process
@@ -420,6 +420,8 @@ class LocalServerEngine(RequestEngineMixin):
     the trainer's GIL and OpenMP pool), and by rank 0 of a multi-process run,
     since vLLM cannot live inside a rank of a multi-process group (it builds
     its own torch.distributed groups, which would wait for every rank).
+    Everything but `close` passes through to the `RemoteEngine` client of that server (`inner`); the stop tokens are
+    the ones the server computed from model_dir, as the trainer does.
     """
 
     def __init__(self, model_dir, cfg: CohortConfig, *, max_model_len: int, dtype: str):
@@ -429,43 +431,12 @@ class LocalServerEngine(RequestEngineMixin):
                                   cpu_cores=engine_cores(cfg)[0], cuda_devices=gpus.devices if gpus else None,
                                   tensor_parallel_size=cfg.engine.tensor_parallel_size)
         try:
-            self.remote = RemoteEngine([self.server.url], token=self.server.token, timeout_s=cfg.engine.server_timeout_s,
-                                       agreement_tolerance=cfg.server_agreement_tolerance, min_model_len=max_model_len)
+            self.inner = RemoteEngine([self.server.url], token=self.server.token, timeout_s=cfg.engine.server_timeout_s,
+                                      agreement_tolerance=cfg.server_agreement_tolerance, min_model_len=max_model_len)
         except Exception:
             self.server.close()
             raise
 
-    @property
-    def policy_version(self) -> int:
-        return self.remote.policy_version
-
-    @property
-    def stop_token_ids(self) -> list[int]:
-        return self.remote.stop_token_ids  # the server computed them from model_dir, as the trainer does
-
-    def submit(self, requests) -> None:
-        self.remote.submit(requests)
-
-    def poll(self, timeout: float | None = None):
-        return self.remote.poll(timeout)
-
-    def abort(self, request_ids=None):
-        return self.remote.abort(request_ids)
-
-    @property
-    def in_flight(self) -> int:
-        return self.remote.in_flight
-
-    @property
-    def in_flight_updates(self) -> bool:
-        return self.remote.in_flight_updates
-
-    def update_weights(self, named_tensors, version: int, *, in_flight: bool = False):
-        return self.remote.update_weights(named_tensors, version, in_flight=in_flight)
-
-    def score(self, prompts, completions, temperature: float = 1.0):
-        return self.remote.score(prompts, completions, temperature)
-
     def close(self) -> None:
-        self.remote.close()
+        self.inner.close()
         self.server.close()
