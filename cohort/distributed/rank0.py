@@ -30,6 +30,7 @@ from typing import Iterable, Iterator
 import torch
 
 from cohort.distributed.fsdp import LocalContext, gather_named_tensors
+from cohort.rewards.reward_set import PendingScores, RewardOutput
 from cohort.rollout.base import BatchRequests, ForwardingEngine, generate_requests
 from cohort.rollout.engines.hf import HFEngine
 
@@ -142,8 +143,15 @@ class MainOnlyRewards:
     def __init__(self, rewards, ctx: LocalContext):
         self.rewards, self.ctx = rewards, ctx
 
-    def score(self, **kwargs):
-        return self.ctx.broadcast_object(self.rewards.score(**kwargs) if self.ctx.is_main else None)
+    def submit(self, **kwargs) -> PendingScores:
+        """Scored now, on rank 0 alone, and handed to every rank: the collection calls this at the same point on every
+        rank (it follows rank 0's engine), while a pending call's `done()` would differ between ranks. (A forwarded
+        `submit` ran the rewards on every rank: a reward model or sandbox once per process, and a reward that is not
+        deterministic could give the ranks different advantages.)"""
+        return PendingScores.finished(self.ctx.broadcast_object(self.rewards.submit(**kwargs).result() if self.ctx.is_main else None))
+
+    def score(self, **kwargs) -> RewardOutput:
+        return self.submit(**kwargs).result()
 
     def __getattr__(self, name):
         return getattr(self.rewards, name)

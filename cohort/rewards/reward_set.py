@@ -56,6 +56,7 @@ Choices:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import math
 import numbers
@@ -112,6 +113,13 @@ class PendingScores:
 
     def result(self) -> RewardOutput:
         return self._finish(self._future.result())
+
+    @classmethod
+    def finished(cls, output: RewardOutput) -> PendingScores:
+        """A call whose output is already known (rank 0's, broadcast to the other ranks)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_result(output)
+        return cls(future, lambda out: out)
 
 
 @dataclass

@@ -37,7 +37,12 @@ from cohort.trainer.run import run_training
 
 # Dense and arbitrary, so every group has reward spread and every step a real gradient. (With an all-zero
 # gradient, one process takes no step while FSDP's 1e-7 rounding noise becomes a full lr-sized step under Adam.)
-REWARD = "def scrambled(prompts, completions, **kw):\n    return [(sum(map(ord, c)) % 7) / 7 for c in completions]\n"
+# Each call also leaves a line in calls-<RANK> beside the module (calls-x in this process): the rewards run on rank 0 alone.
+REWARD = ("import os, pathlib\n"
+          "def scrambled(prompts, completions, **kw):\n"
+          "    with open(pathlib.Path(__file__).with_name('calls-' + os.environ.get('RANK', 'x')), 'a') as f:\n"
+          "        f.write(f'{len(completions)}\\n')\n"
+          "    return [(sum(map(ord, c)) % 7) / 7 for c in completions]\n")
 
 
 def _overrides(tmp_path, model_dir, out):
@@ -83,6 +88,12 @@ def test_two_processes_match_one_process(tmp_path, tiny_model_dir, monkeypatch):
     assert set(w1) == set(w2)
     gap, moved = (max(float((x[k] - w2[k]).abs().max()) for k in w1) for x in (w1, w0))
     assert gap < 2e-4 and moved > 2e-3, (gap, moved)  # equal to reduction noise, while training moved them 10× more
+    # Rank 0 scored every completion in the same calls as the one process: 4 steps at 2 steps per generation are 2
+    # generation batches of 2 x 4 prompts x 4 completions = 32, one call each. Rank 1 scored none (forwarded, it
+    # scored all 64 as well: seen before the fix).
+    calls = {rank: (tmp_path / f"calls-{rank}").read_text().split() if (tmp_path / f"calls-{rank}").exists() else None
+             for rank in ("x", "0", "1")}
+    assert calls == {"x": ["32", "32"], "0": ["32", "32"], "1": None}
     assert (tmp_path / "two" / "ranks" / "rank-1" / "metrics.jsonl").is_file()  # rank 1 logs aside, not over rank 0
     assert not (tmp_path / "two" / "ranks" / "rank-1" / "final").exists()
 
