@@ -72,14 +72,17 @@ class RolloutBatch:
 
     @classmethod
     def from_trajectories(cls, rows: list[int], prompt_ids: list[list[int]], trajectories: list[Trajectory], *,
-                          rewards: np.ndarray, per_function: np.ndarray, texts: list[str], policy_version: int) -> RolloutBatch:
-        """A batch (advantages still empty) from the engine's trajectories, one per entry of `rows` / `prompt_ids`."""
+                          rewards: np.ndarray, per_function: np.ndarray, texts: list[str], policy_version: int,
+                          taken_version: int = 0, streamed: StreamedGradients | None = None) -> RolloutBatch:
+        """A batch (advantages still empty) from the engine's trajectories, one per entry of `rows` / `prompt_ids`; the
+        later phases' parts (log-probs, values, advantages) join it by `dataclasses.replace`."""
         return cls(row_indices=rows, prompt_ids=prompt_ids, completion_ids=[t.token_ids for t in trajectories],
                    engine_logp=[t.logprobs for t in trajectories], truncated=[t.status == "length" for t in trajectories],
                    completions_text=texts, rewards=rewards, per_function=per_function, advantages=torch.empty(0, device="cpu"),
-                   policy_version=policy_version, versions=[list(t.versions) for t in trajectories],
+                   policy_version=policy_version, taken_version=taken_version, versions=[list(t.versions) for t in trajectories],
                    loss_masks=[t.loss_mask for t in trajectories],
-                   episodes=[t.episode for t in trajectories] if any(t.episode is not None for t in trajectories) else None)
+                   episodes=[t.episode for t in trajectories] if any(t.episode is not None for t in trajectories) else None,
+                   streamed=streamed)
 
     def token_mask(self, rows: list[int], width: int, device: torch.device | None = None) -> torch.Tensor:
         """(B, width) float on `device`: 1.0 on the completion tokens of `rows` that are trained on (the trajectories'

@@ -52,6 +52,7 @@ import functools
 import sys
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ import torch
 from cohort.algorithms import (aggregate_loss, aggregation_count, kl_penalty, masked_mean, policy_loss, rollout_correction,
                                top_entropy_mask)
 from cohort.algorithms import advantage_stats
-from cohort.algorithms.specs import AdvantageInputs
+from cohort.algorithms.specs import AdvantageInputs, AdvantageOutputs
 from cohort.config import CohortConfig, default_output_dir
 from cohort.models.batching import (HOST, length_sorted_micro_batches, pack_right_padded, pad_rows, padded_tensor,
                                     split_to_count, to_device)
@@ -142,34 +143,44 @@ class Trainer:
         return self._finish_batch(collected, collected.sampled_version, streamed)
 
     def _finish_batch(self, collected: Collected, sampled_version: int, streamed: StreamedGradients | None) -> RolloutBatch:
-        """The batch from its collected groups: metrics, old and reference log-probs, critic values, advantages."""
+        """The batch from its collected groups, built by the phases that produce its parts, in this order: the sampled
+        batch and its metrics, the old, teacher and reference log-probs, the critic's values, the advantages; each phase
+        reads the batch so far and returns its part, which joins the batch by `dataclasses.replace` (never set in place)."""
         outs, scored = collected.outs, collected.scored
         rewards_t = torch.tensor(scored.total, dtype=torch.float32, device=self.parts.device)  # (N,)
-        batch = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
-                                               per_function=scored.per_function, texts=collected.texts,
-                                               policy_version=sampled_version)
-        batch.taken_version = self.state.policy_version
-        batch.metrics = {**self._batch_metrics(batch, rewards_t, scored.metrics), **collected.metrics, **tool_metrics(outs)}
-        with self.phases("logprob"):  # the old-policy and teacher passes in one (the streamed update trained with its own)
-            scorers = {"old": (self.parts.policy, self.parts.precision.autocast)} if self.parts.algorithm.score_old_logp else {}
-            if self.parts.teacher is not None and streamed is None:
-                scorers["teacher"] = teacher_scorer(self.parts.teacher)
-            scored = self._score(batch, scorers)
-            batch.old_logp, batch.teacher_logp = scored.get("old"), scored.get("teacher")
-            # (the streamed update scored the reference per group already)
-            batch.ref_logp = collected.ref_logp if collected.ref_logp is not None else self.reference_logprobs(batch)
-        batch.streamed = streamed
+        sampled = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
+                                                 per_function=scored.per_function, texts=collected.texts,
+                                                 policy_version=sampled_version, taken_version=self.state.policy_version,
+                                                 streamed=streamed)
+        metrics = {**self._batch_metrics(sampled, rewards_t, scored.metrics), **collected.metrics, **tool_metrics(outs)}
+        with self.phases("logprob"):
+            batch = replace(sampled, **self._generation_logprobs(sampled, collected.ref_logp, streamed))
         if self.parts.critic is not None:
             with self.phases("critic"):
-                batch.values = self.parts.critic.values(batch, self.micro_batches(batch, list(range(len(batch)))))
-        self._advantages(batch, rewards_t)
+                batch = replace(batch, values=self.parts.critic.values(batch, self.micro_batches(batch, list(range(len(batch))))))
+        advantages, advantage_metrics = self._advantages(batch, rewards_t)
+        batch = replace(batch, advantages=advantages.advantages, returns=advantages.returns,
+                        metrics={**metrics, **advantage_metrics})
         widened = with_run_samples(batch, outs, self.parts.tokenizer)  # agent runs that rewrote their history: one sample per call
-        if widened is not batch:  # (scored again over the widened batch: what the narrow one had, every sample now)
-            widened.old_logp = self._score_all(self.parts.policy, widened) if batch.old_logp is not None else None
-            widened.ref_logp = self.reference_logprobs(widened) if batch.ref_logp is not None else None
-            widened.teacher_logp = self.teacher_logprobs(widened) if batch.teacher_logp is not None else None
-            batch = widened
-        return batch
+        if widened is batch:
+            return batch
+        # (scored again over the widened batch: what the narrow one had, every sample now)
+        old = self._score_all(self.parts.policy, widened) if batch.old_logp is not None else None
+        ref = self.reference_logprobs(widened) if batch.ref_logp is not None else None
+        teacher = self.teacher_logprobs(widened) if batch.teacher_logp is not None else None
+        return replace(widened, old_logp=old, ref_logp=ref, teacher_logp=teacher)
+
+    def _generation_logprobs(self, batch: RolloutBatch, streamed_ref: list[torch.Tensor] | None,
+                             streamed: StreamedGradients | None) -> dict[str, list[torch.Tensor] | None]:
+        """The batch's no-grad log-prob part, by its field names: the old-policy and teacher passes in one (the streamed
+        update trained with its own teacher pass), then the reference's (the streamed update's, scored per group, when
+        it made them). None where the run has no use for one."""
+        scorers = {"old": (self.parts.policy, self.parts.precision.autocast)} if self.parts.algorithm.score_old_logp else {}
+        if self.parts.teacher is not None and streamed is None:
+            scorers["teacher"] = teacher_scorer(self.parts.teacher)
+        scored = self._score(batch, scorers)
+        ref = streamed_ref if streamed_ref is not None else self.reference_logprobs(batch)
+        return {"old_logp": scored.get("old"), "teacher_logp": scored.get("teacher"), "ref_logp": ref}
 
     def teacher_logprobs(self, batch: RolloutBatch) -> list[torch.Tensor] | None:
         """The distillation teacher's log-probs of every completion; None without a teacher (algorithm.name != distill)."""
@@ -251,11 +262,12 @@ class Trainer:
                                               per_function=np.empty((len(rows), 0)), texts=[], policy_version=self.state.policy_version)
         a = self.cfg.algorithm
         with self.phases("update"):
-            part.ref_logp = self.reference_logprobs(part)  # None without a reference (beta = 0)
-            part.teacher_logp = self.teacher_logprobs(part)  # None without a teacher (distill only)
-            part.advantages = self.parts.algorithm.spec.advantages(AdvantageInputs(
+            ref = self.reference_logprobs(part)  # None without a reference (beta = 0)
+            teacher = self.teacher_logprobs(part)  # None without a teacher (distill only)
+            advantages = self.parts.algorithm.spec.advantages(AdvantageInputs(
                 rewards=torch.tensor(part.rewards, dtype=torch.float32, device=self.parts.device), mask=self.advantage_mask(part),
                 group_size=self.plan.num_generations, scale=a.scale_rewards, gamma=a.gamma, lam=a.lam)).advantages
+            part = replace(part, ref_logp=ref, teacher_logp=teacher, advantages=advantages)
             micro = self.micro_batches(part, list(range(len(part))))
             packed = [self.pack(part, mb) for mb in micro]
             streamed.count += float(sum(aggregation_count(p.mask, self.parts.aggregation) for p in packed))
@@ -353,8 +365,9 @@ class Trainer:
         rows = list(range(len(batch)))
         return to_device(batch.token_mask(rows, width, HOST) * self._kept(batch, rows)[:, None], self.parts.device)  # 0 on padding, tool tokens
 
-    def _advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
-        """Advantages (N, T) and critic targets for the whole generation batch, by the algorithm's spec; KL bookkeeping."""
+    def _advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> tuple[AdvantageOutputs, dict[str, float]]:
+        """Advantages (N, T) and critic targets for the whole generation batch, by the algorithm's spec, with their
+        metrics (the KL's among them: the adaptive KL controller is updated here)."""
         a, choice = self.cfg.algorithm, self.parts.algorithm
         mask = self.advantage_mask(batch)
         width = mask.shape[1]
@@ -367,12 +380,12 @@ class Trainer:
             kl_coef=beta if choice.kl_placement == "reward" else 0.0,
             values=pad_rows(batch.values, width) if batch.values is not None else None,
             scale=a.scale_rewards, gamma=a.gamma, lam=a.lam))
-        batch.advantages, batch.returns = out.advantages, out.returns
-        batch.metrics.update({key: float(value) for key, value in out.metrics.items()})
+        metrics = {key: float(value) for key, value in out.metrics.items()}
         if kl is not None:
             kl_mean = masked_mean(kl, mask)
-            batch.metrics.update({"kl": float(kl_mean), "kl_coef": beta})
+            metrics.update({"kl": float(kl_mean), "kl_coef": beta})
             self.parts.kl_controller.update(kl_mean, len(batch))  # a no-op for the fixed controller
+        return out, metrics
 
     def _off_policy(self, batch: RolloutBatch, mb: list[int], mbi: MicroBatch, logp: torch.Tensor, prox: torch.Tensor,
                     sums) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -430,8 +443,11 @@ class Trainer:
         elif mbi.behind is not None:
             mask = mask * (mbi.behind == 0).float()
             reference = logp.detach()
-        elif batch.policy_version == self.state.policy_version and (self.state.policy_version == self.state.synced_version or self.parts.engine_shares_policy):
-            reference = logp.detach()
+        else:  # the batch sampled by the trainer's version, which the engine held (or shares the policy module itself)
+            state = self.state
+            engine_held = state.policy_version == state.synced_version or self.parts.engine_shares_policy
+            if state.policy_version == batch.policy_version and engine_held:
+                reference = logp.detach()
         if reference is None or not batch.engine_logp[mb[0]]:
             return
         gap = (reference.float() - mbi.engine).abs() * mask
