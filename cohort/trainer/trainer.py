@@ -73,12 +73,11 @@ from cohort.rollout.collect import BatchRequest, Collected
 from cohort.rollout.scheduler import Scheduler
 from cohort.tools.metrics import tool_metrics
 from cohort.trainer.agent_samples import with_run_samples
-from cohort.trainer.checkpoint import Checkpointed, stateful_parts
 from cohort.trainer.metric_sums import host_values, running_max, step_metrics
 from cohort.trainer.parts import TrainerParts
 from cohort.trainer.phases import Phases
 from cohort.trainer.rollout_batch import MicroBatch, RolloutBatch, StreamedGradients
-from cohort.trainer.state import TrainerState
+from cohort.trainer.state import Checkpointed, TrainerState, stateful_parts
 from cohort.trainer.setup import setup
 from cohort.trainer.stopping import check_finite
 from cohort.trainer.scoring import distill_micro_batch, score_completions, teacher_scorer
@@ -123,8 +122,9 @@ class Trainer:
         self.phases = self.sync.phases = phases
 
     def checkpointed(self) -> Checkpointed:
-        """What a checkpoint of this trainer saves and restores (cohort/trainer/checkpoint.py): the parts, the state, the
-        parts with state by the names state.pt uses (the sync check, the rollout scheduler among them)."""
+        """What a checkpoint of this trainer saves and restores (cohort/trainer/checkpoint.py) and a failed step rewinds
+        (cohort/trainer/failure.py): the parts, the state, the parts with state by the names state.pt uses (the sync
+        check, the rollout scheduler among them; cohort/trainer/state.py)."""
         return Checkpointed(self.parts, self.state, stateful_parts(self.parts, self.sync.check, self.scheduler),
                             generation_batch_size=self.plan.generation_batch_size, keep=self.cfg.run.keep_checkpoints)
 
