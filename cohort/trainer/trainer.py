@@ -64,8 +64,7 @@ from cohort.algorithms import (aggregate_loss, aggregation_count, kl_penalty, ma
 from cohort.algorithms import advantage_stats
 from cohort.algorithms.specs import AdvantageInputs, AdvantageOutputs
 from cohort.config import CohortConfig, default_output_dir
-from cohort.models.batching import (HOST, length_sorted_micro_batches, pack_right_padded, pad_rows, padded_tensor,
-                                    split_to_count, to_device)
+from cohort.models.batching import pad_rows, split_to_count
 from cohort.models.host_memory import release_host_memory
 from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import SamplingConfig, release_engine_memory
@@ -287,9 +286,9 @@ class Trainer:
                                                     pb.completion_ids, mask, temperature=cfg.rollout.temperature,
                                                     chunk_size=cfg.train.logprob_chunk_size, entropy_grad=a.entropy_coeff != 0)
             width = logp.shape[1]
-            old = pad_rows([batch.old_logp[i] for i in mb], width) if batch.old_logp is not None else logp.detach()
+            old = mbi.old_logp if mbi.old_logp is not None else logp.detach()
             adv = batch.advantages[mb][:, :width].to(logp.dtype)  # (B, width) of the batch's (N, T)
-            adv, distill_metrics = distill_micro_batch(batch, mb, adv, old, mask, cfg.teacher)  # distill: + the teacher's part
+            adv, distill_metrics = distill_micro_batch(mbi.teacher_logp, adv, old, mask, cfg.teacher)  # distill: + the teacher's part
             old, weights = self._off_policy(batch, mb, mbi, logp, old, sums)
             if a.top_entropy_quantile < 1:  # TRL's rho: only the micro-batch's top-rho tokens by entropy carry the loss
                 keep = top_entropy_mask(entropy.detach(), mask, 1.0 - a.top_entropy_quantile)
@@ -303,7 +302,7 @@ class Trainer:
                 loss = loss - a.entropy_coeff * aggregate_loss(entropy, mask, self.parts.aggregation, num_items=num_items,
                                                                max_length=cfg.rollout.max_completion_length)
             if self.parts.algorithm.kl_placement == "loss":
-                kl = kl_penalty(logp, pad_rows([batch.ref_logp[i] for i in mb], width), self.parts.algorithm.kl_estimator)
+                kl = kl_penalty(logp, mbi.ref_logp, self.parts.algorithm.kl_estimator)
                 loss = loss + self.parts.kl_controller.value * aggregate_loss(kl, mask, self.parts.aggregation, num_items=num_items,
                                                                         max_length=cfg.rollout.max_completion_length)
                 sums["kl"] += (kl.detach() * mask).sum()
@@ -325,45 +324,20 @@ class Trainer:
 
     def micro_batches(self, batch: RolloutBatch, indices: list[int]) -> list[list[int]]:
         """`indices` split into length-sorted micro-batches of at most train.micro_batch_size completions
-        and train.max_tokens_per_microbatch padded tokens."""
-        lengths = [len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in indices]
-        groups = length_sorted_micro_batches(lengths, self.plan.micro_batch_size, self.cfg.train.max_tokens_per_microbatch)
-        return [[indices[j] for j in mb] for mb in groups]
+        and train.max_tokens_per_microbatch padded tokens (`RolloutBatch.micro_batches`)."""
+        return batch.micro_batches(indices, self.plan.micro_batch_size, self.cfg.train.max_tokens_per_microbatch)
 
     def pack(self, batch: RolloutBatch, mb: list[int]) -> MicroBatch:
-        """Micro-batch `mb` as right-padded tensors, its (B, width) loss mask (the critic packs with it too) and what its
-        loss reads from the batch's host lists (the engine's log-probs, each token's staleness and off-policy flag).
-        Made on the host and moved to the device once, before the first forward: the loop over the micro-batches then
-        queues its work without a copy to the device or a read back (issue 38, item 7; tests/trainer/test_host_syncs.py)."""
-        pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.parts.pad_id, HOST)
-        # tool-output tokens (loss mask 0) are in the input but out of the loss, ratio, entropy, KL and normaliser
-        width = pb.completion_mask.shape[1]
-        mask = pb.completion_mask * batch.token_mask(mb, width, HOST) * self._kept(batch, mb)[:, None]
-        off = batch.off_policy(mb, width, HOST) if batch.versions else None  # tokens sampled before the batch was taken
-        behind = batch.staleness(mb, width, self.state.policy_version, HOST) if batch.versions else None
-        if self.cfg.algorithm.off_policy_objective == "mask_stale" and off is not None:
-            mask = mask * (1.0 - off)  # tokens of older policies: out of the loss
-        bound = self.scheduler.token_staleness_bound  # tokens staler than pipeline.max_staleness (k >= 1): out of it
-        if bound < float("inf") and behind is not None:
-            mask = mask * (behind <= bound).float()
-        engine = padded_tensor([batch.engine_logp[i][:width] for i in mb], width, torch.float32, HOST)  # 0 where none
-        trains_off_policy = off is not None and bool((off * mask).sum() > 0)  # read on the host, where it was made
-        return MicroBatch(pb.to(self.parts.device), to_device(mask, self.parts.device), *(
-            None if t is None else to_device(t, self.parts.device) for t in (off, behind, engine)), trains_off_policy)
-
-    def _kept(self, batch: RolloutBatch, rows: list[int]) -> torch.Tensor:
-        """(B,) on the host: 1.0 for completions that enter the loss; 0.0 for truncated ones under
-        mask_truncated_completions."""
-        if not self.cfg.algorithm.mask_truncated_completions:
-            return torch.ones(len(rows), device=HOST)
-        return torch.tensor([0.0 if batch.truncated[i] else 1.0 for i in rows], device=HOST)
+        """Micro-batch `mb` on the device under this run's loss-mask rules (`RolloutBatch.micro_batch`): truncated
+        completions, stale tokens, the scheduler's staleness bound. The critic packs with it too."""
+        a = self.cfg.algorithm
+        return batch.micro_batch(mb, pad_id=self.parts.pad_id, device=self.parts.device, version=self.state.policy_version,
+                                 mask_truncated=a.mask_truncated_completions, mask_stale=a.off_policy_objective == "mask_stale",
+                                 staleness_bound=self.scheduler.token_staleness_bound)
 
     def advantage_mask(self, batch: RolloutBatch) -> torch.Tensor:
-        """(N, T) 1.0 on each completion's tokens that enter the loss (T = the longest completion, at least 1):
-        not padding, not tool output (loss mask 0), not a truncated completion under mask_truncated_completions."""
-        width = max(1, max(len(c) for c in batch.completion_ids))
-        rows = list(range(len(batch)))
-        return to_device(batch.token_mask(rows, width, HOST) * self._kept(batch, rows)[:, None], self.parts.device)  # 0 on padding, tool tokens
+        """(N, T) 1.0 on each completion's tokens that enter the loss (`RolloutBatch.trained_mask`)."""
+        return batch.trained_mask(self.cfg.algorithm.mask_truncated_completions, self.parts.device)
 
     def _advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> tuple[AdvantageOutputs, dict[str, float]]:
         """Advantages (N, T) and critic targets for the whole generation batch, by the algorithm's spec, with their
@@ -438,8 +412,8 @@ class Trainer:
         """|trainer − engine| log-prob gap, measured where the trainer still holds the sampling policy (per token: the
         tokens stamped with the trainer's version; asynchronous training checks its in-flight weight pushes by it)."""
         reference, mask = None, mbi.mask
-        if batch.old_logp is not None:
-            reference = pad_rows([batch.old_logp[i] for i in mb], logp.shape[1])
+        if mbi.old_logp is not None:
+            reference = mbi.old_logp
         elif mbi.behind is not None:
             mask = mask * (mbi.behind == 0).float()
             reference = logp.detach()
