@@ -2,15 +2,17 @@
 
 `RolloutBatch` holds one generation batch: the sampled completions, their
 rewards and advantages, and (only when needed) old, reference and teacher
-log-probs and the critic's values and targets. `StreamedGradients` is what a
-batch trained group by group as it was collected carries to its optimizer step; `MicroBatch` is one micro-batch of it
-as the update's loop reads it.
+log-probs and the critic's values and targets. It is built by the phases of a step, each returning its part (the
+log-prob phase's `BatchLogprobs`, the critic's values, the advantages), joined by `dataclasses.replace`: no phase sets
+a field of a batch in place. `StreamedGradients` is what a batch trained group by group as it was collected carries to
+its optimizer step; `MicroBatch` is one micro-batch of it as the update's loop reads it, built whole by
+`RolloutBatch.micro_batch` (the host's rows gathered first, then every tensor made and moved to the device at once).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -47,6 +49,16 @@ class MicroBatch:
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     teacher_logp: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class BatchLogprobs:
+    """The log-prob phase's part of a generation batch, one float32 row per completion token: the sampling policy's
+    (old), the reference's and the distillation teacher's log-probs; None where the run has no use for one."""
+
+    old_logp: list[torch.Tensor] | None = None
+    ref_logp: list[torch.Tensor] | None = None
+    teacher_logp: list[torch.Tensor] | None = None
 
 
 @dataclass
@@ -88,6 +100,10 @@ class RolloutBatch:
                    loss_masks=[t.loss_mask for t in trajectories],
                    episodes=[t.episode for t in trajectories] if any(t.episode is not None for t in trajectories) else None,
                    streamed=streamed)
+
+    def with_logprobs(self, logprobs: BatchLogprobs) -> RolloutBatch:
+        """This batch with the log-prob phase's part (a new batch: this one is left as it was)."""
+        return replace(self, old_logp=logprobs.old_logp, ref_logp=logprobs.ref_logp, teacher_logp=logprobs.teacher_logp)
 
     def micro_batches(self, indices: list[int], micro_batch_size: int, max_tokens: int | None) -> list[list[int]]:
         """`indices` split into length-sorted micro-batches of at most `micro_batch_size` completions and `max_tokens`

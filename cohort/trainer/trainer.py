@@ -4,7 +4,9 @@ One `Trainer.step()` is one optimizer step; the loop over steps (with evals, log
 `run_training(trainer)`, in cohort/trainer/run.py, which drives the Trainer from above. A generation batch serves
 `train.steps_per_generation × algorithm.num_iterations` steps (TRL's order:
 slices 0..S−1, then again for the next iteration). The maths is in
-`cohort.algorithms`; this module only moves tensors between the phases:
+`cohort.algorithms`; this module only moves tensors between the phases, each of which returns its part of the batch
+(the batch is built from those parts, never filled in place; its micro-batches are packed whole by
+`RolloutBatch.micro_batch`, cohort/trainer/rollout_batch.py):
 
 - old log-probs are computed (one no-grad pass at generation time) only when a
   batch is reused off-policy; on-policy the ratio's denominator is the current
@@ -75,7 +77,7 @@ from cohort.trainer.agent_samples import with_run_samples
 from cohort.trainer.metric_sums import host_values, running_max, step_metrics
 from cohort.trainer.parts import TrainerParts
 from cohort.trainer.phases import Phases
-from cohort.trainer.rollout_batch import MicroBatch, RolloutBatch, StreamedGradients
+from cohort.trainer.rollout_batch import BatchLogprobs, MicroBatch, RolloutBatch, StreamedGradients
 from cohort.trainer.state import Checkpointed, TrainerState, stateful_parts
 from cohort.trainer.setup import setup
 from cohort.trainer.stopping import check_finite
@@ -153,7 +155,7 @@ class Trainer:
                                                  streamed=streamed)
         metrics = {**self._batch_metrics(sampled, rewards_t, scored.metrics), **collected.metrics, **tool_metrics(outs)}
         with self.phases("logprob"):
-            batch = replace(sampled, **self._generation_logprobs(sampled, collected.ref_logp, streamed))
+            batch = sampled.with_logprobs(self._generation_logprobs(sampled, collected.ref_logp, streamed))
         if self.parts.critic is not None:
             with self.phases("critic"):
                 batch = replace(batch, values=self.parts.critic.values(batch, self.micro_batches(batch, list(range(len(batch))))))
@@ -167,19 +169,18 @@ class Trainer:
         old = self._score_all(self.parts.policy, widened) if batch.old_logp is not None else None
         ref = self.reference_logprobs(widened) if batch.ref_logp is not None else None
         teacher = self.teacher_logprobs(widened) if batch.teacher_logp is not None else None
-        return replace(widened, old_logp=old, ref_logp=ref, teacher_logp=teacher)
+        return widened.with_logprobs(BatchLogprobs(old, ref, teacher))
 
     def _generation_logprobs(self, batch: RolloutBatch, streamed_ref: list[torch.Tensor] | None,
-                             streamed: StreamedGradients | None) -> dict[str, list[torch.Tensor] | None]:
-        """The batch's no-grad log-prob part, by its field names: the old-policy and teacher passes in one (the streamed
-        update trained with its own teacher pass), then the reference's (the streamed update's, scored per group, when
-        it made them). None where the run has no use for one."""
+                             streamed: StreamedGradients | None) -> BatchLogprobs:
+        """The batch's no-grad log-prob part: the old-policy and teacher passes in one (the streamed update trained with
+        its own teacher pass), then the reference's (the streamed update's, scored per group, when it made them)."""
         scorers = {"old": (self.parts.policy, self.parts.precision.autocast)} if self.parts.algorithm.score_old_logp else {}
         if self.parts.teacher is not None and streamed is None:
             scorers["teacher"] = teacher_scorer(self.parts.teacher)
         scored = self._score(batch, scorers)
         ref = streamed_ref if streamed_ref is not None else self.reference_logprobs(batch)
-        return {"old_logp": scored.get("old"), "teacher_logp": scored.get("teacher"), "ref_logp": ref}
+        return BatchLogprobs(old_logp=scored.get("old"), ref_logp=ref, teacher_logp=scored.get("teacher"))
 
     def teacher_logprobs(self, batch: RolloutBatch) -> list[torch.Tensor] | None:
         """The distillation teacher's log-probs of every completion; None without a teacher (algorithm.name != distill)."""
@@ -266,7 +267,7 @@ class Trainer:
             advantages = self.parts.algorithm.spec.advantages(AdvantageInputs(
                 rewards=torch.tensor(part.rewards, dtype=torch.float32, device=self.parts.device), mask=self.advantage_mask(part),
                 group_size=self.plan.num_generations, scale=a.scale_rewards, gamma=a.gamma, lam=a.lam)).advantages
-            part = replace(part, ref_logp=ref, teacher_logp=teacher, advantages=advantages)
+            part = replace(part.with_logprobs(BatchLogprobs(ref_logp=ref, teacher_logp=teacher)), advantages=advantages)
             micro = self.micro_batches(part, list(range(len(part))))
             packed = [self.pack(part, mb) for mb in micro]
             streamed.count += float(sum(aggregation_count(p.mask, self.parts.aggregation) for p in packed))
