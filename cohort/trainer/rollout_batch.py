@@ -38,7 +38,8 @@ class MicroBatch:
     packed rows, the (B, width) loss mask, and, when the batch has them, each token's off-policy flag (1.0: sampled
     before the batch was taken) and its versions behind the trainer; the engine's log-probs (0 where it gave none);
     `trains_off_policy`: some token in the loss is off-policy (known on the host, so the loop never reads the device to
-    decide); the batch's old, reference and teacher log-probs of these rows, (B, width) zero-padded, where it has them."""
+    decide); the batch's old, reference and teacher log-probs of these rows, (B, width) zero-padded, where it has
+    them."""
 
     packed: PackedBatch
     mask: torch.Tensor
@@ -96,10 +97,11 @@ class RolloutBatch:
         return cls(row_indices=rows, prompt_ids=prompt_ids, completion_ids=[t.token_ids for t in trajectories],
                    engine_logp=[t.logprobs for t in trajectories], truncated=[t.status == "length" for t in trajectories],
                    completions_text=texts, rewards=rewards, per_function=per_function, advantages=torch.empty(0, device="cpu"),
-                   policy_version=policy_version, taken_version=taken_version, versions=[list(t.versions) for t in trajectories],
+                   policy_version=policy_version, taken_version=taken_version,
+                   versions=[list(t.versions) for t in trajectories],
                    loss_masks=[t.loss_mask for t in trajectories],
-                   episodes=[t.episode for t in trajectories] if any(t.episode is not None for t in trajectories) else None,
-                   streamed=streamed)
+                   episodes=[t.episode for t in trajectories] if any(t.episode is not None for t in trajectories)
+                   else None, streamed=streamed)
 
     def with_logprobs(self, logprobs: BatchLogprobs) -> RolloutBatch:
         """This batch with the log-prob phase's part (a new batch: this one is left as it was)."""
@@ -115,10 +117,10 @@ class RolloutBatch:
                     mask_stale: bool, staleness_bound: float) -> MicroBatch:
         """Micro-batch `rows` as right-padded tensors on `device`, with its (B, width) loss mask and what its loss reads
         from the batch (the engine's log-probs, each token's staleness behind `version` and off-policy flag, the old,
-        reference and teacher log-probs). The loss mask keeps a completion's trained tokens (not padding, not tool output)
-        unless the completion is truncated under `mask_truncated` (algorithm.mask_truncated_completions), the token is
-        off-policy under `mask_stale` (algorithm.off_policy_objective = mask_stale), or its sampler is more than
-        `staleness_bound` versions behind (pipeline.max_staleness, k >= 1; inf otherwise).
+        reference and teacher log-probs). The loss mask keeps a completion's trained tokens (not padding, not tool
+        output) unless the completion is truncated under `mask_truncated` (algorithm.mask_truncated_completions), the
+        token is off-policy under `mask_stale` (algorithm.off_policy_objective = mask_stale), or its sampler is more
+        than `staleness_bound` versions behind (pipeline.max_staleness, k >= 1; inf otherwise).
 
         Every row is gathered on the host first, then each tensor made there in one call and moved to the device once,
         before the first forward: the loop over the micro-batches then queues its work without a copy to the device or a
@@ -137,10 +139,13 @@ class RolloutBatch:
                 trained = [t * float(behind[row][j] <= staleness_bound) if j < len(behind[row]) else t
                            for j, t in enumerate(trained)]
             mask.append(trained)
-        trains_off_policy = off is not None and any(o * t > 0 for o_row, t_row in zip(off, mask) for o, t in zip(o_row, t_row))
+        trains_off_policy = off is not None and any(o * t > 0 for o_row, t_row in zip(off, mask)
+                                                    for o, t in zip(o_row, t_row))
         engine = [self.engine_logp[i][:width] for i in rows]  # 0 where the engine gave none
-        packed = pack_right_padded([self.prompt_ids[i] for i in rows], [self.completion_ids[i] for i in rows], pad_id, HOST)
-        host = [padded_tensor(r, width, torch.float32, HOST) if r is not None else None for r in (mask, off, behind, engine)]
+        prompts, completions = [self.prompt_ids[i] for i in rows], [self.completion_ids[i] for i in rows]
+        packed = pack_right_padded(prompts, completions, pad_id, HOST)
+        host = [padded_tensor(r, width, torch.float32, HOST) if r is not None else None
+                for r in (mask, off, behind, engine)]
         logps = [pad_rows([logp[i] for i in rows], width) if logp is not None else None
                  for logp in (self.old_logp, self.ref_logp, self.teacher_logp)]  # (already on the device)
         mask_d, off_d, behind_d, engine_d = (to_device(t, device) if t is not None else None for t in host)

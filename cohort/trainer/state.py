@@ -126,7 +126,7 @@ def stateful_parts(parts: TrainerParts, sync_check: SyncCheck, scheduler: Schedu
     say) are left out."""
     named = {"optimizer": parts.optimizer, "lr_schedule": parts.lr_schedule, "sampler": parts.sampler,
              "kl_controller": parts.kl_controller, "critic": parts.critic, "sync_check": sync_check,
-             "rollout": scheduler}  # (the rollout scheduler, `trainer.scheduler`: "scheduler" is an old lr_schedule's key)
+             "rollout": scheduler}  # (trainer.scheduler; "scheduler" is an old lr_schedule's key)
     return {name: part for name, part in named.items() if part is not None}
 
 
@@ -143,9 +143,10 @@ class Checkpointed:
 
 
 def rng_state() -> dict[str, Any]:
-    """The process's random generators (python, numpy, torch's CPU and CUDA ones): saved and rewound with the counters."""
+    """The process's random generators (python, numpy, torch's CPU and CUDA): saved and rewound with the counters."""
     np_state = np.random.get_state()
-    state = {"python": random.getstate(), "numpy": (np_state[0], np_state[1].tolist(), *np_state[2:]), "torch": torch.get_rng_state()}
+    state = {"python": random.getstate(), "numpy": (np_state[0], np_state[1].tolist(), *np_state[2:]),
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state

@@ -146,19 +146,20 @@ class Trainer:
     def _finish_batch(self, collected: Collected, sampled_version: int, streamed: StreamedGradients | None) -> RolloutBatch:
         """The batch from its collected groups, built by the phases that produce its parts, in this order: the sampled
         batch and its metrics, the old, teacher and reference log-probs, the critic's values, the advantages; each phase
-        reads the batch so far and returns its part, which joins the batch by `dataclasses.replace` (never set in place)."""
+        reads the batch so far and returns its part, joined to it by `dataclasses.replace` (never set in place)."""
         outs, scored = collected.outs, collected.scored
         rewards_t = torch.tensor(scored.total, dtype=torch.float32, device=self.parts.device)  # (N,)
         sampled = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
                                                  per_function=scored.per_function, texts=collected.texts,
-                                                 policy_version=sampled_version, taken_version=self.state.policy_version,
-                                                 streamed=streamed)
+                                                 policy_version=sampled_version,
+                                                 taken_version=self.state.policy_version, streamed=streamed)
         metrics = {**self._batch_metrics(sampled, rewards_t, scored.metrics), **collected.metrics, **tool_metrics(outs)}
         with self.phases("logprob"):
             batch = sampled.with_logprobs(self._generation_logprobs(sampled, collected.ref_logp, streamed))
         if self.parts.critic is not None:
             with self.phases("critic"):
-                batch = replace(batch, values=self.parts.critic.values(batch, self.micro_batches(batch, list(range(len(batch))))))
+                values = self.parts.critic.values(batch, self.micro_batches(batch, list(range(len(batch)))))
+            batch = replace(batch, values=values)
         advantages, advantage_metrics = self._advantages(batch, rewards_t)
         batch = replace(batch, advantages=advantages.advantages, returns=advantages.returns,
                         metrics={**metrics, **advantage_metrics})
@@ -175,7 +176,8 @@ class Trainer:
                              streamed: StreamedGradients | None) -> BatchLogprobs:
         """The batch's no-grad log-prob part: the old-policy and teacher passes in one (the streamed update trained with
         its own teacher pass), then the reference's (the streamed update's, scored per group, when it made them)."""
-        scorers = {"old": (self.parts.policy, self.parts.precision.autocast)} if self.parts.algorithm.score_old_logp else {}
+        policy = (self.parts.policy, self.parts.precision.autocast)
+        scorers = {"old": policy} if self.parts.algorithm.score_old_logp else {}
         if self.parts.teacher is not None and streamed is None:
             scorers["teacher"] = teacher_scorer(self.parts.teacher)
         scored = self._score(batch, scorers)
@@ -289,7 +291,7 @@ class Trainer:
             width = logp.shape[1]
             old = mbi.old_logp if mbi.old_logp is not None else logp.detach()
             adv = batch.advantages[mb][:, :width].to(logp.dtype)  # (B, width) of the batch's (N, T)
-            adv, distill_metrics = distill_micro_batch(mbi.teacher_logp, adv, old, mask, cfg.teacher)  # distill: + the teacher's part
+            adv, distill_metrics = distill_micro_batch(mbi.teacher_logp, adv, old, mask, cfg.teacher)  # + the teacher's
             old, weights = self._off_policy(batch, mb, mbi, logp, old, sums)
             if a.top_entropy_quantile < 1:  # TRL's rho: only the micro-batch's top-rho tokens by entropy carry the loss
                 keep = top_entropy_mask(entropy.detach(), mask, 1.0 - a.top_entropy_quantile)
@@ -332,8 +334,9 @@ class Trainer:
         """Micro-batch `mb` on the device under this run's loss-mask rules (`RolloutBatch.micro_batch`): truncated
         completions, stale tokens, the scheduler's staleness bound. The critic packs with it too."""
         a = self.cfg.algorithm
-        return batch.micro_batch(mb, pad_id=self.parts.pad_id, device=self.parts.device, version=self.state.policy_version,
-                                 mask_truncated=a.mask_truncated_completions, mask_stale=a.off_policy_objective == "mask_stale",
+        return batch.micro_batch(mb, pad_id=self.parts.pad_id, device=self.parts.device,
+                                 version=self.state.policy_version, mask_truncated=a.mask_truncated_completions,
+                                 mask_stale=a.off_policy_objective == "mask_stale",
                                  staleness_bound=self.scheduler.token_staleness_bound)
 
     def advantage_mask(self, batch: RolloutBatch) -> torch.Tensor:
