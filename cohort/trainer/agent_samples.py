@@ -19,6 +19,7 @@ with an agent: per-token values and the step's slice of the batch would not foll
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -44,7 +45,7 @@ def with_run_samples(batch: RolloutBatch, trajectories: Sequence[Trajectory], to
     for i, samples in enumerate(extra):
         order += [(i, s) for s in samples] + [(i, None)]
     advantages = [batch.sequence_advantage(i) for i in range(len(batch))]
-    out = RolloutBatch(
+    rows = RolloutBatch(
         row_indices=[batch.row_indices[i] for i, _ in order],
         prompt_ids=[list(s.prompt_ids) if s else batch.prompt_ids[i] for i, s in order],
         completion_ids=[s.token_ids if s else batch.completion_ids[i] for i, s in order],
@@ -58,8 +59,7 @@ def with_run_samples(batch: RolloutBatch, trajectories: Sequence[Trajectory], to
         loss_masks=[list(s.loss_mask) if s else batch.loss_mask_of(i) for i, s in order],
         episodes=[None if s else (batch.episodes[i] if batch.episodes else None) for i, s in order],
         streamed=batch.streamed)
-    width = max(1, max(len(c) for c in out.completion_ids))
-    mask = out.token_mask(list(range(len(out))), width, batch.advantages.device)  # (N', width)
+    width = max(1, max(len(c) for c in rows.completion_ids))
+    mask = rows.token_mask(list(range(len(rows))), width, batch.advantages.device)  # (N', width)
     values = torch.tensor([advantages[i] for i, _ in order], dtype=batch.advantages.dtype, device=batch.advantages.device)
-    out.advantages = values[:, None] * mask  # (N', width): the run's advantage on each trained token
-    return out
+    return replace(rows, advantages=values[:, None] * mask)  # (N', width): the run's advantage on each trained token

@@ -16,7 +16,7 @@ Layout, one directory per saved step (`RUN_DIR/checkpoints/step-000012/`):
   algorithm.num_iterations > 1), so the resumed run trains on the same
   completions, old and reference log-probs;
 - the RNG states of python, numpy and torch (CPU, and CUDA when present);
-- the state dicts of the trainer's parts named in `stateful_parts` (an explicit
+- the state dicts of the trainer's parts named in `stateful_parts` (cohort/trainer/state.py; an explicit
   list: a part with state that is not listed there is not saved): the optimizer, the
   LR schedule, the prompt sampler, the KL controller, a PPO critic (its model,
   optimizer and schedule), the weight-sync check (the canaries, noise floor and
@@ -54,9 +54,10 @@ adapter_config.json + adapter_model.safetensors, float32) and the optimizer
 state holds the adapter's moments only: the base weights are model.path's,
 never changed, and are read from there on resume.
 
-What is saved and restored comes in one typed value, `Checkpointed` (the parts, the `TrainerState`, the
-stateful parts by name, the plan's batch size), which the Trainer builds (`Trainer.checkpointed()`); nothing here
-reads a Trainer.
+What is saved and restored comes in one typed value, `Checkpointed` (cohort/trainer/state.py: the parts, the
+`TrainerState`, the stateful parts by name, the plan's batch size), which the Trainer builds
+(`Trainer.checkpointed()`); nothing here reads a Trainer. Rewinding a failed step in memory is not a checkpoint:
+cohort/trainer/failure.py's `StepStart`.
 
 Not saved: the reference model (it is the initial model.path, rebuilt from it),
 the rollout engine (a fresh engine receives the weights at the first sync) and
@@ -65,27 +66,21 @@ gradients (zero between optimizer steps).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
 import pickle
-import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
-import numpy as np
 import torch
 from safetensors.torch import load_file
 
 from cohort.distributed.fsdp import LocalContext
-from cohort.rollout.scheduler import Scheduler
 from cohort.runs.manifest import MANIFEST, Verdict, verify, write_manifest
-from cohort.trainer.parts import TrainerParts
-from cohort.trainer.state import TrainerState
-from cohort.trainer.sync_check import SyncCheck
+from cohort.trainer.state import Checkpointed, rng_state, set_rng_state
 
 CHECKPOINTS = "checkpoints"
 PREFIX = "step-"
@@ -100,86 +95,6 @@ RENAMED_PARTS = {"async_rollout": "rollout", "continuations": "rollout", "schedu
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message says which and what to do."""
-
-
-# --------------------------------------------------------------------------- what is saved
-
-
-class Stateful(Protocol):
-    """A part whose state a checkpoint holds: `state_dict()` (torch.load(weights_only=True) must read it back) and
-    `load_state_dict(state)`."""
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-def stateful_parts(parts: TrainerParts, sync_check: SyncCheck, scheduler: Scheduler) -> dict[str, Stateful]:
-    """The trainer's parts whose state a checkpoint holds, by the name each is saved under in state.pt (renaming one
-    renames its entry: `RENAMED_PARTS` reads the old name). Absent parts (no critic, say) are left out."""
-    named = {"optimizer": parts.optimizer, "lr_schedule": parts.lr_schedule, "sampler": parts.sampler,
-             "kl_controller": parts.kl_controller, "critic": parts.critic, "sync_check": sync_check,
-             "rollout": scheduler}  # (the rollout scheduler, `trainer.scheduler`: "scheduler" is an old lr_schedule's key)
-    return {name: part for name, part in named.items() if part is not None}
-
-
-@dataclasses.dataclass(frozen=True)
-class Checkpointed:
-    """Everything a checkpoint writes and reads back, as the Trainer holds it (`Trainer.checkpointed()`)."""
-
-    parts: TrainerParts  # the policy (under LoRA: its adapter), the tokenizer, the device, the processes, run_dir
-    state: TrainerState  # the counters and the current batch
-    stateful: dict[str, Stateful]  # every other part with state, by the name saved under (`stateful_parts`)
-    generation_batch_size: int  # the plan's: a checkpoint saved inside a batch resumes only under the same one
-    keep: int  # run.keep_checkpoints: how many checkpoints `save_checkpoint` leaves
-
-
-def rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    state = {"python": random.getstate(), "numpy": (np_state[0], np_state[1].tolist(), *np_state[2:]), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    kind, keys, *rest = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _holds_tensors(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, dict):
-        return any(_holds_tensors(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_holds_tensors(v) for v in value)
-    return False
-
-
-def snapshot(saved: Checkpointed) -> dict[str, Any]:
-    """The cheap part of the state at the start of a step, to rewind to if the step turns out non-finite.
-
-    Copied: the `TrainerState` (counters, the batch reference), RNG, and every stateful part whose state holds no
-    tensors (the sampler, a KL controller, the LR schedule, the rollout scheduler with its generation index). Not
-    copied: weights and optimizer moments, which a non-finite step never changes (it stops before the optimizer step).
-    """
-    small = {name: part.state_dict() for name, part in saved.stateful.items()}
-    return {"state": saved.state.copy(), "rng": rng_state(),
-            "parts": {name: copy.deepcopy(state) for name, state in small.items() if not _holds_tensors(state)}}
-
-
-def rewind(saved: Checkpointed, snap: dict[str, Any]) -> None:
-    """Back to `snapshot`'s `snap`: the counters and batch, the small part states, RNG; no gradients left."""
-    saved.state.rewind_to(snap["state"])
-    for name, state in snap["parts"].items():
-        saved.stateful[name].load_state_dict(state)
-    set_rng_state(snap["rng"])
-    saved.parts.optimizer.zero_grad(set_to_none=True)
 
 
 # --------------------------------------------------------------------------- writing

@@ -122,7 +122,7 @@ class Critic:
         out.update({key: value / tokens for key, value in sums.items()})
         return out
 
-    # The checkpoint module saves the critic (a part in its `stateful_parts`) with state_dict/load_state_dict.
+    # The checkpoint module saves the critic (in `stateful_parts`, trainer/state.py) with state_dict/load_state_dict.
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "lr_schedule": self.lr_schedule.state_dict()}

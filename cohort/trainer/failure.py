@@ -8,7 +8,7 @@ raiser worded it (a `RewardError` names the function and the offending
 completion); the full traceback goes to RUN_DIR/logs/error.log and the message
 gives that path. The CLI prints it and exits 4.
 
-Which state is saved (`settle`, given the snapshot taken at the step's start and
+Which state is saved (`settle`, given the `StepStart` taken at the step's start and
 whether `optimizer.step()` was entered during the step, seen by a step pre-hook):
 - the optimizer step was not taken (the failure came in generate, reward,
   log-probs or the backward pass; the weights and optimizer moments are those of
@@ -32,13 +32,18 @@ already there, if any (a resume that failed before its first step). Multi-proces
 
 from __future__ import annotations
 
+import copy
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from cohort.trainer import checkpoint
-from cohort.trainer.checkpoint import Checkpointed
 from cohort.trainer.phases import Phases
+from cohort.trainer.state import Checkpointed, TrainerState, rng_state, set_rng_state
 from cohort.trainer.stopping import NonFiniteError, RunHalted
 
 ERROR_LOG = Path("logs") / "error.log"
@@ -74,14 +79,52 @@ class OptimizerWatch:
         self._handle.remove()
 
 
-def settle(saved: Checkpointed, phases: Phases, snap: dict, optimizer_stepped: bool) -> str:
-    """Put a trainer whose step raised into its newest consistent state (`snap`: `checkpoint.snapshot` at the step's
-    start; a rewound step's phase timers are emptied too); returns which: rewound | complete | inconsistent."""
+@dataclass(frozen=True)
+class StepStart:
+    """The cheap part of the state at the start of a step (`take`), to `rewind` to if the step fails before its
+    optimizer step (a non-finite loss among such failures).
+
+    Copied: the `TrainerState` (counters, the batch reference), RNG, and every stateful part whose state holds no
+    tensors (the sampler, a KL controller, the LR schedule, the rollout scheduler with its generation index). Not
+    copied: weights and optimizer moments, which such a step never changed."""
+
+    state: TrainerState
+    rng: dict[str, Any]
+    parts: dict[str, Any]  # part name -> a deep copy of its state dict
+
+    @classmethod
+    def take(cls, saved: Checkpointed) -> StepStart:
+        small = {name: part.state_dict() for name, part in saved.stateful.items()}
+        return cls(saved.state.copy(), rng_state(),
+                   {name: copy.deepcopy(state) for name, state in small.items() if not _holds_tensors(state)})
+
+    def rewind(self, saved: Checkpointed) -> None:
+        """Back to this start: the counters and batch, the small part states, RNG; no gradients left."""
+        saved.state.rewind_to(self.state)
+        for name, state in self.parts.items():
+            saved.stateful[name].load_state_dict(state)
+        set_rng_state(self.rng)
+        saved.parts.optimizer.zero_grad(set_to_none=True)
+
+
+def _holds_tensors(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_tensors(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensors(v) for v in value)
+    return False
+
+
+def settle(saved: Checkpointed, phases: Phases, start: StepStart, optimizer_stepped: bool) -> str:
+    """Put a trainer whose step raised into its newest consistent state (`start`: taken at the step's start; a rewound
+    step's phase timers are emptied too); returns which: rewound | complete | inconsistent."""
     if not optimizer_stepped:  # the weights and moments are still the step's start
-        checkpoint.rewind(saved, snap)
+        start.rewind(saved)
         phases.pop()
         return "rewound"
-    if saved.state.step == snap["state"].step + 1:  # the step was recorded; the weight push after it failed
+    if saved.state.step == start.state.step + 1:  # the step was recorded; the weight push after it failed
         return "complete"
     return "inconsistent"
 

@@ -8,9 +8,9 @@ are its `TrainerState` (cohort/trainer/state.py); its other state (the weight
 sync, phase timers, the rollout scheduler) is declared in its `__init__`.
 
 The checkpoint module (cohort/trainer/checkpoint.py) saves the state dicts of the
-parts listed in its `stateful_parts` (optimizer, lr_schedule, sampler, critic, KL
+parts listed in `stateful_parts` (cohort/trainer/state.py: optimizer, lr_schedule, sampler, critic, KL
 controller, ...) under the part's name here, so renaming a field renames its
-entry in state.pt (`RENAMED_PARTS` there reads old names).
+entry in state.pt (the checkpoint module's `RENAMED_PARTS` reads old names).
 """
 
 from __future__ import annotations

@@ -2,21 +2,24 @@
 
 `RolloutBatch` holds one generation batch: the sampled completions, their
 rewards and advantages, and (only when needed) old, reference and teacher
-log-probs and the critic's values and targets. `StreamedGradients` is what a
-batch trained group by group as it was collected carries to its optimizer step; `MicroBatch` is one micro-batch of it
-as the update's loop reads it.
+log-probs and the critic's values and targets. It is built by the phases of a step, each returning its part (the
+log-prob phase's `BatchLogprobs`, the critic's values, the advantages), joined by `dataclasses.replace`: no phase sets
+a field of a batch in place. `StreamedGradients` is what a batch trained group by group as it was collected carries to
+its optimizer step; `MicroBatch` is one micro-batch of it as the update's loop reads it, built whole by
+`RolloutBatch.micro_batch` (the host's rows gathered first, then every tensor made and moved to the device at once).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from cohort.models.batching import PackedBatch, padded_tensor
+from cohort.models.batching import (HOST, PackedBatch, length_sorted_micro_batches, pack_right_padded, pad_rows,
+                                    padded_tensor, to_device)
 from cohort.rollout.base import Trajectory
 
 
@@ -31,10 +34,12 @@ class StreamedGradients:
 
 @dataclass
 class MicroBatch:
-    """One micro-batch as the update's loop reads it, every tensor on the device (Trainer.pack): the packed rows, the
-    (B, width) loss mask, and, when the batch has them, each token's off-policy flag (1.0: sampled before the batch was
-    taken) and its versions behind the trainer; the engine's log-probs (0 where it gave none); `trains_off_policy`:
-    some token in the loss is off-policy (known on the host, so the loop never reads the device to decide)."""
+    """One micro-batch as the update's loop reads it, every tensor on the device (`RolloutBatch.micro_batch`): the
+    packed rows, the (B, width) loss mask, and, when the batch has them, each token's off-policy flag (1.0: sampled
+    before the batch was taken) and its versions behind the trainer; the engine's log-probs (0 where it gave none);
+    `trains_off_policy`: some token in the loss is off-policy (known on the host, so the loop never reads the device to
+    decide); the batch's old, reference and teacher log-probs of these rows, (B, width) zero-padded, where it has
+    them."""
 
     packed: PackedBatch
     mask: torch.Tensor
@@ -42,6 +47,19 @@ class MicroBatch:
     behind: torch.Tensor | None
     engine: torch.Tensor
     trains_off_policy: bool
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    teacher_logp: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class BatchLogprobs:
+    """The log-prob phase's part of a generation batch, one float32 row per completion token: the sampling policy's
+    (old), the reference's and the distillation teacher's log-probs; None where the run has no use for one."""
+
+    old_logp: list[torch.Tensor] | None = None
+    ref_logp: list[torch.Tensor] | None = None
+    teacher_logp: list[torch.Tensor] | None = None
 
 
 @dataclass
@@ -72,14 +90,74 @@ class RolloutBatch:
 
     @classmethod
     def from_trajectories(cls, rows: list[int], prompt_ids: list[list[int]], trajectories: list[Trajectory], *,
-                          rewards: np.ndarray, per_function: np.ndarray, texts: list[str], policy_version: int) -> RolloutBatch:
-        """A batch (advantages still empty) from the engine's trajectories, one per entry of `rows` / `prompt_ids`."""
+                          rewards: np.ndarray, per_function: np.ndarray, texts: list[str], policy_version: int,
+                          taken_version: int = 0, streamed: StreamedGradients | None = None) -> RolloutBatch:
+        """A batch (advantages still empty) from the engine's trajectories, one per entry of `rows` / `prompt_ids`; the
+        later phases' parts (log-probs, values, advantages) join it by `dataclasses.replace`."""
         return cls(row_indices=rows, prompt_ids=prompt_ids, completion_ids=[t.token_ids for t in trajectories],
                    engine_logp=[t.logprobs for t in trajectories], truncated=[t.status == "length" for t in trajectories],
                    completions_text=texts, rewards=rewards, per_function=per_function, advantages=torch.empty(0, device="cpu"),
-                   policy_version=policy_version, versions=[list(t.versions) for t in trajectories],
+                   policy_version=policy_version, taken_version=taken_version,
+                   versions=[list(t.versions) for t in trajectories],
                    loss_masks=[t.loss_mask for t in trajectories],
-                   episodes=[t.episode for t in trajectories] if any(t.episode is not None for t in trajectories) else None)
+                   episodes=[t.episode for t in trajectories] if any(t.episode is not None for t in trajectories)
+                   else None, streamed=streamed)
+
+    def with_logprobs(self, logprobs: BatchLogprobs) -> RolloutBatch:
+        """This batch with the log-prob phase's part (a new batch: this one is left as it was)."""
+        return replace(self, old_logp=logprobs.old_logp, ref_logp=logprobs.ref_logp, teacher_logp=logprobs.teacher_logp)
+
+    def micro_batches(self, indices: list[int], micro_batch_size: int, max_tokens: int | None) -> list[list[int]]:
+        """`indices` split into length-sorted micro-batches of at most `micro_batch_size` completions and `max_tokens`
+        padded tokens (train.micro_batch_size, train.max_tokens_per_microbatch; cohort/models/batching.py)."""
+        lengths = [len(self.prompt_ids[i]) + len(self.completion_ids[i]) for i in indices]
+        return [[indices[j] for j in mb] for mb in length_sorted_micro_batches(lengths, micro_batch_size, max_tokens)]
+
+    def micro_batch(self, rows: list[int], *, pad_id: int, device: torch.device, version: int, mask_truncated: bool,
+                    mask_stale: bool, staleness_bound: float) -> MicroBatch:
+        """Micro-batch `rows` as right-padded tensors on `device`, with its (B, width) loss mask and what its loss reads
+        from the batch (the engine's log-probs, each token's staleness behind `version` and off-policy flag, the old,
+        reference and teacher log-probs). The loss mask keeps a completion's trained tokens (not padding, not tool
+        output) unless the completion is truncated under `mask_truncated` (algorithm.mask_truncated_completions), the
+        token is off-policy under `mask_stale` (algorithm.off_policy_objective = mask_stale), or its sampler is more
+        than `staleness_bound` versions behind (pipeline.max_staleness, k >= 1; inf otherwise).
+
+        Every row is gathered on the host first, then each tensor made there in one call and moved to the device once,
+        before the first forward: the loop over the micro-batches then queues its work without a copy to the device or a
+        read back (issue 38, item 7; tests/trainer/test_host_syncs.py)."""
+        width = max(1, max(len(self.completion_ids[i]) for i in rows))
+        versions = [self._token_versions(i, width) for i in rows] if self.versions else None
+        off = [[float(v < self.taken_version) for v in vs] for vs in versions] if versions is not None else None
+        behind = [[float(version - v) for v in vs] for vs in versions] if versions is not None else None
+        mask = []  # per row: 1.0 on a token in the loss (each factor is 0 or 1: the products are exact)
+        for row, i in enumerate(rows):
+            kept = 0.0 if mask_truncated and self.truncated[i] else 1.0
+            trained = [float(m) * kept for m in self.loss_mask_of(i)[:len(self.completion_ids[i])]]
+            if mask_stale and off is not None:  # tokens of older policies: out of the loss (none past the versions)
+                trained = [t * (1.0 - off[row][j]) if j < len(off[row]) else t for j, t in enumerate(trained)]
+            if staleness_bound < float("inf") and behind is not None:  # tokens staler than the bound: out of it
+                trained = [t * float(behind[row][j] <= staleness_bound) if j < len(behind[row]) else t
+                           for j, t in enumerate(trained)]
+            mask.append(trained)
+        trains_off_policy = off is not None and any(o * t > 0 for o_row, t_row in zip(off, mask)
+                                                    for o, t in zip(o_row, t_row))
+        engine = [self.engine_logp[i][:width] for i in rows]  # 0 where the engine gave none
+        prompts, completions = [self.prompt_ids[i] for i in rows], [self.completion_ids[i] for i in rows]
+        packed = pack_right_padded(prompts, completions, pad_id, HOST)
+        host = [padded_tensor(r, width, torch.float32, HOST) if r is not None else None
+                for r in (mask, off, behind, engine)]
+        logps = [pad_rows([logp[i] for i in rows], width) if logp is not None else None
+                 for logp in (self.old_logp, self.ref_logp, self.teacher_logp)]  # (already on the device)
+        mask_d, off_d, behind_d, engine_d = (to_device(t, device) if t is not None else None for t in host)
+        return MicroBatch(packed.to(device), mask_d, off_d, behind_d, engine_d, trains_off_policy, *logps)
+
+    def trained_mask(self, mask_truncated: bool, device: torch.device) -> torch.Tensor:
+        """(N, T) on `device`, 1.0 on each completion's tokens that enter the loss (T = the longest completion, at least
+        1): not padding, not tool output (loss mask 0), not a truncated completion under `mask_truncated`."""
+        width = max(1, max(len(c) for c in self.completion_ids))
+        rows = list(range(len(self)))
+        kept = [0.0 if mask_truncated and self.truncated[i] else 1.0 for i in rows]
+        return to_device(self.token_mask(rows, width, HOST) * torch.tensor(kept, device=HOST)[:, None], device)
 
     def token_mask(self, rows: list[int], width: int, device: torch.device | None = None) -> torch.Tensor:
         """(B, width) float on `device`: 1.0 on the completion tokens of `rows` that are trained on (the trajectories'

@@ -36,11 +36,10 @@ import yaml
 from cohort.models.loading import write_config_dtype
 from cohort.data.datasets import PromptDataset
 from cohort.trainer import checkpoint, failure
-from cohort.trainer.checkpoint import Checkpointed
 from cohort.trainer.diagnostics import Diagnostics
 from cohort.trainer.evaluate import evaluate
 from cohort.trainer.parts import TrainerParts
-from cohort.trainer.state import TrainerState
+from cohort.trainer.state import Checkpointed, TrainerState
 from cohort.trainer.trainer import Trainer
 from cohort.runs.jsonl import read_jsonl
 from cohort.runs.loggers import JsonlWriter, MetricsLogger
@@ -197,17 +196,17 @@ def _guarded_step(trainer: Trainer) -> dict:
     a non-finite loss or gradient rewinds to the step's start, saves it and raises `RunHalted`; any other failure
     raises `StepFailed` from the error."""
     saved = trainer.checkpointed()
-    snap = checkpoint.snapshot(saved)
+    start = failure.StepStart.take(saved)
     watch = failure.OptimizerWatch(trainer.parts.optimizer)
     try:
         with watch:
             return trainer.step()
     except Exception as exc:
         phase = trainer.phases.failed  # read before settle() rewinds the phase timers
-        verdict = failure.settle(saved, trainer.phases, snap, watch.stepped)
+        verdict = failure.settle(saved, trainer.phases, start, watch.stepped)
         if isinstance(exc, NonFiniteError):  # (raised before the optimizer step: always rewound)
             raise failure.halted(saved, exc) from exc
-        raise failure.StepFailed(snap["state"].step + 1, phase, verdict) from exc
+        raise failure.StepFailed(start.state.step + 1, phase, verdict) from exc
 
 
 def _resume(saved: Checkpointed, resume_from: str | Path) -> str:

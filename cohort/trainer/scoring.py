@@ -25,7 +25,7 @@ from typing import Callable, ContextManager
 import torch
 
 from cohort.algorithms import distill_advantages
-from cohort.models.batching import HOST, pack_right_padded, pad_rows
+from cohort.models.batching import HOST, pack_right_padded
 from cohort.models.logprobs import completion_logprobs
 from cohort.trainer.rollout_batch import RolloutBatch
 
@@ -56,13 +56,13 @@ def teacher_scorer(teacher: torch.nn.Module) -> Scorer:
     return teacher, contextlib.nullcontext
 
 
-def distill_micro_batch(batch: RolloutBatch, mb: list[int], advantages: torch.Tensor, proximal: torch.Tensor,
+def distill_micro_batch(teacher: torch.Tensor | None, advantages: torch.Tensor, proximal: torch.Tensor,
                         mask: torch.Tensor, teacher_cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """(B, width) advantages of micro-batch `mb` with the teacher's per-token part, and the distill/* metrics; the
-    advantages unchanged and no metrics without a teacher. `proximal`: the ratio's denominator (old log-probs, or the
-    current ones detached on-policy), the student's log-probs of the sampled tokens."""
-    if batch.teacher_logp is None:
+    """(B, width) advantages of a micro-batch with the teacher's per-token part, and the distill/* metrics; the
+    advantages unchanged and no metrics without a teacher. `teacher`: the teacher's (B, width) log-probs of the
+    micro-batch (`MicroBatch.teacher_logp`); `proximal`: the ratio's denominator (old log-probs, or the current ones
+    detached on-policy), the student's log-probs of the sampled tokens."""
+    if teacher is None:
         return advantages, {}
-    teacher = pad_rows([batch.teacher_logp[i] for i in mb], proximal.shape[1])
     return distill_advantages(advantages, proximal, teacher, mask, kl_coef=teacher_cfg.kl_coef,
                               reward_weight=teacher_cfg.reward_weight, clip=teacher_cfg.log_ratio_clip)

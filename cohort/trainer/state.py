@@ -5,6 +5,10 @@ version the engine holds); a checkpoint (cohort/trainer/checkpoint.py) saves it 
 with `load_state_dict()`; a step that fails is rewound to the `copy()` taken at its start (`rewind_to`). Nothing else
 writes it.
 
+Beside it, the rest of what a run's state is: `Checkpointed`, the one typed value a checkpoint writes and reads back
+(cohort/trainer/checkpoint.py) and a failed step rewinds (cohort/trainer/failure.py): the parts, the `TrainerState` and
+the `stateful_parts` by the names state.pt uses; and the process's random generators (`rng_state`).
+
 What it holds:
 - `step`: optimizer steps taken; `policy_version`: bumped by each optimizer step (every sampled token carries the
   version that sampled it); `synced_version`: the version the rollout engine holds (-1: nothing pushed yet; a
@@ -23,13 +27,17 @@ the KL controller's beta): each part saves its own state.
 from __future__ import annotations
 
 import dataclasses
+import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from cohort.rollout.scheduler import Scheduler
+from cohort.trainer.parts import TrainerParts
 from cohort.trainer.rollout_batch import RolloutBatch
+from cohort.trainer.sync_check import SyncCheck
 
 
 @dataclass
@@ -98,3 +106,57 @@ def _to_device(value: Any, device: torch.device | None) -> Any:
     if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
         return [v.to(device) for v in value]
     return value
+
+
+# --------------------------------------------------------------------------- the whole of a run's state
+
+
+class Stateful(Protocol):
+    """A part whose state a checkpoint holds: `state_dict()` (torch.load(weights_only=True) must read it back) and
+    `load_state_dict(state)`."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def stateful_parts(parts: TrainerParts, sync_check: SyncCheck, scheduler: Scheduler) -> dict[str, Stateful]:
+    """The trainer's parts whose state a checkpoint holds, by the name each is saved under in state.pt (renaming one
+    renames its entry: cohort/trainer/checkpoint.py's `RENAMED_PARTS` reads the old name). Absent parts (no critic,
+    say) are left out."""
+    named = {"optimizer": parts.optimizer, "lr_schedule": parts.lr_schedule, "sampler": parts.sampler,
+             "kl_controller": parts.kl_controller, "critic": parts.critic, "sync_check": sync_check,
+             "rollout": scheduler}  # (trainer.scheduler; "scheduler" is an old lr_schedule's key)
+    return {name: part for name, part in named.items() if part is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpointed:
+    """Everything a checkpoint writes and reads back (cohort/trainer/checkpoint.py) and a failed step rewinds
+    (cohort/trainer/failure.py), as the Trainer holds it (`Trainer.checkpointed()`)."""
+
+    parts: TrainerParts  # the policy (under LoRA: its adapter), the tokenizer, the device, the processes, run_dir
+    state: TrainerState  # the counters and the current batch
+    stateful: dict[str, Stateful]  # every other part with state, by the name saved under (`stateful_parts`)
+    generation_batch_size: int  # the plan's: a checkpoint saved inside a batch resumes only under the same one
+    keep: int  # run.keep_checkpoints: how many checkpoints `save_checkpoint` leaves
+
+
+def rng_state() -> dict[str, Any]:
+    """The process's random generators (python, numpy, torch's CPU and CUDA): saved and rewound with the counters."""
+    np_state = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": (np_state[0], np_state[1].tolist(), *np_state[2:]),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore `rng_state()`'s output."""
+    random.setstate(state["python"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -4,7 +4,9 @@ One `Trainer.step()` is one optimizer step; the loop over steps (with evals, log
 `run_training(trainer)`, in cohort/trainer/run.py, which drives the Trainer from above. A generation batch serves
 `train.steps_per_generation × algorithm.num_iterations` steps (TRL's order:
 slices 0..S−1, then again for the next iteration). The maths is in
-`cohort.algorithms`; this module only moves tensors between the phases:
+`cohort.algorithms`; this module only moves tensors between the phases, each of which returns its part of the batch
+(the batch is built from those parts, never filled in place; its micro-batches are packed whole by
+`RolloutBatch.micro_batch`, cohort/trainer/rollout_batch.py):
 
 - old log-probs are computed (one no-grad pass at generation time) only when a
   batch is reused off-policy; on-policy the ratio's denominator is the current
@@ -52,6 +54,7 @@ import functools
 import sys
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +64,9 @@ import torch
 from cohort.algorithms import (aggregate_loss, aggregation_count, kl_penalty, masked_mean, policy_loss, rollout_correction,
                                top_entropy_mask)
 from cohort.algorithms import advantage_stats
-from cohort.algorithms.specs import AdvantageInputs
+from cohort.algorithms.specs import AdvantageInputs, AdvantageOutputs
 from cohort.config import CohortConfig, default_output_dir
-from cohort.models.batching import (HOST, length_sorted_micro_batches, pack_right_padded, pad_rows, padded_tensor,
-                                    split_to_count, to_device)
+from cohort.models.batching import pad_rows, split_to_count
 from cohort.models.host_memory import release_host_memory
 from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import SamplingConfig, release_engine_memory
@@ -72,12 +74,11 @@ from cohort.rollout.collect import BatchRequest, Collected
 from cohort.rollout.scheduler import Scheduler
 from cohort.tools.metrics import tool_metrics
 from cohort.trainer.agent_samples import with_run_samples
-from cohort.trainer.checkpoint import Checkpointed, stateful_parts
 from cohort.trainer.metric_sums import host_values, running_max, step_metrics
 from cohort.trainer.parts import TrainerParts
 from cohort.trainer.phases import Phases
-from cohort.trainer.rollout_batch import MicroBatch, RolloutBatch, StreamedGradients
-from cohort.trainer.state import TrainerState
+from cohort.trainer.rollout_batch import BatchLogprobs, MicroBatch, RolloutBatch, StreamedGradients
+from cohort.trainer.state import Checkpointed, TrainerState, stateful_parts
 from cohort.trainer.setup import setup
 from cohort.trainer.stopping import check_finite
 from cohort.trainer.scoring import distill_micro_batch, score_completions, teacher_scorer
@@ -122,8 +123,9 @@ class Trainer:
         self.phases = self.sync.phases = phases
 
     def checkpointed(self) -> Checkpointed:
-        """What a checkpoint of this trainer saves and restores (cohort/trainer/checkpoint.py): the parts, the state, the
-        parts with state by the names state.pt uses (the sync check, the rollout scheduler among them)."""
+        """What a checkpoint of this trainer saves and restores (cohort/trainer/checkpoint.py) and a failed step rewinds
+        (cohort/trainer/failure.py): the parts, the state, the parts with state by the names state.pt uses (the sync
+        check, the rollout scheduler among them; cohort/trainer/state.py)."""
         return Checkpointed(self.parts, self.state, stateful_parts(self.parts, self.sync.check, self.scheduler),
                             generation_batch_size=self.plan.generation_batch_size, keep=self.cfg.run.keep_checkpoints)
 
@@ -142,34 +144,45 @@ class Trainer:
         return self._finish_batch(collected, collected.sampled_version, streamed)
 
     def _finish_batch(self, collected: Collected, sampled_version: int, streamed: StreamedGradients | None) -> RolloutBatch:
-        """The batch from its collected groups: metrics, old and reference log-probs, critic values, advantages."""
+        """The batch from its collected groups, built by the phases that produce its parts, in this order: the sampled
+        batch and its metrics, the old, teacher and reference log-probs, the critic's values, the advantages; each phase
+        reads the batch so far and returns its part, joined to it by `dataclasses.replace` (never set in place)."""
         outs, scored = collected.outs, collected.scored
         rewards_t = torch.tensor(scored.total, dtype=torch.float32, device=self.parts.device)  # (N,)
-        batch = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
-                                               per_function=scored.per_function, texts=collected.texts,
-                                               policy_version=sampled_version)
-        batch.taken_version = self.state.policy_version
-        batch.metrics = {**self._batch_metrics(batch, rewards_t, scored.metrics), **collected.metrics, **tool_metrics(outs)}
-        with self.phases("logprob"):  # the old-policy and teacher passes in one (the streamed update trained with its own)
-            scorers = {"old": (self.parts.policy, self.parts.precision.autocast)} if self.parts.algorithm.score_old_logp else {}
-            if self.parts.teacher is not None and streamed is None:
-                scorers["teacher"] = teacher_scorer(self.parts.teacher)
-            scored = self._score(batch, scorers)
-            batch.old_logp, batch.teacher_logp = scored.get("old"), scored.get("teacher")
-            # (the streamed update scored the reference per group already)
-            batch.ref_logp = collected.ref_logp if collected.ref_logp is not None else self.reference_logprobs(batch)
-        batch.streamed = streamed
+        sampled = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
+                                                 per_function=scored.per_function, texts=collected.texts,
+                                                 policy_version=sampled_version,
+                                                 taken_version=self.state.policy_version, streamed=streamed)
+        metrics = {**self._batch_metrics(sampled, rewards_t, scored.metrics), **collected.metrics, **tool_metrics(outs)}
+        with self.phases("logprob"):
+            batch = sampled.with_logprobs(self._generation_logprobs(sampled, collected.ref_logp, streamed))
         if self.parts.critic is not None:
             with self.phases("critic"):
-                batch.values = self.parts.critic.values(batch, self.micro_batches(batch, list(range(len(batch)))))
-        self._advantages(batch, rewards_t)
+                values = self.parts.critic.values(batch, self.micro_batches(batch, list(range(len(batch)))))
+            batch = replace(batch, values=values)
+        advantages, advantage_metrics = self._advantages(batch, rewards_t)
+        batch = replace(batch, advantages=advantages.advantages, returns=advantages.returns,
+                        metrics={**metrics, **advantage_metrics})
         widened = with_run_samples(batch, outs, self.parts.tokenizer)  # agent runs that rewrote their history: one sample per call
-        if widened is not batch:  # (scored again over the widened batch: what the narrow one had, every sample now)
-            widened.old_logp = self._score_all(self.parts.policy, widened) if batch.old_logp is not None else None
-            widened.ref_logp = self.reference_logprobs(widened) if batch.ref_logp is not None else None
-            widened.teacher_logp = self.teacher_logprobs(widened) if batch.teacher_logp is not None else None
-            batch = widened
-        return batch
+        if widened is batch:
+            return batch
+        # (scored again over the widened batch: what the narrow one had, every sample now)
+        old = self._score_all(self.parts.policy, widened) if batch.old_logp is not None else None
+        ref = self.reference_logprobs(widened) if batch.ref_logp is not None else None
+        teacher = self.teacher_logprobs(widened) if batch.teacher_logp is not None else None
+        return widened.with_logprobs(BatchLogprobs(old, ref, teacher))
+
+    def _generation_logprobs(self, batch: RolloutBatch, streamed_ref: list[torch.Tensor] | None,
+                             streamed: StreamedGradients | None) -> BatchLogprobs:
+        """The batch's no-grad log-prob part: the old-policy and teacher passes in one (the streamed update trained with
+        its own teacher pass), then the reference's (the streamed update's, scored per group, when it made them)."""
+        policy = (self.parts.policy, self.parts.precision.autocast)
+        scorers = {"old": policy} if self.parts.algorithm.score_old_logp else {}
+        if self.parts.teacher is not None and streamed is None:
+            scorers["teacher"] = teacher_scorer(self.parts.teacher)
+        scored = self._score(batch, scorers)
+        ref = streamed_ref if streamed_ref is not None else self.reference_logprobs(batch)
+        return BatchLogprobs(old_logp=scored.get("old"), ref_logp=ref, teacher_logp=scored.get("teacher"))
 
     def teacher_logprobs(self, batch: RolloutBatch) -> list[torch.Tensor] | None:
         """The distillation teacher's log-probs of every completion; None without a teacher (algorithm.name != distill)."""
@@ -251,11 +264,12 @@ class Trainer:
                                               per_function=np.empty((len(rows), 0)), texts=[], policy_version=self.state.policy_version)
         a = self.cfg.algorithm
         with self.phases("update"):
-            part.ref_logp = self.reference_logprobs(part)  # None without a reference (beta = 0)
-            part.teacher_logp = self.teacher_logprobs(part)  # None without a teacher (distill only)
-            part.advantages = self.parts.algorithm.spec.advantages(AdvantageInputs(
+            ref = self.reference_logprobs(part)  # None without a reference (beta = 0)
+            teacher = self.teacher_logprobs(part)  # None without a teacher (distill only)
+            advantages = self.parts.algorithm.spec.advantages(AdvantageInputs(
                 rewards=torch.tensor(part.rewards, dtype=torch.float32, device=self.parts.device), mask=self.advantage_mask(part),
                 group_size=self.plan.num_generations, scale=a.scale_rewards, gamma=a.gamma, lam=a.lam)).advantages
+            part = replace(part.with_logprobs(BatchLogprobs(ref_logp=ref, teacher_logp=teacher)), advantages=advantages)
             micro = self.micro_batches(part, list(range(len(part))))
             packed = [self.pack(part, mb) for mb in micro]
             streamed.count += float(sum(aggregation_count(p.mask, self.parts.aggregation) for p in packed))
@@ -275,9 +289,9 @@ class Trainer:
                                                     pb.completion_ids, mask, temperature=cfg.rollout.temperature,
                                                     chunk_size=cfg.train.logprob_chunk_size, entropy_grad=a.entropy_coeff != 0)
             width = logp.shape[1]
-            old = pad_rows([batch.old_logp[i] for i in mb], width) if batch.old_logp is not None else logp.detach()
+            old = mbi.old_logp if mbi.old_logp is not None else logp.detach()
             adv = batch.advantages[mb][:, :width].to(logp.dtype)  # (B, width) of the batch's (N, T)
-            adv, distill_metrics = distill_micro_batch(batch, mb, adv, old, mask, cfg.teacher)  # distill: + the teacher's part
+            adv, distill_metrics = distill_micro_batch(mbi.teacher_logp, adv, old, mask, cfg.teacher)  # + the teacher's
             old, weights = self._off_policy(batch, mb, mbi, logp, old, sums)
             if a.top_entropy_quantile < 1:  # TRL's rho: only the micro-batch's top-rho tokens by entropy carry the loss
                 keep = top_entropy_mask(entropy.detach(), mask, 1.0 - a.top_entropy_quantile)
@@ -291,7 +305,7 @@ class Trainer:
                 loss = loss - a.entropy_coeff * aggregate_loss(entropy, mask, self.parts.aggregation, num_items=num_items,
                                                                max_length=cfg.rollout.max_completion_length)
             if self.parts.algorithm.kl_placement == "loss":
-                kl = kl_penalty(logp, pad_rows([batch.ref_logp[i] for i in mb], width), self.parts.algorithm.kl_estimator)
+                kl = kl_penalty(logp, mbi.ref_logp, self.parts.algorithm.kl_estimator)
                 loss = loss + self.parts.kl_controller.value * aggregate_loss(kl, mask, self.parts.aggregation, num_items=num_items,
                                                                         max_length=cfg.rollout.max_completion_length)
                 sums["kl"] += (kl.detach() * mask).sum()
@@ -313,48 +327,25 @@ class Trainer:
 
     def micro_batches(self, batch: RolloutBatch, indices: list[int]) -> list[list[int]]:
         """`indices` split into length-sorted micro-batches of at most train.micro_batch_size completions
-        and train.max_tokens_per_microbatch padded tokens."""
-        lengths = [len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in indices]
-        groups = length_sorted_micro_batches(lengths, self.plan.micro_batch_size, self.cfg.train.max_tokens_per_microbatch)
-        return [[indices[j] for j in mb] for mb in groups]
+        and train.max_tokens_per_microbatch padded tokens (`RolloutBatch.micro_batches`)."""
+        return batch.micro_batches(indices, self.plan.micro_batch_size, self.cfg.train.max_tokens_per_microbatch)
 
     def pack(self, batch: RolloutBatch, mb: list[int]) -> MicroBatch:
-        """Micro-batch `mb` as right-padded tensors, its (B, width) loss mask (the critic packs with it too) and what its
-        loss reads from the batch's host lists (the engine's log-probs, each token's staleness and off-policy flag).
-        Made on the host and moved to the device once, before the first forward: the loop over the micro-batches then
-        queues its work without a copy to the device or a read back (issue 38, item 7; tests/trainer/test_host_syncs.py)."""
-        pb = pack_right_padded([batch.prompt_ids[i] for i in mb], [batch.completion_ids[i] for i in mb], self.parts.pad_id, HOST)
-        # tool-output tokens (loss mask 0) are in the input but out of the loss, ratio, entropy, KL and normaliser
-        width = pb.completion_mask.shape[1]
-        mask = pb.completion_mask * batch.token_mask(mb, width, HOST) * self._kept(batch, mb)[:, None]
-        off = batch.off_policy(mb, width, HOST) if batch.versions else None  # tokens sampled before the batch was taken
-        behind = batch.staleness(mb, width, self.state.policy_version, HOST) if batch.versions else None
-        if self.cfg.algorithm.off_policy_objective == "mask_stale" and off is not None:
-            mask = mask * (1.0 - off)  # tokens of older policies: out of the loss
-        bound = self.scheduler.token_staleness_bound  # tokens staler than pipeline.max_staleness (k >= 1): out of it
-        if bound < float("inf") and behind is not None:
-            mask = mask * (behind <= bound).float()
-        engine = padded_tensor([batch.engine_logp[i][:width] for i in mb], width, torch.float32, HOST)  # 0 where none
-        trains_off_policy = off is not None and bool((off * mask).sum() > 0)  # read on the host, where it was made
-        return MicroBatch(pb.to(self.parts.device), to_device(mask, self.parts.device), *(
-            None if t is None else to_device(t, self.parts.device) for t in (off, behind, engine)), trains_off_policy)
-
-    def _kept(self, batch: RolloutBatch, rows: list[int]) -> torch.Tensor:
-        """(B,) on the host: 1.0 for completions that enter the loss; 0.0 for truncated ones under
-        mask_truncated_completions."""
-        if not self.cfg.algorithm.mask_truncated_completions:
-            return torch.ones(len(rows), device=HOST)
-        return torch.tensor([0.0 if batch.truncated[i] else 1.0 for i in rows], device=HOST)
+        """Micro-batch `mb` on the device under this run's loss-mask rules (`RolloutBatch.micro_batch`): truncated
+        completions, stale tokens, the scheduler's staleness bound. The critic packs with it too."""
+        a = self.cfg.algorithm
+        return batch.micro_batch(mb, pad_id=self.parts.pad_id, device=self.parts.device,
+                                 version=self.state.policy_version, mask_truncated=a.mask_truncated_completions,
+                                 mask_stale=a.off_policy_objective == "mask_stale",
+                                 staleness_bound=self.scheduler.token_staleness_bound)
 
     def advantage_mask(self, batch: RolloutBatch) -> torch.Tensor:
-        """(N, T) 1.0 on each completion's tokens that enter the loss (T = the longest completion, at least 1):
-        not padding, not tool output (loss mask 0), not a truncated completion under mask_truncated_completions."""
-        width = max(1, max(len(c) for c in batch.completion_ids))
-        rows = list(range(len(batch)))
-        return to_device(batch.token_mask(rows, width, HOST) * self._kept(batch, rows)[:, None], self.parts.device)  # 0 on padding, tool tokens
+        """(N, T) 1.0 on each completion's tokens that enter the loss (`RolloutBatch.trained_mask`)."""
+        return batch.trained_mask(self.cfg.algorithm.mask_truncated_completions, self.parts.device)
 
-    def _advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
-        """Advantages (N, T) and critic targets for the whole generation batch, by the algorithm's spec; KL bookkeeping."""
+    def _advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> tuple[AdvantageOutputs, dict[str, float]]:
+        """Advantages (N, T) and critic targets for the whole generation batch, by the algorithm's spec, with their
+        metrics (the KL's among them: the adaptive KL controller is updated here)."""
         a, choice = self.cfg.algorithm, self.parts.algorithm
         mask = self.advantage_mask(batch)
         width = mask.shape[1]
@@ -367,12 +358,12 @@ class Trainer:
             kl_coef=beta if choice.kl_placement == "reward" else 0.0,
             values=pad_rows(batch.values, width) if batch.values is not None else None,
             scale=a.scale_rewards, gamma=a.gamma, lam=a.lam))
-        batch.advantages, batch.returns = out.advantages, out.returns
-        batch.metrics.update({key: float(value) for key, value in out.metrics.items()})
+        metrics = {key: float(value) for key, value in out.metrics.items()}
         if kl is not None:
             kl_mean = masked_mean(kl, mask)
-            batch.metrics.update({"kl": float(kl_mean), "kl_coef": beta})
+            metrics.update({"kl": float(kl_mean), "kl_coef": beta})
             self.parts.kl_controller.update(kl_mean, len(batch))  # a no-op for the fixed controller
+        return out, metrics
 
     def _off_policy(self, batch: RolloutBatch, mb: list[int], mbi: MicroBatch, logp: torch.Tensor, prox: torch.Tensor,
                     sums) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -425,13 +416,16 @@ class Trainer:
         """|trainer − engine| log-prob gap, measured where the trainer still holds the sampling policy (per token: the
         tokens stamped with the trainer's version; asynchronous training checks its in-flight weight pushes by it)."""
         reference, mask = None, mbi.mask
-        if batch.old_logp is not None:
-            reference = pad_rows([batch.old_logp[i] for i in mb], logp.shape[1])
+        if mbi.old_logp is not None:
+            reference = mbi.old_logp
         elif mbi.behind is not None:
             mask = mask * (mbi.behind == 0).float()
             reference = logp.detach()
-        elif batch.policy_version == self.state.policy_version and (self.state.policy_version == self.state.synced_version or self.parts.engine_shares_policy):
-            reference = logp.detach()
+        else:  # the batch sampled by the trainer's version, which the engine held (or shares the policy module itself)
+            state = self.state
+            engine_held = state.policy_version == state.synced_version or self.parts.engine_shares_policy
+            if state.policy_version == batch.policy_version and engine_held:
+                reference = logp.detach()
         if reference is None or not batch.engine_logp[mb[0]]:
             return
         gap = (reference.float() - mbi.engine).abs() * mask

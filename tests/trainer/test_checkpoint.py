@@ -34,6 +34,7 @@ from cohort.config.loading import load_config
 from cohort.trainer import checkpoint
 from cohort.trainer.trainer import Trainer
 from cohort.trainer.run import run_training
+from cohort.trainer.state import stateful_parts
 from tests.builders import tiny_run, write_doubling
 
 REWARD_MODULE = textwrap.dedent('''
@@ -126,7 +127,7 @@ def test_resume_from_every_checkpoint_equals_uninterrupted(user_setup, tiny_mode
 
 @pytest.mark.slow
 def test_a_new_stateful_part_is_saved_and_restored_once_listed(user_setup, tiny_model_dir, monkeypatch):
-    """The explicit list: a part with state_dict/load_state_dict is checkpointed once `checkpoint.stateful_parts` names
+    """The explicit list: a part with state_dict/load_state_dict is checkpointed once `state.stateful_parts` names
     it, and only then (an attribute hung on the trainer from outside is not saved by reflection)."""
     tmp_path, data = user_setup
 
@@ -144,7 +145,7 @@ def test_a_new_stateful_part_is_saved_and_restored_once_listed(user_setup, tiny_
     trainer.my_controller = Counter()
     trainer.my_controller.value = 41
     assert "my_controller" not in trainer.checkpointed().stateful  # not listed: not saved
-    listed, counters = checkpoint.stateful_parts, {}  # the run's parts -> its counter
+    listed, counters = stateful_parts, {}  # the run's parts -> its counter
 
     def with_counter(parts, sync_check, scheduler):
         return {**listed(parts, sync_check, scheduler), "my_controller": counters[id(parts)]}

@@ -14,6 +14,7 @@ build).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -118,9 +119,11 @@ def test_tool_tokens_carry_no_distillation_advantage_and_stay_out_of_its_metrics
     plain = Trajectory([5, 6], [-1.0, -1.0], "stop")
     batch = RolloutBatch.from_trajectories([0, 0], [[1, 2], [1, 2]], [tool, plain], rewards=np.array([1.0, 0.0]),
                                            per_function=np.zeros((2, 1)), texts=["a", "b"], policy_version=0)
-    batch.teacher_logp = [torch.tensor([-2.0, -2.0, -9.0, -9.0, -9.0, -2.0]), torch.tensor([-2.0, -2.0])]
-    mask = batch.token_mask([0, 1], 6)
+    batch = dataclasses.replace(batch, teacher_logp=[torch.tensor([-2.0, -2.0, -9.0, -9.0, -9.0, -2.0]),
+                                                     torch.tensor([-2.0, -2.0])])
+    mbi = batch.micro_batch([0, 1], pad_id=0, device=torch.device("cpu"), version=0, mask_truncated=False,
+                            mask_stale=False, staleness_bound=float("inf"))  # the teacher's rows packed with the mask
     cfg = load_config(None, ["algorithm.name=distill", "teacher.path=tiny:arith"]).teacher
-    adv, metrics = distill_micro_batch(batch, [0, 1], torch.zeros(2, 6), torch.full((2, 6), -1.0), mask, cfg)
+    adv, metrics = distill_micro_batch(mbi.teacher_logp, torch.zeros(2, 6), torch.full((2, 6), -1.0), mbi.mask, cfg)
     torch.testing.assert_close(adv, torch.tensor([[-1.0, -1.0, 0.0, 0.0, 0.0, -1.0], [-1.0, -1.0, 0.0, 0.0, 0.0, 0.0]]))
     torch.testing.assert_close(metrics["distill/reverse_kl"], torch.tensor(1.0))

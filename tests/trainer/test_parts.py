@@ -7,7 +7,7 @@ import dataclasses
 import json
 
 from cohort.config.loading import load_config
-from cohort.trainer.checkpoint import stateful_parts
+from cohort.trainer.state import stateful_parts
 from cohort.trainer.trainer import Trainer
 from cohort.trainer.parts import TrainerParts
 from cohort.trainer.weight_sync import WeightSync

@@ -57,7 +57,7 @@ def test_length_metrics_count_sampled_tokens_only(trainer):
 
 def test_grpo_advantages_are_zero_on_tool_tokens(trainer):
     batch = _batch()
-    trainer._advantages(batch, torch.tensor([1.0, 0.0]))
+    advantages = trainer._advantages(batch, torch.tensor([1.0, 0.0]))[0].advantages
     # group of 2 with rewards 1 and 0: mean 0.5, std (Bessel-corrected) 0.7071 -> +0.7071 and -0.7071 on trained tokens
-    assert torch.allclose(batch.advantages[0], torch.tensor([0.7071, 0.7071, 0, 0, 0, 0.7071]), atol=1e-4)
-    assert torch.allclose(batch.advantages[1], torch.tensor([-0.7071] * 4 + [0, 0]), atol=1e-4)
+    assert torch.allclose(advantages[0], torch.tensor([0.7071, 0.7071, 0, 0, 0, 0.7071]), atol=1e-4)
+    assert torch.allclose(advantages[1], torch.tensor([-0.7071] * 4 + [0, 0]), atol=1e-4)
