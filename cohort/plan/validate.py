@@ -29,7 +29,7 @@ resolved config, with the two values every later reader must agree on settled:
   engine built from it (colocated, a local server child, torchrun's children reading config.yaml) gets the same
   value and the saved config.yaml records what vLLM was given (a resumed run takes it as set; unset it to derive
   it again on another GPU).
-The model's directory is resolved once (`model_dir_of`) and handed to every check that reads it; what validation
+The model's directory is resolved once (`loading.inspect_model`) and handed to every check that reads it; what validation
 reads to check the prompts (the tokenizer, the data, every prompt encoded) is the plan's `read`, which the trainer's
 setup uses as it is. Once per process: `cohort train` and `cohort.train` validate, then hand the plan to the Trainer
 (`Trainer(plan)`), which validates only when it is given a config; a Ray actor receives the plan
@@ -60,7 +60,6 @@ from cohort.models.hub import hub_parameter_count
 from cohort.models.lora import lora_problems
 from cohort.models.placement import engine_gpus, training_processes, visible_gpus
 from cohort.models.tiny import available_tiny_dir
-from cohort.models.gguf import is_gguf_path
 from cohort.models.tokenizer_check import checked_tokenizer, tokenizer_file_problems
 from cohort.plan.batch import BatchPlan, MeasuredPrompts, batch_plan, stream_update_active, with_measured_prompts
 from cohort.plan.loss_checks import loss_problems
@@ -81,10 +80,11 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
     resolved config (a new object: `cfg` is never written), the batch plan (with check_files, its token bound taken
     from the longest prompt kept) and what was read to check it (the tokenizer, the prompts encoded). `for_gpu`:
     choose `model.dtype = auto` as on a GPU (`cohort plan --gpu-memory-gib`, planning a GPU run from another machine)."""
-    if check_files:
-        loading.prepare_for_checks(cfg.model.path)  # a GGUF file converts once here; the checks read its checkpoint
-    # where config.json and the tokenizer are, resolved once for every check (the dtype's choice reads the headers)
-    model_dir = model_dir_of(cfg) if check_files or cfg.model.dtype == "auto" else None
+    # model.path looked at once (with check_files, a GGUF file converted first): where its config and tokenizer are,
+    # for every check that reads them (the dtype's choice reads its weights' headers)
+    model = (loading.inspect_model(cfg.model.path, cfg.model.revision, convert=check_files)
+             if check_files or cfg.model.dtype == "auto" else loading.ModelFiles(None, []))
+    model_dir = model.directory
     dtype, _, device_problems = choose_model_dtype(cfg, model_dir, for_gpu=for_gpu)
     if device_problems:  # (a train.device this process cannot have: nothing below can be judged)
         raise ConfigError(device_problems)
@@ -92,15 +92,12 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
     device = resolve_device(cfg.train.device)
     problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_correction(cfg) + pipeline_problems(cfg, training_world_size(cfg)) + check_rollout_mode(cfg) + check_processes(cfg)
     problems += check_gpu_settings(cfg, device.type, visible_gpus()) + check_colocated_gpu(cfg, device)
-    model_problems = loading.check_model_dir(cfg.model.path, cfg.model.revision) if check_files else []
     if check_files:
         problems += check_data_config(cfg.data) + (named_data_problems(cfg.data) if cfg.data.dataset_name else [])
-        problems += model_problems or tokenizer_file_problems(cfg.model.path, folder=model_dir)
+        problems += model.problems or tokenizer_file_problems(cfg.model.path, folder=model_dir)
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in loading.check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
-    # algorithm.name = distill: the teacher (cohort/plan/teacher_checks.py), beside the student's checks just made
-    problems += teacher_problems(cfg, check_files, student_readable=not model_problems)
     problems += tool_problems(cfg.tools)
     problems += agent_problems(cfg, world_size=training_world_size(cfg), one_step=one_step_per_generation(cfg),
                                one_step_fix=ONE_STEP_FIX)
@@ -111,14 +108,17 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
     problems += _check_run_section(cfg)
     measured, read = None, None
     if check_files:
-        outside, measured, read = _check_outside(cfg, model_dir)
+        outside, measured, read = _check_outside(cfg, model)
         problems += outside
+    # algorithm.name = distill: the teacher (cohort/plan/teacher_checks.py), against the student read above
+    problems += teacher_problems(cfg, check_files, student_readable=not model.problems,
+                                 student_tokenizer=read.tokenizer if read is not None else None)
     plan = batch_plan(cfg, training_world_size(cfg))
     plan = with_measured_prompts(cfg, plan, measured) if check_files else plan
     problems += teacher_fit_problems(cfg, plan) if check_files else []
     gpu = None
     if check_files and not problems:
-        gpu = plan_gpu_memory(cfg, plan)
+        gpu = plan_gpu_memory(cfg, plan, model_dir=model_dir)
         problems += gpu_fit_problems(cfg, gpu) if gpu is not None else []
     if problems:  # (once each: a named dataset's missing split is found by the data check and again when measuring)
         raise ConfigError(list(dict.fromkeys(problems)))
@@ -368,14 +368,16 @@ def check_colocated_gpu(cfg: CohortConfig, device: torch.device) -> list[str]:
             "train.device=auto), or put vLLM in its own process (engine.mode=local_server)"]
 
 
-def plan_gpu_memory(cfg: CohortConfig, plan: BatchPlan, total_bytes: int | None = None) -> GpuMemoryPlan | None:
+def plan_gpu_memory(cfg: CohortConfig, plan: BatchPlan, total_bytes: int | None = None, *,
+                    model_dir: Path | None = None) -> GpuMemoryPlan | None:
     """The GPU split for a run whose vLLM sits on a GPU (colocated, or a local server child), None otherwise (CPU,
     transformers engine, remote servers, or a model directory not readable yet). `total_bytes`: the GPU's memory
-    (default: the training device's, read from CUDA; `cohort plan --gpu-memory-gib` passes one)."""
+    (default: the training device's, read from CUDA; `cohort plan --gpu-memory-gib` passes one); `model_dir`: where
+    model.path is on disk when the caller has resolved it (`loading.inspect_model`)."""
     if cfg.engine.name != "vllm" or cfg.engine.mode == "server":
         return None
     try:
-        facts = model_facts(cfg.model.path, cfg.model.revision)
+        facts = model_facts(cfg.model.path, cfg.model.revision, directory=model_dir)
     except UnreadableWeights:
         return None
     if facts is None:
@@ -482,22 +484,22 @@ def _check_run_section(cfg: CohortConfig) -> list[str]:
 # --------------------------------------------------------------------------- the outside world
 
 
-def _check_outside(cfg: CohortConfig, model_dir: Path | None) -> tuple[list[str], MeasuredPrompts | None, RunInputs | None]:
+def _check_outside(cfg: CohortConfig, model: loading.ModelFiles) -> tuple[list[str], MeasuredPrompts | None, RunInputs | None]:
     """The output directory, the weights' headers, the tokenizer, the prompts against the model's positions, the vLLM
     CPU KV cache; returns the problems, the prompts' measure and what was read (for the run: `RunPlan.read`).
 
     The prompts are read and tokenized with the model's tokenizer (no weights), so the fit check uses the longest prompt
     actually kept; a `tiny:*` model is only checked against its recipe's positions (its tokenizer is built with the model).
     """
-    problems = _check_output_dir(cfg.run.output_dir)
+    problems, model_dir = _check_output_dir(cfg.run.output_dir), model.directory
     try:
-        facts = model_facts(cfg.model.path, cfg.model.revision)
+        facts = model_facts(cfg.model.path, cfg.model.revision, directory=model_dir)
     except UnreadableWeights as exc:
         return problems + [f"model.path = {cfg.model.path!r}: {exc}; re-save or re-download the checkpoint"], None, None
     tokenizer, found = checked_tokenizer(cfg.model.path, folder=model_dir) if model_dir is not None else (None, [])
     if not tokenizer_file_problems(cfg.model.path, folder=model_dir):  # (missing files: reported with the model's checks)
         problems += found  # it loads, and text encodes to tokens
-    measured, read = _read_prompts(cfg, model_dir, tokenizer) if tokenizer is not None else (None, None)
+    measured, read = _read_prompts(cfg, model, tokenizer) if tokenizer is not None else (None, None)
     problems += measured.problems if measured else fit_problems(cfg, max_positions_of(model_dir or cfg.model.path))
     if facts is not None and not (measured and measured.problems):
         problems += _check_kv_cache(cfg, facts, measured)
@@ -521,12 +523,12 @@ def _check_output_dir(output_dir: str | None) -> list[str]:
     return []
 
 
-def _read_prompts(cfg: CohortConfig, model_dir: Path, tokenizer) -> tuple[MeasuredPrompts | None, RunInputs | None]:
+def _read_prompts(cfg: CohortConfig, model: loading.ModelFiles, tokenizer) -> tuple[MeasuredPrompts | None, RunInputs | None]:
     """Read the data and encode every prompt with the model's tokenizer as the trainer will; returns their measure and
     what was read (None for both when the tokenizer encodes nothing: a directory without tokenizer files)."""
     try:
         train, evals, reward_specs = load_data(cfg)
-        encoded = encode_prompts(cfg, tokenizer, model_dir, train, evals)
+        encoded = encode_prompts(cfg, tokenizer, model.directory, train, evals)
     except DataError as exc:
         return MeasuredPrompts(None, "", 0, [str(exc)]), None
     except ConfigError as exc:
@@ -535,9 +537,8 @@ def _read_prompts(cfg: CohortConfig, model_dir: Path, tokenizer) -> tuple[Measur
     if longest == 0:  # a directory without tokenizer files: transformers builds an empty tokenizer; measure nothing
         return None, None
     # a Hub id's snapshot holds its config and tokenizer, not (yet) its weights: the run fetches them (RunInputs)
-    checkpoint = model_dir if Path(cfg.model.path).expanduser().is_dir() or is_gguf_path(cfg.model.path) else None
     return (MeasuredPrompts(longest, where, encoded.filtered, []),
-            RunInputs(checkpoint, tokenizer, encoded, list(reward_specs or [])))
+            RunInputs(model.directory if model.holds_weights else None, tokenizer, encoded, list(reward_specs or [])))
 
 
 def _check_kv_cache(cfg: CohortConfig, facts: ModelFacts, measured: MeasuredPrompts | None) -> list[str]:
