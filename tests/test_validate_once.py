@@ -122,3 +122,18 @@ def test_a_ray_trainer_actor_receives_the_plan_and_never_validates(tmp_path, tin
     assert summary["steps"] == 1
     assert count_validations == []  # the driver validated; the actor did not
     assert count_tokenizer_loads == [str(tiny_model_dir)]  # once, in the actor's setup
+
+
+def test_a_hub_model_is_read_from_its_snapshot_once_and_its_weights_fetched_by_the_run(tmp_path, tiny_model_dir,
+                                                                                       place_in_hub,
+                                                                                       count_tokenizer_loads):
+    """Validation reads a Hub id's snapshot (config and tokenizer, never the weights): the plan hands over its tokenizer
+    and prompts but no checkpoint directory, and the setup resolves the snapshot with its weights."""
+    snapshot = place_in_hub("org/tiny", tiny_model_dir)
+    overrides = [o.replace(f"model.path={tiny_model_dir}", "model.path=org/tiny") for o in _overrides(tmp_path, tiny_model_dir)]
+    plan = validate.validate_config(load_config(None, overrides))
+    assert plan.read is not None and plan.read.model_dir is None  # (the weights: the run's, not the planner's)
+    trainer = trainer_module.Trainer(plan)
+    trainer.close()
+    assert trainer.parts.model_dir == snapshot and trainer.parts.tokenizer is plan.read.tokenizer
+    assert count_tokenizer_loads == [str(snapshot)]

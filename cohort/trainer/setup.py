@@ -17,6 +17,7 @@ Nothing here touches a Trainer: `setup` returns the parts and the Trainer holds 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 from pathlib import Path
@@ -61,10 +62,9 @@ def setup(run: RunPlan, run_dir: Path, *, pack: Callable, external_engine=None) 
     use_device(device)
     run_dir = rank_run_dir(dist, cfg, run_dir)
     _check_writable(run_dir)
-    read = run.read or _read_inputs(cfg, dist)  # (validation's, or read here once)
+    read = _read_inputs(cfg, dist, run.read)  # (what validation read, completed here)
     rewards = main_only_rewards(RewardSet.from_specs(read.reward_specs + environment_reward_specs(cfg.tools)), dist)
-    model_dir = read.model_dir or dist.local_main_first(lambda: resolve_model_dir(cfg.model.path, cfg.model.revision))
-    tokenizer, prompts = read.tokenizer, read.prompts
+    model_dir, tokenizer, prompts = read.model_dir, read.tokenizer, read.prompts
     sessions = _sessions(plan, prompts)
     if cfg.tools.enabled and dist.is_main and is_server_url(cfg.tools.environment):  # before any weights load
         check_capacity(cfg.tools.environment, sessions[0], cfg.tools.timeout_s, sessions[1])
@@ -110,12 +110,17 @@ def setup(run: RunPlan, run_dir: Path, *, pack: Callable, external_engine=None) 
     )
 
 
-def _read_inputs(cfg, dist: LocalContext) -> RunInputs:
-    """What validation reads, read here when it did not: the data, the model's directory (a `tiny:*` model built on
-    first use; a Hub id's snapshot with its weights), its tokenizer and every prompt encoded (raises if one cannot
-    fit). A dataset or model by name is fetched once per node."""
-    train_data, eval_data, reward_specs = dist.local_main_first(lambda: load_data(cfg))
+def _read_inputs(cfg, dist: LocalContext, read: RunInputs | None) -> RunInputs:
+    """What validation read (`read`), with the checkpoint directory the run loads: as validation found it, else
+    resolved here (a `tiny:*` model built on first use, a Hub id's snapshot with its weights fetched). When validation
+    read nothing (`read` None: a `tiny:*` model, another process's plan), the data, the tokenizer and every prompt
+    encoded too (raises if one cannot fit). A dataset or model by name is fetched once per node."""
+    if read is not None and read.model_dir is not None:
+        return read
     model_dir = dist.local_main_first(lambda: resolve_model_dir(cfg.model.path, cfg.model.revision))
+    if read is not None:  # a Hub id: validation read its snapshot's tokenizer, the weights come now
+        return dataclasses.replace(read, model_dir=model_dir)
+    train_data, eval_data, reward_specs = dist.local_main_first(lambda: load_data(cfg))
     tokenizer = load_tokenizer(model_dir)
     prompts = encode_prompts(cfg, tokenizer, model_dir, train_data, eval_data)
     return RunInputs(model_dir, tokenizer, prompts, list(reward_specs or []))
