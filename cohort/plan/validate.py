@@ -2,7 +2,7 @@
 
 `validate_config(cfg, check_files=True)` reports *all* problems at once as one
 `ConfigError`, each naming its fields and a fix, and returns the run's
-`BatchPlan`. It runs, in this order:
+`RunPlan` (its `batch`: the `BatchPlan`). It runs, in this order:
 
 - the config alone: batch arithmetic, value ranges (the loss fields' in
   `cohort.plan.loss_checks`, the distillation teacher's in `cohort.plan.teacher_checks`), the scheduler's rules, the rollout
@@ -10,11 +10,12 @@
   fields, and that every reward spec resolves;
 - with check_files, the outside world, cheaply: the data files and their columns
   (each reward's columns too), the model directory (`tiny:*` names are only
-  looked up, never built) and its tokenizer (and a distillation teacher's, which must be the same tokenizer) (files present, text encodes to tokens:
+  looked up, never built) and its tokenizer (files present; loaded once, and text encodes to tokens:
   cohort.models.tokenizer_check), the output directory, the weights' headers, the
   prompts measured as the trainer will keep them (the data and the model's
   tokenizer, no weights; skipped for `tiny:*` models, whose tokenizer is built
-  with the model) against the model's positions, and the vLLM CPU KV cache;
+  with the model) against the model's positions, the vLLM CPU KV cache, and a
+  distillation teacher's tokenizer against that same student tokenizer;
 - on a GPU, with vLLM colocated or in a local server child: the GPU memory plan
   (`cohort.plan.memory.gpu_memory_plan`, against the GPU's total memory read from
   CUDA), refusing a split that cannot fit with both numbers and the fixes.
