@@ -105,7 +105,8 @@ def estimate(overrides: list[str]) -> dict:
     from cohort.plan.validate import validate_config
 
     cfg = load_config(EXAMPLE, overrides)
-    plan = validate_config(cfg)
+    run = validate_config(cfg)  # (model.dtype = auto: settled in run.config)
+    cfg, plan = run.config, run.batch
     facts = model_facts(cfg.model.path, cfg.model.revision)  # (a GGUF file: its converted checkpoint)
     trainer, engine = memory_estimate(cfg, plan, facts), cpu_engine_share(cfg, facts)
     mib = lambda rows: round(sum(size for _, size, _ in rows) / 2**20)  # noqa: E731

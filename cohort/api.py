@@ -19,10 +19,11 @@ It is `cohort train` without the command line, on the same path:
   `data.train_files` / `data.eval_files`, so the data checks, the saved config.yaml and
   `cohort train --resume RUN_DIR` see ordinary files;
 - `validate_config` runs once, before anything is written to the run directory or loaded
-  (a `ConfigError` lists every problem), then `cohort.launch.launch.run_config`, the function
-  `cmd_train` calls, runs it: torchrun children or Ray actors when asked, else a Trainer in
-  this process handed the plan, the engine's output in RUN_DIR/logs/engine.log and a setup
-  failure raised as `RunFailed` (its traceback in RUN_DIR/logs/error.log).
+  (a `ConfigError` lists every problem); it returns the run's plan (the resolved config, the
+  batch plan, the tokenizer and prompts it read), and `cohort.launch.launch.run_config`, the
+  function `cmd_train` calls, runs that: torchrun children or Ray actors when asked, else a
+  Trainer in this process handed the plan, the engine's output in RUN_DIR/logs/engine.log and
+  a setup failure raised as `RunFailed` (its traceback in RUN_DIR/logs/error.log).
 
 Left out: returning the trained model object (it is saved under RUN_DIR/final, which
 `transformers.AutoModelForCausalLM.from_pretrained` loads); streaming datasets. A reward
@@ -33,6 +34,7 @@ before anything loads, since those processes read the config from a file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -49,7 +51,7 @@ from cohort.config import CohortConfig, ConfigError, default_output_dir
 from cohort.config.loading import resolve_config
 from cohort.launch.launch import run_config
 from cohort.config.references import IN_PROCESS_MARK
-from cohort.plan.batch import BatchPlan
+from cohort.plan.run_plan import RunPlan
 from cohort.plan.validate import validate_config
 
 RewardLike = str | Mapping[str, Any] | Callable[..., Any]
@@ -73,21 +75,21 @@ def train(config: Mapping[str, Any] | str | os.PathLike | CohortConfig | None = 
         tool functions (TRL's: typed, with a docstring) or import paths; an environment class or its import path.
     Raises ConfigError (every problem, before any model loads) for a config that cannot work.
     """
-    cfg, plan = _build(config, overrides=overrides, reward_funcs=reward_funcs, train_dataset=train_dataset,
-                       eval_dataset=eval_dataset, tools=tools, environment=environment)
-    return run(cfg, plan)
+    return run(_build(config, overrides=overrides, reward_funcs=reward_funcs, train_dataset=train_dataset,
+                      eval_dataset=eval_dataset, tools=tools, environment=environment))
 
 
 def build_config(config: Any = None, *, overrides: Sequence[str] = (), reward_funcs: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, tools: Sequence[Any] | None = None, environment: Any = None) -> CohortConfig:
-    """The validated config of a `train` call, with its in-memory datasets written under RUN_DIR/data/."""
+    """The validated (resolved) config of a `train` call, with its in-memory datasets written under RUN_DIR/data/."""
     return _build(config, overrides=overrides, reward_funcs=reward_funcs, train_dataset=train_dataset,
-                  eval_dataset=eval_dataset, tools=tools, environment=environment)[0]
+                  eval_dataset=eval_dataset, tools=tools, environment=environment).config
 
 
 def _build(config: Any = None, *, overrides: Sequence[str] = (), reward_funcs: Any = None, train_dataset: Any = None,
-           eval_dataset: Any = None, tools: Sequence[Any] | None = None, environment: Any = None) -> tuple[CohortConfig, BatchPlan]:
-    """`build_config`'s config and the plan its validation returned (handed to the Trainer: validated once)."""
+           eval_dataset: Any = None, tools: Sequence[Any] | None = None, environment: Any = None) -> RunPlan:
+    """The plan validating `build_config`'s config returned (handed to the Trainer: validated once), its run directory
+    named and its in-memory datasets moved there."""
     staging = Path(tempfile.mkdtemp(prefix="cohort-data-"))
     try:
         extra = _data_overrides(train_dataset, "train", staging) + _data_overrides(eval_dataset, "eval", staging)
@@ -98,24 +100,24 @@ def _build(config: Any = None, *, overrides: Sequence[str] = (), reward_funcs: A
             cfg.tools.functions = [tools] if callable(tools) or isinstance(tools, str) else list(tools)
         if environment is not None:
             cfg.tools.environment = environment
+        cfg.run.output_dir = cfg.run.output_dir or default_output_dir()  # (this call's own config, named before validating)
         plan = validate_config(cfg)
-        _check_single_process(cfg)
-        cfg.run.output_dir = cfg.run.output_dir or default_output_dir()
-        _move_staged(cfg, staging, Path(cfg.run.output_dir) / DATA_DIR)
+        _check_single_process(plan.config)
+        plan = dataclasses.replace(plan, config=_move_staged(plan.config, staging, Path(cfg.run.output_dir) / DATA_DIR))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return cfg, plan
+    return plan
 
 
-def run(cfg: CohortConfig, plan: BatchPlan | None = None) -> dict[str, Any]:
-    """Train a validated config on `cmd_train`'s path: torchrun children or Ray actors when asked, else here.
-    `plan`: what validating `cfg` returned (None: the Trainer validates it)."""
-    run_dir = Path(cfg.run.output_dir or default_output_dir())
-    cfg.run.output_dir = str(run_dir)
+def run(plan: RunPlan) -> dict[str, Any]:
+    """Train a validated run (what `validate_config` returned, its run.output_dir set) on `cmd_train`'s path: torchrun
+    children or Ray actors when asked, else here."""
+    cfg = plan.config
+    run_dir = Path(cfg.run.output_dir)
     config_file = run_dir / "config.yaml"  # what torchrun's children read; the run rewrites it with the same content
     run_dir.mkdir(parents=True, exist_ok=True)
     config_file.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    outcome = run_config(cfg, plan, ["train", str(config_file)])  # (cmd_train's orchestration, cohort/launch/launch.py)
+    outcome = run_config(plan, ["train", str(config_file)])  # (cmd_train's orchestration, cohort/launch/launch.py)
     if isinstance(outcome, int):  # train.num_processes > 1: the torchrun children did the work
         if outcome != 0:
             raise RuntimeError(f"the {cfg.train.num_processes} training processes exited with status {outcome}; their "
@@ -220,8 +222,10 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"a {type(value).__name__} ({value!r:.60}) cannot be written to a JSON Lines file")
 
 
-def _move_staged(cfg: CohortConfig, staging: Path, target: Path) -> None:
-    """Move what was written under `staging` into RUN_DIR/data and point the config's file lists there."""
+def _move_staged(cfg: CohortConfig, staging: Path, target: Path) -> CohortConfig:
+    """Move what was written under `staging` into RUN_DIR/data; returns the config with its file lists pointing there
+    (a copy: the validated files moved, their content unchanged)."""
+    files = {}
     for key in ("train_files", "eval_files"):
         paths = getattr(cfg.data, key)
         if not any(Path(p).parent == staging for p in paths):
@@ -236,4 +240,5 @@ def _move_staged(cfg: CohortConfig, staging: Path, target: Path) -> None:
                 shutil.move(str(p), str(destination))
                 p = destination
             moved.append(str(p))
-        setattr(cfg.data, key, moved)
+        files[key] = moved
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update=files)}) if files else cfg

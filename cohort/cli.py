@@ -41,19 +41,21 @@ def _fields_help() -> str:
 
 
 def _load(args_list: list[str], *, check_files: bool = True, say_source=None, for_gpu: bool = False):
-    """(config, plan); with say_source (a stream), first write the one line that says where the values came from.
-    `for_gpu`: settle model.dtype=auto as on a GPU (planning a GPU run from another machine)."""
+    """The validated run (`RunPlan`: the resolved config, the batch plan, what was read); with say_source (a stream),
+    first write the one line that says where the values came from. `for_gpu`: choose model.dtype=auto as on a GPU
+    (planning a GPU run from another machine)."""
     from cohort.config.loading import resolve_config
-    from cohort.plan.validate import settle_model_dtype, validate_config
+    from cohort.plan.validate import choose_model_dtype, model_dir_of, validate_config
 
     path, overrides = _split_config_args(args_list)
     resolved = resolve_config(path, overrides)
     _say_notes(resolved.notes)
-    chosen, _ = settle_model_dtype(resolved.config, for_gpu=for_gpu)  # (a train.device problem: validate_config reports it)
     if say_source is not None and "WORLD_SIZE" not in os.environ:  # torchrun children: their parent said it
+        # (what model.dtype = auto becomes, said before the checks; a train.device problem: validate_config reports it)
+        cfg = resolved.config
+        chosen = choose_model_dtype(cfg, model_dir_of(cfg) if cfg.model.dtype == "auto" else None, for_gpu=for_gpu)[1]
         print(f"config: {resolved.source}" + (f"; {chosen}" if chosen else ""), file=say_source, flush=True)
-    plan = validate_config(resolved.config, check_files=check_files)
-    return resolved.config, plan
+    return validate_config(resolved.config, check_files=check_files, for_gpu=for_gpu)
 
 
 def _say_notes(notes: tuple[str, ...]) -> None:
@@ -64,7 +66,7 @@ def _say_notes(notes: tuple[str, ...]) -> None:
 
 
 def _resume_config(target: str, overrides: list[str]):
-    """(config, plan) of the run being resumed (RUN_DIR/config.yaml) with `overrides`; the run directory stays the same."""
+    """The validated run being resumed (RUN_DIR/config.yaml) with `overrides`; the run directory stays the same."""
     from pathlib import Path
 
     from cohort.config import ConfigError
@@ -85,14 +87,14 @@ def _resume_config(target: str, overrides: list[str]):
         print(f"config: {resolved.source} (the run being resumed)", flush=True)
     cfg = resolved.config
     cfg.run.output_dir = str(run_dir)
-    return cfg, validate_config(cfg)
+    return validate_config(cfg)
 
 
 def cmd_train(ns) -> int:
-    cfg, plan = _resume_config(ns.resume, ns.config) if ns.resume else _load(ns.config, say_source=sys.stdout)
+    plan = _resume_config(ns.resume, ns.config) if ns.resume else _load(ns.config, say_source=sys.stdout)
     from cohort.launch.launch import run_config
 
-    summary = run_config(cfg, plan, ["train", *ns.config] + (["--resume", ns.resume] if ns.resume else []), resume=ns.resume)
+    summary = run_config(plan, ["train", *ns.config] + (["--resume", ns.resume] if ns.resume else []), resume=ns.resume)
     if isinstance(summary, int):  # train.num_processes > 1: the torchrun children did the work
         return summary
     if summary is None:  # a rank > 0 of a multi-process run
@@ -140,23 +142,23 @@ def cmd_compare(ns) -> int:
 def cmd_config_show(ns) -> int:
     import yaml
 
-    cfg, _ = _load(ns.config, check_files=False)
+    cfg = _load(ns.config, check_files=False).config
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     return 0
 
 
 def cmd_plan(ns) -> int:
-    cfg, plan = _load(ns.config, say_source=sys.stdout, for_gpu=ns.gpu_memory_gib is not None)
+    run = _load(ns.config, say_source=sys.stdout, for_gpu=ns.gpu_memory_gib is not None)
     from cohort.plan.printout import format_plan
     from cohort.plan.validate import plan_gpu_memory
 
     total = None if ns.gpu_memory_gib is None else int(ns.gpu_memory_gib * 2**30)
-    print(format_plan(cfg, plan, gpu=plan_gpu_memory(cfg, plan, total)))  # (None: no GPU split to show)
+    print(format_plan(run.config, run.batch, gpu=plan_gpu_memory(run.config, run.batch, total)))  # (None: no GPU split to show)
     return 0
 
 
 def cmd_eval(ns) -> int:
-    cfg, _ = _load(ns.config, say_source=sys.stderr)  # stdout is the JSON result
+    cfg = _load(ns.config, say_source=sys.stderr).config  # stdout is the JSON result
     import tempfile
     import time
     from pathlib import Path

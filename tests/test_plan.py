@@ -36,8 +36,8 @@ def data_file(tmp_path):
 def without_tokenizer_check(monkeypatch):
     """The planner's header-only checkpoints have no tokenizer, which validation refuses (cohort.models.tokenizer_check);
     these tests plan with the prompts unmeasured (bounded by data.max_prompt_length), as such a directory was before."""
-    for name in ("tokenizer_file_problems", "tokenizer_problems"):
-        monkeypatch.setattr(f"cohort.plan.validate.{name}", lambda path, folder=None: [])
+    monkeypatch.setattr("cohort.plan.validate.tokenizer_file_problems", lambda path, folder=None: [])
+    monkeypatch.setattr("cohort.plan.validate.checked_tokenizer", lambda path, folder=None: (None, []))
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def test_a_kept_prompt_longer_than_the_model_positions_is_refused_before_loading
 def test_the_fit_check_uses_the_data_not_the_configured_ceiling(data_file, tiny_model_dir):
     # 100 + 64 > 128 positions was refused from the config alone; the longest prompt here is "0+1=" (4 tokens): 4 + 64 fits
     plan = validate_config(load_config(None, [f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]",
-                                              "data.max_prompt_length=100", "rollout.max_completion_length=64"]))
+                                              "data.max_prompt_length=100", "rollout.max_completion_length=64"])).batch
     assert plan.max_tokens_per_sequence == 4 + 64
     assert plan.prompt_tokens_from == f"the longest prompt kept, {data_file}:1"
 

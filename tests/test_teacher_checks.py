@@ -52,7 +52,7 @@ def _problems(cfg) -> list[str]:
 
 def test_a_teacher_of_the_same_tokenizer_distils_alone_without_rewards(tmp_path, data_file, tiny_model_dir, teacher_dir):
     plan = validate_config(_cfg(tmp_path, data_file, tiny_model_dir, f"teacher.path={teacher_dir}", "rewards=[]",
-                                "rollout.num_generations=1"))  # (a group of one: the teacher needs no group)
+                                "rollout.num_generations=1")).batch  # (a group of one: the teacher needs no group)
     assert plan.num_generations == 1
 
 

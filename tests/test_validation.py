@@ -27,7 +27,7 @@ def test_validating_a_tiny_model_builds_nothing(monkeypatch, tmp_path):
     monkeypatch.setattr("cohort.models.loading.load_tokenizer", refuse)
     monkeypatch.setenv("COHORT_CACHE", str(tmp_path / "cache"))  # an empty cache: a build would have to happen here
     cfg = load_config(None, ["model.path=tiny:arith", "data.max_prompt_length=null", f"run.output_dir={tmp_path / 'run'}"])
-    plan = validate_config(cfg)
+    plan = validate_config(cfg).batch
     # the demo preset: 64 prompts × G=8 = 512 completions per step; the prompts of a tiny model are not measured
     assert (plan.completions_per_step, plan.max_tokens_per_sequence) == (512, None)
     assert plan.prompt_tokens_from == "not measured (a tiny:* model's tokenizer is built with the model)"
@@ -109,7 +109,8 @@ def _fake_gpu(monkeypatch, total_gib):
 
 
 def test_validation_derives_the_fraction_on_a_gpu_and_refuses_what_cannot_fit(monkeypatch, tmp_path):
-    """The Qwen2.5-0.5B-shaped config of tests/test_plan.py: 0.04 of an 80 GiB GPU is written into the config; on a
+    """The Qwen2.5-0.5B-shaped config of tests/test_plan.py: 0.04 of an 80 GiB GPU is written into the plan's config
+    (the caller's stays unset); on a
     24 GiB GPU the trainer's 21.64 GiB peak + vLLM's 3.12 GiB (0.13) + the context need 25.26 GiB and do not fit, and the
     refusal says so before loading; asleep during the update they need 22.14 GiB and fit (the derivations are in
     tests/test_plan.py::test_gpu_plan_with_sleep_mode_offload_and_the_refusal)."""
@@ -117,15 +118,14 @@ def test_validation_derives_the_fraction_on_a_gpu_and_refuses_what_cannot_fit(mo
     without_tokenizer_check(monkeypatch)
     _fake_gpu(monkeypatch, 80)
     cfg = load_config(None, [f"model.path={model_dir}", *QWEN05])
-    validate_config(cfg)
-    assert cfg.engine.gpu_memory_utilization == 0.04
+    assert validate_config(cfg).config.engine.gpu_memory_utilization == 0.04
+    assert cfg.engine.gpu_memory_utilization is None  # (validation never writes into the config it is given)
     _fake_gpu(monkeypatch, 24)
     with pytest.raises(ConfigError) as err:
         validate_config(load_config(None, [f"model.path={model_dir}", *QWEN05]))
     assert "the trainer's peak 21.64 GiB" in str(err.value) and "more than the GPU's 24.00 GiB" in str(err.value)
     cfg = load_config(None, [f"model.path={model_dir}", *QWEN05, "engine.sleep_mode=2"])
-    validate_config(cfg)  # asleep during the update: fits
-    assert cfg.engine.gpu_memory_utilization == 0.13
+    assert validate_config(cfg).config.engine.gpu_memory_utilization == 0.13  # asleep during the update: fits
 
 
 def test_colocated_vllm_and_a_trainer_on_another_gpu_are_refused():

@@ -7,8 +7,9 @@
   `run.output_dir` pinned so that every rank agrees on the run directory.
 - otherwise (or already under torchrun, WORLD_SIZE set): train here (`train_here`).
 
-`run_config` is the one orchestration of a run that `cohort train` and `cohort.train` both call: launch elsewhere
-when asked, else train here with the plan their validation returned.
+`run_config` is the one orchestration of a run that `cohort train` and `cohort.train` both call, with the plan their
+validation returned (cohort/plan/run_plan.py): launch elsewhere when asked (Ray actors receive the plan), else train
+here with it.
 
 Before any of these, `fetch_by_name` downloads what the config names by its Hub name (model.path, critic.path, a
 reward model, data.dataset_name) into the Hugging Face cache, in this process, on the terminal with its progress
@@ -31,7 +32,7 @@ from cohort.data.named import named_splits
 from cohort.launch.ray_cluster import train_with_ray
 from cohort.models import hub
 from cohort.models.loading import ModelLoadError, resolve_model_dir
-from cohort.plan.batch import BatchPlan
+from cohort.plan.run_plan import RunPlan
 from cohort.runs.jsonl import RunFileError
 from cohort.trainer.checkpoint import CheckpointError
 from cohort.trainer.failure import setup_failed
@@ -43,22 +44,24 @@ from cohort.trainer.trainer import Trainer
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, DataError, ModelLoadError, CheckpointError, RunFileError)
 
 
-def run_config(cfg: CohortConfig, plan: BatchPlan | None, cli_args: list[str], *, resume: str | None = None) -> dict | int | None:
+def run_config(plan: RunPlan, cli_args: list[str], *, resume: str | None = None) -> dict | int | None:
     """The one orchestration of a run, for `cohort train` (cli.cmd_train) and `cohort.train` (api.run): torchrun
-    children or Ray actors when the config asks (`launch_elsewhere`, which re-runs `cohort <cli_args>` there), else
-    train in this process (`train_here`). Returns rank 0's summary, the torchrun children's exit status, or None on a
-    rank > 0 of a multi-process run. `plan`: what validating `cfg` returned (the Trainer does not validate again)."""
-    outcome = launch_elsewhere(cfg, cli_args)
+    children or Ray actors when the config asks (`launch_elsewhere`: torchrun re-runs `cohort <cli_args>`, Ray actors
+    receive the plan), else train in this process (`train_here`). Returns rank 0's summary, the torchrun children's
+    exit status, or None on a rank > 0 of a multi-process run. `plan`: what validating the config returned (nothing
+    validates it again)."""
+    outcome = launch_elsewhere(plan, cli_args)
     if outcome is not None:
         return outcome
-    return train_here(cfg, plan, resume)
+    return train_here(plan, resume)
 
 
-def train_here(cfg: CohortConfig, plan: BatchPlan | None, resume: str | None = None) -> dict | None:
+def train_here(plan: RunPlan, resume: str | None = None) -> dict | None:
     """Train in this process, the engine's and libraries' output going to RUN_DIR/logs/engine.log (cohort/console.py).
 
     Returns the summary (None on ranks > 0). A failure that is not a config, data, model or checkpoint problem
     (`USER_ERRORS`, raised as they are) becomes `RunFailed`: one message, the traceback in RUN_DIR/logs/error.log."""
+    cfg = plan.config
     run_dir = Path(cfg.run.output_dir or default_output_dir())
     rank = int(os.environ.get("RANK", "0"))
     with capture_output(run_dir / "logs" / ("engine.log" if rank == 0 else f"engine-rank{rank}.log"), verbose=cfg.run.verbose) as term:
@@ -66,7 +69,7 @@ def train_here(cfg: CohortConfig, plan: BatchPlan | None, resume: str | None = N
         if rank == 0:  # (the silence before the first eval line: say what it is)
             print(_starting_line(cfg), file=term, flush=True)
         try:
-            trainer = Trainer(cfg, run_dir=run_dir, plan=plan)
+            trainer = Trainer(plan, run_dir=run_dir)
         except USER_ERRORS:
             raise
         except Exception as exc:  # loading, starting the engine: RunFailed from it
@@ -93,15 +96,16 @@ def torchrun_command(num_processes: int, cli_args: list[str], output_dir: str) -
             "-m", "cohort.cli", *cli_args, f"run.output_dir={output_dir}"]
 
 
-def launch_elsewhere(cfg, cli_args: list[str]) -> dict | int | None:
+def launch_elsewhere(plan: RunPlan, cli_args: list[str]) -> dict | int | None:
     """None: train in this process. Else rank 0's summary (Ray) or the torchrun child's exit code. First (not in a
     torchrun child: its parent did it) whatever is named by its Hub name is fetched (`fetch_by_name`)."""
+    cfg = plan.config
     if "WORLD_SIZE" in os.environ:
         return None
     for line in fetch_by_name(cfg):
         print(line, flush=True)
     if cfg.distributed.backend == "ray":
-        return train_with_ray(cfg)
+        return train_with_ray(plan)
     if cfg.train.num_processes <= 1:
         return None
     output_dir = cfg.run.output_dir or default_output_dir()

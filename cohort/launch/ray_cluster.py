@@ -11,7 +11,9 @@
 3. it starts `train.num_processes` trainer actors (`cpus_per_trainer` /
    `gpus_per_trainer` each), which form one torch.distributed group (rank 0's
    node address and a free port as the rendezvous), and each runs the ordinary
-   `Trainer` — FSDP2 across them exactly as under torchrun; rank 0 writes the run
+   `Trainer` on the driver's plan (`actor_plan`: its resolved config and batch
+   plan; no actor validates again, and each reads its model's tokenizer and the
+   prompts once, on its own node) — FSDP2 across them exactly as under torchrun; rank 0 writes the run
    directory on its node and drives the rollout servers (or a colocated engine);
 4. it waits for all of them, stops the run as soon as one fails (the others
    would wait in a collective forever), kills the actors and returns rank 0's
@@ -66,6 +68,7 @@ import torch
 import cohort
 from cohort.config import CohortConfig, ConfigError, default_output_dir
 from cohort.models.loading import resolve_model_dir
+from cohort.plan.run_plan import RunPlan
 from cohort.rollout.server.app import TOKEN_ENV, RolloutService, serve_in_thread
 from cohort.rollout.engines.vllm import VLLMEngine
 from cohort.trainer.run import run_training
@@ -183,12 +186,13 @@ class TrainerActor:
     def rendezvous(self) -> tuple[str, int]:
         return _node_address(), _free_port()
 
-    def train(self, cwd: str, cfg_tree: dict[str, Any], master: tuple[str, int]) -> dict[str, Any]:
+    def train(self, cwd: str, plan: RunPlan, master: tuple[str, int]) -> dict[str, Any]:
+        """Train this rank on the driver's validated `plan` (`actor_plan`); the Trainer does not validate it again."""
         _enter(cwd)
         if self.world_size > 1:
             os.environ.update({"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]), "RANK": str(self.rank),
                                "WORLD_SIZE": str(self.world_size)})  # (LOCAL_RANK: set by use_devices)
-        trainer = Trainer(CohortConfig.model_validate(cfg_tree))
+        trainer = Trainer(plan)
         try:
             return run_training(trainer)
         finally:
@@ -303,8 +307,21 @@ def _wait_all(futures: list) -> list:
     return [by_ref[f] for f in futures]
 
 
-def train_with_ray(cfg) -> dict[str, Any]:
-    """Run the configured training on Ray actors; returns rank 0's summary."""
+def actor_plan(plan: RunPlan, server_urls: list[str]) -> RunPlan:
+    """What each trainer actor trains: the driver's plan with its config as the actors run it (they train, and launch
+    no further actors; the rollout servers at `server_urls`; the run directory absolute), without what this process
+    read (a tokenizer and the encoded prompts stay here: each actor reads its own once, on its node)."""
+    cfg = plan.config
+    tree = cfg.to_dict()
+    tree["distributed"]["backend"] = "none"
+    tree["engine"]["server_urls"] = list(server_urls)
+    tree["run"]["output_dir"] = os.path.abspath(cfg.run.output_dir or default_output_dir())
+    return plan.for_another_process(CohortConfig.model_validate(tree))
+
+
+def train_with_ray(plan: RunPlan) -> dict[str, Any]:
+    """Run the validated training `plan` on Ray actors; returns rank 0's summary."""
+    cfg = plan.config
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not cfg.distributed.ray_address:
         # Ray reads this at import: with it off, a local Ray keeps every address on 127.0.0.1 (by default it
@@ -328,18 +345,15 @@ def train_with_ray(cfg) -> dict[str, Any]:
             actors += servers
             urls = _wait_all([s.url.remote() for s in servers])
             print(f"cohort: {servers_n} rollout server actor(s) at {', '.join(urls)}", flush=True)
-        tree = cfg.to_dict()
-        tree["distributed"]["backend"] = "none"  # the actors train; they must not launch further actors
-        tree["engine"]["server_urls"] = urls
-        tree["run"]["output_dir"] = os.path.abspath(cfg.run.output_dir or default_output_dir())
+        trained = actor_plan(plan, urls)
         remote = ray.remote(TrainerActor).options(num_cpus=d.cpus_per_trainer, num_gpus=d.gpus_per_trainer,
                                                   runtime_env={"env_vars": _actor_env(token, d.cpus_per_trainer)})
         trainers = [remote.remote(rank, world) for rank in range(world)]
         actors += trainers
         place_trainers(trainers)
         master = ray.get(trainers[0].rendezvous.remote())
-        print(f"cohort: {world} trainer actor(s); run directory {tree['run']['output_dir']} on rank 0's node", flush=True)
-        return _wait_all([t.train.remote(os.getcwd(), tree, master) for t in trainers])[0]
+        print(f"cohort: {world} trainer actor(s); run directory {trained.config.run.output_dir} on rank 0's node", flush=True)
+        return _wait_all([t.train.remote(os.getcwd(), trained, master) for t in trainers])[0]
     finally:
         for actor in actors:
             ray.kill(actor)

@@ -7,9 +7,9 @@ local directory with a transformers config; a `.gguf` file or a packaged GGUF na
 (cohort/models/gguf.py); a Hugging Face Hub id (`org/name`, with `revision` or
 `org/name@revision`) -> its snapshot in the HF cache, downloaded once
 (cohort/models/hub.py). The loaders then read that directory (`local_files_only=True`:
-a local directory needs no network, and nothing beside it is looked up). `check_model_dir` / `config_dir` are the planner's
-cheap versions: a Hub id's config and tokenizer files only, never its weights; a GGUF file's magic bytes, and its
-converted checkpoint once `prepare_for_checks` has converted it.
+a local directory needs no network, and nothing beside it is looked up). `inspect_model` (`check_model_dir`, then
+`config_dir`) is the planner's cheap version: a Hub id's config and tokenizer files only, never its weights; a GGUF
+file's magic bytes, and its converted checkpoint once converted.
 
 `stop_token_ids` is the one place that decides which sampled tokens end a
 completion; every engine (transformers, vLLM, the rollout server) stops at
@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -34,30 +36,51 @@ class ModelLoadError(ValueError):
     pass
 
 
+ModelSource = Literal["tiny", "gguf", "hub", "local"]
+
+
+def model_source(path: str) -> ModelSource:
+    """What kind of name a model path is, decided in one place for every reader: `tiny:<task>`, a local directory, a
+    `.gguf` file or `gguf:<name>` (before the Hub: `model.gguf` would pass for a Hub name), a Hub id; anything else is
+    "local" (and reported as not a directory)."""
+    if path.startswith("tiny:"):
+        return "tiny"
+    if Path(path).expanduser().is_dir():
+        return "local"
+    if is_gguf_path(path):
+        return "gguf"
+    return "hub" if hub.looks_like_hub_id(path) else "local"
+
+
 def resolve_model_dir(path: str, revision: str | None = None) -> Path:
     """`tiny:arith` (or `tiny:arith_chat`) -> the cached embedded checkpoint (built on first use); a local directory ->
     itself, checked; a `.gguf` file or `gguf:<name>` -> its converted checkpoint (converted on first use); a Hub id ->
     its snapshot in the HF cache with weights (`revision`: a branch, tag or commit)."""
-    if path.startswith("tiny:"):
+    source = model_source(path)
+    if source == "tiny":
         return build_tiny_model(path.split(":", 1)[1])
-    p = Path(path).expanduser()
-    if p.is_dir():
-        return _checked_dir(path, p)
-    if is_gguf_path(path):  # (before the Hub: `model.gguf` would pass for a Hub name)
-        try:
-            return gguf_checkpoint(path)  # converted on first use, then cached
-        except GGUFError as exc:
-            raise ModelLoadError(str(exc)) from None
-    if hub.looks_like_hub_id(path):
+    if source == "gguf":
+        return _converted(path)
+    if source == "hub":
         return _from_hub(path, revision, weights=True)
-    raise ModelLoadError(f"model.path = {path!r}: not a directory; give a local transformers checkpoint directory, a "
-                         "Hugging Face Hub id (org/name), a .gguf file or tiny:arith")
+    return _local_dir(path)
 
 
-def _checked_dir(path: str, p: Path) -> Path:
+def _local_dir(path: str) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise ModelLoadError(f"model.path = {path!r}: not a directory; give a local transformers checkpoint directory, a "
+                             "Hugging Face Hub id (org/name), a .gguf file or tiny:arith")
     if not (p / "config.json").is_file():
         raise ModelLoadError(f"model.path = {path!r}: no config.json there, so it is not a transformers checkpoint")
     return p
+
+
+def _converted(path: str) -> Path:
+    try:
+        return gguf_checkpoint(path)  # converted on first use, then cached
+    except GGUFError as exc:
+        raise ModelLoadError(str(exc)) from None
 
 
 def _from_hub(path: str, revision: str | None, *, weights: bool) -> Path:
@@ -67,46 +90,49 @@ def _from_hub(path: str, revision: str | None, *, weights: bool) -> Path:
         raise ModelLoadError(f"model.path = {path!r}: {exc}") from exc
 
 
-def config_dir(path: str, revision: str | None = None) -> Path | None:
-    """The directory holding `path`'s config.json and tokenizer, for checks before anything loads: a local directory
-    as given, a Hub id's snapshot with its config and tokenizer files only (fetched if missing; never the weights),
-    a GGUF file's converted checkpoint when it is in the cache. None for a `tiny:*` model (built with the model), a GGUF
-    file not converted yet, and a path that is no checkpoint (check_model_dir says why)."""
-    if path.startswith("tiny:"):
-        return None
+@dataclass(frozen=True)
+class ModelFiles:
+    """The planner's one look at a model path (`inspect_model`): where its config and tokenizer are, and what is wrong."""
+
+    directory: Path | None  # config.json and the tokenizer: a local directory, a GGUF file's converted checkpoint, a Hub
+    # id's snapshot (config and tokenizer only); None for a `tiny:*` model (built with its tokenizer on first use), a
+    # GGUF file not converted, and a path with problems
+    problems: list[str]  # why the path is no checkpoint, each with its fix
+    holds_weights: bool = False  # the directory is the checkpoint the run loads (a Hub snapshot's are fetched by the run)
+
+
+def inspect_model(path: str, revision: str | None = None, *, convert: bool = True) -> ModelFiles:
+    """The checks' look at a model path, no weights read and none downloaded: a `tiny:*` name is only looked up (built
+    by the run), a local directory must hold config.json, a GGUF file its magic bytes (`convert`: then converted once,
+    cached, so its config and tokenizer can be read; a failed conversion raises ModelLoadError), a Hub id its config
+    and tokenizer files (fetched into the HF cache when missing)."""
+    source = model_source(path)
+    if source == "tiny":
+        name, known = path.split(":", 1)[1], sorted(TINY_RECIPES)
+        return ModelFiles(None, [] if name in known else [
+            f"model.path = {path!r}: unknown tiny model; choose one of {', '.join('tiny:' + n for n in known)}"])
     try:
-        if Path(path).expanduser().is_dir():
-            return _checked_dir(path, Path(path).expanduser())
-        if is_gguf_path(path):  # its converted checkpoint once prepare_for_checks (or a run) has converted it
-            return cached_gguf_dir(path)
-        return _from_hub(path, revision, weights=False) if hub.looks_like_hub_id(path) else None
-    except ModelLoadError:
-        return None
+        if source == "hub":
+            return ModelFiles(_from_hub(path, revision, weights=False), [])
+        if source == "local":
+            return ModelFiles(_local_dir(path), [], holds_weights=True)
+        gguf_file(path)  # the file and its magic bytes
+    except (ModelLoadError, GGUFError) as exc:
+        return ModelFiles(None, [str(exc)])
+    directory = _converted(path) if convert else cached_gguf_dir(path)
+    return ModelFiles(directory, [], holds_weights=directory is not None)
+
+
+def config_dir(path: str, revision: str | None = None) -> Path | None:
+    """The directory holding `path`'s config.json and tokenizer, for checks before anything loads (`inspect_model`,
+    converting nothing): None for a `tiny:*` model (built with the model), a GGUF file not converted yet, and a path
+    that is no checkpoint (check_model_dir says why)."""
+    return inspect_model(path, revision, convert=False).directory
 
 
 def check_model_dir(path: str, revision: str | None = None) -> list[str]:
-    """Cheap pre-flight check (no weights read, none downloaded) for config validation."""
-    if path.startswith("tiny:"):
-        name = path.split(":", 1)[1]
-        known = sorted(TINY_RECIPES)
-        return [] if name in known else [f"model.path = {path!r}: unknown tiny model; choose one of {', '.join('tiny:' + n for n in known)}"]
-    try:
-        if is_gguf_path(path) and not Path(path).expanduser().is_dir():
-            gguf_file(path)  # the file and its magic bytes; the conversion waits for the run (or `cohort plan`)
-        elif Path(path).expanduser().is_dir() or not hub.looks_like_hub_id(path):
-            resolve_model_dir(path)
-        else:
-            _from_hub(path, revision, weights=False)
-    except (ModelLoadError, GGUFError) as exc:
-        return [str(exc)]
-    return []
-
-
-def prepare_for_checks(path: str) -> None:
-    """Convert a GGUF model.path once (cached) before the checks read its config and tokenizer; nothing for any
-    other path, and nothing when the path is wrong (check_model_dir reports that)."""
-    if is_gguf_path(path) and not Path(path).expanduser().is_dir() and not check_model_dir(path):
-        resolve_model_dir(path)
+    """Cheap pre-flight check (no weights read, none downloaded, nothing converted): `inspect_model`'s problems."""
+    return inspect_model(path, revision, convert=False).problems
 
 
 def load_tokenizer(model_dir: Path):

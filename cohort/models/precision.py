@@ -67,8 +67,9 @@ class Precision:
 def resolve_precision(model_dtype: str, precision: str, device: torch.device | None = None) -> Precision:
     """`model.dtype` + `train.precision` (+ the models' device, for autocast) -> Precision. float32 is float32 either
     way."""
-    if model_dtype not in DTYPES:  # `auto` is settled by validation (cohort.plan.validate.settle_model_dtype) first
-        raise ValueError(f"model.dtype = {model_dtype!r} is not settled; run cohort.plan.validate.validate_config first")
+    if model_dtype not in DTYPES:  # `auto` is chosen by validation (cohort.plan.validate.choose_model_dtype) first
+        raise ValueError(f"model.dtype = {model_dtype!r} is not settled; read it from the config "
+                         "cohort.plan.validate.validate_config returns (RunPlan.config)")
     compute = DTYPES[model_dtype]
     device_type = autocast_device_type(device) if device is not None else "cpu"
     if precision == "mixed":

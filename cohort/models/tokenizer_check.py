@@ -9,8 +9,9 @@ validation asks two things of a local model directory, in this order:
   what it holds and what it lacks;
 - the tokenizer itself: it loads, and a short probe text encodes to at least one token.
 The first reads a directory listing (validate_config asks it with the other cheap checks);
-the second loads the tokenizer (no weights; ~0.1-0.5 s), once per directory and content, and
-runs where validation reads the tokenizer anyway (after the weights' headers are found sound).
+the second, `checked_tokenizer`, loads the tokenizer (no weights; ~0.1-0.5 s) and hands it back when it is usable,
+so validation loads it once and encodes the prompts with it (after the weights' headers are found sound), and the
+run reuses it (cohort/plan/run_plan.py).
 
 Left out: `tiny:*` models (their tokenizer is built with the model) and directories that
 are not checkpoints at all (cohort.models.loading.check_model_dir reports those).
@@ -18,8 +19,8 @@ are not checkpoints at all (cohort.models.loading.check_model_dir reports those)
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
+from typing import Any
 
 from cohort.models import loading
 
@@ -46,24 +47,24 @@ def tokenizer_file_problems(path: str, key: str = "model.path", folder: Path | N
 
 def tokenizer_problems(path: str, key: str = "model.path", folder: Path | None = None) -> list[str]:
     """`tokenizer_file_problems`, then (when the files are there) whether the tokenizer loads and encodes a probe
-    text to at least one token; loads the tokenizer (no weights), once per directory content."""
+    text to at least one token (`checked_tokenizer`, whose tokenizer this drops)."""
+    return checked_tokenizer(path, key, folder)[1]
+
+
+def checked_tokenizer(path: str, key: str = "model.path", folder: Path | None = None) -> tuple[Any, list[str]]:
+    """(the tokenizer, []) when `path`'s tokenizer files are there, it loads and it encodes a probe text to at least one
+    token; (None, the problems) when not; (None, []) for a `tiny:*` model or a path that is no checkpoint directory
+    (reported elsewhere). Loads the tokenizer (no weights) once per call."""
     problems = tokenizer_file_problems(path, key, folder)
     folder = Path(folder) if folder is not None else Path(path).expanduser()
     if problems or path.startswith("tiny:") or not (folder / "config.json").is_file():
-        return problems
-    stamp = tuple((p.name, p.stat().st_mtime_ns) for p in sorted(folder.iterdir()))
-    return list(_probe(str(folder), key, path, stamp))
-
-
-@functools.lru_cache(maxsize=8)
-def _probe(folder: str, key: str, path: str, stamp: tuple) -> tuple[str, ...]:
-    """The tokenizer loads and encodes the probe to at least one token (cached per directory content: `stamp`)."""
+        return None, problems
     try:
-        tokenizer = loading.load_tokenizer(Path(folder))
+        tokenizer = loading.load_tokenizer(folder)
     except loading.ModelLoadError as exc:
-        return (f"{key} = {path!r}: {exc}",)
+        return None, [f"{key} = {path!r}: {exc}"]
     if not tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]:
-        return (f"{key} = {path!r}: the tokenizer in {folder} encodes {PROBE_TEXT!r} to no tokens, so every prompt "
-                "would be empty; its tokenizer files are incomplete (tokenizer.json without a vocabulary?): copy them "
-                "again from the checkpoint it came from",)
-    return ()
+        return None, [f"{key} = {path!r}: the tokenizer in {folder} encodes {PROBE_TEXT!r} to no tokens, so every prompt "
+                      "would be empty; its tokenizer files are incomplete (tokenizer.json without a vocabulary?): copy them "
+                      "again from the checkpoint it came from"]
+    return tokenizer, []

@@ -6,7 +6,8 @@
 - printout.py: what `cohort plan` prints;
 - validate.py: `validate_config`, the one entry point that runs every check (its own, and loss_checks.py's,
   pipeline_checks.py's, teacher_checks.py's and the checks each package keeps beside what it checks: data, models,
-  rewards, tools, agents) and returns the `BatchPlan`.
+  rewards, tools, agents) and returns a `RunPlan` (run_plan.py: the resolved config, the `BatchPlan` and what was
+  read to check it, which the trainer's setup reuses).
 
 This package's __init__ imports nothing, so `cohort plan`'s batch arithmetic (batch.py) loads without torch; the
 checks (validate.py) read the data, the tokenizer and the weights' headers.

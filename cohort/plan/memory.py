@@ -55,16 +55,17 @@ class ModelFacts:
     max_positions: int | None
 
 
-def model_facts(path: str | Path, revision: str | None = None) -> ModelFacts | None:
+def model_facts(path: str | Path, revision: str | None = None, *, directory: Path | None = None) -> ModelFacts | None:
     """From `config.json` and the safetensors headers; None when `path` is not a checkpoint. A Hub id is read from its
     snapshot in the Hugging Face cache (config fetched when missing, never the weights); its parameters are counted
     from the cached weights' headers, or from the Hub's (remote headers only) while they are not downloaded yet.
 
+    `directory`: where a path that is no directory is on disk, when the caller has resolved it (`inspect_model`).
     Raises `UnreadableWeights` when a weights file's header is broken (caught early: loading would fail later).
     """
     if Path(path).expanduser().is_dir():
         directory = Path(path).expanduser()
-    else:  # a Hub id or a GGUF file; imported here: cohort.models.loading brings torch, which the plan itself never needs
+    elif directory is None:  # a Hub id or a GGUF file; imported here: cohort.models.loading brings torch, which the plan itself never needs
         from cohort.models.loading import config_dir
 
         directory = config_dir(str(path), revision)

@@ -40,8 +40,11 @@ from cohort.plan.batch import BatchPlan
 from cohort.prompts import max_positions_of
 
 
-def teacher_problems(cfg: CohortConfig, check_files: bool = True) -> list[str]:
-    """Every problem of the teacher section against the algorithm, its ranges and (with files) the teacher itself."""
+def teacher_problems(cfg: CohortConfig, check_files: bool = True, *, student_readable: bool = True,
+                     student_tokenizer=None) -> list[str]:
+    """Every problem of the teacher section against the algorithm, its ranges and (with files) the teacher itself.
+    `student_readable`: model.path passed its own `check_model_dir` (validate_config asked it already);
+    `student_tokenizer`: model.path's tokenizer when validation has loaded it (else it is loaded here to compare)."""
     t = cfg.teacher
     if cfg.algorithm.name != "distill":
         return [] if t.path is None else [
@@ -65,21 +68,21 @@ def teacher_problems(cfg: CohortConfig, check_files: bool = True) -> list[str]:
         problems.append(f"teacher.log_ratio_clip = {t.log_ratio_clip}: must be > 0 nats (10.0 is verl's recipes' value), "
                         "or unset it (null) for no clip")
     if check_files and t.path is not None:
-        problems += _teacher_files(cfg)
+        problems += _teacher_files(cfg, student_readable, student_tokenizer)
     return problems
 
 
-def _teacher_files(cfg: CohortConfig) -> list[str]:
+def _teacher_files(cfg: CohortConfig, student_readable: bool, student_tokenizer) -> list[str]:
     """teacher.path as a checkpoint (the checks of model.path, named teacher.path), then the shared tokenizer."""
     path = cfg.teacher.path
     found = [p.replace("model.path", "teacher.path", 1) for p in loading.check_model_dir(path)]
     found = found or tokenizer_file_problems(path, "teacher.path")
-    if found or loading.check_model_dir(cfg.model.path) or tokenizer_file_problems(cfg.model.path):
+    if found or not student_readable or tokenizer_file_problems(cfg.model.path):
         return found  # (a student that cannot be read is reported by model.path's own checks)
     student, teacher = _tokenizer_source(cfg.model.path, cfg.model.revision), _tokenizer_source(path)
     if isinstance(student, Path) and isinstance(teacher, Path):
         try:
-            student_tokenizer = loading.load_tokenizer(student)
+            student_tokenizer = loading.load_tokenizer(student) if student_tokenizer is None else student_tokenizer
         except loading.ModelLoadError:  # (model.path's own tokenizer check reports it)
             return []
         try:

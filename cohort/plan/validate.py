@@ -2,7 +2,7 @@
 
 `validate_config(cfg, check_files=True)` reports *all* problems at once as one
 `ConfigError`, each naming its fields and a fix, and returns the run's
-`BatchPlan`. It runs, in this order:
+`RunPlan` (its `batch`: the `BatchPlan`). It runs, in this order:
 
 - the config alone: batch arithmetic, value ranges (the loss fields' in
   `cohort.plan.loss_checks`, the distillation teacher's in `cohort.plan.teacher_checks`), the scheduler's rules, the rollout
@@ -10,29 +10,31 @@
   fields, and that every reward spec resolves;
 - with check_files, the outside world, cheaply: the data files and their columns
   (each reward's columns too), the model directory (`tiny:*` names are only
-  looked up, never built) and its tokenizer (and a distillation teacher's, which must be the same tokenizer) (files present, text encodes to tokens:
+  looked up, never built) and its tokenizer (files present; loaded once, and text encodes to tokens:
   cohort.models.tokenizer_check), the output directory, the weights' headers, the
   prompts measured as the trainer will keep them (the data and the model's
   tokenizer, no weights; skipped for `tiny:*` models, whose tokenizer is built
-  with the model) against the model's positions, and the vLLM CPU KV cache;
+  with the model) against the model's positions, the vLLM CPU KV cache, and a
+  distillation teacher's tokenizer against that same student tokenizer;
 - on a GPU, with vLLM colocated or in a local server child: the GPU memory plan
   (`cohort.plan.memory.gpu_memory_plan`, against the GPU's total memory read from
   CUDA), refusing a split that cannot fit with both numbers and the fixes.
 
 It builds nothing: no model, no tokenizer of a `tiny:*` model, no engine, and
 writes no file (with check_files, a GGUF model.path is converted once into cohort's cache first, so the checks can
-read it). It is not pure: it resolves two fields of `cfg` in place, each the one value every later reader must
-agree on, and writes nothing else into it:
-- `model.dtype = auto` becomes the dtype chosen for this device (`settle_model_dtype`), so the saved config.yaml,
+read it). It never writes into `cfg`: it returns a `RunPlan` (cohort/plan/run_plan.py) whose `config` is a new,
+resolved config, with the two values every later reader must agree on settled:
+- `model.dtype = auto` becomes the dtype chosen for this device (`choose_model_dtype`), so the saved config.yaml,
   the plan and every part read one concrete dtype;
 - `engine.gpu_memory_utilization` unset (None), when the GPU plan applies, becomes the derived fraction, so every
   engine built from it (colocated, a local server child, torchrun's children reading config.yaml) gets the same
   value and the saved config.yaml records what vLLM was given (a resumed run takes it as set; unset it to derive
   it again on another GPU).
-Returning a resolved copy instead would leave every caller holding the unresolved config it passed in (the CLI,
-the API and tests all keep using their `cfg`), so the two fields are settled where the config is. Once per run:
-`cohort train` and `cohort.train` validate, then hand the plan to the Trainer (`Trainer(cfg, plan=plan)`), which
-validates only when it is given none.
+The model's directory is resolved once (`loading.inspect_model`) and handed to every check that reads it; what validation
+reads to check the prompts (the tokenizer, the data, every prompt encoded) is the plan's `read`, which the trainer's
+setup uses as it is. Once per process: `cohort train` and `cohort.train` validate, then hand the plan to the Trainer
+(`Trainer(plan)`), which validates only when it is given a config; a Ray actor receives the plan
+(`RunPlan.for_another_process`) and does not validate.
 
 Left out: whatever needs the weights (a checkpoint whose tensors do not fit its
 config fails at load, naming the directory).
@@ -59,12 +61,13 @@ from cohort.models.hub import hub_parameter_count
 from cohort.models.lora import lora_problems
 from cohort.models.placement import engine_gpus, training_processes, visible_gpus
 from cohort.models.tiny import available_tiny_dir
-from cohort.models.tokenizer_check import tokenizer_file_problems, tokenizer_problems
+from cohort.models.tokenizer_check import checked_tokenizer, tokenizer_file_problems
 from cohort.plan.batch import BatchPlan, MeasuredPrompts, batch_plan, stream_update_active, with_measured_prompts
 from cohort.plan.loss_checks import loss_problems
 from cohort.plan.memory import (GpuMemoryPlan, ModelFacts, UnreadableWeights, gpu_fit_problems, gpu_memory_plan,
                                 kv_bytes_per_token, model_facts)
 from cohort.plan.pipeline_checks import pipeline_problems
+from cohort.plan.run_plan import RunInputs, RunPlan
 from cohort.plan.run_mode import ONE_STEP_FIX, one_step_per_generation
 from cohort.plan.teacher_checks import teacher_fit_problems, teacher_problems
 from cohort.prompts import encode_prompts, fit_problems, max_positions_of
@@ -73,67 +76,74 @@ from cohort.tools.checks import tool_problems
 from cohort.tools.schema import has_environment_reward
 
 
-def validate_config(cfg: CohortConfig, *, check_files: bool = True) -> BatchPlan:
-    """All checks that need no model; raises ConfigError listing every problem, else returns the batch plan
-    (with check_files, its token bound taken from the longest prompt kept)."""
-    if check_files:
-        loading.prepare_for_checks(cfg.model.path)  # a GGUF file converts once here; the checks read its checkpoint
-    device_problems = settle_model_dtype(cfg)[1]  # model.dtype = auto -> the hardware's choice, before anything reads it
+def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: bool = False) -> RunPlan:
+    """All checks that need no model; raises ConfigError listing every problem, else returns the run's plan: the
+    resolved config (a new object: `cfg` is never written), the batch plan (with check_files, its token bound taken
+    from the longest prompt kept) and what was read to check it (the tokenizer, the prompts encoded). `for_gpu`:
+    choose `model.dtype = auto` as on a GPU (`cohort plan --gpu-memory-gib`, planning a GPU run from another machine)."""
+    # model.path looked at once (with check_files, a GGUF file converted first): where its config and tokenizer are,
+    # for every check that reads them (the dtype's choice reads its weights' headers)
+    model = (loading.inspect_model(cfg.model.path, cfg.model.revision, convert=check_files)
+             if check_files or cfg.model.dtype == "auto" else loading.ModelFiles(None, []))
+    model_dir = model.directory
+    dtype, _, device_problems = choose_model_dtype(cfg, model_dir, for_gpu=for_gpu)
     if device_problems:  # (a train.device this process cannot have: nothing below can be judged)
         raise ConfigError(device_problems)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"dtype": dtype})})  # the plan's own config
     device = resolve_device(cfg.train.device)
     problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_correction(cfg) + pipeline_problems(cfg, training_world_size(cfg)) + check_rollout_mode(cfg) + check_processes(cfg)
     problems += check_gpu_settings(cfg, device.type, visible_gpus()) + check_colocated_gpu(cfg, device)
     if check_files:
-        model_problems = loading.check_model_dir(cfg.model.path, cfg.model.revision)
         problems += check_data_config(cfg.data) + (named_data_problems(cfg.data) if cfg.data.dataset_name else [])
-        problems += model_problems or tokenizer_file_problems(cfg.model.path, folder=model_dir_of(cfg))
+        problems += model.problems or tokenizer_file_problems(cfg.model.path, folder=model_dir)
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in loading.check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
-    problems += teacher_problems(cfg, check_files)  # algorithm.name = distill: the teacher (cohort/plan/teacher_checks.py)
     problems += tool_problems(cfg.tools)
     problems += agent_problems(cfg, world_size=training_world_size(cfg), one_step=one_step_per_generation(cfg),
                                one_step_fix=ONE_STEP_FIX)
-    problems += _check_lora(cfg, check_files)
+    problems += lora_problems(cfg, model_dir if check_files and cfg.lora.rank > 0 else None,
+                              needs_critic=FACTS[cfg.algorithm.name].needs_critic, world_size=training_world_size(cfg))
     if check_files:
         problems += reward_column_problems(cfg)  # the columns each reward reads, in the data
     problems += _check_run_section(cfg)
-    measured = None
+    measured, read = None, None
     if check_files:
-        outside, measured = _check_outside(cfg)
+        outside, measured, read = _check_outside(cfg, model)
         problems += outside
+    # algorithm.name = distill: the teacher (cohort/plan/teacher_checks.py), against the student read above
+    problems += teacher_problems(cfg, check_files, student_readable=not model.problems,
+                                 student_tokenizer=read.tokenizer if read is not None else None)
     plan = batch_plan(cfg, training_world_size(cfg))
     plan = with_measured_prompts(cfg, plan, measured) if check_files else plan
     problems += teacher_fit_problems(cfg, plan) if check_files else []
     gpu = None
     if check_files and not problems:
-        gpu = plan_gpu_memory(cfg, plan)
+        gpu = plan_gpu_memory(cfg, plan, model_dir=model_dir)
         problems += gpu_fit_problems(cfg, gpu) if gpu is not None else []
     if problems:  # (once each: a named dataset's missing split is found by the data check and again when measuring)
         raise ConfigError(list(dict.fromkeys(problems)))
-    if gpu is not None and gpu.derived:  # the one field validation fills in (module docstring)
-        cfg.engine.gpu_memory_utilization = gpu.utilization
-    return plan
+    if gpu is not None and gpu.derived:  # the other value validation settles (module docstring)
+        cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"gpu_memory_utilization": gpu.utilization})})
+    return RunPlan(cfg, plan, read)
 
 
 # --------------------------------------------------------------------------- the device and model.dtype = auto
 
 
-def settle_model_dtype(cfg: CohortConfig, *, for_gpu: bool = False) -> tuple[str | None, list[str]]:
-    """Resolve train.device and `model.dtype = auto` (cohort/models/devices.py) and write the chosen dtype into the
-    config, so the saved config.yaml, the plan and every part read one concrete dtype. Returns (what was chosen and
-    why, for the `config:` line; None when nothing was auto) and the problems found (a train.device this process
-    cannot have). Reads the checkpoint's safetensors headers for its size, never the weights. `for_gpu`: choose as on
-    a GPU with bf16 units, whatever this machine has (`cohort plan --gpu-memory-gib`, planning a GPU run)."""
+def choose_model_dtype(cfg: CohortConfig, model_dir: Path | None, *, for_gpu: bool = False) -> tuple[str, str | None, list[str]]:
+    """Resolve train.device and `model.dtype = auto` (cohort/models/devices.py); writes nothing. Returns the dtype
+    (model.dtype itself when it is not auto), what was chosen and why for the `config:` line (None when nothing was
+    auto) and the problems found (a train.device this process cannot have). `model_dir`: `model_dir_of(cfg)`, whose
+    safetensors headers give the checkpoint's size (never the weights). `for_gpu`: choose as on a GPU with bf16 units,
+    whatever this machine has (`cohort plan --gpu-memory-gib`, planning a GPU run)."""
     try:
         device = torch.device("cuda", 0) if for_gpu else resolve_device(cfg.train.device)
     except DeviceError as exc:
-        return None, [str(exc)]
+        return cfg.model.dtype, None, [str(exc)]
     placed = f"train.device auto = {device}" if cfg.train.device == "auto" and device.type != "cpu" and not for_gpu else None
     if cfg.model.dtype != "auto":
-        return placed, []
-    model_dir = model_dir_of(cfg)  # (a Hub id: its snapshot, with its weights' headers when the weights are cached)
+        return cfg.model.dtype, placed, []
     if cfg.model.path.startswith("tiny:"):  # an embedded model: its cached or shipped checkpoint (never built here)
         model_dir = available_tiny_dir(cfg.model.path.split(":", 1)[1])
     try:
@@ -143,10 +153,9 @@ def settle_model_dtype(cfg: CohortConfig, *, for_gpu: bool = False) -> tuple[str
     if parameters is None and model_dir is not None and not cfg.model.path.startswith("tiny:"):
         parameters = hub_parameter_count(cfg.model.path, cfg.model.revision)  # (a Hub id not downloaded: the Hub's headers)
     dtype, why = auto_dtype(device.type, for_gpu or has_bf16_units(device), parameters)
-    cfg.model.dtype = dtype
     why = "as on a GPU with bfloat16 units: --gpu-memory-gib plans a GPU run" if for_gpu else why
     chosen = f"model.dtype auto = {dtype} ({why})"
-    return "; ".join(note for note in (placed, chosen) if note), []
+    return dtype, "; ".join(note for note in (placed, chosen) if note), []
 
 
 def model_dir_of(cfg: CohortConfig) -> Path | None:
@@ -360,14 +369,16 @@ def check_colocated_gpu(cfg: CohortConfig, device: torch.device) -> list[str]:
             "train.device=auto), or put vLLM in its own process (engine.mode=local_server)"]
 
 
-def plan_gpu_memory(cfg: CohortConfig, plan: BatchPlan, total_bytes: int | None = None) -> GpuMemoryPlan | None:
+def plan_gpu_memory(cfg: CohortConfig, plan: BatchPlan, total_bytes: int | None = None, *,
+                    model_dir: Path | None = None) -> GpuMemoryPlan | None:
     """The GPU split for a run whose vLLM sits on a GPU (colocated, or a local server child), None otherwise (CPU,
     transformers engine, remote servers, or a model directory not readable yet). `total_bytes`: the GPU's memory
-    (default: the training device's, read from CUDA; `cohort plan --gpu-memory-gib` passes one)."""
+    (default: the training device's, read from CUDA; `cohort plan --gpu-memory-gib` passes one); `model_dir`: where
+    model.path is on disk when the caller has resolved it (`loading.inspect_model`)."""
     if cfg.engine.name != "vllm" or cfg.engine.mode == "server":
         return None
     try:
-        facts = model_facts(cfg.model.path, cfg.model.revision)
+        facts = model_facts(cfg.model.path, cfg.model.revision, directory=model_dir)
     except UnreadableWeights:
         return None
     if facts is None:
@@ -408,14 +419,6 @@ def check_processes(cfg: CohortConfig) -> list[str]:
         problems.append(f"run.save_every = {cfg.run.save_every}: checkpoints of a sharded optimizer are not written yet with "
                         f"{world} processes; set run.save_every=0 (the final model is still saved) or train.num_processes=1")
     return problems
-
-
-def _check_lora(cfg: CohortConfig, check_files: bool) -> list[str]:
-    """lora.* ranges, the combinations LoRA serves, and (with files) target modules the architecture has."""
-    # (an embedded tiny model is built on first use: not for a check; model_dir_of is None for it)
-    lora_dir = model_dir_of(cfg) if check_files and cfg.lora.rank > 0 else None
-    return lora_problems(cfg, lora_dir, needs_critic=FACTS[cfg.algorithm.name].needs_critic,
-                         world_size=training_world_size(cfg))
 
 
 def _check_rewards(cfg: CohortConfig) -> list[str]:
@@ -482,25 +485,26 @@ def _check_run_section(cfg: CohortConfig) -> list[str]:
 # --------------------------------------------------------------------------- the outside world
 
 
-def _check_outside(cfg: CohortConfig) -> tuple[list[str], MeasuredPrompts | None]:
-    """The output directory, the weights' headers, the prompts against the model's positions, the vLLM CPU KV cache.
+def _check_outside(cfg: CohortConfig, model: loading.ModelFiles) -> tuple[list[str], MeasuredPrompts | None, RunInputs | None]:
+    """The output directory, the weights' headers, the tokenizer, the prompts against the model's positions, the vLLM
+    CPU KV cache; returns the problems, the prompts' measure and what was read (for the run: `RunPlan.read`).
 
     The prompts are read and tokenized with the model's tokenizer (no weights), so the fit check uses the longest prompt
     actually kept; a `tiny:*` model is only checked against its recipe's positions (its tokenizer is built with the model).
     """
-    problems = _check_output_dir(cfg.run.output_dir)
-    model_dir = model_dir_of(cfg)
+    problems, model_dir = _check_output_dir(cfg.run.output_dir), model.directory
     try:
-        facts = model_facts(cfg.model.path, cfg.model.revision)
+        facts = model_facts(cfg.model.path, cfg.model.revision, directory=model_dir)
     except UnreadableWeights as exc:
-        return problems + [f"model.path = {cfg.model.path!r}: {exc}; re-save or re-download the checkpoint"], None
+        return problems + [f"model.path = {cfg.model.path!r}: {exc}; re-save or re-download the checkpoint"], None, None
+    tokenizer, found = checked_tokenizer(cfg.model.path, folder=model_dir) if model_dir is not None else (None, [])
     if not tokenizer_file_problems(cfg.model.path, folder=model_dir):  # (missing files: reported with the model's checks)
-        problems += tokenizer_problems(cfg.model.path, folder=model_dir)  # it loads, and text encodes to tokens
-    measured = measure_prompts(cfg)
+        problems += found  # it loads, and text encodes to tokens
+    measured, read = _read_prompts(cfg, model, tokenizer) if tokenizer is not None else (None, None)
     problems += measured.problems if measured else fit_problems(cfg, max_positions_of(model_dir or cfg.model.path))
     if facts is not None and not (measured and measured.problems):
         problems += _check_kv_cache(cfg, facts, measured)
-    return problems, measured
+    return problems, measured, read
 
 
 def _check_output_dir(output_dir: str | None) -> list[str]:
@@ -520,35 +524,22 @@ def _check_output_dir(output_dir: str | None) -> list[str]:
     return []
 
 
-
-
-def measure_prompts(cfg: CohortConfig) -> MeasuredPrompts | None:
-    """Read the data and the model's tokenizer and encode every prompt as the trainer will; None for a `tiny:*` model
-    or a model directory whose tokenizer cannot be read (loading reports that later)."""
-    model_dir = model_dir_of(cfg)
-    if model_dir is None:
-        return None
-    if tokenizer_problems(cfg.model.path, folder=model_dir):  # (reported by validate_config; an empty tokenizer measures nothing)
-        return None
-    return _measure(cfg, model_dir)
-
-
-def _measure(cfg: CohortConfig, model_dir: Path) -> MeasuredPrompts | None:
+def _read_prompts(cfg: CohortConfig, model: loading.ModelFiles, tokenizer) -> tuple[MeasuredPrompts | None, RunInputs | None]:
+    """Read the data and encode every prompt with the model's tokenizer as the trainer will; returns their measure and
+    what was read (None for both when the tokenizer encodes nothing: a directory without tokenizer files)."""
     try:
-        tokenizer = loading.load_tokenizer(model_dir)
-    except loading.ModelLoadError:
-        return None
-    try:
-        train, evals, _ = load_data(cfg)
-        encoded = encode_prompts(cfg, tokenizer, model_dir, train, evals)
+        train, evals, reward_specs = load_data(cfg)
+        encoded = encode_prompts(cfg, tokenizer, model.directory, train, evals)
     except DataError as exc:
-        return MeasuredPrompts(None, "", 0, [str(exc)])
+        return MeasuredPrompts(None, "", 0, [str(exc)]), None
     except ConfigError as exc:
-        return MeasuredPrompts(None, "", 0, exc.problems)
+        return MeasuredPrompts(None, "", 0, exc.problems), None
     longest, where = encoded.longest()
     if longest == 0:  # a directory without tokenizer files: transformers builds an empty tokenizer; measure nothing
-        return None
-    return MeasuredPrompts(longest, where, encoded.filtered, [])
+        return None, None
+    # a Hub id's snapshot holds its config and tokenizer, not (yet) its weights: the run fetches them (RunInputs)
+    return (MeasuredPrompts(longest, where, encoded.filtered, []),
+            RunInputs(model.directory if model.holds_weights else None, tokenizer, encoded, list(reward_specs or [])))
 
 
 def _check_kv_cache(cfg: CohortConfig, facts: ModelFacts, measured: MeasuredPrompts | None) -> list[str]:

@@ -2,7 +2,8 @@
 
 Data and rewards first (cheap, and the most common mistakes), then the
 tokenizer and the prompts (a prompt the model cannot hold fails here, before any
-weights load), the policy, the optional reference model (only when
+weights load) — all three as validation read them (`RunPlan.read`, cohort/plan/run_plan.py), read here only when it
+did not (a `tiny:*` model built on first use, a plan from another process) —, the policy, the optional reference model (only when
 algorithm.beta != 0), the distillation teacher (only for algorithm.name = distill;
 held like the reference: frozen, sharded and offloaded with it), the optimizer and the schedule, the algorithm's resolved
 choices (`cohort.trainer.algorithms`), the critic (only for an algorithm that
@@ -16,6 +17,7 @@ Nothing here touches a Trainer: `setup` returns the parts and the Trainer holds 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import math
 from pathlib import Path
@@ -34,6 +36,7 @@ from cohort.models.lora import attach_lora, base_dtype
 from cohort.models.precision import DTYPES, Precision, resolve_precision
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
+from cohort.plan.run_plan import RunInputs, RunPlan
 from cohort.plan.teacher_checks import mismatch_problem, tokenizer_mismatch
 from cohort.agents import setup as agents
 from cohort.tools.openenv import check_capacity, is_server_url
@@ -47,9 +50,11 @@ from cohort.trainer.optim import build_optimizer
 from cohort.trainer.parts import TrainerParts
 
 
-def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> TrainerParts:
-    """Every part of a trainer for `cfg` and its batch `plan`. `pack(batch, indices)` is the trainer's batch packing
-    (the critic sees the same tokens as the policy); `external_engine`, when given, is used and not closed."""
+def setup(run: RunPlan, run_dir: Path, *, pack: Callable, external_engine=None) -> TrainerParts:
+    """Every part of a trainer for a validated `run` (its config and batch plan, and what validation read).
+    `pack(batch, indices)` is the trainer's batch packing (the critic sees the same tokens as the policy);
+    `external_engine`, when given, is used and not closed."""
+    cfg, plan = run.config, run.batch
     torch.manual_seed(cfg.train.seed)
     # cuda:LOCAL_RANK with a GPU (train.device=auto), else the CPU: every model and every step's tensor goes there
     dist = context_from_env(resolve_device(cfg.train.device))  # one process, or one of W under torchrun
@@ -57,11 +62,9 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
     use_device(device)
     run_dir = rank_run_dir(dist, cfg, run_dir)
     _check_writable(run_dir)
-    train_data, eval_data, reward_specs = dist.local_main_first(lambda: load_data(cfg))  # (a dataset by name: once per node)
-    rewards = main_only_rewards(RewardSet.from_specs(list(reward_specs or []) + environment_reward_specs(cfg.tools)), dist)
-    model_dir = dist.local_main_first(lambda: resolve_model_dir(cfg.model.path, cfg.model.revision))  # (a Hub id: the same)
-    tokenizer = load_tokenizer(model_dir)
-    prompts = encode_prompts(cfg, tokenizer, model_dir, train_data, eval_data)  # raises if one cannot fit
+    read = _read_inputs(cfg, dist, run.read)  # (what validation read, completed here)
+    rewards = main_only_rewards(RewardSet.from_specs(read.reward_specs + environment_reward_specs(cfg.tools)), dist)
+    model_dir, tokenizer, prompts = read.model_dir, read.tokenizer, read.prompts
     sessions = _sessions(plan, prompts)
     if cfg.tools.enabled and dist.is_main and is_server_url(cfg.tools.environment):  # before any weights load
         check_capacity(cfg.tools.environment, sessions[0], cfg.tools.timeout_s, sessions[1])
@@ -105,6 +108,22 @@ def setup(cfg, plan, run_dir: Path, *, pack: Callable, external_engine=None) -> 
         aggregation=algorithm.aggregation, loss_name=algorithm.loss_name, critic=critic,
         engine=engine, owns_engine=owns_engine, engine_shares_policy=getattr(engine, "model", None) is policy,
     )
+
+
+def _read_inputs(cfg, dist: LocalContext, read: RunInputs | None) -> RunInputs:
+    """What validation read (`read`), with the checkpoint directory the run loads: as validation found it, else
+    resolved here (a `tiny:*` model built on first use, a Hub id's snapshot with its weights fetched). When validation
+    read nothing (`read` None: a `tiny:*` model, another process's plan), the data, the tokenizer and every prompt
+    encoded too (raises if one cannot fit). A dataset or model by name is fetched once per node."""
+    if read is not None and read.model_dir is not None:
+        return read
+    model_dir = dist.local_main_first(lambda: resolve_model_dir(cfg.model.path, cfg.model.revision))
+    if read is not None:  # a Hub id: validation read its snapshot's tokenizer, the weights come now
+        return dataclasses.replace(read, model_dir=model_dir)
+    train_data, eval_data, reward_specs = dist.local_main_first(lambda: load_data(cfg))
+    tokenizer = load_tokenizer(model_dir)
+    prompts = encode_prompts(cfg, tokenizer, model_dir, train_data, eval_data)
+    return RunInputs(model_dir, tokenizer, prompts, list(reward_specs or []))
 
 
 def _reference(policy: torch.nn.Module) -> torch.nn.Module:

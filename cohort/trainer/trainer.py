@@ -84,6 +84,7 @@ from cohort.trainer.stopping import check_finite
 from cohort.trainer.scoring import distill_micro_batch, score_completions, teacher_scorer
 from cohort.trainer.weight_sync import WeightSync
 from cohort.plan.batch import BatchPlan
+from cohort.plan.run_plan import RunPlan
 from cohort.plan.validate import validate_config
 
 
@@ -95,15 +96,18 @@ class Trainer:
     rollout scheduler, checkpointed as `rollout`), `sync` (`WeightSync`, cohort/trainer/weight_sync.py: push, canaries,
     calibration) and the phase timers."""
 
-    def __init__(self, cfg: CohortConfig, *, run_dir: str | Path | None = None, engine=None, log=print, plan: BatchPlan | None = None):
-        self.cfg: CohortConfig = cfg
-        self.plan: BatchPlan = plan if plan is not None else validate_config(cfg)  # fails before any model loads; a caller that validated hands its plan
+    def __init__(self, run: CohortConfig | RunPlan, *, run_dir: str | Path | None = None, engine=None, log=print):
+        """`run`: a config (validated here, before any model loads) or the plan validating it returned (cohort/plan/
+        run_plan.py: a caller that validated hands it over, with what validation read)."""
+        run = run if isinstance(run, RunPlan) else validate_config(run)
+        self.cfg: CohortConfig = run.config  # resolved (model.dtype settled)
+        self.plan: BatchPlan = run.batch
         self.log = log
         self.phases = Phases()
         self.state = TrainerState(self.plan.optimizer_steps_per_generation)  # counters, the batch (checkpointed)
-        run_dir = Path(run_dir or cfg.run.output_dir or default_output_dir())
-        self.parts: TrainerParts = setup(cfg, self.plan, run_dir, pack=self.pack, external_engine=engine)
-        r, plan, parts = cfg.rollout, self.plan, self.parts
+        run_dir = Path(run_dir or self.cfg.run.output_dir or default_output_dir())
+        self.parts: TrainerParts = setup(run, run_dir, pack=self.pack, external_engine=engine)
+        cfg, r, plan, parts = self.cfg, self.cfg.rollout, self.plan, self.parts
         self.scheduler = Scheduler(  # what is in flight and what is admitted next (cohort/rollout/scheduler.py; checkpointed)
             parts.engine, parts.sampler, parts.train_ids, SamplingConfig(r.max_completion_length, r.temperature, r.top_p, r.top_k),
             plan.num_generations, plan.generation_batch_size // plan.num_generations, plan.admission,

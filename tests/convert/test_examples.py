@@ -81,7 +81,7 @@ def test_cohort_plan_accepts_the_converted_examples(path, tmp_path, tiny_chat_mo
     out = tmp_path / "converted.yaml"
     out.write_text(render(convert_input([str(path)], rows=7473)))
     cfg = resolve_config(out, _swapped(tiny_chat_model_dir, data)).config
-    plan = validate_config(cfg)
+    plan = validate_config(cfg).batch
     if path == VERL:  # 1024 prompts per generation batch, 256 per step: 4 steps per generation batch
         assert (plan.prompts_per_generation, plan.prompts_per_step, plan.steps_per_generation) == (1024, 256, 4)
     else:  # 16 × 4 = 64 completions = 8 prompts per step; 8 micro-steps / 4 = 2 steps per generation batch

@@ -11,7 +11,7 @@ from cohort.config.loading import load_config
 from cohort.models.devices import (CPU_BF16_MIN_PARAMETERS, DeviceError, auto_dtype, autocast_device_type,
                                    process_group_backend, resolve_device)
 from cohort.models.precision import resolve_precision
-from cohort.plan.validate import settle_model_dtype
+from cohort.plan.validate import choose_model_dtype, model_dir_of, validate_config
 
 
 @pytest.mark.parametrize("setting, rank, gpus, expected", [
@@ -66,26 +66,28 @@ def test_auto_dtype(device, units, parameters, dtype):
     assert auto_dtype(device, units, parameters)[0] == dtype
 
 
-def test_auto_dtype_is_settled_once_into_the_config(tiny_model_dir):
-    # the random tiny checkpoint has far fewer than 3M parameters: float32 on a CPU, and the config says so
+def test_auto_dtype_is_chosen_into_the_plans_config_and_the_callers_is_untouched(tiny_model_dir):
+    # the random tiny checkpoint has far fewer than 3M parameters: float32 on a CPU, and the plan's config says so
     cfg = load_config(None, [f"model.path={tiny_model_dir}", "data.train_files=[x.jsonl]"])
     assert cfg.model.dtype == "auto"
-    chosen, problems = settle_model_dtype(cfg)
-    assert problems == [] and cfg.model.dtype == "float32" and chosen.startswith("model.dtype auto = float32 (")
-    assert settle_model_dtype(cfg) == (None, [])  # already concrete: nothing more to say
+    dtype, chosen, problems = choose_model_dtype(cfg, model_dir_of(cfg))
+    assert (dtype, problems) == ("float32", []) and chosen.startswith("model.dtype auto = float32 (")
+    assert cfg.model.dtype == "auto"  # chosen, never written
+    plan = validate_config(cfg, check_files=False)
+    assert plan.config.model.dtype == "float32" and cfg.model.dtype == "auto" and plan.config is not cfg
     explicit = load_config(None, [f"model.path={tiny_model_dir}", "model.dtype=bfloat16"])
-    assert settle_model_dtype(explicit) == (None, []) and explicit.model.dtype == "bfloat16"
+    assert choose_model_dtype(explicit, None) == ("bfloat16", None, [])  # already concrete: nothing more to say
 
 
-def test_planning_a_gpu_run_settles_auto_as_a_gpu_would(tiny_model_dir, monkeypatch):
-    # `cohort plan --gpu-memory-gib N` on this CPU machine: auto is settled as on a GPU with bf16 units (bf16 at any
+def test_planning_a_gpu_run_chooses_auto_as_a_gpu_would(tiny_model_dir, monkeypatch):
+    # `cohort plan --gpu-memory-gib N` on this CPU machine: auto is chosen as on a GPU with bf16 units (bf16 at any
     # size), not as this machine would (float32 for a 0.3M model)
     cfg = load_config(None, [f"model.path={tiny_model_dir}"])
-    chosen, problems = settle_model_dtype(cfg, for_gpu=True)
-    assert problems == [] and cfg.model.dtype == "bfloat16" and "--gpu-memory-gib" in chosen
+    dtype, chosen, problems = choose_model_dtype(cfg, model_dir_of(cfg), for_gpu=True)
+    assert (dtype, problems) == ("bfloat16", []) and "--gpu-memory-gib" in chosen and cfg.model.dtype == "auto"
     # on a GPU machine the device chosen by train.device=auto is named too
     import cohort.plan.validate as validation
     monkeypatch.setattr(validation, "resolve_device", lambda setting="auto": torch.device("cuda", 1))
     monkeypatch.setattr(validation, "has_bf16_units", lambda device: True)
     cfg = load_config(None, [f"model.path={tiny_model_dir}"])
-    assert settle_model_dtype(cfg)[0] == "train.device auto = cuda:1; model.dtype auto = bfloat16 (a GPU with bfloat16 units)"
+    assert choose_model_dtype(cfg, model_dir_of(cfg))[1] == "train.device auto = cuda:1; model.dtype auto = bfloat16 (a GPU with bfloat16 units)"

@@ -113,7 +113,7 @@ def test_plan_counts_float32_masters_under_mixed_precision(setup_dir, tiny_model
 
     def rows(*extra):
         cfg = _config(tmp_path, data, tiny_model_dir, *extra)
-        return {name: size for name, size, _ in memory_estimate(cfg, validate_config(cfg), facts)}
+        return {name: size for name, size, _ in memory_estimate(cfg, validate_config(cfg).batch, facts)}
 
     mixed, pure = rows("model.dtype=bfloat16"), rows("model.dtype=bfloat16", "train.precision=pure")
     # mixed: weights, gradients 4 B each, AdamW 8 B, plus a 2 B autocast copy; pure: 2 + 2 + 4 B, no copy

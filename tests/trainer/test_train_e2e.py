@@ -144,7 +144,7 @@ def test_a_512_position_model_with_short_prompts_validates_at_the_field_defaults
 
     data = six_token_prompts(tmp_path)
     for extra in (["data.max_prompt_length=512", "rollout.max_completion_length=8"], []):
-        plan = validate_config(load_config(None, [f"model.path={model_512}", f"data.train_files=[{data}]", *extra]))
+        plan = validate_config(load_config(None, [f"model.path={model_512}", f"data.train_files=[{data}]", *extra])).batch
         assert plan.max_tokens_per_sequence == 6 + (8 if extra else 256)  # the longest prompt kept + the completion
 
 
