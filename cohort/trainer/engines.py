@@ -104,7 +104,7 @@ def build_engine(cfg, model_dir: Path, tokenizer, *, max_model_len: int, precisi
                       enforce_eager=cfg.engine.enforce_eager, enable_prefix_caching=cfg.engine.enable_prefix_caching,
                       kv_cache_gib=cfg.engine.kv_cache_gib, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
                       sleep_mode=cfg.engine.sleep_mode, batch_limits=engine_batch_limits(batch_plan(cfg), max_model_len),
-                      per_request_seeds=cfg.engine.per_request_seeds)
+                      per_request_seeds=cfg.engine.per_request_seeds, stop_ids=stop_token_ids(model_dir, tokenizer))
 
 
 def rank0_engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, *, max_model_len: int,

@@ -248,7 +248,9 @@ class VLLMEngine(RequestEngineMixin):
     def __init__(self, model_dir: Path, *, dtype: str, max_model_len: int, seed: int = 0, enforce_eager: bool | None = None,
                  enable_prefix_caching: bool = True, kv_cache_gib: float = 1.0, gpu_memory_utilization: float | None = None,
                  sleep_mode: int = 0, tensor_parallel_size: int = 1, batch_limits: tuple[int, int] | None = None,
-                 per_request_seeds: bool | None = None):
+                 per_request_seeds: bool | None = None, stop_ids: list[int] | None = None):
+        """`stop_ids`: the checkpoint's stop token ids (`stop_token_ids`), when the caller has its tokenizer at hand;
+        None: read from model_dir's tokenizer here (`cohort serve`)."""
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
         from vllm import LLM
 
@@ -262,7 +264,8 @@ class VLLMEngine(RequestEngineMixin):
         self._asleep: set[str] = set()  # "weights", "kv_cache": what vLLM holds asleep now (sleep mode)
         self._weights_discarded = False  # level 2 slept and no push since: the weights are uninitialised memory
         self.policy_version = 0
-        self.stop_token_ids = stop_token_ids(model_dir, load_tokenizer(model_dir))  # the checkpoint's set, as every engine's
+        # the checkpoint's set, as every engine's
+        self.stop_token_ids = stop_ids if stop_ids is not None else stop_token_ids(model_dir, load_tokenizer(model_dir))
         self._live: dict[str, _Live] = {}  # request id -> its progress, for the requests inside vLLM
         self._done: list[Trajectory] = []  # finished, not yet returned by poll
         self._scoring: dict[str, object] = {}  # score()'s request ids inside vLLM -> their final output (None until then)
