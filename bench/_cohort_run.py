@@ -41,7 +41,7 @@ def run_steps(overrides: list[str], steps: int, *, limits: bool = False) -> dict
     `limits`: afterwards, also time the phases' limits on the last batch (see `phase_limits`).
     """
     sys.path.insert(0, str(common.REPO))
-    from cohort.config.loading import load_config
+    from cohort.config.resolve import load_config
     from cohort.trainer.trainer import Trainer
 
     start = time.perf_counter()

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
 
-    from cohort.config.loading import load_config
+    from cohort.config.resolve import load_config
     from cohort.trainer.diagnostics import Diagnostics
     from cohort.runs.loggers import MetricsLogger
     from cohort.trainer.trainer import Trainer

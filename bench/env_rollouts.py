@@ -24,7 +24,7 @@ import time
 from _common import LoadWatch, emit
 
 from cohort.data.reasoning_gym import PREFIX, _build, _dataset, build_task, task_names
-from cohort.rewards import registry
+from cohort.rewards import reward_registry
 
 
 def completions_for(rows: list[dict], n: int, seed: int = 0) -> tuple[list[str], list[dict]]:
@@ -58,11 +58,11 @@ def main() -> None:
         build_s = time.perf_counter() - start
         texts, rows = completions_for(task.train_rows, args.n)
         spec = {k: v for k, v in task.reward_specs[0].items() if k not in ("name", "weight")}
-        rg_reward = registry.get("reasoning_gym", **spec)
+        rg_reward = reward_registry.get("reasoning_gym", **spec)
         first_s, _ = time_side(rg_reward, texts[:1], rows[:1], ("rg_index",))  # the dataset is built on first use
         rg_s, rg_mean = time_side(rg_reward, texts, rows, ("rg_index",))
         plain_rows = [{"prompt": r["prompt"], "answer": r["answer"]} for r in rows]
-        plain_s, plain_mean = time_side(registry.get("numeric_match"), texts, plain_rows, ("answer",))
+        plain_s, plain_mean = time_side(reward_registry.get("numeric_match"), texts, plain_rows, ("answer",))
     entries = args.size + 200  # generated, then split and deduplicated into rows_built rows
     rows_built = len(task.train_rows) + len(task.eval_rows)
     emit({

@@ -56,10 +56,10 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's cohort, without an install
 
 from cohort.api import train as cohort_train  # noqa: E402
-from cohort.config.loading import load_config  # noqa: E402
+from cohort.config.resolve import load_config  # noqa: E402
 from cohort.distributed.rank0 import DetachedHFEngine  # noqa: E402
 from cohort.models.devices import resolve_device  # noqa: E402
-from cohort.models.loading import load_policy, load_tokenizer, stop_token_ids  # noqa: E402
+from cohort.models.pretrained import load_policy, load_tokenizer, stop_token_ids  # noqa: E402
 from cohort.plan.memory import kv_bytes_per_token, memory_estimate, model_facts  # noqa: E402
 from cohort.trainer.phases import Phases  # noqa: E402
 from cohort.trainer.trainer import Trainer  # noqa: E402

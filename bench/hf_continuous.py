@@ -22,7 +22,7 @@ WORKLOADS = {"tiny": (4, 8, 16), "long": (8, 8, 256)}  # prompts, G, max tokens
 
 def run(continuous: bool, workload: str, repeats: int) -> dict:
     from cohort.models.char_tokenizer import EOS_TOKEN_ID
-    from cohort.models.loading import load_policy
+    from cohort.models.pretrained import load_policy
     from cohort.rollout.base import SamplingConfig, batch_requests
     from cohort.rollout.engines.hf import HFEngine
 

@@ -119,7 +119,7 @@ def _phase_peaks(loop_module, peaks: dict[str, float]) -> None:
 def child(model_dir: str, data: str, run_dir: str, lora_rank: int, steps: int, load: bool, micro: int, rollout: str,
           dtype: str) -> None:
     import cohort.trainer.trainer as loop_module
-    from cohort.config.loading import load_config
+    from cohort.config.resolve import load_config
 
     cfg = load_config(None, [
         f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", *ROLLOUTS[rollout],
@@ -134,7 +134,7 @@ def child(model_dir: str, data: str, run_dir: str, lora_rank: int, steps: int, l
         import vllm  # noqa: F401  (an in-process engine's imports are part of the fixed cost)
 
     if os.environ.get("LORA_BENCH_PART_MIB"):  # --part-mib: the size of one part of a push to a rollout server
-        import cohort.rollout.engines.remote as remote_engine
+        import cohort.rollout.server.client as remote_engine
 
         remote_engine.PART_BYTES = int(os.environ["LORA_BENCH_PART_MIB"]) * 2**20
     out = {"parameters": 0, "trainable": 0, "setup_peak_mib": None, "phase_peak_mib": {}, "engine_peak_mib": None}

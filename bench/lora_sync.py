@@ -32,8 +32,8 @@ RANK = 16
 def _lora_policy(model_dir: Path, step: int):
     import torch
 
-    from cohort.config.loading import load_config
-    from cohort.models.loading import load_policy
+    from cohort.config.resolve import load_config
+    from cohort.models.pretrained import load_policy
     from cohort.models.lora import attach_lora
 
     cfg = load_config({"model": {"path": str(model_dir)}, "lora": {"rank": RANK}})

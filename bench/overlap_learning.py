@@ -40,7 +40,7 @@ def child(arm: str, seed: int, steps: int) -> dict:
     common.set_threads(2)
     from _cohort_run import cohort_overrides, default_run_dir
 
-    from cohort.config.loading import load_config
+    from cohort.config.resolve import load_config
     from cohort.trainer.trainer import Trainer
 
     overrides = cohort_overrides(common.tiny_model_dir(), common.addition_file(64), prompts_per_step=4, num_generations=8,

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--stats-out", default=None, help="also dump the raw cProfile stats here (for pstats / snakeviz)")
     args = ap.parse_args(argv)
 
-    from cohort.config.loading import load_config
+    from cohort.config.resolve import load_config
     from cohort.trainer.trainer import Trainer
     from cohort.trainer.run import run_training
 

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from cohort.models.batching import pack_right_padded
-    from cohort.models.loading import load_policy, load_tokenizer
+    from cohort.models.pretrained import load_policy, load_tokenizer
     from cohort.models.logprobs import completion_logprobs, naive_completion_logprobs
     from cohort.rollout.base import SamplingConfig
     from cohort.rollout.engines.vllm import VLLMEngine

@@ -60,7 +60,7 @@ def child(variant: str, workload: str, repeats: int) -> dict:
     settings, _ = VARIANTS[variant]
     start = time.perf_counter()
     if settings is None:
-        from cohort.models.loading import load_policy
+        from cohort.models.pretrained import load_policy
         from cohort.rollout.engines.hf import HFEngine
 
         engine = HFEngine(load_policy(model_dir, "float32"), pad_token_id=EOS_TOKEN_ID, stop_token_ids=[EOS_TOKEN_ID])

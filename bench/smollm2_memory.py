@@ -100,7 +100,7 @@ def peak_of(command: list[str], env: dict, run_dir: Path | None = None, max_step
 
 def estimate(overrides: list[str]) -> dict:
     """The planner's rows for this config, as `cohort plan` prints them (validation converts the GGUF file once)."""
-    from cohort.config.loading import load_config
+    from cohort.config.resolve import load_config
     from cohort.plan.memory import cpu_engine_share, memory_estimate, model_facts
     from cohort.plan.validate import validate_config
 

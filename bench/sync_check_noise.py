@@ -24,7 +24,7 @@ from _common import load_average
 
 _common.cohort_cli_environment()  # the environment `cohort train` runs in, before torch and vLLM load
 
-from cohort.config.loading import load_config  # noqa: E402  (after the environment above)
+from cohort.config.resolve import load_config  # noqa: E402  (after the environment above)
 from cohort.trainer import sync_check  # noqa: E402
 from cohort.trainer.trainer import Trainer  # noqa: E402
 

@@ -12,7 +12,7 @@ It is `cohort train` without the command line, on the same path:
 - the config is built by `load_config` (so `config=None` means what `cohort train` with
   no file means) from a dict, a YAML path or a `CohortConfig`, plus dotted `overrides`;
 - reward functions given as Python objects become the config's reward specs (a spec's
-  `name` may be the callable itself; `cohort.rewards.registry` resolves it as it
+  `name` may be the callable itself; `cohort.rewards.reward_registry` resolves it as it
   resolves an import path, so every contract the registry knows applies to it);
 - in-memory datasets (a `datasets.Dataset`, or a list of dicts) are written into the
   run directory (`RUN_DIR/data/train.jsonl` or a saved dataset) and named in
@@ -48,7 +48,7 @@ import yaml
 from pydantic import ValidationError
 
 from cohort.config import CohortConfig, ConfigError, default_output_dir
-from cohort.config.loading import resolve_config
+from cohort.config.resolve import resolve_config
 from cohort.launch.launch import run_config
 from cohort.config.references import IN_PROCESS_MARK
 from cohort.plan.run_plan import RunPlan

@@ -44,7 +44,7 @@ def _load(args_list: list[str], *, check_files: bool = True, say_source=None, fo
     """The validated run (`RunPlan`: the resolved config, the batch plan, what was read); with say_source (a stream),
     first write the one line that says where the values came from. `for_gpu`: choose model.dtype=auto as on a GPU
     (planning a GPU run from another machine)."""
-    from cohort.config.loading import resolve_config
+    from cohort.config.resolve import resolve_config
     from cohort.plan.validate import choose_model_dtype, model_dir_of, validate_config
 
     path, overrides = _split_config_args(args_list)
@@ -70,7 +70,7 @@ def _resume_config(target: str, overrides: list[str]):
     from pathlib import Path
 
     from cohort.config import ConfigError
-    from cohort.config.loading import resolve_config
+    from cohort.config.resolve import resolve_config
     from cohort.trainer.checkpoint import is_checkpoint_dir
     from cohort.plan.validate import validate_config
 

@@ -19,7 +19,7 @@ from cohort import api
 from cohort.config import ConfigError
 from cohort.trainer.failure import RunFailed
 from cohort.config.references import reference
-from cohort.rewards.registry import resolve
+from cohort.rewards.reward_registry import resolve
 
 ROWS = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(32)]
 
@@ -36,7 +36,7 @@ def _no_loading(monkeypatch):
         raise AssertionError("a model was loaded before the config was refused")
 
     monkeypatch.setattr("cohort.launch.launch.Trainer", refuse)  # (the run both cohort train and cohort.train call)
-    monkeypatch.setattr("cohort.trainer.setup.load_policy", refuse)
+    monkeypatch.setattr("cohort.trainer.build_parts.load_policy", refuse)
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import torch
 from cohort import cli
 from cohort.config import ConfigError
 from cohort.config.fields import describe_fields
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.models.devices import has_bf16_units
 from cohort.plan.batch import batch_plan
 from cohort.plan.validate import validate_config
@@ -26,10 +26,10 @@ def data_file(tmp_path):
 @pytest.fixture
 def no_model_loading(monkeypatch):
     """Any attempt to load a model fails the test: validation must come first."""
-    import cohort.models.loading as loading
+    import cohort.models.pretrained as loading
     # imported before the patch, and patched too: a module first imported under it would keep the forbidden loader for
     # every later test of the process (test_host_syncs failed so after this file, run alone)
-    from cohort.trainer import critic, engines, setup
+    from cohort.trainer import critic, build_engine as engines, build_parts as setup
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a model was loaded before the config was validated")
@@ -144,7 +144,7 @@ def values(cfg) -> dict:
 
 
 def test_no_config_at_all_is_the_demo_with_its_preset():
-    from cohort.config.loading import resolve_config
+    from cohort.config.resolve import resolve_config
 
     resolved = resolve_config(None, [])
     assert values(resolved.config) == PRESET_VALUES and resolved.demo_preset
@@ -159,7 +159,7 @@ def test_no_config_at_all_is_the_demo_with_its_preset():
 def test_a_model_or_data_of_ones_own_gets_the_field_defaults(own, tmp_path, data_file, tiny_model_dir):
     # before: `cohort train model.path=... data.train_files=[...]` silently trained at the demo's lr 3e-4 with
     # 24-token prompts and 8-token completions
-    from cohort.config.loading import resolve_config
+    from cohort.config.resolve import resolve_config
 
     args = {"model": [f"model.path={tiny_model_dir}"], "data": [f"data.train_files=[{data_file}]"],
             "both": [f"model.path={tiny_model_dir}", f"data.train_files=[{data_file}]"]}[own]
@@ -171,7 +171,7 @@ def test_a_model_or_data_of_ones_own_gets_the_field_defaults(own, tmp_path, data
 
 def test_a_reasoning_gym_task_is_data_of_ones_own():
     # the preset's 24-token prompts and lr 3e-4 were tuned for the arith sums; a built-in task keeps them
-    from cohort.config.loading import resolve_config
+    from cohort.config.resolve import resolve_config
 
     assert not resolve_config(None, ["data.task=reasoning_gym:chain_sum"]).demo_preset
     assert resolve_config(None, ["data.task=arith_chat"]).demo_preset
@@ -181,7 +181,7 @@ def test_a_config_file_starts_from_the_field_defaults(tmp_path):
     # a YAML file is complete on its own (a resumed run's config.yaml included): never re-preset
     path = tmp_path / "partial.yaml"
     path.write_text("model: {path: 'tiny:arith'}\ntrain: {max_steps: 7}\n")
-    from cohort.config.loading import resolve_config
+    from cohort.config.resolve import resolve_config
 
     resolved = resolve_config(path, ["rollout.max_completion_length=8"])
     assert resolved.config.train.learning_rate == 1e-6 and resolved.config.data.max_prompt_length is None
@@ -189,7 +189,7 @@ def test_a_config_file_starts_from_the_field_defaults(tmp_path):
 
 
 def test_the_python_api_decides_the_same_way():
-    from cohort.config.loading import resolve_config
+    from cohort.config.resolve import resolve_config
 
     assert resolve_config({"train": {"max_steps": 5}}).config.train.learning_rate == 3e-4  # the embedded demo, as a dict
     own = resolve_config({"train": {"max_steps": 5}}, own_data=True)  # a dataset given as an object

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from cohort.config import ConfigError
-from cohort.config.loading import resolve_config
+from cohort.config.resolve import resolve_config
 from cohort.config.renames import RENAMED_FIELDS, rename_note
 
 # A value each field accepts that differs from its default, so reading it back proves where it went.

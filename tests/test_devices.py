@@ -24,10 +24,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import cohort
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.distributed.rank0 import DetachedHFEngine
 from cohort.models.batching import pad_rows
-from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir, stop_token_ids
+from cohort.models.pretrained import load_policy, load_tokenizer, resolve_model_dir, stop_token_ids
 from cohort.trainer.trainer import Trainer
 from tests.trainer.test_fast_path import data_file  # noqa: F401  (a fixture: prompts and a reward with spread)
 

@@ -18,7 +18,7 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_migrating_option_tables_are_generated_from_the_mapping_tables():
-    from cohort.convert.docs import markers, render as render_tables
+    from cohort.convert.option_tables import markers, render as render_tables
 
     page = (README.parent / "docs" / "migrating.md").read_text()
     assert all(markers(kind)[0] in page and markers(kind)[1] in page for kind in ("verl", "trl"))

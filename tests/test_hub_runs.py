@@ -44,7 +44,7 @@ def test_plan_by_hub_names_reads_no_weights(place_in_hub, place_dataset, tiny_mo
 
 
 def test_a_missing_hub_model_is_refused_before_any_weights_load(hub_names, monkeypatch, capsys):
-    monkeypatch.setattr("cohort.models.loading.load_policy", lambda *a, **k: pytest.fail("weights loaded"))
+    monkeypatch.setattr("cohort.models.pretrained.load_policy", lambda *a, **k: pytest.fail("weights loaded"))
     assert cli.main(["train", "model.path=org/absent", "data.dataset_name=org/sums", *SMALL]) == 2
     err = capsys.readouterr().err
     assert "model.path = 'org/absent': 'org/absent' is not a local directory, and Hub model org/absent is not in the " \

@@ -3,7 +3,7 @@ and the fix; every other combination of the rules is accepted."""
 
 from __future__ import annotations
 
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.plan.pipeline_checks import INCOMPATIBLE, pipeline_problems
 
 

@@ -18,7 +18,7 @@ import torch
 
 from cohort import cli
 from cohort.config import ConfigError
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.plan.batch import batch_plan
 from cohort.plan.memory import activation_bytes_per_token_layer, engine_batch_limits, gpu_fit_problems, gpu_memory_plan, memory_estimate, model_facts, ModelFacts
 from cohort.plan.validate import validate_config
@@ -95,7 +95,7 @@ def test_a_kept_prompt_longer_than_the_model_positions_is_refused_before_loading
     # the random tiny model has max_position_embeddings = 128 and one token per character: a 100-character prompt is
     # kept whole under data.max_prompt_length = 100, and 100 + 64 = 164 > 128. Room for the prompt: 128 − 64 = 64;
     # room for the completion beside it: 128 − 100 = 28.
-    import cohort.models.loading as loading
+    import cohort.models.pretrained as loading
 
     monkeypatch.setattr(loading, "load_policy", lambda *a, **k: pytest.fail("weights loaded before the check"))
     data = tmp_path / "long.jsonl"

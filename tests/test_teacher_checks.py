@@ -11,13 +11,13 @@ import struct
 import pytest
 
 from cohort.config import ConfigError
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.distributed.fsdp import LocalContext
-from cohort.models.loading import load_tokenizer
+from cohort.models.pretrained import load_tokenizer
 from cohort.plan.batch import batch_plan
 from cohort.plan.memory import memory_estimate, model_facts
 from cohort.plan.printout import format_plan
-from cohort.trainer import setup as trainer_setup
+from cohort.trainer import build_parts as trainer_setup
 from cohort.plan.validate import validate_config
 from tests.conftest import build_random_tiny
 from tests.test_plan import QWEN05, without_tokenizer_check, write_qwen05_dir

@@ -7,7 +7,7 @@ the plan without what the driver read (`actor_plan`) and reads its own once, wit
 Spies wrap the real functions (they still run) and count the calls: `validate_config` wherever a module holds the
 name (the command line and the API import it from cohort.plan.validate, the Trainer from its own module), and
 `AutoTokenizer.from_pretrained`, which every tokenizer load of a checkpoint goes through
-(cohort.models.loading.load_tokenizer).
+(cohort.models.pretrained.load_tokenizer).
 """
 
 from __future__ import annotations

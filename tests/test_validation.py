@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cohort.config import ConfigError
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from tests.test_plan import QWEN05, without_tokenizer_check, write_qwen05_dir
 from cohort.plan import validate as validation
 from cohort.plan.validate import check_gpu_settings, validate_config
@@ -23,8 +23,8 @@ def test_validating_a_tiny_model_builds_nothing(monkeypatch, tmp_path):
         raise AssertionError("validation must not build a model or load a tokenizer")
 
     monkeypatch.setattr("cohort.models.tiny.build_tiny_model", refuse)
-    monkeypatch.setattr("cohort.models.loading.build_tiny_model", refuse, raising=False)
-    monkeypatch.setattr("cohort.models.loading.load_tokenizer", refuse)
+    monkeypatch.setattr("cohort.models.pretrained.build_tiny_model", refuse, raising=False)
+    monkeypatch.setattr("cohort.models.pretrained.load_tokenizer", refuse)
     monkeypatch.setenv("COHORT_CACHE", str(tmp_path / "cache"))  # an empty cache: a build would have to happen here
     cfg = load_config(None, ["model.path=tiny:arith", "data.max_prompt_length=null", f"run.output_dir={tmp_path / 'run'}"])
     plan = validate_config(cfg).batch
@@ -45,8 +45,8 @@ MAPPING = ["cohort.mapping", "cohort.mapping.hints", "cohort.mapping.open_r1_rul
            "cohort.mapping.trl_rules", "cohort.mapping.verl_algorithms", "cohort.mapping.verl_rules"]  # verl's and TRL's option tables (pure data), for the loader's foreign-key hints
 
 
-CONFIG = ["cohort.config", "cohort.config.admission", "cohort.config.demo", "cohort.config.fields", "cohort.config.loading", "cohort.config.references",
-          "cohort.config.renames", "cohort.config.schema"]
+CONFIG = ["cohort.config", "cohort.config.admission", "cohort.config.demo", "cohort.config.fields", "cohort.config.references",
+          "cohort.config.renames", "cohort.config.resolve", "cohort.config.schema"]
 
 
 def test_the_config_package_imports_only_the_mapping_tables_of_cohort_and_no_torch():

@@ -1,5 +1,5 @@
 """The agent reward: the run's reward is what the agent returned (cohort/agents/engine.py records it on the run's
-`AgentRun`). With agent.function set, the run's reward set is this one function (cohort/data/loading.py's AGENT_REWARD), so the
+`AgentRun`). With agent.function set, the run's reward set is this one function (cohort/data/run_data.py's AGENT_REWARD), so the
 reward, its failures and its metrics go the way every reward function's go (cohort/rewards/reward_set.py): a run
 whose agent raised, returned something unusable or timed out makes this function raise `RewardRowError` for that
 row, which stops the run with one message naming the row and the error, the last good state saved

@@ -15,7 +15,7 @@ Re-tuned 2026-12-05 for the shipped warm start (tiny:arith's weights now ship wi
 every machine, cohort/models/tiny.py) and for time: 300 steps took 17:54 of training on a 2-core AMD EPYC. Measured on
 the 2-core Intel Xeon development VM (float32, the demo's dtype on any CPU), seed 0, 64 prompts a step: 100 steps
 +27.0 (136 s), 150 steps +37.3 (196 s, load 2.5 from another job). 150 steps: the fewest measured that clear +30.
-`cohort.config.loading.resolve_config` decides when it applies; this module imports nothing.
+`cohort.config.resolve.resolve_config` decides when it applies; this module imports nothing.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 finds again (a lambda, a function in a notebook).
 
 The config's serializers (a reward or a tool given to `cohort.train` as the function itself) and the reward registry
-(`cohort.rewards.registry.resolve` refuses the `<python ...>` marker with its fix) both read this, so it sits with
+(`cohort.rewards.reward_registry.resolve` refuses the `<python ...>` marker with its fix) both read this, so it sits with
 the config, below the rewards package. Standard library only.
 """
 

@@ -8,7 +8,7 @@ CLI). The same table drove the one-off rewrite of the code, tests and docs.
 `rollout.overlap` is the one rename that changes the value: `true` is `pipeline.max_staleness = 1`
 (its meaning before the scheduler), `false` is dropped.
 
-Left out: anything about what the values mean (cohort.config) or where they came from (cohort.config.loading).
+Left out: anything about what the values mean (cohort.config) or where they came from (cohort.config.resolve).
 Imports nothing of cohort.
 """
 

@@ -11,7 +11,7 @@ Choices:
 - Unknown keys are errors (a typo must not silently fall back to a default),
   except inside a reward spec, whose extra keys are the reward's own options.
 
-Left out, on purpose: reading YAML and overrides, old names, the demo preset (cohort/config/loading.py,
+Left out, on purpose: reading YAML and overrides, old names, the demo preset (cohort/config/resolve.py,
 renames.py, demo.py); every check across fields (cohort/plan/) and the batch arithmetic (cohort/plan/batch.py).
 Imports only pydantic and cohort.config.references (a reward or tool given as a Python function is saved by its
 import path), so every package above may take its typed section from here without loading torch.

@@ -12,7 +12,7 @@ other ranks, which join its all-gathers in the same order and drop what they
 receive; the remote engine, which plans its parts from the sizes first, reads them
 from the shards' metadata (`GatheredWalks.layout`), so a push gathers each tensor once.
 
-Which engine rank 0 holds (chosen by `cohort.trainer.engines.rank0_engine`):
+Which engine rank 0 holds (chosen by `cohort.trainer.build_engine.rank0_engine`):
 - engine.mode=server: the client of the rollout servers (`RemoteEngine`);
 - engine.name=hf: `DetachedHFEngine`, transformers on an unsharded copy of
   the policy (generating with the sharded module would need every rank in

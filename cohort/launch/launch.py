@@ -31,7 +31,7 @@ from cohort.data.datasets import DataError
 from cohort.data.named import named_splits
 from cohort.launch.ray_cluster import train_with_ray
 from cohort.models import hub
-from cohort.models.loading import ModelLoadError, resolve_model_dir
+from cohort.models.pretrained import ModelLoadError, resolve_model_dir
 from cohort.plan.run_plan import RunPlan
 from cohort.runs.jsonl import RunFileError
 from cohort.trainer.checkpoint import CheckpointError

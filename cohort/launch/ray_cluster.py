@@ -67,7 +67,7 @@ import torch
 
 import cohort
 from cohort.config import CohortConfig, ConfigError, default_output_dir
-from cohort.models.loading import resolve_model_dir
+from cohort.models.pretrained import resolve_model_dir
 from cohort.plan.run_plan import RunPlan
 from cohort.rollout.server.app import TOKEN_ENV, RolloutService, serve_in_thread
 from cohort.rollout.engines.vllm import VLLMEngine

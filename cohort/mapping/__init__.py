@@ -7,5 +7,5 @@ converter with the unit arithmetic, note), `hints.foreign_key_hint` the one-line
 foreign key. The package imports nothing else of cohort, so cohort.config can name
 cohort's spelling when it refuses a verl or TRL key; `cohort convert`
 (cohort.convert) applies the tables to a whole script or config, and
-cohort.convert.docs writes them into docs/migrating.md.
+cohort.convert.option_tables writes them into docs/migrating.md.
 """

@@ -1,9 +1,9 @@
 """The cohort spelling of a verl or TRL key written where a cohort key belongs (`foreign_key_hint`).
 
-cohort.config.loading calls it when it refuses an unknown key (a dotted override or a YAML key), so
+cohort.config.resolve calls it when it refuses an unknown key (a dotted override or a YAML key), so
 `cohort train actor_rollout_ref.rollout.n=8` stops before anything loads with one line naming
 `rollout.num_generations`. It reads the same tables `cohort convert` applies, and imports
-nothing of cohort beyond them (they import nothing of cohort), so `import cohort.config.loading` stays light.
+nothing of cohort beyond them (they import nothing of cohort), so `import cohort.config.resolve` stays light.
 """
 
 from __future__ import annotations

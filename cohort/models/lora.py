@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from cohort.config import CohortConfig
-from cohort.models.loading import write_config_dtype
+from cohort.models.pretrained import write_config_dtype
 from cohort.models.precision import Precision
 
 ADAPTER_DIR = "adapter"  # final/adapter/: the trained adapter in peft's format

@@ -14,7 +14,7 @@ so validation loads it once and encodes the prompts with it (after the weights' 
 run reuses it (cohort/plan/run_plan.py).
 
 Left out: `tiny:*` models (their tokenizer is built with the model) and directories that
-are not checkpoints at all (cohort.models.loading.check_model_dir reports those).
+are not checkpoints at all (cohort.models.pretrained.check_model_dir reports those).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cohort.models import loading
+from cohort.models import pretrained
 
 VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
                     "sentencepiece.bpe.model", "tiktoken.model", "qwen.tiktoken")
@@ -32,7 +32,7 @@ PROBE_TEXT = "Hello world: 12 + 30 = 42."
 def tokenizer_file_problems(path: str, key: str = "model.path", folder: Path | None = None) -> list[str]:
     """[] when `path` is a `tiny:*` model, not a checkpoint directory (reported elsewhere), or holds tokenizer files;
     else one problem naming the folder, what it holds and what it lacks. Reads the directory listing only. `folder`:
-    where `path` is on disk when it is not a directory itself (a Hub id's snapshot, `loading.config_dir`)."""
+    where `path` is on disk when it is not a directory itself (a Hub id's snapshot, `pretrained.config_dir`)."""
     folder = Path(folder) if folder is not None else Path(path).expanduser()
     if path.startswith("tiny:") or not (folder / "config.json").is_file():
         return []
@@ -60,8 +60,8 @@ def checked_tokenizer(path: str, key: str = "model.path", folder: Path | None = 
     if problems or path.startswith("tiny:") or not (folder / "config.json").is_file():
         return None, problems
     try:
-        tokenizer = loading.load_tokenizer(folder)
-    except loading.ModelLoadError as exc:
+        tokenizer = pretrained.load_tokenizer(folder)
+    except pretrained.ModelLoadError as exc:
         return None, [f"{key} = {path!r}: {exc}"]
     if not tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]:
         return None, [f"{key} = {path!r}: the tokenizer in {folder} encodes {PROBE_TEXT!r} to no tokens, so every prompt "

@@ -65,8 +65,8 @@ def model_facts(path: str | Path, revision: str | None = None, *, directory: Pat
     """
     if Path(path).expanduser().is_dir():
         directory = Path(path).expanduser()
-    elif directory is None:  # a Hub id or a GGUF file; imported here: cohort.models.loading brings torch, which the plan itself never needs
-        from cohort.models.loading import config_dir
+    elif directory is None:  # a Hub id or a GGUF file; imported here: cohort.models.pretrained brings torch, which the plan itself never needs
+        from cohort.models.pretrained import config_dir
 
         directory = config_dir(str(path), revision)
     if directory is None:

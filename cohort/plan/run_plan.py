@@ -4,7 +4,7 @@
 and an unset `engine.gpu_memory_utilization` under the GPU plan) go into a new config, `RunPlan.config`, which the
 run then reads everywhere (the saved config.yaml included). What validation had to read from disk to check the
 config (the model's directory, its tokenizer, the data and every prompt encoded as the trainer keeps them) travels
-in `RunPlan.read`, so the trainer's setup (cohort/trainer/setup.py) reads none of it again: the tokenizer loads once
+in `RunPlan.read`, so the trainer's setup (cohort/trainer/build_parts.py) reads none of it again: the tokenizer loads once
 per process, the prompts are encoded once.
 
 `read` is None when validation did not read those files: a config validated without its files (`check_files=False`),

@@ -33,7 +33,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cohort.config import CohortConfig
-from cohort.models import hub, loading
+from cohort.models import hub, pretrained
 from cohort.models.tiny import TINY_RECIPES, available_tiny_dir
 from cohort.models.tokenizer_check import tokenizer_file_problems
 from cohort.plan.batch import BatchPlan
@@ -75,19 +75,19 @@ def teacher_problems(cfg: CohortConfig, check_files: bool = True, *, student_rea
 def _teacher_files(cfg: CohortConfig, student_readable: bool, student_tokenizer) -> list[str]:
     """teacher.path as a checkpoint (the checks of model.path, named teacher.path), then the shared tokenizer."""
     path = cfg.teacher.path
-    found = [p.replace("model.path", "teacher.path", 1) for p in loading.check_model_dir(path)]
+    found = [p.replace("model.path", "teacher.path", 1) for p in pretrained.check_model_dir(path)]
     found = found or tokenizer_file_problems(path, "teacher.path")
     if found or not student_readable or tokenizer_file_problems(cfg.model.path):
         return found  # (a student that cannot be read is reported by model.path's own checks)
     student, teacher = _tokenizer_source(cfg.model.path, cfg.model.revision), _tokenizer_source(path)
     if isinstance(student, Path) and isinstance(teacher, Path):
         try:
-            student_tokenizer = loading.load_tokenizer(student) if student_tokenizer is None else student_tokenizer
-        except loading.ModelLoadError:  # (model.path's own tokenizer check reports it)
+            student_tokenizer = pretrained.load_tokenizer(student) if student_tokenizer is None else student_tokenizer
+        except pretrained.ModelLoadError:  # (model.path's own tokenizer check reports it)
             return []
         try:
-            mismatch = tokenizer_mismatch(student_tokenizer, loading.load_tokenizer(teacher))
-        except loading.ModelLoadError as exc:
+            mismatch = tokenizer_mismatch(student_tokenizer, pretrained.load_tokenizer(teacher))
+        except pretrained.ModelLoadError as exc:
             return [f"teacher.path = {path!r}: {exc}"]
     elif isinstance(student, tuple) and isinstance(teacher, tuple):  # two embedded tiny models, not built yet
         mismatch = None if student == teacher else "their recipes write different tokenizers"

@@ -30,7 +30,7 @@ resolved config, with the two values every later reader must agree on settled:
   engine built from it (colocated, a local server child, torchrun's children reading config.yaml) gets the same
   value and the saved config.yaml records what vLLM was given (a resumed run takes it as set; unset it to derive
   it again on another GPU).
-The model's directory is resolved once (`loading.inspect_model`) and handed to every check that reads it; what validation
+The model's directory is resolved once (`pretrained.inspect_model`) and handed to every check that reads it; what validation
 reads to check the prompts (the tokenizer, the data, every prompt encoded) is the plan's `read`, which the trainer's
 setup uses as it is. Once per process: `cohort train` and `cohort.train` validate, then hand the plan to the Trainer
 (`Trainer(plan)`), which validates only when it is given a config; a Ray actor receives the plan
@@ -49,13 +49,13 @@ from pathlib import Path
 import torch
 
 from cohort import rewards as reward_registry
-from cohort.agents.checks import agent_problems
+from cohort.agents.agent_checks import agent_problems
 from cohort.algorithm_facts import FACTS
 from cohort.config import CohortConfig, ConfigError
 from cohort.data.datasets import DataError, check_data_config, own_data
-from cohort.data.loading import load_data
+from cohort.data.run_data import load_data
 from cohort.data.named import named_data_problems
-from cohort.models import loading
+from cohort.models import pretrained
 from cohort.models.devices import DeviceError, auto_dtype, has_bf16_units, resolve_device
 from cohort.models.hub import hub_parameter_count
 from cohort.models.lora import lora_problems
@@ -72,8 +72,8 @@ from cohort.plan.run_mode import ONE_STEP_FIX, one_step_per_generation
 from cohort.plan.teacher_checks import teacher_fit_problems, teacher_problems
 from cohort.prompts import encode_prompts, fit_problems, max_positions_of
 from cohort.rewards.columns import reward_column_problems
-from cohort.tools.checks import tool_problems
-from cohort.tools.schema import has_environment_reward
+from cohort.tools.tool_checks import tool_problems
+from cohort.tools.tool_schemas import has_environment_reward
 
 
 def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: bool = False) -> RunPlan:
@@ -83,8 +83,8 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
     choose `model.dtype = auto` as on a GPU (`cohort plan --gpu-memory-gib`, planning a GPU run from another machine)."""
     # model.path looked at once (with check_files, a GGUF file converted first): where its config and tokenizer are,
     # for every check that reads them (the dtype's choice reads its weights' headers)
-    model = (loading.inspect_model(cfg.model.path, cfg.model.revision, convert=check_files)
-             if check_files or cfg.model.dtype == "auto" else loading.ModelFiles(None, []))
+    model = (pretrained.inspect_model(cfg.model.path, cfg.model.revision, convert=check_files)
+             if check_files or cfg.model.dtype == "auto" else pretrained.ModelFiles(None, []))
     model_dir = model.directory
     dtype, _, device_problems = choose_model_dtype(cfg, model_dir, for_gpu=for_gpu)
     if device_problems:  # (a train.device this process cannot have: nothing below can be judged)
@@ -97,7 +97,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
         problems += check_data_config(cfg.data) + (named_data_problems(cfg.data) if cfg.data.dataset_name else [])
         problems += model.problems or tokenizer_file_problems(cfg.model.path, folder=model_dir)
         if cfg.critic.path:
-            problems += [p.replace("model.path", "critic.path", 1) for p in loading.check_model_dir(cfg.critic.path)]
+            problems += [p.replace("model.path", "critic.path", 1) for p in pretrained.check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
     problems += tool_problems(cfg.tools)
     problems += agent_problems(cfg, world_size=training_world_size(cfg), one_step=one_step_per_generation(cfg),
@@ -147,7 +147,7 @@ def choose_model_dtype(cfg: CohortConfig, model_dir: Path | None, *, for_gpu: bo
     if cfg.model.path.startswith("tiny:"):  # an embedded model: its cached or shipped checkpoint (never built here)
         model_dir = available_tiny_dir(cfg.model.path.split(":", 1)[1])
     try:
-        parameters = loading.checkpoint_parameters(model_dir) if model_dir is not None and model_dir.is_dir() else None
+        parameters = pretrained.checkpoint_parameters(model_dir) if model_dir is not None and model_dir.is_dir() else None
     except Exception:  # an unreadable header (SafetensorError, OSError): the weights check below names the file
         parameters = None
     if parameters is None and model_dir is not None and not cfg.model.path.startswith("tiny:"):
@@ -161,7 +161,7 @@ def choose_model_dtype(cfg: CohortConfig, model_dir: Path | None, *, for_gpu: bo
 def model_dir_of(cfg: CohortConfig) -> Path | None:
     """Where model.path's config.json and tokenizer are on disk (a Hub id: its snapshot, config and tokenizer fetched,
     never the weights); None for a `tiny:*` model or a path that is no checkpoint (check_model_dir says why)."""
-    return loading.config_dir(cfg.model.path, cfg.model.revision)
+    return pretrained.config_dir(cfg.model.path, cfg.model.revision)
 
 
 # --------------------------------------------------------------------------- the config alone
@@ -374,7 +374,7 @@ def plan_gpu_memory(cfg: CohortConfig, plan: BatchPlan, total_bytes: int | None 
     """The GPU split for a run whose vLLM sits on a GPU (colocated, or a local server child), None otherwise (CPU,
     transformers engine, remote servers, or a model directory not readable yet). `total_bytes`: the GPU's memory
     (default: the training device's, read from CUDA; `cohort plan --gpu-memory-gib` passes one); `model_dir`: where
-    model.path is on disk when the caller has resolved it (`loading.inspect_model`)."""
+    model.path is on disk when the caller has resolved it (`pretrained.inspect_model`)."""
     if cfg.engine.name != "vllm" or cfg.engine.mode == "server":
         return None
     try:
@@ -485,7 +485,7 @@ def _check_run_section(cfg: CohortConfig) -> list[str]:
 # --------------------------------------------------------------------------- the outside world
 
 
-def _check_outside(cfg: CohortConfig, model: loading.ModelFiles) -> tuple[list[str], MeasuredPrompts | None, RunInputs | None]:
+def _check_outside(cfg: CohortConfig, model: pretrained.ModelFiles) -> tuple[list[str], MeasuredPrompts | None, RunInputs | None]:
     """The output directory, the weights' headers, the tokenizer, the prompts against the model's positions, the vLLM
     CPU KV cache; returns the problems, the prompts' measure and what was read (for the run: `RunPlan.read`).
 
@@ -524,7 +524,7 @@ def _check_output_dir(output_dir: str | None) -> list[str]:
     return []
 
 
-def _read_prompts(cfg: CohortConfig, model: loading.ModelFiles, tokenizer) -> tuple[MeasuredPrompts | None, RunInputs | None]:
+def _read_prompts(cfg: CohortConfig, model: pretrained.ModelFiles, tokenizer) -> tuple[MeasuredPrompts | None, RunInputs | None]:
     """Read the data and encode every prompt with the model's tokenizer as the trainer will; returns their measure and
     what was read (None for both when the tokenizer encodes nothing: a directory without tokenizer files)."""
     try:

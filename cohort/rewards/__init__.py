@@ -21,7 +21,7 @@ See docs/rewards.md for the full contract, each built-in, and the code sandbox.
 """
 
 from cohort.rewards.calling import AsyncReward, Scores
-from cohort.rewards.registry import (
+from cohort.rewards.reward_registry import (
     BuiltinInfo,
     Resolved,
     builtin_names,

@@ -28,7 +28,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from cohort.rewards.registry import Needs, register
+from cohort.rewards.reward_registry import Needs, register
 from cohort.rewards.calling import RewardRowError
 from cohort.rewards.sandbox import ExecutionResult, Sandbox, SandboxLimits
 from cohort.rewards.text import completion_texts

@@ -23,9 +23,9 @@ from typing import Any
 
 from cohort.data.datasets import SAMPLE_ROWS, file_columns, normalise_row, own_data
 from cohort.data.named import split_label, split_rows
-from cohort.data.loading import configured_task
+from cohort.data.run_data import configured_task
 from cohort.rewards import verl
-from cohort.rewards.registry import SPEC_KEYS, ColumnNeed, needed_columns
+from cohort.rewards.reward_registry import SPEC_KEYS, ColumnNeed, needed_columns
 from cohort.rewards.reward_set import validate_spec
 
 VERL_NEEDS = [ColumnNeed("the ground truth", None, ("ground_truth",))]

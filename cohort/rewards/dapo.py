@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from cohort.rewards.registry import Needs, register
+from cohort.rewards.reward_registry import Needs, register
 from cohort.rewards.text import completion_texts, pick_column
 
 TAIL_CHARS = 300  # DAPO looks only at the completion's last 300 characters

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from cohort.rewards.numeric import GOLD_FALLBACKS
-from cohort.rewards.registry import Needs, register
+from cohort.rewards.reward_registry import Needs, register
 from cohort.rewards.text import completion_texts, pick_column
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cohort.rewards.registry import register
+from cohort.rewards.reward_registry import register
 from cohort.rewards.text import completion_texts
 
 

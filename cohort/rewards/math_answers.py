@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cohort.rewards.calling import AsyncReward
-from cohort.rewards.registry import Needs, register
+from cohort.rewards.reward_registry import Needs, register
 from cohort.rewards.text import completion_texts, pick_named_column
 
 PARSING_TIMEOUT_S = 10

@@ -21,7 +21,7 @@ from typing import Any
 
 from cohort.data.reasoning_gym import ANSWER_FORMATS, ROW_INDEX, rg_dataset
 from cohort.rewards.numeric import _NUMBER
-from cohort.rewards.registry import Needs, register
+from cohort.rewards.reward_registry import Needs, register
 from cohort.rewards.text import completion_texts
 
 _TAGS = re.compile(r"<answer>\s?(.*?)\s?</answer>", flags=re.DOTALL)  # reasoning_gym.utils.extract_answer's regex

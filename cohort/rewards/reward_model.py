@@ -3,7 +3,7 @@
 Choices:
 - ``model`` is a Hugging Face Hub id (``org/name``; ``revision`` or ``org/name@rev``
   for a revision) or a local directory saved with ``save_pretrained``, resolved like
-  model.path (cohort.models.loading.resolve_model_dir: a Hub id is downloaded once into
+  model.path (cohort.models.pretrained.resolve_model_dir: a Hub id is downloaded once into
   the Hugging Face cache, as the user's HF_HOME / HF_HUB_OFFLINE / HF_TOKEN allow). It
   is checked when the function is built (a Hub id's config and tokenizer only); the
   weights load at the first call (so building a RewardSet stays cheap), in eval mode,
@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from cohort.rewards.registry import register
+from cohort.rewards.reward_registry import register
 from cohort.rewards.text import content_text
 
 
@@ -42,7 +42,7 @@ class RewardModel:
     __name__ = "reward_model"
 
     def __init__(self, model: str, batch_size: int, max_length: int, device: str, label_index: int, revision: str | None = None):
-        from cohort.models.loading import check_model_dir  # here: it loads torch, and listing rewards must not
+        from cohort.models.pretrained import check_model_dir  # here: it loads torch, and listing rewards must not
 
         problems = check_model_dir(model, revision)
         if problems or model.startswith("tiny:"):
@@ -62,7 +62,7 @@ class RewardModel:
     def _load(self) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        from cohort.models.loading import resolve_model_dir  # (torch, as check_model_dir above)
+        from cohort.models.pretrained import resolve_model_dir  # (torch, as check_model_dir above)
 
         directory = str(resolve_model_dir(self.path, self.revision))  # (a Hub id: its snapshot, downloaded if missing)
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)

@@ -70,7 +70,7 @@ import numpy as np
 
 from cohort.rewards.calling import DaemonThreads, RewardRowError, async_implementation, names_parameter  # noqa: F401 - RewardRowError re-exported
 from cohort.rewards import verl
-from cohort.rewards.registry import SPEC_KEYS, Resolved, RewardFunction, resolve
+from cohort.rewards.reward_registry import SPEC_KEYS, Resolved, RewardFunction, resolve
 from cohort.rewards.text import completion_text, truncate
 
 AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
@@ -268,7 +268,7 @@ class RewardSet:
     @classmethod
     def from_specs(cls, specs: Sequence[Mapping[str, Any] | str | Callable[..., Any]], **kwargs: Any) -> RewardSet:
         """Build from ``[{name, weight=1.0, on_error?, timeout_s?, alias?, contract?, **options}]``; a name (or a whole
-        spec) may be the reward callable itself, which resolves like an import path (``cohort.rewards.registry``)."""
+        spec) may be the reward callable itself, which resolves like an import path (``cohort.rewards.reward_registry``)."""
         built = []
         try:
             for spec in specs:

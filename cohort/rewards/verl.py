@@ -48,7 +48,7 @@ from typing import Any
 from cohort.rewards.calling import AsyncReward, DaemonThreads, RewardRowError, Scores, async_implementation
 from cohort.rewards.dapo import MATH_DAPO_SOURCES, dapo_score, is_dapo_source
 from cohort.rewards.math_answers import PARSING_TIMEOUT_S, VERIFY_TIMEOUT_S, PooledReward
-from cohort.rewards.registry import Needs, Resolved, RewardFunction, instantiate, register
+from cohort.rewards.reward_registry import Needs, Resolved, RewardFunction, instantiate, register
 from cohort.rewards.text import completion_texts, pick_column
 
 CONTRACTS = ("trl", "verl")

@@ -282,7 +282,7 @@ class Request:
 class RolloutEngine(Protocol):
     policy_version: int
     in_flight_updates: bool  # whether update_weights(..., in_flight=True) is supported (vLLM, RemoteEngine)
-    stop_token_ids: list[int]  # the ids that end a completion: the checkpoint's set (`cohort.models.loading.stop_token_ids`)
+    stop_token_ids: list[int]  # the ids that end a completion: the checkpoint's set (`cohort.models.pretrained.stop_token_ids`)
 
     def submit(self, requests: Sequence[Request]) -> None:
         """Start sampling these requests (ids unique among those in flight); returns at once."""

@@ -1,1 +1,1 @@
-"""Multi-turn tool calling: tools and environments (schema.py), parsers, the tool loop over any request-level engine (loop.py), tool-turn rendering (render.py), metrics, the sandboxed `python` tool (builtin.py)."""
+"""Multi-turn tool calling: tools and environments (tool_schemas.py), parsers, the tool loop over any request-level engine (loop.py), tool-turn rendering (render.py), metrics, the sandboxed `python` tool (builtin.py)."""

@@ -12,7 +12,7 @@ re-tokenized, and its `Request.remaining` makes `max_tokens` one budget over eve
 To the trainer the result is one `Trajectory` whose loss mask has zeros on tool tokens; `Trajectory.episode` holds
 its `Episode` (the conversation, the environment instance, the tool status and counts).
 
-Environments (cohort/tools/schema.py): the instance is built and `reset(**row)` when the request starts; a string it
+Environments (cohort/tools/tool_schemas.py): the instance is built and `reset(**row)` when the request starts; a string it
 returns is appended to the prompt's last user message (TRL's rule, `prompt_with`: the prompt tokens are rendered
 again, and the trajectory carries them as its `prompt_ids`); a `reset` that raises fails the episode (status error,
 the message recorded, the first turn is the last), one that raises `EnvironmentLost` fails the run's step. After a
@@ -57,7 +57,7 @@ from cohort.rollout.base import Episode, Request, RequestEngineMixin, Trajectory
 from cohort.tools.parsers import ParsedTurn, Parser, ToolCall
 from cohort.tools.render import ToolRenderer
 from cohort.tools.openenv import EnvironmentLost
-from cohort.tools.schema import Tool, environment_tools
+from cohort.tools.tool_schemas import Tool, environment_tools
 
 FAILED = ("tool_timeout", "error")
 CLOSE_POLL_S = 0.05  # how long one inner poll may block while tool calls are running

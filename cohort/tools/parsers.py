@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cohort.tools.schema import import_object
+from cohort.tools.tool_schemas import import_object
 
 
 @dataclass(frozen=True)

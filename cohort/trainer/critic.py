@@ -27,7 +27,7 @@ import torch
 from cohort.algorithms import aggregation_count, value_loss
 from cohort.models.batching import pad_rows
 from cohort.models.host_memory import release_host_memory
-from cohort.models.loading import load_policy
+from cohort.models.pretrained import load_policy
 from cohort.models.logprobs import decoder_and_head
 from cohort.models.precision import Precision
 from cohort.trainer.metric_sums import host_values

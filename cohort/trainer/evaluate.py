@@ -18,17 +18,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cohort.data.loading import load_data
-from cohort.models.loading import checkpoint_parameters, load_tokenizer, resolve_model_dir
+from cohort.data.run_data import load_data
+from cohort.models.pretrained import checkpoint_parameters, load_tokenizer, resolve_model_dir
 from cohort.models.devices import resolve_device
 from cohort.models.precision import resolve_precision
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
 from cohort.rollout.base import SamplingConfig, completion_seeds, decode_completion
-from cohort.agents import setup as agents
+from cohort.agents import agent_setup as agents
 from cohort.rollout.collect import tool_arguments
-from cohort.tools.setup import rows_by_prompt, wrap_engine
-from cohort.trainer.engines import build_engine, engine_length, set_torch_threads
+from cohort.tools.tool_setup import rows_by_prompt, wrap_engine
+from cohort.trainer.build_engine import build_engine, engine_length, set_torch_threads
 
 
 CORRECT_AT = 0.5

@@ -1,6 +1,6 @@
 """Everything a Trainer is built from, declared in one place: `TrainerParts`.
 
-`cohort.trainer.setup.setup` builds the parts from the config and returns them;
+`cohort.trainer.build_parts.setup` builds the parts from the config and returns them;
 the `Trainer` (cohort/trainer/trainer.py) holds them as `trainer.parts`, and every
 reader names the part through it (`trainer.parts.policy`, `trainer.parts.engine`;
 `Trainer.swap_engine` replaces the engine). The counters and the current batch

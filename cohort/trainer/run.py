@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from cohort.models.loading import write_config_dtype
+from cohort.models.pretrained import write_config_dtype
 from cohort.data.datasets import PromptDataset
 from cohort.trainer import checkpoint, failure
 from cohort.trainer.diagnostics import Diagnostics

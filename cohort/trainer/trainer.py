@@ -43,7 +43,7 @@ slices 0..S−1, then again for the next iteration). The maths is in
 Several training processes differ only through `self.parts.dist` (cohort/distributed/fsdp.py:
 this rank's groups, the global loss normaliser, reduced metrics and gradients — all
 the identity in one process); a rollout server is just another engine
-(rollout/engines/remote.py). Out of scope here: the loop over steps, checkpoints, exact resume and stopping
+(rollout/server/client.py). Out of scope here: the loop over steps, checkpoints, exact resume and stopping
 (trainer/run.py, trainer/checkpoint.py, trainer/stopping.py); the counters and current batch are a `TrainerState`
 (trainer/state.py).
 """
@@ -79,7 +79,7 @@ from cohort.trainer.parts import TrainerParts
 from cohort.trainer.phases import Phases
 from cohort.trainer.rollout_batch import BatchLogprobs, MicroBatch, RolloutBatch, StreamedGradients
 from cohort.trainer.state import Checkpointed, TrainerState, stateful_parts
-from cohort.trainer.setup import setup
+from cohort.trainer.build_parts import setup
 from cohort.trainer.stopping import check_finite
 from cohort.trainer.scoring import distill_micro_batch, score_completions, teacher_scorer
 from cohort.trainer.weight_sync import WeightSync

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.rollout.base import AgentRun
 from cohort.trainer.trainer import Trainer
 

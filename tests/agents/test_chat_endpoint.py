@@ -10,7 +10,7 @@ import pytest
 
 from cohort.agents.chat import ChatCompletions, ChatRequestError, Conversation, SamplingFailed
 from cohort.agents.chat_request import canonical_messages
-from cohort.models.loading import load_tokenizer
+from cohort.models.pretrained import load_tokenizer
 from cohort.rollout.base import Trajectory
 from cohort.tools.render import ToolRenderer
 

@@ -14,7 +14,7 @@ import pytest
 
 from cohort.agents.chat import ChatCompletions
 from cohort.data.tasks import tool_calc_rows
-from cohort.models.loading import load_tokenizer, resolve_model_dir, stop_token_ids
+from cohort.models.pretrained import load_tokenizer, resolve_model_dir, stop_token_ids
 from cohort.rollout.base import BatchRequests, Trajectory
 from cohort.rollout.server.app import RolloutService, serve_in_thread
 

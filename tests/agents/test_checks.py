@@ -1,4 +1,4 @@
-"""The agent section's checks (cohort/agents/checks.py through validate_config): what resolves, and every combination
+"""The agent section's checks (cohort/agents/agent_checks.py through validate_config): what resolves, and every combination
 the agent path refuses, each naming the fields and the fix."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cohort.agents.checks import agent_problems, resolve_agent
+from cohort.agents.agent_checks import agent_problems, resolve_agent
 from cohort.config import CohortConfig
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent_openai.py"

@@ -11,7 +11,7 @@ import pytest
 from cohort.agents.chat import ChatCompletions, Conversation
 from cohort.agents.engine import AgentEngine, as_outcome
 from cohort.agents.reward import agent_reward
-from cohort.models.loading import load_tokenizer, stop_token_ids
+from cohort.models.pretrained import load_tokenizer, stop_token_ids
 from cohort.rewards.calling import RewardRowError
 from cohort.rollout.base import AgentRun, BatchRequests, Request, SamplingConfig, Trajectory, continuation_seed
 

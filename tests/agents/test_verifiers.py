@@ -16,7 +16,7 @@ from cohort.agents.chat import ChatCompletions, Conversation  # noqa: E402
 from cohort.agents.engine import AgentEngine  # noqa: E402
 from cohort.agents.verifiers import VerifiersAgent, verifiers_reward  # noqa: E402
 from cohort.data.verifiers import check_environment, environment_rows  # noqa: E402
-from cohort.models.loading import load_tokenizer, stop_token_ids  # noqa: E402
+from cohort.models.pretrained import load_tokenizer, stop_token_ids  # noqa: E402
 from cohort.rollout.base import Request, SamplingConfig  # noqa: E402
 from tests.agents.test_engine import ScriptedEngine  # noqa: E402
 from tests.tools.conftest import quick_stop_chat_model  # noqa: E402,F401 (the fixture)
@@ -127,7 +127,7 @@ def train_20_steps(tmp_path, model_dir, spec, args, overrides=()):
 
     import yaml
 
-    from cohort.config.loading import load_config
+    from cohort.config.resolve import load_config
     from cohort.trainer.trainer import Trainer
     from cohort.trainer.run import run_training
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from cohort.config.loading import resolve_config
+from cohort.config.resolve import resolve_config
 from cohort.convert.core import convert_input, render
 from cohort.convert.sources import read_trl, read_verl
 from cohort.plan.validate import validate_config

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from cohort.config import CohortConfig, ConfigError
-from cohort.data.loading import load_data
+from cohort.data.run_data import load_data
 from cohort.data.named import named_data_problems
 from cohort.rewards.columns import reward_column_problems
 from cohort.plan.validate import validate_config

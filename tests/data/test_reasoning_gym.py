@@ -9,9 +9,9 @@ import pytest
 
 from cohort.config import load_config
 from cohort.data.datasets import DataError, check_data_config
-from cohort.data.loading import load_data
+from cohort.data.run_data import load_data
 from cohort.data.reasoning_gym import PREFIX, build_task, check_task, format_tasks, split_indices, task_fields, task_names
-from cohort.rewards import registry
+from cohort.rewards import reward_registry as registry
 from cohort.rewards.reasoning_gym import extract
 
 # No answer key: `answer` is None and the scorer checks a proposed solution (a box-moving plan, a colouring, a

@@ -17,7 +17,7 @@ import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
 from cohort.config import ConfigError
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.distributed import fsdp
 from cohort.distributed.fsdp import (DistContext, LocalContext, context_from_env, fsdp_policies, move_optimizer_state,
                                      offload_optimizer_state)
@@ -240,7 +240,7 @@ def test_the_remote_engine_plans_its_parts_from_the_shards_metadata_and_gathers_
     # The remote engine plans parts from the sizes before it sends (stream_weight_parts). Before, that plan was a walk
     # of its own: 3 tensors, 2 walks, 6 all-gathers. Now the sizes come from the shards' metadata (GatheredWalks.layout:
     # 3 × 4 floats × 4 bytes = 16 bytes each); with 32-byte parts: [w0, w1], [w2]; 3 all-gathers, one walk announced.
-    from cohort.rollout.engines.remote import stream_weight_parts
+    from cohort.rollout.server.client import stream_weight_parts
 
     class PartSender:
         def update_weights(self, stream, version):

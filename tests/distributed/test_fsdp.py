@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from cohort.config import ConfigError
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.plan.validate import validate_config
 from cohort.distributed.fsdp import DistContext, LocalContext
 from cohort.trainer.trainer import Trainer

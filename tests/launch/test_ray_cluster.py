@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.launch.ray_cluster import (AUTH_FAILURE, _actor_env, _connection_problem, actor_device_env, cluster_problems,
                                        local_ray_resources, trainer_device_envs)
 from tests.builders import write_doubling

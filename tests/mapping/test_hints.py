@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cohort.config import ConfigError
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.mapping.hints import foreign_key_hint
 from cohort.mapping.trl_rules import TRL_RULES
 from cohort.mapping.verl_rules import VERL_RULES

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.models.devices import (CPU_BF16_MIN_PARAMETERS, DeviceError, auto_dtype, autocast_device_type,
                                    process_group_backend, resolve_device)
 from cohort.models.precision import resolve_precision

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from cohort.models import gguf
-from cohort.models.loading import ModelLoadError, check_model_dir, checkpoint_parameters, load_tokenizer, resolve_model_dir, stop_token_ids
+from cohort.models.pretrained import ModelLoadError, check_model_dir, checkpoint_parameters, load_tokenizer, resolve_model_dir, stop_token_ids
 
 SMOLLM2 = "gguf:smollm2-135m-instruct"
 

@@ -13,7 +13,7 @@ import pytest
 from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
 from cohort.models import hub
-from cohort.models.loading import ModelLoadError, check_model_dir, config_dir, resolve_model_dir
+from cohort.models.pretrained import ModelLoadError, check_model_dir, config_dir, resolve_model_dir
 
 REPO = "org/tiny-chat"
 COMMIT_V1 = "1" * 40

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cohort.models.loading import load_policy
+from cohort.models.pretrained import load_policy
 from cohort.models.logprobs import completion_logprobs, naive_completion_logprobs
 from cohort.models.batching import pack_right_padded
 

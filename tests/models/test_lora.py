@@ -11,9 +11,9 @@ import torch
 pytest.importorskip("peft")
 
 from cohort.config import ConfigError  # noqa: E402
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.plan.validate import validate_config  # noqa: E402
-from cohort.models.loading import load_policy  # noqa: E402
+from cohort.models.pretrained import load_policy  # noqa: E402
 from cohort.models.logprobs import completion_logprobs  # noqa: E402
 from cohort.models.lora import TrainOnlyDropout, attach_lora, base_dtype, base_name, linear_module_names, lora_alpha  # noqa: E402
 from cohort.models.precision import float32_weights, resolve_precision  # noqa: E402
@@ -125,7 +125,7 @@ def test_adapter_save_and_load_round_trip_exactly(tiny_model_dir, tmp_path):
 def test_save_final_merged_loads_with_from_pretrained(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from cohort.models.loading import load_tokenizer
+    from cohort.models.pretrained import load_tokenizer
 
     model, lora = _lora(tiny_model_dir, rank=4)
     _randomize_adapter(lora)

@@ -13,10 +13,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.data.tasks import get_task
 from cohort.models import tiny
-from cohort.models.loading import check_model_dir, load_tokenizer, stop_token_ids
+from cohort.models.pretrained import check_model_dir, load_tokenizer, stop_token_ids
 
 # Held-out greedy accuracy of the warm start: aimed at 30–45% as tiny:arith's (validation early stop at 33%);
 # the margin covers other machines' floats.
@@ -25,7 +25,7 @@ ONE_TURN = "<|im_start|>user\n47+8=<|im_end|>\n<|im_start|>assistant\n"  # no de
 
 
 def test_the_name_is_checked_against_the_tiny_recipes_without_a_build(monkeypatch):
-    monkeypatch.setattr("cohort.models.loading.build_tiny_model", lambda *a, **k: pytest.fail("a name check built a model"))
+    monkeypatch.setattr("cohort.models.pretrained.build_tiny_model", lambda *a, **k: pytest.fail("a name check built a model"))
     assert check_model_dir("tiny:arith_chat") == []
     assert check_model_dir("tiny:nope") == ["model.path = 'tiny:nope': unknown tiny model; choose one of tiny:arith, tiny:arith_chat, tiny:long_tail, tiny:tool_calc"]
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from cohort.config.loading import load_config
-from cohort.models.loading import chat_end_of_turn_id, load_policy, load_tokenizer, stop_token_ids
+from cohort.config.resolve import load_config
+from cohort.models.pretrained import chat_end_of_turn_id, load_policy, load_tokenizer, stop_token_ids
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import SamplingConfig
 from cohort.rollout.engines.hf import HFEngine

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from cohort.config import ConfigError
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.models.tokenizer_check import tokenizer_problems
 from cohort.plan.validate import validate_config
 
@@ -34,7 +34,7 @@ def test_validation_refuses_it_before_anything_loads(bare_copy, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("no model may load")
 
-    monkeypatch.setattr("cohort.models.loading.load_policy", refuse)
+    monkeypatch.setattr("cohort.models.pretrained.load_policy", refuse)
     cfg = load_config(None, [f"model.path={bare_copy}", "rollout.max_completion_length=16"])
     with pytest.raises(ConfigError) as err:
         validate_config(cfg)
@@ -48,6 +48,6 @@ def test_a_tokenizer_that_encodes_text_to_nothing_is_refused(tiny_model_dir, tmp
         def __call__(self, text, add_special_tokens=True):
             return {"input_ids": []}
 
-    monkeypatch.setattr("cohort.models.loading.load_tokenizer", lambda path: EncodesNothing())
+    monkeypatch.setattr("cohort.models.pretrained.load_tokenizer", lambda path: EncodesNothing())
     (problem,) = tokenizer_problems(str(copy))
     assert f"the tokenizer in {copy} encodes 'Hello world: 12 + 30 = 42.' to no tokens" in problem

@@ -8,7 +8,7 @@ import pytest
 
 from cohort import cli
 from cohort.config import ConfigError
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.data.datasets import file_columns
 from cohort.rewards.columns import reward_column_problems
 from cohort.plan.validate import validate_config
@@ -29,8 +29,8 @@ def config(data, rewards, *extra):
 
 @pytest.fixture
 def no_model_loading(monkeypatch):
-    import cohort.models.loading as loading
-    import cohort.trainer.setup as setup
+    import cohort.models.pretrained as loading
+    import cohort.trainer.build_parts as setup
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a model was loaded before the reward columns were checked")

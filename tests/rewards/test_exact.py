@@ -3,7 +3,7 @@
 import pytest
 
 from cohort.rewards import get, resolve
-from cohort.rewards.registry import needed_columns
+from cohort.rewards.reward_registry import needed_columns
 
 
 def test_exact_match_compares_the_stripped_text_and_nothing_looser():

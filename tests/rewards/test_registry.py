@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 import cohort.rewards as rewards
-from cohort.rewards.registry import REQUIRED
+from cohort.rewards.reward_registry import REQUIRED
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def test_unknown_name_lists_builtins_and_import_form():
 
 
 def test_resolve_does_not_build(monkeypatch):
-    from cohort.rewards import registry
+    from cohort.rewards import reward_registry as registry
 
     calls = []
 

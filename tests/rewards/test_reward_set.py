@@ -264,7 +264,7 @@ def test_normalize_then_sum_through_the_set_and_group_check():
 
 
 def test_validate_spec_builds_nothing_and_says_what_to_fix(monkeypatch):
-    from cohort.rewards import registry, validate_spec
+    from cohort.rewards import reward_registry as registry, validate_spec
 
     built = []
     monkeypatch.setitem(registry._FACTORIES, "numeric_match", lambda **kw: built.append(kw))

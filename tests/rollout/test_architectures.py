@@ -30,7 +30,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cohort.models.loading import load_policy, load_tokenizer, stop_token_ids
+from cohort.models.pretrained import load_policy, load_tokenizer, stop_token_ids
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import SamplingConfig
 from cohort.rollout.engines.hf import HFEngine

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cohort.models.loading import load_policy
+from cohort.models.pretrained import load_policy
 from cohort.models.logprobs import completion_logprobs
 from cohort.rollout.base import SamplingConfig
 from cohort.rollout.engines.hf import HFEngine

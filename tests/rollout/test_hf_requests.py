@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cohort.models.loading import load_policy
+from cohort.models.pretrained import load_policy
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import Request, SamplingConfig, Trajectory, generate_requests
 from cohort.rollout.engines.hf_continuous import missing_api

@@ -18,9 +18,9 @@ import urllib.request
 import pytest
 import torch
 
-from cohort.rollout.engines import remote as remote_engine
+from cohort.rollout.server import client as remote_engine
 from cohort.rollout.base import BatchRequests, SamplingConfig, Trajectory
-from cohort.rollout.engines.remote import RemoteEngine, RemoteEngineError, split_evenly, weight_parts
+from cohort.rollout.server.client import RemoteEngine, RemoteEngineError, split_evenly, weight_parts
 from cohort.rollout.server.app import RolloutService, WeightStager, serve_in_thread
 
 TOKEN = "test-token-123"
@@ -281,7 +281,7 @@ def test_concurrent_health_answers_during_a_slow_generation(served):
 
 def test_server_mode_config_problems_name_the_fix(monkeypatch):
     from cohort.config import ConfigError
-    from cohort.config.loading import load_config
+    from cohort.config.resolve import load_config
     from cohort.plan.validate import validate_config
 
     monkeypatch.delenv("COHORT_SERVER_TOKEN", raising=False)

@@ -18,12 +18,12 @@ import urllib.request
 import pytest
 import torch
 
-from cohort.config.loading import load_config
-from cohort.models.loading import load_policy, load_tokenizer
+from cohort.config.resolve import load_config
+from cohort.models.pretrained import load_policy, load_tokenizer
 from cohort.models.logprobs import sequence_logprobs
-from cohort.rollout.engines import remote as remote_engine
+from cohort.rollout.server import client as remote_engine
 from cohort.rollout.base import FINISHED, Request, SamplingConfig, Trajectory
-from cohort.rollout.engines.remote import LocalServerEngine, RemoteEngine, RemoteEngineError
+from cohort.rollout.server.client import LocalServerEngine, RemoteEngine, RemoteEngineError
 from cohort.rollout.server.app import RolloutService, serve_in_thread
 
 TOKEN = "inflight-token"

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from cohort.rollout.base import BatchRequests, Request, SamplingConfig, Trajectory
-from cohort.rollout.engines.remote import RemoteEngine, RemoteEngineError
+from cohort.rollout.server.client import RemoteEngine, RemoteEngineError
 from cohort.rollout.server.app import RolloutService, request_from_json, request_to_json, serve_in_thread
 
 TOKEN = "stream-token"

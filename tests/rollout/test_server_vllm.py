@@ -23,11 +23,11 @@ import urllib.request
 import pytest
 import torch
 
-from cohort.config.loading import load_config
-from cohort.models.loading import load_policy, load_tokenizer
+from cohort.config.resolve import load_config
+from cohort.models.pretrained import load_policy, load_tokenizer
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import FINISHED, Request, SamplingConfig, Trajectory
-from cohort.rollout.engines.remote import RemoteEngine
+from cohort.rollout.server.client import RemoteEngine
 from cohort.rollout.server.app import LocalServer, RolloutService, serve_in_thread
 from cohort.trainer import checkpoint
 from cohort.trainer.failure import RunFailed

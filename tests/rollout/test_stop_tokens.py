@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from cohort.models.char_tokenizer import EOS_TOKEN_ID, save_char_tokenizer
-from cohort.models.loading import ModelLoadError, chat_end_of_turn_id, load_policy, load_tokenizer, stop_token_ids
+from cohort.models.pretrained import ModelLoadError, chat_end_of_turn_id, load_policy, load_tokenizer, stop_token_ids
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import SamplingConfig, Trajectory, decode_completion, finish_reason
 from cohort.rollout.engines.hf import HFEngine, until_stop

@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from cohort.models.loading import load_policy, load_tokenizer
+from cohort.models.pretrained import load_policy, load_tokenizer
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import SamplingConfig
 from cohort.rollout.engines.vllm import RELOAD_LOGGER, expected_reload_warnings_dropped

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cohort.models.loading import load_policy, load_tokenizer
+from cohort.models.pretrained import load_policy, load_tokenizer
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import FINISHED, Request, SamplingConfig, generate_requests
 

@@ -106,14 +106,16 @@ def test_vllm_gets_its_batch_limits_from_the_batch_plan_on_a_gpu(tmp_path, monke
     """build_engine hands vLLM max_num_seqs = the generation batch (4 prompts × 8 = 32 here) and one step's tokens
     (8,192 here, at least max_model_len); on CUDA they reach vllm.LLM, where vLLM's H100/H200 default of 1,024
     sequences would size a 2.3 GiB start-up sampler pass (cohort.plan.memory.engine_batch_limits). On the CPU, vLLM's own."""
-    from cohort.config.loading import load_config
-    from cohort.trainer import engines
+    from cohort.config.resolve import load_config
+    from cohort.trainer import build_engine as engines
 
     built = {}
     monkeypatch.setattr(engines, "VLLMEngine", lambda model_dir, **kwargs: built.update(kwargs))
+    monkeypatch.setattr(engines, "stop_token_ids", lambda model_dir, tokenizer: [2])  # (no tokenizer here)
     cfg = load_config(None, ["train.prompts_per_step=4", "rollout.num_generations=8"])
     engines.build_engine(cfg, tmp_path, None, max_model_len=300, precision=None)
     assert built["batch_limits"] == (32, 8192)
+    assert built["stop_ids"] == [2]  # from the caller's tokenizer: vLLM's side loads none of its own for them
     common = dict(dtype="bfloat16", seed=0, max_model_len=300, enforce_eager=True, enable_prefix_caching=True,
                   gpu_memory_utilization=0.04, sleep_mode=0, tensor_parallel_size=1, batch_limits=(32, 8192))
     gpu = llm_options(Path("m"), cuda=True, **common)
@@ -127,10 +129,10 @@ def test_per_request_seeds_on_the_cpu_only_unless_set(tmp_path, monkeypatch):
     request's SamplingParams then carry its seed, or None (the engine's generator, LLM(seed=rollout.seed))."""
     from types import SimpleNamespace
 
-    from cohort.config.loading import load_config
+    from cohort.config.resolve import load_config
     from cohort.rollout.base import SamplingConfig
     from cohort.rollout.engines.vllm import seeds_each_request
-    from cohort.trainer import engines
+    from cohort.trainer import build_engine as engines
 
     chosen = {(cuda, s): seeds_each_request(s, cuda=cuda) for cuda in (True, False) for s in (None, True, False)}
     assert chosen == {(True, None): False, (False, None): True, (True, True): True, (False, True): True,
@@ -141,6 +143,7 @@ def test_per_request_seeds_on_the_cpu_only_unless_set(tmp_path, monkeypatch):
         assert VLLMEngine._params(engine, sampling, 1234).seed == expected
     built = {}
     monkeypatch.setattr(engines, "VLLMEngine", lambda model_dir, **kwargs: built.update(kwargs))
+    monkeypatch.setattr(engines, "stop_token_ids", lambda model_dir, tokenizer: [2])
     for value in (None, False):
         cfg = load_config(None, ["train.prompts_per_step=4", "rollout.num_generations=8", "engine.per_request_seeds=" + {None: "null", False: "false"}[value]])
         engines.build_engine(cfg, tmp_path, None, max_model_len=300, precision=None)

@@ -1,4 +1,4 @@
-"""A streamed push (cohort/rollout/engines/remote.py `stream_weight_parts`): the same parts and the same bytes as
+"""A streamed push (cohort/rollout/server/client.py `stream_weight_parts`): the same parts and the same bytes as
 grouping the whole set first, with only one part's tensors alive at a time; and LoRA's merged weights through it are
 bit-identical to the merged state dict."""
 
@@ -9,9 +9,9 @@ import weakref
 import pytest
 import torch
 
-from cohort.rollout.engines import remote as remote_engine
+from cohort.rollout.server import client as remote_engine
 from cohort.rollout.base import WeightStream
-from cohort.rollout.engines.remote import plan_weight_parts, serialize_part, stream_weight_parts
+from cohort.rollout.server.client import plan_weight_parts, serialize_part, stream_weight_parts
 
 
 def _made_on_the_fly(alive: list, tied: torch.Tensor):
@@ -65,8 +65,8 @@ def test_part_size_bounds_what_a_push_holds():
 
 def test_lora_merged_weights_streamed_are_bit_identical_to_the_merged_state_dict(tiny_model_dir):
     pytest.importorskip("peft")
-    from cohort.config.loading import load_config
-    from cohort.models.loading import load_policy
+    from cohort.config.resolve import load_config
+    from cohort.models.pretrained import load_policy
     from cohort.models.lora import attach_lora
 
     cfg = load_config({"model": {"path": str(tiny_model_dir)}, "lora": {"rank": 4}})

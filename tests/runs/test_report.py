@@ -97,7 +97,7 @@ def test_compare_overlays_runs(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def real_run(tiny_model_dir, tmp_path_factory):
-    from cohort.config.loading import load_config
+    from cohort.config.resolve import load_config
     from cohort.trainer.trainer import Trainer
     from cohort.trainer.run import run_training
 

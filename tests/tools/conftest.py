@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from cohort.models.loading import load_tokenizer
+from cohort.models.pretrained import load_tokenizer
 from cohort.tools.render import BASE
 
 

@@ -19,12 +19,12 @@ import pytest
 
 from cohort.api import build_config
 from cohort.config import ConfigError
-from cohort.models.loading import load_tokenizer
+from cohort.models.pretrained import load_tokenizer
 from cohort.rollout.base import Request, SamplingConfig, generate_requests, with_observation
 from cohort.tools.loop import ToolEngine
 from cohort.tools.openenv import EnvironmentLost, check_capacity
 from cohort.tools.parsers import parse_hermes
-from cohort.tools.schema import environment_reward_specs, environment_tools, resolve_environment
+from cohort.tools.tool_schemas import environment_reward_specs, environment_tools, resolve_environment
 
 ENVS = Path(__file__).parent / "envs"
 sys.path.insert(0, str(ENVS))

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.data.tasks import get_task
-from cohort.models.loading import load_tokenizer
+from cohort.models.pretrained import load_tokenizer
 from cohort.models.tiny import TINY_RECIPES, chat_codec, tool_transcript
 from cohort.tools.render import ToolRenderer
 from cohort.plan.validate import validate_config

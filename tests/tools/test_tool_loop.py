@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from cohort.models.loading import load_tokenizer
+from cohort.models.pretrained import load_tokenizer
 from cohort.rollout.base import Request, SamplingConfig, Trajectory, generate_requests
 from cohort.tools.loop import Episode, ToolEngine
 from cohort.tools.metrics import tool_metrics
 from cohort.tools.parsers import parse_hermes
-from cohort.tools.schema import resolve_tools
+from cohort.tools.tool_schemas import resolve_tools
 
 
 def multiply(a: int, b: int) -> int:

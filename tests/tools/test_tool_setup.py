@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 
 from cohort.config import ConfigError
-from cohort.config.loading import load_config
-from cohort.models.loading import load_tokenizer
+from cohort.config.resolve import load_config
+from cohort.models.pretrained import load_tokenizer
 from cohort.rewards import RewardSet
 from cohort.tools.parsers import ToolCall, get_parser, parse_compact, parse_hermes
 from cohort.tools.render import ToolRenderer, ToolTemplateError
-from cohort.tools.schema import resolve_environment, resolve_tools
+from cohort.tools.tool_schemas import resolve_environment, resolve_tools
 from cohort.plan.validate import validate_config
 
 
@@ -84,7 +84,7 @@ class Counter:
 
 def test_environment_public_methods_are_its_tools():
     assert resolve_environment(Counter) is Counter
-    from cohort.tools.schema import environment_tools
+    from cohort.tools.tool_schemas import environment_tools
     assert [t.name for t in environment_tools(Counter())] == ["increment"]
 
 
@@ -166,7 +166,7 @@ def test_calculator_evaluates_arithmetic_and_refuses_anything_else():
 def test_an_environment_s_engine_has_the_model_s_room_for_its_first_observation():
     # tiny:arith has 128 positions (its recipe). A 10-token prompt and 8 completion tokens need 10 + 8 + 1 = 19; an
     # environment's reset appends its observation to the prompt after encoding, so its run gets all 128 (as agents do).
-    from cohort.trainer.engines import engine_length
+    from cohort.trainer.build_engine import engine_length
 
     base = ["model.path=tiny:arith", "rollout.max_completion_length=8"]
     assert engine_length(load_config(overrides=base), "tiny:arith", [[1] * 10, [1] * 4]) == 19

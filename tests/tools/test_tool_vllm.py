@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from cohort.models.loading import load_tokenizer, stop_token_ids
+from cohort.models.pretrained import load_tokenizer, stop_token_ids
 from cohort.rollout.base import Request, SamplingConfig, generate_requests
 from cohort.tools.loop import ToolEngine
 from cohort.tools.parsers import ParsedTurn, ToolCall, get_parser
-from cohort.tools.schema import resolve_tools
+from cohort.tools.tool_schemas import resolve_tools
 
 
 def count() -> int:

@@ -25,7 +25,7 @@ from cohort.algorithms import (AGGREGATIONS, POLICY_LOSSES, aggregate_loss, aggr
                                top_entropy_mask)
 from cohort.algorithms.specs import ALGORITHMS, LOSS_TYPES, AdvantageInputs
 from cohort.config import AlgorithmConfig
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.trainer.algorithms import resolve
 from tests.builders import write_doubling
 

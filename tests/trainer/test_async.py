@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cohort.config import ConfigError
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.rollout.base import Trajectory
 from cohort.rollout.stream import FinishedGroup
 from cohort.trainer import checkpoint
@@ -206,7 +206,7 @@ def test_an_eval_while_groups_are_in_flight_loses_none_of_them(tmp_path, data_fi
 def test_a_local_server_engine_gets_its_own_cores_under_asynchronous_training(tmp_path, data_file, tiny_model_dir):
     # Generation and the update run at once (as with pipeline.max_staleness=1): on this machine's N cores the engine takes the
     # last N // 2 (at least one) and the trainer's threads default to the rest; synchronous runs share them all.
-    from cohort.rollout.engines.remote import engine_cores
+    from cohort.rollout.server.client import engine_cores
     cores = sorted(os.sched_getaffinity(0))
     k = max(1, len(cores) // 2)
     cfg = _config(tmp_path, data_file, tiny_model_dir, "pipeline.max_staleness=1", "engine.mode=local_server")

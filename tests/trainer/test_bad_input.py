@@ -14,9 +14,9 @@ import pytest
 
 from cohort import cli
 from cohort.config import ConfigError
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.data.datasets import DataError, PromptDataset
-from cohort.models.loading import load_tokenizer
+from cohort.models.pretrained import load_tokenizer
 from cohort.prompts import PromptRenderer
 
 
@@ -56,7 +56,7 @@ def test_truncated_weights_fail_validation(tmp_path, tiny_model_dir, capsys, mon
     shutil.copytree(tiny_model_dir, broken)
     (broken / "model.safetensors").write_bytes(b"\x00" * 64)  # a file cut short: no header
     data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "1+1=", "answer": "2"}])
-    import cohort.models.loading as loading
+    import cohort.models.pretrained as loading
 
     monkeypatch.setattr(loading, "load_tokenizer", lambda *a: pytest.fail("loaded before validation"))
     err = fails_before_training(capsys, train_args(broken, data, tmp_path / "run"), tmp_path / "run")
@@ -147,7 +147,7 @@ LIMIT = "the model's max_position_embeddings − rollout.max_completion_length (
 
 @pytest.fixture
 def no_weights(monkeypatch):
-    import cohort.trainer.setup as setup
+    import cohort.trainer.build_parts as setup
 
     monkeypatch.setattr(setup, "load_policy", lambda *a, **k: pytest.fail("weights loaded before the prompts were checked"))
 
@@ -175,7 +175,7 @@ def test_prompts_the_model_cannot_hold_are_filtered_by_default(tmp_path, tiny_mo
 
 
 def test_output_dir_problems_are_config_errors(tmp_path):
-    from cohort.trainer.setup import _check_writable
+    from cohort.trainer.build_parts import _check_writable
 
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from cohort import cli
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.trainer.trainer import Trainer
 from cohort.trainer.run import run_training
 

@@ -30,7 +30,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.trainer import checkpoint
 from cohort.trainer.trainer import Trainer
 from cohort.trainer.run import run_training
@@ -236,7 +236,7 @@ def test_kill9_then_resume_is_exact_vllm(user_setup, tiny_model_dir, vllm_engine
 
 KILL_DURING_SAVE = textwrap.dedent('''
     import os, signal, sys
-    from cohort.config.loading import load_config
+    from cohort.config.resolve import load_config
     from cohort.trainer import checkpoint
     from cohort.trainer.trainer import Trainer
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.rollout.base import Trajectory
 from cohort.trainer.trainer import Trainer
 from cohort.trainer.run import run_training

@@ -20,7 +20,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.models.batching import length_sorted_micro_batches
 from cohort.trainer.trainer import Trainer
 from tests.builders import write_doubling

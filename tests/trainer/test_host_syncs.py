@@ -18,7 +18,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from cohort.models.batching import pack_right_padded
-from cohort.models.loading import load_policy
+from cohort.models.pretrained import load_policy
 from cohort.models.logprobs import completion_logprobs
 
 COHORT = str(Path(__file__).resolve().parents[2] / "cohort")
@@ -88,7 +88,7 @@ def test_the_update_loop_copies_nothing_to_the_device_and_reads_nothing_back(tmp
     import numpy as np
 
     from cohort.algorithms.aggregation import aggregation_count
-    from cohort.config.loading import load_config
+    from cohort.config.resolve import load_config
     from cohort.trainer.rollout_batch import RolloutBatch
     from cohort.trainer.trainer import Trainer
     from tests.builders import tiny_run, write_doubling
@@ -151,7 +151,7 @@ def test_the_critic_moves_every_micro_batch_before_its_first_forward(tmp_path, t
     # micro-batch was packed between two forwards: tensors, a forward, tensors, a forward.
     import numpy as np
 
-    from cohort.config.loading import load_config
+    from cohort.config.resolve import load_config
     from cohort.trainer.rollout_batch import RolloutBatch
     from cohort.trainer.trainer import Trainer
     from tests.builders import tiny_run, write_doubling

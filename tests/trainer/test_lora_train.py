@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 pytest.importorskip("peft")
 
-from cohort.config.loading import load_config  # noqa: E402
+from cohort.config.resolve import load_config  # noqa: E402
 from cohort.models.lora import LoraPolicy  # noqa: E402
 from cohort.trainer import checkpoint  # noqa: E402
 from cohort.trainer.trainer import Trainer  # noqa: E402

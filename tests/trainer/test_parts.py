@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.trainer.state import stateful_parts
 from cohort.trainer.trainer import Trainer
 from cohort.trainer.parts import TrainerParts

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 
 from cohort.config import ConfigError
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.models.precision import resolve_precision
 from cohort.plan.memory import memory_estimate, model_facts
 from cohort.trainer.trainer import Trainer

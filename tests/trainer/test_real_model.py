@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.rollout.engines.vllm import VLLMEngine
 from cohort.trainer.trainer import Trainer
 from cohort.trainer.run import run_training

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.trainer import critic as critic_module
 from cohort.trainer import trainer as trainer_module
 from cohort.trainer.trainer import Trainer

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.trainer import checkpoint
 from cohort.trainer.trainer import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch

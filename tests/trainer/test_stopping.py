@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from cohort import cli
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.trainer import checkpoint
 from cohort.trainer.trainer import Trainer
 from cohort.trainer.run import run_training

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from cohort.config import ConfigError
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.rollout.base import SamplingConfig, completion_seeds, decode_completion
 from cohort.trainer import checkpoint
 from cohort.trainer.trainer import Trainer

@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.rollout.engines import vllm as vllm_engine_module
 from cohort.trainer.trainer import Trainer
 from cohort.trainer import sync_check

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cohort.config.loading import load_config
-from cohort.trainer import engines
-from cohort.models.loading import checkpoint_parameters
-from cohort.trainer.engines import SMALL_MODEL_PARAMETERS, set_torch_threads
+from cohort.config.resolve import load_config
+from cohort.trainer import build_engine as engines
+from cohort.models.pretrained import checkpoint_parameters
+from cohort.trainer.build_engine import SMALL_MODEL_PARAMETERS, set_torch_threads
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_environment_and_gpu_keep_pytorchs_default(calls, monkeypatch):
 def test_checkpoint_parameters_counts_what_loads(random_arch_builder, arch):
     """`cohort eval` sizes its thread default from the checkpoint's headers, before any model is loaded: the count must be
     the loaded model's, which the trainer uses."""
-    from cohort.models.loading import checkpoint_parameters, load_policy
+    from cohort.models.pretrained import checkpoint_parameters, load_policy
 
     model_dir = random_arch_builder(arch)
     loaded = sum(p.numel() for p in load_policy(model_dir, torch.float32).parameters())

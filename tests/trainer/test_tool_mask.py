@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cohort.algorithms import aggregation_count
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.rollout.base import Trajectory
 from cohort.trainer.trainer import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch

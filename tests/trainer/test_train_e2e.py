@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from cohort.config.loading import load_config
+from cohort.config.resolve import load_config
 from cohort.models.devices import has_bf16_units
 from cohort.trainer.trainer import Trainer
 from cohort.trainer.run import run_training

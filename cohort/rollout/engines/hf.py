@@ -22,7 +22,7 @@ seeded per generation batch (from the first completion's seed), so runs are
 reproducible.
 
 Stopping: generation stops at every id of `stop_token_ids` (the checkpoint's
-set, `cohort.models.loading.stop_token_ids`; vLLM gets the same set). A
+set, `cohort.models.pretrained.stop_token_ids`; vLLM gets the same set). A
 completion keeps its stop token and reports "stop"; transformers pads a row
 that finished before the others with `pad_token_id`, and those pads are cut
 off (everything after the first stop id). A stop id sampled as the last

@@ -18,7 +18,7 @@ is derived from the config, not a weight) and, for a tied head, `ParallelLMHead`
 (re-tied by `_refresh_tied_lm_head`). Any other layer's warning still shows.
 
 Stop tokens: every request carries the checkpoint's stop set
-(`cohort.models.loading.stop_token_ids`, the set the transformers engine uses)
+(`cohort.models.pretrained.stop_token_ids`, the set the transformers engine uses)
 as `stop_token_ids`, so stopping never depends on what vLLM itself reads from
 the checkpoint (it adds the tokenizer's EOS and generation_config.json's
 eos ids, both already in the set). The rollout server builds this engine from
@@ -109,7 +109,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from cohort.models.loading import load_tokenizer, stop_token_ids
+from cohort.models.pretrained import load_tokenizer, stop_token_ids
 from cohort.rollout.base import Request, RequestEngineMixin, SamplingConfig, Trajectory, finish_reason
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -67,7 +67,7 @@ streaming comes back as trajectories with status "error" and the reason).
 
 Stop tokens are computed server-side: the engine reads the set from its own
 checkpoint directory with the function the trainer uses
-(`cohort.models.loading.stop_token_ids`), rather than taking it from each
+(`cohort.models.pretrained.stop_token_ids`), rather than taking it from each
 request, so any client of the server samples the checkpoint's stopping, and
 the trainer checks the set `/health` reports against its own at connect time
 (`RemoteEngine`), which catches a server started from another checkpoint.
@@ -96,7 +96,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlparse
 
-from cohort.models.loading import load_tokenizer, resolve_model_dir
+from cohort.models.pretrained import load_tokenizer, resolve_model_dir
 from cohort.rollout.server import bodies
 from cohort.rollout.base import EngineLock, Request, Trajectory, engine_thread
 from cohort.rollout.server.request_stream import Conflict, RequestStream
@@ -107,7 +107,7 @@ POST_PATHS = ("/generate", "/score", "/weights", "/submit", "/poll", "/abort", "
 GET_PATHS = ("/health", "/v1/models")
 OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 409: "conflict_error",
                       413: "invalid_request_error"}
-MAX_BODY_BYTES = 4 * 2**30  # one request (a weights part is at most engines/remote.py PART_BYTES)
+MAX_BODY_BYTES = 4 * 2**30  # one request (a weights part is at most server/client.py PART_BYTES)
 READ_TIMEOUT_S = 120.0  # a client that stops sending mid-request frees its thread after this
 
 
@@ -444,7 +444,7 @@ class LocalServer:
         if cpu_cores:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cpu_cores)
             env["OMP_NUM_THREADS"] = str(len(cpu_cores))
-        if cuda_devices:  # the GPUs cohort chose for the engine (engines/remote.py engine_gpus), as this process numbers them
+        if cuda_devices:  # the GPUs cohort chose for the engine (server/client.py engine_gpus), as this process numbers them
             env["CUDA_VISIBLE_DEVICES"] = child_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), cuda_devices)
         cmd = [sys.executable, "-m", "cohort.cli", "serve", str(model_dir), "--port", "0", "--dtype", dtype, "--seed", str(seed),
                "--kv-cache-gib", str(kv_cache_gib), "--tensor-parallel-size", str(tensor_parallel_size)]

@@ -25,7 +25,7 @@ from pathlib import Path
 from cohort.data.verifiers import check_environment
 from cohort.algorithm_facts import FACTS
 from cohort.config import CohortConfig
-from cohort.tools.schema import import_object
+from cohort.tools.tool_schemas import import_object
 
 
 def resolve_agent(spec):

@@ -33,7 +33,7 @@ import urllib.request
 from typing import Any
 
 from cohort.rewards.calling import AsyncReward
-from cohort.rewards.registry import register
+from cohort.rewards.reward_registry import register
 from cohort.rewards.calling import RewardRowError
 
 RETRY_STATUS = {429, 500, 502, 503, 504}

@@ -8,7 +8,7 @@ algorithm.beta != 0), the distillation teacher (only for algorithm.name = distil
 held like the reference: frozen, sharded and offloaded with it), the optimizer and the schedule, the algorithm's resolved
 choices (`cohort.trainer.algorithms`), the critic (only for an algorithm that
 needs one), and last the rollout engine (the slowest to start,
-cohort/trainer/engines.py), wrapped in the tool loop when tools.functions or tools.environment is set, or in agent
+cohort/trainer/build_engine.py), wrapped in the tool loop when tools.functions or tools.environment is set, or in agent
 runs when agent.function is (cohort/agents).
 
 Nothing here touches a Trainer: `setup` returns the parts and the Trainer holds them.
@@ -27,25 +27,25 @@ import torch
 
 from cohort.config import ConfigError
 from cohort.data.datasets import RepeatSampler
-from cohort.data.loading import load_data
+from cohort.data.run_data import load_data
 from cohort.distributed.fsdp import LocalContext, context_from_env, offload_optimizer_state, rank_run_dir
 from cohort.distributed.rank0 import MainOnlyEngine, main_only_rewards
 from cohort.models.devices import autocast_device_type, resolve_device, use_device
-from cohort.models.loading import load_policy, load_tokenizer, resolve_model_dir
+from cohort.models.pretrained import load_policy, load_tokenizer, resolve_model_dir
 from cohort.models.lora import attach_lora, base_dtype
 from cohort.models.precision import DTYPES, Precision, resolve_precision
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
 from cohort.plan.run_plan import RunInputs, RunPlan
 from cohort.plan.teacher_checks import mismatch_problem, tokenizer_mismatch
-from cohort.agents import setup as agents
+from cohort.agents import agent_setup as agents
 from cohort.tools.openenv import check_capacity, is_server_url
-from cohort.tools.schema import environment_reward_specs
-from cohort.tools.setup import prompt_with_observation, rows_by_prompt, wrap_engine
+from cohort.tools.tool_schemas import environment_reward_specs
+from cohort.tools.tool_setup import prompt_with_observation, rows_by_prompt, wrap_engine
 from cohort.trainer import algorithms
 from cohort.trainer.checkpoint import check_disk_space
 from cohort.trainer.critic import Critic
-from cohort.trainer.engines import build_engine, engine_length, rank0_engine, set_torch_threads
+from cohort.trainer.build_engine import build_engine, engine_length, rank0_engine, set_torch_threads
 from cohort.trainer.optim import build_optimizer
 from cohort.trainer.parts import TrainerParts
 

@@ -1,6 +1,6 @@
-"""From the config to agent runs: the wrapping of a built engine in an `AgentEngine` (cohort/trainer/setup.py and
+"""From the config to agent runs: the wrapping of a built engine in an `AgentEngine` (cohort/trainer/build_parts.py and
 `cohort eval` call `wrap_engine` when agent.function or agent.environment is set (an environment's episodes are
-the runs: cohort/agents/verifiers.py); the config's checks are in cohort/agents/checks.py).
+the runs: cohort/agents/verifiers.py); the config's checks are in cohort/agents/agent_checks.py).
 
 The endpoint is the one `cohort serve` answers with (cohort/agents/chat.py's `ChatCompletions`): the checkpoint's
 chat template (its tools block unless agent.render_tools is false), its stop tokens, tools.parser for tool calls; the
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from cohort.agents.chat import ChatCompletions, Conversation
-from cohort.agents.checks import resolve_agent
+from cohort.agents.agent_checks import resolve_agent
 from cohort.agents.engine import AgentEngine
 from cohort.agents.verifiers import VerifiersAgent
 from cohort.config import CohortConfig

@@ -7,7 +7,7 @@ Imports only the schema and parser modules (no engine), so `cohort.plan.validate
 from __future__ import annotations
 
 from cohort.tools.parsers import get_parser
-from cohort.tools.schema import resolve_environment, resolve_tools
+from cohort.tools.tool_schemas import resolve_environment, resolve_tools
 
 
 def tool_problems(tools) -> list[str]:

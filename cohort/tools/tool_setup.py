@@ -1,10 +1,10 @@
-"""From the config to a tool loop: the wrapping of a built engine in a `ToolEngine` (cohort/trainer/setup.py calls
-`wrap_engine` when tools.functions or tools.environment is set; the config's checks are in cohort/tools/checks.py).
+"""From the config to a tool loop: the wrapping of a built engine in a `ToolEngine` (cohort/trainer/build_parts.py calls
+`wrap_engine` when tools.functions or tools.environment is set; the config's checks are in cohort/tools/tool_checks.py).
 
 `rows_by_prompt` maps a request's prompt token ids to its dataset row, which `reset(**row)` of an environment gets:
 the tool loop sees requests, not rows. Rows whose prompts tokenize identically get the first such row's columns.
 `prompt_with_observation` renders a row's prompt again with an environment's first observation appended (TRL's rule,
-`cohort.rollout.base.with_observation`). (An OpenEnv server's capacity is checked by cohort/trainer/setup.py before
+`cohort.rollout.base.with_observation`). (An OpenEnv server's capacity is checked by cohort/trainer/build_parts.py before
 any weights load: `cohort.tools.openenv.check_capacity`.)
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 from cohort.rollout.base import Request, with_observation
 from cohort.tools.loop import ToolEngine
 from cohort.tools.parsers import get_parser
-from cohort.tools.schema import resolve_environment, resolve_tools
+from cohort.tools.tool_schemas import resolve_environment, resolve_tools
 
 SOCKET_TIMEOUT_SHARE = 0.9  # a server's answer is awaited for this share of tools.timeout_s: the session fails first
 

@@ -31,13 +31,13 @@ import torch
 from cohort.distributed.fsdp import LocalContext
 from cohort.distributed.rank0 import DetachedHFEngine, MainOnlyEngine
 from cohort.models.devices import resolve_device
-from cohort.models.loading import load_policy, stop_token_ids
+from cohort.models.pretrained import load_policy, stop_token_ids
 from cohort.models.precision import Precision
 from cohort.plan.batch import batch_plan
 from cohort.plan.memory import engine_batch_limits
 from cohort.prompts import max_positions_of
 from cohort.rollout.engines.hf import HFEngine
-from cohort.rollout.engines.remote import LocalServerEngine, RemoteEngine, engine_cores
+from cohort.rollout.server.client import LocalServerEngine, RemoteEngine, engine_cores
 from cohort.rollout.engines.vllm import VLLMEngine
 
 

@@ -53,7 +53,7 @@ _BUILTIN_MODULES = (
     "cohort.rewards.math_answers",
     "cohort.rewards.code",
     "cohort.rewards.reward_model",
-    "cohort.rewards.remote",
+    "cohort.rewards.http_reward",
     "cohort.rewards.verl",
     "cohort.rewards.dapo",
     "cohort.rewards.reasoning_gym",

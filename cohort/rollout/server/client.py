@@ -30,7 +30,7 @@
   `agreement_tolerance`, so a single stale server also stops the run.
 
 Stop tokens: each server stops at the set its engine computed from its own
-checkpoint (`cohort.models.loading.stop_token_ids`); given the trainer's set,
+checkpoint (`cohort.models.pretrained.stop_token_ids`); given the trainer's set,
 the constructor checks every server reports the same one.
 
 Every call has a timeout (`timeout_s`), a server with requests in flight that
