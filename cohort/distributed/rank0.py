@@ -137,6 +137,17 @@ def follow_walks(named_tensors: Iterable[tuple[str, torch.Tensor]], ctx: LocalCo
     return message.sent
 
 
+class RewardsFailed(RuntimeError):
+    """Rank 0's rewards raised; every other rank raises this with its message (the traceback is rank 0's)."""
+
+    def __init__(self, message: str):
+        super().__init__(f"the rewards failed on rank 0: {message}")
+        self.message = message
+
+    def __reduce__(self):  # (sent by broadcast_object: rebuilt from the message alone)
+        return (RewardsFailed, (self.message,))
+
+
 class MainOnlyRewards:
     """Scores on rank 0 only (a reward model or sandbox runs once), broadcasts the result to every rank."""
 
@@ -148,7 +159,18 @@ class MainOnlyRewards:
         rank (it follows rank 0's engine), while a pending call's `done()` would differ between ranks. (A forwarded
         `submit` ran the rewards on every rank: a reward model or sandbox once per process, and a reward that is not
         deterministic could give the ranks different advantages.)"""
-        return PendingScores.finished(self.ctx.broadcast_object(self.rewards.submit(**kwargs).result() if self.ctx.is_main else None))
+        failed, out = None, None
+        if self.ctx.is_main:
+            try:
+                out = self.rewards.submit(**kwargs).result()
+            except Exception as exc:  # every rank fails with it: the others wait in the broadcast below
+                failed = exc
+        out = self.ctx.broadcast_object(RewardsFailed(f"{type(failed).__name__}: {failed}") if failed is not None else out)
+        if failed is not None:
+            raise failed
+        if isinstance(out, RewardsFailed):
+            raise out
+        return PendingScores.finished(out)
 
     def score(self, **kwargs) -> RewardOutput:
         return self.submit(**kwargs).result()
