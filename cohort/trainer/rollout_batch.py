@@ -122,42 +122,36 @@ class RolloutBatch:
         token is off-policy under `mask_stale` (algorithm.off_policy_objective = mask_stale), or its sampler is more
         than `staleness_bound` versions behind (pipeline.max_staleness, k >= 1; inf otherwise).
 
-        Every row is gathered on the host first, then each tensor made there in one call and moved to the device once,
+        Every tensor is made on the host and moved to the device once,
         before the first forward: the loop over the micro-batches then queues its work without a copy to the device or a
         read back (issue 38, item 7; tests/trainer/test_host_syncs.py)."""
-        width = max(1, max(len(self.completion_ids[i]) for i in rows))
-        versions = [self._token_versions(i, width) for i in rows] if self.versions else None
-        off = [[float(v < self.taken_version) for v in vs] for vs in versions] if versions is not None else None
-        behind = [[float(version - v) for v in vs] for vs in versions] if versions is not None else None
-        mask = []  # per row: 1.0 on a token in the loss (each factor is 0 or 1: the products are exact)
-        for row, i in enumerate(rows):
-            kept = 0.0 if mask_truncated and self.truncated[i] else 1.0
-            trained = [float(m) * kept for m in self.loss_mask_of(i)[:len(self.completion_ids[i])]]
-            if mask_stale and off is not None:  # tokens of older policies: out of the loss (none past the versions)
-                trained = [t * (1.0 - off[row][j]) if j < len(off[row]) else t for j, t in enumerate(trained)]
-            if staleness_bound < float("inf") and behind is not None:  # tokens staler than the bound: out of it
-                trained = [t * float(behind[row][j] <= staleness_bound) if j < len(behind[row]) else t
-                           for j, t in enumerate(trained)]
-            mask.append(trained)
-        trains_off_policy = off is not None and any(o * t > 0 for o_row, t_row in zip(off, mask)
-                                                    for o, t in zip(o_row, t_row))
-        engine = [self.engine_logp[i][:width] for i in rows]  # 0 where the engine gave none
-        prompts, completions = [self.prompt_ids[i] for i in rows], [self.completion_ids[i] for i in rows]
-        packed = pack_right_padded(prompts, completions, pad_id, HOST)
-        host = [padded_tensor(r, width, torch.float32, HOST) if r is not None else None
-                for r in (mask, off, behind, engine)]
+        packed = pack_right_padded([self.prompt_ids[i] for i in rows], [self.completion_ids[i] for i in rows], pad_id, HOST)
+        width = packed.completion_mask.shape[1]
+        # tool-output tokens (loss mask 0) are in the input but out of the loss, ratio, entropy, KL and normaliser
+        mask = packed.completion_mask * self.token_mask(rows, width, HOST) * self._kept(rows, mask_truncated)[:, None]
+        off = self.off_policy(rows, width, HOST) if self.versions else None  # tokens sampled before the batch was taken
+        behind = self.staleness(rows, width, version, HOST) if self.versions else None
+        if mask_stale and off is not None:
+            mask = mask * (1.0 - off)  # tokens of older policies: out of the loss
+        if staleness_bound < float("inf") and behind is not None:  # tokens staler than the bound: out of it
+            mask = mask * (behind <= staleness_bound).float()
+        engine = padded_tensor([self.engine_logp[i][:width] for i in rows], width, torch.float32, HOST)  # 0 where none
+        trains_off_policy = off is not None and bool((off * mask).sum() > 0)  # read on the host, where it was made
         logps = [pad_rows([logp[i] for i in rows], width) if logp is not None else None
                  for logp in (self.old_logp, self.ref_logp, self.teacher_logp)]  # (already on the device)
-        mask_d, off_d, behind_d, engine_d = (to_device(t, device) if t is not None else None for t in host)
-        return MicroBatch(packed.to(device), mask_d, off_d, behind_d, engine_d, trains_off_policy, *logps)
+        return MicroBatch(packed.to(device), *(None if t is None else to_device(t, device) for t in (mask, off, behind, engine)),
+                          trains_off_policy, *logps)
 
     def trained_mask(self, mask_truncated: bool, device: torch.device) -> torch.Tensor:
         """(N, T) on `device`, 1.0 on each completion's tokens that enter the loss (T = the longest completion, at least
         1): not padding, not tool output (loss mask 0), not a truncated completion under `mask_truncated`."""
         width = max(1, max(len(c) for c in self.completion_ids))
         rows = list(range(len(self)))
-        kept = [0.0 if mask_truncated and self.truncated[i] else 1.0 for i in rows]
-        return to_device(self.token_mask(rows, width, HOST) * torch.tensor(kept, device=HOST)[:, None], device)
+        return to_device(self.token_mask(rows, width, HOST) * self._kept(rows, mask_truncated)[:, None], device)
+
+    def _kept(self, rows: list[int], mask_truncated: bool) -> torch.Tensor:
+        """(B,) on the host: 1.0 for completions that enter the loss; 0.0 for truncated ones under `mask_truncated`."""
+        return torch.tensor([0.0 if mask_truncated and self.truncated[i] else 1.0 for i in rows], device=HOST)
 
     def token_mask(self, rows: list[int], width: int, device: torch.device | None = None) -> torch.Tensor:
         """(B, width) float on `device`: 1.0 on the completion tokens of `rows` that are trained on (the trajectories'
@@ -187,10 +181,6 @@ class RolloutBatch:
 
     def _token_versions(self, i: int, width: int) -> list[int]:
         return self.versions[i][:width] if i < len(self.versions) else []
-
-    def sampled_before(self, rows: list[int]) -> bool:
-        """Whether some token of `rows` was sampled by a policy older than `taken_version` (read from the host's lists)."""
-        return any(v < self.taken_version for i in rows for v in self._token_versions(i, len(self.completion_ids[i])))
 
     def off_policy(self, rows: list[int], width: int, device: torch.device | None = None) -> torch.Tensor:
         """(len(rows), width) on `device`: 1.0 on tokens sampled by a policy older than `taken_version` (resumed
