@@ -25,7 +25,7 @@ builds a Qwen2.5-Instruct-shaped checkpoint with all of them:
 - a random-initialised ~0.1M-parameter Qwen2 (hidden 64, 2 layers) with tied
   embeddings (head dim 32, the smallest vLLM's CPU attention accepts).
 
-The warm-started chat model is ``tiny:arith_chat`` (``cohort.models.tiny.ChatRecipe``):
+The warm-started chat model is ``tiny:arith_chat`` (``cohort.models.tiny_recipes.ChatRecipe``):
 this tokenizer, the template without a default system turn, tiny:arith's recipe
 (hidden 128, 4 layers, lr 2e-3, batch 64, early stop at 33% greedy validation
 accuracy), trained on the ``arith_chat`` task rendered by the template, loss on

@@ -1,5 +1,5 @@
 """The tiny models' build-time decoding (``cohort.models.tiny``): the ``Codec`` a recipe encodes and decodes with, and
-greedy and sampled completions with no engine and no padding.
+greedy and sampled completions with no engine and no padding; `char_codec`: the character tokenizer's codec.
 
 Prompts are grouped by length and each group decodes as one batch, so no row is ever padded.
 
@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+
+from cohort.models.char_tokenizer import EOS_TOKEN_ID, VOCAB_SIZE, build_char_tokenizer
 
 
 @dataclass(frozen=True)
@@ -79,3 +81,32 @@ def _text_until_eos(codec: Codec, completion_ids: list[int]) -> str | None:
     if codec.eos_id not in completion_ids:
         return None
     return codec.decode(completion_ids[: completion_ids.index(codec.eos_id)])
+
+
+def char_codec() -> Codec:
+    tokenizer = build_char_tokenizer()
+    encode = lambda text: tokenizer.encode(text).ids  # noqa: E731
+    return Codec(encode, encode, tokenizer.decode, VOCAB_SIZE, EOS_TOKEN_ID, EOS_TOKEN_ID)
+
+
+def greedy_completions(model, prompts: list, max_new_tokens: int = 5, *, codec: Codec | None = None,
+                       kv_cache: bool = False) -> list[str | None]:
+    """Greedy completion text per prompt (None if no eos within ``max_new_tokens``); ``kv_cache``: see tiny_decode."""
+    return [texts[0] for texts in decode_loop(model, prompts, 1, max_new_tokens, None, codec or char_codec(), kv_cache=kv_cache)]
+
+
+def sampled_completions(
+    model, prompts: list, num_samples: int, max_new_tokens: int = 5, *, seed: int = 0, codec: Codec | None = None,
+    kv_cache: bool = False,
+) -> list[list[str | None]]:
+    """``num_samples`` temperature-1 completions per prompt, from a seeded generator."""
+    generator = torch.Generator().manual_seed(seed)
+    return decode_loop(model, prompts, num_samples, max_new_tokens, generator, codec or char_codec(), kv_cache=kv_cache)
+
+
+def tail_lengths(model, prompts: list, max_new_tokens: int, codec: Codec | None = None) -> list[int]:
+    """Each prompt's one temperature-1 completion (seed 0, on the KV cache), as its length with the eos (in tokens with the
+    character tokenizer, which the recipes that read it use); one that never stops counts ``max_new_tokens``: what an
+    engine sampling these prompts would decode."""
+    samples = sampled_completions(model, prompts, 1, max_new_tokens, seed=0, codec=codec, kv_cache=True)
+    return [max_new_tokens if texts[0] is None else len(texts[0]) + 1 for texts in samples]

@@ -15,14 +15,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cohort.data.tasks import get_task
-from cohort.models import tiny
+from cohort.models import tiny, tiny_recipes
 from cohort.models.char_tokenizer import EOS_TOKEN_ID
 
 # Documented band for held-out greedy accuracy of the warm start: aimed at 30–45%
 # (validation-based early stop at 33%); the margin covers other machines' floats.
 ACCURACY_BAND = (0.25, 0.55)
 
-TOY_RECIPE = tiny.TinyRecipe(
+TOY_RECIPE = tiny_recipes.TinyRecipe(
     hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
     intermediate_size=64, max_steps=3, check_every=3, target_accuracy=1.0,
     validation_size=8, expected_build_s=1,

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from cohort.data.tasks import get_task
-from cohort.models import tiny
+from cohort.models import tiny, tiny_decode, tiny_recipes
 from cohort.models.char_tokenizer import EOS_TOKEN_ID
 from cohort.models.tiny_decode import decode_group
 
@@ -35,11 +35,11 @@ def test_kv_cache_decoding_equals_recomputing_the_whole_sequence():
     torch.manual_seed(0)
     recipe = dataclasses.replace(RECIPE, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                                  intermediate_size=64)
-    model = tiny.new_tiny_model(recipe)
+    model = tiny_recipes.new_tiny_model(recipe)
     prompts = ["14797..14800=", "99900..99900=", "1=", "12="]  # (three prompt lengths: three groups)
-    assert tiny.greedy_completions(model, prompts, 16, kv_cache=True) == tiny.greedy_completions(model, prompts, 16)
-    assert (tiny.sampled_completions(model, prompts, 2, 16, seed=3, kv_cache=True)
-            == tiny.sampled_completions(model, prompts, 2, 16, seed=3))
+    assert tiny_decode.greedy_completions(model, prompts, 16, kv_cache=True) == tiny_decode.greedy_completions(model, prompts, 16)
+    assert (tiny_decode.sampled_completions(model, prompts, 2, 16, seed=3, kv_cache=True)
+            == tiny_decode.sampled_completions(model, prompts, 2, 16, seed=3))
 
 
 class CountdownModel(torch.nn.Module):
@@ -92,7 +92,7 @@ def test_the_built_model_samples_a_long_tail_of_lengths_and_leaves_headroom():
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        lengths = sorted(tiny.tail_lengths(model, prompts, 256))
+        lengths = sorted(tiny_decode.tail_lengths(model, prompts, 256))
     finally:
         torch.set_num_threads(previous)
     assert len(lengths) == 512 and lengths[len(lengths) // 2] <= 18  # the median at most 3 numbers (17 characters, eos)
@@ -115,6 +115,6 @@ def test_the_warm_start_stops_only_when_the_recipes_stop_check_agrees():
                    batch_size=4, check_every=1, target_accuracy=0.0, max_steps=10, max_new_tokens=4, warmup_steps=1)
     rows = get_task("long_tail").train_rows[:12]
     torch.manual_seed(0)
-    stats = tiny.warm_start(tiny.new_tiny_model(recipe), recipe, rows[:8], rows[8:], tiny.char_codec())
+    stats = tiny_recipes.warm_start(tiny_recipes.new_tiny_model(recipe), recipe, rows[:8], rows[8:], tiny_decode.char_codec())
     assert stats["steps"] == 3 and stats["checks"] == 3 and calls == [8, 8, 8]
     assert [entry[0] for entry in stats["history"]] == [1, 2, 3] and stats["history"][-1][-1] == 3

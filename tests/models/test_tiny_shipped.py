@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cohort.data.tasks import get_task
-from cohort.models import tiny
+from cohort.models import tiny, tiny_decode
 
 # sha256 of each shipped model.safetensors (cohort/models/tiny_weights/<name>/): changing the weights is a decision,
 # made with `make tiny-weights`, that changes this table and the measurements in docs/runs.md with it
@@ -71,7 +71,7 @@ def test_the_arith_start_scores_the_same_under_any_thread_count(threads):
     torch.set_num_threads(threads)
     try:
         with torch.no_grad():
-            greedy = tiny.greedy_completions(model, [row["prompt"] for row in task.eval_rows], 5)
+            greedy = tiny_decode.greedy_completions(model, [row["prompt"] for row in task.eval_rows], 5)
     finally:
         torch.set_num_threads(previous)
     correct = sum(text == row["answer"] for text, row in zip(greedy, task.eval_rows))

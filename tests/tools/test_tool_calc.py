@@ -10,7 +10,7 @@ import pytest
 from cohort.config.resolve import load_config
 from cohort.data.tasks import get_task
 from cohort.models.pretrained import load_tokenizer
-from cohort.models.tiny import TINY_RECIPES, chat_codec, tool_transcript
+from cohort.models.tiny_recipes import TINY_RECIPES, chat_codec, tool_transcript
 from cohort.tools.render import ToolRenderer
 from cohort.plan.validate import validate_config
 
