@@ -246,6 +246,25 @@ def cmd_rewards_list(ns) -> int:
     return 0
 
 
+def _add_convert_command(sub) -> None:
+    """`cohort convert`: a verl launch script or a TRL config (or command) as a cohort YAML."""
+    conv = sub.add_parser("convert", help="rewrite a verl main_ppo launch script (or its arguments) or a TRL GRPO "
+                          "config (YAML or JSON) as a cohort YAML, each line naming the option it came from")
+    conv.add_argument("source", nargs="+", help="a verl launch script; verl's key=value arguments (put `--` first when "
+                      "they start with python3 -m ...); the YAML `trl grpo --config` takes, or GRPOConfig's keyword "
+                      "arguments as a .json file; or a script running `trl grpo` / `accelerate launch SCRIPT.py --key value`")
+    conv.add_argument("-o", "--out", help="write the cohort YAML here (default: standard output); what is not mapped "
+                      "also goes to standard error")
+    conv.add_argument("--from", dest="kind", choices=["verl", "trl", "trl_command"], help="the source (default: "
+                      ".yaml/.yml/.json is a TRL config; a script or arguments running `trl grpo` or `accelerate launch` "
+                      "is trl_command; anything else verl)")
+    conv.add_argument("--rows", type=int, help="training prompts in the data, to turn epochs into train.max_steps when "
+                      "the data file is not on this machine")
+    conv.add_argument("--num-processes", type=int, default=1, help="TRL: accelerate's --num_processes when the input "
+                      "does not give it (the completions of an optimizer step are per_device_train_batch_size × this × gradient_accumulation_steps)")
+    conv.set_defaults(func=cmd_convert)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cohort", description="Online RL from verifiable rewards (GRPO, RLOO, REINFORCE++, PPO) for language models.")
     sub = parser.add_subparsers(dest="command")
@@ -280,21 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--num-samples", type=int, default=1, help="samples per prompt (>1: sampled, reports pass@k)")
     ev.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy; 1.0 used when --num-samples > 1 and this is 0)")
     ev.set_defaults(func=cmd_eval)
-    conv = sub.add_parser("convert", help="rewrite a verl main_ppo launch script (or its arguments) or a TRL GRPO "
-                          "config (YAML or JSON) as a cohort YAML, each line naming the option it came from")
-    conv.add_argument("source", nargs="+", help="a verl launch script; verl's key=value arguments (put `--` first when "
-                      "they start with python3 -m ...); the YAML `trl grpo --config` takes, or GRPOConfig's keyword "
-                      "arguments as a .json file; or a script running `trl grpo` / `accelerate launch SCRIPT.py --key value`")
-    conv.add_argument("-o", "--out", help="write the cohort YAML here (default: standard output); what is not mapped "
-                      "also goes to standard error")
-    conv.add_argument("--from", dest="kind", choices=["verl", "trl", "trl_command"], help="the source (default: "
-                      ".yaml/.yml/.json is a TRL config; a script or arguments running `trl grpo` or `accelerate launch` "
-                      "is trl_command; anything else verl)")
-    conv.add_argument("--rows", type=int, help="training prompts in the data, to turn epochs into train.max_steps when "
-                      "the data file is not on this machine")
-    conv.add_argument("--num-processes", type=int, default=1, help="TRL: accelerate's --num_processes when the input "
-                      "does not give it (the completions of an optimizer step are per_device_train_batch_size × this × gradient_accumulation_steps)")
-    conv.set_defaults(func=cmd_convert)
+    _add_convert_command(sub)
     tasks = sub.add_parser("tasks", help="list the built-in tasks (and reasoning-gym's: `cohort tasks reasoning_gym`)")
     tasks.add_argument("source", nargs="?", help="reasoning_gym: every reasoning-gym task with its config fields and "
                        "defaults; reasoning_gym:<name>: that one")

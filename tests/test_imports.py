@@ -10,7 +10,9 @@ Checked:
 - no cycle between modules, and none between packages (cohort.trainer, cohort.config, ...:
   a top-level module is its own package);
 - `LAYERS` (docs/architecture.md): an arrow between packages points to a lower layer or the
-  same one, never up; cohort.algorithms imports only torch, the standard library and itself.
+  same one, never up; cohort.algorithms imports only torch, the standard library and itself;
+- the sizes (docs/STYLE: small modules): no module over MAX_MODULE_LINES lines, no function or method over
+  MAX_FUNCTION_LINES (from its `def` line to its last line, docstring included, decorators not).
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ LAYERS = [
 # Known exceptions to the layering (none: the config package sits at the bottom since issue 40 and imports no checks). An entry here
 # is a debt, with the issue that pays it in a comment.
 KNOWN_EDGES: set[tuple[str, str]] = set()
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 60
 
 
 def module_name(path: Path) -> str:
@@ -227,3 +232,45 @@ def test_nothing_below_the_command_line_imports_it():
     graph = import_graph()
     assert sorted(f"{s} -> {t}" for s, ts in graph.items() if package_of(s) not in top | {"cohort.docs"} for t in ts
                   if package_of(t) in top) == []
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+def oversized(source: str, name: str) -> list[str]:
+    """'NAME: N lines' for a module over MAX_MODULE_LINES, 'NAME.FUNCTION: N lines' for each function over
+    MAX_FUNCTION_LINES (methods and nested functions by their qualified name)."""
+    found = []
+    lines = len(source.splitlines())
+    if lines > MAX_MODULE_LINES:
+        found.append(f"{name}: {lines} lines (at most {MAX_MODULE_LINES}: split it by idea)")
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                qualified = f"{prefix}.{child.name}"
+                length = child.end_lineno - child.lineno + 1
+                if not isinstance(child, ast.ClassDef) and length > MAX_FUNCTION_LINES:
+                    found.append(f"{qualified}: {length} lines (at most {MAX_FUNCTION_LINES}: a long function is "
+                                 "usually two ideas)")
+                visit(child, qualified)
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), name)
+    return found
+
+
+def test_the_size_check_names_each_long_function_and_module():
+    body = "".join(f"    x{i} = {i}\n" for i in range(59))  # def line + 59 = 60 lines: at the limit, not over
+    method = "".join(f"    {line}\n" for line in body.splitlines()) + "        y = 1\n"  # def line + 60 = 61: over
+    source = f"def fits():\n{body}\nclass C:\n    def long(self):\n{method}"
+    assert oversized(source, "m") == ["m.C.long: 61 lines (at most 60: a long function is usually two ideas)"]
+    assert oversized("x = 1\n" * 601, "big") == ["big: 601 lines (at most 600: split it by idea)"]
+    assert oversized("x = 1\n" * 600, "ok") == []
+
+
+def test_no_module_over_600_lines_and_no_function_over_60():
+    found = [problem for name, path in all_modules().items()
+             for problem in oversized(path.read_text(encoding="utf-8"), name)]
+    assert found == []

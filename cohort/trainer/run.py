@@ -129,16 +129,7 @@ def _run(trainer: Trainer, resume_from: str | Path | None) -> dict:
                            config=cfg.to_dict(), start_step=state.step, wandb_project=cfg.run.wandb_project)
     diagnostics = Diagnostics(max_completion_length=cfg.rollout.max_completion_length,
                               teacher_signal=cfg.algorithm.name == "distill") if cfg.run.diagnostics else None
-    if resumed:
-        logger.print(resumed)
-    if parts.prompts_filtered:
-        renderer = parts.renderer
-        logger.print(f"filtered {parts.prompts_filtered} prompt(s) longer than {renderer.limit_name} = {renderer.max_prompt_length}")
-    if parts.eval_data is not None and not resumed:  # (minutes on a real model: say what the silence is)
-        logger.print(f"eval before training: scoring {len(parts.eval_data.rows)} held-out prompts greedily ...")
-    before = _earlier_eval(run_dir, "before") if resumed else run_eval(trainer, "before", eval_sink)
-    if before and not resumed:
-        logger.print(f"eval before training: accuracy {before['accuracy']:.3f} on {before['num_prompts']} held-out prompts")
+    before = _opening(trainer, logger, eval_sink, resumed)
     history, saved_step, stopped = [], (state.step if resumed else None), None
     stop = GracefulStop(logger.print)
     try:
@@ -179,6 +170,23 @@ def _run(trainer: Trainer, resume_from: str | Path | None) -> dict:
     eval_sink.close()
     samples.close()
     return summary
+
+
+def _opening(trainer: Trainer, logger: MetricsLogger, eval_sink: JsonlWriter, resumed: str | None) -> dict | None:
+    """The console's lines before the first step (what was resumed, the prompts filtered) and the eval before training
+    (a resumed run's is read back from eval.jsonl, not run again); returns that eval's result."""
+    parts = trainer.parts
+    if resumed:
+        logger.print(resumed)
+    if parts.prompts_filtered:
+        renderer = parts.renderer
+        logger.print(f"filtered {parts.prompts_filtered} prompt(s) longer than {renderer.limit_name} = {renderer.max_prompt_length}")
+    if parts.eval_data is not None and not resumed:  # (minutes on a real model: say what the silence is)
+        logger.print(f"eval before training: scoring {len(parts.eval_data.rows)} held-out prompts greedily ...")
+    before = _earlier_eval(parts.run_dir, "before") if resumed else run_eval(trainer, "before", eval_sink)
+    if before and not resumed:
+        logger.print(f"eval before training: accuracy {before['accuracy']:.3f} on {before['num_prompts']} held-out prompts")
+    return before
 
 
 def _stop_message(saved: Checkpointed, signal_name: str, saved_step: int | None) -> str:
