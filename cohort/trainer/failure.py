@@ -48,6 +48,8 @@ from cohort.trainer.stopping import NonFiniteError, RunHalted
 
 ERROR_LOG = Path("logs") / "error.log"
 MAX_MESSAGE_LINES = 4
+MAX_LINE_CHARS = 2000  # a line of a failure's message kept whole up to here (`describe`)
+KEPT_LINE_END = 600  # of a longer one, this many characters of its start and of its end
 
 
 class RunFailed(RuntimeError):
@@ -153,12 +155,23 @@ def write_error_log(run_dir: Path, error: BaseException) -> Path:
 
 
 def describe(error: BaseException) -> str:
-    """The error in at most MAX_MESSAGE_LINES short lines; cohort's own errors as worded, others with their type."""
+    """The error in at most MAX_MESSAGE_LINES lines; cohort's own errors as worded, others with their type. A line is
+    kept whole up to MAX_LINE_CHARS (a refusal's fix comes at its end: one cut at 300 characters lost the OpenEnv
+    capacity refusal's `max_concurrent_envs`); a longer one (a library's dump) keeps its start and its end."""
     text = str(error).strip() or "(no message)"
     if not type(error).__module__.startswith("cohort."):
         text = f"{type(error).__name__}: {text}"
-    lines = [line if len(line) <= 300 else line[:297] + "..." for line in text.splitlines()]
+    lines = [_shortened(line) for line in text.splitlines()]
     return "\n".join(lines[:MAX_MESSAGE_LINES] + (["  ..."] if len(lines) > MAX_MESSAGE_LINES else []))
+
+
+def _shortened(line: str) -> str:
+    """`line` whole when it has at most MAX_LINE_CHARS characters, else its first and last KEPT_LINE_END characters
+    around a note of what was left out (the whole text is in the error log)."""
+    if len(line) <= MAX_LINE_CHARS:
+        return line
+    left_out = len(line) - 2 * KEPT_LINE_END
+    return f"{line[:KEPT_LINE_END]} ... ({left_out:,} characters left out) ... {line[-KEPT_LINE_END:]}"
 
 
 def run_failed(saved: Checkpointed, error: BaseException) -> RunFailed:
