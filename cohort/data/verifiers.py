@@ -17,6 +17,8 @@ import pkgutil
 from importlib import metadata
 from typing import Any
 
+from cohort.config.module_names import distribution_modules
+
 PREFIX = "verifiers:"
 REMOTE_RUNTIMES = ("prime", "modal", "e2b")  # runtimes that need a provider's service (and its key)
 
@@ -37,12 +39,9 @@ def installed_environments() -> list[str]:
     from verifiers.v1 import tasksets  # the optional verifiers package: only verifiers environments need it
 
     names = {m.name for m in pkgutil.iter_modules(tasksets.__path__)}
-    modules_of = metadata.packages_distributions()  # module -> distributions
-    dependents = set()
-    for dist in metadata.distributions():
+    for dist in metadata.distributions():  # (editable installs too: vf-init's hatchling .pth, setuptools' finders)
         if any((req or "").split(";")[0].strip().lower().startswith("verifiers") for req in dist.requires or []):
-            dependents.add(dist.metadata["Name"])
-    names |= {module for module, dists in modules_of.items() if dependents.intersection(dists)}
+            names |= distribution_modules(dist)
     return sorted(names)
 
 

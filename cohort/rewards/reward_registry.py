@@ -41,6 +41,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from cohort.config.module_names import import_failure
 from cohort.config.references import IN_PROCESS_MARK, reference
 
 RewardFunction = Callable[..., Any]
@@ -164,7 +165,7 @@ def _import_target(name: str) -> tuple[str, Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(_unknown_name_message(name, f" (cannot import {module_name!r}: {exc})")) from exc
+        raise ValueError(_unknown_name_message(name, f" ({import_failure(module_name, exc)})")) from exc
     target = module
     for part in attr.split("."):
         if not hasattr(target, part):

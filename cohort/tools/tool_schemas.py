@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 from transformers.utils import get_json_schema
 
+from cohort.config.module_names import import_failure
 from cohort.tools import openenv
 
 RESERVED_METHODS = ("reset", "close", "get_reward")
@@ -45,7 +46,7 @@ def import_object(path: str, what: str) -> Any:
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"{what} {path!r}: cannot import {module_name!r} ({exc}); is it on PYTHONPATH?") from exc
+        raise ValueError(f"{what} {path!r}: {import_failure(module_name, exc)}") from exc
     for part in attr.split("."):
         if not hasattr(target, part):
             close = difflib.get_close_matches(part, [n for n in dir(target) if not n.startswith("_")], n=3, cutoff=0.5)
