@@ -21,7 +21,7 @@
   CUDA), refusing a split that cannot fit with both numbers and the fixes.
 
 It builds nothing: no model, no tokenizer of a `tiny:*` model, no engine, and
-writes no file (with check_files, a GGUF model.path is converted once into cohort's cache first, so the checks can
+writes no file (but RUN_DIR/logs/error.log when reading the data raised an error of its own: one line names it; with check_files, a GGUF model.path is converted once into cohort's cache first, so the checks can
 read it). It never writes into `cfg`: it returns a `RunPlan` (cohort/plan/run_plan.py) whose `config` is a new,
 resolved config, with the two values every later reader must agree on settled:
 - `model.dtype = auto` becomes the dtype chosen for this device (`choose_model_dtype`), so the saved config.yaml,
@@ -51,7 +51,7 @@ import torch
 from cohort import rewards as reward_registry
 from cohort.agents.agent_checks import agent_problems
 from cohort.algorithm_facts import FACTS
-from cohort.config import CohortConfig, ConfigError
+from cohort.config import CohortConfig, ConfigError, default_output_dir
 from cohort.data.datasets import DataError, check_data_config, own_data
 from cohort.data.run_data import load_data
 from cohort.data.named import named_data_problems
@@ -73,7 +73,9 @@ from cohort.plan.teacher_checks import teacher_fit_problems, teacher_problems
 from cohort.prompts import encode_prompts, fit_problems, max_positions_of
 from cohort.rewards.columns import reward_column_problems
 from cohort.tools.tool_checks import tool_problems
-from cohort.tools.tool_schemas import has_environment_reward
+from cohort.runs.error_log import describe, write_error_log
+from cohort.tools.openenv import is_server_url
+from cohort.tools.tool_schemas import has_environment_reward, import_object
 
 
 def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: bool = False) -> RunPlan:
@@ -100,8 +102,9 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
             problems += [p.replace("model.path", "critic.path", 1) for p in pretrained.check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
     problems += tool_problems(cfg.tools)
-    problems += agent_problems(cfg, world_size=training_world_size(cfg), one_step=one_step_per_generation(cfg),
-                               one_step_fix=ONE_STEP_FIX)
+    agent = agent_problems(cfg, world_size=training_world_size(cfg), one_step=one_step_per_generation(cfg),
+                           one_step_fix=ONE_STEP_FIX)
+    problems += agent
     problems += lora_problems(cfg, model_dir if check_files and cfg.lora.rank > 0 else None,
                               needs_critic=FACTS[cfg.algorithm.name].needs_critic, world_size=training_world_size(cfg))
     if check_files:
@@ -109,7 +112,8 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
     problems += _check_run_section(cfg)
     measured, read = None, None
     if check_files:
-        outside, measured, read = _check_outside(cfg, model)
+        # (an agent section with problems: its environment's tasks are not read, whose loading would fail on the same cause)
+        outside, measured, read = _check_outside(cfg, model, read_data=not agent)
         problems += outside
     # algorithm.name = distill: the teacher (cohort/plan/teacher_checks.py), against the student read above
     problems += teacher_problems(cfg, check_files, student_readable=not model.problems,
@@ -431,6 +435,8 @@ def _check_rewards(cfg: CohortConfig) -> list[str]:
             return []  # distilling alone: the teacher is the signal
         if has_environment_reward(cfg.tools.environment):
             return []  # the environment's get_reward() is the reward (TRL's environment_factory without reward_funcs)
+        if cfg.tools.environment is not None and not _imports(cfg.tools.environment):
+            return []  # whether it has get_reward() is unknown: tools.environment's own line gives the real cause
         return ["rewards = []: at least one reward function is needed; e.g. rewards=[{name: accuracy}] (`cohort rewards list` "
                 "shows the built-ins)" + ("; or teacher.reward_weight=0 to distil alone" if cfg.algorithm.name == "distill" else "")]
     problems = []
@@ -440,6 +446,17 @@ def _check_rewards(cfg: CohortConfig) -> list[str]:
         except (ValueError, ImportError, TypeError) as exc:
             problems.append(f"rewards[{i}] (name = {spec.name!r}): {exc}")
     return problems
+
+
+def _imports(spec) -> bool:
+    """Whether tools.environment's import path resolves (a class or a server URL given as such: yes)."""
+    if not isinstance(spec, str) or is_server_url(spec):
+        return True
+    try:
+        import_object(spec, "tools.environment")
+    except ValueError:
+        return False
+    return True
 
 
 def _check_run_section(cfg: CohortConfig) -> list[str]:
@@ -485,7 +502,8 @@ def _check_run_section(cfg: CohortConfig) -> list[str]:
 # --------------------------------------------------------------------------- the outside world
 
 
-def _check_outside(cfg: CohortConfig, model: pretrained.ModelFiles) -> tuple[list[str], MeasuredPrompts | None, RunInputs | None]:
+def _check_outside(cfg: CohortConfig, model: pretrained.ModelFiles, *,
+                   read_data: bool = True) -> tuple[list[str], MeasuredPrompts | None, RunInputs | None]:
     """The output directory, the weights' headers, the tokenizer, the prompts against the model's positions, the vLLM
     CPU KV cache; returns the problems, the prompts' measure and what was read (for the run: `RunPlan.read`).
 
@@ -500,7 +518,7 @@ def _check_outside(cfg: CohortConfig, model: pretrained.ModelFiles) -> tuple[lis
     tokenizer, found = checked_tokenizer(cfg.model.path, folder=model_dir) if model_dir is not None else (None, [])
     if not tokenizer_file_problems(cfg.model.path, folder=model_dir):  # (missing files: reported with the model's checks)
         problems += found  # it loads, and text encodes to tokens
-    measured, read = _read_prompts(cfg, model, tokenizer) if tokenizer is not None else (None, None)
+    measured, read = _read_prompts(cfg, model, tokenizer) if tokenizer is not None and read_data else (None, None)
     problems += measured.problems if measured else fit_problems(cfg, max_positions_of(model_dir or cfg.model.path))
     if facts is not None and not (measured and measured.problems):
         problems += _check_kv_cache(cfg, facts, measured)
@@ -534,12 +552,26 @@ def _read_prompts(cfg: CohortConfig, model: pretrained.ModelFiles, tokenizer) ->
         return MeasuredPrompts(None, "", 0, [str(exc)]), None
     except ConfigError as exc:
         return MeasuredPrompts(None, "", 0, exc.problems), None
+    except Exception as exc:  # noqa: BLE001 - a user's module or a loader raising: one line, the traceback in the log
+        return MeasuredPrompts(None, "", 0, [_reading_failed(cfg, exc)]), None
     longest, where = encoded.longest()
     if longest == 0:  # a directory without tokenizer files: transformers builds an empty tokenizer; measure nothing
         return None, None
     # a Hub id's snapshot holds its config and tokenizer, not (yet) its weights: the run fetches them (RunInputs)
     return (MeasuredPrompts(longest, where, encoded.filtered, []),
             RunInputs(model.directory if model.holds_weights else None, tokenizer, encoded, list(reward_specs or [])))
+
+
+def _reading_failed(cfg: CohortConfig, error: Exception) -> str:
+    """The one line for an error raised while the data was read (an environment's module that fails on import, a task's
+    own loader): which field's data, the error as raised, and where its traceback went (RUN_DIR/logs/error.log, the
+    only file validation writes)."""
+    source = (f"agent.environment = {cfg.agent.environment!r}: loading its tasks" if cfg.agent.environment is not None
+              else f"data.dataset_name = {cfg.data.dataset_name!r}: loading it" if cfg.data.dataset_name
+              else "data.train_files: reading them" if cfg.data.train_files
+              else f"data.task = {cfg.data.task!r}: building its rows")
+    log = write_error_log(Path(cfg.run.output_dir or default_output_dir()), error)
+    return f"{source} raised {' '.join(describe(error).splitlines())} (the traceback: {log})"
 
 
 def _check_kv_cache(cfg: CohortConfig, facts: ModelFacts, measured: MeasuredPrompts | None) -> list[str]:
