@@ -52,3 +52,65 @@ def test_the_openenv_capacity_refusal_reaches_the_console_with_its_fix(tmp_path,
                          "`SUPPORTS_CONCURRENT_SESSIONS = True` on the environment class (only if its instances share no "
                          "state), or lower train.prompts_per_step")
     assert f"Full traceback: {tmp_path / 'run' / 'logs' / 'error.log'}" in err
+
+
+# --------------------------------------------------------------------------- defect 11: a misspelt module, one line
+
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL_CALC = str(ROOT / "examples" / "tool_calc.yaml")
+
+# A TRL environment_factory class as TRL's docs write one (reset(**kwargs) -> str | None; public methods are tools,
+# typed, with a docstring's Args:), and a reward function in TRL's shape, in a module on sys.path.
+NUMBER_GUESS = '''
+class GuessEnv:
+    def reset(self, **kwargs) -> str | None:
+        self.target, self.reward = int(kwargs.get("target", 0)), 0.0
+        return None
+
+    def guess(self, number: int) -> str:
+        """Guess the hidden number.
+
+        Args:
+            number: the number you guess
+        """
+        self.reward = float(number == self.target)
+        return "right" if self.reward else "wrong"
+
+
+def reward(completions, **kwargs):
+    return [0.0 for _ in completions]
+'''
+
+
+def _problems(err: str) -> list[str]:
+    """The problem lines of a refused config (`  - ...`), after checking nothing else but the header was printed."""
+    assert "Traceback" not in err
+    return [line[4:] for line in err.splitlines() if line.startswith("  - ")]
+
+
+@pytest.mark.builtin_models("tool_calc")
+def test_a_misspelt_environment_or_reward_module_on_the_path_names_the_closest_one(tmp_path, monkeypatch, capsys):
+    (tmp_path / "number_guess.py").write_text(NUMBER_GUESS)
+    monkeypatch.syspath_prepend(str(tmp_path))  # (as PYTHONPATH puts it there)
+    code = cli.main(["plan", TOOL_CALC, "tools.environment=number_gues.GuessEnv", "rewards=[{name: number_gess.reward}]"])
+    assert code == 2
+    where = "can be imported here (the working directory, PYTHONPATH, installed packages, editable ones included)"
+    reward, environment = sorted(_problems(capsys.readouterr().err))
+    # (closest first; the standard library's `numbers` may follow: difflib's ratio 0.8 for number_gess)
+    assert reward.startswith(f"rewards[0] (name = 'number_gess.reward'): unknown reward 'number_gess.reward' (no module "
+                             f"'number_gess' {where}; the closest: number_guess")
+    assert environment.startswith(f"tools.environment 'number_gues.GuessEnv': no module 'number_gues' {where}; the "
+                                  "closest: number_guess")
+
+
+@pytest.mark.builtin_models("tool_calc")
+def test_an_environment_that_fails_to_import_prints_only_its_cause(tmp_path, monkeypatch, capsys):
+    (tmp_path / "guess_with_numpy2.py").write_text("import not_installed_dep\n" + NUMBER_GUESS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # rewards = []: the environment's get_reward() would be the reward; whether it has one cannot be known, so the
+    # 'rewards = []: at least one reward function is needed' line was a second, misleading one
+    assert cli.main(["plan", TOOL_CALC, "tools.environment=guess_with_numpy2.GuessEnv", "rewards=[]"]) == 2
+    assert _problems(capsys.readouterr().err) == [
+        "tools.environment 'guess_with_numpy2.GuessEnv': 'guess_with_numpy2' is there, but it imports 'not_installed_dep', "
+        "which is not installed (pip install not_installed_dep, or the package that provides it)"]
