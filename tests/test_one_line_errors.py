@@ -5,7 +5,12 @@ sessions), and only the real cause of an environment that fails to import is pri
 
 from __future__ import annotations
 
+import importlib
 import json
+import site
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -114,3 +119,81 @@ def test_an_environment_that_fails_to_import_prints_only_its_cause(tmp_path, mon
     assert _problems(capsys.readouterr().err) == [
         "tools.environment 'guess_with_numpy2.GuessEnv': 'guess_with_numpy2' is there, but it imports 'not_installed_dep', "
         "which is not installed (pip install not_installed_dep, or the package that provides it)"]
+
+
+# --------------------------------------------------------------------------- editable installs, really installed
+
+SETUPTOOLS_PROJECT = '''[build-system]
+requires = ["setuptools>=64"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "number-guess-env"
+version = "0.1"
+
+[tool.setuptools]
+packages = ["number_guess_env"]
+'''
+
+
+@pytest.fixture
+def editable(tmp_path, monkeypatch):
+    """install(project) -> `pip install -e project` into a prefix under tmp_path (offline: --no-build-isolation with
+    the build backends of this venv), its site-packages then added as Python adds one at start-up (`site.addsitedir`
+    runs its .pth files: setuptools' finder is installed, hatchling's directory put on sys.path). The interpreter's
+    import state is restored afterwards."""
+    for name in ("path", "meta_path", "path_hooks"):
+        monkeypatch.setattr(sys, name, list(getattr(sys, name)))
+    monkeypatch.setattr(sys, "path_importer_cache", dict(sys.path_importer_cache))
+    before = set(sys.modules)
+
+    def install(project: Path) -> None:
+        prefix = tmp_path / "prefix"
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                        "--prefix", str(prefix), "-e", str(project)], check=True, capture_output=True)
+        site.addsitedir(sysconfig.get_path("purelib", vars={"base": str(prefix), "platbase": str(prefix)}))
+        importlib.invalidate_caches()
+
+    yield install
+    for name in set(sys.modules) - before:
+        if name.startswith(("number_guess", "guess_games", "__editable__", "_editable")):
+            del sys.modules[name]
+
+
+@pytest.mark.slow  # two pip installs and verifiers' scaffold (~30 s under load)
+def test_misspelt_names_find_editable_installs_and_an_environment_that_raises_is_one_line(
+        tmp_path, editable, tiny_chat_model_dir, monkeypatch, capsys):
+    # setuptools' editable install of a flat layout: an __editable___*_finder.py import hook, no sys.path entry
+    project = tmp_path / "number-guess-env"
+    (project / "number_guess_env").mkdir(parents=True)
+    (project / "pyproject.toml").write_text(SETUPTOOLS_PROJECT)
+    (project / "number_guess_env" / "__init__.py").write_text(NUMBER_GUESS)
+    editable(project)
+    assert list((tmp_path / "prefix").rglob("__editable___number_guess_env_0_1_finder.py"))
+    # a verifiers environment as verifiers' own `vf-init` scaffolds it (hatchling; `uv pip install -e` as it says)
+    from verifiers.v1.cli.init import main as vf_init
+
+    vf_init(["guess-games", "--path", str(tmp_path / "environments")])
+    editable(tmp_path / "environments" / "guess_games")
+    assert list((tmp_path / "prefix").rglob("_editable_impl_guess_games.pth"))
+    monkeypatch.chdir(tmp_path)
+
+    assert cli.main(["plan", TOOL_CALC, "tools.environment=number_guess_evn.GuessEnv"]) == 2
+    (line,) = _problems(capsys.readouterr().err)
+    assert line.startswith("tools.environment 'number_guess_evn.GuessEnv': no module 'number_guess_evn' can be imported "
+                           "here (the working directory, PYTHONPATH, installed packages, editable ones included); the "
+                           "closest: number_guess_env")
+
+    local = ["agent.environment_args.agent.harness.id=null", "agent.environment_args.agent.runtime.type=subprocess",
+             f"model.path={tiny_chat_model_dir}", "rollout.max_completion_length=16", f"run.output_dir={tmp_path / 'run'}"]
+    assert cli.main(["plan", "agent.environment=verifiers:guess_gmes", *local]) == 2
+    assert _problems(capsys.readouterr().err) == ["agent.environment = 'verifiers:guess_gmes': no verifiers environment "
+                                                  "module 'guess_gmes' is installed; the closest installed: guess_games"]
+    # the scaffold's taskset raises until its author writes load(): found while reading the rows, after the checks
+    assert cli.main(["plan", "agent.environment=verifiers:guess_games", *local]) == 2
+    log = tmp_path / "run" / "logs" / "error.log"
+    assert _problems(capsys.readouterr().err) == [
+        "agent.environment = 'verifiers:guess_games': loading its tasks raised NotImplementedError: Return this taskset's "
+        "tasks, e.g. [GuessGamesTask(GuessGamesData(prompt=...), self.config.task) for i in range(self.config.num_tasks)]. "
+        f"(the traceback: {log})"]
+    assert "Traceback (most recent call last)" in log.read_text() and "NotImplementedError" in log.read_text()
