@@ -41,7 +41,7 @@ from cohort.plan.teacher_checks import mismatch_problem, tokenizer_mismatch
 from cohort.agents import agent_setup as agents
 from cohort.tools.openenv import check_capacity, is_server_url
 from cohort.tools.tool_schemas import environment_reward_specs
-from cohort.tools.tool_setup import prompt_with_observation, rows_by_prompt, wrap_engine
+from cohort.tools.tool_setup import prompt_with_observation, rows_by_index, run_rows, wrap_engine
 from cohort.trainer import algorithms
 from cohort.trainer.checkpoint import check_disk_space
 from cohort.trainer.critic import Critic
@@ -194,9 +194,8 @@ def _sessions(plan, prompts) -> tuple[int, str]:
 
 
 def _rows(prompts):
-    """A request -> its dataset row (train and eval), for environments and agents."""
-    return rows_by_prompt(prompts.train_ids + (prompts.eval_ids or []),
-                          prompts.train.rows + (prompts.eval.rows if prompts.eval is not None else []))
+    """A request -> its dataset row (train and eval, by `Request.row`), for environments and agents."""
+    return rows_by_index(run_rows(prompts.train, prompts.eval))
 
 
 def _check_writable(run_dir) -> None:

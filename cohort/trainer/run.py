@@ -56,7 +56,7 @@ def run_eval(trainer: Trainer, label: str, sink: JsonlWriter) -> dict:
     start = time.perf_counter()
     # through the rollout scheduler, which shares the engine with the groups in flight
     result = evaluate(trainer.scheduler, parts.tokenizer, parts.eval_data, parts.eval_ids, parts.rewards,
-                      max_tokens=trainer.cfg.rollout.max_completion_length)
+                      max_tokens=trainer.cfg.rollout.max_completion_length, first_row=len(parts.train_data.rows))
     record = {"label": label, "step": trainer.state.step, "accuracy": result["accuracy"], "reward": result["reward"],
               "num_prompts": result["num_prompts"], "seconds": time.perf_counter() - start}
     sink.write(record)
