@@ -163,6 +163,7 @@ class Episode:
     argument_errors: int = 0  # unknown tool, missing or unexpected arguments
     segments: list[tuple[int, int, str]] = field(default_factory=list)
     observation: str | None = None  # what the environment's reset returned: appended to the prompt (`with_observation`)
+    failure: str | None = None  # why the episode failed (reset raised, or its prompt passed the context): scored by nothing
 
     def mark(self, status: str) -> None:
         if TOOL_STATUSES.index(status) > TOOL_STATUSES.index(self.status):

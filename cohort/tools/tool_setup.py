@@ -45,11 +45,13 @@ def environment_class(tools) -> type | None:
 
 
 def wrap_engine(tools, engine, tokenizer, rows: Callable[[Request], dict[str, Any]] | None = None, *,
-                prompt_with: Callable[[dict[str, Any], str], list[int]] | None = None) -> ToolEngine:
-    """`engine` inside the tool loop the tools section describes (the chat template is checked here)."""
+                prompt_with: Callable[[dict[str, Any], str], list[int]] | None = None,
+                max_model_len: int | None = None) -> ToolEngine:
+    """`engine` inside the tool loop the tools section describes (the chat template is checked here); `max_model_len`:
+    the engine's context, which a prompt with reset's observation must stay under (or its episode fails)."""
     return ToolEngine(engine, tokenizer, parser=get_parser(tools.parser), tools=resolve_tools(tools.functions),
                       environment=environment_class(tools), rows=rows, max_turns=tools.max_turns,
                       max_parallel_calls=tools.max_parallel_calls, tool_timeout_s=tools.timeout_s,
                       max_tool_response_length=tools.max_response_length,
                       truncate_side=tools.response_truncate_side, failure_policy=tools.failure_policy,
-                      prompt_with=prompt_with)
+                      prompt_with=prompt_with, max_model_len=max_model_len)

@@ -11,6 +11,9 @@ import json
 import pytest
 
 import cohort
+from cohort.api import build_config
+from cohort.config import ConfigError
+from cohort.data.run_data import load_data
 from tests.tools.test_openenv import ENVS
 
 G = 2
@@ -66,3 +69,84 @@ def test_each_reset_gets_its_own_row_as_the_rewards_do(tmp_path, quick_stop_chat
         assert sorted((r["target"], r["seed"]) for r in seen) == sorted([(t, 100 + t) for t in (1, 2, 3, 4)] * G)
     assert all(r["prompt"] == SAME_PROMPT for r in envs.RESETS)
     assert sorted(r["target"] for r in envs.RESETS if r["target"] > 10) == [11, 11, 12, 12]  # before and after
+
+
+def _completions(tmp_path):
+    return [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+
+
+SMALL = {"data": {"max_prompt_length": 32}, "rollout": {"max_completion_length": 32}}  # (tiny:tool_calc: 128 positions)
+
+
+def test_dataset_less_environment_makes_a_generation_batch_of_empty_placeholder_rows(envs):
+    # TRL without a train_dataset: generation_batch_size // num_generations rows, each an empty user message. Here
+    # prompts_per_step 3 × G 2 × steps_per_generation 2 = 12 completions a generation batch, so 12 // 2 = 6 rows
+    config = build_config({"model": {"path": "tiny:tool_calc"}, **SMALL, "rollout": {"num_generations": 2, "max_completion_length": 32},
+                                  "train": {"prompts_per_step": 3, "steps_per_generation": 2, "micro_batch_size": 6},
+                                  "tools": {"environment": "increment_env.IncrementEnv"}})
+    assert config.data.task is None  # not the default built-in task (arith)
+    train, evals, _ = load_data(config)
+    assert train.rows == [{"prompt": [{"role": "user", "content": ""}]}] * 6 and evals is None
+    # a task named explicitly is still trained on: only an unset data.task gives way to the environment
+    named = build_config({"model": {"path": "tiny:tool_calc"}, **SMALL, "data": {"task": "arith", "max_prompt_length": 32},
+                                 "tools": {"environment": "increment_env.IncrementEnv"}})
+    assert named.data.task == "arith"
+
+
+@pytest.mark.slow
+def test_dataset_less_environment_trains_on_the_prompts_its_reset_returns(tmp_path, quick_stop_chat_model, envs):
+    config = _config(tmp_path, quick_stop_chat_model, "increment_env.IncrementEnv", prompts_per_step=2)
+    summary = cohort.train(config)  # TRL docs' shape: reset returns the prompt, get_reward scores, no dataset
+    # every reset got a placeholder row (an empty user message), none an arithmetic prompt (at 4db2852: arith's)
+    assert len(envs.RESETS) == 2 * G and all(r == {"prompt": [{"role": "user", "content": ""}]} for r in envs.RESETS)
+    shown = [c["prompt"] for c in _completions(tmp_path)]
+    assert len(shown) == 2 * G and all(len(p) == 1 and p[0]["role"] == "user" for p in shown)
+    assert all(p[0]["content"].startswith("Increment the counter by ") for p in shown)  # reset's text is the prompt
+    assert "eval/accuracy_before" not in summary  # no eval data given: no eval (at 4db2852: arith's held-out set)
+    assert "rewards/environment/mean" in _metrics(tmp_path)[0]
+
+
+def test_a_class_without_reset_is_refused_before_anything_loads(envs):
+    with pytest.raises(ConfigError, match=r"tools.environment NoResetEnv has no reset method; add `def reset"):
+        build_config({"model": {"path": "tiny:tool_calc"}, **SMALL, "tools": {"environment": "increment_env.NoResetEnv"}})
+
+
+@pytest.mark.slow
+def test_a_failed_episode_is_scored_by_nothing_and_the_run_goes_on(tmp_path, quick_stop_chat_model, envs):
+    # FlakyEnv: reset raises for target 1, returns an observation longer than the model's 256 positions for target 3
+    # (the prompt passes the engine's context), and resets cleanly for 2 and 4; its get_reward reads state only a
+    # clean reset sets, so scoring a failed episode with it fails the run (as it did at 4db2852)
+    train = [{"prompt": [{"role": "user", "content": f"Task {t}."}], "target": t} for t in (1, 2, 3, 4)]
+    config = _config(tmp_path, quick_stop_chat_model, "increment_env.FlakyEnv")
+    cohort.train(config, train_dataset=train, reward_funcs=["increment_env.target_seen"])
+    (m,) = _metrics(tmp_path)
+    assert m["tools/failed_episodes"] == 2 * G  # targets 1 and 3, G episodes each
+    # the failed episodes are left out of every reward: target_seen scored 4 rows, all 1.0 (a failed instance
+    # would have scored 0), and get_reward's mean is over targets 2 and 4 only: (2 + 4) / 2 = 3
+    assert m["rewards/target_seen/mean"] == 1.0 and m["rewards/environment/mean"] == 3.0
+    records = {c["prompt"][0]["content"]: c for c in _completions(tmp_path)}
+    assert "no board for target 1" in records["Task 1."]["failure"]
+    assert "past the engine's context of 256" in records["Task 3."]["failure"]
+    for task in ("Task 1.", "Task 3."):  # every reward None: the total is NaN (written null) and the advantage 0
+        assert records[task]["reward"] is None and records[task]["advantage"] == 0.0
+    assert "failure" not in records["Task 2."] and records["Task 2."]["reward"] == 1.0 + 2.0
+
+
+@pytest.mark.slow
+def test_what_reset_showed_reaches_the_rewards_the_completions_and_the_report(tmp_path, quick_stop_chat_model, envs):
+    train = [{"prompt": [{"role": "user", "content": "Play."}], "board": b} for b in ("x.o.", "oox.")]
+    config = _config(tmp_path, quick_stop_chat_model, "increment_env.BoardEnv", prompts_per_step=2)
+    cohort.train(config, train_dataset=train, reward_funcs=["increment_env.seen_by_reward"])
+    # the step's 2 groups, in the reward calls they were scored in (one per engine poll that completed groups)
+    call = {key: [x for c in envs.REWARDED for x in c[key]] for key in ("prompts", "conversations", "board")}
+    # TRL passes reward functions the prompt with reset's text appended to the last user message
+    assert sorted(p[-1]["content"] for p in call["prompts"]) == ["Play. Board: oox."] * G + ["Play. Board: x.o."] * G
+    assert [c[0] for c in call["conversations"]] == [p[-1] for p in call["prompts"]]
+    assert call["board"] == [p[-1]["content"][-4:] for p in call["prompts"]]  # each its own row
+    for record in _completions(tmp_path):  # completions.jsonl: the prompt as shown, and the observation itself
+        assert record["prompt"][-1]["content"] == "Play." + record["observation"]
+        assert record["observation"] in (" Board: x.o.", " Board: oox.")
+    from cohort.runs.report import write_report
+
+    page = write_report(tmp_path / "run").read_text()
+    assert "Play. Board: x.o." in page and "Play. Board: oox." in page

@@ -100,13 +100,16 @@ class NoResetEnv:
 
 
 class FlakyEnv:
-    """reset raises on rows whose `target` is odd; get_reward reads state only reset sets (so a run that scores a
-    failed episode with it fails)."""
+    """reset raises for target 1 and shows a board of 400 words for target 3; get_reward reads state only a clean
+    reset sets (so a run that scores a failed episode with it fails)."""
 
-    def reset(self, target, **kwargs) -> None:
-        if target % 2:
+    def reset(self, target, **kwargs) -> str | None:
+        if target == 1:
             raise RuntimeError(f"no board for target {target}")
+        if target == 3:
+            return " Board:" + " square" * 400
         self.target = target
+        return None
 
     def get_reward(self) -> float:
         return float(self.target)
@@ -126,7 +129,7 @@ def target_seen(environments, target, **kwargs) -> list[float]:
     return [float(getattr(env, "target", None) == t) for env, t in zip(environments, target)]
 
 
-def seen_by_reward(prompts, completions, **kwargs) -> list[float]:
+def seen_by_reward(prompts, completions, conversations, **kwargs) -> list[float]:
     """Records what a reward function is given (prompts, conversations, columns); scores nothing."""
-    REWARDED.append({"prompts": prompts, **{k: v for k, v in kwargs.items() if k != "environments"}})
+    REWARDED.append({"prompts": prompts, "conversations": conversations, **kwargs})
     return [0.0 for _ in completions]
