@@ -87,6 +87,8 @@ def test_dataset_less_environment_makes_a_generation_batch_of_empty_placeholder_
     assert config.data.task is None  # not the default built-in task (arith)
     train, evals, _ = load_data(config)
     assert train.rows == [{"prompt": [{"role": "user", "content": ""}]}] * 6 and evals is None
+    # the Python API's environment= alike (the class itself; no demo preset's arith task either)
+    assert build_config({"model": {"path": "tiny:tool_calc"}, **SMALL}, environment=envs.IncrementEnv).data.task is None
     # a task named explicitly is still trained on: only an unset data.task gives way to the environment
     named = build_config({"model": {"path": "tiny:tool_calc"}, **SMALL, "data": {"task": "arith", "max_prompt_length": 32},
                                  "tools": {"environment": "increment_env.IncrementEnv"}})
@@ -150,3 +152,28 @@ def test_what_reset_showed_reaches_the_rewards_the_completions_and_the_report(tm
 
     page = write_report(tmp_path / "run").read_text()
     assert "Play. Board: x.o." in page and "Play. Board: oox." in page
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.builtin_models("tool_calc")
+def test_rows_reach_reset_in_a_vllm_run_with_partial_rollouts(tmp_path, envs):
+    """End to end on vLLM with tiny:tool_calc (a chat model warm-started to call a calculator through hermes calls):
+    3 steps of 4 prompts × G = 2 over 8 rows that share one prompt, with partial rollouts (pipeline.over_provision 2:
+    the groups left when a batch is whole go to the continuation buffer, complete or cut off, and are taken or
+    resumed next step: measured, step 2's batch was all buffered groups, partial/ratio 1.0), so the rows must travel
+    with the groups and their requests, not be looked up again. The model makes real calculator calls (1-4 a step)."""
+    pytest.importorskip("vllm")
+    train = [{"prompt": [{"role": "user", "content": "12*34="}], "target": t, "seed": 100 + t} for t in range(8)]
+    config = {"model": {"path": "tiny:tool_calc"}, "data": {"max_prompt_length": 24},
+              "rollout": {"num_generations": G, "max_completion_length": 48}, "engine": {"name": "vllm"},
+              "tools": {"environment": "increment_env.TargetEnv", "functions": ["cohort.tools.builtin.calculator"],
+                        "parser": "hermes", "max_turns": 2},
+              "pipeline": {"over_provision": 2.0},
+              "train": {"prompts_per_step": 4, "micro_batch_size": 8, "max_steps": 3},
+              "run": {"output_dir": str(tmp_path / "run"), "progress": False, "loggers": ["jsonl"]}}
+    cohort.train(config, train_dataset=train, reward_funcs=["increment_env.target_seen"])
+    metrics = _metrics(tmp_path)
+    assert [m["rewards/target_seen/mean"] for m in metrics] == [1.0, 1.0, 1.0]  # at 4db2852: 1 row of 8 (target 0)
+    targets = sorted({r["target"] for r in envs.RESETS})
+    assert targets == list(range(8)) and all(r["seed"] == 100 + r["target"] for r in envs.RESETS)
