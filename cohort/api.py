@@ -48,7 +48,7 @@ import yaml
 from pydantic import ValidationError
 
 from cohort.config import CohortConfig, ConfigError, default_output_dir
-from cohort.config.resolve import resolve_config
+from cohort.config.resolve import environment_owns_data, resolve_config
 from cohort.launch.launch import run_config
 from cohort.config.references import IN_PROCESS_MARK
 from cohort.plan.run_plan import RunPlan
@@ -93,13 +93,14 @@ def _build(config: Any = None, *, overrides: Sequence[str] = (), reward_funcs: A
     staging = Path(tempfile.mkdtemp(prefix="cohort-data-"))
     try:
         extra = _data_overrides(train_dataset, "train", staging) + _data_overrides(eval_dataset, "eval", staging)
-        cfg = _load(config, [*overrides, *extra])
+        cfg = _load(config, [*overrides, *extra], own_data=environment is not None)
         if reward_funcs is not None:
             _set_rewards(cfg, reward_funcs)
         if tools is not None:
             cfg.tools.functions = [tools] if callable(tools) or isinstance(tools, str) else list(tools)
         if environment is not None:
             cfg.tools.environment = environment
+            environment_owns_data(cfg)  # (no data named: the environment's placeholder rows)
         cfg.run.output_dir = cfg.run.output_dir or default_output_dir()  # (this call's own config, named before validating)
         plan = validate_config(cfg)
         _check_single_process(plan.config)
@@ -126,12 +127,12 @@ def run(plan: RunPlan) -> dict[str, Any]:
     return outcome  # rank 0's summary: Ray's, or this process's
 
 
-def _load(config: Any, overrides: list[str]) -> CohortConfig:
+def _load(config: Any, overrides: list[str], own_data: bool = False) -> CohortConfig:
     if isinstance(config, CohortConfig):
         config = config.model_dump()  # python mode: reward callables stay objects
     if config is not None and not isinstance(config, (Mapping, str, os.PathLike)):
         raise ConfigError([f"config: expected a dict, a YAML path or a CohortConfig, got {type(config).__name__}"])
-    resolved = resolve_config(config, list(overrides))
+    resolved = resolve_config(config, list(overrides), own_data=own_data)
     for note in resolved.notes:  # an old field name, read as its new one (cohort.config.renames)
         warnings.warn(note, FutureWarning, stacklevel=4)
     return resolved.config

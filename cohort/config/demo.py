@@ -39,4 +39,6 @@ def is_embedded_demo(tree: dict[str, Any]) -> bool:
     path = model.get("path") if isinstance(model, dict) else None
     own = (data.get("train_files") or data.get("dataset_name") or str(data.get("task") or "").startswith("reasoning_gym:")
            if isinstance(data, dict) else None)
+    tools = tree.get("tools") or {}
+    own = own or (isinstance(tools, dict) and tools.get("environment") is not None)  # (an environment owns its data)
     return (path is None or str(path).startswith("tiny:")) and not own

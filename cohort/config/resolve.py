@@ -149,12 +149,24 @@ def resolve_config(source: str | os.PathLike | Mapping[str, Any] | None = None, 
         config = CohortConfig.model_validate(tree)
     except ValidationError as exc:
         raise ConfigError([_describe_pydantic_error(e) for e in exc.errors()]) from None
+    environment_owns_data(config)
     parts = [f"the embedded arith demo preset ({DEMO_PRESET_FILE})" if demo else "the field defaults"]
     parts += [named] if named else []
     parts += [f"{len(overrides)} override{'s' * (len(overrides) != 1)}"] if overrides else []
     if not demo and not isinstance(source, (str, os.PathLike)):
         parts[0] += " (a model or data of your own: the demo preset is only for the embedded model on a built-in task)"
     return ResolvedConfig(config=config, source=" + ".join(parts), demo_preset=demo, notes=tuple(dict.fromkeys(notes)))
+
+
+def environment_owns_data(config: CohortConfig) -> None:
+    """With tools.environment and no data named (data.train_files, data.dataset_name and data.task all left unset),
+    the environment owns the data, as TRL's `environment_factory` without a `train_dataset`: data.task becomes None (not
+    its default, the built-in arith task), so the run trains on placeholder rows (cohort/data/run_data.py) whose
+    prompt `reset` returns. Saved with the run's config, so a resumed run keeps it."""
+    data = config.data
+    if config.tools.environment is not None and not (data.train_files or data.dataset_name) \
+            and "task" not in data.model_fields_set:
+        data.task = None
 
 
 def load_config(path: str | os.PathLike | Mapping[str, Any] | None = None, overrides: list[str] | tuple[str, ...] = ()) -> CohortConfig:

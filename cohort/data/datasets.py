@@ -199,11 +199,12 @@ def own_data(data) -> bool:
     return bool(data.train_files or data.dataset_name)
 
 
-def check_data_config(data) -> list[str]:
+def check_data_config(data, environment: Any = None) -> list[str]:
     """Cheap checks before anything loads: files exist, formats known, the first row has the prompt (a dataset given by
-    name: cohort.data.named.named_data_problems)."""
+    name: cohort.data.named.named_data_problems). With tools.environment (`environment`) no data is needed: the
+    environment owns it (placeholder rows, cohort/data/run_data.py)."""
     problems = []
-    if not data.train_files and not data.task and not data.dataset_name:
+    if not data.train_files and not data.task and not data.dataset_name and environment is None:
         problems.append("data.train_files is empty, data.dataset_name and data.task are None: give training files, a dataset by "
                         "name (data.dataset_name) or a built-in task (`cohort tasks`)")
     if not own_data(data) and data.task:

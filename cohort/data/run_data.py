@@ -1,7 +1,10 @@
 """The datasets and reward specs a config names, loaded (no tokenizer, no model).
 
 `load_data(cfg)` reads agent.environment's tasks (cohort/data/verifiers.py), or `data.dataset_name` (its train split, and its test split or
-`data.eval_files` as eval data), or `data.train_files` / `data.eval_files`, or the built-in
+`data.eval_files` as eval data), or `data.train_files` / `data.eval_files`, or for a tools.environment that owns its
+data (`environment_owns_data`: no data named) placeholder rows as TRL makes them without a `train_dataset`: one
+generation batch's prompts (rollout.generation_batch_size / G), each an empty user message to which `reset` appends
+the prompt, cycled for train.max_steps, and no eval data unless data.eval_files gives some; or the built-in
 `data.task` (a built-in or `reasoning_gym:<name>`, cohort/data/reasoning_gym.py; whose reward specs apply when `rewards` is unset; with `agent.function`
 the agent's returned reward, cohort/agents/reward.py), and caps the
 eval set at `data.eval_max_samples`. The trainer, `cohort eval` and the planner
@@ -39,6 +42,14 @@ def configured_task(data, seed: int) -> Task:
     return get_task(data.task, seed=seed)
 
 
+def placeholder_rows(cfg: CohortConfig) -> list[dict]:
+    """TRL's rows for an environment without a dataset: one generation batch's prompts (generation batch size // G),
+    each an empty user message (its `reset` returns the prompt)."""
+    g = cfg.rollout.num_generations
+    generation = cfg.rollout.generation_batch_size or cfg.train.prompts_per_step * g * cfg.train.steps_per_generation
+    return [{"prompt": [{"role": "user", "content": ""}]} for _ in range(max(1, generation // g))]
+
+
 def load_data(cfg: CohortConfig) -> tuple[PromptDataset, PromptDataset | None, list[dict] | None]:
     """(train dataset, eval dataset or None, reward specs) from files or the built-in task."""
     specs = [s.model_dump() for s in cfg.rewards] if cfg.rewards is not None else None
@@ -52,6 +63,9 @@ def load_data(cfg: CohortConfig) -> tuple[PromptDataset, PromptDataset | None, l
                  else load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None)
     elif cfg.data.train_files:
         train = load_prompt_dataset(cfg.data.train_files, cfg.data.prompt_key)
+        evals = load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None
+    elif cfg.tools.environment is not None and cfg.data.task is None:  # the environment owns the data (TRL's rule)
+        train = rows_dataset(placeholder_rows(cfg), "prompt", "placeholder rows (tools.environment owns the data)")
         evals = load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None
     else:
         task = configured_task(cfg.data, cfg.train.seed)

@@ -96,7 +96,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
     problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_correction(cfg) + pipeline_problems(cfg, training_world_size(cfg)) + check_rollout_mode(cfg) + check_processes(cfg)
     problems += check_gpu_settings(cfg, device.type, visible_gpus()) + check_colocated_gpu(cfg, device)
     if check_files:
-        problems += check_data_config(cfg.data) + (named_data_problems(cfg.data) if cfg.data.dataset_name else [])
+        problems += check_data_config(cfg.data, cfg.tools.environment) + (named_data_problems(cfg.data) if cfg.data.dataset_name else [])
         problems += model.problems or tokenizer_file_problems(cfg.model.path, folder=model_dir)
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in pretrained.check_model_dir(cfg.critic.path)]
@@ -427,7 +427,7 @@ def check_processes(cfg: CohortConfig) -> list[str]:
 
 def _check_rewards(cfg: CohortConfig) -> list[str]:
     if cfg.rewards is None:
-        if not own_data(cfg.data) and cfg.data.task is None:
+        if not own_data(cfg.data) and cfg.data.task is None and not has_environment_reward(cfg.tools.environment):
             return ["rewards is empty and data.task is None: set rewards (e.g. rewards=[{name: accuracy}]) or data.task"]
         return []
     if not cfg.rewards:

@@ -307,26 +307,37 @@ class RewardSet:
         columns: Mapping[str, Sequence[Any]] | None = None,
         group_size: int = 1,
         optional: Mapping[str, Sequence[Any]] | None = None,
+        unscored: Sequence[bool] | None = None,
     ) -> PendingScores:
         """Start scoring ``N`` completions with every function on the event loop and return at once: `.result()` waits
         for it (and raises its errors); `score` is the two in one.
         `optional`: per-completion arguments (multi-turn's `conversations`, `environments`) passed only to the
-        functions that name them as a parameter (`calling.names_parameter`)."""
+        functions that name them as a parameter (`calling.names_parameter`). `unscored[i]` True: completion i is
+        scored by nothing (a failed episode): no function sees it, every column is NaN there (its total NaN, its
+        advantage 0); the functions get the other rows."""
         if self._closed:
             raise RuntimeError("this RewardSet is closed")
         n = len(completions)
         kwargs = self._call_kwargs(prompts, completions, completion_ids, columns or {})
         if group_size < 1 or n % group_size:
             raise ValueError(f"{n} completions do not split into groups of group_size={group_size}")
-        future = asyncio.run_coroutine_threadsafe(self._score_all(kwargs, dict(optional or {})), self._event_loop())
-        return PendingScores(future, lambda results: self._output(results, list(completions), group_size))
+        kept = [i for i in range(n) if not (unscored is not None and unscored[i])]
+        optional = {k: list(v) for k, v in (optional or {}).items()}
+        if len(kept) < n:  # (the functions see the scored rows only)
+            kwargs = {k: [v[i] for i in kept] for k, v in kwargs.items()}
+            optional = {k: [v[i] for i in kept] for k, v in optional.items()}
+        future = asyncio.run_coroutine_threadsafe(self._score_all(kwargs, optional, bool(kept)), self._event_loop())
+        return PendingScores(future, lambda results: self._output(results, list(completions), group_size, kept))
 
-    def _output(self, results: list[_CallResult], completions: list[Any], group_size: int) -> RewardOutput:
+    def _output(self, results: list[_CallResult], completions: list[Any], group_size: int,
+                kept: list[int]) -> RewardOutput:
         per_function = np.full((len(completions), len(self._entries)), np.nan)  # (N, F)
         metrics: dict[str, float] = {}
         reported: dict[str, list[float]] = {}
         for k, (entry, result) in enumerate(zip(self._entries, results)):
-            errors = self._fill_column(entry, result, per_function[:, k], completions)
+            column = np.full(len(kept), np.nan)  # the scored rows' (every row but the unscored ones)
+            errors = self._fill_column(entry, result, column, [completions[i] for i in kept])
+            per_function[kept, k] = column
             metrics.update(_column_metrics(entry.name, per_function[:, k]))
             reported.update(_extra_values(entry.name, result.values))
             metrics[f"rewards/{entry.name}/errors"] = float(errors)
@@ -383,7 +394,10 @@ class RewardSet:
             self._loop_thread.start()
         return self._loop
 
-    async def _score_all(self, kwargs: dict[str, Any], optional: dict[str, Sequence[Any]]) -> list[_CallResult]:
+    async def _score_all(self, kwargs: dict[str, Any], optional: dict[str, Sequence[Any]], any_rows: bool = True
+                         ) -> list[_CallResult]:
+        if not any_rows:  # every row unscored: no function is called
+            return [_CallResult(values=[]) for _ in self._entries]
         semaphore = asyncio.Semaphore(self._max_concurrency)
         calls = [
             self._call_one(entry, {**{k: list(v) for k, v in kwargs.items()},

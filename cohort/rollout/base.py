@@ -163,6 +163,7 @@ class Episode:
     argument_errors: int = 0  # unknown tool, missing or unexpected arguments
     segments: list[tuple[int, int, str]] = field(default_factory=list)
     observation: str | None = None  # what the environment's reset returned: appended to the prompt (`with_observation`)
+    failure: str | None = None  # why the episode failed (reset raised, or its prompt passed the context): scored by nothing
 
     def mark(self, status: str) -> None:
         if TOOL_STATUSES.index(status) > TOOL_STATUSES.index(self.status):
@@ -254,13 +255,17 @@ class Trajectory:
 
 @dataclass(frozen=True)
 class Request:
-    """One completion to sample. `resume`: a partial trajectory of this request (aborted earlier) to continue."""
+    """One completion to sample. `resume`: a partial trajectory of this request (aborted earlier) to continue.
+    `row`: the dataset row it samples, an index into the run's rows (train rows, then eval rows), set where the
+    request is made from the sampler's prompts and kept across aborts, resumes and refills; an environment's `reset`
+    and an agent get that row (never found again from the prompt's tokens). None: not from the data."""
 
     request_id: str
     prompt_ids: tuple[int, ...]
     sampling: SamplingConfig
     seed: int | None = None
     resume: Trajectory | None = None
+    row: int | None = None
 
     @property
     def engine_prompt(self) -> list[int]:
@@ -299,8 +304,10 @@ class RolloutEngine(Protocol):
     def in_flight(self) -> int:
         """Requests submitted and not yet returned by poll or abort."""
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Trajectory]:
-        """One trajectory per prompt entry, in order (repeat a prompt G times for a group): `generate_requests`."""
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None,
+                 rows: Sequence[int] | None = None) -> list[Trajectory]:
+        """One trajectory per prompt entry, in order (repeat a prompt G times for a group): `generate_requests`.
+        `rows`: each entry's dataset row (`Request.row`), for the tool loop's environments and agents."""
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *,
                        in_flight: bool = False) -> int | None:
@@ -363,8 +370,9 @@ class ForwardingEngine:
     def in_flight(self) -> int:
         return self.inner.in_flight
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Trajectory]:
-        return self.inner.generate(prompts, sampling, seeds)
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None,
+                 rows: Sequence[int] | None = None) -> list[Trajectory]:
+        return self.inner.generate(prompts, sampling, seeds, rows)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *,
                        in_flight: bool = False) -> int | None:
@@ -405,11 +413,14 @@ _batch_ids = itertools.count()
 
 
 def batch_requests(prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None,
-                   prefix: str | None = None) -> list[Request]:
-    """One request per prompt entry, ids `<prefix>/<index>` (a fresh prefix per call unless given)."""
+                   prefix: str | None = None, rows: Sequence[int] | None = None) -> list[Request]:
+    """One request per prompt entry, ids `<prefix>/<index>` (a fresh prefix per call unless given), each with its
+    seed and its dataset row when given."""
     prefix = prefix if prefix is not None else f"b{next(_batch_ids)}"
     seeds = seeds if seeds is not None else [None] * len(prompts)
-    return [Request(f"{prefix}/{i}", tuple(int(t) for t in p), sampling, s) for i, (p, s) in enumerate(zip(prompts, seeds))]
+    rows = list(rows) if rows is not None else [None] * len(prompts)
+    return [Request(f"{prefix}/{i}", tuple(int(t) for t in p), sampling, s, row=r)
+            for i, (p, s, r) in enumerate(zip(prompts, seeds, rows, strict=True))]
 
 
 def generate_requests(engine, requests: Sequence[Request]) -> list[Trajectory]:
@@ -438,8 +449,9 @@ def generate_requests(engine, requests: Sequence[Request]) -> list[Trajectory]:
 class RequestEngineMixin:
     """`generate` for every engine: the drain of its request level."""
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Trajectory]:
-        return generate_requests(self, batch_requests(prompts, sampling, seeds))
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None,
+                 rows: Sequence[int] | None = None) -> list[Trajectory]:
+        return generate_requests(self, batch_requests(prompts, sampling, seeds, rows=rows))
 
 
 class BatchRequests(RequestEngineMixin):

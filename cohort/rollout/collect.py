@@ -284,30 +284,43 @@ def _start_rewards(ctx: _Context, finished: list[FinishedGroup], calls: list[_Ca
     rows = [i for group in finished for i in group.key]
     trajectories = [t for group in finished for t in group.trajectories]
     texts = [decode_completion(ctx.tokenizer, t) for t in trajectories]
-    prompts = [data.rows[i][data.prompt_key] for i in rows]
+    prompts = shown_prompts(trajectories, [data.rows[i][data.prompt_key] for i in rows])
     call = _Call(ctx.rewards.submit(
         prompts=prompts, completions=[as_completion(p, t) for p, t in zip(prompts, texts)],
         completion_ids=[t.token_ids for t in trajectories],
         columns={c: [data.rows[i].get(c) for i in rows] for c in data.columns}, group_size=ctx.group_size,
-        optional=tool_arguments(trajectories, prompts)))  # multi-turn: conversations, environments
+        optional=tool_arguments(trajectories, prompts),  # multi-turn: conversations, environments
+        unscored=failed_episodes(trajectories)))
     calls.append(call)
     g = ctx.group_size
     return [_Group(group, group.key, texts[k * g:(k + 1) * g], call, k * g, version=ctx.scheduler.submitted_version(group.index))
             for k, group in enumerate(finished)]
 
 
+def shown_prompts(trajectories: Sequence[Trajectory], prompts: Sequence[Any]) -> list[Any]:
+    """Each trajectory's prompt as the model saw it: the row's prompt with its environment's first observation
+    appended (`with_observation`), which TRL passes reward functions as `prompts`; the row's prompt otherwise."""
+    return [with_observation(p, t.episode.observation) if isinstance(t.episode, Episode) and t.episode.observation
+            else p for t, p in zip(trajectories, prompts)]
+
+
+def failed_episodes(trajectories: Sequence[Trajectory]) -> list[bool]:
+    """The tool loop's failure rule: an episode whose environment failed at reset (or whose first observation did not
+    fit the context) is scored by nothing (`RewardSet.submit(unscored=)`: every reward None, advantage 0)."""
+    return [isinstance(t.episode, Episode) and t.episode.failure is not None for t in trajectories]
+
+
 def tool_arguments(trajectories: Sequence[Trajectory], prompts: Sequence[Any]) -> dict[str, list[Any]]:
-    """The optional reward arguments of multi-turn trajectories: `conversations` (the prompt's messages, a text prompt
-    as one user message, an environment's first observation appended to the last user message, then the completion's assistant and tool turns) and, with an environment, `environments`
-    (each trajectory's instance); for agent runs `agent_runs` (each trajectory's `AgentRun`); {} when no trajectory
-    went through the tool loop or an agent."""
+    """The optional reward arguments of multi-turn trajectories: `conversations` (the prompt as the model saw it,
+    `shown_prompts`' (a text prompt as one user message), then the completion's assistant and tool turns) and, with an
+    environment, `environments` (each trajectory's instance); for agent runs `agent_runs` (each trajectory's
+    `AgentRun`); {} when no trajectory went through the tool loop or an agent."""
     if any(isinstance(t.episode, AgentRun) for t in trajectories):
         return {"agent_runs": [t.episode if isinstance(t.episode, AgentRun) else None for t in trajectories]}
     episodes = [t.episode if isinstance(t.episode, Episode) else None for t in trajectories]
     if not any(episodes):
         return {}
     heads = [list(p) if isinstance(p, list) else [{"role": "user", "content": str(p)}] for p in prompts]
-    heads = [with_observation(h, e.observation) if e is not None and e.observation else h for h, e in zip(heads, episodes)]
     out: dict[str, list[Any]] = {"conversations": [h + (e.conversation if e else []) for h, e in zip(heads, episodes)]}
     if any(e is not None and e.environment is not None for e in episodes):
         out["environments"] = [e.environment if e else None for e in episodes]

@@ -164,8 +164,8 @@ class Scheduler:
         if not entries:
             return
         with self.lock:
-            indices = self.stream.submit_groups([(*e, p.members if p is not None else None)
-                                                 for e, p in zip(entries, partial)], self.sampling)
+            indices = self.stream.submit_groups([(*e, p.members if p is not None else None, e[2])  # (each request
+                                                 for e, p in zip(entries, partial)], self.sampling)  # carries its row)
             ready = self.stream.accept([])  # groups whose members were all finished already (partial rollouts)
         if ready:
             with self.cond:
@@ -361,10 +361,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------ sharing the engine
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None) -> list[Trajectory]:
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None,
+                 rows: list[int] | None = None) -> list[Trajectory]:
         """The engine's `generate` for someone else (the held-out eval), also while groups are in flight: the driver
         is held off and this call polls for both, queueing the groups' trajectories, so neither loses any."""
-        requests = batch_requests(prompts, sampling, seeds)
+        requests = batch_requests(prompts, sampling, seeds, rows=rows)
         index = {r.request_id: i for i, r in enumerate(requests)}
         out: list[Trajectory | None] = [None] * len(requests)
         with self.lock:

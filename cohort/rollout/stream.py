@@ -1,7 +1,7 @@
 """Groups of G requests over the request-level engine protocol, each handed on as soon as its G members are done.
 
 `GroupStream(engine, prefix)` submits a group with `submit_group(prompt_ids, sampling, seeds, key=...)`: one
-`Request` per member, ids `<prefix>.<n>/g<group>/<slot>` (n unique in the process: an engine shared by several
+`Request` per member (carrying its dataset row when the caller gives the rows), ids `<prefix>.<n>/g<group>/<slot>` (n unique in the process: an engine shared by several
 trainers never mixes their requests) (the group and the slot are read back from the id, so
 nothing depends on the order in which the engine returns them). Iterating the stream yields a `FinishedGroup`
 (its G trajectories in slot order, and the caller's `key`) the moment its last member is polled; groups may be
@@ -81,26 +81,29 @@ class GroupStream:
         return self.submit_groups([(prompt_ids, seeds, key)], sampling)[0]
 
     def submit_groups(self, groups: Sequence[tuple], sampling: SamplingConfig) -> list[int]:
-        """Start several groups, each (prompt_ids, seeds, key) or (prompt_ids, seeds, key, partial), in one engine
-        submit (one HTTP call for a rollout server, which keeps each group on one server); their indices.
+        """Start several groups, each (prompt_ids, seeds, key), (prompt_ids, seeds, key, partial) or (prompt_ids,
+        seeds, key, partial, rows), in one engine submit (one HTTP call for a rollout server, which keeps each group
+        on one server); their indices.
 
         `partial[slot]` (module docstring): a finished trajectory is placed at once, an aborted one is resumed, None
-        samples from the start. A group whose members are all finished is ready without a request."""
+        samples from the start. A group whose members are all finished is ready without a request. `rows[slot]`: the
+        member's dataset row, carried by its request (`Request.row`)."""
         requests, indices = [], []
         for prompt_ids, seeds, key, *rest in groups:
             partial = rest[0] if rest and rest[0] is not None else [None] * len(prompt_ids)
+            rows = rest[1] if len(rest) > 1 and rest[1] is not None else [None] * len(prompt_ids)
             if not (len(prompt_ids) == len(seeds) == len(partial)) or not prompt_ids:
                 raise ValueError(f"a group needs one seed (and one partial entry) per member and at least one member; got "
                                  f"{len(prompt_ids)} prompts, {len(seeds)} seeds and {len(partial)} partial entries")
             index, self._submitted = self._submitted, self._submitted + 1
             group = self._open[index] = _OpenGroup(key, [None] * len(prompt_ids))
-            for slot, (prompt, seed, done) in enumerate(zip(prompt_ids, seeds, partial)):
+            for slot, (prompt, seed, done, row) in enumerate(zip(prompt_ids, seeds, partial, rows)):
                 rid = f"{self.prefix}/g{index}/{slot}"
                 if done is not None and done.finished:
                     group.slots[slot] = replace(done, request_id=rid)
                     group.missing -= 1
                 else:
-                    requests.append(Request(rid, tuple(int(t) for t in prompt), sampling, seed, resume=done))
+                    requests.append(Request(rid, tuple(int(t) for t in prompt), sampling, seed, resume=done, row=row))
             if group.missing == 0:
                 self._ready.append(index)
             indices.append(index)

@@ -345,7 +345,8 @@ def _samples(run: RunRecords) -> str:
 
 def _finish_text(record: dict) -> str:
     finish = str(record.get("finish_reason", ""))
-    return f"{finish}, tools {record['tool_status']}" if "tool_status" in record else finish
+    finish = f"{finish}, tools {record['tool_status']}" if "tool_status" in record else finish
+    return f"{finish}; episode failed, scored by nothing: {record['failure']}" if record.get("failure") else finish
 
 
 def _number(value) -> str:

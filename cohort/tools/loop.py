@@ -14,8 +14,11 @@ its `Episode` (the conversation, the environment instance, the tool status and c
 
 Environments (cohort/tools/tool_schemas.py): the instance is built and `reset(**row)` when the request starts; a string it
 returns is appended to the prompt's last user message (TRL's rule, `prompt_with`: the prompt tokens are rendered
-again, and the trajectory carries them as its `prompt_ids`); a `reset` that raises fails the episode (status error,
-the message recorded, the first turn is the last), one that raises `EnvironmentLost` fails the run's step. After a
+again, and the trajectory carries them as its `prompt_ids`). A `reset` that raises, or an observation that makes the
+prompt reach the engine's context (`max_model_len`), fails the episode: `Episode.failure` says why (also recorded
+as a "reset" tool message, status error), the model answers the row's own prompt once, its loss mask is 0, and no
+reward function scores it (cohort/rollout/collect.py's `failed_episodes`: every reward None, advantage 0); the run
+goes on. A `reset` that raises `EnvironmentLost` fails the run's step. After a
 turn's calls, an environment whose `done` is true ends the trajectory (the turn's results recorded, not appended).
 
 Budgets and status: a call after `max_turns` assistant turns is not run; a tool turn that does not fit in the token
@@ -86,8 +89,9 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
                  rows: Callable[[Request], dict[str, Any]] | None = None, max_turns: int = 4, max_parallel_calls: int = 4,
                  tool_timeout_s: float = 10.0, max_tool_response_length: int | None = None,
                  truncate_side: str = "right", failure_policy: str = "reward",
-                 prompt_with: Callable[[dict[str, Any], str], list[int]] | None = None):
+                 prompt_with: Callable[[dict[str, Any], str], list[int]] | None = None, max_model_len: int | None = None):
         self.inner, self.tokenizer, self.parser = inner, tokenizer, parser
+        self.max_model_len = max_model_len  # the engine's context: a longer prompt (observation included) fails its episode
         self.prompt_with = prompt_with  # (row, observation) -> the row's prompt token ids with the observation appended
         self.tools, self.environment, self.rows = list(tools), environment, rows
         self.max_turns, self.max_parallel_calls, self.tool_timeout_s = max_turns, max_parallel_calls, tool_timeout_s
@@ -177,10 +181,15 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
             observation, failed = self._reset(request, episode, row)
             if failed is None:
                 tools.update({t.name: t for t in environment_tools(episode.environment)})
-            if observation and resume is None:
+            if observation and resume is None and self.prompt_with is not None and row:  # TRL's rule: the
+                prompt_ids = tuple(self.prompt_with(row, observation))  # observation ends the last user message
+                failed = self._past_context(episode, len(prompt_ids))
+                if failed is None:
+                    episode.observation, request = observation, replace(request, prompt_ids=prompt_ids)
+            elif observation and resume is None:
                 episode.observation = observation
-                if self.prompt_with is not None and row:  # TRL's rule: the observation ends the last user message
-                    request = replace(request, prompt_ids=tuple(self.prompt_with(row, observation)))
+        if failed is not None:
+            episode.failure = failed
         if resume is not None and resume.prompt_ids:  # its tokens were sampled after this prompt (observation included)
             request = replace(request, prompt_ids=tuple(resume.prompt_ids))
         tool_positions = [i for i, m in enumerate(resume.loss_mask) if m == 0] if resume is not None else []
@@ -203,6 +212,18 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
             episode.conversation.append({"role": "tool", "name": "reset", "content": f"error: {why}"})
             return None, why
         return (str(observation) if observation else None), None
+
+    def _past_context(self, episode: Episode, length: int) -> str | None:
+        """None when a prompt of `length` tokens (the observation appended) leaves the engine room to sample; else why
+        the episode fails (the model answers the row's own prompt once, and nothing scores it)."""
+        if self.max_model_len is None or length < self.max_model_len:
+            return None
+        name = getattr(self.environment, "__name__", repr(self.environment))
+        why = (f"tools.environment {name}: reset's observation makes the prompt {length} tokens, past the engine's "
+               f"context of {self.max_model_len}; return a shorter observation from reset")
+        episode.mark("error")
+        episode.conversation.append({"role": "tool", "name": "reset", "content": f"error: {why}"})
+        return why
 
     def _retake_turn(self, entry: _Open, resume: Trajectory) -> None:
         """Handle a resumed trajectory's last turn (complete, its calls never run) as if it had just come back."""
@@ -279,8 +300,8 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
         if not self._close_environment(episode):
             episode.mark("error")
         mask = t.loss_mask
-        if self.failure_policy == "mask" and episode.status in FAILED:
-            mask = [0] * len(t.token_ids)
+        if episode.failure is not None or (self.failure_policy == "mask" and episode.status in FAILED):
+            mask = [0] * len(t.token_ids)  # (a failed episode trains nothing, whatever the policy)
         return replace(t, loss_mask=mask, episode=episode)
 
     @staticmethod

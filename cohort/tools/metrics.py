@@ -10,7 +10,9 @@ Metrics (only when some trajectory went through the tool loop):
   raised, over calls run (0 with no call); `tools/calls/<name>`: calls of each tool in the batch;
 - `tools/timeouts`, `tools/parse_errors`, `tools/argument_errors`: counts in the batch;
 - `tools/turns_mean`: assistant turns per trajectory; `tools/status/<status>`: the fraction of trajectories that
-  ended with each tool status (ok, truncated, tool_timeout, error).
+  ended with each tool status (ok, truncated, tool_timeout, error);
+- `tools/failed_episodes`: episodes in the batch whose environment failed at reset (or whose first observation did
+  not fit the context): scored by nothing, trained on nothing (`Episode.failure`; completions.jsonl's `failure`).
 
 Agent runs (cohort/agents) carry an `AgentRun` instead: reward functions may name `agent_runs=`, and the metrics are
 `agent/<key>` (the mean over the runs that returned it of each key the agent's dict returned besides `reward`),
@@ -44,6 +46,7 @@ def tool_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "tools/parse_errors": float(sum(e.parse_errors for e in episodes)),
         "tools/argument_errors": float(sum(e.argument_errors for e in episodes)),
         "tools/turns_mean": sum(e.turns for e in episodes) / n,
+        "tools/failed_episodes": float(sum(e.failure is not None for e in episodes)),
     }
     out.update({f"tools/calls/{name}": float(count) for name, count in sorted(calls.items())})
     out.update({f"tools/status/{s}": sum(e.status == s for e in episodes) / n for s in TOOL_STATUSES})

@@ -7,7 +7,7 @@ tool function works unchanged. `tools.functions` names them by import path (`my_
 
 An environment (`tools.environment: my_module.MyEnv`) is a class written the way TRL's
 `GRPOTrainer(environment_factory=...)` takes it: one instance per trajectory, built with no arguments; `reset(**row)`
-gets the dataset row and may return a first observation (appended to the prompt's last user message with no
+(required, as in TRL) gets the dataset row and may return a first observation (appended to the prompt's last user message with no
 separator, as TRL does: cohort/tools/loop.py); its public methods (not `reset`, `close`, `get_reward`, nor names
 starting with `_`) are the trajectory's tools, on top of `tools.functions`, and one that raises answers
 `{"error": message}` (TRL's); `get_reward()`, when it has one, is one more reward of weight 1
@@ -111,6 +111,9 @@ def resolve_environment(spec: str | type | None, timeout_s: float = 10.0) -> typ
         return openenv.openenv_environment(cls, timeout_s)
     if not inspect.isclass(cls):
         raise ValueError(f"tools.environment = {spec!r} is a {type(cls).__name__}, not a class")
+    if not callable(getattr(cls, "reset", None)):  # (TRL refuses it too)
+        raise ValueError(f"tools.environment {cls.__name__} has no reset method; add `def reset(self, **kwargs)` (called "
+                         "at the start of each episode with the row's columns; it may return the first observation)")
     if not environment_methods(cls):
         raise ValueError(f"tools.environment {cls.__name__}: no public method to offer as a tool (methods other than "
                          f"{RESERVED_METHODS} whose names do not start with '_')")

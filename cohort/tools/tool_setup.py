@@ -1,8 +1,10 @@
 """From the config to a tool loop: the wrapping of a built engine in a `ToolEngine` (cohort/trainer/build_parts.py calls
 `wrap_engine` when tools.functions or tools.environment is set; the config's checks are in cohort/tools/tool_checks.py).
 
-`rows_by_prompt` maps a request's prompt token ids to its dataset row, which `reset(**row)` of an environment gets:
-the tool loop sees requests, not rows. Rows whose prompts tokenize identically get the first such row's columns.
+`rows_by_index` maps a request to its dataset row by the index the request carries (`Request.row`, set where the
+requests are made from the sampler's prompts), which `reset(**row)` of an environment and an agent get: rows that
+share a prompt and differ in another column (a `seed`, a `target`) each reach their own episode, as in TRL.
+`run_rows` is the table those indices point into: the train rows, then the eval rows.
 `prompt_with_observation` renders a row's prompt again with an environment's first observation appended (TRL's rule,
 `cohort.rollout.base.with_observation`). (An OpenEnv server's capacity is checked by cohort/trainer/build_parts.py before
 any weights load: `cohort.tools.openenv.check_capacity`.)
@@ -20,12 +22,15 @@ from cohort.tools.tool_schemas import resolve_environment, resolve_tools
 SOCKET_TIMEOUT_SHARE = 0.9  # a server's answer is awaited for this share of tools.timeout_s: the session fails first
 
 
-def rows_by_prompt(prompt_ids: Sequence[Sequence[int]], rows: Sequence[dict[str, Any]]) -> Callable[[Request], dict[str, Any]]:
-    """A request -> its dataset row (by its prompt token ids; {} for a prompt not in the data)."""
-    index: dict[tuple[int, ...], dict[str, Any]] = {}
-    for ids, row in zip(prompt_ids, rows):
-        index.setdefault(tuple(ids), row)
-    return lambda request: dict(index.get(tuple(request.prompt_ids), {}))
+def run_rows(train, evals=None) -> list[dict[str, Any]]:
+    """The rows a request's `row` indexes: the train dataset's rows, then the eval dataset's (so eval row i is
+    `len(train.rows) + i`)."""
+    return list(train.rows) + (list(evals.rows) if evals is not None else [])
+
+
+def rows_by_index(rows: Sequence[dict[str, Any]]) -> Callable[[Request], dict[str, Any]]:
+    """A request -> a copy of its dataset row (`rows[request.row]`; {} for a request not from the data)."""
+    return lambda request: dict(rows[request.row]) if request.row is not None else {}
 
 
 def prompt_with_observation(encode: Callable[[Any], list[int]], prompt_key: str) -> Callable[[dict[str, Any], str], list[int]]:
@@ -40,11 +45,13 @@ def environment_class(tools) -> type | None:
 
 
 def wrap_engine(tools, engine, tokenizer, rows: Callable[[Request], dict[str, Any]] | None = None, *,
-                prompt_with: Callable[[dict[str, Any], str], list[int]] | None = None) -> ToolEngine:
-    """`engine` inside the tool loop the tools section describes (the chat template is checked here)."""
+                prompt_with: Callable[[dict[str, Any], str], list[int]] | None = None,
+                max_model_len: int | None = None) -> ToolEngine:
+    """`engine` inside the tool loop the tools section describes (the chat template is checked here); `max_model_len`:
+    the engine's context, which a prompt with reset's observation must stay under (or its episode fails)."""
     return ToolEngine(engine, tokenizer, parser=get_parser(tools.parser), tools=resolve_tools(tools.functions),
                       environment=environment_class(tools), rows=rows, max_turns=tools.max_turns,
                       max_parallel_calls=tools.max_parallel_calls, tool_timeout_s=tools.timeout_s,
                       max_tool_response_length=tools.max_response_length,
                       truncate_side=tools.response_truncate_side, failure_policy=tools.failure_policy,
-                      prompt_with=prompt_with)
+                      prompt_with=prompt_with, max_model_len=max_model_len)

@@ -41,7 +41,7 @@ from cohort.plan.teacher_checks import mismatch_problem, tokenizer_mismatch
 from cohort.agents import agent_setup as agents
 from cohort.tools.openenv import check_capacity, is_server_url
 from cohort.tools.tool_schemas import environment_reward_specs
-from cohort.tools.tool_setup import prompt_with_observation, rows_by_prompt, wrap_engine
+from cohort.tools.tool_setup import prompt_with_observation, rows_by_index, run_rows, wrap_engine
 from cohort.trainer import algorithms
 from cohort.trainer.checkpoint import check_disk_space
 from cohort.trainer.critic import Critic
@@ -95,7 +95,7 @@ def setup(run: RunPlan, run_dir: Path, *, pack: Callable, external_engine=None) 
     engine, owns_engine = _engine(cfg, dist, model_dir, tokenizer, external_engine, max_model_len=max_model_len,
                                   precision=precision, policy=policy)
     if cfg.tools.enabled:  # multi-turn: every request goes through the tool loop (cohort/tools/loop.py)
-        engine = _with_tools(cfg, engine, tokenizer, prompts, sessions)
+        engine = _with_tools(cfg, engine, tokenizer, prompts, max_model_len)
     if cfg.agent.enabled:  # every request is one run of the agent function (cohort/agents/engine.py)
         engine = agents.wrap_engine(cfg, engine, tokenizer, _rows(prompts), max_model_len=max_model_len)
     return TrainerParts(
@@ -168,11 +168,12 @@ def _engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, external, *, ma
     return build_engine(cfg, model_dir, tokenizer, max_model_len=max_model_len, precision=precision, policy=policy), True
 
 
-def _with_tools(cfg, engine, tokenizer, prompts, sessions: tuple[int, str]):
+def _with_tools(cfg, engine, tokenizer, prompts, max_model_len: int):
     """The engine inside the tool loop; under several processes the loop wraps rank 0's engine, so tools run once,
     beside it, and every rank receives the finished multi-turn trajectories."""
     wrap = functools.partial(wrap_engine, cfg.tools, rows=_rows(prompts), tokenizer=tokenizer,
-                             prompt_with=prompt_with_observation(prompts.renderer.encode, prompts.train.prompt_key))
+                             prompt_with=prompt_with_observation(prompts.renderer.encode, prompts.train.prompt_key),
+                             max_model_len=max_model_len)
     if isinstance(engine, MainOnlyEngine):
         if engine.engine is not None:
             engine.engine = wrap(engine=engine.engine)
@@ -194,9 +195,8 @@ def _sessions(plan, prompts) -> tuple[int, str]:
 
 
 def _rows(prompts):
-    """A request -> its dataset row (train and eval), for environments and agents."""
-    return rows_by_prompt(prompts.train_ids + (prompts.eval_ids or []),
-                          prompts.train.rows + (prompts.eval.rows if prompts.eval is not None else []))
+    """A request -> its dataset row (train and eval, by `Request.row`), for environments and agents."""
+    return rows_by_index(run_rows(prompts.train, prompts.eval))
 
 
 def _check_writable(run_dir) -> None:

@@ -26,8 +26,8 @@ from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
 from cohort.rollout.base import SamplingConfig, completion_seeds, decode_completion
 from cohort.agents import agent_setup as agents
-from cohort.rollout.collect import tool_arguments
-from cohort.tools.tool_setup import rows_by_prompt, wrap_engine
+from cohort.rollout.collect import failed_episodes, shown_prompts, tool_arguments
+from cohort.tools.tool_setup import prompt_with_observation, rows_by_index, run_rows, wrap_engine
 from cohort.trainer.build_engine import build_engine, engine_length, set_torch_threads
 
 
@@ -41,24 +41,26 @@ def correct_at(rewards) -> float:
 
 
 def evaluate(engine, tokenizer, dataset, prompt_ids, rewards, *, max_tokens: int, num_samples: int = 1,
-             temperature: float = 0.0, seed: int = 0) -> dict:
+             temperature: float = 0.0, seed: int = 0, first_row: int = 0) -> dict:
     """Scores `num_samples` completions per prompt; greedy when temperature is 0.
 
     Returns accuracy (mean over samples), pass@k (any sample correct, k = num_samples),
-    mean reward, and the completions for inspection.
+    mean reward, and the completions for inspection. `first_row`: the index of the dataset's first row among the
+    run's rows (`run_rows`: after the train rows), which each request carries for environments and agents.
     """
     k = num_samples
     prompts = [ids for ids in prompt_ids for _ in range(k)]
     rows = [row for row in dataset.rows for _ in range(k)]
     sampling = SamplingConfig(max_tokens, temperature)
     seeds = completion_seeds(seed, 10**6, len(prompts)) if temperature > 0 else None
-    outs = engine.generate(prompts, sampling, seeds)
+    outs = engine.generate(prompts, sampling, seeds, [first_row + i for i in range(len(dataset.rows)) for _ in range(k)])
     texts = [decode_completion(tokenizer, o) for o in outs]
-    key = dataset.prompt_key
-    completions = [[{"role": "assistant", "content": t}] if isinstance(r[key], list) else t for r, t in zip(rows, texts)]
+    shown = shown_prompts(outs, [r[dataset.prompt_key] for r in rows])  # (with an environment's first observation)
+    completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t for p, t in zip(shown, texts)]
     columns = {c: [r.get(c) for r in rows] for c in dataset.columns}
-    scored = rewards.score(prompts=[r[key] for r in rows], completions=completions, completion_ids=[o.token_ids for o in outs],
-                           columns=columns, group_size=k, optional=tool_arguments(outs, [r[key] for r in rows]))
+    scored = rewards.score(prompts=shown, completions=completions, completion_ids=[o.token_ids for o in outs],
+                           columns=columns, group_size=k, optional=tool_arguments(outs, shown),
+                           unscored=failed_episodes(outs))
     first = scored.per_function[:, 0].reshape(-1, k)  # (P, k)
     correct = np.where(np.isnan(first), np.nan, (first >= correct_at(rewards)).astype(float))
     scorable = ~np.all(np.isnan(first), axis=1)
@@ -85,15 +87,18 @@ def evaluate_model(cfg, *, num_samples: int = 1, temperature: float = 0.0) -> di
         set_torch_threads(cfg, num_parameters=checkpoint_parameters(model_dir), device=device)  # before the engine
         tokenizer = load_tokenizer(model_dir)
         prompts = encode_prompts(cfg, tokenizer, model_dir, train, evals)  # raises if one cannot fit
+        max_model_len = engine_length(cfg, model_dir, prompts.train_ids + prompts.eval_ids)
         engine = build_engine(cfg, model_dir, tokenizer, precision=resolve_precision(cfg.model.dtype, cfg.train.precision, device),
-                              device=device, max_model_len=engine_length(cfg, model_dir, prompts.train_ids + prompts.eval_ids))
+                              device=device, max_model_len=max_model_len)
+        rows = rows_by_index(run_rows(prompts.train, prompts.eval))  # (the trainer's table: eval rows after train's)
         if cfg.tools.enabled:  # multi-turn, as in training
-            engine = wrap_engine(cfg.tools, engine, tokenizer, rows_by_prompt(prompts.eval_ids, prompts.eval.rows))
+            engine = wrap_engine(cfg.tools, engine, tokenizer, rows, max_model_len=max_model_len,
+                                 prompt_with=prompt_with_observation(prompts.renderer.encode, prompts.eval.prompt_key))
         if cfg.agent.enabled:  # agent runs, as in training
-            engine = agents.wrap_engine(cfg, engine, tokenizer, rows_by_prompt(prompts.eval_ids, prompts.eval.rows),
-                                        max_model_len=engine_length(cfg, model_dir, prompts.train_ids + prompts.eval_ids))
+            engine = agents.wrap_engine(cfg, engine, tokenizer, rows, max_model_len=max_model_len)
         return evaluate(engine, tokenizer, prompts.eval, prompts.eval_ids, rewards, max_tokens=cfg.rollout.max_completion_length,
-                        num_samples=num_samples, temperature=temperature, seed=cfg.rollout.seed)
+                        num_samples=num_samples, temperature=temperature, seed=cfg.rollout.seed,
+                        first_row=len(prompts.train.rows))
     finally:
         if engine is not None:
             engine.close()

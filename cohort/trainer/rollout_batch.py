@@ -170,11 +170,14 @@ class RolloutBatch:
 
     def tool_record(self, i: int) -> dict[str, Any]:
         """What completions.jsonl adds for a multi-turn completion: its conversation (assistant and tool turns; tool
-        turns have role "tool"), tool status and turns; {} for a one-turn completion."""
+        turns have role "tool"), tool status and turns, and with an environment what its reset showed the model
+        (`observation`, appended to the prompt) or why the episode failed (`failure`); {} for a one-turn completion."""
         episode = self.episodes[i] if self.episodes is not None else None
         if episode is None:
             return {}
-        return {"conversation": list(episode.conversation), "tool_status": episode.status, "turns": episode.turns}
+        record = {"conversation": list(episode.conversation), "tool_status": episode.status, "turns": episode.turns}
+        extra = {"observation": getattr(episode, "observation", None), "failure": getattr(episode, "failure", None)}
+        return {**record, **{k: v for k, v in extra.items() if v is not None}}
 
     def __len__(self) -> int:
         return len(self.completion_ids)

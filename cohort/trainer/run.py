@@ -35,6 +35,7 @@ import yaml
 
 from cohort.models.pretrained import write_config_dtype
 from cohort.data.datasets import PromptDataset
+from cohort.rollout.base import with_observation
 from cohort.trainer import checkpoint, failure
 from cohort.trainer.diagnostics import Diagnostics
 from cohort.trainer.evaluate import evaluate
@@ -56,7 +57,7 @@ def run_eval(trainer: Trainer, label: str, sink: JsonlWriter) -> dict:
     start = time.perf_counter()
     # through the rollout scheduler, which shares the engine with the groups in flight
     result = evaluate(trainer.scheduler, parts.tokenizer, parts.eval_data, parts.eval_ids, parts.rewards,
-                      max_tokens=trainer.cfg.rollout.max_completion_length)
+                      max_tokens=trainer.cfg.rollout.max_completion_length, first_row=len(parts.train_data.rows))
     record = {"label": label, "step": trainer.state.step, "accuracy": result["accuracy"], "reward": result["reward"],
               "num_prompts": result["num_prompts"], "seconds": time.perf_counter() - start}
     sink.write(record)
@@ -68,11 +69,12 @@ def _log_completions(state: TrainerState, data: PromptDataset, sink: JsonlWriter
     it spans several steps), with their prompts from the train `data`."""
     batch, key, step = state.batch, data.prompt_key, state.step
     for i in state.step_indices[:n]:
-        row = data.rows[batch.row_indices[i]]
-        sink.write({"step": step, "prompt": row[key], "completion": batch.completions_text[i],
+        row, tools = data.rows[batch.row_indices[i]], batch.tool_record(i)
+        prompt = with_observation(row[key], tools["observation"]) if "observation" in tools else row[key]  # as shown
+        sink.write({"step": step, "prompt": prompt, "completion": batch.completions_text[i],
                     "reward": float(batch.rewards[i]), "advantage": batch.sequence_advantage(i),
                     "finish_reason": "length" if batch.truncated[i] else "stop",
-                    **batch.tool_record(i)})  # multi-turn: the conversation, tool turns marked by role "tool"
+                    **tools})  # multi-turn: the conversation, tool turns marked by role "tool"
 
 
 def save_model(parts: TrainerParts, directory: Path, *, lora_merged: bool = False) -> None:

@@ -354,3 +354,22 @@ def test_a_hung_sync_function_does_not_block_interpreter_exit(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "1.0"
+
+
+def test_unscored_rows_reach_no_function_and_score_nan():
+    seen = []
+
+    def length(prompts, completions, **kwargs):
+        seen.append(list(completions))
+        return [float(len(c)) for c in completions]
+
+    with RewardSet([RewardEntry("length", length, 1.0), RewardEntry("two", const(2.0), 0.5)]) as rs:
+        data = batch(4)
+        data["completions"] = ["a", "bb", "ccc", "dddd"]
+        out = rs.score(**data, group_size=2, unscored=[False, True, False, True])
+        assert seen == [["a", "ccc"]]  # the failed rows 1 and 3 never reach a function
+        # rows 0 and 2: 1 × len + 0.5 × 2 = 2.0 and 4.0; rows 1 and 3: every column NaN, so the total is NaN
+        np.testing.assert_array_equal(out.total, [2.0, np.nan, 4.0, np.nan])
+        assert out.metrics["rewards/length/mean"] == 2.0  # (1 + 3) / 2, over the scored rows only
+        nothing = rs.score(**data, group_size=2, unscored=[True] * 4)
+        assert seen == [["a", "ccc"]] and np.isnan(nothing.total).all()  # no call when every row failed
