@@ -70,9 +70,9 @@ def use_this_interpreter_for_chat_programs() -> None:
 class VerifiersAgent:
     """`async (client, row)`: row's task played as one verifiers episode against `client`'s endpoint (module docstring)."""
 
-    def __init__(self, spec: str, args: dict[str, Any], model_name: str):
+    def __init__(self, spec: str, args: dict[str, Any], model_name: str, num_examples: int | None = None):
         self.spec, self.model_name = spec, model_name
-        self.env, self.tasks = load_tasks(spec, args)
+        self.env, self.tasks = load_tasks(spec, args, num_examples)
         use_this_interpreter_for_chat_programs()
         self._serving = None  # the env's `serving()` context, entered by the first episode on the engine's loop
         self._lock: asyncio.Lock | None = None
