@@ -61,11 +61,11 @@ def episodes(tiny_chat_model_dir):
     stops = stop_token_ids(tiny_chat_model_dir, tokenizer)
     engines = []
 
-    def run(spec, args, script, max_model_len=512):
-        rows = environment_rows(spec, args)
+    def run(spec, args, script, max_model_len=512, num_examples=None):
+        rows = environment_rows(spec, args, num_examples)
         inner = ScriptedEngine(tokenizer, stops, list(script))
         chat = lambda sample: ChatCompletions(tokenizer, stops, sample, max_model_len=2**31)  # noqa: E731 (as wrap_engine)
-        agent = VerifiersAgent(spec, args, "tiny")
+        agent = VerifiersAgent(spec, args, "tiny", num_examples)
         engine = AgentEngine(inner, chat, Conversation, agent, rows=lambda r: rows[int(r.request_id[3:])], timeout_s=60,
                              max_model_len=max_model_len)
         engines.append(engine)
@@ -191,3 +191,58 @@ def test_a_tool_taskset_trains_20_steps(tmp_path, quick_stop_chat_model):  # noq
     assert any(run.turns > 1 for run in runs)  # some episodes called the calculator...
     masks = [m for step in steps for m in step["masks"]]
     assert any(0 in m for m in masks)  # ...whose results are in the trajectories, masked
+
+
+# ------------------------------------------------------------------ a two-seat game (issue 53, defects 7-10)
+# cohort_vf_duel is shaped as verifiers' own kuhn_poker package: an infinite taskset with no size field, prompt-less
+# tasks, two seats (player0, player1) on verifiers' default runtime (Prime's remote sandboxes), its own config fields.
+DUEL = "verifiers:cohort_vf_duel"
+DUEL_LOCAL = {seat: {"runtime": {"type": "subprocess"}} for seat in ("player0", "player1")}
+
+
+def test_an_unknown_taskset_field_is_one_line_naming_the_field_the_fields_and_the_fix():
+    # docs' old `taskset: {num_tasks: N}` is no verifiers 0.4 field (TasksetConfig has id, task, system_prompt; a
+    # taskset adds its own): one line, not pydantic's multi-line ValidationError
+    [problem] = check_environment(DUEL, {**DUEL_LOCAL, "taskset": {"num_tasks": 4}}, 4)
+    assert "\n" not in problem
+    assert "agent.environment_args.taskset.num_tasks is not a field (DuelConfig's fields: task, system_prompt, id, stake)" in problem
+    assert "agent.num_examples (vf-eval's -n)" in problem
+    [problem] = check_environment(DUEL, {**DUEL_LOCAL, "player0": {"runtime": {"type": "subprocess"}, "max_turn": 2}}, 4)
+    assert "agent.environment_args.player0.max_turn is not a field (AgentConfig's fields: harness, runtime," in problem
+    assert "\n" not in problem
+
+
+def test_an_infinite_taskset_is_bounded_by_num_examples_and_prompt_less_tasks_are_rows():
+    [problem] = check_environment(DUEL, DUEL_LOCAL)
+    assert problem == (f"agent.environment = {DUEL!r}: its taskset is infinite; set agent.num_examples (vf-eval's -n) "
+                       "to train on its first N tasks")
+    assert check_environment(DUEL, DUEL_LOCAL, 3) == []
+    rows = environment_rows(DUEL, DUEL_LOCAL, 3)  # (each task has prompt None: its name stands in as the row's prompt)
+    assert [r["prompt"] for r in rows] == [[{"role": "user", "content": f"round#{i}"}] for i in range(3)]
+    from cohort.data.datasets import rows_dataset
+
+    assert len(rows_dataset(rows, "prompt", "duel")) == 3  # the row check accepts them
+
+
+def test_every_seat_left_on_remote_sandboxes_is_refused_naming_its_field():
+    problems = check_environment(DUEL, {"player1": {"runtime": {"type": "subprocess"}}}, 4)
+    assert problems == [f"agent.environment = {DUEL!r}: seat 'player0' runs its harness in prime's remote sandboxes "
+                        "(verifiers' default); set agent.environment_args.player0.runtime.type=subprocess to run it here"]
+
+
+def test_a_two_seat_episode_gives_each_seat_its_trajectory_and_its_own_reward(episodes):
+    # stake 1; player0 shows 2, player1 shows 0: 2 + 0 + 1 = 3 is divisible by the modulus 3, so player0 wins: +1 and -1
+    args = {**DUEL_LOCAL, "taskset": {"stake": 1}}
+    [t], inner, tokenizer = episodes(DUEL, args, ["2", "0"], num_examples=1)
+    run = t.episode
+    assert run.error is None, run.error
+    assert run.turns == 2 and run.outcome["reward"] == 0.0  # the episode's own reward: the seats' mean
+    player0, player1 = run.seats
+    assert (player0.episode.seat, player1.episode.seat) == ("player0", "player1")
+    assert player0.episode.outcome == {"reward": 1.0, "payoff": 1.0}
+    assert player1.episode.outcome == {"reward": -1.0, "payoff": -1.0}
+    stop = inner.stop_token_ids[0]
+    assert player0.token_ids == tokenizer("2", add_special_tokens=False)["input_ids"] + [stop]  # each seat's own call
+    assert player1.token_ids == tokenizer("0", add_special_tokens=False)["input_ids"] + [stop]
+    assert "You are Player 0" in tokenizer.decode(player0.prompt_ids)  # each seat's own prompt
+    assert "You are Player 1" in tokenizer.decode(player1.prompt_ids)

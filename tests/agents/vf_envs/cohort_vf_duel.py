@@ -42,8 +42,8 @@ class DuelTask(vf.Task[DuelData]):
 
 
 class DuelConfig(vf.TasksetConfig):
-    stake: int = Field(0, ge=0)
-    """Added to the total shown before the divisibility test (0: the round's seed draws it, 0 to 2)."""
+    stake: int | None = Field(None, ge=0)
+    """Added to the total shown before the divisibility test (None: the round's seed draws it, 0 to 2)."""
 
 
 class DuelEnvConfig(vf.EnvConfig):
@@ -56,7 +56,9 @@ class DuelEnvConfig(vf.EnvConfig):
 
 class DuelEnv(vf.Env[DuelEnvConfig]):
     async def run(self, task, agents):
-        stake = self.taskset.config.stake or random.Random(task.data.info["seed"]).randrange(3)
+        stake = self.taskset.config.stake
+        if stake is None:
+            stake = random.Random(task.data.info["seed"]).randrange(3)
         seat_tasks = [
             vf.Task(vf.TaskData(idx=task.data.idx, prompt=None, system_prompt=RULES.format(
                 seat=f"Player {i}", most=self.config.max_fingers, stake=stake, modulus=self.config.modulus)))
