@@ -80,7 +80,7 @@ def agent_problems(cfg: CohortConfig, *, world_size: int = 1, one_step: bool = T
         if cfg.data.train_files or cfg.data.dataset_name:
             problems.append(f"agent.environment = {agent.environment!r} with data.train_files / data.dataset_name: the "
                             "environment's tasks are the dataset; unset them")
-        problems += check_environment(agent.environment, agent.environment_args)
+        problems += check_environment(agent.environment, agent.environment_args, agent.num_examples)
     else:
         try:
             resolve_agent(agent.function)

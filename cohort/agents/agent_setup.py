@@ -30,7 +30,8 @@ def wrap_engine(cfg: CohortConfig, engine, tokenizer, rows: Callable[[Request], 
         return ChatCompletions(tokenizer, engine.stop_token_ids, sample, parser=cfg.tools.parser, model_name=name,
                                max_model_len=UNBOUNDED, render_tools=cfg.agent.render_tools)
 
-    agent = (VerifiersAgent(cfg.agent.environment, cfg.agent.environment_args, name) if cfg.agent.environment is not None
-             else resolve_agent(cfg.agent.function))
+    a = cfg.agent
+    agent = (VerifiersAgent(a.environment, a.environment_args, name, a.num_examples) if a.environment is not None
+             else resolve_agent(a.function))
     return AgentEngine(engine, chat, Conversation, agent, rows=rows,
                        timeout_s=cfg.agent.timeout_s, model_name=name, max_model_len=max_model_len)

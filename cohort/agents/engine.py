@@ -71,6 +71,7 @@ class _Run:
     waiting: dict[str, concurrent.futures.Future] = field(default_factory=dict)  # engine request id -> its call's future
     messages: list[dict[str, Any]] = field(default_factory=list)  # the last call's messages and its answer
     lock: threading.Lock = field(default_factory=threading.Lock)
+    sessions: dict[int, str | None] = field(default_factory=dict)  # id(SampledCall) -> the X-Session-ID it came with
 
 
 class AgentEngine(RequestEngineMixin, WrappedEngine):
@@ -174,13 +175,15 @@ class AgentEngine(RequestEngineMixin, WrappedEngine):
         JOIN.set(lambda session_id: self.server.join(session_id, run.key))  # (this task's context: the run's own)
         return await asyncio.wait_for(self.agent(client, row), self.timeout_s)
 
-    def _answer(self, run: _Run, body: dict[str, Any]) -> dict[str, Any]:
-        """One /v1/chat/completions call of `run` (on the HTTP server's thread): the endpoint, with the run's ledger."""
-        self._current.run = run
+    def _answer(self, run: _Run, body: dict[str, Any], session: str | None = None) -> dict[str, Any]:
+        """One /v1/chat/completions call of `run` (on the HTTP server's thread): the endpoint, with the run's ledger;
+        `session`: the call's X-Session-ID (a seat's trace, `_seat_trajectories`)."""
+        self._current.run, self._current.session = run, session
         try:
-            reply, _ = self.chat.create(body, conversation=run.conversation)
+            reply, calls = self.chat.create(body, conversation=run.conversation)
         finally:
             self._current.run = None
+        run.sessions.update({id(call): session for call in calls})
         choice = (reply.get("choices") or [{}])[0]
         run.messages = list(body.get("messages") or []) + [choice.get("message", {})]
         return reply
@@ -214,7 +217,8 @@ class AgentEngine(RequestEngineMixin, WrappedEngine):
     def _engine_request(self, run: _Run, r: Request) -> tuple[Request, int]:
         """`r` as the engine gets it (module docstring: sampling, seed, budget); and the budget left before it."""
         base = run.request
-        calls = run.conversation.calls
+        session = getattr(self._current, "session", None)  # (a seat's budget is its own calls')
+        calls = [c for c in run.conversation.calls if run.sessions.get(id(c)) == session]
         first = list(calls[0].prompt_ids) if calls else list(r.prompt_ids)
         used = len(r.prompt_ids) - len(first) if list(r.prompt_ids[: len(first)]) == first else 0
         room = self.max_model_len - len(r.prompt_ids) if self.max_model_len is not None else base.sampling.max_tokens
@@ -287,30 +291,54 @@ class AgentEngine(RequestEngineMixin, WrappedEngine):
         if unanswered:
             self.inner.abort(unanswered)
         record = AgentRun(turns=len(run.conversation.calls), conversation=run.messages)
+        seats = {}
         if status is None:
-            record.outcome, record.error, record.status = _outcome(run.future, self.timeout_s)
+            record.outcome, record.error, record.status, seats = _outcome(run.future, self.timeout_s)
         else:
             record.status, record.error = status, "the run was aborted"
         trajectory, samples = run_trajectory(list(run.conversation.calls), run.request.request_id, run.request.prompt_ids,
                                              self.inner.policy_version)
-        record.samples = samples
+        record.samples, record.seats = samples, self._seat_trajectories(run, seats)
         return replace(trajectory, status=status or trajectory.status, episode=record)
 
+    def _seat_trajectories(self, run: _Run, seats: dict[str, tuple[str, dict[str, float | None]]]) -> list[Trajectory]:
+        """One trajectory per seat the agent reported ({session id: (seat name, its outcome)}): the calls that came with
+        that session id, as a run's calls become a trajectory (runs.py), with the seat's own `AgentRun`."""
+        out = []
+        for session, (name, outcome) in seats.items():
+            calls = [c for c in run.conversation.calls if run.sessions.get(id(c)) == session]
+            trajectory, samples = run_trajectory(calls, f"{run.request.request_id}/{name}", run.request.prompt_ids,
+                                                 self.inner.policy_version)
+            out.append(replace(trajectory, episode=AgentRun(outcome=outcome, turns=len(calls), samples=samples, seat=name)))
+        return out
 
-def _outcome(future: concurrent.futures.Future, timeout_s: float) -> tuple[dict[str, float] | None, str | None, str]:
-    """(outcome, error, status) of a finished agent coroutine: its reward and metrics, or why it failed."""
+
+def _outcome(future: concurrent.futures.Future, timeout_s: float) -> tuple[dict[str, float] | None, str | None, str, dict]:
+    """(outcome, error, status, seats) of a finished agent coroutine: its reward and metrics, or why it failed; and
+    the seats it reported (`as_seats`)."""
     try:
         value = future.result()
     except (asyncio.TimeoutError, TimeoutError):
-        return None, f"the agent did not return within agent.timeout_s = {timeout_s:g} s", "timeout"
+        return None, f"the agent did not return within agent.timeout_s = {timeout_s:g} s", "timeout", {}
     except concurrent.futures.CancelledError:
-        return None, "the run was cancelled", "aborted"
+        return None, "the run was cancelled", "aborted", {}
     except Exception as exc:  # noqa: BLE001 - the agent reward reports it (cohort/agents/reward.py)
-        return None, f"the agent raised {_described(exc)}", "error"
+        return None, f"the agent raised {_described(exc)}", "error", {}
     try:
-        return as_outcome(value), None, "ok"
+        seats = as_seats(value.pop("seats", None) if isinstance(value, dict) else None)
+        return as_outcome(value), None, "ok", seats
     except ValueError as exc:
-        return None, str(exc), "error"
+        return None, str(exc), "error", {}
+
+
+def as_seats(value: Any) -> dict[str, tuple[str, dict[str, float | None]]]:
+    """An agent's `seats` ({session id: {"seat": name, "reward": ..., metric: ...}}, the sessions it joined with
+    `join_session`) as {session id: (name, outcome)}; ValueError for anything else."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, dict) and isinstance(v.get("seat"), str) for v in value.values()):
+        raise ValueError("the agent's `seats` must map each joined session id to a dict with its `seat` name and `reward`")
+    return {str(k): (v["seat"], as_outcome({key: item for key, item in v.items() if key != "seat"})) for k, v in value.items()}
 
 
 def _described(exc: BaseException) -> str:

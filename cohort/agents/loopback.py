@@ -4,8 +4,9 @@
 threading HTTP server, the machinery `cohort serve` uses (cohort/rollout/server/app.py): one thread per request, JSON in
 and out. Every request must carry `Authorization: Bearer <key>`, the key of a live agent run (each run gets its
 own, `new_key`), or an `X-Session-ID` the run joined to its key (`join`: a framework that sends its own session id on
-every call, as verifiers sends its trace id, while its API key is one for all runs); that picks the run, and `answer(run, body)` (AgentEngine's: the endpoint's `ChatCompletions`
-with the run's `Conversation`) writes the reply. A wrong or finished key gets 401, a body that is not a JSON object
+every call, as verifiers sends its trace id, while its API key is one for all runs); that picks the run, and
+`answer(run, body, session_id)` (AgentEngine's: the endpoint's `ChatCompletions` with the run's `Conversation`; the
+call's X-Session-ID or None, so a run that plays several seats knows each call's) writes the reply. A wrong or finished key gets 401, a body that is not a JSON object
 or that the endpoint refuses (`ChatRequestError`) 400, anything else 500; errors come in OpenAI's shape
 (`{"error": {"message", "type"}}`) so the `openai` client raises its usual exceptions.
 
@@ -38,7 +39,7 @@ def new_key() -> str:
 class LoopbackServer:
     """`POST /v1/chat/completions` for the runs registered by key (module docstring); `url` is the client's base_url."""
 
-    def __init__(self, answer: Callable[[Any, dict[str, Any]], dict[str, Any]], model_name: str = "cohort"):
+    def __init__(self, answer: Callable[[Any, dict[str, Any], str | None], dict[str, Any]], model_name: str = "cohort"):
         self.answer, self.model_name = answer, model_name
         self._runs: dict[str, Any] = {}
         self._sessions: dict[str, str] = {}  # X-Session-ID -> the key of the run that joined it
@@ -129,7 +130,7 @@ class _Handler(JSONHandler):
                 raise ChatRequestError("body", f"not JSON: {exc}") from None
             if not isinstance(payload, dict):
                 raise ChatRequestError("body", "must be a JSON object")
-            response = self.owner.answer(run, payload)
+            response = self.owner.answer(run, payload, self.headers.get("X-Session-ID"))
             self._reply_chat(response, stream_chunks(payload, response))
         except ChatRequestError as exc:
             self._error(400, str(exc), "invalid_request_error", exc.param)

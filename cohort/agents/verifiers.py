@@ -10,6 +10,13 @@ every call lands in the run's ledger and the run's trajectory is the tokens coho
 trace's weighted `@vf.reward` sum; the mean over its traces when an environment plays several seats) is the run's
 reward, each named reward its `agent/<name>` metric.
 
+Seats: an episode with several traces (a multi-agent env: one trace per seat, `trace.agent.name` the seat's field,
+each with its own reward, e.g. a zero-sum payoff) reports each trainable trace as a seat (`"seats"` in the outcome:
+{trace id: {"seat": name, "reward": its reward, ...its named scores}}; a name played twice is `name#k` in completion
+order); the engine makes each seat's calls (those that came with its trace id) a trajectory of its own, and the
+trainer trains every seat on its own reward (cohort/trainer/agent_samples.py's `with_seats`). A trace verifiers marks
+untrainable (`agents.user.trainable = False`: user-sim's modeled user) is no seat: its calls are not trained.
+
 Why the eval client and not verifiers' train client (prime-rl's, `POST /inference/v1/generate` with client-side
 tokenization): cohort already records token ids, log-probs and policy versions at its endpoint, so the text
 endpoint loses nothing, and the train client needs a `renderers` map entry for each model's template, which a
@@ -40,7 +47,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from cohort.agents.sessions import join_session
-from cohort.data.verifiers import load_tasks
+from cohort.data.verifiers import load_tasks, seats
 
 API_KEY_VAR = "COHORT_VERIFIERS_API_KEY"  # the eval client's key variable: unset is fine ("EMPTY"); runs are told apart by X-Session-ID
 
@@ -70,9 +77,9 @@ def use_this_interpreter_for_chat_programs() -> None:
 class VerifiersAgent:
     """`async (client, row)`: row's task played as one verifiers episode against `client`'s endpoint (module docstring)."""
 
-    def __init__(self, spec: str, args: dict[str, Any], model_name: str):
+    def __init__(self, spec: str, args: dict[str, Any], model_name: str, num_examples: int | None = None):
         self.spec, self.model_name = spec, model_name
-        self.env, self.tasks = load_tasks(spec, args)
+        self.env, self.tasks = load_tasks(spec, args, num_examples)
         use_this_interpreter_for_chat_programs()
         self._serving = None  # the env's `serving()` context, entered by the first episode on the engine's loop
         self._lock: asyncio.Lock | None = None
@@ -88,7 +95,7 @@ class VerifiersAgent:
         ctx = vf.ModelContext(model=self.model_name, client=vf.EvalClientConfig(base_url=str(client.base_url).rstrip("/"),
                                                                                api_key_var=API_KEY_VAR))
         episode = await self.env.run_episode(task, ctx, on_trace=lambda trace: join_session(trace.id))
-        return episode_outcome(episode)
+        return episode_outcome(episode, seat_order=list(seats(self.env.config)))
 
     async def _serve(self) -> None:
         if self._lock is None:
@@ -105,9 +112,10 @@ class VerifiersAgent:
             await serving.__aexit__(None, None, None)
 
 
-def episode_outcome(episode) -> dict[str, float | None]:
-    """{"reward": the traces' mean reward, <reward name>: its mean score, ...}; EpisodeFailed with verifiers' messages
-    when the episode or a trace ended with errors."""
+def episode_outcome(episode, seat_order: Sequence[str] = ()) -> dict[str, Any]:
+    """{"reward": the traces' mean reward, <reward name>: its mean score, ..., "seats": each trainable trace's (module
+    docstring: "Seats"; only for an episode of several traces, in `seat_order`: the env config's seat fields)}; EpisodeFailed with verifiers' messages when the
+    episode or a trace ended with errors."""
     errors = [_error_text(e) for e in episode.errors] + [_error_text(e) for t in episode.traces for e in t.errors]
     if errors or not episode.traces:
         raise EpisodeFailed("; ".join(errors) or "the episode ran no agent")
@@ -120,6 +128,24 @@ def episode_outcome(episode) -> dict[str, float | None]:
             if reward.score is not None:
                 names.setdefault(name, []).append(float(reward.score))
     out.update({name: sum(scores) / len(scores) for name, scores in names.items() if name != "reward"})
+    trainable = [t for t in episode.traces if getattr(t.agent, "trainable", True)]
+    if len(episode.traces) > 1 or len(trainable) < len(episode.traces):
+        rank = {name: k for k, name in enumerate(seat_order)}
+        out["seats"] = seat_outcomes(sorted(trainable, key=lambda t: rank.get(t.agent.name, len(rank))))
+    return out
+
+
+def seat_outcomes(traces) -> dict[str, dict[str, Any]]:
+    """{trace id: {"seat": its agent's name (`name#k` for the k-th trace of a name played more than once), "reward":
+    its reward, <reward name>: its score}}."""
+    names = [t.agent.name for t in traces]
+    seen: dict[str, int] = {}
+    out = {}
+    for trace, name in zip(traces, names):
+        k = seen[name] = seen.get(name, -1) + 1
+        seat = name if names.count(name) == 1 else f"{name}#{k}"
+        scores = {n: float(r.score) for n, r in (trace.rewards or {}).items() if r.score is not None and n != "reward"}
+        out[str(trace.id)] = {"seat": seat, "reward": trace.reward, **scores}
     return out
 
 

@@ -260,8 +260,11 @@ class AgentConfig(_Section):
         "environments\"). Its tasks are the dataset (one row each) and each episode's reward the run's reward; instead of "
         "agent.function. None: none.")
     environment_args: dict[str, Any] = Field(default_factory=dict, description="The environment's own config, as its "
-        "framework spells it: for verifiers the `--env.*` fields of vf-eval as a mapping, e.g. {taskset: {num_tasks: 8}, "
-        "agent: {harness: {id: null}, runtime: {type: subprocess}}} (the taskset id comes from agent.environment).")
+        "framework spells it: for verifiers the `--env.*` fields of vf-eval as a mapping, e.g. {taskset: {<its taskset's "
+        "own fields>}, agent: {harness: {id: null}, runtime: {type: subprocess}}} (the taskset id comes from "
+        "agent.environment; a multi-seat environment names each seat's field instead of `agent`).")
+    num_examples: int | None = Field(None, ge=1, description="Train on the environment's first N tasks (vf-eval's `-n`, "
+        "verifiers' select.limit); needed for an infinite taskset. None: every task.")
     render_tools: bool = Field(True, description="Render the `tools` of an agent's call into the prompt through the chat template's "
         "tools block; false for a checkpoint trained without that block (tiny:tool_calc), as `cohort serve --no-tools-in-prompt`: "
         "the calls are parsed either way (tools.parser).")

@@ -54,7 +54,8 @@ def load_data(cfg: CohortConfig) -> tuple[PromptDataset, PromptDataset | None, l
     """(train dataset, eval dataset or None, reward specs) from files or the built-in task."""
     specs = [s.model_dump() for s in cfg.rewards] if cfg.rewards is not None else None
     if cfg.agent.environment is not None:  # the environment's tasks, one row each (cohort/data/verifiers.py)
-        train = rows_dataset(environment_rows(cfg.agent.environment, cfg.agent.environment_args), "prompt",
+        train = rows_dataset(environment_rows(cfg.agent.environment, cfg.agent.environment_args,
+                                              cfg.agent.num_examples), "prompt",
                              f"environment {cfg.agent.environment}")
         evals = load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None
     elif cfg.data.dataset_name:

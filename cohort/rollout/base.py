@@ -189,7 +189,10 @@ class AgentRun:
     """One agent run's record (cohort/agents/engine.py writes it on the run's trajectory as its `episode`): what the
     agent returned (`outcome`: `reward` and its other keys) or why it failed (`error`, status "error" or "timeout"),
     its model calls, the last call's messages and answer (`conversation`), and, when the agent rewrote its history,
-    its earlier calls as `samples` (this trajectory is its last call; cohort/agents/runs.py)."""
+    its earlier calls as `samples` (this trajectory is its last call; cohort/agents/runs.py). A run that played
+    several seats (a verifiers multi-agent episode: one trace per seat, each with its own reward) has `seats`: one
+    trajectory per seat, each carrying its own `AgentRun` (`seat` its name, `outcome` its reward), which the trainer
+    trains in the run's place (cohort/trainer/agent_samples.py's `with_seats`)."""
 
     outcome: dict[str, float] | None = None
     error: str | None = None
@@ -197,6 +200,8 @@ class AgentRun:
     turns: int = 0  # model calls
     conversation: list[dict[str, Any]] = field(default_factory=list)
     samples: list[Trajectory] = field(default_factory=list)
+    seat: str | None = None  # this record is one seat of a run: the seat's name
+    seats: list[Trajectory] = field(default_factory=list)
 
 
 @dataclass

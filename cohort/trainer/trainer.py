@@ -73,7 +73,7 @@ from cohort.rollout.base import SamplingConfig, release_engine_memory
 from cohort.rollout.collect import BatchRequest, Collected
 from cohort.rollout.scheduler import Scheduler
 from cohort.tools.metrics import tool_metrics
-from cohort.trainer.agent_samples import with_run_samples
+from cohort.trainer.agent_samples import seat_advantage_metrics, with_run_samples, with_seats
 from cohort.trainer.metric_sums import host_values, running_max, step_metrics
 from cohort.trainer.parts import TrainerParts
 from cohort.trainer.phases import Phases
@@ -151,6 +151,7 @@ class Trainer:
         """The batch from its collected groups, built by the phases that produce its parts, in this order: the sampled
         batch and its metrics, the old, teacher and reference log-probs, the critic's values, the advantages; each phase
         reads the batch so far and returns its part, joined to it by `dataclasses.replace` (never set in place)."""
+        collected = with_seats(collected, self.plan.num_generations, self.parts.tokenizer)  # one sample per seat, by seat
         outs, scored = collected.outs, collected.scored
         rewards_t = torch.tensor(scored.total, dtype=torch.float32, device=self.parts.device)  # (N,)
         sampled = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
@@ -167,6 +168,7 @@ class Trainer:
         advantages, advantage_metrics = self._advantages(batch, rewards_t)
         batch = replace(batch, advantages=advantages.advantages, returns=advantages.returns,
                         metrics={**metrics, **advantage_metrics})
+        batch = replace(batch, metrics={**batch.metrics, **seat_advantage_metrics(batch)})
         widened = with_run_samples(batch, outs, self.parts.tokenizer)  # agent runs that rewrote their history: one sample per call
         if widened is batch:
             return batch

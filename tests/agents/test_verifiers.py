@@ -61,11 +61,11 @@ def episodes(tiny_chat_model_dir):
     stops = stop_token_ids(tiny_chat_model_dir, tokenizer)
     engines = []
 
-    def run(spec, args, script, max_model_len=512):
-        rows = environment_rows(spec, args)
+    def run(spec, args, script, max_model_len=512, num_examples=None):
+        rows = environment_rows(spec, args, num_examples)
         inner = ScriptedEngine(tokenizer, stops, list(script))
         chat = lambda sample: ChatCompletions(tokenizer, stops, sample, max_model_len=2**31)  # noqa: E731 (as wrap_engine)
-        agent = VerifiersAgent(spec, args, "tiny")
+        agent = VerifiersAgent(spec, args, "tiny", num_examples)
         engine = AgentEngine(inner, chat, Conversation, agent, rows=lambda r: rows[int(r.request_id[3:])], timeout_s=60,
                              max_model_len=max_model_len)
         engines.append(engine)
@@ -121,8 +121,8 @@ def test_a_tool_episode_chains_its_calls_into_one_trajectory(episodes):
     assert list(second.prompt_ids[: len(first.prompt_ids)]) == list(first.prompt_ids)  # token in, token out
 
 
-def train_20_steps(tmp_path, model_dir, spec, args, overrides=()):
-    """20 steps through the Trainer; each step's episodes, and the metrics.jsonl lines."""
+def train_20_steps(tmp_path, model_dir, spec, args, overrides=(), *, steps=20, engine="hf", num_examples=None):
+    """20 steps (or `steps`) through the Trainer; each step's episodes, and the metrics.jsonl lines."""
     import json
 
     import yaml
@@ -131,20 +131,21 @@ def train_20_steps(tmp_path, model_dir, spec, args, overrides=()):
     from cohort.trainer.trainer import Trainer
     from cohort.trainer.run import run_training
 
-    cfg = {"model": {"path": str(model_dir)}, "data": {"max_prompt_length": 32}, "engine": {"name": "hf"},
+    cfg = {"model": {"path": str(model_dir)}, "data": {"max_prompt_length": 32}, "engine": {"name": engine},
            "rollout": {"num_generations": 2, "max_completion_length": 48},
-           "agent": {"environment": spec, "environment_args": args, "timeout_s": 120},
-           "train": {"prompts_per_step": 2, "micro_batch_size": 4, "max_steps": 20},
+           "agent": {"environment": spec, "environment_args": args, "timeout_s": 120, "num_examples": num_examples},
+           "train": {"prompts_per_step": 2, "micro_batch_size": 4, "max_steps": steps},
            "run": {"progress": False, "loggers": ["jsonl"], "eval_every": 0, "save_every": 0}}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     trainer = Trainer(load_config(tmp_path / "run.yaml", list(overrides)), run_dir=tmp_path / "run", log=lambda *a: None)
-    steps, step = [], trainer.step
+    recorded, step = [], trainer.step
 
     def recorded_step():
         metrics = step()
         b = trainer.state.batch
-        steps.append({"episodes": b.episodes, "completions": b.completion_ids, "masks": b.loss_masks,
-                      "rewards": b.rewards.tolist(), "metrics": metrics})
+        recorded.append({"episodes": b.episodes, "completions": b.completion_ids, "masks": b.loss_masks,
+                         "rewards": b.rewards.tolist(), "metrics": metrics, "rows": b.row_indices,
+                         "advantages": [b.sequence_advantage(i) for i in range(len(b))]})
         return metrics
 
     trainer.step = recorded_step  # (train() writes metrics.jsonl; each step's batch is kept for the checks)
@@ -153,7 +154,7 @@ def train_20_steps(tmp_path, model_dir, spec, args, overrides=()):
     finally:
         trainer.close()
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    return steps, [line for line in lines if "rewards/verifiers_reward/mean" in line]
+    return recorded, [line for line in lines if "rewards/verifiers_reward/mean" in line]
 
 
 def check_every_episode_joined(steps, lines):
@@ -191,3 +192,87 @@ def test_a_tool_taskset_trains_20_steps(tmp_path, quick_stop_chat_model):  # noq
     assert any(run.turns > 1 for run in runs)  # some episodes called the calculator...
     masks = [m for step in steps for m in step["masks"]]
     assert any(0 in m for m in masks)  # ...whose results are in the trajectories, masked
+
+
+# ------------------------------------------------------------------ a two-seat game (issue 53, defects 7-10)
+# cohort_vf_duel is shaped as verifiers' own kuhn_poker package: an infinite taskset with no size field, prompt-less
+# tasks, two seats (player0, player1) on verifiers' default runtime (Prime's remote sandboxes), its own config fields.
+DUEL = "verifiers:cohort_vf_duel"
+DUEL_LOCAL = {seat: {"runtime": {"type": "subprocess"}} for seat in ("player0", "player1")}
+
+
+def test_an_unknown_taskset_field_is_one_line_naming_the_field_the_fields_and_the_fix():
+    # docs' old `taskset: {num_tasks: N}` is no verifiers 0.4 field (TasksetConfig has id, task, system_prompt; a
+    # taskset adds its own): one line, not pydantic's multi-line ValidationError
+    [problem] = check_environment(DUEL, {**DUEL_LOCAL, "taskset": {"num_tasks": 4}}, 4)
+    assert "\n" not in problem
+    assert "agent.environment_args.taskset.num_tasks is not a field (DuelConfig's fields: task, system_prompt, id, stake)" in problem
+    assert "agent.num_examples (vf-eval's -n)" in problem
+    [problem] = check_environment(DUEL, {**DUEL_LOCAL, "player0": {"runtime": {"type": "subprocess"}, "max_turn": 2}}, 4)
+    assert "agent.environment_args.player0.max_turn is not a field (AgentConfig's fields: harness, runtime," in problem
+    assert "\n" not in problem
+
+
+def test_an_infinite_taskset_is_bounded_by_num_examples_and_prompt_less_tasks_are_rows():
+    [problem] = check_environment(DUEL, DUEL_LOCAL)
+    assert problem == (f"agent.environment = {DUEL!r}: its taskset is infinite; set agent.num_examples (vf-eval's -n) "
+                       "to train on its first N tasks")
+    assert check_environment(DUEL, DUEL_LOCAL, 3) == []
+    rows = environment_rows(DUEL, DUEL_LOCAL, 3)  # (each task has prompt None: its name stands in as the row's prompt)
+    assert [r["prompt"] for r in rows] == [[{"role": "user", "content": f"round#{i}"}] for i in range(3)]
+    from cohort.data.datasets import rows_dataset
+
+    assert len(rows_dataset(rows, "prompt", "duel")) == 3  # the row check accepts them
+
+
+def test_every_seat_left_on_remote_sandboxes_is_refused_naming_its_field():
+    problems = check_environment(DUEL, {"player1": {"runtime": {"type": "subprocess"}}}, 4)
+    assert problems == [f"agent.environment = {DUEL!r}: seat 'player0' runs its harness in prime's remote sandboxes "
+                        "(verifiers' default); set agent.environment_args.player0.runtime.type=subprocess to run it here"]
+
+
+def test_a_two_seat_episode_gives_each_seat_its_trajectory_and_its_own_reward(episodes):
+    # stake 1; player0 shows 2, player1 shows 0: 2 + 0 + 1 = 3 is divisible by the modulus 3, so player0 wins: +1 and -1
+    args = {**DUEL_LOCAL, "taskset": {"stake": 1}}
+    [t], inner, tokenizer = episodes(DUEL, args, ["2", "0"], num_examples=1)
+    run = t.episode
+    assert run.error is None, run.error
+    assert run.turns == 2 and run.outcome["reward"] == 0.0  # the episode's own reward: the seats' mean
+    player0, player1 = run.seats
+    assert (player0.episode.seat, player1.episode.seat) == ("player0", "player1")
+    assert player0.episode.outcome == {"reward": 1.0, "payoff": 1.0}
+    assert player1.episode.outcome == {"reward": -1.0, "payoff": -1.0}
+    stop = inner.stop_token_ids[0]
+    assert player0.token_ids == tokenizer("2", add_special_tokens=False)["input_ids"] + [stop]  # each seat's own call
+    assert player1.token_ids == tokenizer("0", add_special_tokens=False)["input_ids"] + [stop]
+    assert "You are Player 0" in tokenizer.decode(player0.prompt_ids)  # each seat's own prompt
+    assert "You are Player 1" in tokenizer.decode(player1.prompt_ids)
+
+
+@pytest.mark.vllm
+def test_a_two_seat_zero_sum_game_trains_each_seat_on_its_own_reward(tmp_path, quick_stop_chat_model):  # noqa: F811
+    # 4 steps through vLLM: 2 rounds x 4 episodes a step, each episode two seats. Before (4db2852) every seat trained on
+    # the mean of the seats' zero-sum payoffs: every reward 0, every advantage 0. Now each step's batch has 16 rows
+    # (2 rounds x 2 seats x 4 episodes), in groups of 4 of one seat of one round, each row its seat's own payoff.
+    pytest.importorskip("vllm")
+    steps, lines = train_20_steps(tmp_path, quick_stop_chat_model, DUEL, DUEL_LOCAL,
+                                  ["rollout.num_generations=4", "rollout.max_completion_length=8", "train.micro_batch_size=8"],
+                                  steps=4, engine="vllm", num_examples=4)
+    assert len(steps) == 4 and len(lines) == 4
+    for step, line in zip(steps, lines):
+        seats = [run.seat for run in step["episodes"]]
+        assert seats == (["player0"] * 4 + ["player1"] * 4) * 2  # one group per seat per round
+        assert len(set(step["rows"][:8])) == 1 and len(set(step["rows"][8:])) == 1
+        rewards = step["rewards"]
+        assert set(rewards) <= {1.0, -1.0}  # a seat's own payoff, never the seats' mean (0)
+        for k in range(0, 16, 8):  # zero-sum: each player0 row and the player1 row of the same episode sum to 0
+            assert [a + b for a, b in zip(rewards[k:k + 4], rewards[k + 4:k + 8])] == [0.0] * 4
+        assert line["rewards/verifiers_reward/mean"] == 0.0  # the episodes' own reward is still the seats' mean
+        p0, p1 = line["agent/seat/player0/reward"], line["agent/seat/player1/reward"]
+        assert p0 == pytest.approx(sum(r for r, s in zip(rewards, seats) if s == "player0") / 8) and p1 == -p0
+    player0 = [line["agent/seat/player0/reward"] for line in lines]
+    player1 = [line["agent/seat/player1/reward"] for line in lines]
+    assert sum(player0) != 0 and sum(player0) == -sum(player1)  # different, nonzero means over the run
+    advantages = [a for step in steps for a in step["advantages"]]
+    assert any(abs(a) > 0.5 for a in advantages)  # GRPO sees a signal (every advantage was 0 before)
+    assert any(line["agent/seat/player0/advantage_abs"] > 0 for line in lines)

@@ -149,3 +149,56 @@ def test_nan_loss_stops_after_saving_the_last_good_state(user_setup, tiny_model_
         assert torch.isfinite(q).all() and torch.equal(p, q), name
     ref.close()
     restored.close()
+
+
+HUNG_AGENT = textwrap.dedent('''
+    import asyncio, os, pathlib, time
+    RUNS = [0]
+
+    async def agent(client, row):
+        """One model call; from the 9th run on (step 2: 2 prompts x 4 a step) the episode hangs in a thread, as a
+        verifiers seat waiting on a remote sandbox does: cancelling the run cannot stop the thread, and the
+        interpreter's exit waits for it."""
+        RUNS[0] += 1
+        reply = await client.chat.completions.create(model="m", messages=row["prompt"], max_tokens=4)
+        if RUNS[0] > 8:
+            pathlib.Path(os.environ["COHORT_TEST_MARKER"]).write_text("hung")
+            await asyncio.get_running_loop().run_in_executor(None, time.sleep, 600)
+        return float(len(reply.choices[0].message.content or "") % 2)
+''')
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_during_a_hung_episode_aborts_at_once_keeping_the_last_checkpoint(tmp_path, tiny_chat_model_dir):
+    # Before (4db2852): the second SIGTERM raised KeyboardInterrupt, and the process then waited for the hung thread
+    # (600 s) at exit: it took SIGKILL. Now it exits (130) within GracefulStop's 10 s; step 1's checkpoint stays.
+    (tmp_path / "hung_agent.py").write_text(HUNG_AGENT)
+    data, run_dir, marker = tmp_path / "train.jsonl", tmp_path / "run", tmp_path / "hung"
+    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"{i}+{i}="}]}) + "\n" for i in range(8)))
+    args = tiny_run(tiny_chat_model_dir, data, run_dir, "engine.name=hf", "rollout.max_completion_length=4",
+                    "train.prompts_per_step=2", "train.micro_batch_size=8", "train.max_steps=5", "run.save_every=1",
+                    "data.max_prompt_length=64",
+                    "run.eval_every=0", f"agent.function={tmp_path / 'hung_agent.py'}:agent", "agent.timeout_s=600")
+    env = dict(os.environ, OMP_NUM_THREADS="1", COHORT_TEST_MARKER=str(marker))
+    proc = subprocess.Popen([sys.executable, "-m", "cohort.cli", "train", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)  # step 2 is hung: the first only asks for a stop after the step
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    assert took < 30, took  # (10 s of grace, then os._exit; 600 s before)
+    assert "received SIGTERM: finishing the current step" in out
+    assert "cohort: interrupted" in err or "cohort: aborted" in err
+    assert checkpoint.latest_checkpoint(run_dir).name == "step-000001"  # the last saved state, intact
