@@ -34,7 +34,7 @@ def test_the_example_resolves_by_file_and_a_function_by_itself():
 @pytest.mark.parametrize("function, message", [
     (sync_agent, "must be an `async def agent(client, row)`"),
     (one_argument, "must take two arguments, (client, row)"),
-    ("no_such_module_here.agent", "cannot import 'no_such_module_here'"),
+    ("no_such_module_here.agent", "no module 'no_such_module_here' can be imported here"),
     ("examples/no_such_file.py:agent", "no file"),
 ])
 def test_a_function_that_cannot_be_an_agent_is_refused(function, message):

@@ -110,7 +110,7 @@ def test_tool_fields_are_validated_before_any_model_loads(tmp_path):
     with pytest.raises(ConfigError) as info:
         validate_config(cfg, check_files=False)
     text = str(info.value)
-    assert "tools.functions[0] 'no_such_module.multiply': cannot import 'no_such_module'" in text
+    assert "tools.functions[0] 'no_such_module.multiply': no module 'no_such_module' can be imported here" in text
     assert "tools.parser = 'qwen' is not a parser" in text
     assert "tools.max_turns = 0 must be >= 1" in text
     assert "tools.environment = 'json.dumps' is a function, not a class" in text
