@@ -227,7 +227,7 @@ def test_a_stream_is_data_events_then_done(make_engine):
     engine, _, _ = make_engine(calculator_agent, script=("hello",))
     run = object()
     engine.server.register("k", run)
-    engine.server.answer = lambda _run, body: {"id": "c1", "object": "chat.completion", "created": 1, "model": "m",
+    engine.server.answer = lambda _run, body, _session=None: {"id": "c1", "object": "chat.completion", "created": 1, "model": "m",
                                                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
                                                             "finish_reason": "stop", "logprobs": None}],
                                                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}

@@ -270,6 +270,8 @@ def test_a_two_seat_zero_sum_game_trains_each_seat_on_its_own_reward(tmp_path, q
         assert line["rewards/verifiers_reward/mean"] == 0.0  # the episodes' own reward is still the seats' mean
         p0, p1 = line["agent/seat/player0/reward"], line["agent/seat/player1/reward"]
         assert p0 == pytest.approx(sum(r for r, s in zip(rewards, seats) if s == "player0") / 8) and p1 == -p0
+    for line in lines:  # (the numbers, shown with pytest -s)
+        print({key: round(line[key], 4) for key in sorted(line) if key.startswith("agent/seat/")})
     player0 = [line["agent/seat/player0/reward"] for line in lines]
     player1 = [line["agent/seat/player1/reward"] for line in lines]
     assert sum(player0) != 0 and sum(player0) == -sum(player1)  # different, nonzero means over the run
