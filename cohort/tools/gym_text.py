@@ -6,6 +6,7 @@ path of its own. The spellings of `tools.environment` (anything after `gym:` tha
       environment: gym:Hangman-v0                 # an id registered with gymnasium.register (its module imported)
       environment: gym:my_games:Hangman-v0        # gymnasium's own "module:id": import my_games (it registers), then make
       environment: gym:my_games.HangmanEnv        # a gymnasium.Env subclass by import path, made without registering
+      environment: my_games.HangmanEnv            # the same (TRL's spelling; a run's saved config names a class so)
 
 Each trajectory's environment is `gymnasium.make(spec)` as users make it, so the registered wrappers apply:
 TimeLimit from `max_episode_steps` (truncation), the passive env checker, order enforcing. An unregistered class is
@@ -49,10 +50,15 @@ SKIPPED_COLUMNS = ("seed", "prompt")  # the row's columns that are not reset's `
 
 
 def is_gym_spec(spec: Any) -> bool:
-    """`gym:<id or class path>`, or (from Python) a gymnasium.Env subclass itself."""
+    """`gym:<id or class path>`, a gymnasium.Env subclass (from Python), or its import path without `gym:` (how a
+    run's saved config names a class given from Python: `--resume` must find the same environment)."""
+    if isinstance(spec, str) and spec.startswith(PREFIX):
+        return True
+    if gymnasium is None:
+        return False
     if isinstance(spec, str):
-        return spec.startswith(PREFIX)
-    return gymnasium is not None and inspect.isclass(spec) and issubclass(spec, gymnasium.Env)
+        return _env_class("", spec)[0] is not None
+    return inspect.isclass(spec) and issubclass(spec, gymnasium.Env)
 
 
 # ------------------------------------------------------------------ the spelling -> an EnvSpec, checked
@@ -61,8 +67,9 @@ def env_spec(spec: str | type) -> Any:
     """The `gymnasium.EnvSpec` the spelling names; a ValueError with the fix, before anything loads, otherwise."""
     if gymnasium is None:
         raise ValueError(f"tools.environment = {spec!r} needs gymnasium: pip install 'gymnasium>=1.0'")
-    if not isinstance(spec, str):
-        return gymnasium.envs.registration.EnvSpec(id=spec.__name__, entry_point=spec)
+    if not isinstance(spec, str) or not spec.startswith(PREFIX):  # a class, or its import path (is_gym_spec)
+        cls = spec if not isinstance(spec, str) else _env_class("", spec)[0]
+        return gymnasium.envs.registration.EnvSpec(id=cls.__name__, entry_point=cls)
     text = spec[len(PREFIX):]
     if not text:
         raise ValueError(f"tools.environment = {spec!r}: write gym:<id> (an id registered with gymnasium.register), "
@@ -88,15 +95,15 @@ def env_spec(spec: str | type) -> Any:
 
 
 def _env_class(module: str, name: str) -> tuple[type | None, str | None]:
-    """`module:Class` (module already imported) or `package.module.Class` as a gymnasium.Env subclass: (the class,
+    """`module:Class` or `package.module.Class` as a gymnasium.Env subclass: (the class,
     None), or (None, why) when the module imports but holds no such class, or (None, None) when it is no import path."""
     if not module:
-        module, _, name = name.rpartition(".")
+        module, _, name = name.rpartition(":" if ":" in name else ".")
     if not module or not name.isidentifier():
         return None, None
     try:
         target = importlib.import_module(module)
-    except ImportError:
+    except (ImportError, ValueError):  # (no such module, or not a module name: not an import path here)
         return None, None
     cls = getattr(target, name, None)
     if inspect.isclass(cls) and issubclass(cls, gymnasium.Env):

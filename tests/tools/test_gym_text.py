@@ -91,11 +91,12 @@ def test_the_registered_time_limit_truncates_and_an_action_outside_the_space_is_
 
 def test_the_row_seed_draws_the_same_game_and_a_class_is_made_unregistered():
     games = []
-    for spec in (HANGMAN, "gym:hangman_env.HangmanEnv", HangmanEnv):  # registered id, class path, the class (Python)
+    # a registered id, the class by path, the class (Python), and its path without gym: (a saved config's spelling)
+    for spec in (HANGMAN, "gym:hangman_env.HangmanEnv", HangmanEnv, "hangman_env.HangmanEnv", "hangman_env:HangmanEnv"):
         env = resolve_environment(spec)()
         games.append(env.reset(seed=11, prompt=PROMPT))  # no word column: the word is drawn from the seed
         env.close()
-    assert games[0] == games[1] == games[2]
+    assert len(set(games)) == 1 and len(games) == 5
     assert resolve_environment(HangmanEnv).__name__ == "GymEpisode[HangmanEnv]"
     assert not _wrappers_has_time_limit(resolve_environment("gym:hangman_env.HangmanEnv"))  # unregistered: no TimeLimit
 
@@ -202,3 +203,8 @@ def test_spellings_refused_before_anything_loads_with_the_fix(tmp_path, monkeypa
     # the episode's rewards are the reward: rewards = [] is accepted, and the environment reward is its one spec
     cfg = build_config(base, overrides=[f"tools.environment={HANGMAN}"])
     assert [s["alias"] for s in environment_reward_specs(cfg.tools)] == ["environment"]
+    # a class given from Python is saved as its import path, which names the same Gymnasium environment again (--resume)
+    saved = build_config(base, overrides=["tools.environment=hangman_env.HangmanEnv"])
+    assert [s["alias"] for s in environment_reward_specs(saved.tools)] == ["environment"]
+    assert resolve_environment(saved.tools.environment).__name__ == "GymEpisode[HangmanEnv]"
+    assert not gym_text.is_gym_spec("trl_shape.EchoEnv") and not gym_text.is_gym_spec("no_such_module.Env")
