@@ -216,7 +216,8 @@ class ToolsConfig(_Section):
         "message, its public methods are tools, `get_reward()` (if any) is one more reward of weight 1, a true `done` attribute "
         "ends the trajectory, `close()` runs at the end; reward functions that take `environments` receive the instances. An "
         "OpenEnv `Environment` subclass runs in-process through an adapter (one `step` tool with the Action's fields); "
-        "`ws://host:port` is a running OpenEnv server, one `/ws` session per trajectory (docs/environments.md).")
+        "`ws://host:port` is a running OpenEnv server, one `/ws` session per trajectory; `gym:<id>` (or `gym:<module>:<id>`, "
+        "`gym:<module>.<Env class>`) a Gymnasium text environment made by `gymnasium.make`, one `step(action)` tool (docs/environments.md).")
     parser: str = Field("hermes", description="How tool calls are read from an assistant turn: `hermes` "
         "(`<tool_call>{json}</tool_call>`), `compact` (`<<name(arg, key=value)>>`), or an import path to `fn(text) -> "
         "cohort.tools.parsers.ParsedTurn`.")

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 from transformers.utils import get_json_schema
 
 from cohort.config.module_names import import_failure
-from cohort.tools import openenv
+from cohort.tools import gym_text, openenv
 
 RESERVED_METHODS = ("reset", "close", "get_reward")
 
@@ -106,6 +106,8 @@ def resolve_environment(spec: str | type | None, timeout_s: float = 10.0) -> typ
         return None
     if openenv.is_server_url(spec):
         return openenv.openenv_environment(spec, timeout_s)
+    if gym_text.is_gym_spec(spec):  # gym:<id> or a gymnasium.Env subclass (cohort/tools/gym_text.py)
+        return gym_text.gym_environment(spec, timeout_s)
     cls = import_object(spec, "tools.environment") if isinstance(spec, str) else spec
     if openenv.is_openenv_class(cls):
         return openenv.openenv_environment(cls, timeout_s)
@@ -148,7 +150,7 @@ def environment_reward(completions: list[Any], environments: list[Any], **kwargs
 def has_environment_reward(spec: str | type | None) -> bool:
     """tools.environment has `get_reward()` (an OpenEnv environment's adapter has): `environment_reward` joins the
     rewards with weight 1. Nothing is connected to; an import path that does not resolve is the checks' business."""
-    if spec is None or openenv.is_server_url(spec):
+    if spec is None or openenv.is_server_url(spec) or gym_text.is_gym_spec(spec):
         return spec is not None
     try:
         cls = import_object(spec, "tools.environment") if isinstance(spec, str) else spec
