@@ -119,6 +119,11 @@ def test_an_environment_that_fails_to_import_prints_only_its_cause(tmp_path, mon
     assert _problems(capsys.readouterr().err) == [
         "tools.environment 'guess_with_numpy2.GuessEnv': 'guess_with_numpy2' is there, but it imports 'not_installed_dep', "
         "which is not installed (pip install not_installed_dep, or the package that provides it)"]
+    # a module that raises as it imports (an API key read at import time): its error, not a traceback
+    (tmp_path / "guess_online.py").write_text("raise RuntimeError('GUESS_API_KEY is not set')\n" + NUMBER_GUESS)
+    assert cli.main(["plan", TOOL_CALC, "tools.environment=guess_online.GuessEnv", "rewards=[]"]) == 2
+    assert _problems(capsys.readouterr().err) == [
+        "tools.environment 'guess_online.GuessEnv': importing 'guess_online' raised RuntimeError: GUESS_API_KEY is not set"]
 
 
 # --------------------------------------------------------------------------- editable installs, really installed

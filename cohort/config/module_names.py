@@ -119,15 +119,15 @@ def closest_modules(module: str, n: int = 3) -> list[str]:
     return closest(module, importable_modules(), n)
 
 
-def import_failure(module: str, exc: ImportError) -> str:
+def import_failure(module: str, exc: Exception) -> str:
     """Why `module` did not import, in words that say what to do: the closest importable names when it is not there, the
-    missing dependency when it is there and its own import failed."""
+    missing dependency when it is there and its own import failed, the error when it raised another one."""
     missing = getattr(exc, "name", None)
     if isinstance(exc, ModuleNotFoundError) and missing and not (module == missing or module.startswith(missing + ".")):
         return (f"{module!r} is there, but it imports {missing!r}, which is not installed (pip install "
                 f"{missing.split('.')[0]}, or the package that provides it)")
     if not isinstance(exc, ModuleNotFoundError):
-        return f"importing {module!r} failed: {exc}"
+        return f"importing {module!r} raised {type(exc).__name__}: {exc}"
     module = missing or module  # (`a.b` where `a` is missing: the names closest to `a`)
     near = closest_modules(module)
     where = "can be imported here (the working directory, PYTHONPATH, installed packages, editable ones included)"

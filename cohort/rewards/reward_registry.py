@@ -164,7 +164,7 @@ def _import_target(name: str) -> tuple[str, Any]:
         raise ValueError(_unknown_name_message(name))
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:  # noqa: BLE001 - a missing module, or the user's module raising as it imports
         raise ValueError(_unknown_name_message(name, f" ({import_failure(module_name, exc)})")) from exc
     target = module
     for part in attr.split("."):

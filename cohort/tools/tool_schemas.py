@@ -45,7 +45,7 @@ def import_object(path: str, what: str) -> Any:
         raise ValueError(f"{what} {path!r} is not an import path; write 'my_module.name' or 'my_module:name'")
     try:
         target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:  # noqa: BLE001 - a missing module, or the user's module raising as it imports
         raise ValueError(f"{what} {path!r}: {import_failure(module_name, exc)}") from exc
     for part in attr.split("."):
         if not hasattr(target, part):
