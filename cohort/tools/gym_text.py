@@ -105,6 +105,8 @@ def _env_class(module: str, name: str) -> tuple[type | None, str | None]:
         target = importlib.import_module(module)
     except (ImportError, ValueError):  # (no such module, or not a module name: not an import path here)
         return None, None
+    except Exception as exc:  # the module raised as it imported (a missing API key): not gym's to word, but say it
+        return None, f"importing {module!r} raised {type(exc).__name__}: {exc}"
     cls = getattr(target, name, None)
     if inspect.isclass(cls) and issubclass(cls, gymnasium.Env):
         return cls, None
