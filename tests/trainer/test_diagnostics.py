@@ -100,3 +100,14 @@ def test_answer_collapse_advice_names_the_numbers_and_the_options():
                                       "answers per group (was 4.5 on the first batch); 50% of the groups without signal")
     for option in ("rollout.num_generations", "rollout.temperature", "pipeline.dynamic_sampling=true", "balanced by answer"):
         assert option in warning.message
+
+
+# answers/* of real runs, as metrics.jsonl logged them (rounded to 4 places)
+# `cohort train train.max_steps=3` (the demo, tiny:arith, 64 prompts x G=8), 2026-12-06:
+DEMO_STEPS = [(4.3281, 0.0273, 0.0625), (4.1406, 0.0410, 0.0469), (3.9844, 0.0410, 0.0625)]
+
+
+def test_answer_collapse_is_quiet_on_the_demo():
+    stream = [{"answers/distinct_per_group": d, "answers/top_share": t, "answers/reference_top_share": r,
+               "frac_reward_zero_std": 0.17} for d, t, r in DEMO_STEPS] * 5  # 15 batches like the demo's first three
+    assert run(stream) == []
