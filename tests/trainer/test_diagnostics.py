@@ -111,3 +111,27 @@ def test_answer_collapse_is_quiet_on_the_demo():
     stream = [{"answers/distinct_per_group": d, "answers/top_share": t, "answers/reference_top_share": r,
                "frac_reward_zero_std": 0.17} for d, t, r in DEMO_STEPS] * 5  # 15 batches like the demo's first three
     assert run(stream) == []
+
+
+# examples/reasoning_gym_letter_counting.yaml as it is (SmolLM2-135M-Instruct, 8 prompts x G=8, T=0.7), its first 3
+# steps, 2026-12-06 (float32, 260-325 s a step under load 13-26: the run was stopped there)
+LETTER_COUNTING_STEPS = [(4.125, 0.0781, 0.625), (6.5, 0.0625, 0.375), (7.25, 0.0781, 0.75)]
+
+
+def test_answer_collapse_fires_on_letter_counting():
+    # The first 3 steps are real: answers still spread (top share 6-8%), no warning. The collapse after them is the
+    # worked example's (docs/environments.md: after 20 steps the model answers "1" to 292 of 300 held-out questions),
+    # not measured step by step here: the top share rises linearly from step 3's 0.0781 to 0.95 at step 20
+    # (+0.0513 a step), the reference top shares keep cycling through the three real ones (mean 0.583).
+    real = [{"answers/distinct_per_group": d, "answers/top_share": t, "answers/reference_top_share": r}
+            for d, t, r in LETTER_COUNTING_STEPS]
+    assert run(real) == []
+    refs = [0.625, 0.375, 0.75]
+    later = [{"answers/distinct_per_group": 2.0, "answers/top_share": 0.0781 + (s - 3) * (0.95 - 0.0781) / 17,
+              "answers/reference_top_share": refs[(s - 1) % 3]} for s in range(4, 21)]
+    # the bar is max(0.5, mean reference share so far + 0.1): step 14: 0.642 < 0.1 + 8.0/14 = 0.671; step 15:
+    # 0.694 >= 0.1 + 8.75/15 = 0.683; 16: 0.745 >= 0.1 + 9.375/16 = 0.686; 17: 0.796 >= 0.1 + 9.75/17 = 0.674, the
+    # third in a row: the warning at step 17, once (it stays above the bar, so it does not re-arm)
+    warnings = run(real + later)
+    assert [(step, kind) for step, kind, _ in warnings] == [(17, "answer_collapse")]
+    assert abs(warnings[0][2] - (0.0781 + 14 * (0.95 - 0.0781) / 17)) < 1e-12
