@@ -35,6 +35,12 @@ def test_default_run_raises_heldout_accuracy_by_30_points(tmp_path):
     assert "held-out greedy accuracy" in proc.stdout and (run_dir / "reward_curve.png").stat().st_size > 10_000
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 150 and json.loads(lines[-1])["step"] == 150
+    # the answers stay spread (sums of 2-3 digits: the most common reference is 8 of 300 held-out sums): the
+    # answer_collapse diagnostic stays quiet, and no step's most common answer is near half of its completions
+    rows = [json.loads(line) for line in lines]
+    assert max(row["answers/top_share"] for row in rows) < 0.25
+    warnings = (run_dir / "warnings.jsonl").read_text()
+    assert "answer_collapse" not in warnings, warnings
 
 
 @pytest.mark.timeout(900)  # vLLM's start (30-60 s idle) and two evaluations; 3 steps of about a second
@@ -52,8 +58,13 @@ def test_a_three_step_demo_starts_at_the_shipped_accuracy_and_says_where_its_fil
     assert [row["step"] for row in steps] == [1, 2, 3]
     # 64 prompts x 8 completions a step, each a sum of 2-3 digits and eos: 2-4 tokens
     assert all(2 <= row["completions/mean_length"] <= 4 and 0 <= row["reward"] <= 1 for row in steps)
+    # the answers of each step: 64 groups of 8; the most common answer far from half of them
+    assert all(1.0 <= row["answers/distinct_per_group"] <= 8.0 and row["answers/top_share"] < 0.25 for row in steps)
     out = proc.stdout.splitlines()
-    assert out[-5].startswith("held-out greedy accuracy: 25.0% before → ")
+    assert out[-7].startswith("held-out greedy accuracy: 25.0% before → ")
+    # 300 held-out sums; the most common reference (ties: the smaller text) is "36", 8 of them (2.7%)
+    assert out[-6].startswith('  a constant "36" scores 2.7%; beyond the two most common answers (285 prompts): 23.9% → ')
+    assert out[-5].startswith("  pass@1 ") and out[-5].endswith("(4 samples per prompt at T=1)")
     assert out[-4].startswith("3 steps in ") and out[-4].endswith(f"run directory: {run_dir}")
     assert out[-3:] == [f"  reward curve: {run_dir / 'reward_curve.png'}",
                         f"  trained model: {run_dir / 'final'} (a transformers checkpoint)",
