@@ -15,6 +15,7 @@ Defaults given on a rule are TRL 1.16's own where they differ from cohort's and 
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -240,6 +241,16 @@ def _dataset_test_split(value: Any, o: Options) -> list[Entry]:
     if o.get("eval_strategy", "no") == "no":
         raise Unmappable("not read by TRL with eval_strategy=no (its default): no evaluation, so no split to score")
     return _dataset_part("data.dataset_test_split", "dataset_test_split")(value, o)
+
+
+def _template_kwargs(value: dict | str | None, o: Options) -> list[Entry]:
+    """A mapping, or its JSON text (TRL accepts both on the command line)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise Unmappable(f"chat_template_kwargs = {value!r} is not a JSON object") from None
+    return [Entry("model.chat_template_kwargs", dict(value or {}), o.show("chat_template_kwargs"))]
 
 
 def _max_prompt_length(value: int | None, o: Options) -> list[Entry]:
@@ -487,7 +498,10 @@ TRL_RULES: tuple[Rule, ...] = (
     Rule("top_k", ("rollout.top_k",), None, "0 (off) in both"),
     *(none_of(k, GENERATION_ONLY) for k in ("min_p", "repetition_penalty", "generation_kwargs", "cache_implementation",
                                              "vllm_model_impl", "vllm_structured_outputs_regex", "vllm_max_model_length")),
-    none_of("chat_template_kwargs", "cohort renders chat prompts with the tokenizer's chat template as it is"),
+    Rule("chat_template_kwargs", ("model.chat_template_kwargs",), _template_kwargs,
+         "the chat template's keyword arguments, e.g. {enable_thinking: false}, in every rendering"),
+    Rule("chat_template_path", ("model.chat_template",), None, "a Jinja file (TRL's SFT spelling; GRPO users set "
+         "tokenizer.chat_template): the template every prompt and tool turn is rendered with"),
     none_of("num_generations_eval", "cohort's eval is greedy, one completion per prompt; `cohort eval --num-samples K`"),
     mapped("use_vllm", "engine.name", {True: "vllm", False: "hf"},
            "False: transformers; unset, cohort uses vLLM (TRL's default is transformers)"),
