@@ -95,7 +95,9 @@ def apply_chat_template_config(tokenizer, model_dir: str | Path | None, chat_tem
         if not getattr(tokenizer, "chat_template", None):
             raise ChatTemplateError("model.chat_template_kwargs is set but the tokenizer has no chat template; name one "
                                     "as model.chat_template")
-        tokenizer.chat_template = with_defaults(tokenizer.chat_template, chat_template_kwargs)
+        template = tokenizer.chat_template  # a checkpoint with named templates holds them all: each gets the defaults
+        tokenizer.chat_template = ({name: with_defaults(text, chat_template_kwargs) for name, text in template.items()}
+                                   if isinstance(template, dict) else with_defaults(template, chat_template_kwargs))
 
 
 def renders_tools(tokenizer) -> bool:
