@@ -17,7 +17,7 @@ from cohort.data.run_data import load_data
 from cohort.models.pretrained import load_policy, load_run_tokenizer, load_tokenizer, resolve_model_dir, stop_token_ids
 from cohort.plan.validate import validate_config
 from cohort.prompts import encode_prompts
-from cohort.rollout.base import Request, SamplingConfig
+from cohort.rollout.base import Request, SamplingConfig, Trajectory
 from cohort.rollout.engines.hf import HFEngine
 from cohort.tools.loop import ToolEngine
 from cohort.tools.tool_schemas import resolve_tools
@@ -189,3 +189,31 @@ def test_the_tool_loop_trains_qwen3s_template_with_thinking_off_token_for_token(
     whole = tokenizer.apply_chat_template(question + [{"role": "assistant", "content": "a"}, {"role": "tool", "content": "x"}],
                                           tools=schemas, tokenize=False)
     assert "<|im_start|>assistant\na<|im_end|>" in whole and "<think>" not in whole
+
+
+def test_the_agent_endpoint_refuses_tools_it_cannot_show_and_renders_them_otherwise(tiny_chat_model_dir, tmp_path):
+    # a verifiers MCP tool or an OpenAI client's `tools=` reaches the endpoint as a request's tools: under a template
+    # without a tools block (SmolLM2's plain ChatML) the call is refused with the fix instead of rendered without them
+    from cohort.agents.chat import ChatCompletions, ChatRequestError
+
+    chatml = tmp_path / "chatml.jinja"
+    chatml.write_text("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    schema = {"type": "function", "function": {"name": "calculator", "description": "Evaluate an expression.",
+                                               "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}
+    body = {"model": "m", "messages": [{"role": "user", "content": "12*34="}], "tools": [schema], "max_tokens": 4}
+    sampled = []
+
+    def sample(requests):
+        sampled.extend(requests)
+        return [Trajectory([5, 6], [-0.1, -0.2], "stop", 0, prompt_ids=list(r.prompt_ids), request_id=r.request_id)
+                for r in requests]
+
+    plain = load_tokenizer(tiny_chat_model_dir, str(chatml))
+    with pytest.raises(ChatRequestError, match="tools: the model's chat template has no tools block.*model.chat_template"):
+        ChatCompletions(plain, [5], sample, max_model_len=4096).create(body)
+    assert sampled == []  # nothing was sampled
+    ChatCompletions(plain, [5], sample, max_model_len=4096, render_tools=False).create(body)  # left out knowingly
+    own = load_tokenizer(tiny_chat_model_dir)  # the checkpoint's Qwen2.5-style template: rendered into the prompt
+    ChatCompletions(own, [5], sample, max_model_len=4096).create(body)
+    assert '"description": "Evaluate an expression."' in own.decode(list(sampled[-1].prompt_ids))

@@ -33,7 +33,10 @@ OpenAI-compatible (cohort/agents/chat.py, when the server is given one: `cohort 
     POST /v1/chat/completions   OpenAI's chat-completions body (messages, tools, tool_choice, n, temperature,
                      top_p, max_tokens / max_completion_tokens, stop, logprobs, seed) -> an OpenAI chat.completion;
                      tool calls parsed by `--tool-parser`; sampled through the request stream (so it is answered
-                     while a trainer's requests generate), recorded nowhere
+                     while a trainer's requests generate), recorded nowhere; rendered with the checkpoint's
+                     chat template, or `--chat-template FILE` and `--chat-template-kwargs JSON` (vLLM's
+                     spellings; the same as model.chat_template / chat_template_kwargs, which a local_server
+                     engine passes its child, so it renders and stops as the trainer does)
     GET  /v1/models  -> {object: "list", data: [{id: model, object: "model", ...}]}
 
 Errors on /v1/ paths come in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}` (a bad field: 400
