@@ -9,8 +9,9 @@ assistant header), read from the rendering of the whole conversation:
     after  = encode(render(base + [assistant] + tool messages, add_generation_prompt=True))
     tool tokens = after[after the assistant's end-of-turn token:]
 
-The assistant's end-of-turn token in `after` is the first of the model's stop tokens after the turns before it
-(`render(base)`, which both renderings must start with, token for token). The model stopped at that token (it is the
+The assistant's end-of-turn token is the last of the model's stop tokens in `before` (where that turn is the last
+one), and in `after` the stop token of the same rank counted from the end of the turns before it (`render(base)`,
+which both renderings must start with, token for token). The model stopped at that token (it is the
 last one it sampled), so the tool tokens start with the separator the template writes after it (Qwen's `\\n` after
 `<|im_end|>`): without it every tool turn would lose a newline the model saw in every rendered conversation (verl
 #6501). `prompt` must be a prefix of `before` and `before`'s assistant turn must contain a stop token (the model can
@@ -25,8 +26,8 @@ above does not compare the assistant turn across the two renderings, so such a t
 trajectory keeps the tokens the model saw and sampled (prompt with the empty think block, its turn, the tool tokens,
 the next header with its empty think block), the conversation as the model was shown it turn by turn, not the
 re-rendering of the whole conversation in which the earlier think blocks are gone. Assumed, and checked on a sample
-conversation before any model loads (and on every real turn): the tokens after the assistant's end-of-turn do not
-depend on how the template rendered that turn (true of every template that closes a turn with a special token and
+conversation before any model loads (and on every real turn): a rewrite of the assistant turn adds or drops no stop
+token, and the tokens after the assistant's end-of-turn do not depend on how the template rendered that turn (true of every template that closes a turn with a special token and
 writes the next message after it; `ToolTemplateError` otherwise).
 
 `base` is one fixed user turn: the suffix of a tool turn must not depend on the history (true of the ChatML,
@@ -116,8 +117,17 @@ class ToolRenderer:
         self._require_prefix(head, before, "the assistant turn")
         self._require_prefix(head, after, "the messages after the assistant's")
         turn = self.encode(before_text[len(prompt):])
-        end_before = self._end_of_turn(before, len(head), turn)
-        end_after = self._end_of_turn(after, len(head), turn)
+        ends = self._stops(before, len(head))  # the assistant turn is the last one in `before`: its last stop ends it
+        if not ends:
+            raise ToolTemplateError(
+                "the chat template's assistant turn contains none of the model's stop tokens "
+                f"{sorted(self.stop_token_ids)}, so the model cannot end a turn that calls a tool: "
+                f"{self.tokenizer.decode(turn)!r}")
+        end_before, later = ends[-1], self._stops(after, len(head))
+        if len(later) < len(ends):
+            raise ToolTemplateError("the chat template writes fewer of the model's stop tokens for the assistant turn once "
+                                    f"a message follows it ({self.tokenizer.decode(after[len(head):])!r})")
+        end_after = later[len(ends) - 1]  # the same stop token, counted from the turns before the assistant's
         separator = before[end_before + 1:]
         if after[end_after + 1:end_after + 1 + len(separator)] != separator:
             raise ToolTemplateError(
@@ -128,15 +138,9 @@ class ToolRenderer:
                 "the previous one")
         return after[end_after + (1 if closed else 0):]
 
-    def _end_of_turn(self, ids: list[int], start: int, turn: list[int]) -> int:
-        """The position of the first stop token at or after `start` (the assistant's end-of-turn token)."""
-        end = next((i for i in range(start, len(ids)) if ids[i] in self.stop_token_ids), None)
-        if end is None:
-            raise ToolTemplateError(
-                "the chat template's assistant turn contains none of the model's stop tokens "
-                f"{sorted(self.stop_token_ids)}, so the model cannot end a turn that calls a tool: "
-                f"{self.tokenizer.decode(turn)!r}")
-        return end
+    def _stops(self, ids: list[int], start: int) -> list[int]:
+        """Positions of the model's stop tokens at or after `start`."""
+        return [i for i in range(start, len(ids)) if ids[i] in self.stop_token_ids]
 
     def _require_prefix(self, shorter: list[int], longer: list[int], what: str) -> None:
         if longer[: len(shorter)] == shorter:
