@@ -141,7 +141,8 @@ def run_config(name: str, args: argparse.Namespace, work: Path, served_url: str 
                    "trl_environment_factory": "_env_guess.GuessGame"}[name]
     data = write_jsonl(work / "guess.jsonl", guess_rows())
     return config | {"data": config["data"] | {"train_files": [str(data)]}, "rewards": [],
-                     "tools": {"environment": environment, "parser": "_env_guess.guess_call", "max_turns": 3, "timeout_s": 10}}
+                     "tools": {"environment": environment, "parser": "_env_guess.guess_call", "max_turns": 3, "timeout_s": 10,
+                               "in_prompt": False}}  # SmolLM2's template has no tools block; the recorded numbers had none
 
 
 def child_env() -> dict:

@@ -8,7 +8,11 @@ actually kept after tokenizing with the model's own tokenizer, not the ceiling:
 a 512-position model with 6-token prompts trains with the default config.
 
 - `PromptRenderer`: a dataset prompt (a string, or chat messages rendered with the
-  tokenizer's chat template) as token ids, applying `data.overlong_prompts`.
+  tokenizer's chat template) as token ids, applying `data.overlong_prompts`. In a tools run
+  (tools.functions / tools.environment, tools.in_prompt) chat prompts are rendered with
+  `tools=` the tools' JSON schemas, as TRL renders them, so the model sees each tool's name,
+  description and arguments (the template's tools block); a template without a tools block
+  is refused here, before any weights load (`tools_block_problems`).
 - `prompt_limit(cfg, max_positions)`: the ceiling, and how messages name it and fix it.
 - `encode_prompts(...)`: token ids of the train and eval prompts under that ceiling
   (`data.overlong_prompts` decides what happens to longer ones), then `fit_problems`:
@@ -31,15 +35,19 @@ from typing import Any
 
 from cohort.config import CohortConfig, ConfigError
 from cohort.data.datasets import DataError, PromptDataset
+from cohort.models.chat_template import TOOLS_FIX, renders_tools
 from cohort.models.tiny import TINY_RECIPES
+from cohort.tools.tool_schemas import prompt_tools
 
 
 class PromptRenderer:
     """`max_prompt_length` None keeps every prompt; `limit_name` and `fix` word the messages (`prompt_limit`)."""
 
     def __init__(self, tokenizer, max_prompt_length: int | None, overlong: str, *, limit_name: str = "data.max_prompt_length",
-                 fix: str = "raise data.max_prompt_length"):
+                 fix: str = "raise data.max_prompt_length", tools: list[dict] | None = None):
+        """`tools`: JSON schemas rendered into chat prompts through the template's tools block (None: none)."""
         self.tokenizer = tokenizer
+        self.tools = tools or None
         self.max_prompt_length = max_prompt_length
         self.overlong = overlong
         self.limit_name = limit_name
@@ -56,7 +64,7 @@ class PromptRenderer:
                 "prompts are chat messages but the tokenizer has no chat template; give plain-text prompts or a tokenizer "
                 "whose tokenizer_config.json has a chat_template"
             )
-        return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return self.tokenizer.apply_chat_template(prompt, tools=self.tools, tokenize=False, add_generation_prompt=True)
 
     def encode(self, prompt: Any) -> list[int]:
         return list(self.tokenizer(self.text(prompt), add_special_tokens=False)["input_ids"])
@@ -137,6 +145,24 @@ def fit_problems(cfg: CohortConfig, max_positions: int | None, longest: int | No
             f"{longest + completion} exceeds the model's max_position_embeddings = {max_positions}; {', or '.join(fixes)}"]
 
 
+def _run_tools(cfg: CohortConfig) -> list[dict] | None:
+    """The tools' schemas the prompts show (cohort.tools.tool_schemas.prompt_tools); a tool that does not resolve is
+    the tools checks' problem (cohort/tools/tool_checks.py), so it shows nothing here."""
+    try:
+        return prompt_tools(cfg.tools)
+    except ValueError:
+        return None
+
+
+def tools_block_problem(cfg: CohortConfig) -> str:
+    """The refusal of a chat template that does not render `tools=` (SmolLM2's), with the fix."""
+    template = f"model.chat_template = {cfg.model.chat_template!r}" if cfg.model.chat_template else \
+        f"the chat template of model.path = {cfg.model.path!r}"
+    return (f"tools.in_prompt: {template} has no tools block (rendered with a probe tool, its name and description do not "
+            f"appear), so the model would never see the tools' names, descriptions and arguments; {TOOLS_FIX}, or set "
+            "tools.in_prompt: false for a checkpoint trained without a tools block")
+
+
 @dataclass
 class EncodedPrompts:
     """The kept prompts of a run and their token ids."""
@@ -165,7 +191,11 @@ def encode_prompts(cfg: CohortConfig, tokenizer, model_dir: str | Path, train: P
     problems = fit_problems(cfg, positions)
     if problems:  # no room for any prompt: say so before tokenizing
         raise ConfigError(problems)
-    renderer = PromptRenderer(tokenizer, limit.tokens, cfg.data.overlong_prompts, limit_name=limit.name, fix=limit.fix)
+    tools = _run_tools(cfg)
+    if tools and not renders_tools(tokenizer):
+        raise ConfigError([tools_block_problem(cfg)])
+    renderer = PromptRenderer(tokenizer, limit.tokens, cfg.data.overlong_prompts, limit_name=limit.name, fix=limit.fix,
+                              tools=tools)
     train, train_ids, filtered = renderer.encode_dataset(train, "train data")
     eval_ids = None
     if evals is not None:

@@ -38,7 +38,7 @@ def without_tokenizer_check(monkeypatch):
     """The planner's header-only checkpoints have no tokenizer, which validation refuses (cohort.models.tokenizer_check);
     these tests plan with the prompts unmeasured (bounded by data.max_prompt_length), as such a directory was before."""
     monkeypatch.setattr("cohort.plan.validate.tokenizer_file_problems", lambda path, folder=None: [])
-    monkeypatch.setattr("cohort.plan.validate.checked_tokenizer", lambda path, folder=None: (None, []))
+    monkeypatch.setattr("cohort.plan.validate.checked_tokenizer", lambda path, folder=None, **template: (None, []))
 
 
 @pytest.fixture

@@ -2,7 +2,8 @@
 and what was sampled, token for token.
 
 `ChatCompletions.create(body)` renders the messages (and `tools`, through the chat template's `tools=`, the tools
-block the checkpoint was trained with) into prompt token ids, samples `n` choices through `sample` (blocking: the
+block the checkpoint was trained with; a request with tools under a template that has no tools block is refused with
+the fix rather than rendered without them) into prompt token ids, samples `n` choices through `sample` (blocking: the
 rollout server's request stream, or the training process's scheduler), parses each choice's text with the run's
 tool parser (cohort/tools/parsers.py) into `content` and `tool_calls`, and returns the response with one
 `SampledCall` per choice: the exact prompt ids and the engine's `Trajectory` (token ids with the stop token kept,
@@ -46,6 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from cohort.agents.chat_request import ChatRequest, ChatRequestError, chat_request, same_reply
+from cohort.models.chat_template import TOOLS_FIX, renders_tools
 from cohort.rollout.base import FINISHED, Request, SamplingConfig, Trajectory
 from cohort.tools.parsers import Parser, get_parser
 from cohort.tools.render import ToolRenderer, ToolTemplateError
@@ -139,6 +141,7 @@ class ChatCompletions:
         """`render_tools` False: a request's `tools` are not rendered into the prompt (a checkpoint trained without the
         template's tools block, as tiny:tool_calc and the in-process tool loop's prompts are); replies are parsed alike."""
         self.render_tools = render_tools
+        self._renders_tools = renders_tools(tokenizer)  # (a probe rendering, once)
         self.tokenizer = tokenizer
         self.renderer = ToolRenderer(tokenizer, stop_token_ids)
         self.sample = sample
@@ -155,6 +158,11 @@ class ChatCompletions:
         request = chat_request(body)
         if not self.render_tools:
             request = replace(request, tools=None)
+        elif request.tools and not self._renders_tools:
+            raise ChatRequestError("tools", "the model's chat template has no tools block, so these tools would not be "
+                                            f"shown to the model; {TOOLS_FIX}, or leave them out of the prompt "
+                                            "for a checkpoint trained without that block (agent.render_tools: false, "
+                                            "`cohort serve --no-tools-in-prompt`)")
         prompt, extends = self._prompt(request, conversation)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         sampling = SamplingConfig(self._max_tokens(request, len(prompt)), request.temperature, request.top_p)

@@ -61,6 +61,14 @@ class ModelConfig(_Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="Precision the model computes, is saved and "
         "generates in (unless engine.dtype says otherwise); train.precision decides about float32 master weights. `auto`: bfloat16 "
         "where the training device has bf16 units and it pays, else float32; the `config:` line says which (docs/gpu.md, \"Precision\").")
+    chat_template: str | None = Field(None, description="The chat template to render with instead of the tokenizer's own: a path "
+        "to a Jinja file (e.g. TRL's chat_templates/qwen3.jinja), or the name of a template file inside the checkpoint directory "
+        "(`chat_template.jinja`, `additional_chat_templates/<name>.jinja`). Used for prompts, tool turns, eval, the agent endpoint "
+        "and `cohort serve`, and saved with the trained checkpoint (docs/tools.md, \"Chat templates\"). TRL's "
+        "`chat_template_path`. None: the tokenizer's own.")
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the chat template, e.g. "
+        "{enable_thinking: false} (TRL's chat_template_kwargs, vLLM's --chat-template-kwargs): written into the template as its "
+        "variables' defaults, so every rendering uses them and the saved checkpoint keeps them.")
 
 
 class LoraConfig(_Section):
@@ -230,6 +238,9 @@ class ToolsConfig(_Section):
         "keeps its beginning, `left` its end.")
     failure_policy: Literal["reward", "mask"] = Field("reward", description="Trajectories whose tool timed out or raised: `reward` "
         "trains on them like any other, `mask` gives them loss mask 0 (their rewards still count in their group).")
+    in_prompt: bool = Field(True, description="Render the tools' JSON schemas (names, descriptions, arguments) into every prompt "
+        "through the chat template's tools block (`tools=`, as TRL does); a template without one is refused before anything "
+        "loads. false: prompts without the block, for a checkpoint trained without it (tiny:tool_calc).")
 
     @field_serializer("functions", when_used="json")
     def _functions_as_text(self, functions: list[str | Callable[..., Any]]) -> list[str]:

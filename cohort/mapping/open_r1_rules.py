@@ -30,8 +30,7 @@ OPEN_R1_REFUSED = {
 OPEN_R1_RULES: tuple[Rule, ...] = (
     none_of("system_prompt", "cohort takes the prompt as the data holds it: add this text as the first (system) "
             "message of each prompt in the data, as open-r1 does when it builds the conversation"),
-    none_of("chat_template", "cohort renders prompts with the tokenizer's own chat template; save the template into "
-            "the checkpoint's tokenizer_config.json"),
+    none_of("chat_template", "a template's text: write it into a .jinja file and name that file as model.chat_template"),
     none_of("dataset_configs", "a dataset mixture (open-r1): save the mixture as one file (data.train_files)"),
     none_of("hub_model_revision", "cohort saves to run.output_dir only"),
     none_of("callbacks", "open-r1's Hub-push callbacks; cohort saves to run.output_dir only"),

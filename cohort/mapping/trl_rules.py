@@ -15,14 +15,16 @@ Defaults given on a rule are TRL 1.16's own where they differ from cohort's and 
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
+from cohort.mapping.trl_batch import (G, GA, PD, _epochs, _generation_batch, _max_steps, _micro_batch,
+                                      _prompts_per_step, _steps_per_generation, _total_steps)
 from cohort.mapping.open_r1_rules import OPEN_R1_REFUSED, OPEN_R1_REWARDS, OPEN_R1_RULES
 from cohort.mapping.rules import (Entry, Options, PartlyUnmappable, Rule, Unmappable, flow, mapped, model_path,
-                                  none_of, steps_for_epochs, whole)
+                                  none_of)
 
-PD, GA, G = "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations"
 ISC, ISM = "vllm_importance_sampling_correction", "vllm_importance_sampling_mode"
 TRL_REWARDS = {"accuracy_reward": {"name": "accuracy"}, "reasoning_accuracy_reward": {"name": "reasoning_accuracy"},
                "think_format_reward": {"name": "think_format"},
@@ -31,82 +33,6 @@ TRL_REWARDS = {"accuracy_reward": {"name": "accuracy"}, "reasoning_accuracy_rewa
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
 
 
-def completions_per_step(o: Options) -> tuple[int, str]:
-    """(completions per optimizer step, its arithmetic): per_device × processes × accumulation."""
-    total = o.get(PD) * o.num_processes * o.get(GA)
-    return total, f"{o.show(PD)} × {o.num_processes} process(es) × {o.show(GA)} = {total} completions"
-
-
-def generation_completions(o: Options) -> int:
-    """Completions per generation batch, as TRL derives it."""
-    if o.get("generation_batch_size") is not None:
-        return o.get("generation_batch_size")
-    micro = o.get("steps_per_generation") or o.get(GA)
-    return o.get(PD) * o.num_processes * micro
-
-
-def _prompts_per_step(value: int, o: Options) -> list[Entry]:
-    total, text = completions_per_step(o)
-    if total % o.get(G):
-        raise Unmappable(f"{text} per optimizer step is not a whole number of groups of {o.show(G)}; TRL refuses that "
-                         f"too, so this config runs on other processes than {o.num_processes}: give accelerate's "
-                         "processes (`cohort convert --num-processes N`, or num_processes in the config)")
-    prompts = whole(total / o.get(G), f"completions per optimizer step / {G} = {total} / {o.get(G)}")
-    return [Entry("train.prompts_per_step", prompts, f"{text} per optimizer step / {o.show(G)} = {prompts} prompts")]
-
-
-def _micro_batch(value: int, o: Options) -> list[Entry]:
-    return [Entry("train.micro_batch_size", value, f"{o.show(PD)} completions per forward/backward pass (per process)")]
-
-
-def _steps_per_generation(value: int | None, o: Options) -> list[Entry]:
-    if value is None:
-        return []
-    if o.get("generation_batch_size") is not None:
-        raise Unmappable("TRL refuses steps_per_generation together with generation_batch_size")
-    steps = whole(value / o.get(GA), f"steps_per_generation / {GA} = {value} / {o.get(GA)}")
-    return [Entry("train.steps_per_generation", steps, f"{o.show('steps_per_generation')} micro-steps / {o.show(GA)} = "
-                  f"{steps} optimizer steps per generation batch")]
-
-
-def _generation_batch(value: int | None, o: Options) -> list[Entry]:
-    if value is None:
-        return []
-    total, text = completions_per_step(o)
-    if value % total:
-        raise Unmappable(f"{value} completions is not a whole number of optimizer steps of {text}: cohort trains whole "
-                         f"steps from a generation batch; use a multiple of {total}")
-    return [Entry("rollout.generation_batch_size", value, f"{o.show('generation_batch_size')} completions in both "
-                  f"({value} / {total} = {value // total} optimizer steps per generation batch)")]
-
-
-def _epochs(value: float, o: Options) -> list[Entry]:
-    if (o.get("max_steps") or -1) > 0:
-        if o.has("num_train_epochs"):
-            raise Unmappable("max_steps is set, and TRL then ignores num_train_epochs")
-        return []
-    per_step, _ = completions_per_step(o)
-    gen = generation_completions(o)
-    prompts = whole(gen / o.get(G), f"generation batch / {G} = {gen} / {o.get(G)}")
-    k = whole(gen / per_step, f"generation batch / completions per step = {gen} / {per_step}") * o.get("num_iterations")
-    text = f"({gen} / {per_step} optimizer steps per generation batch × {o.show('num_iterations')})"
-    out = steps_for_epochs("num_train_epochs", o, prompts, k, text)
-    return [Entry(e.field, e.value, e.comment + (f", {o.show('max_steps')}" if o.has("max_steps") else "")) for e in out]
-
-
-def _max_steps(value: int, o: Options) -> list[Entry]:
-    if value is None or value <= 0:
-        return []  # (num_train_epochs decides; its line names this one)
-    return [Entry("train.max_steps", value, o.show("max_steps") + " optimizer steps in both")]
-
-
-def _total_steps(o: Options) -> int | None:
-    if (o.get("max_steps") or -1) > 0:
-        return o.get("max_steps")
-    try:
-        return _epochs(o.get("num_train_epochs"), o)[0].value
-    except (Unmappable, IndexError):
-        return None
 
 
 def _warmup(key: str):
@@ -240,6 +166,16 @@ def _dataset_test_split(value: Any, o: Options) -> list[Entry]:
     if o.get("eval_strategy", "no") == "no":
         raise Unmappable("not read by TRL with eval_strategy=no (its default): no evaluation, so no split to score")
     return _dataset_part("data.dataset_test_split", "dataset_test_split")(value, o)
+
+
+def _template_kwargs(value: dict | str | None, o: Options) -> list[Entry]:
+    """A mapping, or its JSON text (TRL accepts both on the command line)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise Unmappable(f"chat_template_kwargs = {value!r} is not a JSON object") from None
+    return [Entry("model.chat_template_kwargs", dict(value or {}), o.show("chat_template_kwargs"))]
 
 
 def _max_prompt_length(value: int | None, o: Options) -> list[Entry]:
@@ -487,7 +423,10 @@ TRL_RULES: tuple[Rule, ...] = (
     Rule("top_k", ("rollout.top_k",), None, "0 (off) in both"),
     *(none_of(k, GENERATION_ONLY) for k in ("min_p", "repetition_penalty", "generation_kwargs", "cache_implementation",
                                              "vllm_model_impl", "vllm_structured_outputs_regex", "vllm_max_model_length")),
-    none_of("chat_template_kwargs", "cohort renders chat prompts with the tokenizer's chat template as it is"),
+    Rule("chat_template_kwargs", ("model.chat_template_kwargs",), _template_kwargs,
+         "the chat template's keyword arguments, e.g. {enable_thinking: false}, in every rendering"),
+    Rule("chat_template_path", ("model.chat_template",), None, "a Jinja file (TRL's SFT spelling; GRPO users set "
+         "tokenizer.chat_template): the template every prompt and tool turn is rendered with"),
     none_of("num_generations_eval", "cohort's eval accuracy is greedy; pass@k samples run.eval_num_samples per prompt at rollout.temperature "
             "(`cohort eval --num-samples K`)"),
     mapped("use_vllm", "engine.name", {True: "vllm", False: "hf"},

@@ -27,6 +27,7 @@ from typing import Literal
 import torch
 
 from cohort.models import hub
+from cohort.models.chat_template import ChatTemplateError, apply_chat_template_config
 from cohort.models.gguf import GGUFError, cached_gguf_dir, gguf_checkpoint, gguf_file, is_gguf_path
 from cohort.models.precision import DTYPES
 from cohort.models.tiny import TINY_RECIPES, build_tiny_model
@@ -135,7 +136,9 @@ def check_model_dir(path: str, revision: str | None = None) -> list[str]:
     return inspect_model(path, revision, convert=False).problems
 
 
-def load_tokenizer(model_dir: Path):
+def load_tokenizer(model_dir: Path, chat_template: str | None = None, chat_template_kwargs: dict | None = None):
+    """The checkpoint's tokenizer, its chat template replaced by `chat_template` (model.chat_template: a Jinja file, or
+    one inside the checkpoint) and `chat_template_kwargs` written in as defaults (cohort/models/chat_template.py)."""
     from transformers import AutoTokenizer
 
     try:
@@ -144,7 +147,16 @@ def load_tokenizer(model_dir: Path):
         raise ModelLoadError(f"cannot load the tokenizer from {model_dir}: {exc}") from exc
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    try:
+        apply_chat_template_config(tok, model_dir, chat_template, chat_template_kwargs)
+    except ChatTemplateError as exc:
+        raise ModelLoadError(str(exc)) from None
     return tok
+
+
+def load_run_tokenizer(model_dir: Path, model_cfg):
+    """`load_tokenizer` with the model section's chat_template and chat_template_kwargs."""
+    return load_tokenizer(model_dir, model_cfg.chat_template, model_cfg.chat_template_kwargs)
 
 
 def load_policy(model_dir: Path, dtype: str | torch.dtype, device: torch.device | str | None = None) -> torch.nn.Module:

@@ -51,18 +51,20 @@ def tokenizer_problems(path: str, key: str = "model.path", folder: Path | None =
     return checked_tokenizer(path, key, folder)[1]
 
 
-def checked_tokenizer(path: str, key: str = "model.path", folder: Path | None = None) -> tuple[Any, list[str]]:
+def checked_tokenizer(path: str, key: str = "model.path", folder: Path | None = None, *, chat_template: str | None = None,
+                      chat_template_kwargs: dict | None = None) -> tuple[Any, list[str]]:
     """(the tokenizer, []) when `path`'s tokenizer files are there, it loads and it encodes a probe text to at least one
     token; (None, the problems) when not; (None, []) for a `tiny:*` model or a path that is no checkpoint directory
-    (reported elsewhere). Loads the tokenizer (no weights) once per call."""
+    (reported elsewhere). Loads the tokenizer (no weights) once per call, with model.chat_template and its kwargs
+    applied (a template that cannot be read is one of the problems)."""
     problems = tokenizer_file_problems(path, key, folder)
     folder = Path(folder) if folder is not None else Path(path).expanduser()
     if problems or path.startswith("tiny:") or not (folder / "config.json").is_file():
         return None, problems
     try:
-        tokenizer = pretrained.load_tokenizer(folder)
+        tokenizer = pretrained.load_tokenizer(folder, chat_template, chat_template_kwargs)
     except pretrained.ModelLoadError as exc:
-        return None, [f"{key} = {path!r}: {exc}"]
+        return None, [str(exc) if str(exc).startswith("model.chat_template") else f"{key} = {path!r}: {exc}"]
     if not tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]:
         return None, [f"{key} = {path!r}: the tokenizer in {folder} encodes {PROBE_TEXT!r} to no tokens, so every prompt "
                       "would be empty; its tokenizer files are incomplete (tokenizer.json without a vocabulary?): copy them "

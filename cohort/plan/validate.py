@@ -515,7 +515,9 @@ def _check_outside(cfg: CohortConfig, model: pretrained.ModelFiles, *,
         facts = model_facts(cfg.model.path, cfg.model.revision, directory=model_dir)
     except UnreadableWeights as exc:
         return problems + [f"model.path = {cfg.model.path!r}: {exc}; re-save or re-download the checkpoint"], None, None
-    tokenizer, found = checked_tokenizer(cfg.model.path, folder=model_dir) if model_dir is not None else (None, [])
+    tokenizer, found = (checked_tokenizer(cfg.model.path, folder=model_dir, chat_template=cfg.model.chat_template,
+                                          chat_template_kwargs=cfg.model.chat_template_kwargs)
+                        if model_dir is not None else (None, []))
     if not tokenizer_file_problems(cfg.model.path, folder=model_dir):  # (missing files: reported with the model's checks)
         problems += found  # it loads, and text encodes to tokens
     measured, read = _read_prompts(cfg, model, tokenizer) if tokenizer is not None and read_data else (None, None)

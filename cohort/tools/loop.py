@@ -89,16 +89,20 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
                  rows: Callable[[Request], dict[str, Any]] | None = None, max_turns: int = 4, max_parallel_calls: int = 4,
                  tool_timeout_s: float = 10.0, max_tool_response_length: int | None = None,
                  truncate_side: str = "right", failure_policy: str = "reward",
-                 prompt_with: Callable[[dict[str, Any], str], list[int]] | None = None, max_model_len: int | None = None):
+                 prompt_with: Callable[[dict[str, Any], str], list[int]] | None = None, max_model_len: int | None = None,
+                 schemas: list[dict[str, Any]] | None = None):
+        """`schemas`: the tools' JSON schemas the prompts were rendered with (tools.in_prompt), rendered with every tool
+        turn too (cohort/tools/render.py)."""
         self.inner, self.tokenizer, self.parser = inner, tokenizer, parser
         self.max_model_len = max_model_len  # the engine's context: a longer prompt (observation included) fails its episode
+        self.schemas = schemas or None
         self.prompt_with = prompt_with  # (row, observation) -> the row's prompt token ids with the observation appended
         self.tools, self.environment, self.rows = list(tools), environment, rows
         self.max_turns, self.max_parallel_calls, self.tool_timeout_s = max_turns, max_parallel_calls, tool_timeout_s
         self.failure_policy = failure_policy
         self.renderer = ToolRenderer(tokenizer, inner.stop_token_ids, max_response_tokens=max_tool_response_length,
                                      truncate_side=truncate_side)
-        self.renderer.check()  # a template that cannot render tool turns as a suffix fails here, before any rollout
+        self.renderer.check(self.schemas)  # a template that cannot render tool turns as a suffix fails here, before any rollout
         self._open: dict[str, _Open] = {}
         self._running: dict[str, tuple[concurrent.futures.Future, Trajectory]] = {}
         self._done: list[Trajectory] = []
@@ -279,7 +283,8 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
                 entry.episode.conversation += [{"role": "tool", "name": r.name, "content": r.content} for r in results]
                 self._done.append(self._finish(entry, t))  # are recorded, not appended as tokens
                 continue
-            ids = self.renderer.tool_ids([(c.name, c.arguments) for c in calls], [(r.name, r.content) for r in results])
+            ids = self.renderer.tool_ids([(c.name, c.arguments) for c in calls], [(r.name, r.content) for r in results],
+                                         self.schemas)
             if len(t.token_ids) + len(ids) >= entry.request.sampling.max_tokens:  # no room to answer after it
                 entry.episode.mark("truncated")
                 self._done.append(self._finish(entry, replace(t, status="length")))

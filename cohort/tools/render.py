@@ -1,25 +1,39 @@
-"""The tokens of a tool turn: the chat template's rendering suffix, checked at start-up to be prefix-preserving.
+"""The tokens of a tool turn: what the chat template writes after the assistant's end-of-turn token, checked at start-up.
 
 Token-in, token-out: the model's sampled tokens are never decoded and re-encoded; what the loop appends after an
-assistant turn that called tools is the token suffix the chat template adds for the tool messages (and the next
-assistant header):
+assistant turn that called tools is what the chat template renders after that turn (the tool messages and the next
+assistant header), read from the rendering of the whole conversation:
 
-    before = encode(render(base + [assistant with the calls]))
-    after  = encode(render(base + [assistant with the calls] + tool messages, add_generation_prompt=True))
-    tool tokens = before[after the end-of-turn token:]  +  after[len(before):]
+    prompt = encode(render(base, add_generation_prompt=True))        # what the model sampled after
+    before = encode(render(base + [assistant with the calls]))       # that turn as the last one
+    after  = encode(render(base + [assistant] + tool messages, add_generation_prompt=True))
+    tool tokens = after[after the assistant's end-of-turn token:]
 
-`before[after the end-of-turn token:]` is the separator the template writes after the assistant's end-of-turn
-token (Qwen's `\\n` after `<|im_end|>`): the model stopped at the end-of-turn token and never sampled it, so
-without it every tool turn would lose a newline the model saw in every rendered conversation (verl #6501).
-`after` must start with `before`, and `before` with the rendering of `base` plus the generation prompt, token for
-token (the template is prefix-preserving at every turn, so the rendered history is what the model was given and
-sampled); `check()` verifies that,
-and that the assistant turn ends with one of the model's stop tokens, on a sample conversation before any model
-loads, so a template that cannot render tool turns this way fails with a clear error instead of drifting masks.
-Every real tool turn is checked again (`ToolTemplateError` names the template's fault).
+The assistant's end-of-turn token is the last of the model's stop tokens in `before` (where that turn is the last
+one), and in `after` the stop token of the same rank counted from the end of the turns before it (`render(base)`,
+which both renderings must start with, token for token). The model stopped at that token (it is the
+last one it sampled), so the tool tokens start with the separator the template writes after it (Qwen's `\\n` after
+`<|im_end|>`): without it every tool turn would lose a newline the model saw in every rendered conversation (verl
+#6501). `prompt` must be a prefix of `before` and `before`'s assistant turn must contain a stop token (the model can
+end a turn that calls a tool); the separator after it in `before` must be the one in `after`.
+
+Templates that rewrite earlier turns: a prefix-preserving template renders the assistant turn the same in `before`
+and `after`, and the tool tokens are then `after[len(before):]` preceded by the separator. Qwen3's original template
+(TRL's chat_templates/qwen3.jinja) does not: with thinking off the generation prompt ends with an empty
+`<think>\\n\\n</think>\\n\\n` block and the last assistant turn is rendered with it, but once a tool message
+follows, the same turn is rendered without it (a turn's reasoning block is kept only while it is the last one). The rule
+above does not compare the assistant turn across the two renderings, so such a template trains as it is: the
+trajectory keeps the tokens the model saw and sampled (prompt with the empty think block, its turn, the tool tokens,
+the next header with its empty think block), the conversation as the model was shown it turn by turn, not the
+re-rendering of the whole conversation in which the earlier think blocks are gone. Assumed, and checked on a sample
+conversation before any model loads (and on every real turn): a rewrite of the assistant turn adds or drops no stop
+token, and the tokens after the assistant's end-of-turn do not depend on how the template rendered that turn (true of every template that closes a turn with a special token and
+writes the next message after it; `ToolTemplateError` otherwise).
 
 `base` is one fixed user turn: the suffix of a tool turn must not depend on the history (true of the ChatML,
-Qwen, Llama-3 and Hermes templates); the history itself is the sampled tokens.
+Qwen, Qwen3, Llama-3 and Hermes templates); the history itself is the sampled tokens. `tools` (the run's JSON schemas)
+are rendered in every one of these renderings, as in the prompts, so a tools block the template writes in its system
+turn is the same in all of them.
 
 `turn_ids(assistant, messages)` is the same suffix for any messages after an assistant turn (tool results, user
 turns: what an agent sends back to the OpenAI-compatible endpoint, cohort/agents/chat.py); `tool_ids` is its case
@@ -31,8 +45,7 @@ its history); `tools` are JSON schemas passed to the template's `tools=` (its to
 Tool responses longer than `max_response_tokens` (tokens of the response text alone) are cut on
 `truncate_side` ("right" keeps the beginning, "left" the end) before rendering.
 
-Left out: templates that rewrite earlier turns when a new one is added (Qwen3's reasoning stripping of old
-turns is prefix-changing; such a template fails `check()` and needs a template without that rewrite).
+Left out: templates whose turn separator or tool rendering depends on the turns before it (none known).
 """
 
 from __future__ import annotations
@@ -80,30 +93,54 @@ class ToolRenderer:
         """A whole conversation rendered from scratch, ending with the generation prompt (the next assistant header)."""
         return self.encode(self._render(messages, True, tools))
 
-    def tool_ids(self, calls: list[tuple[str, dict[str, Any]]], responses: list[tuple[str, str]]) -> list[int]:
+    def tool_ids(self, calls: list[tuple[str, dict[str, Any]]], responses: list[tuple[str, str]],
+                 tools: list[dict] | None = None) -> list[int]:
         """The tokens appended after an assistant turn (ended by its stop token) that made `calls` ((name, arguments))
         and got `responses` ((tool name, content)): separator, tool messages, next assistant header."""
         assistant = {"role": "assistant", "content": "",
                      "tool_calls": [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]}
-        return self.turn_ids(assistant, [{"role": "tool", "name": name, "content": content} for name, content in responses])
+        return self.turn_ids(assistant, [{"role": "tool", "name": name, "content": content} for name, content in responses],
+                             tools)
 
     def turn_ids(self, assistant: dict[str, Any], messages: list[dict[str, Any]], tools: list[dict] | None = None, *,
                  closed: bool = True) -> list[int]:
         """The tokens appended after the assistant turn `assistant` for the `messages` that follow it (tool results,
         user turns), then the next assistant header. `closed`: the model ended its turn with a stop token; False keeps
-        the template's end-of-turn token at the head (the model never sampled it)."""
-        history = self.encode(self._render(BASE, True, tools))  # what the model samples after: ends with the header
-        before = self.encode(self._render(BASE + [assistant], False, tools))
+        the template's end-of-turn token at the head (the model never sampled it). Module docstring: the rule."""
+        head = self.encode(self._render(BASE, False, tools))  # the turns before the assistant's
+        prompt = self._render(BASE, True, tools)  # what the model samples after: ends with the header
+        before_text = self._render(BASE + [assistant], False, tools)
+        before = self.encode(before_text)
         after = self.encode(self._render(BASE + [assistant] + list(messages), True, tools))
-        self._require_prefix(history, before, "the assistant turn after the generation prompt")
-        self._require_prefix(before, after, "the turn after the assistant's")
-        ends = [i for i, t in enumerate(before) if t in self.stop_token_ids and i >= len(history)]
+        if not before_text.startswith(prompt):  # (as text: the header's last token may merge with the turn's first)
+            self._require_prefix(self.encode(prompt), before, "the assistant turn after the generation prompt")
+        self._require_prefix(head, before, "the assistant turn")
+        self._require_prefix(head, after, "the messages after the assistant's")
+        turn = self.encode(before_text[len(prompt):])
+        ends = self._stops(before, len(head))  # the assistant turn is the last one in `before`: its last stop ends it
         if not ends:
             raise ToolTemplateError(
                 "the chat template's assistant turn contains none of the model's stop tokens "
                 f"{sorted(self.stop_token_ids)}, so the model cannot end a turn that calls a tool: "
-                f"{self.tokenizer.decode(before[len(history):])!r}")
-        return before[ends[-1] + (1 if closed else 0):] + after[len(before):]
+                f"{self.tokenizer.decode(turn)!r}")
+        end_before, later = ends[-1], self._stops(after, len(head))
+        if len(later) < len(ends):
+            raise ToolTemplateError("the chat template writes fewer of the model's stop tokens for the assistant turn once "
+                                    f"a message follows it ({self.tokenizer.decode(after[len(head):])!r})")
+        end_after = later[len(ends) - 1]  # the same stop token, counted from the turns before the assistant's
+        separator = before[end_before + 1:]
+        if after[end_after + 1:end_after + 1 + len(separator)] != separator:
+            raise ToolTemplateError(
+                "the chat template writes something else after the assistant's end-of-turn token once a message follows "
+                f"({self.tokenizer.decode(separator)!r} as the last turn, "
+                f"{self.tokenizer.decode(after[end_after + 1:end_after + 1 + len(separator)])!r} before the next), so the "
+                "tokens after a sampled turn cannot be told; use a template that writes each message after the end of "
+                "the previous one")
+        return after[end_after + (1 if closed else 0):]
+
+    def _stops(self, ids: list[int], start: int) -> list[int]:
+        """Positions of the model's stop tokens at or after `start`."""
+        return [i for i in range(start, len(ids)) if ids[i] in self.stop_token_ids]
 
     def _require_prefix(self, shorter: list[int], longer: list[int], what: str) -> None:
         if longer[: len(shorter)] == shorter:
@@ -113,9 +150,8 @@ class ToolRenderer:
             f"the chat template is not prefix-preserving: rendering {what} changes the tokens of the turns before it "
             f"(first difference at token {at}: {self.tokenizer.decode(shorter[at:at + 8])!r} becomes "
             f"{self.tokenizer.decode(longer[at:at + 8])!r}), so tool tokens cannot be appended to the sampled ones. "
-            "Use a template that renders each turn independently of the ones after it (the checkpoint's "
-            "tokenizer_config.json chat_template)")
+            "Use a template that renders each turn independently of the ones after it (model.chat_template)")
 
-    def check(self) -> None:
+    def check(self, tools: list[dict] | None = None) -> None:
         """Raise ToolTemplateError now when the template cannot render tool turns as a suffix (module docstring)."""
-        self.tool_ids([("check", {"x": 1})], [("check", json.dumps({"result": 1}))])
+        self.tool_ids([("check", {"x": 1})], [("check", json.dumps({"result": 1}))], tools)

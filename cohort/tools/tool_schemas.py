@@ -164,3 +164,16 @@ def environment_reward_specs(tools) -> list[dict[str, Any]]:
     if not has_environment_reward(tools.environment):
         return []
     return [{"name": environment_reward, "weight": 1.0, "alias": "environment"}]
+
+
+def prompt_tools(tools) -> list[dict[str, Any]] | None:
+    """The JSON schemas a tools run shows the model in every prompt (TRL's `apply_chat_template(..., tools=)`):
+    tools.functions', then the environment's public methods' (as its instances offer them); None when no tools are set
+    or tools.in_prompt is false."""
+    if not tools.enabled or not tools.in_prompt:
+        return None
+    schemas = [tool.schema for tool in resolve_tools(tools.functions)]
+    environment = resolve_environment(tools.environment, tools.timeout_s)
+    if environment is not None:
+        schemas += [tool_schema(method, name) for name, method in environment_methods(environment).items()]
+    return schemas

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 from cohort.rollout.base import Request, with_observation
 from cohort.tools.loop import ToolEngine
 from cohort.tools.parsers import get_parser
-from cohort.tools.tool_schemas import resolve_environment, resolve_tools
+from cohort.tools.tool_schemas import prompt_tools, resolve_environment, resolve_tools
 
 SOCKET_TIMEOUT_SHARE = 0.9  # a server's answer is awaited for this share of tools.timeout_s: the session fails first
 
@@ -54,4 +54,4 @@ def wrap_engine(tools, engine, tokenizer, rows: Callable[[Request], dict[str, An
                       max_parallel_calls=tools.max_parallel_calls, tool_timeout_s=tools.timeout_s,
                       max_tool_response_length=tools.max_response_length,
                       truncate_side=tools.response_truncate_side, failure_policy=tools.failure_policy,
-                      prompt_with=prompt_with, max_model_len=max_model_len)
+                      prompt_with=prompt_with, max_model_len=max_model_len, schemas=prompt_tools(tools))

@@ -31,7 +31,7 @@ from cohort.data.run_data import load_data
 from cohort.distributed.fsdp import LocalContext, context_from_env, offload_optimizer_state, rank_run_dir
 from cohort.distributed.rank0 import MainOnlyEngine, main_only_rewards
 from cohort.models.devices import autocast_device_type, resolve_device, use_device
-from cohort.models.pretrained import load_policy, load_tokenizer, resolve_model_dir
+from cohort.models.pretrained import load_policy, load_run_tokenizer, load_tokenizer, resolve_model_dir
 from cohort.models.lora import attach_lora, base_dtype
 from cohort.models.precision import DTYPES, Precision, resolve_precision
 from cohort.prompts import encode_prompts
@@ -121,7 +121,7 @@ def _read_inputs(cfg, dist: LocalContext, read: RunInputs | None) -> RunInputs:
     if read is not None:  # a Hub id: validation read its snapshot's tokenizer, the weights come now
         return dataclasses.replace(read, model_dir=model_dir)
     train_data, eval_data, reward_specs = dist.local_main_first(lambda: load_data(cfg))
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_run_tokenizer(model_dir, cfg.model)
     prompts = encode_prompts(cfg, tokenizer, model_dir, train_data, eval_data)
     return RunInputs(model_dir, tokenizer, prompts, list(reward_specs or []))
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from cohort.data.run_data import load_data
-from cohort.models.pretrained import checkpoint_parameters, load_tokenizer, resolve_model_dir
+from cohort.models.pretrained import checkpoint_parameters, load_run_tokenizer, resolve_model_dir
 from cohort.models.devices import resolve_device
 from cohort.models.precision import resolve_precision
 from cohort.prompts import encode_prompts
@@ -124,7 +124,7 @@ def evaluate_model(cfg, *, num_samples: int, pass_k: int, temperature: float) ->
         model_dir = resolve_model_dir(cfg.model.path, cfg.model.revision)
         device = resolve_device(cfg.train.device)  # the trainer's device: a transformers engine generates there
         set_torch_threads(cfg, num_parameters=checkpoint_parameters(model_dir), device=device)  # before the engine
-        tokenizer = load_tokenizer(model_dir)
+        tokenizer = load_run_tokenizer(model_dir, cfg.model)
         prompts = encode_prompts(cfg, tokenizer, model_dir, train, evals)  # raises if one cannot fit
         max_model_len = engine_length(cfg, model_dir, prompts.train_ids + prompts.eval_ids)
         engine = build_engine(cfg, model_dir, tokenizer, precision=resolve_precision(cfg.model.dtype, cfg.train.precision, device),

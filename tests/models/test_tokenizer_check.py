@@ -48,6 +48,6 @@ def test_a_tokenizer_that_encodes_text_to_nothing_is_refused(tiny_model_dir, tmp
         def __call__(self, text, add_special_tokens=True):
             return {"input_ids": []}
 
-    monkeypatch.setattr("cohort.models.pretrained.load_tokenizer", lambda path: EncodesNothing())
+    monkeypatch.setattr("cohort.models.pretrained.load_tokenizer", lambda path, *args: EncodesNothing())
     (problem,) = tokenizer_problems(str(copy))
     assert f"the tokenizer in {copy} encodes 'Hello world: 12 + 30 = 42.' to no tokens" in problem

@@ -23,7 +23,8 @@ STEPS, G = 20, 4
 def _config(tmp_path, model_dir, name, environment, **sections):
     config = {"model": {"path": str(model_dir)}, "data": {"train_files": [str(tmp_path / "train.jsonl")], "max_prompt_length": 48},
               "rollout": {"num_generations": G, "max_completion_length": 96}, "engine": {"name": "hf"},
-              "tools": {"environment": environment, "parser": "trl_shape.guess_parse", "max_turns": 4, "timeout_s": 10},
+              "tools": {"environment": environment, "parser": "trl_shape.guess_parse", "max_turns": 4, "timeout_s": 10,
+                        "in_prompt": False},  # (a random model of 256 positions: no room for a tools block)
               "train": {"prompts_per_step": 2, "micro_batch_size": 8, "max_steps": STEPS, "learning_rate": 1e-3},
               "rewards": [],  # the environment's get_reward(): the episode's rewards
               "run": {"output_dir": str(tmp_path / name), "progress": False, "loggers": ["jsonl"]}}

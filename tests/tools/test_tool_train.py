@@ -35,7 +35,7 @@ def length(completions, **kwargs):
 def _config(tmp_path, model_dir, name):
     return {"model": {"path": str(model_dir)}, "data": {"max_prompt_length": 32},
             "rollout": {"num_generations": 2, "max_completion_length": 96}, "engine": {"name": "hf"},
-            "tools": {"max_turns": 3, "parser": "cohort_user_tools.parse"},
+            "tools": {"max_turns": 3, "parser": "cohort_user_tools.parse", "in_prompt": False},  # (32-token prompts)
             "train": {"prompts_per_step": 2, "micro_batch_size": 4, "max_steps": 1},
             "rewards": [{"name": "cohort_user_tools.saw_tool"}, {"name": "cohort_user_tools.length", "weight": 0.01}],
             "run": {"output_dir": str(tmp_path / name), "progress": False, "loggers": ["jsonl"], "log_completions_every": 1}}

@@ -33,7 +33,10 @@ OpenAI-compatible (cohort/agents/chat.py, when the server is given one: `cohort 
     POST /v1/chat/completions   OpenAI's chat-completions body (messages, tools, tool_choice, n, temperature,
                      top_p, max_tokens / max_completion_tokens, stop, logprobs, seed) -> an OpenAI chat.completion;
                      tool calls parsed by `--tool-parser`; sampled through the request stream (so it is answered
-                     while a trainer's requests generate), recorded nowhere
+                     while a trainer's requests generate), recorded nowhere; rendered with the checkpoint's
+                     chat template, or `--chat-template FILE` and `--chat-template-kwargs JSON` (vLLM's
+                     spellings; the same as model.chat_template / chat_template_kwargs, which a local_server
+                     engine passes its child, so it renders and stops as the trainer does)
     GET  /v1/models  -> {object: "list", data: [{id: model, object: "model", ...}]}
 
 Errors on /v1/ paths come in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}` (a bad field: 400
@@ -96,7 +99,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlparse
 
-from cohort.models.pretrained import load_tokenizer, resolve_model_dir
+from cohort.models.pretrained import ModelLoadError, load_tokenizer, resolve_model_dir, stop_token_ids
 from cohort.rollout.server import bodies
 from cohort.rollout.base import EngineLock, Request, Trajectory, engine_thread
 from cohort.rollout.server.request_stream import Conflict, RequestStream
@@ -434,7 +437,8 @@ class LocalServer:
 
     def __init__(self, model_dir, *, dtype: str = "float32", max_model_len: int | None = None, seed: int = 0,
                  kv_cache_gib: float = 1.0, gpu_memory_utilization: float | None = None, start_timeout_s: float = 600.0,
-                 cpu_cores: list[int] | None = None, cuda_devices: list[int] | None = None, tensor_parallel_size: int = 1):
+                 cpu_cores: list[int] | None = None, cuda_devices: list[int] | None = None, tensor_parallel_size: int = 1,
+                 chat_template: str | None = None, chat_template_kwargs: dict | None = None):
         import secrets
         import subprocess
 
@@ -452,6 +456,10 @@ class LocalServer:
             cmd += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
         if max_model_len:
             cmd += ["--max-model-len", str(max_model_len)]
+        if chat_template:  # the child renders (and computes its stop tokens) with the run's template
+            cmd += ["--chat-template", chat_template]
+        if chat_template_kwargs:
+            cmd += ["--chat-template-kwargs", json.dumps(chat_template_kwargs)]
         self.process = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=None, text=True)
         self.url = self._wait_ready(start_timeout_s)
 
@@ -510,6 +518,12 @@ def add_serve_command(sub, chat: Callable[..., Any] | None = None) -> None:
                        help="do not render a request's tools into the prompt (the template's tools block): for a checkpoint "
                             "trained without it, as tiny:tool_calc (whose 128 positions it would overflow) and the prompts of "
                             "the in-process tool loop; tool calls are parsed alike")
+    serve.add_argument("--chat-template", default=None,
+                       help="a Jinja file, or the name of a template file inside the checkpoint, to render with instead of the "
+                            "tokenizer's own (as model.chat_template and vLLM's --chat-template)")
+    serve.add_argument("--chat-template-kwargs", type=json.loads, default=None,
+                       help="the template's keyword arguments as JSON, e.g. '{\"enable_thinking\": false}' (as "
+                            "model.chat_template_kwargs and vLLM's --chat-template-kwargs)")
     serve.set_defaults(func=lambda ns: cmd_serve(ns, chat))
 
 
@@ -521,7 +535,11 @@ def cmd_serve(ns, chat: Callable[..., Any] | None = None) -> int:
               f"`export {TOKEN_ENV}=$(openssl rand -hex 16)`", file=sys.stderr)
         return 2
     model_dir = resolve_model_dir(ns.model)
-    tokenizer = load_tokenizer(model_dir)
+    try:  # a checkpoint saved by a run holds its template already; --chat-template replaces it
+        tokenizer = load_tokenizer(model_dir, ns.chat_template, ns.chat_template_kwargs)
+    except ModelLoadError as exc:
+        print(f"cohort serve: {exc}", file=sys.stderr)
+        return 2
     if chat is not None:
         try:  # a --tool-parser that does not exist fails now, not after the engine has loaded
             chat(tokenizer, [], lambda requests: [], parser=ns.tool_parser)
@@ -531,7 +549,7 @@ def cmd_serve(ns, chat: Callable[..., Any] | None = None) -> int:
     start = time.perf_counter()
     engine = VLLMEngine(model_dir, dtype=ns.dtype, max_model_len=ns.max_model_len, seed=ns.seed,
                         kv_cache_gib=ns.kv_cache_gib, gpu_memory_utilization=ns.gpu_memory_utilization,
-                        tensor_parallel_size=ns.tensor_parallel_size)
+                        tensor_parallel_size=ns.tensor_parallel_size, stop_ids=stop_token_ids(model_dir, tokenizer))
     model_config = engine.llm.llm_engine.model_config
     max_model_len = model_config.max_model_len
     make_chat = None if chat is None else (lambda sample: chat(tokenizer, engine.stop_token_ids, sample, parser=ns.tool_parser,

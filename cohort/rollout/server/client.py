@@ -429,7 +429,8 @@ class LocalServerEngine(ForwardingEngine):
         self.server = LocalServer(model_dir, dtype=dtype, max_model_len=max_model_len, seed=cfg.rollout.seed,
                                   kv_cache_gib=cfg.engine.kv_cache_gib, gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
                                   cpu_cores=engine_cores(cfg)[0], cuda_devices=gpus.devices if gpus else None,
-                                  tensor_parallel_size=cfg.engine.tensor_parallel_size)
+                                  tensor_parallel_size=cfg.engine.tensor_parallel_size,
+                                  chat_template=cfg.model.chat_template, chat_template_kwargs=cfg.model.chat_template_kwargs)
         try:
             self.inner = RemoteEngine([self.server.url], token=self.server.token, timeout_s=cfg.engine.server_timeout_s,
                                       agreement_tolerance=cfg.server_agreement_tolerance, min_model_len=max_model_len)
