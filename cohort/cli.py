@@ -104,10 +104,25 @@ def cmd_train(ns) -> int:
         return 0
     before, after = summary.get("eval/accuracy_before"), summary.get("eval/accuracy_after")
     if before is not None and after is not None:
-        print(f"held-out greedy accuracy: {before:.1%} before → {after:.1%} after ({(after - before) * 100:+.1f} points)")
+        print(f"held-out greedy accuracy: {before:.1%} before → {after:.1%} after ({summary['eval/gain']})")
+        _say_breakdown(summary)
     print(f"{summary['steps']} steps in {summary['wall_s']:.1f} s; run directory: {summary['run_dir']}")
     _say_where(summary["run_dir"])
     return 0
+
+
+def _say_breakdown(summary: dict) -> None:
+    """The result's second line: the constant answer's accuracy, beyond the common answers and pass@k, before → after."""
+    get = summary.get
+    if get("eval/constant_accuracy_after") is not None:
+        beyond_before, beyond_after = get("eval/beyond_common_accuracy_before"), get("eval/beyond_common_accuracy_after")
+        print(f'  a constant "{get("eval/constant_answer_after")}" scores {get("eval/constant_accuracy_after"):.1%}; beyond '
+              f"the two most common answers ({get('eval/beyond_common_prompts_after')} prompts): {beyond_before:.1%} → "
+              f"{beyond_after:.1%}")
+    passes = sorted(k[len("eval/"):-len("_after")] for k in summary if k.startswith("eval/pass@") and k.endswith("_after"))
+    if passes and all(f"eval/{p}_before" in summary for p in passes):
+        print("  " + ", ".join(f"{p} {get(f'eval/{p}_before'):.1%} → {get(f'eval/{p}_after'):.1%}" for p in passes)
+              + f" ({get('eval/pass_samples_after')} samples per prompt at T={get('eval/pass_temperature_after'):g})")
 
 
 def _say_where(run_dir: str) -> None:
@@ -164,23 +179,28 @@ def cmd_eval(ns) -> int:
     from pathlib import Path
 
     from cohort.console import capture_output
+    from cohort.runs.answer_stats import eval_line
     from cohort.trainer.evaluate import evaluate_model
 
     # as in `cohort train`, the engine's and libraries' output goes to a log (eval has no run directory: a temp file)
     handle, log = tempfile.mkstemp(prefix="cohort-eval-", suffix=".log")
     os.close(handle)
-    how = "greedily" if ns.num_samples == 1 else f"with {ns.num_samples} samples each"
+    samples = cfg.run.eval_num_samples if ns.num_samples is None else ns.num_samples
+    temperature = cfg.rollout.temperature if ns.temperature is None else ns.temperature
+    pass_k = cfg.run.eval_pass_k if ns.pass_k is None else ns.pass_k
+    if samples < 0 or pass_k < 1:
+        print(f"cohort eval: --num-samples must be >= 0 and --pass-k >= 1; got {samples} and {pass_k}", file=sys.stderr)
+        return 2
+    how = f"greedily, then {samples} samples each at T={temperature:g} for pass@k" if samples else "greedily"
     print(f"eval: loading {cfg.model.path} and scoring the held-out prompts {how} (what the engine prints: {log}) ...",
           file=sys.stderr, flush=True)
     start = time.perf_counter()
     with capture_output(Path(log), verbose=cfg.run.verbose):
-        result = evaluate_model(cfg, num_samples=ns.num_samples,
-                                temperature=ns.temperature or (1.0 if ns.num_samples > 1 else 0.0))
+        result = evaluate_model(cfg, num_samples=samples, pass_k=pass_k, temperature=temperature)
     if result is None:
         print("no eval data: set data.eval_files or data.dataset_test_split (or use a built-in task)", file=sys.stderr)
         return 2
-    print(f"eval: accuracy {result['accuracy']:.3f} on {result['num_prompts']} held-out prompts in "
-          f"{time.perf_counter() - start:.0f} s", file=sys.stderr)
+    print(f"eval: {eval_line(result)}; {time.perf_counter() - start:.0f} s", file=sys.stderr)
     result.pop("completions")
     print(json.dumps(result, indent=2))
     return 0
@@ -277,8 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.set_defaults(func=cmd_plan)
     ev = sub.add_parser("eval", help="score model.path on the eval data with the configured rewards")
     ev.add_argument("config", nargs="*", help="[CONFIG.yaml] [section.field=value ...]")
-    ev.add_argument("--num-samples", type=int, default=1, help="samples per prompt (>1: sampled, reports pass@k)")
-    ev.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy; 1.0 used when --num-samples > 1 and this is 0)")
+    ev.add_argument("--num-samples", type=int, default=None, help="after the greedy pass, this many sampled completions per "
+                    "prompt for pass@1 and pass@k (default: run.eval_num_samples, 4; 0: greedy only)")
+    ev.add_argument("--pass-k", type=int, default=None, help="the k of pass@k, at most --num-samples (default: run.eval_pass_k, 4)")
+    ev.add_argument("--temperature", type=float, default=None, help="the samples' temperature (default: rollout.temperature, "
+                    "the run's sampling temperature)")
     ev.set_defaults(func=cmd_eval)
     conv = sub.add_parser("convert", help="rewrite a verl main_ppo launch script (or its arguments) or a TRL GRPO "
                           "config (YAML or JSON) as a cohort YAML, each line naming the option it came from")

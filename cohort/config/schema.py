@@ -438,6 +438,11 @@ class RunConfig(_Section):
     diagnostics: bool = Field(True, description="Warn (console and warnings.jsonl) when a metric looks wrong for several steps; "
         "docs/runs.md lists the rules.")
     eval_every: int = Field(0, description="Greedy eval every N steps (0: only before and after training).")
+    eval_num_samples: int = Field(4, ge=0, description="The evals before and after training (and `cohort eval`) also sample this "
+        "many completions per held-out prompt at rollout.temperature for pass@1 and pass@k (Chen et al.'s unbiased estimator); "
+        "the eval takes about 1 + N times as long. 0: greedy only, no pass@k. The evals during training stay greedy.")
+    eval_pass_k: int = Field(4, ge=1, description="The k of pass@k (the chance that one of k samples is correct), estimated from "
+        "run.eval_num_samples samples per prompt; at most that many (a larger k is lowered to it).")
     progress: bool = Field(True, description="Show a progress bar with ETA and the live reward.")
     verbose: bool = Field(False, description="Also show on the console what the engine and libraries print (vLLM, transformers, torch);"
         " it always goes to RUN_DIR/logs/engine.log. false: the console shows only cohort's own lines.")

@@ -488,7 +488,8 @@ TRL_RULES: tuple[Rule, ...] = (
     *(none_of(k, GENERATION_ONLY) for k in ("min_p", "repetition_penalty", "generation_kwargs", "cache_implementation",
                                              "vllm_model_impl", "vllm_structured_outputs_regex", "vllm_max_model_length")),
     none_of("chat_template_kwargs", "cohort renders chat prompts with the tokenizer's chat template as it is"),
-    none_of("num_generations_eval", "cohort's eval is greedy, one completion per prompt; `cohort eval --num-samples K`"),
+    none_of("num_generations_eval", "cohort's eval accuracy is greedy; pass@k samples run.eval_num_samples per prompt at rollout.temperature "
+            "(`cohort eval --num-samples K`)"),
     mapped("use_vllm", "engine.name", {True: "vllm", False: "hf"},
            "False: transformers; unset, cohort uses vLLM (TRL's default is transformers)"),
     Rule("vllm_mode", ("engine.mode",), _vllm_mode, "colocate or server (with `cohort serve`)"),

@@ -458,7 +458,8 @@ VERL_RULES: tuple[Rule, ...] = (
     none_of(ROLLOUT + "load_format", "cohort pushes the weights into vLLM itself"),
     none_of(ROLLOUT + "do_sample", "cohort always samples in training (rollout.temperature); eval is greedy"),
     none_of(ROLLOUT + "calculate_log_probs", "cohort always keeps the engine's log-probs"),
-    none_of(ROLLOUT + "val_kwargs.*", "cohort's eval is greedy; `cohort eval --num-samples K --temperature T` samples"),
+    none_of(ROLLOUT + "val_kwargs.*", "cohort's eval accuracy is greedy; pass@k samples run.eval_num_samples per prompt "
+            "(`cohort eval --num-samples K --temperature T`)"),
     none_of(ROLLOUT + "multi_turn.*", "multi-turn tools are tools.functions / tools.environment (docs/tools.md)"),
     Rule("trainer.total_epochs", ("train.max_steps",), _total_epochs,
          "epochs × floor(rows / data.train_batch_size) generation batches × optimizer steps per generation batch",

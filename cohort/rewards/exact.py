@@ -31,6 +31,14 @@ class ExactMatch:
         return [None if gold is None else float(text.strip() == str(gold).strip())
                 for text, gold in zip(completion_texts(completions), golds, strict=True)]
 
+    def read_answers(self, *, completions: list[Any], **columns: Any) -> list[str | None]:
+        """Each completion's stripped text (cohort/rewards/answer_reading.py); an empty reply gives no answer."""
+        return [text.strip() or None for text in completion_texts(completions)]
+
+    def reference_answers(self, **columns: Any) -> list[str | None]:
+        golds = pick_column(columns, self.gold_column, GOLD_FALLBACKS, reward="exact_match")
+        return [None if gold is None else str(gold).strip() for gold in golds]
+
 
 @register("exact_match", needs=[Needs("the gold answer", "gold_column", GOLD_FALLBACKS)])
 def exact_match(*, gold_column: str | None = None) -> ExactMatch:

@@ -87,6 +87,13 @@ def gold_number(gold: Any) -> Fraction | None:
     return found[-1] if found else None
 
 
+def number_text(value: Fraction | None) -> str | None:
+    """A number's canonical text, equal for equal values: an integer plainly ("42"), else the exact fraction ("1/8")."""
+    if value is None:
+        return None
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
 def numbers_equal(answer: Fraction, gold: Fraction, rel_tol: float) -> bool:
     if rel_tol == 0.0:
         return answer == gold
@@ -119,6 +126,16 @@ class NumericMatch:
             answer = extract_number(text, position=self.position, answer_pattern=self.answer_pattern)
             rewards.append(1.0 if answer is not None and numbers_equal(answer, target, self.rel_tol) else 0.0)
         return rewards
+
+    def read_answers(self, *, completions: list[Any], **columns: Any) -> list[str | None]:
+        """Each completion's number as text (cohort/rewards/answer_reading.py): `"1.0"` and `"1"` read `"1"`."""
+        return [number_text(extract_number(text, position=self.position, answer_pattern=self.answer_pattern))
+                for text in completion_texts(completions)]
+
+    def reference_answers(self, **columns: Any) -> list[str | None]:
+        """Each row's gold number as text, in read_answers' form; None where the gold has no number."""
+        golds = pick_column(columns, self.gold_column, GOLD_FALLBACKS, reward="numeric_match")
+        return [number_text(gold_number(gold)) for gold in golds]
 
 
 @register("numeric_match", needs=[Needs("the gold answer", "gold_column", GOLD_FALLBACKS)])

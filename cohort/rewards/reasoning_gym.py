@@ -62,6 +62,20 @@ class ReasoningGymScore:
         return [self.score(dataset, text, int(index))
                 for text, index in zip(completion_texts(completions), columns[ROW_INDEX], strict=True)]
 
+    def read_answers(self, *, completions: list[Any], **columns: Any) -> list[str | None]:
+        """The answer text each completion gives as `answer_format` extracts it, stripped (what score_answer gets, but
+        for the whitespace: cohort/rewards/answer_reading.py); None: no answer, or an empty one."""
+        return [(answer.strip() or None) if (answer := extract(text, self.answer_format)) is not None else None
+                for text in completion_texts(completions)]
+
+    def reference_answers(self, **columns: Any) -> list[str | None]:
+        """Each row's entry's `answer`, stripped; None for the tasks without an answer key (boxnet, rush_hour ...)."""
+        if ROW_INDEX not in columns:
+            raise ValueError(f"reward reasoning_gym needs the {ROW_INDEX!r} column of a reasoning_gym:<name> task's rows")
+        dataset = rg_dataset(self.task, self.config, self.seed, self.size)
+        keys = [dataset[int(index)].get("answer") for index in columns[ROW_INDEX]]
+        return [None if key is None else (str(key).strip() or None) for key in keys]
+
     def score(self, dataset: Any, text: str, index: int) -> float:
         answer = extract(text, self.answer_format)
         if answer is None:

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cohort.runs.answer_stats import eval_line
 from cohort.runs.jsonl import read_jsonl
 
 PHASE_KEY = re.compile(r"^timing/([a-z_]+)_s$")
@@ -307,7 +308,9 @@ def _facts(run: RunRecords) -> str:
         rows.append(("median step", f"{s['median_step_s']:.3f} s"))
     before, after = s.get("eval/accuracy_before"), s.get("eval/accuracy_after")
     if before is not None and after is not None:
-        rows.append(("held-out accuracy", f"{before:.1%} → {after:.1%}"))
+        gain = f" ({html.escape(s['eval/gain'])})" if "eval/gain" in s else ""
+        rows.append(("held-out accuracy", f"{before:.1%} → {after:.1%}{gain}"))
+    rows += [(html.escape(label), html.escape(eval_line(record))) for label, record in _first_and_last_evals(run)]
     steps, rewards = run.series("reward")
     if rewards:
         window = max(1, len(rewards) // 10)
@@ -315,6 +318,12 @@ def _facts(run: RunRecords) -> str:
     if s.get("stopped"):
         rows.append(("status", html.escape(s.get("message", f"stopped by {s['stopped']}"))))
     return '<table class="facts">' + "".join(f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in rows) + "</table>"
+
+
+def _first_and_last_evals(run: RunRecords) -> list[tuple[str, dict]]:
+    """The "before" and "after" evals of eval.jsonl (the last of each label), as the facts table shows them."""
+    found = {r.get("label"): r for r in run.evals if r.get("label") in ("before", "after")}
+    return [(f"eval {label}", found[label]) for label in ("before", "after") if label in found]
 
 
 def _samples(run: RunRecords) -> str:

@@ -19,6 +19,13 @@ The rules and their thresholds (module constants, documented in docs/runs.md):
   disagree about some sampled token's log-prob by more than a factor e.
 - `timing/reward_s` is the largest phase of the step: reward functions, not the
   model, bound the speed of the run.
+- `answers/top_share` >= 0.5 and at least 0.1 above the references' own (the
+  mean of `answers/reference_top_share` over the batches so far): one answer is
+  half of what the policy says, more than the task's answer prior explains. The
+  policy is collapsing onto the prior (a constant answer that pays), the signature
+  of a gain that is not the skill (docs/runs.md). The answers/* metrics come from
+  the first reward function's answers (cohort/rewards/answer_reading.py); a task
+  whose answers cannot be read logs none and this rule stays silent.
 
 Left out: stopping the run on a warning (a NaN stops it: cohort.trainer.stopping)
 and thresholds per config field (these are advisories, not contracts).
@@ -34,6 +41,8 @@ from typing import Callable
 ZERO_STD_THRESHOLD = 0.9
 CLIPPED_THRESHOLD = 0.5
 MISMATCH_THRESHOLD = 1.0
+COLLAPSE_SHARE = 0.5  # one answer is at least half of the batch's completions ...
+COLLAPSE_MARGIN = 0.1  # ... and at least this much above the references' own top share
 PATIENCE = 3
 PHASE_KEY = re.compile(r"^timing/([a-z_]+)_s$")  # timing/generate_s; not timing/step_s, not timing/reward/<fn>_s
 
@@ -83,6 +92,42 @@ def _reward_phase_slowest(metrics: dict) -> float | None:
     return phases["reward"] if slowest == "reward" else None
 
 
+class _AnswerCollapse:
+    """The `answer_collapse` check: `answers/top_share` against the mean reference top share of the batches so far
+    (one batch's is noisy: 8 prompts of a task whose key is "1" 57% of the time often hold 6 or 7)."""
+
+    def __init__(self):
+        self.reference_shares: list[float] = []
+        self.first_distinct: float | None = None
+
+    def __call__(self, metrics: dict) -> float | None:
+        share, reference = metrics.get("answers/top_share"), metrics.get("answers/reference_top_share")
+        if not isinstance(share, (int, float)) or math.isnan(share):
+            return math.nan
+        if isinstance(reference, (int, float)) and not math.isnan(reference):
+            self.reference_shares.append(float(reference))
+        distinct = metrics.get("answers/distinct_per_group")
+        if self.first_distinct is None and isinstance(distinct, (int, float)):
+            self.first_distinct = float(distinct)
+        return float(share) if share >= max(COLLAPSE_SHARE, self.prior() + COLLAPSE_MARGIN) else None
+
+    def prior(self) -> float:
+        """The references' mean top share so far (0 when the references were never read)."""
+        return sum(self.reference_shares) / len(self.reference_shares) if self.reference_shares else 0.0
+
+    def advise(self, value: float, metrics: dict) -> str:
+        distinct = _if_logged(metrics, "answers/distinct_per_group", "{:.2g} distinct answers per group")
+        was = f" (was {self.first_distinct:.2g} on the first batch)" if distinct and self.first_distinct is not None else ""
+        zero = _if_logged(metrics, "frac_reward_zero_std", "; {:.0%} of the groups without signal (frac_reward_zero_std)")
+        return (f"answers/top_share = {value:.2f}: one answer is {value:.0%} of the completions for {PATIENCE} generation "
+                f"batches, while the most common reference answer is {self.prior():.0%} of them; {distinct}{was}{zero}. The "
+                "policy is collapsing onto the answer prior: a constant answer pays, and a rising reward here is not the "
+                "task learned (read the eval's accuracy beyond the two most common answers). Try more exploration where "
+                "groups carry no signal (a larger rollout.num_generations, a higher rollout.temperature), "
+                "pipeline.dynamic_sampling=true (refills all-equal groups), or training rows balanced by answer so that "
+                "no constant answer pays")
+
+
 class Diagnostics:
     def __init__(self, *, max_completion_length: int, patience: int = PATIENCE, teacher_signal: bool = False):
         self.patience = patience
@@ -95,6 +140,7 @@ class Diagnostics:
             _Rule("logprob_mismatch", "mismatch/logprob_abs_max", _above("mismatch/logprob_abs_max", MISMATCH_THRESHOLD),
                   _advise_mismatch),
             _Rule("slow_reward", "timing/reward_s", _reward_phase_slowest, _advise_slow_reward),
+            _Rule("answer_collapse", "answers/top_share", collapse := _AnswerCollapse(), collapse.advise),
         ]
 
     def observe(self, step: int, metrics: dict) -> list[RunWarning]:

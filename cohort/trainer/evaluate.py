@@ -1,4 +1,4 @@
-"""Greedy (or sampled, pass@k) evaluation of the current policy on held-out prompts.
+"""Evaluation of the current policy on held-out prompts: greedy accuracy, what a constant answer gets, pass@k.
 
 `evaluate` scores with any engine (the trainer's, before and after training);
 `evaluate_model` is `cohort eval`: model.path scored with an engine and the
@@ -11,6 +11,13 @@ where correct starts in its `correct_at` attribute (reasoning_gym: 1.0, since
 reasoning-gym's default scorer gives "10" 0.5 for the answer "1"). Rows it
 cannot score (None) are left out. `eval/reward` is the mean weighted total of
 all functions.
+
+Beside the greedy accuracy, when the first function reads answers (cohort/rewards/answer_reading.py), the answer
+breakdown (cohort/runs/answer_stats.py): the best constant answer and its accuracy on the same items
+(`constant_answer`, `constant_accuracy`), the accuracy on the items whose reference is not among the two most common
+(`common_answers`, `beyond_common_accuracy`, `beyond_common_prompts`), and the distribution of the model's greedy
+answers (`answers`); else `breakdown_missing` says why. With `num_samples` n > 0, n more completions per prompt at
+`temperature` give `pass@1` and `pass@k` (Chen et al.'s unbiased estimator; k = `pass_k`, at most n).
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ from cohort.models.devices import resolve_device
 from cohort.models.precision import resolve_precision
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
+from cohort.rewards.answer_reading import Unreadable, answer_reader, read_pairs
 from cohort.rollout.base import SamplingConfig, completion_seeds, decode_completion
 from cohort.agents import agent_setup as agents
 from cohort.rollout.collect import tool_arguments
+from cohort.runs import answer_stats
 from cohort.tools.tool_setup import rows_by_prompt, wrap_engine
 from cohort.trainer.build_engine import build_engine, engine_length, set_torch_threads
 
@@ -40,19 +49,14 @@ def correct_at(rewards) -> float:
     return float(getattr(functions[0], "correct_at", CORRECT_AT))
 
 
-def evaluate(engine, tokenizer, dataset, prompt_ids, rewards, *, max_tokens: int, num_samples: int = 1,
-             temperature: float = 0.0, seed: int = 0) -> dict:
-    """Scores `num_samples` completions per prompt; greedy when temperature is 0.
-
-    Returns accuracy (mean over samples), pass@k (any sample correct, k = num_samples),
-    mean reward, and the completions for inspection.
-    """
-    k = num_samples
+def _generate_and_score(engine, tokenizer, dataset, prompt_ids, rewards, *, max_tokens: int, k: int, temperature: float,
+                        seed: int) -> dict:
+    """`k` completions per prompt (greedy at temperature 0): their texts, chat-or-text completions, columns (one
+    entry per completion), correctness (P, k) with NaN where unscored, and the scores' weighted totals."""
     prompts = [ids for ids in prompt_ids for _ in range(k)]
     rows = [row for row in dataset.rows for _ in range(k)]
-    sampling = SamplingConfig(max_tokens, temperature)
     seeds = completion_seeds(seed, 10**6, len(prompts)) if temperature > 0 else None
-    outs = engine.generate(prompts, sampling, seeds)
+    outs = engine.generate(prompts, SamplingConfig(max_tokens, temperature), seeds)
     texts = [decode_completion(tokenizer, o) for o in outs]
     key = dataset.prompt_key
     completions = [[{"role": "assistant", "content": t}] if isinstance(r[key], list) else t for r, t in zip(rows, texts)]
@@ -61,15 +65,50 @@ def evaluate(engine, tokenizer, dataset, prompt_ids, rewards, *, max_tokens: int
                            columns=columns, group_size=k, optional=tool_arguments(outs, [r[key] for r in rows]))
     first = scored.per_function[:, 0].reshape(-1, k)  # (P, k)
     correct = np.where(np.isnan(first), np.nan, (first >= correct_at(rewards)).astype(float))
-    scorable = ~np.all(np.isnan(first), axis=1)
-    accuracy = float(np.nanmean(correct)) if scorable.any() else float("nan")
-    pass_k = float(np.mean(np.nanmax(np.nan_to_num(correct[scorable], nan=0.0), axis=1))) if scorable.any() else float("nan")
-    total = scored.total[np.isfinite(scored.total)]
-    return {"accuracy": accuracy, f"pass@{k}": pass_k, "reward": float(total.mean()) if total.size else float("nan"),
-            "num_prompts": len(dataset.rows), "completions": texts}
+    return {"texts": texts, "completions": completions, "columns": columns, "correct": correct, "total": scored.total}
 
 
-def evaluate_model(cfg, *, num_samples: int = 1, temperature: float = 0.0) -> dict | None:
+def evaluate(engine, tokenizer, dataset, prompt_ids, rewards, *, max_tokens: int, num_samples: int = 0, pass_k: int = 1,
+             temperature: float = 1.0, seed: int = 0) -> dict:
+    """Greedy accuracy (and the answer breakdown) on every prompt; with `num_samples` > 0, pass@1 and pass@`pass_k`
+    from that many samples per prompt at `temperature` (module docstring). The greedy completions are in
+    "completions", for inspection; everything else is a number, a short list or a line of text."""
+    greedy = _generate_and_score(engine, tokenizer, dataset, prompt_ids, rewards, max_tokens=max_tokens, k=1,
+                                 temperature=0.0, seed=seed)
+    correct = greedy["correct"][:, 0]  # (P,)
+    total = greedy["total"][np.isfinite(greedy["total"])]
+    result = {"accuracy": float(np.nanmean(correct)) if np.isfinite(correct).any() else float("nan"),
+              "reward": float(total.mean()) if total.size else float("nan"), "num_prompts": len(dataset.rows)}
+    result.update(answer_breakdown(rewards, greedy["completions"], greedy["columns"], correct))
+    if num_samples > 0:
+        sampled = _generate_and_score(engine, tokenizer, dataset, prompt_ids, rewards, max_tokens=max_tokens,
+                                      k=num_samples, temperature=temperature, seed=seed)
+        k = min(pass_k, num_samples)
+        result.update({"pass@1": answer_stats.mean_pass_at_k(sampled["correct"], 1),
+                       f"pass@{k}": answer_stats.mean_pass_at_k(sampled["correct"], k),
+                       "pass_samples": num_samples, "pass_temperature": temperature})
+    result["completions"] = greedy["texts"]
+    return result
+
+
+def answer_breakdown(rewards, completions: list, columns: dict[str, list], correct: np.ndarray) -> dict:
+    """The eval record's answer fields (module docstring) for one completion per row; `breakdown_missing` (a line)
+    when the first reward function does not read answers."""
+    reader = answer_reader(rewards)
+    if isinstance(reader, Unreadable):
+        return {"breakdown_missing": reader.reason}
+    answers, references = read_pairs(reader, completions, columns)
+    if all(r is None for r in references):
+        return {"breakdown_missing": "no held-out row has a reference answer", "answers": answer_stats.answer_distribution(answers)}
+    constant, constant_accuracy = answer_stats.constant_baseline(references)
+    beyond_accuracy, beyond_prompts = answer_stats.beyond_common(references, correct.tolist())
+    return {"constant_answer": constant, "constant_accuracy": constant_accuracy,
+            "common_answers": answer_stats.common_answers(references),
+            "beyond_common_accuracy": beyond_accuracy, "beyond_common_prompts": beyond_prompts,
+            "answers": answer_stats.answer_distribution(answers)}
+
+
+def evaluate_model(cfg, *, num_samples: int, pass_k: int, temperature: float) -> dict | None:
     """`cohort eval`: model.path on the eval data with the configured rewards and engine; None when there is no eval data.
 
     The prompts are encoded and the engine sized exactly as the trainer does (train and eval prompts both), so a
@@ -93,7 +132,7 @@ def evaluate_model(cfg, *, num_samples: int = 1, temperature: float = 0.0) -> di
             engine = agents.wrap_engine(cfg, engine, tokenizer, rows_by_prompt(prompts.eval_ids, prompts.eval.rows),
                                         max_model_len=engine_length(cfg, model_dir, prompts.train_ids + prompts.eval_ids))
         return evaluate(engine, tokenizer, prompts.eval, prompts.eval_ids, rewards, max_tokens=cfg.rollout.max_completion_length,
-                        num_samples=num_samples, temperature=temperature, seed=cfg.rollout.seed)
+                        num_samples=num_samples, pass_k=pass_k, temperature=temperature, seed=cfg.rollout.seed)
     finally:
         if engine is not None:
             engine.close()

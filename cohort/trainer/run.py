@@ -43,24 +43,36 @@ from cohort.trainer.state import Checkpointed, TrainerState
 from cohort.trainer.trainer import Trainer
 from cohort.runs.jsonl import read_jsonl
 from cohort.runs.loggers import JsonlWriter, MetricsLogger
+from cohort.runs.answer_stats import eval_line, gain_line
 from cohort.runs.report import load_run, plot_reward
 from cohort.trainer.stopping import GracefulStop, NonFiniteError, RunHalted
 
 
 def run_eval(trainer: Trainer, label: str, sink: JsonlWriter) -> dict:
-    """The held-out eval (greedy, every eval prompt) with the current policy pushed first; its record, also in `sink`."""
-    parts = trainer.parts
+    """The held-out eval (greedy, every eval prompt; before and after training also pass@k from run.eval_num_samples
+    samples per prompt) with the current policy pushed first; its record, also in `sink` (cohort/trainer/evaluate.py
+    says what it holds)."""
+    parts, cfg = trainer.parts, trainer.cfg
     if parts.eval_data is None:
         return {}
     trainer.sync.push()
     start = time.perf_counter()
     # through the rollout scheduler, which shares the engine with the groups in flight
     result = evaluate(trainer.scheduler, parts.tokenizer, parts.eval_data, parts.eval_ids, parts.rewards,
-                      max_tokens=trainer.cfg.rollout.max_completion_length)
-    record = {"label": label, "step": trainer.state.step, "accuracy": result["accuracy"], "reward": result["reward"],
-              "num_prompts": result["num_prompts"], "seconds": time.perf_counter() - start}
+                      max_tokens=cfg.rollout.max_completion_length,
+                      num_samples=0 if label == "during" else cfg.run.eval_num_samples, pass_k=cfg.run.eval_pass_k,
+                      temperature=cfg.rollout.temperature, seed=cfg.rollout.seed)
+    result.pop("completions")
+    record = {"label": label, "step": trainer.state.step, **result, "seconds": time.perf_counter() - start}
     sink.write(record)
     return record
+
+
+def _eval_work(cfg, prompts: int) -> str:
+    """What the before/after eval does, for the line said while it runs."""
+    samples = cfg.run.eval_num_samples
+    extra = f", then {samples} samples each at T={cfg.rollout.temperature:g} for pass@k" if samples else ""
+    return f"{prompts} held-out prompts greedily{extra}"
 
 
 def _log_completions(state: TrainerState, data: PromptDataset, sink: JsonlWriter, n: int) -> None:
@@ -135,10 +147,10 @@ def _run(trainer: Trainer, resume_from: str | Path | None) -> dict:
         renderer = parts.renderer
         logger.print(f"filtered {parts.prompts_filtered} prompt(s) longer than {renderer.limit_name} = {renderer.max_prompt_length}")
     if parts.eval_data is not None and not resumed:  # (minutes on a real model: say what the silence is)
-        logger.print(f"eval before training: scoring {len(parts.eval_data.rows)} held-out prompts greedily ...")
+        logger.print(f"eval before training: scoring {_eval_work(cfg, len(parts.eval_data.rows))} ...")
     before = _earlier_eval(run_dir, "before") if resumed else run_eval(trainer, "before", eval_sink)
     if before and not resumed:
-        logger.print(f"eval before training: accuracy {before['accuracy']:.3f} on {before['num_prompts']} held-out prompts")
+        logger.print(f"eval before training: {eval_line(before)}")
     history, saved_step, stopped = [], (state.step if resumed else None), None
     stop = GracefulStop(logger.print)
     try:
@@ -168,8 +180,10 @@ def _run(trainer: Trainer, resume_from: str | Path | None) -> dict:
         summary.update(stopped=stopped, message=_stop_message(saved, stopped, saved_step))
     else:
         if parts.eval_data is not None:
-            logger.print(f"eval after training: scoring {len(parts.eval_data.rows)} held-out prompts greedily ...")
+            logger.print(f"eval after training: scoring {_eval_work(cfg, len(parts.eval_data.rows))} ...")
         after = run_eval(trainer, "after", eval_sink)
+        if after:
+            logger.print(f"eval after training: {eval_line(after)}")
         save_model(parts, run_dir / "final", lora_merged=cfg.lora.save_merged)
         if cfg.run.save_every and saved_step != state.step:
             checkpoint.save_checkpoint(saved)
@@ -227,6 +241,11 @@ def _earlier_eval(run_dir: Path, label: str) -> dict:
     return found[-1] if found else {}
 
 
+# an eval record's fields that summary.json repeats, as eval/<key>_before and eval/<key>_after (docs/runs.md)
+SUMMARY_EVAL_KEYS = ("accuracy", "constant_answer", "constant_accuracy", "common_answers", "beyond_common_accuracy",
+                     "beyond_common_prompts", "answers", "breakdown_missing", "pass_samples", "pass_temperature")
+
+
 def _summary(steps: int, run_dir: Path, history: list[dict], before: dict, after: dict, wall_s: float) -> dict:
     """summary.json: steps taken, wall time, the last step's metrics, the median step time, the evals' accuracies."""
     last = history[-1] if history else {}
@@ -235,10 +254,11 @@ def _summary(steps: int, run_dir: Path, history: list[dict], before: dict, after
     if history:
         step_times = sorted(h["timing/step_s"] for h in history[1:]) or [history[0]["timing/step_s"]]
         summary["median_step_s"] = step_times[len(step_times) // 2]
-    if before:
-        summary["eval/accuracy_before"] = before["accuracy"]
-    if after:
-        summary["eval/accuracy_after"] = after["accuracy"]
+    for label, record in (("before", before), ("after", after)):
+        summary.update({f"eval/{key}_{label}": value for key, value in record.items() if key in SUMMARY_EVAL_KEYS
+                        or key.startswith("pass@")})
+    if before and after:
+        summary["eval/gain"] = gain_line(before, after)
     return summary
 
 

@@ -69,6 +69,7 @@ from cohort.config import CohortConfig, default_output_dir
 from cohort.models.batching import pad_rows, split_to_count
 from cohort.models.host_memory import release_host_memory
 from cohort.models.logprobs import completion_logprobs
+from cohort.rewards.answer_reading import answer_reader, batch_answer_metrics
 from cohort.rollout.base import SamplingConfig, release_engine_memory
 from cohort.rollout.collect import BatchRequest, Collected
 from cohort.rollout.scheduler import Scheduler
@@ -116,6 +117,7 @@ class Trainer:
                                generation_dtype=cfg.generation_dtype, group_size=plan.num_generations,
                                fixed_tolerance=cfg.engine.sync_check_tolerance)
         self.stream_update = plan.stream_update  # train groups as they finish (rollout/collect.py; the plan decided where exact)
+        self.answers = answer_reader(parts.rewards)  # reads each completion's answer for answers/* (or why it cannot)
 
     def swap_engine(self, engine) -> None:
         """Replace the engine (a test's wrapper): in the parts and in the scheduler, which sends every request to it."""
@@ -215,6 +217,8 @@ class Trainer:
             "completions/clipped_ratio": float(np.mean(batch.truncated)),
             "tokens/generated": float(lengths.sum()),
             **reward_metrics,
+            **batch_answer_metrics(self.answers, self.parts.train_data, batch.row_indices, batch.completions_text,
+                                   self.plan.num_generations),
         }
         return metrics
 

@@ -15,7 +15,7 @@ import matplotlib.image
 import pytest
 
 from cohort import cli
-from cohort.runs.report import PHASE_KEY, load_run, moving_mean, write_report
+from cohort.runs.report import PHASE_KEY, _facts, load_run, moving_mean, write_report
 
 
 def write_run(run_dir, *, steps=20, with_kl=True, reward_offset=0.0):
@@ -142,3 +142,21 @@ def test_tensorboard_events_hold_the_metrics(real_run):
     assert [e.step for e in scalars] == [m["step"] for m in metrics if "reward" in m] == [1, 2, 3, 4, 5, 6]
     assert [e.value for e in scalars] == pytest.approx([m["reward"] for m in metrics if "reward" in m], rel=1e-6)
     assert "kl" in events.Tags()["scalars"] and "timing/update_s" in events.Tags()["scalars"]
+
+
+def test_report_facts_show_the_answer_breakdown(tmp_path):
+    run_dir = write_run(tmp_path / "run", steps=3)
+    before = {"label": "before", "step": 0, "accuracy": 0.187, "num_prompts": 300, "constant_answer": "1",
+              "constant_accuracy": 0.57, "common_answers": ["1", "2"], "beyond_common_accuracy": 0.106,
+              "beyond_common_prompts": 47, "answers": {"top": [["10", 150], ["1", 88]], "distinct": 9, "no_answer": 0}}
+    after = {**before, "label": "after", "step": 3, "accuracy": 0.557, "beyond_common_accuracy": 0.0,
+             "answers": {"top": [["1", 292]], "distinct": 3, "no_answer": 0}}
+    (run_dir / "eval.jsonl").write_text(json.dumps(before) + "\n" + json.dumps(after) + "\n")
+    (run_dir / "summary.json").write_text(json.dumps({"steps": 3, "eval/accuracy_before": 0.187, "eval/accuracy_after": 0.557,
+                                                      "eval/gain": "+37.0 points; beyond the two most common answers: -10.6"}))
+    facts = _facts(load_run(run_dir))
+    assert "18.7% → 55.7% (+37.0 points; beyond the two most common answers: -10.6)" in facts
+    assert ("<td><b>eval after</b></td><td>accuracy 55.7% on 300 held-out prompts; constant answer &quot;1&quot;: 57.0%; "
+            "beyond the two most common answers (&quot;1&quot;, &quot;2&quot;; 47 prompts): 0.0%; answers: &quot;1&quot; x292 "
+            "(3 distinct)</td>") in facts
+    assert "<td><b>eval before</b></td><td>accuracy 18.7%" in facts

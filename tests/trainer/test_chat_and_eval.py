@@ -62,13 +62,20 @@ def test_cli_eval_reports_accuracy_and_pass_at_k(tmp_path, tiny_model_dir, capsy
     captured = capsys.readouterr()
     out = json.loads(captured.out)
     assert code == 0
-    assert out["num_prompts"] == 6 and "pass@3" in out
+    # 3 samples and the default k = 4 (run.eval_pass_k): k is lowered to the 3 samples
+    assert out["num_prompts"] == 6 and out["pass_samples"] == 3 and out["pass_temperature"] == 1.0
     # the console: what it does and where the engine's output went, then the result in one line (stdout is the JSON)
     log = captured.err.split("(what the engine prints: ", 1)[1].split(")", 1)[0]
-    assert f"eval: loading {tiny_model_dir} and scoring the held-out prompts with 3 samples each" in captured.err
-    assert f"eval: accuracy {out['accuracy']:.3f} on 6 held-out prompts in " in captured.err and os.path.isfile(log)
-    # pass@k >= mean accuracy always (any of k correct vs the average of k)
-    assert 0.0 <= out["accuracy"] <= out["pass@3"] <= 1.0
+    assert (f"eval: loading {tiny_model_dir} and scoring the held-out prompts greedily, then 3 samples each at T=1 for "
+            "pass@k") in captured.err
+    assert f"eval: accuracy {out['accuracy']:.1%} on 6 held-out prompts; constant answer \"0\": 16.7%" in captured.err
+    assert os.path.isfile(log)
+    # pass@k >= pass@1 always (any of k correct vs the average of one)
+    assert 0.0 <= out["pass@1"] <= out["pass@3"] <= 1.0
+    # references 0..5 once each: every count ties at 1, so the smaller texts "0" and "1" are the common answers; a
+    # constant "0" is right on 1 of 6; 4 prompts lie beyond
+    assert out["constant_answer"] == "0" and out["constant_accuracy"] == pytest.approx(1 / 6)
+    assert out["common_answers"] == ["0", "1"] and out["beyond_common_prompts"] == 4
 
 
 @pytest.mark.slow

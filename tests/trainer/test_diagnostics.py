@@ -67,3 +67,36 @@ def test_slow_reward_ignores_the_whole_step_and_per_function_timings():
     metrics = {"timing/generate_s": 1.0, "timing/reward_s": 0.5, "timing/step_s": 9.0, "timing/reward/code_tests_s": 7.0}
     assert run([metrics] * 4) == []
     assert run([{"timing/reward_s": 3.0, "timing/step_s": 3.0}] * 4) == []  # one phase alone: nothing to compare with
+
+
+def collapse_stream(top_shares, reference_shares, distinct=None):
+    return [{"answers/top_share": t, "answers/reference_top_share": r,
+             "answers/distinct_per_group": (distinct or [4.0] * len(top_shares))[i], "frac_reward_zero_std": 0.5}
+            for i, (t, r) in enumerate(zip(top_shares, reference_shares))]
+
+
+def test_answer_collapse_fires_when_one_answer_outgrows_the_prior():
+    # references' top share per batch: 0.5, 0.75, 0.625, 0.625, 0.5 -> running means 0.5, 0.625, 0.625, 0.625, 0.6
+    # thresholds max(0.5, mean + 0.1): 0.6, 0.725, 0.725, 0.725, 0.7; top shares 0.3 (no), 0.8, 0.9, 0.95 (3 in a row)
+    stream = collapse_stream([0.3, 0.8, 0.9, 0.95, 0.97], [0.5, 0.75, 0.625, 0.625, 0.5])
+    assert run(stream) == [(4, "answer_collapse", 0.95)]
+
+
+def test_answer_collapse_is_quiet_when_the_answers_follow_the_references():
+    # a task whose key is "yes" for 70%: a policy that is right says "yes" about 70% of the time; 0.75 < 0.7 + 0.1
+    assert run(collapse_stream([0.72, 0.75, 0.7, 0.74], [0.7] * 4)) == []
+    # spread answers (the demo's sums): far below one half
+    assert run(collapse_stream([0.05, 0.04, 0.06, 0.05], [0.04] * 4)) == []
+    # no reference read: the prior counts as 0, the 0.5 floor holds: 0.49 is not a collapse
+    assert run([{"answers/top_share": 0.49}] * 4) == []
+
+
+def test_answer_collapse_advice_names_the_numbers_and_the_options():
+    diagnostics = Diagnostics(max_completion_length=48, patience=3)
+    stream = collapse_stream([0.9, 0.92, 0.95], [0.6, 0.6, 0.6], distinct=[4.5, 2.0, 1.25])
+    (warning,) = [w for step, m in enumerate(stream, 1) for w in diagnostics.observe(step, m)]
+    assert warning.message.startswith("answers/top_share = 0.95: one answer is 95% of the completions for 3 generation "
+                                      "batches, while the most common reference answer is 60% of them; 1.2 distinct "
+                                      "answers per group (was 4.5 on the first batch); 50% of the groups without signal")
+    for option in ("rollout.num_generations", "rollout.temperature", "pipeline.dynamic_sampling=true", "balanced by answer"):
+        assert option in warning.message
