@@ -1,11 +1,16 @@
-"""Held-out breakdown of a reasoning-gym run against its answer prior (issue 54, part 3's measurements).
+"""Held-out breakdown of a reasoning-gym model against its answer prior (issue 54, part 3's measurements).
 
     python bench/answer_prior.py CONFIG.yaml [--model RUN_DIR/final] [--label NAME] [--out bench/answer_prior.json]
 
-Scores model.path (or --model) greedily on the config's held-out rows with `cohort eval`'s own function and prints,
-as JSON: accuracy, the best constant answer's accuracy, the accuracy on the items whose key is not among the two most
-common keys ("beyond"), and the distribution of the model's answers (the reward's own answer extraction). With --out
-the record is appended under its label. A thin script until the evaluation's own breakdown lands (branch eval54).
+Scores model.path (or --model: a run's final/ or checkpoints/step-N/model) greedily on the config's held-out rows with
+`cohort eval`'s own function (cohort/trainer/evaluate.py: accuracy, the best constant answer's, the accuracy beyond
+the two most common answers, the model's answers) and adds two readings of the same answers, for the levers' write-up:
+- `accuracy_by_reference`: the share of the items with each of the six most common references that the model answered
+  with that reference (the scorer's reading of both sides, cohort/rewards/answer_reading.py);
+- `chance_accuracy`: what the model's answer distribution scores if its answers ignored the question, the sum over
+  answers a of (share of items it answered a) x (share of items whose reference is a). Accuracy above it is the
+  question read; a balanced guess beats the constant answer beyond the common answers without reading anything.
+With --out the record is stored under its label in that JSON file (other labels kept).
 """
 
 from __future__ import annotations
@@ -19,23 +24,19 @@ from pathlib import Path
 from cohort.config.resolve import load_config
 from cohort.data.run_data import load_data
 from cohort.plan.validate import validate_config
-from cohort.rewards.reasoning_gym import ReasoningGymScore, extract
+from cohort.rewards import RewardSet
+from cohort.rewards.answer_reading import answer_reader, read_pairs
 from cohort.trainer.evaluate import evaluate_model
 
 
-def breakdown(keys: list[str], answers: list[str | None], correct: list[bool], top: int = 2) -> dict:
-    """The numbers above from each item's key, the model's extracted answer and whether it scored 1.0."""
-    n = len(keys)
-    key_counts = Counter(keys)
-    common = [k for k, _ in key_counts.most_common(top)]
-    beyond = [i for i in range(n) if keys[i] not in common]
-    return {"n": n, "accuracy": sum(correct) / n,
-            "constant_answer": common[0], "constant_accuracy": key_counts[common[0]] / n,
-            "common_keys": common, "beyond_n": len(beyond),
-            "beyond_accuracy": sum(correct[i] for i in beyond) / len(beyond) if beyond else None,
-            "key_distribution": dict(key_counts.most_common(8)),
-            "answer_distribution": dict(Counter("(none)" if a is None else a for a in answers).most_common(8)),
-            "accuracy_by_key": {k: sum(correct[i] for i in range(n) if keys[i] == k) / c for k, c in key_counts.most_common(6)}}
+def readings(answers: list, references: list) -> dict:
+    """accuracy_by_reference and chance_accuracy (module docstring) from the read answers and references."""
+    refs = Counter(r for r in references if r is not None)
+    said = Counter(a for a in answers if a is not None)
+    n = len(references)
+    by_ref = {ref: sum(1 for a, r in zip(answers, references) if r == ref and a == ref) / count
+              for ref, count in refs.most_common(6)}
+    return {"accuracy_by_reference": by_ref, "chance_accuracy": sum(said[a] * refs[a] for a in said) / (n * n)}
 
 
 def main() -> None:
@@ -47,17 +48,15 @@ def main() -> None:
     args = ap.parse_args()
     overrides = [f"model.path={args.model}"] if args.model else []
     cfg = validate_config(load_config(args.config, overrides)).config  # (model.dtype auto settled, as cohort eval does)
-    _, evals, specs = load_data(cfg)
     start = time.perf_counter()
-    result = evaluate_model(cfg)
-    spec = {k: v for k, v in specs[0].items() if k not in ("name", "weight")}
-    scorer = ReasoningGymScore(spec["task"], spec["config"], spec["seed"], spec["size"], spec["answer_format"])
-    texts = result["completions"]
-    scores = scorer(completions=texts, rg_index=[r["rg_index"] for r in evals.rows])
+    result = evaluate_model(cfg, num_samples=0, pass_k=1, temperature=1.0)
+    _, evals, specs = load_data(cfg)
+    rewards = RewardSet.from_specs(specs)
+    texts = result.pop("completions")
+    columns = {c: [r.get(c) for r in evals.rows] for c in evals.columns}
+    answers, references = read_pairs(answer_reader(rewards), texts, columns)
     record = {"label": args.label, "config": args.config, "model": cfg.model.path, "eval_s": time.perf_counter() - start,
-              **breakdown([str(r["answer"]).strip() for r in evals.rows], [extract(t, spec["answer_format"]) for t in texts],
-                          [s >= 1.0 for s in scores]),
-              "cohort_eval_accuracy": result["accuracy"]}
+              **result, **readings(answers, references)}
     print(json.dumps(record, indent=1))
     if args.out:
         path = Path(args.out)
