@@ -101,6 +101,11 @@ class DataConfig(_Section):
         "the reward reads the answer. `tags`: reasoning-gym's way, its system prompt asks for <answer>...</answer> and an untagged "
         "reply scores 0. `last_line` / `last_number`: for models that answer without tags, no system prompt of reasoning-gym's (the "
         "chat template's own), and the answer is the tags when present, else the reply's last non-empty line / last number.")
+    max_answer_share: float | None = Field(None, gt=0, le=1, description="Training rows balanced by answer: the largest share of the train "
+        "rows one reference answer (the rows' `answer` column: a reasoning-gym task's key) may hold; each answer over it keeps its "
+        "first rows only, so no constant answer is right on more than this share of the prompts trained on (a skewed task's prior "
+        "stops paying more than the task). Must be >= 1 / (distinct answers). The held-out rows stay as generated; raise "
+        "data.task_size for more rows to keep. None: rows as they come. docs/environments.md, \"Making the skill pay\".")
     dataset_name: str | None = Field(None, description="Training data by name, as TRL's dataset_name: a Hugging Face Hub dataset "
         "(`trl-lib/DeepMath-103K`) or a local dataset directory, read with datasets.load_dataset (downloaded once into the Hugging Face "
         "cache, offline afterwards). Replaces data.train_files.")

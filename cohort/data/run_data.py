@@ -7,7 +7,8 @@ generation batch's prompts (rollout.generation_batch_size / G), each an empty us
 the prompt, cycled for train.max_steps, and no eval data unless data.eval_files gives some; or the built-in
 `data.task` (a built-in or `reasoning_gym:<name>`, cohort/data/reasoning_gym.py; whose reward specs apply when `rewards` is unset; with `agent.function`
 the agent's returned reward, cohort/agents/reward.py), and caps the
-eval set at `data.eval_max_samples`. The trainer, `cohort eval` and the planner
+eval set at `data.eval_max_samples`; `data.max_answer_share` caps each answer's share of the train rows
+(cohort/data/balance.py). The trainer, `cohort eval` and the planner
 all start from it, so they see the same rows.
 
 Left out: tokenizing (cohort/prompts.py) and checking the files (check_data_config).
@@ -15,15 +16,19 @@ Left out: tokenizing (cohort/prompts.py) and checking the files (check_data_conf
 
 from __future__ import annotations
 
+import logging
+
 from cohort.data.verifiers import environment_rows
 from cohort.config import CohortConfig
 from cohort.data.datasets import DataError, PromptDataset, load_prompt_dataset, rows_dataset
 from cohort.data.named import load_named_split
-from cohort.data import reasoning_gym
+from cohort.data import balance, reasoning_gym
 from cohort.data.tasks import Task, get_task
 
 AGENT_REWARD = {"name": "cohort.agents.reward.agent_reward", "weight": 1.0}  # with agent.function: the reward set
 ENVIRONMENT_REWARD = {"name": "cohort.agents.verifiers.verifiers_reward", "weight": 1.0}  # with agent.environment
+logger = logging.getLogger(__name__)
+_said: set[str] = set()  # the balance lines already printed (the planner, the trainer and eval each load the data)
 
 
 def configured_task(data, seed: int) -> Task:
@@ -76,6 +81,23 @@ def load_data(cfg: CohortConfig) -> tuple[PromptDataset, PromptDataset | None, l
         specs = specs if specs is not None else task.reward_specs
     if cfg.agent.enabled:  # the run's reward is what the agent returned (cohort/agents/reward.py), or its episode's
         specs = [dict(ENVIRONMENT_REWARD if cfg.agent.environment is not None else AGENT_REWARD)]
+    if cfg.data.max_answer_share is not None:
+        balance_rows(train, cfg.data.max_answer_share)
     if evals is not None and cfg.data.eval_max_samples:
         evals.rows, evals.sources = evals.rows[: cfg.data.eval_max_samples], evals.sources[: cfg.data.eval_max_samples]
     return train, evals, specs
+
+
+def balance_rows(train: PromptDataset, share: float) -> None:
+    """Cap each answer's share of the train rows in place (cohort/data/balance.py), saying once what it kept."""
+    try:
+        kept, note = balance.cap_answer_share(train.rows, share)
+    except balance.BalanceError as exc:
+        raise DataError(str(exc)) from exc
+    keep = {id(row) for row in kept}
+    train.sources = [src for row, src in zip(train.rows, train.sources) if id(row) in keep]
+    train.rows = kept
+    line = balance.describe(note)
+    if line not in _said:
+        _said.add(line)
+        logger.warning(line)

@@ -1,0 +1,69 @@
+"""Held-out breakdown of a reasoning-gym model against its answer prior (issue 54, part 3's measurements).
+
+    python bench/answer_prior.py CONFIG.yaml [--model RUN_DIR/final] [--label NAME] [--out bench/answer_prior.json]
+
+Scores model.path (or --model: a run's final/ or checkpoints/step-N/model) greedily on the config's held-out rows with
+`cohort eval`'s own function (cohort/trainer/evaluate.py: accuracy, the best constant answer's, the accuracy beyond
+the two most common answers, the model's answers) and adds two readings of the same answers, for the levers' write-up:
+- `accuracy_by_reference`: the share of the items with each of the six most common references that the model answered
+  with that reference (the scorer's reading of both sides, cohort/rewards/answer_reading.py);
+- `chance_accuracy`: what the model's answer distribution scores if its answers ignored the question, the sum over
+  answers a of (share of items it answered a) x (share of items whose reference is a). Accuracy above it is the
+  question read; a balanced guess beats the constant answer beyond the common answers without reading anything.
+With --out the record is stored under its label in that JSON file (other labels kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+from cohort.config.resolve import load_config
+from cohort.data.run_data import load_data
+from cohort.plan.validate import validate_config
+from cohort.rewards import RewardSet
+from cohort.rewards.answer_reading import answer_reader, read_pairs
+from cohort.trainer.evaluate import evaluate_model
+
+
+def readings(answers: list, references: list) -> dict:
+    """accuracy_by_reference and chance_accuracy (module docstring) from the read answers and references."""
+    refs = Counter(r for r in references if r is not None)
+    said = Counter(a for a in answers if a is not None)
+    n = len(references)
+    by_ref = {ref: sum(1 for a, r in zip(answers, references) if r == ref and a == ref) / count
+              for ref, count in refs.most_common(6)}
+    return {"accuracy_by_reference": by_ref, "chance_accuracy": sum(said[a] * refs[a] for a in said) / (n * n)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("config")
+    ap.add_argument("--model")
+    ap.add_argument("--label", default="base")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    overrides = [f"model.path={args.model}"] if args.model else []
+    cfg = validate_config(load_config(args.config, overrides)).config  # (model.dtype auto settled, as cohort eval does)
+    start = time.perf_counter()
+    result = evaluate_model(cfg, num_samples=0, pass_k=1, temperature=1.0)
+    _, evals, specs = load_data(cfg)
+    rewards = RewardSet.from_specs(specs)
+    texts = result.pop("completions")
+    columns = {c: [r.get(c) for r in evals.rows] for c in evals.columns}
+    answers, references = read_pairs(answer_reader(rewards), texts, columns)
+    record = {"label": args.label, "config": args.config, "model": cfg.model.path, "eval_s": time.perf_counter() - start,
+              **result, **readings(answers, references)}
+    print(json.dumps(record, indent=1))
+    if args.out:
+        path = Path(args.out)
+        records = json.loads(path.read_text()) if path.exists() else {}
+        records[args.label] = record
+        path.write_text(json.dumps(records, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
