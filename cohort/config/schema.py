@@ -101,6 +101,10 @@ class DataConfig(_Section):
         "the reward reads the answer. `tags`: reasoning-gym's way, its system prompt asks for <answer>...</answer> and an untagged "
         "reply scores 0. `last_line` / `last_number`: for models that answer without tags, no system prompt of reasoning-gym's (the "
         "chat template's own), and the answer is the tags when present, else the reply's last non-empty line / last number.")
+    task_credit: Literal["partial", "full"] = Field("partial", description="With data.task reasoning_gym:<name>: what the reward pays. "
+        "`partial`: the task's own score_answer as it is (reasoning-gym's default scorer gives len(key)/len(answer) when the key is "
+        "inside the answer: \"12\" scores 0.5 on the key \"1\" and on the key \"2\"). `full`: 1.0 at the task's full score, else 0 (what "
+        "the evals count as correct), so an answer that contains several common keys is not paid on each of them.")
     max_answer_share: float | None = Field(None, gt=0, le=1, description="Training rows balanced by answer: the largest share of the train "
         "rows one reference answer (the rows' `answer` column: a reasoning-gym task's key) may hold; each answer over it keeps its "
         "first rows only, so no constant answer is right on more than this share of the prompts trained on (a skewed task's prior "

@@ -221,7 +221,7 @@ def check_data_config(data, environment: Any = None) -> list[str]:
     return problems
 
 
-RG_FIELDS = ("task_config", "task_size", "task_eval_size", "task_seed", "answer_format")  # read by reasoning_gym:<name> only
+RG_FIELDS = ("task_config", "task_size", "task_eval_size", "task_seed", "answer_format", "task_credit")  # read by reasoning_gym:<name> only
 
 
 def _rg_fields_set(data) -> list[str]:

@@ -133,7 +133,7 @@ def prompt_messages(question: str, answer_format: str) -> list[dict]:
 
 
 @functools.lru_cache(maxsize=8)
-def _build(task: str, config_json: str, seed: int, size: int, eval_size: int, answer_format: str) -> Task:
+def _build(task: str, config_json: str, seed: int, size: int, eval_size: int, answer_format: str, credit: str) -> Task:
     name = task[len(PREFIX):]
     dataset = _dataset(name, config_json, seed, eval_size + size)
     entries = [dataset[i] for i in range(eval_size + size)]
@@ -145,7 +145,7 @@ def _build(task: str, config_json: str, seed: int, size: int, eval_size: int, an
                 ROW_INDEX: i}
 
     spec = {"name": "reasoning_gym", "weight": 1.0, "task": name, "config": json.loads(config_json), "seed": seed,
-            "size": eval_size + size, "answer_format": answer_format}
+            "size": eval_size + size, "answer_format": answer_format, **({"credit": credit} if credit != "partial" else {})}
     return Task(
         name=task, train_rows=[row(i) for i in train_idx], eval_rows=[row(i) for i in eval_idx], reward_specs=[spec],
         description=f"reasoning-gym's {name} (config {config_json}, seed {seed}), scored by its own score_answer",
@@ -153,7 +153,8 @@ def _build(task: str, config_json: str, seed: int, size: int, eval_size: int, an
     )
 
 
-def build_task(task: str, config: dict[str, Any], *, seed: int, size: int, eval_size: int, answer_format: str) -> Task:
+def build_task(task: str, config: dict[str, Any], *, seed: int, size: int, eval_size: int, answer_format: str,
+               credit: str = "partial") -> Task:
     """The Task for ``reasoning_gym:<name>``: disjoint train/eval rows and the reward spec (module docstring);
     the same arguments give the same rows (built once per process)."""
     if answer_format not in ANSWER_FORMATS:
@@ -161,7 +162,7 @@ def build_task(task: str, config: dict[str, Any], *, seed: int, size: int, eval_
     problems = check_task(task, config)
     if problems:
         raise ValueError("; ".join(problems))
-    return _build(task, config_key(config), seed, size, eval_size, answer_format)
+    return _build(task, config_key(config), seed, size, eval_size, answer_format, credit)
 
 
 def format_tasks(only: str | None = None, width: int = 110) -> str:

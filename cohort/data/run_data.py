@@ -41,7 +41,8 @@ def configured_task(data, seed: int) -> Task:
             raise DataError("; ".join(problems))
         try:
             return reasoning_gym.build_task(data.task, data.task_config, seed=data.task_seed, size=data.task_size,
-                                            eval_size=data.task_eval_size, answer_format=data.answer_format)
+                                            eval_size=data.task_eval_size, answer_format=data.answer_format,
+                                            credit=data.task_credit)
         except (ValueError, TypeError, AssertionError) as exc:  # a value the task's config rejects (min_terms=0)
             raise DataError(f"data.task {data.task!r} with data.task_config {data.task_config}: {exc}") from exc
     return get_task(data.task, seed=seed)

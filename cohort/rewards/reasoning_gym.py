@@ -8,8 +8,9 @@ cached per process (entries are deterministic for (task, config, seed, index)). 
   scores 0.0, as reasoning-gym scores it. ``last_line``: the tags when present, else the last non-empty line.
   ``last_number``: the tags when present, else the completion's last number as written (thousands commas dropped):
   for numeric tasks and a model that answers in a sentence.
-- The score is the task's float in [0, 1] as is (some tasks give partial credit); a scorer that raises gives 0.0
-  for that completion (a malformed answer is a wrong answer), never a crashed step.
+- The score is the task's float in [0, 1] as is (some tasks give partial credit), or with ``credit: full``
+  (``data.task_credit``) 1.0 at the full score and 0 below it; a scorer that raises gives 0.0 for that completion (a
+  malformed answer is a wrong answer), never a crashed step.
 
 Left out: the scorers' async variants and reasoning-gym's remote (server) scoring.
 """
@@ -24,6 +25,7 @@ from cohort.rewards.numeric import _NUMBER
 from cohort.rewards.reward_registry import Needs, register
 from cohort.rewards.text import completion_texts
 
+CREDITS = ("partial", "full")  # data.task_credit
 _TAGS = re.compile(r"<answer>\s?(.*?)\s?</answer>", flags=re.DOTALL)  # reasoning_gym.utils.extract_answer's regex
 
 
@@ -50,10 +52,13 @@ class ReasoningGymScore:
     # correct is the task's full score
     correct_at = 1.0
 
-    def __init__(self, task: str, config: dict[str, Any], seed: int, size: int, answer_format: str):
+    def __init__(self, task: str, config: dict[str, Any], seed: int, size: int, answer_format: str, credit: str = "partial"):
         if answer_format not in ANSWER_FORMATS:
             raise ValueError(f"reasoning_gym answer_format {answer_format!r}: choose one of {', '.join(ANSWER_FORMATS)}")
+        if credit not in CREDITS:
+            raise ValueError(f"reasoning_gym credit {credit!r}: choose one of {', '.join(CREDITS)}")
         self.task, self.config, self.seed, self.size, self.answer_format = task, dict(config), seed, size, answer_format
+        self.credit = credit
 
     def __call__(self, *, completions: list[Any], **columns: Any) -> list[float]:
         if ROW_INDEX not in columns:
@@ -81,17 +86,20 @@ class ReasoningGymScore:
         if answer is None:
             return 0.0
         try:
-            return float(dataset.score_answer(answer, dataset[index]))
+            score = float(dataset.score_answer(answer, dataset[index]))
         except Exception:  # a scorer that chokes on a malformed answer: a wrong answer
             return 0.0
+        return score if self.credit == "partial" else float(score >= self.correct_at)
 
 
 @register("reasoning_gym", needs=[Needs("the entry's index", None, (ROW_INDEX,))])
-def reasoning_gym(*, task: str, config: dict | None = None, seed: int = 0, size: int, answer_format: str = "tags") -> ReasoningGymScore:
+def reasoning_gym(*, task: str, config: dict | None = None, seed: int = 0, size: int, answer_format: str = "tags",
+                  credit: str = "partial") -> ReasoningGymScore:
     """A reasoning-gym task's own score_answer (in [0, 1]) on the completion's answer, for `data.task: reasoning_gym:<name>`.
 
     The task writes this spec itself (task, config, seed, size of its dataset); rows carry `rg_index`.
     answer_format: `tags` (reasoning-gym's <answer>...</answer>; none scores 0), `last_line` or `last_number` (the
-    tags when present, else the completion's last line / last number).
+    tags when present, else the completion's last line / last number). credit: `partial` (the scorer's float as it is)
+    or `full` (1.0 at the task's full score, else 0: data.task_credit).
     """
-    return ReasoningGymScore(task, config or {}, seed, size, answer_format)
+    return ReasoningGymScore(task, config or {}, seed, size, answer_format, credit)

@@ -125,6 +125,26 @@ def test_an_eval_counts_only_the_task_s_full_score_as_correct():
     assert correct_at(RewardSet.from_specs([{"name": "numeric_match"}])) == 0.5
 
 
+def test_full_credit_pays_only_the_task_s_full_score():
+    # data.task_credit: full. The key k (one digit) inside "k0" scores len("k") / len("k0") = 1/2 under reasoning-gym's
+    # default scorer (partial credit, above); with credit "full" it is 0.0 (below the full score 1.0), the key itself
+    # still 1.0, and a wrong number ("k+1", not containing k) 0.0 either way. The spec carries the choice, so the
+    # reward rebuilt in another process pays the same.
+    config = {"min_words": 3, "max_words": 5}
+    task = build_task(PREFIX + "letter_counting", config, seed=0, size=20, eval_size=20, answer_format="last_number",
+                      credit="full")
+    assert task.reward_specs[0]["credit"] == "full"
+    assert "credit" not in build_task(PREFIX + "letter_counting", config, seed=0, size=20, eval_size=20,
+                                      answer_format="last_number").reward_specs[0]  # the default spec is unchanged
+    row = next(r for r in task.eval_rows if len(r["answer"]) == 1 and r["answer"] != "9")
+    wrong = str(int(row["answer"]) + 1)
+    texts = [f"It appears {row['answer']} times.", f"It appears {row['answer']}0 times.", f"It appears {wrong} times."]
+    assert score(task, [row] * 3, texts) == [1.0, 0.0, 0.0]
+    loaded = load_data(load_config(None, ["data.task=reasoning_gym:letter_counting", "data.task_credit=full",
+                                          "data.answer_format=last_number", "data.task_size=20", "data.task_eval_size=20"]))
+    assert loaded[2][0]["credit"] == "full"
+
+
 def test_no_socket_is_opened(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a socket was opened")
