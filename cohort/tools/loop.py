@@ -279,9 +279,11 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
             if lost:  # the service behind the environment is gone: this step cannot finish (EnvironmentLost)
                 raise RuntimeError(f"tools.environment: {lost[0].content[len('error: '):]} (request {rid}; "
                                    f"{len(self._open)} episode(s) in flight fail with it)")
-            if getattr(entry.episode.environment, "done", False) is True:  # the episode is over: the turn's results
-                entry.episode.conversation += [{"role": "tool", "name": r.name, "content": r.content} for r in results]
-                self._done.append(self._finish(entry, t))  # are recorded, not appended as tokens
+            # the calls ran (an environment stepped, its reward counts): their results are recorded even where they are
+            # not appended as tokens (the episode is over, or no room is left to answer after them)
+            entry.episode.conversation += [{"role": "tool", "name": r.name, "content": r.content} for r in results]
+            if getattr(entry.episode.environment, "done", False) is True:
+                self._done.append(self._finish(entry, t))
                 continue
             ids = self.renderer.tool_ids([(c.name, c.arguments) for c in calls], [(r.name, r.content) for r in results],
                                          self.schemas)
@@ -294,7 +296,6 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
                                t.policy_version, t.versions + [version] * n, t.loss_mask + [0] * n, t.prompt_ids,
                                t.request_id)
             entry.episode.segments.append((len(t.token_ids), len(grown.token_ids), "tool"))
-            entry.episode.conversation += [{"role": "tool", "name": r.name, "content": r.content} for r in results]
             entry.turn_start = len(grown.token_ids)
             turn_seed = continuation_seed(entry.request.seed, entry.episode.turns)  # (module docstring: Seeds)
             self.inner.submit([replace(entry.request, resume=grown, seed=turn_seed)])

@@ -190,6 +190,8 @@ def test_budgets_max_turns_tokens_and_response_truncation(tok):
     engine, _, _ = _engine(tok, {"r/0": [list(call), [stop]]})
     t = _run(engine, max_tokens=len(call) + 5)
     assert t.status == "length" and t.episode.status == "truncated" and t.token_ids == call
+    # the call ran (3 * 4 = 12) though its turn did not fit: its result is recorded, not appended as tokens
+    assert [m["content"] for m in t.episode.conversation if m["role"] == "tool"] == ["12"]
     # max_tool_response_length=1: 12 * 34 = "408" is 3 digit tokens (the split regex isolates digits); side "left" keeps the end, "8"
     engine, _, _ = _engine(tok, {"r/0": [_call(tok, "multiply", '{"a": 12, "b": 34}') + [stop], [stop]]},
                            max_tool_response_length=1, truncate_side="left")
