@@ -124,8 +124,9 @@ class _AnswerCollapse:
                 "policy is collapsing onto the answer prior: a constant answer pays, and a rising reward here is not the "
                 "task learned (read the eval's accuracy beyond the two most common answers). Try more exploration where "
                 "groups carry no signal (a larger rollout.num_generations, a higher rollout.temperature), "
-                "pipeline.dynamic_sampling=true (refills all-equal groups), or training rows balanced by answer so that "
-                "no constant answer pays")
+                "pipeline.dynamic_sampling=true (refills all-equal groups), training rows balanced by answer so that "
+                "no constant answer pays (data.max_answer_share), or, for a reasoning-gym task, data.task_credit=full (no "
+                "partial credit for an answer that merely contains the key)")
 
 
 class Diagnostics:
