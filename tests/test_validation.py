@@ -42,7 +42,7 @@ def _cohort_modules_after(statement: str) -> dict:
 
 
 MAPPING = ["cohort.mapping", "cohort.mapping.hints", "cohort.mapping.open_r1_rules", "cohort.mapping.rules",
-           "cohort.mapping.trl_rules", "cohort.mapping.verl_algorithms", "cohort.mapping.verl_rules"]  # verl's and TRL's option tables (pure data), for the loader's foreign-key hints
+           "cohort.mapping.trl_batch", "cohort.mapping.trl_rules", "cohort.mapping.verl_algorithms", "cohort.mapping.verl_rules"]  # verl's and TRL's option tables (pure data), for the loader's foreign-key hints
 
 
 CONFIG = ["cohort.config", "cohort.config.admission", "cohort.config.demo", "cohort.config.fields", "cohort.config.references",

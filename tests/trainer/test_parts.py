@@ -13,7 +13,8 @@ from cohort.trainer.parts import TrainerParts
 from cohort.trainer.weight_sync import WeightSync
 
 # what Trainer.__init__ declares (a new attribute must be declared there and added here)
-OWN_STATE = {"cfg", "plan", "log", "phases", "state", "parts", "scheduler", "sync", "stream_update"}
+OWN_STATE = {"cfg", "plan", "log", "phases", "state", "parts", "scheduler", "sync", "stream_update",
+             "answers"}  # (the first reward's answer reader, for the answers/* metrics: built in __init__)
 
 
 def test_every_part_is_a_declared_field_read_through_the_parts_and_swapping_the_engine_reaches_the_scheduler(

@@ -79,5 +79,5 @@ def test_eval_takes_the_trainers_thread_default(calls, monkeypatch, tiny_model_d
     data.write_text('{"prompt": "1+1=", "answer": "2"}\n')
     cfg = load_config(None, [f"model.path={tiny_model_dir}", f"data.train_files=[{data}]", f"data.eval_files=[{data}]", "rewards=[{name: numeric_match}]"])
     with pytest.raises(Stop):
-        evaluate.evaluate_model(cfg)
+        evaluate.evaluate_model(cfg, num_samples=0, pass_k=1, temperature=0.0)
     assert calls == [1]
