@@ -31,7 +31,10 @@ validation refuses partial rollouts with an agent).
 Frameworks that run their own client (verifiers): inside a run, `join_session(session_id)` makes the endpoint take
 calls carrying `X-Session-ID: session_id` as this run's, whatever their API key (cohort/agents/sessions.py;
 cohort/agents/verifiers.py joins
-each trace id as verifiers mints it). An agent object with an `aclose()` coroutine has it awaited on `close`.
+each trace id as verifiers mints it). An agent object with an `aclose()` coroutine has it awaited on `close`. Seats: an
+agent that returns `"seats"` ({session id: {"seat": name, "reward": ...}}, `as_seats`) gets one trajectory per seat
+from the calls that came with that session id (`AgentRun.seats`; the trainer trains each on its own reward), and a
+seat's budget counts only its own calls.
 
 Left out: resuming an aborted run (the agent program's state is gone).
 """
