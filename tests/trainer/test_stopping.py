@@ -107,7 +107,9 @@ def test_sigterm_finishes_the_step_saves_and_exits_0(user_setup, tiny_model_dir)
 
 def test_second_signal_aborts_at_once():
     notices, before = [], signal.getsignal(signal.SIGTERM)
-    with GracefulStop(notices.append) as stop:
+    # (abort_after_s infinite: the watcher armed by the second signal must never end this pytest process, whose exit
+    # may wait on other tests' threads; the abort itself is the subprocess test below)
+    with GracefulStop(notices.append, abort_after_s=float("inf")) as stop:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)  # the handler runs in the main thread between bytecodes
         assert stop.requested == "SIGTERM"
