@@ -91,7 +91,7 @@ def with_seats(collected: Collected, group_size: int, tokenizer) -> Collected:
     total_np = np.array(total, dtype=np.float64)
     metrics = dict(scored.metrics)
     for name in names:
-        mine = np.array([r for r, t in zip(total, outs) if t.episode is not None and t.episode.seat == name])
+        mine = np.array([r for r, t in zip(total, outs) if isinstance(t.episode, AgentRun) and t.episode.seat == name])
         mine = mine[np.isfinite(mine)]
         metrics[f"agent/seat/{name}/reward"] = float(mine.mean()) if mine.size else float("nan")
     widened = replace(scored, total=total_np, per_function=np.repeat(total_np[:, None], width, axis=1), metrics=metrics)
@@ -100,12 +100,13 @@ def with_seats(collected: Collected, group_size: int, tokenizer) -> Collected:
 
 def seat_advantage_metrics(batch: RolloutBatch) -> dict[str, float]:
     """`agent/seat/<name>/advantage_abs`: the mean |advantage| of each seat's rows (0 when its groups taught nothing)."""
-    if not batch.episodes or not any(e is not None and e.seat for e in batch.episodes):
+    seats = [e.seat if isinstance(e, AgentRun) else None for e in batch.episodes or ()]  # (a tool loop's Episode: no seat)
+    if not any(seats):
         return {}
     out: dict[str, list[float]] = {}
-    for i, episode in enumerate(batch.episodes):
-        if episode is not None and episode.seat:
-            out.setdefault(episode.seat, []).append(abs(batch.sequence_advantage(i)))
+    for i, seat in enumerate(seats):
+        if seat:
+            out.setdefault(seat, []).append(abs(batch.sequence_advantage(i)))
     return {f"agent/seat/{name}/advantage_abs": float(np.mean(values)) for name, values in out.items()}
 
 
