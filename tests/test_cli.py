@@ -26,11 +26,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.builtin_models('ar
 REWARD_MODULE = textwrap.dedent('''
     import os
     CALLS = [0]
-    TRAINED = [0]  # completions scored after the "before" eval (call 1)
+    TRAINED = [0]  # completions scored after the "before" eval (calls 1 and 2: greedy, then pass@k's samples)
 
     def exact_or_raise(prompts, completions, answer, **kwargs):
         CALLS[0] += 1
-        if CALLS[0] > 1:
+        if CALLS[0] > 2:
             TRAINED[0] += len(completions)
             if TRAINED[0] > int(os.environ["COHORT_TEST_FAIL_AFTER"]):
                 raise ValueError("the grader lost its answer key")

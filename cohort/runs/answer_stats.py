@@ -20,7 +20,7 @@ answers already read the way the task's scorer reads them (cohort/rewards/answer
 - `group_answer_metrics(answers, references, group_size)`: the training-time signals (answers/distinct_per_group,
   answers/top_share, answers/reference_top_share, answers/no_answer_share) of one generation batch.
 - `gain_line(before, after)`: the one line a user reads ("+20.7 points; beyond the two most common answers: -4.3");
-  `eval_line(record)`: one eval as the console says it.
+  `eval_line(record)`: one eval in one line (`eval_parts`: its parts, as the training console prints them).
 
 Left out: significance tests (a held-out set of 300 gives about ±3 points of binomial noise at 50%: docs/runs.md).
 """
@@ -140,8 +140,14 @@ def _answers_text(distribution: dict) -> str:
 
 
 def eval_line(record: dict) -> str:
-    """One eval record (`evaluate`'s, eval.jsonl's) as the console says it: the accuracy, the constant answer's, the
-    accuracy beyond the two most common answers, pass@k, the model's most common answers."""
+    """One eval record (`evaluate`'s, eval.jsonl's) in one line (`eval_parts` joined by "; ")."""
+    return "; ".join(eval_parts(record))
+
+
+def eval_parts(record: dict) -> list[str]:
+    """One eval record (`evaluate`'s, eval.jsonl's) as the console says it, a short part each (the training console
+    prints the first after its label and each other on an indented line of its own): the accuracy, the constant
+    answer's, the accuracy beyond the two most common answers, pass@k, the model's most common answers."""
     parts = [f"accuracy {_percent(record.get('accuracy'))} on {record.get('num_prompts')} held-out prompts"]
     if "constant_accuracy" in record:
         common = ", ".join(f'"{a}"' for a in record.get("common_answers", []))
@@ -156,4 +162,4 @@ def eval_line(record: dict) -> str:
         parts.append(f"{values} ({record.get('pass_samples')} samples at T={record.get('pass_temperature'):g})")
     if "answers" in record:
         parts.append(f"answers: {_answers_text(record['answers'])}")
-    return "; ".join(parts)
+    return parts

@@ -27,6 +27,7 @@ eval and appends.
 from __future__ import annotations
 
 import json
+import textwrap
 import time
 from pathlib import Path
 
@@ -44,9 +45,11 @@ from cohort.trainer.state import Checkpointed, TrainerState
 from cohort.trainer.trainer import Trainer
 from cohort.runs.jsonl import read_jsonl
 from cohort.runs.loggers import JsonlWriter, MetricsLogger
-from cohort.runs.answer_stats import eval_line, gain_line
+from cohort.runs.answer_stats import eval_parts, gain_line
 from cohort.runs.report import load_run, plot_reward
 from cohort.trainer.stopping import GracefulStop, NonFiniteError, RunHalted
+
+CONSOLE_COLUMNS = 80  # the eval's indented lines fit a terminal of this width (a pipe's rich console is 80 wide)
 
 
 def run_eval(trainer: Trainer, label: str, sink: JsonlWriter) -> dict:
@@ -71,10 +74,20 @@ def run_eval(trainer: Trainer, label: str, sink: JsonlWriter) -> dict:
 
 
 def _eval_work(cfg, prompts: int) -> str:
-    """What the before/after eval does, for the line said while it runs."""
+    """What the before/after eval does, for the line said while it runs (within the console's 80 columns)."""
     samples = cfg.run.eval_num_samples
-    extra = f", then {samples} samples each at T={cfg.rollout.temperature:g} for pass@k" if samples else ""
-    return f"{prompts} held-out prompts greedily{extra}"
+    extra = f" + {samples} samples each at T={cfg.rollout.temperature:g}" if samples else ""
+    return f"{prompts} held-out prompts, greedy{extra}"
+
+
+def _print_eval(logger: MetricsLogger, label: str, record: dict) -> None:
+    """An eval's result: its first part after the label, each other part on indented lines within CONSOLE_COLUMNS, so a
+    terminal's wrapping never makes an unprefixed line."""
+    head, *rest = eval_parts(record)
+    logger.print(f"{label}: {head}")
+    for part in rest:  # (a long part, such as why there is no breakdown, goes on over indented lines of its own)
+        for line in textwrap.wrap(part, width=CONSOLE_COLUMNS - 2, subsequent_indent="  "):
+            logger.print(f"  {line}")
 
 
 def _log_completions(state: TrainerState, data: PromptDataset, sink: JsonlWriter, n: int) -> None:
@@ -174,10 +187,10 @@ def _run(trainer: Trainer, resume_from: str | Path | None) -> dict:
         summary.update(stopped=stopped, message=_stop_message(saved, stopped, saved_step))
     else:
         if parts.eval_data is not None:
-            logger.print(f"eval after training: scoring {_eval_work(cfg, len(parts.eval_data.rows))} ...")
+            logger.print(f"eval after training: {_eval_work(cfg, len(parts.eval_data.rows))} ...")
         after = run_eval(trainer, "after", eval_sink)
         if after:
-            logger.print(f"eval after training: {eval_line(after)}")
+            _print_eval(logger, "eval after training", after)
         save_model(parts, run_dir / "final", lora_merged=cfg.lora.save_merged)
         if cfg.run.save_every and saved_step != state.step:
             checkpoint.save_checkpoint(saved)
@@ -199,10 +212,10 @@ def _opening(trainer: Trainer, logger: MetricsLogger, eval_sink: JsonlWriter, re
         renderer = parts.renderer
         logger.print(f"filtered {parts.prompts_filtered} prompt(s) longer than {renderer.limit_name} = {renderer.max_prompt_length}")
     if parts.eval_data is not None and not resumed:  # (minutes on a real model: say what the silence is)
-        logger.print(f"eval before training: scoring {_eval_work(trainer.cfg, len(parts.eval_data.rows))} ...")
+        logger.print(f"eval before training: {_eval_work(trainer.cfg, len(parts.eval_data.rows))} ...")
     before = _earlier_eval(parts.run_dir, "before") if resumed else run_eval(trainer, "before", eval_sink)
     if before and not resumed:
-        logger.print(f"eval before training: {eval_line(before)}")
+        _print_eval(logger, "eval before training", before)
     return before
 
 
