@@ -45,7 +45,8 @@ def test_the_openenv_capacity_refusal_reaches_the_console_with_its_fix(tmp_path,
         code = cli.main(["train", "model.path=tiny:tool_calc", f"data.train_files=[{_rows(tmp_path / 'rows.jsonl')}]",
                          f"tools.environment=ws://127.0.0.1:{port}", "tools.parser=hermes", "rewards=[]",
                          "rollout.num_generations=2", "train.prompts_per_step=2", "train.micro_batch_size=4",
-                         "rollout.max_completion_length=16", "run.eval_every=0", f"run.output_dir={tmp_path / 'run'}"])
+                         "rollout.max_completion_length=16", "run.eval_every=0", f"run.output_dir={tmp_path / 'run'}",
+                         "tools.in_prompt=false"])  # (tiny:tool_calc: 128 positions, no room for a tools block)
     finally:
         server.kill()
         server.wait()
