@@ -25,7 +25,7 @@ def test_a_gymnasium_text_game_trains_through_vllm(tmp_path, quick_stop_chat_mod
     config = {"model": {"path": str(quick_stop_chat_model)}, "engine": {"name": "vllm"},
               "data": {"train_files": [str(tmp_path / "train.jsonl")], "max_prompt_length": 48},
               "rollout": {"num_generations": G, "max_completion_length": 96},
-              "tools": {"environment": "gym:hangman_env:Hangman-v0", "parser": "game_parse.letter_parse", "max_turns": 4},
+              "tools": {"in_prompt": False, "environment": "gym:hangman_env:Hangman-v0", "parser": "game_parse.letter_parse", "max_turns": 4},
               "train": {"prompts_per_step": 2, "micro_batch_size": 8, "max_steps": STEPS, "learning_rate": 1e-3},
               "rewards": [],  # the episode's rewards summed (the adapter's get_reward): the `environment` reward
               "run": {"output_dir": str(tmp_path / "run"), "progress": False, "loggers": ["jsonl"]}}

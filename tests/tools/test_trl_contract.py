@@ -32,7 +32,7 @@ def envs(monkeypatch):
 def _config(tmp_path, model_dir, environment, *, steps=1, prompts_per_step=4, **sections):
     config = {"model": {"path": str(model_dir)}, "data": {"max_prompt_length": 64},
               "rollout": {"num_generations": G, "max_completion_length": 32}, "engine": {"name": "hf"},
-              "tools": {"environment": environment, "max_turns": 2},
+              "tools": {"in_prompt": False, "environment": environment, "max_turns": 2},
               "train": {"prompts_per_step": prompts_per_step, "micro_batch_size": 8, "max_steps": steps},
               "run": {"output_dir": str(tmp_path / "run"), "progress": False, "loggers": ["jsonl"],
                       "log_completions_every": 1, "num_completions_to_log": 8}}
@@ -68,7 +68,9 @@ def test_each_reset_gets_its_own_row_as_the_rewards_do(tmp_path, quick_stop_chat
         seen = train_resets[step * 4 * G:(step + 1) * 4 * G]
         assert sorted((r["target"], r["seed"]) for r in seen) == sorted([(t, 100 + t) for t in (1, 2, 3, 4)] * G)
     assert all(r["prompt"] == SAME_PROMPT for r in envs.RESETS)
-    assert sorted(r["target"] for r in envs.RESETS if r["target"] > 10) == [11, 11, 12, 12]  # before and after
+    # before and after, each eval row resets once for its greedy answer and run.eval_num_samples (4) times for
+    # pass@k's samples: 2 × (1 + 4) = 10 resets of each eval row
+    assert sorted(r["target"] for r in envs.RESETS if r["target"] > 10) == [11] * 10 + [12] * 10
 
 
 def _completions(tmp_path):
@@ -76,6 +78,8 @@ def _completions(tmp_path):
 
 
 SMALL = {"data": {"max_prompt_length": 32}, "rollout": {"max_completion_length": 32}}  # (tiny:tool_calc: 128 positions)
+# (the tools sections below say "in_prompt": False: these tiny models have no room for a tools block, which
+# tests/tools/test_chat_template.py covers)
 
 
 def test_dataset_less_environment_makes_a_generation_batch_of_empty_placeholder_rows(envs):
@@ -83,7 +87,7 @@ def test_dataset_less_environment_makes_a_generation_batch_of_empty_placeholder_
     # prompts_per_step 3 × G 2 × steps_per_generation 2 = 12 completions a generation batch, so 12 // 2 = 6 rows
     config = build_config({"model": {"path": "tiny:tool_calc"}, **SMALL, "rollout": {"num_generations": 2, "max_completion_length": 32},
                                   "train": {"prompts_per_step": 3, "steps_per_generation": 2, "micro_batch_size": 6},
-                                  "tools": {"environment": "increment_env.IncrementEnv"}})
+                                  "tools": {"in_prompt": False, "environment": "increment_env.IncrementEnv"}})
     assert config.data.task is None  # not the default built-in task (arith)
     train, evals, _ = load_data(config)
     assert train.rows == [{"prompt": [{"role": "user", "content": ""}]}] * 6 and evals is None
@@ -91,7 +95,7 @@ def test_dataset_less_environment_makes_a_generation_batch_of_empty_placeholder_
     assert build_config({"model": {"path": "tiny:tool_calc"}, **SMALL}, environment=envs.IncrementEnv).data.task is None
     # a task named explicitly is still trained on: only an unset data.task gives way to the environment
     named = build_config({"model": {"path": "tiny:tool_calc"}, **SMALL, "data": {"task": "arith", "max_prompt_length": 32},
-                                 "tools": {"environment": "increment_env.IncrementEnv"}})
+                                 "tools": {"in_prompt": False, "environment": "increment_env.IncrementEnv"}})
     assert named.data.task == "arith"
 
 
@@ -110,7 +114,7 @@ def test_dataset_less_environment_trains_on_the_prompts_its_reset_returns(tmp_pa
 
 def test_a_class_without_reset_is_refused_before_anything_loads(envs):
     with pytest.raises(ConfigError, match=r"tools.environment NoResetEnv has no reset method; add `def reset"):
-        build_config({"model": {"path": "tiny:tool_calc"}, **SMALL, "tools": {"environment": "increment_env.NoResetEnv"}})
+        build_config({"model": {"path": "tiny:tool_calc"}, **SMALL, "tools": {"in_prompt": False, "environment": "increment_env.NoResetEnv"}})
 
 
 @pytest.mark.slow
@@ -167,7 +171,7 @@ def test_rows_reach_reset_in_a_vllm_run_with_partial_rollouts(tmp_path, envs):
     train = [{"prompt": [{"role": "user", "content": "12*34="}], "target": t, "seed": 100 + t} for t in range(8)]
     config = {"model": {"path": "tiny:tool_calc"}, "data": {"max_prompt_length": 24},
               "rollout": {"num_generations": G, "max_completion_length": 48}, "engine": {"name": "vllm"},
-              "tools": {"environment": "increment_env.TargetEnv", "functions": ["cohort.tools.builtin.calculator"],
+              "tools": {"in_prompt": False, "environment": "increment_env.TargetEnv", "functions": ["cohort.tools.builtin.calculator"],
                         "parser": "hermes", "max_turns": 2},
               "pipeline": {"over_provision": 2.0},
               "train": {"prompts_per_step": 4, "micro_batch_size": 8, "max_steps": 3},
