@@ -172,8 +172,12 @@ def prompt_tools(tools) -> list[dict[str, Any]] | None:
     or tools.in_prompt is false."""
     if not tools.enabled or not tools.in_prompt:
         return None
-    schemas = [tool.schema for tool in resolve_tools(tools.functions)]
-    environment = resolve_environment(tools.environment, tools.timeout_s)
+    return shown_schemas(resolve_tools(tools.functions), resolve_environment(tools.environment, tools.timeout_s))
+
+
+def shown_schemas(functions: Sequence[Tool], environment: type | None) -> list[dict[str, Any]]:
+    """The schemas of resolved tools: the functions', then the environment class's public methods'."""
+    schemas = [tool.schema for tool in functions]
     if environment is not None:
         schemas += [tool_schema(method, name) for name, method in environment_methods(environment).items()]
     return schemas

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 from cohort.rollout.base import Request, with_observation
 from cohort.tools.loop import ToolEngine
 from cohort.tools.parsers import get_parser
-from cohort.tools.tool_schemas import prompt_tools, resolve_environment, resolve_tools
+from cohort.tools.tool_schemas import resolve_environment, resolve_tools, shown_schemas
 
 SOCKET_TIMEOUT_SHARE = 0.9  # a server's answer is awaited for this share of tools.timeout_s: the session fails first
 
@@ -49,9 +49,11 @@ def wrap_engine(tools, engine, tokenizer, rows: Callable[[Request], dict[str, An
                 max_model_len: int | None = None) -> ToolEngine:
     """`engine` inside the tool loop the tools section describes (the chat template is checked here); `max_model_len`:
     the engine's context, which a prompt with reset's observation must stay under (or its episode fails)."""
-    return ToolEngine(engine, tokenizer, parser=get_parser(tools.parser), tools=resolve_tools(tools.functions),
-                      environment=environment_class(tools), rows=rows, max_turns=tools.max_turns,
+    functions, environment = resolve_tools(tools.functions), environment_class(tools)  # (each resolved once here)
+    return ToolEngine(engine, tokenizer, parser=get_parser(tools.parser), tools=functions,
+                      environment=environment, rows=rows, max_turns=tools.max_turns,
                       max_parallel_calls=tools.max_parallel_calls, tool_timeout_s=tools.timeout_s,
                       max_tool_response_length=tools.max_response_length,
                       truncate_side=tools.response_truncate_side, failure_policy=tools.failure_policy,
-                      prompt_with=prompt_with, max_model_len=max_model_len, schemas=prompt_tools(tools))
+                      prompt_with=prompt_with, max_model_len=max_model_len,
+                      schemas=shown_schemas(functions, environment) if tools.in_prompt else None)
