@@ -191,3 +191,61 @@ def test_cohort_serve_answers_a_tools_request_with_a_parsed_tool_call(tool_calc_
                                                         "temperature": 0, "max_tokens": 40})
     assert status == 200 and body["choices"][0]["message"] == {"role": "assistant", "content": str(a * b)}
     assert body["choices"][0]["finish_reason"] == "stop"
+
+
+# --------------------------------------------------------------------------- cohort serve --chat-template, as a process
+
+# A template of the kind a user names (a Jinja file): ChatML turns after a system line that only this template writes,
+# holding its keyword argument `house` (default "none") so that --chat-template-kwargs shows in the rendered prompt.
+HOUSE_TEMPLATE = ("<|im_start|>system\nHouse rules: {{ house | default('none') }}.<|im_end|>\n"
+                  "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _serve(model_dir, *args, env=None):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ if env is None else env, COHORT_SERVER_TOKEN=TOKEN)
+    return subprocess.Popen([sys.executable, "-m", "cohort.cli", "serve", str(model_dir), "--port", "0", "--max-model-len",
+                             "256", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_cohort_serve_refuses_a_chat_template_that_is_not_there_before_the_engine_loads(tiny_chat_model_dir, tmp_path):
+    server = _serve(tiny_chat_model_dir, "--chat-template", str(tmp_path / "missing.jinja"))
+    out, err = server.communicate(timeout=120)
+    assert server.returncode == 2, out + err
+    assert f"model.chat_template = '{tmp_path / 'missing.jinja'}': no such file here" in err
+    assert "listening on" not in out  # refused before vLLM started
+
+
+@pytest.mark.vllm
+def test_cohort_serve_renders_chat_requests_with_the_named_template_and_its_kwargs(tiny_chat_model_dir, tmp_path):
+    """The child `cohort serve` (what engine.mode=local_server starts with model.chat_template) renders
+    /v1/chat/completions with --chat-template and --chat-template-kwargs: its usage.prompt_tokens is the length of this
+    process's rendering with the same file and kwargs (the system line reads "House rules: no hats."), which differs
+    from the checkpoint's own template's (no such line)."""
+    template = tmp_path / "house.jinja"
+    template.write_text(HOUSE_TEMPLATE)
+    server = _serve(tiny_chat_model_dir, "--chat-template", str(template), "--chat-template-kwargs", '{"house": "no hats"}')
+    try:
+        url = None
+        for line in server.stdout:
+            if "listening on " in line:
+                url = line.rsplit("listening on ", 1)[1].strip()
+                break
+        assert url, server.stderr.read()
+        messages = [{"role": "user", "content": "hello there"}]
+        status, body = _call(f"{url}/v1/chat/completions", {"messages": messages, "max_tokens": 4, "temperature": 0})
+        assert status == 200, body
+        ours = load_tokenizer(tiny_chat_model_dir, str(template), {"house": "no hats"})
+        text = ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert text.startswith("<|im_start|>system\nHouse rules: no hats.<|im_end|>\n<|im_start|>user\nhello there")
+        expected = len(ours(text, add_special_tokens=False)["input_ids"])
+        own = load_tokenizer(tiny_chat_model_dir).apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert "House rules" not in own and len(ours(own, add_special_tokens=False)["input_ids"]) != expected
+        assert body["usage"]["prompt_tokens"] == expected
+    finally:
+        server.terminate()
+        server.wait(60)
