@@ -7,10 +7,14 @@ Why each combination is refused:
   calls a second time.
 - rewards: the agent's return value is the run's reward.
 - pipeline.over_provision > 1 (partial rollouts under k = 0): an interrupted run cannot be resumed (the agent
-  program's state is gone), so the batch's end would throw away work it has to redo.
-- a critic (algorithm.name = ppo), more than one optimizer step per generation batch, several training processes:
-  a run that rewrote its history adds samples to the batch after its advantages are computed
-  (cohort/trainer/agent_samples.py), which those paths cannot take.
+  program's state is gone). Restarting it from scratch in a later batch would be correct, but the continuation
+  buffer (cohort/rollout/partial.py) keeps a cut-off member's tokens to continue them and checkpoints its members
+  as tool-loop episodes (an `AgentRun` has no such state): both are the rollout layer's to change.
+
+Runs with a critic (algorithm.name = ppo), more than one optimizer step per generation batch and several training
+processes are not refused: a run's calls are rows of the batch before anything is scored
+(cohort/trainer/agent_samples.py), and under several processes the agent endpoint runs beside rank 0's engine
+(cohort/trainer/build_parts.py), every rank receiving the finished runs.
 
 Imports no engine (cohort.plan.validate stays free of cohort.rollout).
 """
@@ -23,7 +27,6 @@ import sys
 from pathlib import Path
 
 from cohort.data.verifiers import check_environment
-from cohort.algorithm_facts import FACTS
 from cohort.config import CohortConfig
 from cohort.tools.tool_schemas import import_object
 
@@ -62,11 +65,9 @@ def _from_file(spec: str):
     return getattr(module, name)
 
 
-def agent_problems(cfg: CohortConfig, *, world_size: int = 1, one_step: bool = True, one_step_fix: str = "") -> list[str]:
+def agent_problems(cfg: CohortConfig) -> list[str]:
     """Every problem with the agent section, alone and with the rest of the config ([] when fine; agent.environment:
-    cohort/data/verifiers.py's checks, the unknown name refused before anything loads). `one_step`: the
-    run trains each generation batch in one optimizer step (cohort.plan.run_mode, above this package, decides; its fix
-    is `one_step_fix`)."""
+    cohort/data/verifiers.py's checks, the unknown name refused before anything loads)."""
     agent = cfg.agent
     if not agent.timeout_s > 0:
         return [f"agent.timeout_s = {agent.timeout_s} must be > 0 seconds (300 is the default)"]
@@ -94,11 +95,6 @@ def agent_problems(cfg: CohortConfig, *, world_size: int = 1, one_step: bool = T
                                              "metrics); remove rewards"),
         (cfg.pipeline.over_provision > 1, f"pipeline.over_provision = {cfg.pipeline.over_provision}",
          "an interrupted agent run cannot be resumed; set pipeline.over_provision=1"),
-        (FACTS[cfg.algorithm.name].needs_critic, f"algorithm.name = {cfg.algorithm.name}",
-         "a run that rewrote its history becomes several samples, which a critic's per-token values cannot follow; use grpo, "
-         "rloo or reinforce_pp"),
-        (not one_step, "more than one optimizer step per generation batch", f"set {one_step_fix}"),
-        (world_size > 1, f"{world_size} training processes", "agent runs are served in one process; set train.num_processes=1"),
     ):
         if when:
             problems.append(f"agent.function = {name!r} with {what}: {fix}")

@@ -13,8 +13,8 @@ versions). `run_trajectory(calls, ...)` decides between two shapes:
   (cohort/tools/loop.py) builds for the same tokens.
 - **one sample per call** when some call's prompt does not extend the one before (the agent rewrote, trimmed or
   summarised its history): each call is its own sample (its prompt, its sampled ids, loss mask 1). The run's
-  trajectory is its last call; the earlier ones ride along as `AgentRun.samples` and join the batch with the run's
-  advantage (cohort/trainer/agent_samples.py).
+  trajectory is its last call; the earlier ones ride along as `AgentRun.samples` and become rows of the batch, with
+  the run's reward, before it is scored (cohort/trainer/agent_samples.py).
 
 A last call that found the run's budget spent (AgentEngine answers it with nothing sampled, finish_reason "length")
 is left out and the run ends "length", as the tool loop ends a trajectory whose tool turn does not fit. A run that

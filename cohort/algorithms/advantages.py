@@ -3,6 +3,16 @@
 ``rewards`` is a flat (N,) tensor, N = groups x group_size, and consecutive
 entries form a group (the completions sampled for one prompt).
 
+Runs of several samples (``runs``): an agent run that rewrote its history is one
+row per model call, all its rows carrying the run's reward. ``runs`` (N,) names
+the run of each row, runs numbered 0..R-1 so that consecutive ``group_size`` runs
+form a group (run r is in group r // group_size); the statistics are taken over
+the runs' rewards (each run counted once, whatever its number of rows) and every
+row gets its run's advantage. The runs' rewards are gathered into a vector of
+length N rounded up to a multiple of group_size (no host read of R), its unused
+tail NaN: whole groups of NaN, which every estimator already leaves out.
+``runs=None`` is each row its own run (the reshape, no gather).
+
 Conventions (pinned in tests/algorithms/test_advantages.py):
 - std is Bessel-corrected (divide by n - 1), as `torch.std` and TRL do: with
   G = 4..16 samples the group std is a sample estimate, and matching TRL makes
@@ -122,8 +132,17 @@ def _grouped(rewards: Tensor, group_size: int) -> Tensor:
     return rewards.detach().reshape(-1, group_size)
 
 
+def run_rewards(rewards: Tensor, runs: Tensor, group_size: int) -> Tensor:
+    """(M,) each run's reward from its rows' ``rewards`` (N,) (which share it), M = N rounded up to a multiple of
+    ``group_size``; NaN for the numbers no row names (module docstring: "Runs of several samples")."""
+    length = -(-rewards.numel() // group_size) * group_size
+    out = rewards.new_full((length,), float("nan"))
+    return out.scatter_reduce(0, runs, rewards, reduce="amax", include_self=False)  # (equal values: exact)
+
+
 def compute_advantages(
-    name: str, rewards: Tensor, group_size: int, *, scale: str = "group", epsilon: float = 1e-6
+    name: str, rewards: Tensor, group_size: int, *, scale: str = "group", epsilon: float = 1e-6,
+    runs: Tensor | None = None,
 ) -> Tensor:
     """Advantages (N,) for outcome ``rewards`` (N,) whose consecutive ``group_size`` entries form a group.
 
@@ -133,12 +152,20 @@ def compute_advantages(
     estimators ignore it. Bessel-corrected std, ``(r - mean) / (std + epsilon)``;
     NaN rewards get 0 and are excluded from every statistic; constant groups
     and groups of one get 0. The result is detached, in the rewards' dtype.
+    ``runs`` (N,) long: the run each entry is a sample of (module docstring); the statistics count runs and each
+    entry gets its run's advantage. None: every entry is its own run.
     """
     estimator = ADVANTAGE_ESTIMATORS.get(name)
     if scale not in SCALES:
         raise ValueError(f"unknown advantage scale {scale!r}; valid: {', '.join(SCALES)}")
-    grouped = _grouped(rewards, group_size)
-    return estimator(grouped, scale=scale, epsilon=epsilon).reshape(-1)
+    if runs is None:
+        return estimator(_grouped(rewards, group_size), scale=scale, epsilon=epsilon).reshape(-1)
+    if runs.shape != rewards.shape:
+        raise ValueError(f"runs must name one run per reward; got shapes {tuple(runs.shape)} and {tuple(rewards.shape)}")
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1; got {group_size}")
+    per_run = run_rewards(rewards.detach() if rewards.is_floating_point() else rewards.detach().float(), runs, group_size)
+    return estimator(_grouped(per_run, group_size), scale=scale, epsilon=epsilon).reshape(-1)[runs]
 
 
 def advantage_stats(rewards: Tensor, group_size: int) -> dict[str, Tensor]:

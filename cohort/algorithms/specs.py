@@ -50,6 +50,14 @@ completion; `mask` (N, T) is 1 on completion tokens that enter the loss):
   critic's values; advantages whitened over the batch's active tokens; returns
   = advantages (before whitening) + values are the critic's targets.
 
+Runs of several samples (`AdvantageInputs.runs`: an agent run that rewrote its history is one row per model
+call, every row with the run's reward): the group-relative parts (grpo, rloo, distill's rewards part,
+reinforce_pp_baseline's group mean) take their statistics over runs, each run counted once, and give every row its
+run's value (`compute_advantages(..., runs=)`); with the KL in an outcome reward, a run's KL is the sum over all its
+rows' tokens. The per-token algorithms (reinforce_pp's reward-to-go, ppo's GAE against the critic's values of each
+row) score every row in its own right, the run's reward on its last trained token, and whiten over every row's
+tokens.
+
 A completion no reward function could score (NaN) gets advantage 0 everywhere;
 for ppo its returns are set to its own values, so the critic is not pulled
 anywhere by it.
@@ -99,6 +107,7 @@ class AdvantageInputs:
     scale: str = "group"  # grpo's std: group | batch | none
     gamma: float = 1.0
     lam: float = 1.0
+    runs: Tensor | None = None  # (N,) long: the run each row is a sample of (runs 0..R-1, group_size per group); None: one each
 
     @property
     def kl_in_reward(self) -> bool:
@@ -163,9 +172,11 @@ def _outcome(estimator: str) -> AdvantageFn:
     def run(x: AdvantageInputs) -> AdvantageOutputs:
         rewards = x.rewards
         if x.kl_in_reward:
-            kl = torch.where(x.mask > 0, x.kl, torch.zeros_like(x.kl))  # (N, T)
-            rewards = rewards - x.kl_coef * kl.sum(dim=-1)  # NaN rewards stay NaN
-        advantages = compute_advantages(estimator, rewards, x.group_size, scale=x.scale)  # (N,)
+            kl = torch.where(x.mask > 0, x.kl, torch.zeros_like(x.kl)).sum(dim=-1)  # (N,)
+            if x.runs is not None:  # a run's KL: the sum over all its rows, on each of them
+                kl = torch.zeros_like(kl).index_add(0, x.runs, kl)[x.runs]
+            rewards = rewards - x.kl_coef * kl  # NaN rewards stay NaN
+        advantages = compute_advantages(estimator, rewards, x.group_size, scale=x.scale, runs=x.runs)  # (N,)
         return AdvantageOutputs(advantages[:, None] * x.mask)
 
     return run
@@ -191,7 +202,8 @@ def _reinforce_pp(group_baseline: bool) -> AdvantageFn:
 
     def run(x: AdvantageInputs) -> AdvantageOutputs:
         finite, mask = _scorable(x)
-        outcome = compute_advantages("dr_grpo", x.rewards, x.group_size) if group_baseline else x.rewards  # r - group mean
+        outcome = (compute_advantages("dr_grpo", x.rewards, x.group_size, runs=x.runs) if group_baseline  # r - group mean
+                   else x.rewards)
         outcome = torch.where(finite, outcome, torch.zeros_like(outcome))
         returns = discounted_returns(_token_rewards(x, outcome, mask), mask, gamma=x.gamma)
         return AdvantageOutputs(whiten(returns, mask))

@@ -1,5 +1,5 @@
 """Two facts of a config that decide which scheduler rules combine (cohort/plan/pipeline_checks.py reads them, the
-batch plan and the agent checks too): one optimizer step per generation batch, and an engine that shares the
+batch plan too): one optimizer step per generation batch, and an engine that shares the
 policy module. The admission rules themselves are data in cohort/config/admission.py. Pure: imports only the
 config, so the planner stays torch-free.
 """

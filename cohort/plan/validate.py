@@ -68,7 +68,6 @@ from cohort.plan.memory import (GpuMemoryPlan, ModelFacts, UnreadableWeights, gp
                                 kv_bytes_per_token, model_facts)
 from cohort.plan.pipeline_checks import pipeline_problems
 from cohort.plan.run_plan import RunInputs, RunPlan
-from cohort.plan.run_mode import ONE_STEP_FIX, one_step_per_generation
 from cohort.plan.teacher_checks import teacher_fit_problems, teacher_problems
 from cohort.prompts import encode_prompts, fit_problems, max_positions_of
 from cohort.rewards.columns import reward_column_problems
@@ -102,8 +101,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
             problems += [p.replace("model.path", "critic.path", 1) for p in pretrained.check_model_dir(cfg.critic.path)]
     problems += _check_rewards(cfg)
     problems += tool_problems(cfg.tools)
-    agent = agent_problems(cfg, world_size=training_world_size(cfg), one_step=one_step_per_generation(cfg),
-                           one_step_fix=ONE_STEP_FIX)
+    agent = agent_problems(cfg)
     problems += agent
     problems += lora_problems(cfg, model_dir if check_files and cfg.lora.rank > 0 else None,
                               needs_critic=FACTS[cfg.algorithm.name].needs_critic, world_size=training_world_size(cfg))

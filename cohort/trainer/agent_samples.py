@@ -1,6 +1,7 @@
-"""Agent runs as samples: a run that played several seats becomes one sample per seat before the advantages
-(`with_seats`), and a run that rewrote its history joins the batch as one sample per call after them
-(`with_run_samples`).
+"""Agent runs as samples, before the batch is scored: a run that played several seats becomes one run per seat
+(`with_seats`), and a run that rewrote its history one row per model call (`with_call_samples`). Both are called on
+the collected batch before its log-probs, a critic's values and its advantages are made, so every later phase sees
+the final rows, exactly as for any task.
 
 Seats (`with_seats`, called on the collected batch before the batch, its log-probs and its advantages are made): a
 multi-seat episode (a verifiers multi-agent env, e.g. a two-seat zero-sum game: one trace per seat, each with its own
@@ -21,24 +22,30 @@ of the group's statistics), so the groups keep their size. The reward set's per-
 the seat's reward (an environment's reward set is its one reward, validation refuses others beside it); the run's own
 rewards/* metrics stay the episodes' (the seats' mean), and `agent/seat/<name>/reward` is each seat's mean.
 
-Calls (`with_run_samples`): a run (or a seat) whose calls do not form one chain (cohort/agents/runs.py) reaches the
-trainer as its last call's trajectory, its earlier calls riding along as `AgentRun.samples`. Everything per group is
-computed on the runs, as for any trajectory: G runs per group, their rewards (the agent's), the group statistics and
-metrics, the advantages. Then `with_run_samples` inserts each run's earlier calls as rows just before the run's own
-row, each with the run's reward and its advantage: the run's one outcome-level advantage
-(`RolloutBatch.sequence_advantage`, the value every trained token of the run's row carries) on every trained token of
-the sample. So a run that made three calls puts three samples into the loss, all pushed the same way, as the
-agent-loop systems do for "one sample per step".
+Calls (`with_call_samples`, called on the batch of one row per run, after `with_seats`): a run (or a seat) whose
+calls do not form one chain (cohort/agents/runs.py) reaches the trainer as its last call's trajectory, its earlier
+calls riding along as `AgentRun.samples`. Each earlier call becomes a row just before the run's own row, with the
+run's dataset row, reward and per-function scores, and `RolloutBatch.runs` names every row's run (runs numbered in
+order, G per prompt group, so run r is sibling r mod G of group r // G). Then, as for any batch: the old, reference
+and teacher log-probs score every row, a critic values every row's tokens, and the advantages read `runs`
+(`AdvantageInputs.runs`, cohort/algorithms/specs.py): group-relative ones (grpo, rloo, distill's rewards part,
+reinforce_pp_baseline's group mean) take their statistics over the G runs of a group, each run counted once, and
+give every row of a run the run's advantage on its trained tokens; per-token ones (reinforce_pp's reward-to-go, ppo's
+GAE against each row's own values) score each row in its own right with the run's reward on its last trained token.
+A step's slice of the batch (train.steps_per_generation, algorithm.num_iterations) and a process's share of a step
+are whole runs (`RolloutBatch.rows_of_runs`), so a run's samples train together.
 
-Choices: the call samples are added after the advantages, so a group's statistics count each run once whatever its
-number of calls (a run is not weighted by how chatty its agent was in the baseline); in the loss, token-level
-aggregations (dapo, bnpo) count every sample's tokens, sequence-level ones each sample as one sequence. Old and
-reference log-probs, when the algorithm uses them, are scored again over the widened batch by the caller.
+Choices: a group's statistics count each run once whatever its number of calls (a run is not weighted by how chatty
+its agent was in the baseline); so do the metrics read from the runs (reward, reward_std, frac_reward_zero_std,
+answers/*: the run's last call's text), while the length metrics (completions/*, tokens/generated) count every row
+the loss sees. With the KL in an outcome reward (rloo), a run's KL is the sum over all its rows. In the loss,
+token-level aggregations (dapo, bnpo) count every sample's tokens, sequence-level ones each sample as one sequence,
+and PPO's whitening runs over every row's tokens: a run of three calls weighs three samples there, as the agent-loop
+systems do for "one sample per step".
 
-Left out: for the call samples, algorithms with a critic and more than one optimizer step per generation batch
-(validation refuses them with an agent: per-token values and the step's slice of the batch would not follow the
-inserted rows). A seat played by several traces of one name (best-of-n's solvers) is one seat per trace (`name#k`,
-in completion order), not one pooled group.
+Left out: a seat played by several traces of one name (best-of-n's solvers) is one seat per trace (`name#k`, in
+completion order), not one pooled group. The streamed update (pipeline.stream_update) trains groups as they finish,
+before this widening, so it stays off with an agent (cohort/plan/batch.py).
 """
 
 from __future__ import annotations
@@ -47,9 +54,9 @@ from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
-import torch
 
-from cohort.rollout.base import AgentRun, Trajectory, decode_completion
+from cohort.rollout.base import AgentRun
+from cohort.rollout.base import Trajectory, decode_completion
 from cohort.rollout.collect import Collected
 from cohort.trainer.rollout_batch import RolloutBatch
 
@@ -115,32 +122,25 @@ def run_samples(trajectories: Sequence[Trajectory]) -> list[list[Trajectory]]:
     return [list(t.episode.samples) if isinstance(t.episode, AgentRun) else [] for t in trajectories]
 
 
-def with_run_samples(batch: RolloutBatch, trajectories: Sequence[Trajectory], tokenizer) -> RolloutBatch:
-    """`batch` (advantages computed, one row per trajectory) with every run's earlier samples inserted before its row,
-    each carrying the run's row index, reward and per-function scores, and its advantage on the sample's trained
-    tokens. The batch itself when no run has samples."""
+def with_call_samples(batch: RolloutBatch, trajectories: Sequence[Trajectory], tokenizer) -> RolloutBatch:
+    """`batch` (one row per run, `trajectories` its runs; nothing scored yet) with every run's earlier calls inserted
+    as rows just before its own, each carrying the run's dataset row, reward and per-function scores, and `runs`
+    naming each row's run (module docstring: "Calls"). The batch itself when no run has samples."""
     extra = run_samples(trajectories)
     if not any(extra):
         return batch
     order: list[tuple[int, Trajectory | None]] = []  # (the run's row, a sample or None: the row itself)
     for i, samples in enumerate(extra):
         order += [(i, s) for s in samples] + [(i, None)]
-    advantages = [batch.sequence_advantage(i) for i in range(len(batch))]
-    rows = RolloutBatch(
-        row_indices=[batch.row_indices[i] for i, _ in order],
+    runs = [i for i, _ in order]
+    return replace(
+        batch, row_indices=[batch.row_indices[i] for i in runs],
         prompt_ids=[list(s.prompt_ids) if s else batch.prompt_ids[i] for i, s in order],
         completion_ids=[s.token_ids if s else batch.completion_ids[i] for i, s in order],
         engine_logp=[s.logprobs if s else batch.engine_logp[i] for i, s in order],
         truncated=[s.status == "length" if s else batch.truncated[i] for i, s in order],
         completions_text=[decode_completion(tokenizer, s) if s else batch.completions_text[i] for i, s in order],
-        rewards=np.array([batch.rewards[i] for i, _ in order]), per_function=batch.per_function[[i for i, _ in order]],
-        advantages=torch.empty(0), metrics=batch.metrics, policy_version=batch.policy_version,
+        rewards=batch.rewards[runs], per_function=batch.per_function[runs],
         versions=[list(s.versions) if s else batch.versions[i] for i, s in order],
-        taken_version=batch.taken_version,
         loss_masks=[list(s.loss_mask) if s else batch.loss_mask_of(i) for i, s in order],
-        episodes=[None if s else (batch.episodes[i] if batch.episodes else None) for i, s in order],
-        streamed=batch.streamed)
-    width = max(1, max(len(c) for c in rows.completion_ids))
-    mask = rows.token_mask(list(range(len(rows))), width, batch.advantages.device)  # (N', width)
-    values = torch.tensor([advantages[i] for i, _ in order], dtype=batch.advantages.dtype, device=batch.advantages.device)
-    return replace(rows, advantages=values[:, None] * mask)  # (N', width): the run's advantage on each trained token
+        episodes=[None if s else (batch.episodes[i] if batch.episodes else None) for i, s in order], runs=runs)

@@ -96,8 +96,9 @@ def setup(run: RunPlan, run_dir: Path, *, pack: Callable, external_engine=None) 
                                   precision=precision, policy=policy)
     if cfg.tools.enabled:  # multi-turn: every request goes through the tool loop (cohort/tools/loop.py)
         engine = _with_tools(cfg, engine, tokenizer, prompts, max_model_len)
-    if cfg.agent.enabled:  # every request is one run of the agent function (cohort/agents/engine.py)
-        engine = agents.wrap_engine(cfg, engine, tokenizer, _rows(prompts), max_model_len=max_model_len)
+    if cfg.agent.enabled:  # every request is one run of the agent function (cohort/agents/engine.py), beside rank 0's engine
+        engine = _on_rank0(engine, functools.partial(agents.wrap_engine, cfg, tokenizer=tokenizer, rows=_rows(prompts),
+                                                     max_model_len=max_model_len))
     return TrainerParts(
         dist=dist, device=device, run_dir=run_dir, rewards=rewards, model_dir=model_dir, tokenizer=tokenizer,
         pad_id=tokenizer.pad_token_id, renderer=prompts.renderer, prompts_filtered=prompts.filtered,
@@ -174,6 +175,12 @@ def _with_tools(cfg, engine, tokenizer, prompts, max_model_len: int):
     wrap = functools.partial(wrap_engine, cfg.tools, rows=_rows(prompts), tokenizer=tokenizer,
                              prompt_with=prompt_with_observation(prompts.renderer.encode, prompts.train.prompt_key),
                              max_model_len=max_model_len)
+    return _on_rank0(engine, wrap)
+
+
+def _on_rank0(engine, wrap: Callable):
+    """`wrap(engine=engine)`; under several processes, rank 0's engine wrapped inside its `MainOnlyEngine` (the tool
+    loop or the agent endpoint runs once, beside it, and every rank receives the finished trajectories)."""
     if isinstance(engine, MainOnlyEngine):
         if engine.engine is not None:
             engine.engine = wrap(engine=engine.engine)

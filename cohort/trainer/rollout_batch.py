@@ -64,7 +64,11 @@ class BatchLogprobs:
 
 @dataclass
 class RolloutBatch:
-    """One generation batch, groups of G consecutive completions."""
+    """One generation batch, groups of G consecutive runs. A run is one request's completion (or one seat of it); it is
+    one row, or, for an agent run that rewrote its history, one row per model call (its earlier calls just before its
+    own row; cohort/trainer/agent_samples.py). `runs` names each row's run, runs numbered 0..R-1 in order, so run r is
+    the (r mod G)-th sibling of prompt group r // G: the advantages count runs (`AdvantageInputs.runs`), and a step's
+    slice and a process's share are whole runs (`rows_of_runs`). None: every row is its own run (R = N)."""
 
     row_indices: list[int]
     prompt_ids: list[list[int]]
@@ -86,6 +90,7 @@ class RolloutBatch:
     taken_version: int = 0  # the trainer's version when the batch was assembled: tokens sampled before it are off-policy
     loss_masks: list[list[int]] | None = None  # per completion token, 0 on tool-output tokens (None: every token trained)
     episodes: list[Any] | None = None  # multi-turn: each trajectory's tool-loop record (cohort/tools/loop.py Episode)
+    runs: list[int] | None = None  # per row, the run it is a sample of (class docstring); None: each row its own run
     streamed: StreamedGradients | None = None  # the streamed update's sums when its groups were trained as they arrived
 
     @classmethod
@@ -181,6 +186,34 @@ class RolloutBatch:
 
     def __len__(self) -> int:
         return len(self.completion_ids)
+
+    @property
+    def num_runs(self) -> int:
+        """R: the runs the batch's rows are samples of (its rows when each is its own run)."""
+        return len(self) if self.runs is None else (self.runs[-1] + 1 if self.runs else 0)
+
+    def run_of(self, i: int) -> int:
+        """The run row i is a sample of."""
+        return i if self.runs is None else self.runs[i]
+
+    def rows_of_runs(self, runs) -> list[int]:
+        """The rows (in batch order) that are samples of `runs` (a range or a collection of run numbers)."""
+        wanted = set(runs)
+        return [i for i in range(len(self)) if self.run_of(i) in wanted]
+
+    def runs_of(self, rows: list[int]) -> list[int]:
+        """The runs `rows` are samples of, in order, each once."""
+        return list(dict.fromkeys(self.run_of(i) for i in rows))
+
+    def step_rows(self, slot: int, steps: int) -> list[int]:
+        """The rows optimizer step `slot` (0..steps-1) of the `steps` a batch is cut into trains: the slot's contiguous
+        share of the runs (R / steps, whole groups when the plan's arithmetic holds), every sample of each."""
+        per_step = self.num_runs // steps
+        return self.rows_of_runs(range(slot * per_step, (slot + 1) * per_step))
+
+    def runs_tensor(self, device: torch.device) -> torch.Tensor | None:
+        """(N,) long on `device`: each row's run (`AdvantageInputs.runs`); None when every row is its own run."""
+        return None if self.runs is None else torch.tensor(self.runs, dtype=torch.long, device=device)
 
     def _token_versions(self, i: int, width: int) -> list[int]:
         return self.versions[i][:width] if i < len(self.versions) else []

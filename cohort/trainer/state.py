@@ -16,7 +16,10 @@ What it holds:
 - `batch`: the generation batch the current steps train on, and `step_indices`: this step's completions within it
   (what the step's logs show). A batch serves `steps_per_generation` optimizer steps (the plan's
   train.steps_per_generation x algorithm.num_iterations); a checkpoint saved inside one keeps it, so the resumed run
-  trains on the same completions, old and reference log-probs.
+  trains on the same completions, old and reference log-probs, the same runs (`RolloutBatch.runs`). Its `episodes`
+  (the tool loop's or an agent's records, objects a `weights_only` load refuses) are not kept: they only feed the
+  batch's metrics, made when it was, and completions.jsonl's conversations, which the steps after a resume inside a
+  batch log without.
 
 Left out: the generation index (generation batches admitted, which seeds every completion's sampling). It is
 advanced by the rollout scheduler when it admits a batch, so it is the scheduler's counter, saved in its own state
@@ -84,7 +87,7 @@ def batch_to_state(batch: RolloutBatch) -> dict[str, Any]:
     for f in dataclasses.fields(batch):
         if f.name == "streamed":
             continue  # (gradient sums live only until the batch's one step: never inside a checkpointed batch)
-        value = getattr(batch, f.name)
+        value = getattr(batch, f.name) if f.name != "episodes" else None  # (module docstring)
         if isinstance(value, np.ndarray):
             value = torch.from_numpy(value.copy())
             out["numpy"].append(f.name)

@@ -74,7 +74,7 @@ from cohort.rollout.base import SamplingConfig, release_engine_memory
 from cohort.rollout.collect import BatchRequest, Collected
 from cohort.rollout.scheduler import Scheduler
 from cohort.tools.metrics import tool_metrics
-from cohort.trainer.agent_samples import seat_advantage_metrics, with_run_samples, with_seats
+from cohort.trainer.agent_samples import seat_advantage_metrics, with_call_samples, with_seats
 from cohort.trainer.metric_sums import host_values, running_max, step_metrics
 from cohort.trainer.parts import TrainerParts
 from cohort.trainer.phases import Phases
@@ -151,34 +151,27 @@ class Trainer:
 
     def _finish_batch(self, collected: Collected, sampled_version: int, streamed: StreamedGradients | None) -> RolloutBatch:
         """The batch from its collected groups, built by the phases that produce its parts, in this order: the sampled
-        batch and its metrics, the old, teacher and reference log-probs, the critic's values, the advantages; each phase
-        reads the batch so far and returns its part, joined to it by `dataclasses.replace` (never set in place)."""
-        collected = with_seats(collected, self.plan.num_generations, self.parts.tokenizer)  # one sample per seat, by seat
+        batch (agent runs widened into one run per seat, then one row per call: trainer/agent_samples.py) and its
+        metrics (read from the runs), the old, teacher and reference log-probs, the critic's values, the advantages;
+        each phase reads the batch so far and returns its part, joined to it by `dataclasses.replace` (never set in place)."""
+        collected = with_seats(collected, self.plan.num_generations, self.parts.tokenizer)  # one run per seat, by seat
         outs, scored = collected.outs, collected.scored
-        rewards_t = torch.tensor(scored.total, dtype=torch.float32, device=self.parts.device)  # (N,)
-        sampled = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
-                                                 per_function=scored.per_function, texts=collected.texts,
-                                                 policy_version=sampled_version,
-                                                 taken_version=self.state.policy_version, streamed=streamed)
-        metrics = {**self._batch_metrics(sampled, rewards_t, scored.metrics), **collected.metrics, **tool_metrics(outs)}
+        runs = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
+                                              per_function=scored.per_function, texts=collected.texts,
+                                              policy_version=sampled_version,
+                                              taken_version=self.state.policy_version, streamed=streamed)
+        sampled = with_call_samples(runs, outs, self.parts.tokenizer)  # one row per call of a run that rewrote its history
+        metrics = {**self._batch_metrics(sampled, runs, scored.metrics), **collected.metrics, **tool_metrics(outs)}
         with self.phases("logprob"):
             batch = sampled.with_logprobs(self._generation_logprobs(sampled, collected.ref_logp, streamed))
         if self.parts.critic is not None:
             with self.phases("critic"):
                 values = self.parts.critic.values(batch, self.micro_batches(batch, list(range(len(batch)))))
             batch = replace(batch, values=values)
-        advantages, advantage_metrics = self._advantages(batch, rewards_t)
+        advantages, advantage_metrics = self._advantages(batch)
         batch = replace(batch, advantages=advantages.advantages, returns=advantages.returns,
                         metrics={**metrics, **advantage_metrics})
-        batch = replace(batch, metrics={**batch.metrics, **seat_advantage_metrics(batch)})
-        widened = with_run_samples(batch, outs, self.parts.tokenizer)  # agent runs that rewrote their history: one sample per call
-        if widened is batch:
-            return batch
-        # (scored again over the widened batch: what the narrow one had, every sample now)
-        old = self._score_all(self.parts.policy, widened) if batch.old_logp is not None else None
-        ref = self.reference_logprobs(widened) if batch.ref_logp is not None else None
-        teacher = self.teacher_logprobs(widened) if batch.teacher_logp is not None else None
-        return widened.with_logprobs(BatchLogprobs(old, ref, teacher))
+        return replace(batch, metrics={**batch.metrics, **seat_advantage_metrics(batch)})
 
     def _generation_logprobs(self, batch: RolloutBatch, streamed_ref: list[torch.Tensor] | None,
                              streamed: StreamedGradients | None) -> BatchLogprobs:
@@ -205,10 +198,12 @@ class Trainer:
                 return self._score_all(self.parts.policy, batch)
         return None
 
-    def _batch_metrics(self, batch: RolloutBatch, rewards: torch.Tensor, reward_metrics: dict[str, float]) -> dict[str, float]:
+    def _batch_metrics(self, batch: RolloutBatch, runs: RolloutBatch, reward_metrics: dict[str, float]) -> dict[str, float]:
+        """The batch's metrics: lengths over every row the loss sees (`batch`), rewards and answers over the runs
+        (`runs`: one row per run, trainer/agent_samples.py)."""
         lengths = np.array(batch.trained_lengths(), dtype=np.float64)  # sampled tokens only: tool output left out
-        stats = advantage_stats(rewards, self.plan.num_generations)
-        finite = batch.rewards[np.isfinite(batch.rewards)]
+        stats = advantage_stats(torch.as_tensor(runs.rewards, dtype=torch.float32), self.plan.num_generations)
+        finite = runs.rewards[np.isfinite(runs.rewards)]
         metrics = {
             "reward": float(finite.mean()) if finite.size else float("nan"),
             "reward_std": float(stats["reward_std"]),
@@ -219,7 +214,7 @@ class Trainer:
             "completions/clipped_ratio": float(np.mean(batch.truncated)),
             "tokens/generated": float(lengths.sum()),
             **reward_metrics,
-            **batch_answer_metrics(self.answers, self.parts.train_data, batch.row_indices, batch.completions_text,
+            **batch_answer_metrics(self.answers, self.parts.train_data, runs.row_indices, runs.completions_text,
                                    self.plan.num_generations),
         }
         return metrics
@@ -240,7 +235,7 @@ class Trainer:
         """One optimizer step over `indices` of the batch, with gradient accumulation (or the streamed update's end)."""
         if batch.streamed is not None:  # its groups were trained as they arrived: only the step is left
             return self.finish_streamed_update(batch.streamed)
-        micro = self.micro_batches(batch, self.parts.dist.local_indices(indices, self.plan.num_generations))  # this rank's groups
+        micro = self.micro_batches(batch, self.local_rows(batch, indices))  # this rank's groups
         # as many micro-batches on every rank (FSDP's collectives must match); a token budget can differ per rank
         micro = split_to_count(micro, self.parts.dist.max_count(len(micro)))
         packed = [self.pack(batch, mb) for mb in micro]
@@ -331,6 +326,11 @@ class Trainer:
                 sums[key] += value.detach() * tokens if torch.is_tensor(value) else float(value) * tokens
             self.release_host_memory()  # (CPU) this micro-batch's activations: the next one's are of another size
 
+    def local_rows(self, batch: RolloutBatch, indices: list[int]) -> list[int]:
+        """This process's rows of a step's `indices`: the rows of its contiguous block of whole groups of runs (a run's
+        samples stay together; every row when there is one process)."""
+        return batch.rows_of_runs(self.parts.dist.local_indices(batch.runs_of(indices), self.plan.num_generations))
+
     def release_host_memory(self) -> bool:
         """train.release_host_memory, on the CPU: the heap's free pages back to the system (cohort/models/host_memory.py)."""
         return self.cfg.train.release_host_memory and release_host_memory(self.parts.device)
@@ -353,9 +353,10 @@ class Trainer:
         """(N, T) 1.0 on each completion's tokens that enter the loss (`RolloutBatch.trained_mask`)."""
         return batch.trained_mask(self.cfg.algorithm.mask_truncated_completions, self.parts.device)
 
-    def _advantages(self, batch: RolloutBatch, rewards: torch.Tensor) -> tuple[AdvantageOutputs, dict[str, float]]:
+    def _advantages(self, batch: RolloutBatch) -> tuple[AdvantageOutputs, dict[str, float]]:
         """Advantages (N, T) and critic targets for the whole generation batch, by the algorithm's spec, with their
-        metrics (the KL's among them: the adaptive KL controller is updated here)."""
+        metrics (the KL's among them: the adaptive KL controller is updated here). Group statistics count the batch's
+        runs (`RolloutBatch.runs`), each run once."""
         a, choice = self.cfg.algorithm, self.parts.algorithm
         mask = self.advantage_mask(batch)
         width = mask.shape[1]
@@ -363,8 +364,9 @@ class Trainer:
         if batch.old_logp is not None and batch.ref_logp is not None:  # KL(sampling policy ‖ reference) per token
             kl = kl_penalty(pad_rows(batch.old_logp, width), pad_rows(batch.ref_logp, width), choice.kl_estimator)
         beta = self.parts.kl_controller.value
+        rewards = torch.tensor(batch.rewards, dtype=torch.float32, device=self.parts.device)  # (N,) each row its run's
         out = choice.spec.advantages(AdvantageInputs(
-            rewards=rewards, mask=mask, group_size=self.plan.num_generations, kl=kl,
+            rewards=rewards, mask=mask, group_size=self.plan.num_generations, kl=kl, runs=batch.runs_tensor(self.parts.device),
             kl_coef=beta if choice.kl_placement == "reward" else 0.0,
             values=pad_rows(batch.values, width) if batch.values is not None else None,
             scale=a.scale_rewards, gamma=a.gamma, lam=a.lam))
@@ -465,9 +467,7 @@ class Trainer:
         slot = self.state.step % plan.optimizer_steps_per_generation
         if slot == 0 or self.state.batch is None:
             self.state.batch = self.generate_batch()  # (pushes the policy into the engine first, when it changed)
-        per_step = plan.completions_per_step if plan.optimizer_steps_per_generation > 1 else len(self.state.batch)  # (agent_samples.py)
-        start = (slot % plan.steps_per_generation) * per_step
-        indices = list(range(start, start + per_step))
+        indices = self.state.batch.step_rows(slot % plan.steps_per_generation, plan.steps_per_generation)  # whole runs
         self.state.step_indices = indices
         release_engine_memory(self.parts.engine)  # vLLM's sleep mode: its KV cache (and weights) off the GPU for the update
         self.release_host_memory()  # (CPU) what generation and the push freed, out of the heap before the update

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -93,3 +94,52 @@ def test_a_rewriting_agent_trains_one_sample_per_call(tmp_path):
     assert metrics["loss"] == metrics["loss"]  # (finite: the step ran over all 32)
     # the reference scored the widened batch: one row of log-probs per sample, as long as its completion
     assert b.ref_logp is not None and [len(r) for r in b.ref_logp] == [len(c) for c in b.completion_ids]
+
+
+async def summarising_agent(client, row):
+    """Asks; then starts a fresh conversation holding only a summary of its first reply and asks again: every run's
+    second call extends no earlier call (a history rewrite, as context-compressing agents do)."""
+    question = row["prompt"][-1]["content"]
+    first = await client.chat.completions.create(model="m", messages=list(row["prompt"]), max_tokens=6)
+    summary = (first.choices[0].message.content or "")[:12]
+    again = await client.chat.completions.create(model="m", max_tokens=6, messages=[
+        {"role": "user", "content": f"{question} (your notes so far: {summary!r})"}])
+    return float(len(again.choices[0].message.content or "") % 2)  # (any reward that differs within a group)
+
+
+@pytest.mark.slow
+@pytest.mark.builtin_models('tool_calc')
+def test_a_summarising_agent_trains_with_ppo_two_steps_per_generation(tmp_path):
+    # refused at 4f35103 (a critic, and more than one optimizer step per generation batch, with an agent). One
+    # generation batch of 4 prompts x G = 4 runs, each two calls that do not chain: 32 rows, trained in 2 steps of 2
+    # prompts; lam = gamma = 1, beta = 0, so each trained token's return is its run's reward (GAE's telescoping sum:
+    # A_t = R - V_t, returns = A_t + V_t).
+    cfg = load_config(EXAMPLES / "agent_openai.yaml", [
+        "train.max_steps=2", "train.prompts_per_step=2", "train.steps_per_generation=2", "rollout.num_generations=4",
+        "algorithm.name=ppo", "algorithm.lam=1.0", "run.eval_every=0", "run.save_every=0"])
+    cfg.agent.function = summarising_agent
+    trainer = Trainer(cfg, run_dir=tmp_path, log=lambda *a: None)
+    try:
+        first = trainer.step()
+        b, rows_first = trainer.state.batch, list(trainer.state.step_indices)
+        second = trainer.step()
+        rows_second = list(trainer.state.step_indices)
+        assert trainer.state.batch is b  # (the same generation batch served both steps)
+    finally:
+        trainer.close()
+    assert first["agent/samples_mean"] == 2.0 and len(b) == 32
+    assert b.runs == [k // 2 for k in range(32)] and b.num_runs == 16
+    # step 1 trained runs 0-7 (the first 2 prompts' groups, both calls of each), step 2 runs 8-15
+    assert rows_first == list(range(16)) and rows_second == list(range(16, 32))
+    # the critic valued every row's own tokens, and every trained token's return is its run's reward
+    assert [len(v) for v in b.values] == [len(c) for c in b.completion_ids]
+    for i in range(32):
+        n = len(b.completion_ids[i])
+        trained = b.token_mask([i], n)[0].bool()
+        assert torch.allclose(b.returns[i, :n][trained], torch.full((int(trained.sum()),), float(b.rewards[i])), atol=1e-5)
+    assert b.rewards[0::2].tolist() == b.rewards[1::2].tolist()  # a run's two rows: one reward
+    assert any(not torch.equal(b.advantages[2 * k], b.advantages[2 * k + 1]) for k in range(16))  # each row its own GAE
+    # metrics count runs: reward is the mean over the 16 runs
+    assert first["reward"] == pytest.approx(float(b.rewards[1::2].mean()), abs=1e-12)
+    for metrics in (first, second):
+        assert np.isfinite(metrics["loss"]) and np.isfinite(metrics["critic/loss"])

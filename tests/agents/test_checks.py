@@ -9,6 +9,8 @@ import pytest
 
 from cohort.agents.agent_checks import agent_problems, resolve_agent
 from cohort.config import CohortConfig
+from cohort.config.resolve import load_config
+from cohort.plan.validate import validate_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent_openai.py"
 
@@ -46,20 +48,24 @@ def test_a_function_that_cannot_be_an_agent_is_refused(function, message):
     ({"tools": {"functions": ["cohort.tools.builtin.calculator"]}}, "unset the tools section"),
     ({"rewards": [{"name": "numeric_match"}]}, "remove rewards"),
     ({"pipeline": {"over_provision": 1.5}}, "set pipeline.over_provision=1"),
-    ({"algorithm": {"name": "ppo"}}, "use grpo, rloo or reinforce_pp"),
 ])
 def test_what_an_agent_cannot_run_with(override, fix):
     [problem] = agent_problems(CohortConfig(agent={"function": good_agent}, **override))
     assert problem.startswith("agent.function = 'good_agent' with ") and problem.endswith(fix)
 
 
-def test_several_steps_per_generation_and_processes_are_refused_with_the_callers_fix():
-    cfg = CohortConfig(agent={"function": good_agent})
-    problems = agent_problems(cfg, world_size=2, one_step=False, one_step_fix="train.steps_per_generation = 1")
-    assert problems == ["agent.function = 'good_agent' with more than one optimizer step per generation batch: set "
-                        "train.steps_per_generation = 1",
-                        "agent.function = 'good_agent' with 2 training processes: agent runs are served in one process; "
-                        "set train.num_processes=1"]
+@pytest.mark.parametrize("overrides", [
+    ["algorithm.name=ppo"],  # a critic values every call's row (trainer/agent_samples.py)
+    ["train.steps_per_generation=2"],  # a step's slice is whole runs
+    ["algorithm.num_iterations=2"],
+    ["train.num_processes=2", "train.prompts_per_step=2"],  # the endpoint beside rank 0's engine; a rank's share is whole runs
+])
+def test_a_critic_several_steps_per_generation_and_several_processes_run_with_an_agent(overrides):
+    # refused at 4f35103 ("a run that rewrote its history adds samples to the batch after its advantages are
+    # computed"); the calls are now rows before anything is scored, so validation accepts each of them
+    cfg = load_config(EXAMPLE.with_suffix(".yaml"), [f"agent.function={EXAMPLE}:agent", *overrides])
+    plan = validate_config(cfg, check_files=False)
+    assert plan.config.agent.enabled
 
 
 def test_timeout_must_be_positive():

@@ -4,11 +4,13 @@ and a checkpoint in an older layout (the generation index beside the counters, t
 
 from __future__ import annotations
 
+import dataclasses
 
 import numpy as np
 import torch
 
 from cohort.config.resolve import load_config
+from cohort.rollout.base import AgentRun
 from cohort.trainer import checkpoint
 from cohort.trainer.trainer import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
@@ -34,6 +36,19 @@ def test_the_state_saves_its_batch_only_inside_a_generation_batch_and_restores_i
     assert torch.equal(restored.batch.advantages, state.batch.advantages) and restored.batch.policy_version == 3
     state.step = 6  # at a batch's end the next step generates anew: nothing to keep
     assert state.state_dict()["batch"] is None
+
+
+def test_a_batch_of_agent_runs_saved_inside_a_generation_batch_loads_back_with_its_runs(tmp_path):
+    # an agent run that rewrote its history (runs [0, 0]: its first call, then its own row), trained over 2 steps per
+    # generation batch: the checkpoint keeps the rows and their runs; the AgentRun records, which a weights_only load
+    # refuses (they made it unreadable before), are left out
+    batch = dataclasses.replace(_batch(), runs=[0, 0], episodes=[None, AgentRun(outcome={"reward": 1.0}, turns=2)])
+    state = TrainerState(steps_per_generation=2, step=1, policy_version=1, batch=batch)
+    torch.save(state.state_dict(), tmp_path / "state.pt")
+    restored = TrainerState(steps_per_generation=2)
+    restored.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    assert restored.batch.runs == [0, 0] and restored.batch.num_runs == 1 and restored.batch.episodes is None
+    assert restored.batch.completion_ids == [[3], [4, 5]]
 
 
 def test_a_step_rewinds_to_the_copy_taken_at_its_start():

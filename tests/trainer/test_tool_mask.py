@@ -50,14 +50,14 @@ def test_masks_and_normaliser_leave_tool_tokens_out(trainer):
 
 def test_length_metrics_count_sampled_tokens_only(trainer):
     batch = _batch()
-    metrics = trainer._batch_metrics(batch, torch.tensor([1.0, 0.0]), {})
+    metrics = trainer._batch_metrics(batch, batch, {})  # (each row its own run)
     assert metrics["completions/mean_length"] == 3.5  # (3 + 4) / 2, tool tokens left out
     assert metrics["completions/max_length"] == 4.0 and metrics["tokens/generated"] == 7.0
 
 
 def test_grpo_advantages_are_zero_on_tool_tokens(trainer):
     batch = _batch()
-    advantages = trainer._advantages(batch, torch.tensor([1.0, 0.0]))[0].advantages
+    advantages = trainer._advantages(batch)[0].advantages  # (the batch's rewards, 1 and 0)
     # group of 2 with rewards 1 and 0: mean 0.5, std (Bessel-corrected) 0.7071 -> +0.7071 and -0.7071 on trained tokens
     assert torch.allclose(advantages[0], torch.tensor([0.7071, 0.7071, 0, 0, 0, 0.7071]), atol=1e-4)
     assert torch.allclose(advantages[1], torch.tensor([-0.7071] * 4 + [0, 0]), atol=1e-4)
