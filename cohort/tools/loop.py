@@ -56,7 +56,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from cohort.rewards.calling import DaemonThreads
-from cohort.rollout.base import Episode, Request, RequestEngineMixin, Trajectory, WrappedEngine, continuation_seed
+from cohort.rollout.base import Request, RequestEngineMixin, Trajectory, WrappedEngine, continuation_seed
+from cohort.tools.episode import Episode
 from cohort.tools.parsers import ParsedTurn, Parser, ToolCall
 from cohort.tools.render import ToolRenderer
 from cohort.tools.openenv import EnvironmentLost

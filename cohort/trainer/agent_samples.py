@@ -49,7 +49,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from cohort.rollout.base import AgentRun, Trajectory, decode_completion
+from cohort.agents.runs import AgentRun
+from cohort.rollout.base import Trajectory, decode_completion
 from cohort.rollout.collect import Collected
 from cohort.trainer.rollout_batch import RolloutBatch
 

@@ -73,7 +73,7 @@ from cohort.rewards.answer_reading import answer_reader, batch_answer_metrics
 from cohort.rollout.base import SamplingConfig, release_engine_memory
 from cohort.rollout.collect import BatchRequest, Collected
 from cohort.rollout.scheduler import Scheduler
-from cohort.tools.metrics import tool_metrics
+from cohort.rollout.collect import episode_metrics as tool_metrics  # (the call in _finish_batch keeps its name)
 from cohort.trainer.agent_samples import seat_advantage_metrics, with_run_samples, with_seats
 from cohort.trainer.metric_sums import host_values, running_max, step_metrics
 from cohort.trainer.parts import TrainerParts

@@ -7,7 +7,8 @@ import numpy as np
 import torch
 
 from cohort.algorithms.advantages import compute_advantages
-from cohort.rollout.base import AgentRun, Trajectory
+from cohort.agents.runs import AgentRun
+from cohort.rollout.base import Trajectory
 from cohort.trainer.agent_samples import run_samples, with_run_samples
 from cohort.trainer.rollout_batch import RolloutBatch
 
