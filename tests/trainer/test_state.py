@@ -36,6 +36,26 @@ def test_the_state_saves_its_batch_only_inside_a_generation_batch_and_restores_i
     assert state.state_dict()["batch"] is None
 
 
+def test_a_batch_of_multi_turn_records_is_saved_as_plain_data_and_read_back(tmp_path):
+    # A tool-loop run checkpointed inside a generation batch (steps_per_generation 2): the batch's records go into
+    # state.pt, which is read back with torch.load(weights_only=True). At 4f35103 the Episode objects (their live
+    # environment instance included) were pickled as they were and the load refused them (WeightsUnpickler error).
+    import dataclasses
+    from collections import Counter
+
+    from cohort.tools.episode import Episode
+
+    episode = Episode(conversation=[{"role": "assistant", "content": "<<mul(2, 3)>>"}], environment=object(), turns=1,
+                      calls=Counter({"mul": 1}), segments=[(0, 1, "assistant")], observation=" board")
+    state = TrainerState(steps_per_generation=2, step=1, policy_version=1,
+                         batch=dataclasses.replace(_batch(), episodes=[episode, None]))
+    torch.save(state.state_dict(), tmp_path / "state.pt")
+    restored = TrainerState(steps_per_generation=2)
+    restored.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    assert restored.batch.episodes == [dataclasses.replace(episode, environment=None), None]  # no live instance
+    assert restored.batch.tool_record(0)["observation"] == " board" and restored.batch.tool_record(1) == {}
+
+
 def test_a_step_rewinds_to_the_copy_taken_at_its_start():
     state = TrainerState(steps_per_generation=1, step=2, policy_version=2, batch=_batch())
     snap = state.copy()
