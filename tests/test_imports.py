@@ -274,3 +274,44 @@ def test_no_module_over_600_lines_and_no_function_over_60():
     found = [problem for name, path in all_modules().items()
              for problem in oversized(path.read_text(encoding="utf-8"), name)]
     assert found == []
+
+
+# --------------------------------------------------------------------------- the rollout layer knows no connector
+
+
+def connector_classes() -> set[str]:
+    """The names of the public classes that cohort/tools and cohort/agents define at their modules' top level (the tool
+    loop's `Episode`, `ToolEngine`, the agent path's `AgentRun`, `AgentEngine`, ...; a private `_Handler` may be
+    anyone's)."""
+    names = set()
+    for name, path in all_modules().items():
+        if package_of(name) in ("cohort.tools", "cohort.agents"):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            names.update(node.name for node in tree.body if isinstance(node, ast.ClassDef) and not node.name.startswith("_"))
+    return names
+
+
+def code_names(tree: ast.AST) -> set[str]:
+    """Every name the code (not its docstrings or comments) uses: variables, attributes, imported names."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.alias):
+            names.update(node.name.split("."))
+    return names
+
+
+def test_the_rollout_layer_names_no_connector():
+    # cohort/rollout reads multi-turn records through `EpisodeRecord` only (issue 53, "the seam"): no import of the
+    # connectors' packages, and none of their classes named in its code (an isinstance dispatch would name one).
+    graph = import_graph()
+    assert sorted(f"{s} -> {t}" for s, ts in graph.items() if package_of(s) == "cohort.rollout" for t in ts
+                  if package_of(t) in ("cohort.tools", "cohort.agents")) == []
+    connectors = connector_classes()
+    assert {"Episode", "AgentRun", "ToolEngine"} <= connectors  # (the check sees the connectors' classes)
+    named = {name: sorted(code_names(ast.parse(path.read_text(encoding="utf-8"))) & connectors)
+             for name, path in all_modules().items() if package_of(name) == "cohort.rollout"}
+    assert {name: found for name, found in named.items() if found} == {}

@@ -51,9 +51,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 from cohort.agents.chat import ChatRequestError
 from cohort.agents.loopback import LoopbackServer, new_key
-from cohort.agents.runs import run_trajectory
+from cohort.agents.runs import AgentRun, run_trajectory
 from cohort.agents.sessions import JOIN
-from cohort.rollout.base import AgentRun, Request, RequestEngineMixin, Trajectory, WrappedEngine, continuation_seed
+from cohort.rollout.base import Request, RequestEngineMixin, Trajectory, WrappedEngine, continuation_seed
 
 WAIT_S = 0.05  # how long one poll waits for calls to arrive while runs are busy outside the engine
 GATHER_QUIET_S = 0.01  # before the engine steps: wait while runs between calls keep sending calls this often...

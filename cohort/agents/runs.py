@@ -19,14 +19,77 @@ versions). `run_trajectory(calls, ...)` decides between two shapes:
 A last call that found the run's budget spent (AgentEngine answers it with nothing sampled, finish_reason "length")
 is left out and the run ends "length", as the tool loop ends a trajectory whose tool turn does not fit. A run that
 made no call has an empty completion (prompt: the request's prompt), which trains nothing.
+
+The run's record is an `AgentRun` (cohort/agents/engine.py sets it as the trajectory's `episode`), which the layers
+that know no connector read through `cohort.rollout.base.EpisodeRecord`: reward functions may name `agent_runs=`
+(each trajectory's `AgentRun`), completions.jsonl gets its conversation, status and calls, and the metrics are
+`agent/<key>` (the mean over the runs that returned it of each key the agent's dict returned besides `reward`),
+`agent/failed` (runs that ended with an error: only an environment's failed episodes get this far,
+cohort/agents/verifiers.py), `agent/calls_mean` (model calls per run) and `agent/samples_mean` (trained samples per
+run: 1, or its calls when it rewrote its history). An agent run is never `failed` in the rollout's sense (scored by
+nothing): its error reaches the agent reward, which fails like a reward function (cohort/agents/reward.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
 
-from cohort.rollout.base import Trajectory
+from cohort.rollout.base import EpisodeRecord, Trajectory
+
+
+@dataclass
+class AgentRun(EpisodeRecord, kind="agent_run"):
+    """One agent run's record (cohort/agents/engine.py writes it on the run's trajectory as its `episode`): what the
+    agent returned (`outcome`: `reward` and its other keys) or why it failed (`error`, status "error" or "timeout"),
+    its model calls, the last call's messages and answer (`conversation`), and, when the agent rewrote its history,
+    its earlier calls as `samples` (this trajectory is its last call). A run that played several seats (a verifiers
+    multi-agent episode: one trace per seat, each with its own reward) has `seats`: one trajectory per seat, each
+    carrying its own `AgentRun` (`seat` its name, `outcome` its reward), which the trainer trains in the run's place
+    (cohort/trainer/agent_samples.py's `with_seats`)."""
+
+    outcome: dict[str, float] | None = None
+    error: str | None = None
+    status: str = "ok"  # ok | error | timeout | aborted
+    turns: int = 0  # model calls
+    conversation: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[Trajectory] = field(default_factory=list)
+    seat: str | None = None  # this record is one seat of a run: the seat's name
+    seats: list[Trajectory] = field(default_factory=list)
+
+    def reward_arguments(self, prompt: Any) -> dict[str, Any]:
+        return {"agent_runs": self}
+
+    def completion_fields(self) -> dict[str, Any]:
+        return {"conversation": list(self.conversation), "tool_status": self.status, "turns": self.turns}
+
+    @classmethod
+    def batch_metrics(cls, records: Sequence[AgentRun]) -> dict[str, float]:
+        """The agent runs' metrics (module docstring); {} for no run."""
+        if not records:
+            return {}
+        reported: dict[str, list[float]] = {}
+        for run in records:
+            for key, value in (run.outcome or {}).items():
+                if key != "reward":
+                    reported.setdefault(f"agent/{key}", []).append(float(value))
+        out = {key: sum(values) / len(values) for key, values in sorted(reported.items())}
+        out["agent/failed"] = float(sum(run.error is not None for run in records))
+        out["agent/calls_mean"] = sum(run.turns for run in records) / len(records)
+        out["agent/samples_mean"] = sum(1 + len(run.samples) for run in records) / len(records)
+        return out
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain data: the earlier calls' and the seats' trajectories as they save themselves."""
+        return {"outcome": dict(self.outcome) if self.outcome is not None else None, "error": self.error,
+                "status": self.status, "turns": self.turns, "conversation": [dict(m) for m in self.conversation],
+                "samples": [t.to_state() for t in self.samples], "seat": self.seat,
+                "seats": [t.to_state() for t in self.seats]}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> AgentRun:
+        return cls(**{**state, "samples": [Trajectory.from_state(t) for t in state["samples"]],
+                      "seats": [Trajectory.from_state(t) for t in state["seats"]]})
 
 
 def is_chain(calls: Sequence) -> bool:

@@ -49,9 +49,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
-from collections import Counter
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Protocol, Sequence
 
 import torch
 
@@ -144,35 +143,86 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
-TOOL_STATUSES = ("ok", "truncated", "tool_timeout", "error")  # in rising severity
+class EpisodeRecord:
+    """A trajectory's multi-turn record (`Trajectory.episode`), as the layers that know no connector read it: the
+    rollout's reward calls and partial rollouts (cohort/rollout/collect.py, partial.py), the trainer's batch, its
+    completions.jsonl and its metrics. Each multi-turn producer subclasses it with its own record, named by a `kind`
+    (`class MyRecord(EpisodeRecord, kind="mine")`), and overrides what applies to it; the defaults say "nothing".
+
+    - `observation`: text shown before the first turn (what a reset returned), appended to the prompt
+      (`with_observation`): reward functions get the prompt as the model saw it.
+    - `failed`: the episode failed before the model could play it: it is scored by nothing (every reward None,
+      advantage 0) and counted.
+    - `reward_arguments(prompt)`: the optional keyword arguments this record gives reward functions (`prompt` is the
+      shown prompt); a batch passes each name as one list over its trajectories, None where a record has none.
+    - `completion_fields()`: what completions.jsonl adds for this trajectory.
+    - `batch_metrics(records)`: the metrics of a batch's records of this kind.
+    - `to_state()` / `from_state(state)`: plain data a checkpoint holds (torch.load(weights_only=True) reads it back)
+      across a partial rollout's abort; live objects (an instance the episode played against) stay out.
+
+    `unmarked=True` on one kind: a saved record without a kind is of that kind (checkpoints written before records
+    named their kind held one kind only)."""
+
+    kinds: ClassVar[dict[str, type[EpisodeRecord]]] = {}
+    kind: ClassVar[str] = ""
+    unmarked: ClassVar[str | None] = None  # the kind of a saved record that names none
+    observation: str | None = None
+
+    def __init_subclass__(cls, kind: str | None = None, unmarked: bool = False, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if kind is None:
+            return
+        if kind in EpisodeRecord.kinds:
+            raise ValueError(f"episode record kind {kind!r} is registered twice ({EpisodeRecord.kinds[kind].__qualname__}"
+                             f" and {cls.__qualname__})")
+        cls.kind = kind
+        EpisodeRecord.kinds[kind] = cls
+        if unmarked:
+            EpisodeRecord.unmarked = kind
+
+    @property
+    def failed(self) -> bool:
+        return False
+
+    def reward_arguments(self, prompt: Any) -> dict[str, Any]:
+        return {}
+
+    def completion_fields(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def batch_metrics(cls, records: Sequence[EpisodeRecord]) -> dict[str, float]:
+        return {}
+
+    def to_state(self) -> dict[str, Any]:
+        raise NotImplementedError(f"{type(self).__qualname__} cannot be saved in a checkpoint")
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> EpisodeRecord:
+        raise NotImplementedError(f"{cls.__qualname__} cannot be restored from a checkpoint")
 
 
-@dataclass
-class Episode:
-    """One trajectory's multi-turn record (the tool loop, cohort/tools/loop.py, writes it): what reward functions (`conversations=`, `environments=`) and the tool
-    metrics read. `segments`: (start, end, role) token ranges of the completion, role "assistant" or "tool"."""
+def record_to_state(record: EpisodeRecord) -> dict[str, Any]:
+    """A record as plain data, its kind included (`record_from_state` reads it back)."""
+    if not record.kind:
+        raise ValueError(f"{type(record).__qualname__} has no kind: declare it as `class ...(EpisodeRecord, kind=...)`")
+    return {"kind": record.kind, **record.to_state()}
 
-    conversation: list[dict[str, Any]] = field(default_factory=list)
-    environment: Any = None
-    status: str = "ok"
-    turns: int = 0
-    calls: Counter = field(default_factory=Counter)  # tool name -> calls run
-    failed_calls: int = 0  # calls that timed out or raised
-    timeouts: int = 0
-    parse_errors: int = 0
-    argument_errors: int = 0  # unknown tool, missing or unexpected arguments
-    segments: list[tuple[int, int, str]] = field(default_factory=list)
-    observation: str | None = None  # what the environment's reset returned: appended to the prompt (`with_observation`)
-    failure: str | None = None  # why the episode failed (reset raised, or its prompt passed the context): scored by nothing
 
-    def mark(self, status: str) -> None:
-        if TOOL_STATUSES.index(status) > TOOL_STATUSES.index(self.status):
-            self.status = status
+def record_from_state(state: dict[str, Any]) -> EpisodeRecord:
+    """The record `record_to_state` saved (a state without a kind: the `unmarked` kind's)."""
+    state = dict(state)
+    kind = state.pop("kind", EpisodeRecord.unmarked)
+    found = EpisodeRecord.kinds.get(kind) if kind is not None else None
+    if found is None:
+        raise ValueError(f"a saved trajectory holds an episode record of kind {kind!r}, which no imported module "
+                         f"defines (known: {sorted(EpisodeRecord.kinds)}); import the module that produced it")
+    return found.from_state(state)
 
 
 def with_observation(prompt: Any, observation: str) -> Any:
-    """A dataset prompt with an environment's first observation appended as TRL's environment_factory does: to the
-    last user message's content with no separator (a user message of its own when there is none), or to a text
+    """A dataset prompt with the text shown before the first turn appended as TRL does with what `reset` returns: to
+    the last user message's content with no separator (a user message of its own when there is none), or to a text
     prompt."""
     if not isinstance(prompt, list):
         return str(prompt) + observation
@@ -185,33 +235,13 @@ def with_observation(prompt: Any, observation: str) -> Any:
 
 
 @dataclass
-class AgentRun:
-    """One agent run's record (cohort/agents/engine.py writes it on the run's trajectory as its `episode`): what the
-    agent returned (`outcome`: `reward` and its other keys) or why it failed (`error`, status "error" or "timeout"),
-    its model calls, the last call's messages and answer (`conversation`), and, when the agent rewrote its history,
-    its earlier calls as `samples` (this trajectory is its last call; cohort/agents/runs.py). A run that played
-    several seats (a verifiers multi-agent episode: one trace per seat, each with its own reward) has `seats`: one
-    trajectory per seat, each carrying its own `AgentRun` (`seat` its name, `outcome` its reward), which the trainer
-    trains in the run's place (cohort/trainer/agent_samples.py's `with_seats`)."""
-
-    outcome: dict[str, float] | None = None
-    error: str | None = None
-    status: str = "ok"  # ok | error | timeout | aborted
-    turns: int = 0  # model calls
-    conversation: list[dict[str, Any]] = field(default_factory=list)
-    samples: list[Trajectory] = field(default_factory=list)
-    seat: str | None = None  # this record is one seat of a run: the seat's name
-    seats: list[Trajectory] = field(default_factory=list)
-
-
-@dataclass
 class Trajectory:
     """One completion as the engine sampled it; what every later phase (rewards, advantages, the update) reads.
 
     `token_ids` are exactly the sampled tokens (never decoded and re-encoded), the stop token kept last when
     status is "stop"; `logprobs[i]` is the engine's log-prob of token i (temperature applied), `versions[i]` the
     policy version the engine held when it sampled token i, `loss_mask[i]` 1 when token i is trained on (0 on
-    tool-output tokens, which the tool loop appends with log-prob 0). `policy_version`: the version the engine held
+    tokens a multi-turn producer appends itself, tool output say, with log-prob 0). `policy_version`: the version the engine held
     when the request started (the oldest any of its tokens can be). `status`: "stop" (ended by a stop token), "length" (hit max_tokens),
     "aborted" (stopped by `abort`; may be continued), "error" (the engine failed on it; `error` says why).
     """
@@ -225,7 +255,7 @@ class Trajectory:
     prompt_ids: list[int] = field(default_factory=list)
     request_id: str = ""
     error: str | None = None
-    episode: Episode | AgentRun | None = None  # multi-turn: the tool loop's record, or an agent run's
+    episode: EpisodeRecord | None = None  # multi-turn: the record its producer kept (`EpisodeRecord`)
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -257,13 +287,28 @@ class Trajectory:
                           self.policy_version, self.versions + piece.versions, self.loss_mask + piece.loss_mask,
                           self.prompt_ids, piece.request_id or self.request_id, piece.error)
 
+    def to_state(self) -> dict[str, Any]:
+        """This trajectory as plain data for a checkpoint (torch.load(weights_only=True) reads it back), its episode
+        record as that record saves itself (`record_to_state`)."""
+        state = asdict(replace(self, episode=None))
+        if self.episode is not None:
+            state["episode"] = record_to_state(self.episode)
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Trajectory:
+        """The trajectory `to_state` saved."""
+        state = dict(state)
+        episode = state.pop("episode", None)
+        return cls(**state, episode=record_from_state(episode) if episode is not None else None)
+
 
 @dataclass(frozen=True)
 class Request:
     """One completion to sample. `resume`: a partial trajectory of this request (aborted earlier) to continue.
     `row`: the dataset row it samples, an index into the run's rows (train rows, then eval rows), set where the
-    request is made from the sampler's prompts and kept across aborts, resumes and refills; an environment's `reset`
-    and an agent get that row (never found again from the prompt's tokens). None: not from the data."""
+    request is made from the sampler's prompts and kept across aborts, resumes and refills; a multi-turn producer that
+    reads its row gets that one (never found again from the prompt's tokens). None: not from the data."""
 
     request_id: str
     prompt_ids: tuple[int, ...]
@@ -312,7 +357,7 @@ class RolloutEngine(Protocol):
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig, seeds: list[int] | None = None,
                  rows: Sequence[int] | None = None) -> list[Trajectory]:
         """One trajectory per prompt entry, in order (repeat a prompt G times for a group): `generate_requests`.
-        `rows`: each entry's dataset row (`Request.row`), for the tool loop's environments and agents."""
+        `rows`: each entry's dataset row (`Request.row`), for multi-turn producers that read it."""
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *,
                        in_flight: bool = False) -> int | None:
@@ -338,7 +383,7 @@ class RolloutEngine(Protocol):
 def release_engine_memory(engine) -> bool:
     """Let the engine free its GPU memory for the trainer's update (`release_memory()`, e.g. vLLM's sleep mode);
     False and nothing done for an engine without it. Looked up by name, so wrappers that pass unknown attributes to
-    their inner engine (the tool loop's) pass this on too."""
+    their inner engine (a multi-turn wrapper) pass this on too."""
     release = getattr(engine, "release_memory", None)
     return bool(release()) if release is not None else False
 
@@ -346,7 +391,7 @@ def release_engine_memory(engine) -> bool:
 class ForwardingEngine:
     """An engine built around another (`self.inner`) that passes the whole `RolloutEngine` protocol through to it,
     member by member; a subclass overrides what it does differently (rank 0's `DetachedHFEngine` loads the weights
-    itself, `LocalServerEngine` also stops its server on close, the tool loop and agent runs handle the requests)."""
+    itself, `LocalServerEngine` also stops its server on close, multi-turn wrappers handle the requests)."""
 
     inner: Any
 
@@ -391,7 +436,7 @@ class ForwardingEngine:
 
 
 class WrappedEngine(ForwardingEngine):
-    """A `ForwardingEngine` in the request path (the tool loop, agent runs) that also passes on every attribute beyond
+    """A `ForwardingEngine` in the request path (a multi-turn wrapper) that also passes on every attribute beyond
     the protocol that it does not define (release_memory, the transformers engine's model, ...), so wrapping an
     engine hides none of its extras."""
 

@@ -35,8 +35,9 @@ advantages from its own rewards, loss summed unnormalised into the trainer's own
 the trainer divides the gradients by the loss normaliser and steps (`Trainer.finish_streamed_update`). The gradient
 equals the batch update's up to float rounding. This module only decides when a group is trained, never how.
 
-Also here: `tool_arguments`, the optional reward arguments of multi-turn trajectories (the held-out eval passes them
-too).
+Also here, read through `EpisodeRecord` alone (this layer knows no connector): `shown_prompts`, `failed_episodes`,
+`episode_arguments` (the optional reward arguments of multi-turn trajectories; the held-out eval passes them too)
+and `episode_metrics`.
 
 Left out: several training processes with dynamic sampling or a staleness bound (validation refuses them).
 """
@@ -51,7 +52,7 @@ import torch
 
 from cohort.algorithms import advantage_stats
 from cohort.rewards.reward_set import PendingScores, RewardOutput
-from cohort.rollout.base import AgentRun, Episode, Trajectory, decode_completion, with_observation
+from cohort.rollout.base import EpisodeRecord, Trajectory, decode_completion, with_observation
 from cohort.rollout.stream import FinishedGroup
 
 
@@ -289,7 +290,7 @@ def _start_rewards(ctx: _Context, finished: list[FinishedGroup], calls: list[_Ca
         prompts=prompts, completions=[as_completion(p, t) for p, t in zip(prompts, texts)],
         completion_ids=[t.token_ids for t in trajectories],
         columns={c: [data.rows[i].get(c) for i in rows] for c in data.columns}, group_size=ctx.group_size,
-        optional=tool_arguments(trajectories, prompts),  # multi-turn: conversations, environments
+        optional=episode_arguments(trajectories, prompts),  # multi-turn: what each record gives the rewards
         unscored=failed_episodes(trajectories)))
     calls.append(call)
     g = ctx.group_size
@@ -298,33 +299,35 @@ def _start_rewards(ctx: _Context, finished: list[FinishedGroup], calls: list[_Ca
 
 
 def shown_prompts(trajectories: Sequence[Trajectory], prompts: Sequence[Any]) -> list[Any]:
-    """Each trajectory's prompt as the model saw it: the row's prompt with its environment's first observation
-    appended (`with_observation`), which TRL passes reward functions as `prompts`; the row's prompt otherwise."""
-    return [with_observation(p, t.episode.observation) if isinstance(t.episode, Episode) and t.episode.observation
-            else p for t, p in zip(trajectories, prompts)]
+    """Each trajectory's prompt as the model saw it: the row's prompt with its record's first observation appended
+    (`with_observation`), which TRL passes reward functions as `prompts`; the row's prompt otherwise."""
+    return [with_observation(p, t.episode.observation) if t.episode is not None and t.episode.observation else p
+            for t, p in zip(trajectories, prompts)]
 
 
 def failed_episodes(trajectories: Sequence[Trajectory]) -> list[bool]:
-    """The tool loop's failure rule: an episode whose environment failed at reset (or whose first observation did not
-    fit the context) is scored by nothing (`RewardSet.submit(unscored=)`: every reward None, advantage 0)."""
-    return [isinstance(t.episode, Episode) and t.episode.failure is not None for t in trajectories]
+    """The failure rule of multi-turn records: a failed episode (`EpisodeRecord.failed`) is scored by nothing
+    (`RewardSet.submit(unscored=)`: every reward None, advantage 0)."""
+    return [t.episode is not None and t.episode.failed for t in trajectories]
 
 
-def tool_arguments(trajectories: Sequence[Trajectory], prompts: Sequence[Any]) -> dict[str, list[Any]]:
-    """The optional reward arguments of multi-turn trajectories: `conversations` (the prompt as the model saw it,
-    `shown_prompts`' (a text prompt as one user message), then the completion's assistant and tool turns) and, with an
-    environment, `environments` (each trajectory's instance); for agent runs `agent_runs` (each trajectory's
-    `AgentRun`); {} when no trajectory went through the tool loop or an agent."""
-    if any(isinstance(t.episode, AgentRun) for t in trajectories):
-        return {"agent_runs": [t.episode if isinstance(t.episode, AgentRun) else None for t in trajectories]}
-    episodes = [t.episode if isinstance(t.episode, Episode) else None for t in trajectories]
-    if not any(episodes):
-        return {}
-    heads = [list(p) if isinstance(p, list) else [{"role": "user", "content": str(p)}] for p in prompts]
-    out: dict[str, list[Any]] = {"conversations": [h + (e.conversation if e else []) for h, e in zip(heads, episodes)]}
-    if any(e is not None and e.environment is not None for e in episodes):
-        out["environments"] = [e.environment if e else None for e in episodes]
-    return out
+def episode_arguments(trajectories: Sequence[Trajectory], prompts: Sequence[Any]) -> dict[str, list[Any]]:
+    """The optional reward arguments of multi-turn trajectories, each name one list over the trajectories: what each
+    record gives (`EpisodeRecord.reward_arguments` of its shown prompt, `shown_prompts`), None where a trajectory's
+    record gives no such name or it has none; {} when no trajectory has a record that gives one."""
+    given = [t.episode.reward_arguments(p) if t.episode is not None else {} for t, p in zip(trajectories, prompts)]
+    names = dict.fromkeys(name for arguments in given for name in arguments)
+    return {name: [arguments.get(name) for arguments in given] for name in names}
+
+
+def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """The metrics of a batch's multi-turn records: each kind's `EpisodeRecord.batch_metrics` over its records (in
+    the order the kinds first appear); {} without a record."""
+    by_kind: dict[type, list[EpisodeRecord]] = {}
+    for t in trajectories:
+        if t.episode is not None:
+            by_kind.setdefault(type(t.episode), []).append(t.episode)
+    return {key: value for kind, records in by_kind.items() for key, value in kind.batch_metrics(records).items()}
 
 
 def as_completion(prompt: Any, text: str) -> Any:
@@ -350,7 +353,7 @@ def _assemble(ctx: _Context, kept: list[_Group], calls: list[_Call], ledger: Ref
     position = {id(call): k for k, call in enumerate(calls)}
     picks = [(position[id(grp.call)], grp.offset + j) for grp in kept for j in range(len(grp.rows))]
     scored = ctx.rewards.merge([call.output for call in calls], picks)
-    prompts = [t.prompt_ids or ctx.prompt_ids[i] for t, i in zip(outs, rows)]  # (an agent's: its first call's prompt)
+    prompts = [t.prompt_ids or ctx.prompt_ids[i] for t, i in zip(outs, rows)]  # (one that carries its own keeps them)
     return Collected(rows, prompts, outs, [x for grp in kept for x in grp.texts], scored,
                      ledger.metrics() if ledger else {}, ref)
 

@@ -19,7 +19,8 @@ replay the random numbers that sampled the kept prefix against the continuation.
 
 Tokens sampled by an older policy are off-policy when trained; `algorithm.off_policy_objective` decides how
 they enter the loss (docs/algorithms.md). The buffer is trainer state: checkpoints save it (`state_dict`), so a
-resumed run neither loses nor repeats a prompt.
+resumed run neither loses nor repeats a prompt; a member's multi-turn record is saved as it saves itself
+(`Trajectory.to_state`, `EpisodeRecord.to_state`: plain data, no live instance).
 
 Metrics per generation batch: partial/aborted (requests cut off), partial/resumed (requests continued),
 partial/pinned (groups that had to run to the end), partial/buffered_groups (left for the next step),
@@ -28,11 +29,12 @@ partial/ratio (fraction of the batch's trajectories holding tokens from an earli
 
 from __future__ import annotations
 
-from collections import Counter, deque
-from dataclasses import asdict, dataclass, field, replace
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
-from cohort.rollout.base import Episode, Trajectory, continuation_seed
+from cohort.rollout.base import Trajectory, continuation_seed
+
 
 @dataclass
 class BufferedGroup:
@@ -54,32 +56,12 @@ class BufferedGroup:
 
     def to_state(self) -> dict[str, Any]:
         return {"rows": self.rows, "seeds": self.seeds, "aborts": self.aborts,
-                "members": [_member_state(m) if m is not None else None for m in self.members]}
+                "members": [m.to_state() if m is not None else None for m in self.members]}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> BufferedGroup:
-        members = [_member_from_state(m) if m is not None else None for m in state["members"]]
+        members = [Trajectory.from_state(m) if m is not None else None for m in state["members"]]
         return cls(list(state["rows"]), list(state["seeds"]), members, list(state["aborts"]))
-
-
-def _member_state(m: Trajectory) -> dict[str, Any]:
-    """A trajectory as plain data for a checkpoint (torch.load(weights_only=True) reads it back). A multi-turn
-    trajectory's tool-loop record is kept without its environment instance (a resumed one gets a fresh instance)."""
-    state = asdict(replace(m, episode=None))
-    if m.episode is not None:
-        episode = replace(m.episode, environment=None)
-        state["episode"] = {**asdict(episode), "calls": dict(episode.calls),
-                            "segments": [list(x) for x in episode.segments]}
-    return state
-
-
-def _member_from_state(state: dict[str, Any]) -> Trajectory:
-    state = dict(state)
-    episode = state.pop("episode", None)
-    if episode is not None:
-        episode = Episode(**{**episode, "calls": Counter(episode["calls"]),
-                             "segments": [tuple(x) for x in episode["segments"]]})
-    return Trajectory(**state, episode=episode)
 
 
 def _resumed(group: BufferedGroup, slot: int) -> list[int]:

@@ -10,7 +10,7 @@ rendering suffix) are appended with loss mask 0, engine log-prob 0 and the engin
 request is submitted again with `resume=` that trajectory: the engine continues from the token ids, never
 re-tokenized, and its `Request.remaining` makes `max_tokens` one budget over every turn (model and tool tokens).
 To the trainer the result is one `Trajectory` whose loss mask has zeros on tool tokens; `Trajectory.episode` holds
-its `Episode` (the conversation, the environment instance, the tool status and counts).
+its `Episode` (cohort/tools/episode.py: the conversation, the environment instance, the tool status and counts).
 
 Environments (cohort/tools/tool_schemas.py): the instance is built and `reset(**row)` when the request starts; a string it
 returns is appended to the prompt's last user message (TRL's rule, `prompt_with`: the prompt tokens are rendered
@@ -56,7 +56,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from cohort.rewards.calling import DaemonThreads
-from cohort.rollout.base import Episode, Request, RequestEngineMixin, Trajectory, WrappedEngine, continuation_seed
+from cohort.rollout.base import Request, RequestEngineMixin, Trajectory, WrappedEngine, continuation_seed
+from cohort.tools.episode import Episode
 from cohort.tools.parsers import ParsedTurn, Parser, ToolCall
 from cohort.tools.render import ToolRenderer
 from cohort.tools.openenv import EnvironmentLost

@@ -55,7 +55,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cohort.rollout.base import AgentRun
+from cohort.agents.runs import AgentRun
 from cohort.rollout.base import Trajectory, decode_completion
 from cohort.rollout.collect import Collected
 from cohort.trainer.rollout_batch import RolloutBatch

@@ -34,7 +34,7 @@ from cohort.rewards import RewardSet
 from cohort.rewards.answer_reading import Unreadable, answer_reader, read_pairs
 from cohort.rollout.base import SamplingConfig, completion_seeds, decode_completion
 from cohort.agents import agent_setup as agents
-from cohort.rollout.collect import failed_episodes, shown_prompts, tool_arguments
+from cohort.rollout.collect import episode_arguments, failed_episodes, shown_prompts
 from cohort.tools.tool_setup import prompt_with_observation, rows_by_index, run_rows, wrap_engine
 from cohort.runs import answer_stats
 from cohort.trainer.build_engine import build_engine, engine_length, set_torch_threads
@@ -63,7 +63,7 @@ def _generate_and_score(engine, tokenizer, dataset, prompt_ids, rewards, *, max_
     completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t for p, t in zip(shown, texts)]
     columns = {c: [r.get(c) for r in rows] for c in dataset.columns}
     scored = rewards.score(prompts=shown, completions=completions, completion_ids=[o.token_ids for o in outs],
-                           columns=columns, group_size=k, optional=tool_arguments(outs, shown),
+                           columns=columns, group_size=k, optional=episode_arguments(outs, shown),
                            unscored=failed_episodes(outs))
     first = scored.per_function[:, 0].reshape(-1, k)  # (P, k)
     correct = np.where(np.isnan(first), np.nan, (first >= correct_at(rewards)).astype(float))

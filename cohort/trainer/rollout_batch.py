@@ -20,7 +20,7 @@ import torch
 
 from cohort.models.batching import (HOST, PackedBatch, length_sorted_micro_batches, pack_right_padded, pad_rows,
                                     padded_tensor, to_device)
-from cohort.rollout.base import Trajectory
+from cohort.rollout.base import EpisodeRecord, Trajectory
 
 
 @dataclass
@@ -89,7 +89,7 @@ class RolloutBatch:
     versions: list[list[int]] = field(default_factory=list)  # per completion token: the policy version that sampled it
     taken_version: int = 0  # the trainer's version when the batch was assembled: tokens sampled before it are off-policy
     loss_masks: list[list[int]] | None = None  # per completion token, 0 on tool-output tokens (None: every token trained)
-    episodes: list[Any] | None = None  # multi-turn: each trajectory's tool-loop record (cohort/tools/loop.py Episode)
+    episodes: list[EpisodeRecord | None] | None = None  # multi-turn: each trajectory's record (`Trajectory.episode`)
     runs: list[int] | None = None  # per row, the run it is a sample of (class docstring); None: each row its own run
     streamed: StreamedGradients | None = None  # the streamed update's sums when its groups were trained as they arrived
 
@@ -174,15 +174,11 @@ class RolloutBatch:
         return [int(sum(m)) for m in self.loss_masks]
 
     def tool_record(self, i: int) -> dict[str, Any]:
-        """What completions.jsonl adds for a multi-turn completion: its conversation (assistant and tool turns; tool
-        turns have role "tool"), tool status and turns, and with an environment what its reset showed the model
-        (`observation`, appended to the prompt) or why the episode failed (`failure`); {} for a one-turn completion."""
+        """What completions.jsonl adds for a multi-turn completion, as its record gives it
+        (`EpisodeRecord.completion_fields`: the tool loop's conversation, tool status and turns, observation or failure;
+        an agent run's conversation, status and calls); {} for a one-turn completion."""
         episode = self.episodes[i] if self.episodes is not None else None
-        if episode is None:
-            return {}
-        record = {"conversation": list(episode.conversation), "tool_status": episode.status, "turns": episode.turns}
-        extra = {"observation": getattr(episode, "observation", None), "failure": getattr(episode, "failure", None)}
-        return {**record, **{k: v for k, v in extra.items() if v is not None}}
+        return episode.completion_fields() if episode is not None else {}
 
     def __len__(self) -> int:
         return len(self.completion_ids)

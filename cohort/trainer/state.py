@@ -17,9 +17,9 @@ What it holds:
   (what the step's logs show). A batch serves `steps_per_generation` optimizer steps (the plan's
   train.steps_per_generation x algorithm.num_iterations); a checkpoint saved inside one keeps it, so the resumed run
   trains on the same completions, old and reference log-probs, the same runs (`RolloutBatch.runs`). Its `episodes`
-  (the tool loop's or an agent's records, objects a `weights_only` load refuses) are not kept: they only feed the
-  batch's metrics, made when it was, and completions.jsonl's conversations, which the steps after a resume inside a
-  batch log without.
+  (the tool loop's or an agent's records) are saved as plain data (`record_to_state`: a `weights_only` load refuses
+  the objects, and a live environment instance is never saved), so the steps after a resume inside a batch log
+  completions.jsonl's conversations as the run would have.
 
 Left out: the generation index (generation batches admitted, which seeds every completion's sampling). It is
 advanced by the rollout scheduler when it admits a batch, so it is the scheduler's counter, saved in its own state
@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from cohort.rollout.base import record_from_state, record_to_state
 from cohort.rollout.scheduler import Scheduler
 from cohort.trainer.parts import TrainerParts
 from cohort.trainer.rollout_batch import RolloutBatch
@@ -82,12 +83,15 @@ class TrainerState:
 
 
 def batch_to_state(batch: RolloutBatch) -> dict[str, Any]:
-    """A generation batch as plain tensors and lists (torch.load(weights_only=True) reads it back)."""
+    """A generation batch as plain tensors and lists (torch.load(weights_only=True) reads it back); its multi-turn
+    records as each saves itself (`record_to_state`: no live instance, such as an environment, travels)."""
     out: dict[str, Any] = {"numpy": []}
     for f in dataclasses.fields(batch):
         if f.name == "streamed":
             continue  # (gradient sums live only until the batch's one step: never inside a checkpointed batch)
-        value = getattr(batch, f.name) if f.name != "episodes" else None  # (module docstring)
+        value = getattr(batch, f.name)
+        if f.name == "episodes" and value is not None:
+            value = [record_to_state(e) if e is not None else None for e in value]
         if isinstance(value, np.ndarray):
             value = torch.from_numpy(value.copy())
             out["numpy"].append(f.name)
@@ -98,6 +102,8 @@ def batch_to_state(batch: RolloutBatch) -> dict[str, Any]:
 def batch_from_state(state: dict[str, Any], device: torch.device | None = None) -> RolloutBatch:
     """The saved batch, its tensors (advantages, log-probs, values) moved onto `device` (the trainer's)."""
     values = {k: (v.numpy() if k in state["numpy"] else _to_device(v, device)) for k, v in state.items() if k != "numpy"}
+    if values.get("episodes") is not None:
+        values["episodes"] = [record_from_state(e) if e is not None else None for e in values["episodes"]]
     return RolloutBatch(**values)
 
 

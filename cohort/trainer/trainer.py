@@ -71,9 +71,8 @@ from cohort.models.host_memory import release_host_memory
 from cohort.models.logprobs import completion_logprobs
 from cohort.rewards.answer_reading import answer_reader, batch_answer_metrics
 from cohort.rollout.base import SamplingConfig, release_engine_memory
-from cohort.rollout.collect import BatchRequest, Collected
+from cohort.rollout.collect import BatchRequest, Collected, episode_metrics
 from cohort.rollout.scheduler import Scheduler
-from cohort.tools.metrics import tool_metrics
 from cohort.trainer.agent_samples import seat_advantage_metrics, with_call_samples, with_seats
 from cohort.trainer.metric_sums import host_values, running_max, step_metrics
 from cohort.trainer.parts import TrainerParts
@@ -161,7 +160,7 @@ class Trainer:
                                               policy_version=sampled_version,
                                               taken_version=self.state.policy_version, streamed=streamed)
         sampled = with_call_samples(runs, outs, self.parts.tokenizer)  # one row per call of a run that rewrote its history
-        metrics = {**self._batch_metrics(sampled, runs, scored.metrics), **collected.metrics, **tool_metrics(outs)}
+        metrics = {**self._batch_metrics(sampled, runs, scored.metrics), **collected.metrics, **episode_metrics(outs)}
         with self.phases("logprob"):
             batch = sampled.with_logprobs(self._generation_logprobs(sampled, collected.ref_logp, streamed))
         if self.parts.critic is not None:

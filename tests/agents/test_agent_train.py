@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cohort.config.resolve import load_config
-from cohort.rollout.base import AgentRun
+from cohort.agents.runs import AgentRun
 from cohort.trainer.trainer import Trainer
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

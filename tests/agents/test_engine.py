@@ -13,7 +13,8 @@ from cohort.agents.engine import AgentEngine, as_outcome
 from cohort.agents.reward import agent_reward
 from cohort.models.pretrained import load_tokenizer, stop_token_ids
 from cohort.rewards.calling import RewardRowError
-from cohort.rollout.base import AgentRun, BatchRequests, Request, SamplingConfig, Trajectory, continuation_seed
+from cohort.agents.runs import AgentRun
+from cohort.rollout.base import BatchRequests, Request, SamplingConfig, Trajectory, continuation_seed
 
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'

@@ -62,3 +62,23 @@ def test_a_spent_budget_ends_the_run_length_without_the_last_prompt():
 def test_no_call_is_an_empty_completion_of_the_request_prompt():
     t, samples = run_trajectory([], "r0", [1, 2], 5)
     assert (t.prompt_ids, t.token_ids, t.status, t.policy_version, samples) == ([1, 2], [], "stop", 5, [])
+
+
+def test_an_agent_run_with_samples_and_seats_round_trips_through_a_checkpoint(tmp_path):
+    # An AgentRun is an EpisodeRecord of kind "agent_run": a trajectory carrying one is saved as plain data (its earlier
+    # calls and its seats' trajectories, each with its own record, saved the same way) and read back equal.
+    import torch
+
+    from cohort.agents.runs import AgentRun
+
+    first_call = Trajectory([3, STOP], [-.1, -.2], "stop", 1, prompt_ids=[1], request_id="r/call0")
+    seat = Trajectory([4, STOP], [-.3, -.4], "stop", 1, prompt_ids=[2], request_id="r/p0",
+                      episode=AgentRun(outcome={"reward": 1.0}, turns=1, seat="player0"))
+    run = AgentRun(outcome={"reward": 0.5, "payoff": 2.0}, status="ok", turns=2,
+                   conversation=[{"role": "assistant", "content": "6"}], samples=[first_call], seats=[seat])
+    t = Trajectory([5, STOP], [-.5, -.6], "stop", 1, prompt_ids=[1, 3, STOP], request_id="r", episode=run)
+    torch.save(t.to_state(), tmp_path / "t.pt")
+    state = torch.load(tmp_path / "t.pt", weights_only=True)
+    assert state["episode"]["kind"] == "agent_run"
+    back = Trajectory.from_state(state)
+    assert back == t and isinstance(back.episode, AgentRun) and isinstance(back.episode.seats[0].episode, AgentRun)

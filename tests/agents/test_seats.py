@@ -13,7 +13,8 @@ import torch
 
 from cohort.algorithms.advantages import compute_advantages
 from cohort.rewards.reward_set import RewardOutput
-from cohort.rollout.base import AgentRun, Trajectory
+from cohort.agents.runs import AgentRun
+from cohort.rollout.base import Trajectory
 from cohort.rollout.collect import Collected
 from cohort.trainer.agent_samples import with_seats
 

@@ -11,8 +11,9 @@ import pytest
 
 from cohort.models.pretrained import load_tokenizer
 from cohort.rollout.base import Request, SamplingConfig, Trajectory, generate_requests
-from cohort.tools.loop import Episode, ToolEngine
-from cohort.tools.metrics import tool_metrics
+from cohort.tools.episode import Episode
+from cohort.tools.loop import ToolEngine
+from cohort.rollout.collect import episode_metrics
 from cohort.tools.parsers import parse_hermes
 from cohort.tools.tool_schemas import resolve_tools
 
@@ -173,7 +174,7 @@ def test_timeout_error_and_failure_policy_mask(tok):
     assert slow_t.episode.status == "tool_timeout" and "timed out after 0.5 s" in slow_t.episode.conversation[1]["content"]
     assert broken_t.episode.status == "error" and "RuntimeError: tool crashed" in broken_t.episode.conversation[1]["content"]
     assert set(slow_t.loss_mask) == {0} and set(broken_t.loss_mask) == {0}  # policy "mask": nothing trained
-    metrics = tool_metrics(out)
+    metrics = episode_metrics(out)
     # 2 calls run (slow, broken), both failed; one timeout
     assert metrics["tools/call_frequency"] == 1.0 and metrics["tools/failure_frequency"] == 1.0
     assert metrics["tools/timeouts"] == 1.0 and metrics["tools/status/error"] == 0.5

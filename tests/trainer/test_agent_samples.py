@@ -11,7 +11,7 @@ import torch
 
 from cohort.algorithms.specs import ALGORITHMS, AdvantageInputs
 from cohort.distributed.fsdp import DistContext
-from cohort.rollout.base import AgentRun
+from cohort.agents.runs import AgentRun
 from cohort.rollout.base import Trajectory
 from cohort.trainer.agent_samples import run_samples, with_call_samples
 from cohort.trainer.rollout_batch import RolloutBatch

@@ -275,7 +275,7 @@ def test_a_buffered_multi_turn_member_round_trips_through_a_checkpoint_without_i
     # the environment instance does not travel (a resumed trajectory gets a fresh one).
     from collections import Counter
 
-    from cohort.tools.loop import Episode
+    from cohort.tools.episode import Episode
     from cohort.rollout.partial import BufferedGroup
 
     episode = Episode(conversation=[{"role": "assistant", "content": "<<mul(2, 3)>>"}, {"role": "tool", "content": "6"}],

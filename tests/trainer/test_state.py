@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from cohort.config.resolve import load_config
-from cohort.rollout.base import AgentRun
+from cohort.agents.runs import AgentRun
 from cohort.trainer import checkpoint
 from cohort.trainer.trainer import Trainer
 from cohort.trainer.rollout_batch import RolloutBatch
@@ -40,15 +40,34 @@ def test_the_state_saves_its_batch_only_inside_a_generation_batch_and_restores_i
 
 def test_a_batch_of_agent_runs_saved_inside_a_generation_batch_loads_back_with_its_runs(tmp_path):
     # an agent run that rewrote its history (runs [0, 0]: its first call, then its own row), trained over 2 steps per
-    # generation batch: the checkpoint keeps the rows and their runs; the AgentRun records, which a weights_only load
-    # refuses (they made it unreadable before), are left out
+    # generation batch: the checkpoint keeps the rows and their runs; the AgentRun records are saved as plain data (a weights_only
+    # load refused the objects before) and read back
     batch = dataclasses.replace(_batch(), runs=[0, 0], episodes=[None, AgentRun(outcome={"reward": 1.0}, turns=2)])
     state = TrainerState(steps_per_generation=2, step=1, policy_version=1, batch=batch)
     torch.save(state.state_dict(), tmp_path / "state.pt")
     restored = TrainerState(steps_per_generation=2)
     restored.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
-    assert restored.batch.runs == [0, 0] and restored.batch.num_runs == 1 and restored.batch.episodes is None
+    assert restored.batch.runs == [0, 0] and restored.batch.num_runs == 1 and restored.batch.episodes == batch.episodes
     assert restored.batch.completion_ids == [[3], [4, 5]]
+
+
+def test_a_batch_of_multi_turn_records_is_saved_as_plain_data_and_read_back(tmp_path):
+    # A tool-loop run checkpointed inside a generation batch (steps_per_generation 2): the batch's records go into
+    # state.pt, which is read back with torch.load(weights_only=True). At 4f35103 the Episode objects (their live
+    # environment instance included) were pickled as they were and the load refused them (WeightsUnpickler error).
+    from collections import Counter
+
+    from cohort.tools.episode import Episode
+
+    episode = Episode(conversation=[{"role": "assistant", "content": "<<mul(2, 3)>>"}], environment=object(), turns=1,
+                      calls=Counter({"mul": 1}), segments=[(0, 1, "assistant")], observation=" board")
+    state = TrainerState(steps_per_generation=2, step=1, policy_version=1,
+                         batch=dataclasses.replace(_batch(), episodes=[episode, None]))
+    torch.save(state.state_dict(), tmp_path / "state.pt")
+    restored = TrainerState(steps_per_generation=2)
+    restored.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=True))
+    assert restored.batch.episodes == [dataclasses.replace(episode, environment=None), None]  # no live instance
+    assert restored.batch.tool_record(0)["observation"] == " board" and restored.batch.tool_record(1) == {}
 
 
 def test_a_step_rewinds_to_the_copy_taken_at_its_start():
