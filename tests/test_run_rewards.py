@@ -5,11 +5,14 @@ read the same list. Rewards beside agent.function are added to the agent's (they
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
+from cohort import cli
 from cohort.agents.agent_checks import agent_problems
 from cohort.agents.reward import agent_reward
 from cohort.agents.verifiers import verifiers_reward
@@ -103,3 +106,24 @@ def test_an_agent_trains_on_its_reward_plus_the_configured_ones(tmp_path):
     assert b.rewards.tolist() == pytest.approx([a + 0.5 * m for a, m in zip(outcomes, matched)], abs=1e-12)
     assert metrics["rewards/agent_reward/mean"] == pytest.approx(sum(outcomes) / 16, abs=1e-12)
     assert metrics["rewards/numeric_match/mean"] == pytest.approx(sum(matched) / 16, abs=1e-12)
+
+
+@pytest.mark.slow
+def test_cohort_eval_scores_with_the_environment_s_reward_as_training_does(tmp_path, tiny_chat_model_dir, monkeypatch,
+                                                                            capsys):
+    # a TRL class whose get_reward() is the whole reward (rewards: []): `cohort eval` composes the trainer's reward set
+    # (at 4f35103 it left the environment's reward out and stopped with an IndexError on the empty set)
+    monkeypatch.syspath_prepend(str(ENVS))
+    rows = [{"prompt": [{"role": "user", "content": f"Count to the target ({k})."}], "target": t} for k, t in enumerate((0, 0, 5))]
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = {"model": {"path": str(tiny_chat_model_dir)}, "engine": {"name": "hf"},
+              "data": {"task": None, "eval_files": [str(tmp_path / "eval.jsonl")]},
+              "rollout": {"num_generations": 2, "max_completion_length": 8},
+              "tools": {"environment": "increment_env.TargetEnv", "max_turns": 1, "in_prompt": False}, "rewards": [],
+              "train": {"prompts_per_step": 2, "micro_batch_size": 4}, "run": {"output_dir": str(tmp_path / "run")}}
+    (tmp_path / "eval.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["eval", str(tmp_path / "eval.yaml"), "--num-samples", "0"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    # no increment call is parsed from a random model's 8 tokens: the counter stays 0, so get_reward() is 1.0 for
+    # the two target-0 rows and 0.0 for the target-5 row: a mean of 2/3
+    assert result["reward"] == pytest.approx(2 / 3, abs=1e-12) and result["num_prompts"] == 3
