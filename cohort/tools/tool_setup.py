@@ -1,5 +1,7 @@
 """From the config to a tool loop: the wrapping of a built engine in a `ToolEngine` (cohort/trainer/build_parts.py calls
-`wrap_engine` when tools.functions or tools.environment is set; the config's checks are in cohort/tools/tool_checks.py).
+`wrap_engine` when tools.functions or tools.environment is set, with the run's `ToolResolution`: the functions, the
+environment class and the shown schemas as validation resolved them; the config's checks are in
+cohort/tools/tool_checks.py).
 
 `rows_by_index` maps a request to its dataset row by the index the request carries (`Request.row`, set where the
 requests are made from the sampler's prompts), which `reset(**row)` of an environment and an agent get: rows that
