@@ -22,7 +22,8 @@ from collections import Counter
 from pathlib import Path
 
 from cohort.config.resolve import load_config
-from cohort.data.run_data import load_data
+from cohort.plan.run_environment import run_data
+from cohort.plan.run_rewards import reward_specs
 from cohort.plan.validate import validate_config
 from cohort.rewards import RewardSet
 from cohort.rewards.answer_reading import answer_reader, read_pairs
@@ -47,11 +48,12 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     overrides = [f"model.path={args.model}"] if args.model else []
-    cfg = validate_config(load_config(args.config, overrides)).config  # (model.dtype auto settled, as cohort eval does)
+    plan = validate_config(load_config(args.config, overrides))  # (model.dtype auto settled, as cohort eval does)
+    cfg = plan.config
     start = time.perf_counter()
-    result = evaluate_model(cfg, num_samples=0, pass_k=1, temperature=1.0)
-    _, evals, specs = load_data(cfg)
-    rewards = RewardSet.from_specs(specs)
+    result = evaluate_model(cfg, num_samples=0, pass_k=1, temperature=1.0, environment=plan.environment)
+    _, evals, task_specs = run_data(cfg, plan.environment)
+    rewards = RewardSet.from_specs(reward_specs(cfg, plan.environment, task_specs))  # (the run's rewards, as eval's)
     texts = result.pop("completions")
     columns = {c: [r.get(c) for r in evals.rows] for c in evals.columns}
     answers, references = read_pairs(answer_reader(rewards), texts, columns)

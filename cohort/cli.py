@@ -173,7 +173,8 @@ def cmd_plan(ns) -> int:
 
 
 def cmd_eval(ns) -> int:
-    cfg = _load(ns.config, say_source=sys.stderr).config  # stdout is the JSON result
+    plan = _load(ns.config, say_source=sys.stderr)  # stdout is the JSON result
+    cfg = plan.config
     import tempfile
     import time
     from pathlib import Path
@@ -196,7 +197,8 @@ def cmd_eval(ns) -> int:
           file=sys.stderr, flush=True)
     start = time.perf_counter()
     with capture_output(Path(log), verbose=cfg.run.verbose):
-        result = evaluate_model(cfg, num_samples=samples, pass_k=pass_k, temperature=temperature)
+        result = evaluate_model(cfg, num_samples=samples, pass_k=pass_k, temperature=temperature,
+                                environment=plan.environment)
     if result is None:
         print("no eval data: set data.eval_files or data.dataset_test_split (or use a built-in task)", file=sys.stderr)
         return 2

@@ -37,7 +37,7 @@ from cohort.config import CohortConfig, ConfigError
 from cohort.data.datasets import DataError, PromptDataset
 from cohort.models.chat_template import TOOLS_FIX, renders_tools
 from cohort.models.tiny import TINY_RECIPES
-from cohort.tools.tool_schemas import prompt_tools
+from cohort.tools.tool_schemas import ToolResolution
 
 
 class PromptRenderer:
@@ -145,11 +145,11 @@ def fit_problems(cfg: CohortConfig, max_positions: int | None, longest: int | No
             f"{longest + completion} exceeds the model's max_position_embeddings = {max_positions}; {', or '.join(fixes)}"]
 
 
-def _run_tools(cfg: CohortConfig) -> list[dict] | None:
-    """The tools' schemas the prompts show (cohort.tools.tool_schemas.prompt_tools); a tool that does not resolve is
-    the tools checks' problem (cohort/tools/tool_checks.py), so it shows nothing here."""
+def _run_tools(cfg: CohortConfig, resolution: ToolResolution | None) -> list[dict] | None:
+    """The tools' schemas the prompts show (`ToolResolution.shown`: the run's resolution when given); a tool that does
+    not resolve is the tools checks' problem (cohort/tools/tool_checks.py), so it shows nothing here."""
     try:
-        return prompt_tools(cfg.tools)
+        return (resolution if resolution is not None else ToolResolution(cfg.tools)).shown()
     except ValueError:
         return None
 
@@ -184,18 +184,19 @@ class EncodedPrompts:
 
 
 def encode_prompts(cfg: CohortConfig, tokenizer, model_dir: str | Path, train: PromptDataset,
-                   evals: PromptDataset | None) -> EncodedPrompts:
-    """Token ids under the run's prompt limit; raises DataError (a row, or all rows, too long) or ConfigError (cannot fit)."""
+                   evals: PromptDataset | None, tools: ToolResolution | None = None) -> EncodedPrompts:
+    """Token ids under the run's prompt limit; raises DataError (a row, or all rows, too long) or ConfigError (cannot
+    fit). `tools`: the run's resolved tools (cohort/plan/run_environment.py), whose schemas a tools run shows."""
     positions = max_positions_of(model_dir)
     limit = prompt_limit(cfg, positions)
     problems = fit_problems(cfg, positions)
     if problems:  # no room for any prompt: say so before tokenizing
         raise ConfigError(problems)
-    tools = _run_tools(cfg)
-    if tools and not renders_tools(tokenizer):
+    shown = _run_tools(cfg, tools)
+    if shown and not renders_tools(tokenizer):
         raise ConfigError([tools_block_problem(cfg)])
     renderer = PromptRenderer(tokenizer, limit.tokens, cfg.data.overlong_prompts, limit_name=limit.name, fix=limit.fix,
-                              tools=tools)
+                              tools=shown)
     train, train_ids, filtered = renderer.encode_dataset(train, "train data")
     eval_ids = None
     if evals is not None:

@@ -5,7 +5,9 @@ each naming the fields and the fix.
 Why each combination is refused:
 - tools.functions / tools.environment: the agent runs its own tool loop; cohort's would wrap the endpoint's engine
   calls a second time.
-- rewards: the agent's return value is the run's reward.
+- rewards beside agent.environment: a failed verifiers episode has no reward (None), and the rollout's failure rule
+  (scored by nothing) covers the tool loop's episodes only, so added functions would score it; beside agent.function
+  they are added to the agent's reward (cohort/plan/run_rewards.py).
 - pipeline.over_provision > 1 (partial rollouts under k = 0): an interrupted run cannot be resumed (the agent
   program's state is gone). Restarting it from scratch in a later batch would be correct, but the continuation
   buffer (cohort/rollout/partial.py) keeps a cut-off member's tokens to continue them and checkpoints its members
@@ -91,8 +93,9 @@ def agent_problems(cfg: CohortConfig) -> list[str]:
             else getattr(agent.function, "__name__", "the agent"))
     for when, what, fix in (
         (cfg.tools.enabled, "tools.functions / tools.environment", "the agent runs its own tool loop; unset the tools section"),
-        (cfg.rewards is not None, "rewards", "the agent's return value is the run's reward (return a dict for more "
-                                             "metrics); remove rewards"),
+        (cfg.rewards is not None and agent.environment is not None, "rewards",
+         "the environment's episode reward is the run's reward (a failed episode, scored by nothing, would still be "
+         "scored by them); put more @vf.reward functions in its taskset, or remove rewards"),
         (cfg.pipeline.over_provision > 1, f"pipeline.over_provision = {cfg.pipeline.over_provision}",
          "an interrupted agent run cannot be resumed; set pipeline.over_provision=1"),
     ):

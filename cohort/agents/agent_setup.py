@@ -22,8 +22,10 @@ UNBOUNDED = 2**31  # the endpoint's context: AgentEngine bounds each call by the
 
 
 def wrap_engine(cfg: CohortConfig, engine, tokenizer, rows: Callable[[Request], dict[str, Any]] | None = None, *,
-                max_model_len: int | None = None) -> AgentEngine:
-    """`engine` behind the agent endpoint, each request one run of agent.function."""
+                max_model_len: int | None = None, verifiers: tuple[Any, list] | None = None) -> AgentEngine:
+    """`engine` behind the agent endpoint, each request one run of agent.function, or one episode of agent.environment
+    (`verifiers`: the environment and its tasks as the run loaded them, cohort/plan/run_environment.py; loaded here
+    when None)."""
     name = cfg.model.path
 
     def chat(sample):
@@ -31,7 +33,8 @@ def wrap_engine(cfg: CohortConfig, engine, tokenizer, rows: Callable[[Request], 
                                max_model_len=UNBOUNDED, render_tools=cfg.agent.render_tools)
 
     a = cfg.agent
-    agent = (VerifiersAgent(a.environment, a.environment_args, name, a.num_examples) if a.environment is not None
+    agent = (VerifiersAgent(a.environment, a.environment_args, name, a.num_examples, loaded=verifiers)
+             if a.environment is not None
              else resolve_agent(a.function))
     return AgentEngine(engine, chat, Conversation, agent, rows=rows,
                        timeout_s=cfg.agent.timeout_s, model_name=name, max_model_len=max_model_len)

@@ -1,9 +1,9 @@
 """The agent reward: the run's reward is what the agent returned (cohort/agents/engine.py records it on the run's
-`AgentRun`). With agent.function set, the run's reward set is this one function (cohort/data/run_data.py's AGENT_REWARD), so the
-reward, its failures and its metrics go the way every reward function's go (cohort/rewards/reward_set.py): a run
-whose agent raised, returned something unusable or timed out makes this function raise `RewardRowError` for that
-row, which stops the run with one message naming the row and the error, the last good state saved
-(cohort/trainer/failure.py) — or, with the spec's `on_error: none`, leaves the batch's rewards None.
+`AgentRun`). With agent.function set, this function is the run's first reward function, of weight 1, and the configured
+`rewards` are added beside it (cohort/plan/run_rewards.py composes the set), so the reward, its failures and its
+metrics go the way every reward function's go (cohort/rewards/reward_set.py): a run whose agent raised, returned
+something unusable or timed out makes this function raise `RewardRowError` for that row, which stops the run with one
+message naming the row and the error, the last good state saved (cohort/trainer/failure.py).
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ harness is Prime's remote sandboxes: `agent.environment_args.agent.runtime.type:
 which verifiers prepares with `uv sync --script`: without `uv`, the chat harnesses (`null`, `bash`) run on this
 interpreter when it has their dependencies.
 
-Rows: one per task (cohort/data/verifiers.py's `environment_rows`); the agent checks the task key its row carries.
+Rows: one per task (cohort/data/verifiers.py's `task_rows`, from the same load as the agent's tasks: the run loads the
+environment once, cohort/plan/run_environment.py); the agent checks the task key its row carries.
 Left out: the 0.1.x API (gone from 0.4), pushing results to Prime's platform (nothing is pushed).
 """
 
@@ -77,9 +78,12 @@ def use_this_interpreter_for_chat_programs() -> None:
 class VerifiersAgent:
     """`async (client, row)`: row's task played as one verifiers episode against `client`'s endpoint (module docstring)."""
 
-    def __init__(self, spec: str, args: dict[str, Any], model_name: str, num_examples: int | None = None):
+    def __init__(self, spec: str, args: dict[str, Any], model_name: str, num_examples: int | None = None, *,
+                 loaded: tuple[Any, list] | None = None):
+        """`loaded`: the environment and its tasks as the run loaded them for its rows (`load_tasks`; loaded here when
+        None)."""
         self.spec, self.model_name = spec, model_name
-        self.env, self.tasks = load_tasks(spec, args, num_examples)
+        self.env, self.tasks = loaded if loaded is not None else load_tasks(spec, args, num_examples)
         use_this_interpreter_for_chat_programs()
         self._serving = None  # the env's `serving()` context, entered by the first episode on the engine's loop
         self._lock: asyncio.Lock | None = None

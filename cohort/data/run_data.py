@@ -1,32 +1,32 @@
-"""The datasets and reward specs a config names, loaded (no tokenizer, no model).
+"""The datasets a config names, loaded (no tokenizer, no model), with the reward specs the data itself brings.
 
-`load_data(cfg)` reads agent.environment's tasks (cohort/data/verifiers.py), or `data.dataset_name` (its train split, and its test split or
+`load_data(cfg)` reads agent.environment's tasks (cohort/data/verifiers.py: the run's loaded tasks when its caller
+passes them, `environment_tasks`), or `data.dataset_name` (its train split, and its test split or
 `data.eval_files` as eval data), or `data.train_files` / `data.eval_files`, or for a tools.environment that owns its
 data (`environment_owns_data`: no data named) placeholder rows as TRL makes them without a `train_dataset`: one
 generation batch's prompts (rollout.generation_batch_size / G), each an empty user message to which `reset` appends
 the prompt, cycled for train.max_steps, and no eval data unless data.eval_files gives some; or the built-in
-`data.task` (a built-in or `reasoning_gym:<name>`, cohort/data/reasoning_gym.py; whose reward specs apply when `rewards` is unset; with `agent.function`
-the agent's returned reward, cohort/agents/reward.py), and caps the
+`data.task` (a built-in or `reasoning_gym:<name>`, cohort/data/reasoning_gym.py; whose reward specs it returns), and caps the
 eval set at `data.eval_max_samples`; `data.max_answer_share` caps each answer's share of the train rows
 (cohort/data/balance.py). The trainer, `cohort eval` and the planner
 all start from it, so they see the same rows.
 
-Left out: tokenizing (cohort/prompts.py) and checking the files (check_data_config).
+Left out: tokenizing (cohort/prompts.py), checking the files (check_data_config), and the run's reward set, which
+cohort/plan/run_rewards.py composes from the config, the task's specs returned here and the resolved environment.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Callable, Sequence
 
-from cohort.data.verifiers import environment_rows
+from cohort.data.verifiers import load_tasks, task_rows
 from cohort.config import CohortConfig
 from cohort.data.datasets import DataError, PromptDataset, load_prompt_dataset, rows_dataset
 from cohort.data.named import load_named_split
 from cohort.data import balance, reasoning_gym
 from cohort.data.tasks import Task, get_task
 
-AGENT_REWARD = {"name": "cohort.agents.reward.agent_reward", "weight": 1.0}  # with agent.function: the reward set
-ENVIRONMENT_REWARD = {"name": "cohort.agents.verifiers.verifiers_reward", "weight": 1.0}  # with agent.environment
 logger = logging.getLogger(__name__)
 _said: set[str] = set()  # the balance lines already printed (the planner, the trainer and eval each load the data)
 
@@ -56,13 +56,16 @@ def placeholder_rows(cfg: CohortConfig) -> list[dict]:
     return [{"prompt": [{"role": "user", "content": ""}]} for _ in range(max(1, generation // g))]
 
 
-def load_data(cfg: CohortConfig) -> tuple[PromptDataset, PromptDataset | None, list[dict] | None]:
-    """(train dataset, eval dataset or None, reward specs) from files or the built-in task."""
-    specs = [s.model_dump() for s in cfg.rewards] if cfg.rewards is not None else None
+def load_data(cfg: CohortConfig, environment_tasks: Callable[[], Sequence] | None = None
+              ) -> tuple[PromptDataset, PromptDataset | None, list[dict] | None]:
+    """(train dataset, eval dataset or None, the built-in task's reward specs or None) from files or the built-in task.
+    `environment_tasks`: agent.environment's tasks as the run loaded them (default: loaded here)."""
+    specs = None
     if cfg.agent.environment is not None:  # the environment's tasks, one row each (cohort/data/verifiers.py)
-        train = rows_dataset(environment_rows(cfg.agent.environment, cfg.agent.environment_args,
-                                              cfg.agent.num_examples), "prompt",
-                             f"environment {cfg.agent.environment}")
+        a = cfg.agent
+        tasks = environment_tasks() if environment_tasks is not None else load_tasks(a.environment, a.environment_args,
+                                                                                      a.num_examples)[1]
+        train = rows_dataset(task_rows(tasks), "prompt", f"environment {a.environment}")
         evals = load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files else None
     elif cfg.data.dataset_name:
         train = load_named_split(cfg.data, cfg.data.dataset_train_split, "data.dataset_train_split")
@@ -79,9 +82,7 @@ def load_data(cfg: CohortConfig) -> tuple[PromptDataset, PromptDataset | None, l
         train = rows_dataset(task.train_rows, "prompt", f"task {task.name} (train)")
         evals = (load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files
                  else rows_dataset(task.eval_rows, "prompt", f"task {task.name} (eval)"))
-        specs = specs if specs is not None else task.reward_specs
-    if cfg.agent.enabled:  # the run's reward is what the agent returned (cohort/agents/reward.py), or its episode's
-        specs = [dict(ENVIRONMENT_REWARD if cfg.agent.environment is not None else AGENT_REWARD)]
+        specs = task.reward_specs
     if cfg.data.max_answer_share is not None:
         balance_rows(train, cfg.data.max_answer_share)
     if evals is not None and cfg.data.eval_max_samples:

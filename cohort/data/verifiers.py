@@ -1,5 +1,5 @@
 """verifiers (v1, `verifiers>=0.4`) environments as data: `agent.environment: verifiers:<id>` names one, and its tasks
-are the run's dataset, one row per task (`environment_rows`: `{"prompt": its opening messages, "vf_task": index,
+are the run's dataset, one row per task (`task_rows`: `{"prompt": its opening messages, "vf_task": index,
 "vf_key": its key}`; the agent checks the key it finds at that index). `check_environment` is what validation asks
 before anything loads: the module installed (an unknown id is refused with the closest installed names: verifiers'
 built-in tasksets and the top-level modules of installed distributions that depend on verifiers), verifiers'
@@ -171,7 +171,8 @@ def task_messages(task) -> list[dict[str, Any]]:
 
 def load_tasks(spec: str, args: dict[str, Any], num_examples: int | None = None):
     """(the environment, its tasks in order: the first `num_examples` when set); ValueError for an infinite taskset
-    without `num_examples`."""
+    without `num_examples`. A run loads them once and carries them (cohort/plan/run_environment.py): its rows and its
+    agent's episodes come from the same load."""
     import verifiers.v1 as vf
 
     env = vf.load_environment(env_config(spec, args))
@@ -181,7 +182,11 @@ def load_tasks(spec: str, args: dict[str, Any], num_examples: int | None = None)
     return env, list(taskset)
 
 
-def environment_rows(spec: str, args: dict[str, Any], num_examples: int | None = None) -> list[dict[str, Any]]:
-    """One dataset row per task (module docstring: "Rows")."""
-    _, tasks = load_tasks(spec, args, num_examples)
+def task_rows(tasks) -> list[dict[str, Any]]:
+    """One dataset row per loaded task (module docstring: "Rows")."""
     return [{"prompt": task_messages(task), "vf_task": i, "vf_key": task.key} for i, task in enumerate(tasks)]
+
+
+def environment_rows(spec: str, args: dict[str, Any], num_examples: int | None = None) -> list[dict[str, Any]]:
+    """The environment loaded and its `task_rows` (for a caller without a run's loaded tasks)."""
+    return task_rows(load_tasks(spec, args, num_examples)[1])

@@ -12,6 +12,10 @@ a `tiny:*` model (its tokenizer is built with the model, on first use, by the se
 not be read, and a plan handed to another process (`for_another_process`: a Ray actor gets the config and the batch
 plan; a tokenizer and the prompts are this process's objects, and the actor's node reads its own files once).
 
+`environment` (`RunEnvironment`) is each environment the config names, resolved once where validation checks it (the
+tools section's functions and environment class, an OpenEnv server's schema, a verifiers environment and its tasks)
+and used as it is by the setup and `cohort eval`; like `read`, it stays in this process.
+
 Left out: the weights (validation never loads them) and the GPU memory plan (`cohort plan` prints it; the engine
 reads its result from `config.engine.gpu_memory_utilization`).
 """
@@ -25,6 +29,7 @@ from typing import Any
 
 from cohort.config import CohortConfig
 from cohort.plan.batch import BatchPlan
+from cohort.plan.run_environment import RunEnvironment
 from cohort.prompts import EncodedPrompts
 
 
@@ -35,19 +40,23 @@ class RunInputs:
     model_dir: Path | None  # the checkpoint directory the run loads; None for a Hub id (its weights are fetched by the run)
     tokenizer: Any  # the model's transformers tokenizer (loaded once, from the checkpoint or the Hub snapshot)
     prompts: EncodedPrompts  # the train and eval prompts kept under the run's limit, as token ids
-    reward_specs: list  # the reward specs the data brings (a built-in task's), beside cfg.rewards
+    task_specs: list | None  # the built-in task's reward specs (None: the data is no built-in task); the run's reward
+    # set is composed from them, the config and the environment (cohort/plan/run_rewards.py's `reward_specs`)
 
 
 @dataclass(frozen=True)
 class RunPlan:
     """A validated run: `config` (resolved: a new object, the caller's config untouched), `batch` (its batch
-    arithmetic and mode) and `read` (what validation read, or None: see the module docstring)."""
+    arithmetic and mode), `read` (what validation read, or None: see the module docstring) and `environment` (each
+    environment the config names, resolved once: cohort/plan/run_environment.py; None: the process resolves its own)."""
 
     config: CohortConfig
     batch: BatchPlan
     read: RunInputs | None = None
+    environment: RunEnvironment | None = None
 
     def for_another_process(self, config: CohortConfig | None = None) -> RunPlan:
-        """This plan without what this process read (a tokenizer, the encoded prompts), for a process that reads its
-        own files once (a Ray actor); `config`: the config that process runs (default: this plan's)."""
-        return dataclasses.replace(self, config=self.config if config is None else config, read=None)
+        """This plan without what this process read or resolved (a tokenizer, the encoded prompts, its environments),
+        for a process that reads its own files once (a Ray actor); `config`: the config that process runs (default:
+        this plan's)."""
+        return dataclasses.replace(self, config=self.config if config is None else config, read=None, environment=None)

@@ -48,12 +48,10 @@ from pathlib import Path
 
 import torch
 
-from cohort import rewards as reward_registry
 from cohort.agents.agent_checks import agent_problems
 from cohort.algorithm_facts import FACTS
 from cohort.config import CohortConfig, ConfigError, default_output_dir
 from cohort.data.datasets import DataError, check_data_config, own_data
-from cohort.data.run_data import load_data
 from cohort.data.named import named_data_problems
 from cohort.models import pretrained
 from cohort.models.devices import DeviceError, auto_dtype, has_bf16_units, resolve_device
@@ -67,14 +65,14 @@ from cohort.plan.loss_checks import loss_problems
 from cohort.plan.memory import (GpuMemoryPlan, ModelFacts, UnreadableWeights, gpu_fit_problems, gpu_memory_plan,
                                 kv_bytes_per_token, model_facts)
 from cohort.plan.pipeline_checks import pipeline_problems
+from cohort.plan.run_environment import RunEnvironment, run_data
 from cohort.plan.run_plan import RunInputs, RunPlan
+from cohort.plan.run_rewards import reward_problems
 from cohort.plan.teacher_checks import teacher_fit_problems, teacher_problems
 from cohort.prompts import encode_prompts, fit_problems, max_positions_of
 from cohort.rewards.columns import reward_column_problems
 from cohort.tools.tool_checks import tool_problems
 from cohort.runs.error_log import describe, write_error_log
-from cohort.tools.openenv import is_server_url
-from cohort.tools.tool_schemas import has_environment_reward, import_object
 
 
 def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: bool = False) -> RunPlan:
@@ -99,8 +97,9 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
         problems += model.problems or tokenizer_file_problems(cfg.model.path, folder=model_dir)
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in pretrained.check_model_dir(cfg.critic.path)]
-    problems += _check_rewards(cfg)
-    problems += tool_problems(cfg.tools)
+    environment = RunEnvironment(cfg)  # each environment resolved once, where it is checked, and carried in the plan
+    problems += reward_problems(cfg, environment)
+    problems += tool_problems(cfg.tools, environment.tools)
     agent = agent_problems(cfg)
     problems += agent
     problems += lora_problems(cfg, model_dir if check_files and cfg.lora.rank > 0 else None,
@@ -111,7 +110,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
     measured, read = None, None
     if check_files:
         # (an agent section with problems: its environment's tasks are not read, whose loading would fail on the same cause)
-        outside, measured, read = _check_outside(cfg, model, read_data=not agent)
+        outside, measured, read = _check_outside(cfg, model, environment, read_data=not agent)
         problems += outside
     # algorithm.name = distill: the teacher (cohort/plan/teacher_checks.py), against the student read above
     problems += teacher_problems(cfg, check_files, student_readable=not model.problems,
@@ -127,7 +126,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
         raise ConfigError(list(dict.fromkeys(problems)))
     if gpu is not None and gpu.derived:  # the other value validation settles (module docstring)
         cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"gpu_memory_utilization": gpu.utilization})})
-    return RunPlan(cfg, plan, read)
+    return RunPlan(cfg, plan, read, environment)
 
 
 # --------------------------------------------------------------------------- the device and model.dtype = auto
@@ -423,40 +422,6 @@ def check_processes(cfg: CohortConfig) -> list[str]:
     return problems
 
 
-def _check_rewards(cfg: CohortConfig) -> list[str]:
-    if cfg.rewards is None:
-        if not own_data(cfg.data) and cfg.data.task is None and not has_environment_reward(cfg.tools.environment):
-            return ["rewards is empty and data.task is None: set rewards (e.g. rewards=[{name: accuracy}]) or data.task"]
-        return []
-    if not cfg.rewards:
-        if cfg.algorithm.name == "distill" and cfg.teacher.reward_weight == 0:
-            return []  # distilling alone: the teacher is the signal
-        if has_environment_reward(cfg.tools.environment):
-            return []  # the environment's get_reward() is the reward (TRL's environment_factory without reward_funcs)
-        if cfg.tools.environment is not None and not _imports(cfg.tools.environment):
-            return []  # whether it has get_reward() is unknown: tools.environment's own line gives the real cause
-        return ["rewards = []: at least one reward function is needed; e.g. rewards=[{name: accuracy}] (`cohort rewards list` "
-                "shows the built-ins)" + ("; or teacher.reward_weight=0 to distil alone" if cfg.algorithm.name == "distill" else "")]
-    problems = []
-    for i, spec in enumerate(cfg.rewards):
-        try:
-            reward_registry.validate_spec({"name": spec.name, "weight": spec.weight, **spec.options()})
-        except (ValueError, ImportError, TypeError) as exc:
-            problems.append(f"rewards[{i}] (name = {spec.name!r}): {exc}")
-    return problems
-
-
-def _imports(spec) -> bool:
-    """Whether tools.environment's import path resolves (a class or a server URL given as such: yes)."""
-    if not isinstance(spec, str) or is_server_url(spec):
-        return True
-    try:
-        import_object(spec, "tools.environment")
-    except ValueError:
-        return False
-    return True
-
-
 def _check_run_section(cfg: CohortConfig) -> list[str]:
     run, t, problems = cfg.run, cfg.train, []
     for key, value in (("run.save_every", run.save_every), ("run.eval_every", run.eval_every),
@@ -500,7 +465,7 @@ def _check_run_section(cfg: CohortConfig) -> list[str]:
 # --------------------------------------------------------------------------- the outside world
 
 
-def _check_outside(cfg: CohortConfig, model: pretrained.ModelFiles, *,
+def _check_outside(cfg: CohortConfig, model: pretrained.ModelFiles, environment: RunEnvironment, *,
                    read_data: bool = True) -> tuple[list[str], MeasuredPrompts | None, RunInputs | None]:
     """The output directory, the weights' headers, the tokenizer, the prompts against the model's positions, the vLLM
     CPU KV cache; returns the problems, the prompts' measure and what was read (for the run: `RunPlan.read`).
@@ -518,7 +483,8 @@ def _check_outside(cfg: CohortConfig, model: pretrained.ModelFiles, *,
                         if model_dir is not None else (None, []))
     if not tokenizer_file_problems(cfg.model.path, folder=model_dir):  # (missing files: reported with the model's checks)
         problems += found  # it loads, and text encodes to tokens
-    measured, read = _read_prompts(cfg, model, tokenizer) if tokenizer is not None and read_data else (None, None)
+    measured, read = (_read_prompts(cfg, model, tokenizer, environment) if tokenizer is not None and read_data
+                      else (None, None))
     problems += measured.problems if measured else fit_problems(cfg, max_positions_of(model_dir or cfg.model.path))
     if facts is not None and not (measured and measured.problems):
         problems += _check_kv_cache(cfg, facts, measured)
@@ -542,12 +508,14 @@ def _check_output_dir(output_dir: str | None) -> list[str]:
     return []
 
 
-def _read_prompts(cfg: CohortConfig, model: pretrained.ModelFiles, tokenizer) -> tuple[MeasuredPrompts | None, RunInputs | None]:
-    """Read the data and encode every prompt with the model's tokenizer as the trainer will; returns their measure and
-    what was read (None for both when the tokenizer encodes nothing: a directory without tokenizer files)."""
+def _read_prompts(cfg: CohortConfig, model: pretrained.ModelFiles, tokenizer,
+                  environment: RunEnvironment) -> tuple[MeasuredPrompts | None, RunInputs | None]:
+    """Read the data (an agent.environment's tasks loaded once, kept in `environment`) and encode every prompt with
+    the model's tokenizer as the trainer will; returns their measure and what was read (None for both when the
+    tokenizer encodes nothing: a directory without tokenizer files)."""
     try:
-        train, evals, reward_specs = load_data(cfg)
-        encoded = encode_prompts(cfg, tokenizer, model.directory, train, evals)
+        train, evals, task_specs = run_data(cfg, environment)
+        encoded = encode_prompts(cfg, tokenizer, model.directory, train, evals, environment.tools)
     except DataError as exc:
         return MeasuredPrompts(None, "", 0, [str(exc)]), None
     except ConfigError as exc:
@@ -559,7 +527,7 @@ def _read_prompts(cfg: CohortConfig, model: pretrained.ModelFiles, tokenizer) ->
         return None, None
     # a Hub id's snapshot holds its config and tokenizer, not (yet) its weights: the run fetches them (RunInputs)
     return (MeasuredPrompts(longest, where, encoded.filtered, []),
-            RunInputs(model.directory if model.holds_weights else None, tokenizer, encoded, list(reward_specs or [])))
+            RunInputs(model.directory if model.holds_weights else None, tokenizer, encoded, task_specs))
 
 
 def _reading_failed(cfg: CohortConfig, error: Exception) -> str:

@@ -1,5 +1,6 @@
 """The checks of the tools section that `validate_config` runs before any model loads: ranges, that
-every tool resolves and has a schema, that the environment is a class with tools, that the parser exists.
+every tool resolves and has a schema, that the environment is a class with tools, that the parser exists. What it
+resolves it keeps in the `ToolResolution` it is given (the run's: nothing is resolved twice).
 
 Imports only the schema and parser modules (no engine), so `cohort.plan.validate` stays free of cohort.rollout.
 """
@@ -7,11 +8,14 @@ Imports only the schema and parser modules (no engine), so `cohort.plan.validate
 from __future__ import annotations
 
 from cohort.tools.parsers import get_parser
-from cohort.tools.tool_schemas import resolve_environment, resolve_tools
+from cohort.tools.tool_schemas import ToolResolution
 
 
-def tool_problems(tools) -> list[str]:
-    """Every problem with the tools section's fields, each naming its field and a fix ([] when fine)."""
+def tool_problems(tools, resolution: ToolResolution | None = None) -> list[str]:
+    """Every problem with the tools section's fields, each naming its field and a fix ([] when fine). `resolution`:
+    the run's (cohort/plan/run_environment.py), which keeps what this check resolved for the rest of the run; default:
+    one of its own."""
+    resolution = resolution if resolution is not None else ToolResolution(tools)
     problems = []
     for field, value, low in (("timeout_s", tools.timeout_s, 0), ("max_turns", tools.max_turns, 1),
                               ("max_parallel_calls", tools.max_parallel_calls, 1)):
@@ -21,8 +25,7 @@ def tool_problems(tools) -> list[str]:
         problems.append(f"tools.max_response_length = {tools.max_response_length} must be >= 1 (or null: no limit)")
     if not tools.enabled:
         return problems
-    for check in (lambda: resolve_tools(tools.functions), lambda: resolve_environment(tools.environment),
-                  lambda: get_parser(tools.parser)):
+    for check in (resolution.functions, resolution.environment, lambda: get_parser(tools.parser)):
         try:
             check()
         except ValueError as exc:

@@ -16,6 +16,11 @@ has one, runs when the trajectory ends, whatever ended it (the instance's attrib
 function receiving `environments=` can still read its state). An OpenEnv environment class or server URL goes
 through its adapter (cohort/tools/openenv.py), which is such a class.
 
+`ToolResolution(tools)` is the tools section resolved once: its functions, its environment class (an OpenEnv
+server's schema read, a gym id's probe made) with its tools' schemas, the schemas the prompts show, and the reward
+spec the environment adds. Each is resolved on first use and kept, so the config check, the prompts' tools block and
+the tool loop share one resolution (a run carries it in its plan: cohort/plan/run_environment.py).
+
 Left out: tools with side effects shared across trajectories are the user's business (each call runs on its own
 thread); schemas written by hand (the function's signature is the schema).
 """
@@ -34,6 +39,8 @@ from cohort.config.module_names import import_failure
 from cohort.tools import gym_text, openenv
 
 RESERVED_METHODS = ("reset", "close", "get_reward")
+SOCKET_TIMEOUT_SHARE = 0.9  # a server's answer is awaited for this share of tools.timeout_s: the session fails first
+DEFAULT_TIMEOUT_S = 10.0  # a server's schema is read within this when tools.timeout_s is not a time (its check says so)
 
 
 def import_object(path: str, what: str) -> Any:
@@ -98,19 +105,29 @@ def resolve_tools(specs: Sequence[str | Callable[..., Any]]) -> list[Tool]:
     return tools
 
 
-def resolve_environment(spec: str | type | None, timeout_s: float = 10.0) -> type | None:
+def resolve_environment(spec: str | type | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> type | None:
     """`tools.environment` as a class whose public methods all have schemas (checked now, before any model loads): a
     class as it is, an OpenEnv environment class or server URL (`ws://host:port`) through its adapter
     (cohort/tools/openenv.py; `timeout_s` bounds each message to a server)."""
+    return environment_with_schemas(spec, timeout_s)[0]
+
+
+def environment_with_schemas(spec: str | type | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[type | None, list[dict]]:
+    """(`resolve_environment`'s class, its public methods' schemas, built once to check them); (None, []) for none."""
     if spec is None:
-        return None
+        return None, []
     if openenv.is_server_url(spec):
-        return openenv.openenv_environment(spec, timeout_s)
-    if gym_text.is_gym_spec(spec):  # gym:<id> or a gymnasium.Env subclass (cohort/tools/gym_text.py)
-        return gym_text.gym_environment(spec, timeout_s)
-    cls = import_object(spec, "tools.environment") if isinstance(spec, str) else spec
-    if openenv.is_openenv_class(cls):
-        return openenv.openenv_environment(cls, timeout_s)
+        cls = openenv.openenv_environment(spec, timeout_s)
+    elif gym_text.is_gym_spec(spec):  # gym:<id> or a gymnasium.Env subclass (cohort/tools/gym_text.py)
+        cls = gym_text.gym_environment(spec, timeout_s)
+    else:
+        cls = import_object(spec, "tools.environment") if isinstance(spec, str) else spec
+        cls = openenv.openenv_environment(cls, timeout_s) if openenv.is_openenv_class(cls) else _checked_class(spec, cls)
+    return cls, [tool_schema(method, name) for name, method in environment_methods(cls).items()]
+
+
+def _checked_class(spec: str | type, cls: Any) -> type:
+    """A TRL `environment_factory` class, refused (ValueError with the fix) when it is none."""
     if not inspect.isclass(cls):
         raise ValueError(f"tools.environment = {spec!r} is a {type(cls).__name__}, not a class")
     if not callable(getattr(cls, "reset", None)):  # (TRL refuses it too)
@@ -119,8 +136,6 @@ def resolve_environment(spec: str | type | None, timeout_s: float = 10.0) -> typ
     if not environment_methods(cls):
         raise ValueError(f"tools.environment {cls.__name__}: no public method to offer as a tool (methods other than "
                          f"{RESERVED_METHODS} whose names do not start with '_')")
-    for name, method in environment_methods(cls).items():
-        tool_schema(method, name)
     return cls
 
 
@@ -147,37 +162,46 @@ def environment_reward(completions: list[Any], environments: list[Any], **kwargs
     return [env.get_reward() if env is not None else None for env in environments]
 
 
-def has_environment_reward(spec: str | type | None) -> bool:
-    """tools.environment has `get_reward()` (an OpenEnv environment's adapter has): `environment_reward` joins the
-    rewards with weight 1. Nothing is connected to; an import path that does not resolve is the checks' business."""
-    if spec is None or openenv.is_server_url(spec) or gym_text.is_gym_spec(spec):
-        return spec is not None
-    try:
-        cls = import_object(spec, "tools.environment") if isinstance(spec, str) else spec
-    except ValueError:
-        return False
-    return openenv.is_openenv_class(cls) or callable(getattr(cls, "get_reward", None))
-
-
-def environment_reward_specs(tools) -> list[dict[str, Any]]:
-    """The reward spec the environment adds to the run's rewards ([] when it has no `get_reward()`)."""
-    if not has_environment_reward(tools.environment):
+def environment_reward_specs(environment: type | None) -> list[dict[str, Any]]:
+    """The reward spec a resolved environment class adds to the run's rewards ([] without `get_reward()`; an OpenEnv or
+    gym adapter has one)."""
+    if environment is None or not callable(getattr(environment, "get_reward", None)):
         return []
     return [{"name": environment_reward, "weight": 1.0, "alias": "environment"}]
 
 
-def prompt_tools(tools) -> list[dict[str, Any]] | None:
-    """The JSON schemas a tools run shows the model in every prompt (TRL's `apply_chat_template(..., tools=)`):
-    tools.functions', then the environment's public methods' (as its instances offer them); None when no tools are set
-    or tools.in_prompt is false."""
-    if not tools.enabled or not tools.in_prompt:
-        return None
-    return shown_schemas(resolve_tools(tools.functions), resolve_environment(tools.environment, tools.timeout_s))
+class ToolResolution:
+    """The tools section resolved once, on first use (module docstring); each method raises the ValueError its
+    resolution raised (not kept: asked again, it tries again)."""
 
+    def __init__(self, tools):
+        self.tools = tools
+        self._functions: list[Tool] | None = None
+        self._environment: tuple[type | None, list[dict[str, Any]]] | None = None
 
-def shown_schemas(functions: Sequence[Tool], environment: type | None) -> list[dict[str, Any]]:
-    """The schemas of resolved tools: the functions', then the environment class's public methods'."""
-    schemas = [tool.schema for tool in functions]
-    if environment is not None:
-        schemas += [tool_schema(method, name) for name, method in environment_methods(environment).items()]
-    return schemas
+    def functions(self) -> list[Tool]:
+        """tools.functions as Tools."""
+        if self._functions is None:
+            self._functions = resolve_tools(self.tools.functions)
+        return self._functions
+
+    def environment(self) -> type | None:
+        """tools.environment's class (None when unset); a server's messages wait tools.timeout_s × SOCKET_TIMEOUT_SHARE."""
+        if self._environment is None:
+            timeout = self.tools.timeout_s * SOCKET_TIMEOUT_SHARE if self.tools.timeout_s > 0 else DEFAULT_TIMEOUT_S
+            self._environment = environment_with_schemas(self.tools.environment, timeout)
+        return self._environment[0]
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """Every tool's schema: tools.functions', then the environment's public methods' (as its instances offer them)."""
+        self.environment()
+        return [tool.schema for tool in self.functions()] + self._environment[1]
+
+    def shown(self) -> list[dict[str, Any]] | None:
+        """The schemas a tools run shows the model in every prompt (TRL's `apply_chat_template(..., tools=)`); None when
+        no tools are set or tools.in_prompt is false."""
+        return self.schemas() if self.tools.enabled and self.tools.in_prompt else None
+
+    def reward_specs(self) -> list[dict[str, Any]]:
+        """The environment's reward spec (`environment_reward_specs`; [] without tools.environment)."""
+        return environment_reward_specs(self.environment()) if self.tools.environment is not None else []

@@ -1,5 +1,7 @@
 """From the config to a tool loop: the wrapping of a built engine in a `ToolEngine` (cohort/trainer/build_parts.py calls
-`wrap_engine` when tools.functions or tools.environment is set; the config's checks are in cohort/tools/tool_checks.py).
+`wrap_engine` when tools.functions or tools.environment is set, with the run's `ToolResolution`: the functions, the
+environment class and the shown schemas as validation resolved them; the config's checks are in
+cohort/tools/tool_checks.py).
 
 `rows_by_index` maps a request to its dataset row by the index the request carries (`Request.row`, set where the
 requests are made from the sampler's prompts), which `reset(**row)` of an environment and an agent get: rows that
@@ -17,9 +19,7 @@ from typing import Any, Callable, Sequence
 from cohort.rollout.base import Request, with_observation
 from cohort.tools.loop import ToolEngine
 from cohort.tools.parsers import get_parser
-from cohort.tools.tool_schemas import resolve_environment, resolve_tools, shown_schemas
-
-SOCKET_TIMEOUT_SHARE = 0.9  # a server's answer is awaited for this share of tools.timeout_s: the session fails first
+from cohort.tools.tool_schemas import ToolResolution
 
 
 def run_rows(train, evals=None) -> list[dict[str, Any]]:
@@ -39,21 +39,16 @@ def prompt_with_observation(encode: Callable[[Any], list[int]], prompt_key: str)
     return lambda row, observation: encode(with_observation(row[prompt_key], observation))
 
 
-def environment_class(tools) -> type | None:
-    """tools.environment resolved (an OpenEnv adapter's messages bounded by tools.timeout_s)."""
-    return resolve_environment(tools.environment, tools.timeout_s * SOCKET_TIMEOUT_SHARE)
-
-
 def wrap_engine(tools, engine, tokenizer, rows: Callable[[Request], dict[str, Any]] | None = None, *,
                 prompt_with: Callable[[dict[str, Any], str], list[int]] | None = None,
-                max_model_len: int | None = None) -> ToolEngine:
+                max_model_len: int | None = None, resolution: ToolResolution | None = None) -> ToolEngine:
     """`engine` inside the tool loop the tools section describes (the chat template is checked here); `max_model_len`:
-    the engine's context, which a prompt with reset's observation must stay under (or its episode fails)."""
-    functions, environment = resolve_tools(tools.functions), environment_class(tools)  # (each resolved once here)
-    return ToolEngine(engine, tokenizer, parser=get_parser(tools.parser), tools=functions,
-                      environment=environment, rows=rows, max_turns=tools.max_turns,
+    the engine's context, which a prompt with reset's observation must stay under (or its episode fails);
+    `resolution`: the run's resolved tools (cohort/plan/run_environment.py; default: resolved here)."""
+    resolution = resolution if resolution is not None else ToolResolution(tools)
+    return ToolEngine(engine, tokenizer, parser=get_parser(tools.parser), tools=resolution.functions(),
+                      environment=resolution.environment(), rows=rows, max_turns=tools.max_turns,
                       max_parallel_calls=tools.max_parallel_calls, tool_timeout_s=tools.timeout_s,
                       max_tool_response_length=tools.max_response_length,
                       truncate_side=tools.response_truncate_side, failure_policy=tools.failure_policy,
-                      prompt_with=prompt_with, max_model_len=max_model_len,
-                      schemas=shown_schemas(functions, environment) if tools.in_prompt else None)
+                      prompt_with=prompt_with, max_model_len=max_model_len, schemas=resolution.shown())

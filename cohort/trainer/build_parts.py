@@ -2,8 +2,8 @@
 
 Data and rewards first (cheap, and the most common mistakes), then the
 tokenizer and the prompts (a prompt the model cannot hold fails here, before any
-weights load) — all three as validation read them (`RunPlan.read`, cohort/plan/run_plan.py), read here only when it
-did not (a `tiny:*` model built on first use, a plan from another process) —, the policy, the optional reference model (only when
+weights load) — all three as validation read them (`RunPlan.read`, cohort/plan/run_plan.py), and every environment
+as validation resolved it (`RunPlan.environment`), read here only when it did not (a `tiny:*` model built on first use, a plan from another process) —, the policy, the optional reference model (only when
 algorithm.beta != 0), the distillation teacher (only for algorithm.name = distill;
 held like the reference: frozen, sharded and offloaded with it), the optimizer and the schedule, the algorithm's resolved
 choices (`cohort.trainer.algorithms`), the critic (only for an algorithm that
@@ -27,7 +27,6 @@ import torch
 
 from cohort.config import ConfigError
 from cohort.data.datasets import RepeatSampler
-from cohort.data.run_data import load_data
 from cohort.distributed.fsdp import LocalContext, context_from_env, offload_optimizer_state, rank_run_dir
 from cohort.distributed.rank0 import MainOnlyEngine, main_only_rewards
 from cohort.models.devices import autocast_device_type, resolve_device, use_device
@@ -36,11 +35,12 @@ from cohort.models.lora import attach_lora, base_dtype
 from cohort.models.precision import DTYPES, Precision, resolve_precision
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
+from cohort.plan.run_environment import RunEnvironment, run_data
 from cohort.plan.run_plan import RunInputs, RunPlan
+from cohort.plan.run_rewards import reward_specs
 from cohort.plan.teacher_checks import mismatch_problem, tokenizer_mismatch
 from cohort.agents import agent_setup as agents
 from cohort.tools.openenv import check_capacity, is_server_url
-from cohort.tools.tool_schemas import environment_reward_specs
 from cohort.tools.tool_setup import prompt_with_observation, rows_by_index, run_rows, wrap_engine
 from cohort.trainer import algorithms
 from cohort.trainer.checkpoint import check_disk_space
@@ -62,8 +62,9 @@ def setup(run: RunPlan, run_dir: Path, *, pack: Callable, external_engine=None) 
     use_device(device)
     run_dir = rank_run_dir(dist, cfg, run_dir)
     _check_writable(run_dir)
-    read = _read_inputs(cfg, dist, run.read)  # (what validation read, completed here)
-    rewards = main_only_rewards(RewardSet.from_specs(read.reward_specs + environment_reward_specs(cfg.tools)), dist)
+    environment = run.environment if run.environment is not None else RunEnvironment(cfg)  # (resolved once a process)
+    read = _read_inputs(cfg, dist, run.read, environment)  # (what validation read, completed here)
+    rewards = main_only_rewards(RewardSet.from_specs(reward_specs(cfg, environment, read.task_specs)), dist)
     model_dir, tokenizer, prompts = read.model_dir, read.tokenizer, read.prompts
     sessions = _sessions(plan, prompts)
     if cfg.tools.enabled and dist.is_main and is_server_url(cfg.tools.environment):  # before any weights load
@@ -95,10 +96,10 @@ def setup(run: RunPlan, run_dir: Path, *, pack: Callable, external_engine=None) 
     engine, owns_engine = _engine(cfg, dist, model_dir, tokenizer, external_engine, max_model_len=max_model_len,
                                   precision=precision, policy=policy)
     if cfg.tools.enabled:  # multi-turn: every request goes through the tool loop (cohort/tools/loop.py)
-        engine = _with_tools(cfg, engine, tokenizer, prompts, max_model_len)
+        engine = _with_tools(cfg, engine, tokenizer, prompts, max_model_len, environment)
     if cfg.agent.enabled:  # every request is one run of the agent function (cohort/agents/engine.py), beside rank 0's engine
         engine = _on_rank0(engine, functools.partial(agents.wrap_engine, cfg, tokenizer=tokenizer, rows=_rows(prompts),
-                                                     max_model_len=max_model_len))
+                                                     max_model_len=max_model_len, verifiers=environment.verifiers()))
     return TrainerParts(
         dist=dist, device=device, run_dir=run_dir, rewards=rewards, model_dir=model_dir, tokenizer=tokenizer,
         pad_id=tokenizer.pad_token_id, renderer=prompts.renderer, prompts_filtered=prompts.filtered,
@@ -111,7 +112,7 @@ def setup(run: RunPlan, run_dir: Path, *, pack: Callable, external_engine=None) 
     )
 
 
-def _read_inputs(cfg, dist: LocalContext, read: RunInputs | None) -> RunInputs:
+def _read_inputs(cfg, dist: LocalContext, read: RunInputs | None, environment: RunEnvironment) -> RunInputs:
     """What validation read (`read`), with the checkpoint directory the run loads: as validation found it, else
     resolved here (a `tiny:*` model built on first use, a Hub id's snapshot with its weights fetched). When validation
     read nothing (`read` None: a `tiny:*` model, another process's plan), the data, the tokenizer and every prompt
@@ -121,10 +122,10 @@ def _read_inputs(cfg, dist: LocalContext, read: RunInputs | None) -> RunInputs:
     model_dir = dist.local_main_first(lambda: resolve_model_dir(cfg.model.path, cfg.model.revision))
     if read is not None:  # a Hub id: validation read its snapshot's tokenizer, the weights come now
         return dataclasses.replace(read, model_dir=model_dir)
-    train_data, eval_data, reward_specs = dist.local_main_first(lambda: load_data(cfg))
+    train_data, eval_data, task_specs = dist.local_main_first(lambda: run_data(cfg, environment))
     tokenizer = load_run_tokenizer(model_dir, cfg.model)
-    prompts = encode_prompts(cfg, tokenizer, model_dir, train_data, eval_data)
-    return RunInputs(model_dir, tokenizer, prompts, list(reward_specs or []))
+    prompts = encode_prompts(cfg, tokenizer, model_dir, train_data, eval_data, environment.tools)
+    return RunInputs(model_dir, tokenizer, prompts, task_specs)
 
 
 def _reference(policy: torch.nn.Module) -> torch.nn.Module:
@@ -169,12 +170,12 @@ def _engine(cfg, dist: LocalContext, model_dir: Path, tokenizer, external, *, ma
     return build_engine(cfg, model_dir, tokenizer, max_model_len=max_model_len, precision=precision, policy=policy), True
 
 
-def _with_tools(cfg, engine, tokenizer, prompts, max_model_len: int):
-    """The engine inside the tool loop; under several processes the loop wraps rank 0's engine, so tools run once,
-    beside it, and every rank receives the finished multi-turn trajectories."""
+def _with_tools(cfg, engine, tokenizer, prompts, max_model_len: int, environment: RunEnvironment):
+    """The engine inside the tool loop (the run's resolved tools); under several processes the loop wraps rank 0's
+    engine, so tools run once, beside it, and every rank receives the finished multi-turn trajectories."""
     wrap = functools.partial(wrap_engine, cfg.tools, rows=_rows(prompts), tokenizer=tokenizer,
                              prompt_with=prompt_with_observation(prompts.renderer.encode, prompts.train.prompt_key),
-                             max_model_len=max_model_len)
+                             max_model_len=max_model_len, resolution=environment.tools)
     return _on_rank0(engine, wrap)
 
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cohort.data.run_data import load_data
 from cohort.models.pretrained import checkpoint_parameters, load_run_tokenizer, resolve_model_dir
 from cohort.models.devices import resolve_device
 from cohort.models.precision import resolve_precision
+from cohort.plan.run_environment import RunEnvironment, run_data
+from cohort.plan.run_rewards import reward_specs
 from cohort.prompts import encode_prompts
 from cohort.rewards import RewardSet
 from cohort.rewards.answer_reading import Unreadable, answer_reader, read_pairs
@@ -110,31 +111,35 @@ def answer_breakdown(rewards, completions: list, columns: dict[str, list], corre
             "answers": answer_stats.answer_distribution(answers)}
 
 
-def evaluate_model(cfg, *, num_samples: int, pass_k: int, temperature: float) -> dict | None:
-    """`cohort eval`: model.path on the eval data with the configured rewards and engine; None when there is no eval data.
+def evaluate_model(cfg, *, num_samples: int, pass_k: int, temperature: float,
+                   environment: RunEnvironment | None = None) -> dict | None:
+    """`cohort eval`: model.path on the eval data with the run's rewards (as the trainer composes them) and engine;
+    None when there is no eval data. `environment`: the plan's (`RunPlan.environment`: what validation resolved).
 
     The prompts are encoded and the engine sized exactly as the trainer does (train and eval prompts both), so a
     model scores the same here as in a run's "before" eval."""
-    train, evals, specs = load_data(cfg)
+    environment = environment if environment is not None else RunEnvironment(cfg)
+    train, evals, task_specs = run_data(cfg, environment)
     if evals is None:
         return None
     torch.manual_seed(cfg.train.seed)
-    rewards, engine = RewardSet.from_specs(specs), None
+    rewards, engine = RewardSet.from_specs(reward_specs(cfg, environment, task_specs)), None
     try:
         model_dir = resolve_model_dir(cfg.model.path, cfg.model.revision)
         device = resolve_device(cfg.train.device)  # the trainer's device: a transformers engine generates there
         set_torch_threads(cfg, num_parameters=checkpoint_parameters(model_dir), device=device)  # before the engine
         tokenizer = load_run_tokenizer(model_dir, cfg.model)
-        prompts = encode_prompts(cfg, tokenizer, model_dir, train, evals)  # raises if one cannot fit
+        prompts = encode_prompts(cfg, tokenizer, model_dir, train, evals, environment.tools)  # raises if one cannot fit
         max_model_len = engine_length(cfg, model_dir, prompts.train_ids + prompts.eval_ids)
         engine = build_engine(cfg, model_dir, tokenizer, precision=resolve_precision(cfg.model.dtype, cfg.train.precision, device),
                               device=device, max_model_len=max_model_len)
         rows = rows_by_index(run_rows(prompts.train, prompts.eval))  # (the trainer's table: eval rows after train's)
         if cfg.tools.enabled:  # multi-turn, as in training
-            engine = wrap_engine(cfg.tools, engine, tokenizer, rows, max_model_len=max_model_len,
+            engine = wrap_engine(cfg.tools, engine, tokenizer, rows, max_model_len=max_model_len, resolution=environment.tools,
                                  prompt_with=prompt_with_observation(prompts.renderer.encode, prompts.eval.prompt_key))
         if cfg.agent.enabled:  # agent runs, as in training
-            engine = agents.wrap_engine(cfg, engine, tokenizer, rows, max_model_len=max_model_len)
+            engine = agents.wrap_engine(cfg, engine, tokenizer, rows, max_model_len=max_model_len,
+                                        verifiers=environment.verifiers())
         return evaluate(engine, tokenizer, prompts.eval, prompts.eval_ids, rewards, max_tokens=cfg.rollout.max_completion_length,
                         num_samples=num_samples, pass_k=pass_k, temperature=temperature, seed=cfg.rollout.seed,
                         first_row=len(prompts.train.rows))

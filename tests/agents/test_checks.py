@@ -46,7 +46,6 @@ def test_a_function_that_cannot_be_an_agent_is_refused(function, message):
 
 @pytest.mark.parametrize("override, fix", [
     ({"tools": {"functions": ["cohort.tools.builtin.calculator"]}}, "unset the tools section"),
-    ({"rewards": [{"name": "numeric_match"}]}, "remove rewards"),
     ({"pipeline": {"over_provision": 1.5}}, "set pipeline.over_provision=1"),
 ])
 def test_what_an_agent_cannot_run_with(override, fix):

@@ -10,6 +10,8 @@ import pytest
 from cohort.config import CohortConfig, ConfigError
 from cohort.data.run_data import load_data
 from cohort.data.named import named_data_problems
+from cohort.plan.run_environment import RunEnvironment
+from cohort.plan.run_rewards import reward_specs
 from cohort.rewards.columns import reward_column_problems
 from cohort.plan.validate import validate_config
 
@@ -35,7 +37,8 @@ def test_a_hub_dataset_loads_by_name_offline_with_its_splits(hub_dataset):
     assert [row["question"] for row in train.rows] == [row["question"] for row in TRAIN]
     assert [row["answer"] for row in evals.rows] == ["8"]
     assert train.sources[1] == "dataset org/sums split train row 1"
-    assert specs == [{"name": "accuracy", "weight": 1.0}]
+    assert specs is None  # a dataset brings no reward specs: the configured ones are the run's
+    assert reward_specs(cfg, RunEnvironment(cfg), specs) == [{"name": "accuracy", "weight": 1.0}]
 
 
 def test_a_local_dataset_directory_is_a_dataset_name_too(tmp_path):

@@ -1,0 +1,72 @@
+"""A run's reward specs, composed in one place (`reward_specs`), and the config's reward checks that read the same
+composition (`reward_problems`).
+
+The run's rewards, in order:
+1. with agent.function, the agent's returned reward (cohort/agents/reward.py's `agent_reward`); with
+   agent.environment, its episode's reward (cohort/agents/verifiers.py's `verifiers_reward`); weight 1 either way;
+2. `rewards` as configured; when it is unset (None) and the run has no agent, the built-in task's specs (what
+   `load_data` returns beside the rows);
+3. the tools environment's `get_reward()` (TRL's `environment_factory`: one more reward of weight 1, alias
+   `environment`), from the resolved class (cohort/tools/tool_schemas.py's `ToolResolution.reward_specs`).
+
+So `rewards` beside agent.function are added to the agent's reward (TRL and verifiers both sum several weighted
+reward functions): each completion's total is the agent's reward + Σ weight × the user's functions' scores. Beside a
+verifiers environment they are refused for now (cohort/agents/agent_checks.py says why).
+
+The trainer's setup (cohort/trainer/build_parts.py), validation (cohort/plan/validate.py, whose `RunInputs` carries
+the composed specs to the setup) and `cohort eval` (cohort/trainer/evaluate.py) all call `reward_specs`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cohort import rewards as reward_registry
+from cohort.agents.reward import agent_reward
+from cohort.agents.verifiers import verifiers_reward
+from cohort.config import CohortConfig
+from cohort.data.datasets import own_data
+from cohort.plan.run_environment import RunEnvironment
+
+
+def agent_specs(cfg: CohortConfig) -> list[dict[str, Any]]:
+    """The agent's reward spec ([] without an agent): its returned reward, or its verifiers episode's."""
+    if not cfg.agent.enabled:
+        return []
+    return [{"name": verifiers_reward if cfg.agent.environment is not None else agent_reward, "weight": 1.0}]
+
+
+def reward_specs(cfg: CohortConfig, environment: RunEnvironment, task_specs: list[dict] | None) -> list[dict[str, Any]]:
+    """The run's reward specs (module docstring's order); `task_specs`: the built-in task's (`load_data`'s third
+    value), used when `rewards` is unset and no agent brings the reward."""
+    if cfg.rewards is not None:
+        configured = [spec.model_dump() for spec in cfg.rewards]
+    else:
+        configured = [] if cfg.agent.enabled else list(task_specs or [])
+    return agent_specs(cfg) + configured + environment.tools.reward_specs()
+
+
+def reward_problems(cfg: CohortConfig, environment: RunEnvironment) -> list[str]:
+    """A reward set that would be empty (`reward_specs` before the data is read: a built-in data.task always brings
+    its own), and every configured spec that does not resolve ([] when fine). An environment that does not resolve is
+    the tools check's line alone."""
+    try:
+        composed: list | None = reward_specs(cfg, environment, None)
+    except ValueError:
+        composed = None  # whether tools.environment has get_reward() is unknown: its own line gives the real cause
+    if cfg.rewards is None:
+        if composed == [] and not own_data(cfg.data) and cfg.data.task is None:
+            return ["rewards is empty and data.task is None: set rewards (e.g. rewards=[{name: accuracy}]) or data.task"]
+        return []
+    if not cfg.rewards:
+        if (cfg.algorithm.name == "distill" and cfg.teacher.reward_weight == 0) or composed != []:
+            return []  # distilling alone (the teacher is the signal), or the environment's get_reward() is the reward
+        return ["rewards = []: at least one reward function is needed; e.g. rewards=[{name: accuracy}] (`cohort rewards list` "
+                "shows the built-ins)" + ("; or teacher.reward_weight=0 to distil alone" if cfg.algorithm.name == "distill" else "")]
+    problems = []
+    for i, spec in enumerate(cfg.rewards):
+        try:
+            reward_registry.validate_spec({"name": spec.name, "weight": spec.weight, **spec.options()})
+        except (ValueError, ImportError, TypeError) as exc:
+            problems.append(f"rewards[{i}] (name = {spec.name!r}): {exc}")
+    return problems
