@@ -8,15 +8,11 @@ Why each combination is refused:
 - rewards beside agent.environment: a failed verifiers episode has no reward (None), and the rollout's failure rule
   (scored by nothing) covers the tool loop's episodes only, so added functions would score it; beside agent.function
   they are added to the agent's reward (cohort/plan/run_rewards.py).
-- pipeline.over_provision > 1 (partial rollouts under k = 0): an interrupted run cannot be resumed (the agent
-  program's state is gone). Restarting it from scratch in a later batch would be correct, but the continuation
-  buffer (cohort/rollout/partial.py) keeps a cut-off member's tokens to continue them and checkpoints its members
-  as tool-loop episodes (an `AgentRun` has no such state): both are the rollout layer's to change.
-
-Runs with a critic (algorithm.name = ppo), more than one optimizer step per generation batch and several training
-processes are not refused: a run's calls are rows of the batch before anything is scored
+Runs with a critic (algorithm.name = ppo), more than one optimizer step per generation batch, several training
+processes and partial rollouts (pipeline.over_provision > 1) are not refused: a run's calls are rows of the batch before anything is scored
 (cohort/trainer/agent_samples.py), and under several processes the agent endpoint runs beside rank 0's engine
-(cohort/trainer/build_parts.py), every rank receiving the finished runs.
+(cohort/trainer/build_parts.py), every rank receiving the finished runs; a run cut off at a batch's end starts over
+in a later batch (`AgentRun.resumable` is False, cohort/rollout/partial.py), since its program died with the cut.
 
 Imports no engine (cohort.plan.validate stays free of cohort.rollout).
 """
@@ -96,8 +92,6 @@ def agent_problems(cfg: CohortConfig) -> list[str]:
         (cfg.rewards is not None and agent.environment is not None, "rewards",
          "the environment's episode reward is the run's reward (a failed episode, scored by nothing, would still be "
          "scored by them); put more @vf.reward functions in its taskset, or remove rewards"),
-        (cfg.pipeline.over_provision > 1, f"pipeline.over_provision = {cfg.pipeline.over_provision}",
-         "an interrupted agent run cannot be resumed; set pipeline.over_provision=1"),
     ):
         if when:
             problems.append(f"agent.function = {name!r} with {what}: {fix}")

@@ -106,7 +106,8 @@ class AgentEngine(RequestEngineMixin, WrappedEngine):
             if r.request_id in self._runs:
                 raise ValueError(f"request id {r.request_id!r} is already in flight")
             if r.resume is not None:
-                raise ValueError(f"request {r.request_id!r}: an agent run cannot be resumed (pipeline.over_provision must be 1)")
+                raise ValueError(f"request {r.request_id!r}: an agent run cannot be resumed (a cut-off run starts over: "
+                                 "AgentRun.resumable, cohort/rollout/partial.py)")
         for r in requests:
             run = _Run(r, new_key(), self.new_conversation())
             self._runs[r.request_id] = run

@@ -19,6 +19,7 @@ Left out: other paths (`GET /v1/models` answers the one model).
 from __future__ import annotations
 
 import json
+import sys
 import secrets
 import threading
 from http.server import ThreadingHTTPServer
@@ -93,6 +94,12 @@ class LoopbackServer:
 class _Server(ThreadingHTTPServer):
     request_queue_size = 1024  # every run of a generation batch (or the held-out eval) may connect at once; the
     # default backlog of 5 resets the connections beyond it (the client's "Connection error")
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that hung up (an agent run cancelled mid-call: a batch's end under partial rollouts, an abort) is
+        not an error of the server's: no traceback on the console for it. Any other error is printed as before."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # (ConnectionResetError, BrokenPipeError, ...)
+            super().handle_error(request, client_address)
 
 
 class _Handler(JSONHandler):

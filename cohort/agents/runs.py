@@ -33,7 +33,7 @@ nothing): its error reaches the agent reward, which fails like a reward function
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from cohort.rollout.base import EpisodeRecord, Trajectory
 
@@ -56,6 +56,7 @@ class AgentRun(EpisodeRecord, kind="agent_run"):
     samples: list[Trajectory] = field(default_factory=list)
     seat: str | None = None  # this record is one seat of a run: the seat's name
     seats: list[Trajectory] = field(default_factory=list)
+    resumable: ClassVar[bool] = False  # a run cut off by a partial rollout starts over: its program died with the cut
 
     def reward_arguments(self, prompt: Any) -> dict[str, Any]:
         return {"agent_runs": self}

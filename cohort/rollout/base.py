@@ -159,6 +159,8 @@ class EpisodeRecord:
     - `batch_metrics(records)`: the metrics of a batch's records of this kind.
     - `to_state()` / `from_state(state)`: plain data a checkpoint holds (torch.load(weights_only=True) reads it back)
       across a partial rollout's abort; live objects (an instance the episode played against) stay out.
+    - `resumable`: a cut-off episode continues from its tokens (partial rollouts, cohort/rollout/partial.py); False:
+      it starts over from its prompt instead (a program whose state died with the cut cannot be continued).
 
     `unmarked=True` on one kind: a saved record without a kind is of that kind (checkpoints written before records
     named their kind held one kind only)."""
@@ -167,6 +169,7 @@ class EpisodeRecord:
     kind: ClassVar[str] = ""
     unmarked: ClassVar[str | None] = None  # the kind of a saved record that names none
     observation: str | None = None
+    resumable: ClassVar[bool] = True
 
     def __init_subclass__(cls, kind: str | None = None, unmarked: bool = False, **kwargs: Any):
         super().__init_subclass__(**kwargs)

@@ -5,7 +5,9 @@ groups first, in the order they were buffered, then the batch's new prompts, the
 sampler). As soon as B whole groups are done and scored (and kept, under dynamic sampling) the step takes
 them and interrupts the rest (`GroupStream.interrupt`): each unfinished group goes into the buffer whole —
 members that finished keep their trajectory, members that were cut off keep the tokens they sampled with
-their per-token engine log-probs and policy versions — and is resumed first next step. Resuming submits the
+their per-token engine log-probs and policy versions — and is resumed first next step. A member whose record
+cannot be continued (`EpisodeRecord.resumable` False: an agent run, whose program died with the cut) starts over
+from its prompt instead, with a fresh seed; its cut still counts towards the abort cap. Resuming submits the
 request again with `resume=` its partial trajectory, so the engine continues from the token ids exactly as
 sampled (never from re-tokenized text). Groups that completed beyond the step's B are buffered complete and
 are the first ones taken next step. A group is never split across steps.
@@ -70,6 +72,11 @@ def _resumed(group: BufferedGroup, slot: int) -> list[int]:
     return m.token_ids if m is not None else []
 
 
+def _resumable(member: Trajectory) -> bool:
+    """A cut-off member continues from its tokens unless its multi-turn record cannot (`EpisodeRecord.resumable`)."""
+    return member.episode is None or member.episode.resumable
+
+
 @dataclass
 class StepCounts:
     """What one generation batch did with partial rollouts (its metrics)."""
@@ -123,8 +130,8 @@ class ContinuationBuffer:
                 if m is not None and not m.finished and len(m.token_ids) > len(_resumed(group, slot)):
                     aborts[slot] += 1  # (a member that sampled nothing before the cut was not cut off: no count)
                     self.counts.aborted += 1
-                elif m is not None and not m.finished and not m.token_ids:
-                    members[slot] = None  # nothing sampled: start over next time
+                if m is not None and not m.finished and (not m.token_ids or not _resumable(m)):
+                    members[slot] = None  # nothing sampled, or a record that cannot continue: start over next time
             self.groups.append(BufferedGroup(list(group.rows), list(group.seeds), list(members), aborts))
 
 

@@ -143,3 +143,26 @@ def test_a_summarising_agent_trains_with_ppo_two_steps_per_generation(tmp_path):
     assert first["reward"] == pytest.approx(float(b.rewards[1::2].mean()), abs=1e-12)
     for metrics in (first, second):
         assert np.isfinite(metrics["loss"]) and np.isfinite(metrics["critic/loss"])
+
+
+@pytest.mark.slow
+@pytest.mark.builtin_models('tool_calc')
+def test_the_openai_agent_trains_under_partial_rollouts_its_cut_runs_starting_over(tmp_path):
+    # refused at 4f35103 ("an interrupted agent run cannot be resumed"). pipeline.over_provision = 2 with 2 prompts a
+    # step: ceil(2 x 2) = 4 groups of G = 8 runs in flight, the first 2 whole groups are trained and the other 2 are
+    # buffered (finished members kept, cut-off runs to start over: AgentRun.resumable), so every step ends with 2
+    # groups buffered. Whether a run is cut depends on timing (tests/trainer/test_partial.py fixes the rule by hand);
+    # what must hold every step: 16 trained rows, each a finished run (status ok, never "aborted"), none continued
+    # from its tokens (partial/resumed 0: agent runs start over).
+    cfg = load_config(EXAMPLES / "agent_openai.yaml", ["train.max_steps=3", "train.prompts_per_step=2", "run.eval_every=0",
+                                                       "run.save_every=0", "pipeline.over_provision=2"])
+    trainer = Trainer(cfg, run_dir=tmp_path, log=lambda *a: None)
+    try:
+        for _ in range(3):
+            metrics = trainer.step()
+            b = trainer.state.batch
+            assert len(b) == 16 and {e.status for e in b.episodes} == {"ok"}
+            assert all(len(c) > 0 for c in b.completion_ids) and np.isfinite(metrics["loss"])
+            assert metrics["partial/buffered_groups"] == 2.0 and metrics["partial/resumed"] == 0.0
+    finally:
+        trainer.close()

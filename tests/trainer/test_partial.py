@@ -291,6 +291,32 @@ def test_a_buffered_multi_turn_member_round_trips_through_a_checkpoint_without_i
     assert got.episode.segments == [(0, 5, "assistant"), (5, 7, "tool")] and got.episode.environment is None
 
 
+def test_a_cut_off_agent_run_starts_over_and_a_cut_off_tool_episode_resumes():
+    # One interrupted group of 4: a tool-loop member cut after 3 tokens (resumable: kept to continue), an agent run cut
+    # after its first call's 2 tokens (AgentRun.resumable is False: buffered as None, to start over from its prompt),
+    # a finished agent run (kept as it is) and an agent run cut before any call returned tokens (None, as any member
+    # that sampled nothing). The cuts that sampled something count: aborts [1, 1, 0, 0], partial/aborted 2. Next step
+    # every unfinished member (continued or restarted) draws continuation_seed(its seed, its aborts); the finished one
+    # keeps its seed and is not run again.
+    from cohort.agents.runs import AgentRun
+    from cohort.rollout.partial import BufferedGroup, ContinuationBuffer
+    from cohort.tools.episode import Episode
+
+    tool = Trajectory([5, 6, 7], [-1.0] * 3, "aborted", 0, episode=Episode(turns=1))
+    cut_agent = Trajectory([8, 9], [-1.0] * 2, "aborted", 0, episode=AgentRun(status="aborted", turns=1))
+    done_agent = Trajectory([4, 2], [-1.0] * 2, "stop", 0, episode=AgentRun(outcome={"reward": 1.0}, turns=1))
+    empty_agent = Trajectory([], [], "aborted", 0, episode=AgentRun(status="aborted"))
+    buffer = ContinuationBuffer(max_aborts=2)
+    buffer.record(0, BufferedGroup([7] * 4, [11, 12, 13, 14], [None] * 4, [0] * 4))
+    buffer.put_interrupted([(0, [7] * 4, [tool, cut_agent, done_agent, empty_agent])])
+    (group,) = buffer.groups
+    assert group.members == [tool, None, done_agent, None] and group.aborts == [1, 1, 0, 0]
+    assert buffer.counts.aborted == 2
+    _, seeds, _, partial = group.submission([[1, 2]] * 4)
+    assert seeds == [continuation_seed(11, 1), continuation_seed(12, 1), 13, continuation_seed(14, 0)]
+    assert partial == [tool, None, done_agent, None]
+
+
 def test_tail_seconds_count_the_polls_while_fewer_than_half_the_batch_decode(tmp_path, data_file, tiny_model_dir, monkeypatch):
     # Synchronous, B = 3 groups of G = 4: half the batch is 6 completions. Rows 0, 1, 2 take 3, 12 and 4 tokens, one
     # per poll: polls 1-3 run with 12 requests decoding (row 0 done at poll 3), poll 4 with 8 (row 2 done), polls 5-12
