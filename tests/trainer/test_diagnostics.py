@@ -113,25 +113,27 @@ def test_answer_collapse_is_quiet_on_the_demo():
     assert run(stream) == []
 
 
-# examples/reasoning_gym_letter_counting.yaml as it is (SmolLM2-135M-Instruct, 8 prompts x G=8, T=0.7), its first 3
-# steps, 2026-12-06 (float32, 260-325 s a step under load 13-26: the run was stopped there)
-LETTER_COUNTING_STEPS = [(4.125, 0.0781, 0.625), (6.5, 0.0625, 0.375), (7.25, 0.0781, 0.75)]
+# examples/reasoning_gym_letter_counting.yaml as it is (SmolLM2-135M-Instruct, 8 prompts x G=8, T=0.7): its first 18
+# steps' answers/* and frac_reward_zero_std as metrics.jsonl logged them (rounded to 4 places), 2026-12-07 (float32,
+# 150-210 s a step under load 6-16; the evals cut to 8 held-out prompts, which the training steps do not read; stopped
+# after step 18). Its own console printed the warning at step 16.
+LETTER_COUNTING_STEPS = [  # (distinct answers per group, top share, reference top share, groups without signal)
+    (4.125, 0.0781, 0.625, 0.375), (6.5, 0.0625, 0.375, 0.125), (7.25, 0.0781, 0.75, 0.25), (7.375, 0.0625, 0.5, 0.0),
+    (7.75, 0.0625, 0.5, 0.0), (6.375, 0.1094, 0.375, 0.125), (7.5, 0.0938, 0.5, 0.125), (6.625, 0.2344, 0.75, 0.125),
+    (5.125, 0.2812, 0.5, 0.0), (5.0, 0.3594, 0.875, 0.25), (4.25, 0.5469, 0.875, 0.125), (4.5, 0.5469, 0.875, 0.5),
+    (3.25, 0.6875, 0.5, 0.625), (1.625, 0.7344, 0.75, 0.75), (1.5, 0.9375, 0.5, 0.625), (1.125, 0.9844, 0.5, 0.875),
+    (1.25, 0.9062, 0.625, 0.875), (1.25, 0.9531, 0.875, 0.75)]
 
 
 def test_answer_collapse_fires_on_letter_counting():
-    # The first 3 steps are real: answers still spread (top share 6-8%), no warning. The collapse after them is the
-    # worked example's (docs/environments.md: after 20 steps the model answers "1" to 292 of 300 held-out questions),
-    # not measured step by step here: the top share rises linearly from step 3's 0.0781 to 0.95 at step 20
-    # (+0.0513 a step), the reference top shares keep cycling through the three real ones (mean 0.583).
-    real = [{"answers/distinct_per_group": d, "answers/top_share": t, "answers/reference_top_share": r}
-            for d, t, r in LETTER_COUNTING_STEPS]
-    assert run(real) == []
-    refs = [0.625, 0.375, 0.75]
-    later = [{"answers/distinct_per_group": 2.0, "answers/top_share": 0.0781 + (s - 3) * (0.95 - 0.0781) / 17,
-              "answers/reference_top_share": refs[(s - 1) % 3]} for s in range(4, 21)]
-    # the bar is max(0.5, mean reference share so far + 0.1): step 14: 0.642 < 0.1 + 8.0/14 = 0.671; step 15:
-    # 0.694 >= 0.1 + 8.75/15 = 0.683; 16: 0.745 >= 0.1 + 9.375/16 = 0.686; 17: 0.796 >= 0.1 + 9.75/17 = 0.674, the
-    # third in a row: the warning at step 17, once (it stays above the bar, so it does not re-arm)
-    warnings = run(real + later)
-    assert [(step, kind) for step, kind, _ in warnings] == [(17, "answer_collapse")]
-    assert abs(warnings[0][2] - (0.0781 + 14 * (0.95 - 0.0781) / 17)) < 1e-12
+    # The bar is max(0.5, mean reference top share so far + 0.1), and the warning comes at the third batch in a row
+    # at or above it. Sums of the reference shares: steps 1-12 7.5, 13: 8.0, 14: 8.75, 15: 9.25, 16: 9.75. Step 12:
+    # 0.5469 < 7.5/12 + 0.1 = 0.725; 13: 0.6875 < 8.0/13 + 0.1 = 0.715 (the policy says "1" as often as the
+    # references hold it, 57% of this task's keys: not yet a collapse); 14: 0.7344 >= 8.75/14 + 0.1 = 0.725 (first);
+    # 15: 0.9375 >= 9.25/15 + 0.1 = 0.717 (second); 16: 0.9844 >= 9.75/16 + 0.1 = 0.709 (third): the warning at step
+    # 16 with step 16's share, once (17 and 18 stay above the bar, so it does not re-arm).
+    stream = [{"answers/distinct_per_group": d, "answers/top_share": t, "answers/reference_top_share": r,
+               "frac_reward_zero_std": z} for d, t, r, z in LETTER_COUNTING_STEPS]
+    warnings = run(stream)
+    assert [(step, kind) for step, kind, _ in warnings] == [(16, "answer_collapse")]
+    assert warnings[0][2] == 0.9844
