@@ -2,14 +2,13 @@
 that agent.function resolves to an `async def` taking (client, row), and every combination the agent path cannot run,
 each naming the fields and the fix.
 
-Why each combination is refused:
-- tools.functions / tools.environment: the agent runs its own tool loop; cohort's would wrap the endpoint's engine
-  calls a second time.
-- rewards beside agent.environment: a failed verifiers episode has no reward (None), and the rollout's failure rule
-  (scored by nothing) covers the tool loop's episodes only, so added functions would score it; beside agent.function
-  they are added to the agent's reward (cohort/plan/run_rewards.py).
+The one combination refused: tools.functions / tools.environment (the agent runs its own tool loop; cohort's would
+wrap the endpoint's engine calls a second time).
+
 Runs with a critic (algorithm.name = ppo), more than one optimizer step per generation batch, several training
-processes and partial rollouts (pipeline.over_provision > 1) are not refused: a run's calls are rows of the batch before anything is scored
+processes, partial rollouts (pipeline.over_provision > 1) and `rewards` beside the agent's or the environment's
+reward (composed in cohort/plan/run_rewards.py; an environment's failed episode is scored by none of them,
+`AgentRun.failed`) are not refused: a run's calls are rows of the batch before anything is scored
 (cohort/trainer/agent_samples.py), and under several processes the agent endpoint runs beside rank 0's engine
 (cohort/trainer/build_parts.py), every rank receiving the finished runs; a run cut off at a batch's end starts over
 in a later batch (`AgentRun.resumable` is False, cohort/rollout/partial.py), since its program died with the cut.
@@ -87,12 +86,7 @@ def agent_problems(cfg: CohortConfig) -> list[str]:
             problems.append(str(exc))
     name = (agent.environment if agent.environment is not None else agent.function if isinstance(agent.function, str)
             else getattr(agent.function, "__name__", "the agent"))
-    for when, what, fix in (
-        (cfg.tools.enabled, "tools.functions / tools.environment", "the agent runs its own tool loop; unset the tools section"),
-        (cfg.rewards is not None and agent.environment is not None, "rewards",
-         "the environment's episode reward is the run's reward (a failed episode, scored by nothing, would still be "
-         "scored by them); put more @vf.reward functions in its taskset, or remove rewards"),
-    ):
-        if when:
-            problems.append(f"agent.function = {name!r} with {what}: {fix}")
+    if cfg.tools.enabled:
+        problems.append(f"agent.function = {name!r} with tools.functions / tools.environment: the agent runs its own tool "
+                        "loop; unset the tools section")
     return problems

@@ -26,8 +26,10 @@ that know no connector read through `cohort.rollout.base.EpisodeRecord`: reward 
 `agent/<key>` (the mean over the runs that returned it of each key the agent's dict returned besides `reward`),
 `agent/failed` (runs that ended with an error: only an environment's failed episodes get this far,
 cohort/agents/verifiers.py), `agent/calls_mean` (model calls per run) and `agent/samples_mean` (trained samples per
-run: 1, or its calls when it rewrote its history). An agent run is never `failed` in the rollout's sense (scored by
-nothing): its error reaches the agent reward, which fails like a reward function (cohort/agents/reward.py).
+run: 1, or its calls when it rewrote its history). A run whose error the agent marked as its episode's only (an
+exception with `episode_only = True`, verifiers' `EpisodeFailed`) is `failed` in the rollout's sense: scored by
+nothing, by the environment's reward and any added `rewards` alike. Any other error reaches the agent reward, which
+fails like a reward function (cohort/agents/reward.py).
 """
 
 from __future__ import annotations
@@ -56,7 +58,13 @@ class AgentRun(EpisodeRecord, kind="agent_run"):
     samples: list[Trajectory] = field(default_factory=list)
     seat: str | None = None  # this record is one seat of a run: the seat's name
     seats: list[Trajectory] = field(default_factory=list)
+    episode_only: bool = False  # the error failed this episode only (an environment's, e.g. verifiers'): scored by nothing
     resumable: ClassVar[bool] = False  # a run cut off by a partial rollout starts over: its program died with the cut
+
+    @property
+    def failed(self) -> bool:
+        """An episode the environment failed (`episode_only`): no reward function scores it, training goes on."""
+        return self.error is not None and self.episode_only
 
     def reward_arguments(self, prompt: Any) -> dict[str, Any]:
         return {"agent_runs": self}
@@ -85,7 +93,7 @@ class AgentRun(EpisodeRecord, kind="agent_run"):
         return {"outcome": dict(self.outcome) if self.outcome is not None else None, "error": self.error,
                 "status": self.status, "turns": self.turns, "conversation": [dict(m) for m in self.conversation],
                 "samples": [t.to_state() for t in self.samples], "seat": self.seat,
-                "seats": [t.to_state() for t in self.seats]}
+                "seats": [t.to_state() for t in self.seats], "episode_only": self.episode_only}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> AgentRun:

@@ -23,8 +23,9 @@ endpoint loses nothing, and the train client needs a `renderers` map entry for e
 checkpoint of one's own lacks.
 
 Failures: an episode that ends with errors (the environment raised, the endpoint answered an error, the harness
-program failed) raises `EpisodeFailed` with verifiers' messages; the run's `AgentRun.error` keeps it, `verifiers_reward`
-gives that run no reward (None: advantage 0) instead of stopping training, and `agent/failed` counts it.
+program failed) raises `EpisodeFailed` with verifiers' messages; the run's `AgentRun.error` keeps it, the episode is
+scored by nothing (`AgentRun.failed`: no reward from the environment or any added `rewards`, advantage 0) instead of
+stopping training, and `agent/failed` counts it.
 
 What this machine must give (cohort/data/verifiers.py's `check_environment` says which, before anything loads): the environment's module
 installed (an unknown id is refused with the closest installed names); a local runtime (verifiers' default for the
@@ -54,7 +55,10 @@ API_KEY_VAR = "COHORT_VERIFIERS_API_KEY"  # the eval client's key variable: unse
 
 
 class EpisodeFailed(RuntimeError):
-    """A verifiers episode ended with errors; the message is verifiers' own."""
+    """A verifiers episode ended with errors; the message is verifiers' own. That episode only fails
+    (`episode_only`: scored by nothing, cohort/agents/runs.py); training goes on."""
+
+    episode_only = True
 
 
 def use_this_interpreter_for_chat_programs() -> None:

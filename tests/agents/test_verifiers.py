@@ -5,6 +5,7 @@ against the loopback endpoint over a scripted engine, joined to their runs by X-
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -177,6 +178,30 @@ def test_a_single_turn_taskset_trains_20_steps(tmp_path, quick_stop_chat_model):
                                   {**LOCAL, "taskset": {"num_tasks": 4}})
     check_every_episode_joined(steps, lines)
     assert all(run.turns == 1 for step in steps for run in step["episodes"])
+
+
+def one_point(completions, **_):
+    """A reward a user adds beside the environment's: 1.0 for every completion it is asked about."""
+    return [1.0] * len(completions)
+
+
+@pytest.mark.slow
+def test_rewards_beside_an_environment_add_to_its_reward_and_skip_its_failed_episodes(tmp_path, quick_stop_chat_model):  # noqa: F811
+    # refused at 4f35103 ("the environment's episode reward is the run's reward"). Task 1's scorer raises (verifiers
+    # fails that episode: EpisodeFailed), task 0's scores as usual; `one_point` is added at weight 0.5. Every step's
+    # 4 rows (2 tasks x G = 2): task 0's total = its episode reward + 0.5 x 1.0; task 1's NaN (scored by nothing:
+    # neither the environment's reward nor one_point; advantage 0) and agent/failed counts its 2 episodes.
+    steps, lines = train_20_steps(tmp_path, quick_stop_chat_model, "verifiers:cohort_vf_arith",
+                                  {**LOCAL, "taskset": {"num_tasks": 2, "broken_tasks": [1]}},
+                                  ["rewards=[{name: tests.agents.test_verifiers.one_point, weight: 0.5}]"], steps=2)
+    assert len(steps) == 2
+    for step in steps:
+        for run, row, total, advantage in zip(step["episodes"], step["rows"], step["rewards"], step["advantages"]):
+            if row == 1:
+                assert run.failed and "the scorer broke" in run.error and math.isnan(total) and advantage == 0.0
+            else:
+                assert not run.failed and total == run.outcome["reward"] + 0.5
+        assert step["metrics"]["agent/failed"] == 2.0
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ def last_reply(trace) -> str:
 class ArithConfig(vf.TasksetConfig):
     num_tasks: int = 8
     raise_in_reward: bool = False  # the tests' broken environment: every reward raises
+    broken_tasks: list[int] = []  # the tasks (by index) whose reward raises, the others scored as usual
 
 
 class BrokenArithTask(ArithTask):
@@ -42,9 +43,10 @@ class BrokenArithTask(ArithTask):
 
 class ArithTaskset(vf.Taskset[ArithTask, ArithConfig]):
     def load(self):
-        kind = BrokenArithTask if self.config.raise_in_reward else ArithTask
+        broken = lambda i: self.config.raise_in_reward or i in self.config.broken_tasks  # noqa: E731
         pairs = [(3 + 7 * i, 2 + 5 * i) for i in range(self.config.num_tasks)]
-        return [kind(ArithData(prompt=f"{a}*{b}=", answer=str(a * b)), self.config.task) for a, b in pairs]
+        return [(BrokenArithTask if broken(i) else ArithTask)(ArithData(prompt=f"{a}*{b}=", answer=str(a * b)),
+                                                               self.config.task) for i, (a, b) in enumerate(pairs)]
 
 
 __all__ = ["ArithTaskset"]
