@@ -86,7 +86,8 @@ def agent_problems(cfg: CohortConfig) -> list[str]:
             problems.append(str(exc))
     name = (agent.environment if agent.environment is not None else agent.function if isinstance(agent.function, str)
             else getattr(agent.function, "__name__", "the agent"))
+    field = "agent.environment" if agent.environment is not None else "agent.function"
     if cfg.tools.enabled:
-        problems.append(f"agent.function = {name!r} with tools.functions / tools.environment: the agent runs its own tool "
+        problems.append(f"{field} = {name!r} with tools.functions / tools.environment: the agent runs its own tool "
                         "loop; unset the tools section")
     return problems
