@@ -84,8 +84,10 @@ def _stream_line(cfg: CohortConfig, plan: BatchPlan) -> str:
                  "trained, the rest generating on through the update (under the staleness bound)")
     elif cfg.pipeline.over_provision > 1:
         line += (f"\n  partial rollouts      on: {cfg.pipeline.over_provision:g}× the batch's groups requested, the first to finish "
-                 f"trained, the rest resumed next step (at most {cfg.pipeline.max_aborts} cuts per request); resumed tokens are "
-                 f"off-policy ({cfg.algorithm.off_policy_objective})")
+                 + (f"trained, the rest's cut-off agent runs started over next step (an agent cannot be resumed; at most "
+                    f"{cfg.pipeline.max_aborts} cuts per request)" if cfg.agent.enabled else
+                    f"trained, the rest resumed next step (at most {cfg.pipeline.max_aborts} cuts per request); resumed tokens "
+                    f"are off-policy ({cfg.algorithm.off_policy_objective})"))
     if cfg.pipeline.max_staleness:
         line += (f"\n  asynchronous          on: generation runs up to {cfg.pipeline.max_staleness} policy version(s) ahead; tokens "
                  f"staler when trained: {cfg.pipeline.stale_tokens}; off-policy tokens: {cfg.algorithm.off_policy_objective}")
