@@ -298,7 +298,8 @@ class AgentEngine(RequestEngineMixin, WrappedEngine):
         seats = {}
         if status is None:
             record.outcome, record.error, record.status, seats = _outcome(run.future, self.timeout_s)
-            record.episode_only = record.error is not None and _episode_only(run.future)
+            # an agent marked `episode_only` (verifiers' VerifiersAgent): any failure fails that episode only
+            record.episode_only = record.error is not None and bool(getattr(self.agent, "episode_only", False))
         else:
             record.status, record.error = status, "the run was aborted"
         trajectory, samples = run_trajectory(list(run.conversation.calls), run.request.request_id, run.request.prompt_ids,
@@ -334,15 +335,6 @@ def _outcome(future: concurrent.futures.Future, timeout_s: float) -> tuple[dict[
         return as_outcome(value), None, "ok", seats
     except ValueError as exc:
         return None, str(exc), "error", {}
-
-
-def _episode_only(future: concurrent.futures.Future) -> bool:
-    """The agent raised an exception marked `episode_only = True` (verifiers' `EpisodeFailed`): its episode fails,
-    scored by nothing, and training goes on."""
-    try:
-        return bool(getattr(future.exception(timeout=0), "episode_only", False))
-    except BaseException:  # noqa: BLE001 - cancelled or timed out: not the environment's own failure
-        return False
 
 
 def as_seats(value: Any) -> dict[str, tuple[str, dict[str, float | None]]]:

@@ -26,8 +26,8 @@ that know no connector read through `cohort.rollout.base.EpisodeRecord`: reward 
 `agent/<key>` (the mean over the runs that returned it of each key the agent's dict returned besides `reward`),
 `agent/failed` (runs that ended with an error: only an environment's failed episodes get this far,
 cohort/agents/verifiers.py), `agent/calls_mean` (model calls per run) and `agent/samples_mean` (trained samples per
-run: 1, or its calls when it rewrote its history). A run whose error the agent marked as its episode's only (an
-exception with `episode_only = True`, verifiers' `EpisodeFailed`) is `failed` in the rollout's sense: scored by
+run: 1, or its calls when it rewrote its history). A run whose error the agent marked as its episode's only (an agent
+object marked `episode_only = True`, verifiers' `VerifiersAgent`) is `failed` in the rollout's sense: scored by
 nothing, by the environment's reward and any added `rewards` alike. Any other error reaches the agent reward, which
 fails like a reward function (cohort/agents/reward.py).
 """

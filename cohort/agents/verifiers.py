@@ -23,7 +23,8 @@ endpoint loses nothing, and the train client needs a `renderers` map entry for e
 checkpoint of one's own lacks.
 
 Failures: an episode that ends with errors (the environment raised, the endpoint answered an error, the harness
-program failed) raises `EpisodeFailed` with verifiers' messages; the run's `AgentRun.error` keeps it, the episode is
+program failed) raises `EpisodeFailed` with verifiers' messages; the run's `AgentRun.error` keeps it, and since
+`VerifiersAgent.episode_only` makes any failure of its runs (a timeout too) the episode's own, the episode is
 scored by nothing (`AgentRun.failed`: no reward from the environment or any added `rewards`, advantage 0) instead of
 stopping training, and `agent/failed` counts it.
 
@@ -56,9 +57,7 @@ API_KEY_VAR = "COHORT_VERIFIERS_API_KEY"  # the eval client's key variable: unse
 
 class EpisodeFailed(RuntimeError):
     """A verifiers episode ended with errors; the message is verifiers' own. That episode only fails
-    (`episode_only`: scored by nothing, cohort/agents/runs.py); training goes on."""
-
-    episode_only = True
+    (`VerifiersAgent.episode_only`: scored by nothing, cohort/agents/runs.py); training goes on."""
 
 
 def use_this_interpreter_for_chat_programs() -> None:
@@ -80,7 +79,11 @@ def use_this_interpreter_for_chat_programs() -> None:
 
 
 class VerifiersAgent:
-    """`async (client, row)`: row's task played as one verifiers episode against `client`'s endpoint (module docstring)."""
+    """`async (client, row)`: row's task played as one verifiers episode against `client`'s endpoint (module docstring).
+    `episode_only`: any failure of a run (verifiers' errors, a timeout) fails that episode only: scored by nothing,
+    by `verifiers_reward` and any added `rewards` alike (AgentRun.failed), and training goes on."""
+
+    episode_only = True
 
     def __init__(self, spec: str, args: dict[str, Any], model_name: str, num_examples: int | None = None, *,
                  loaded: tuple[Any, list] | None = None):
