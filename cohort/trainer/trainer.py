@@ -201,7 +201,7 @@ class Trainer:
         """The batch's metrics: lengths over every row the loss sees (`batch`), rewards and answers over the runs
         (`runs`: one row per run, trainer/agent_samples.py)."""
         lengths = np.array(batch.trained_lengths(), dtype=np.float64)  # sampled tokens only: tool output left out
-        stats = advantage_stats(torch.as_tensor(runs.rewards, dtype=torch.float32), self.plan.num_generations)
+        stats = advantage_stats(torch.as_tensor(runs.rewards, dtype=torch.float32, device=self.parts.device), self.plan.num_generations)
         finite = runs.rewards[np.isfinite(runs.rewards)]
         metrics = {
             "reward": float(finite.mean()) if finite.size else float("nan"),

@@ -90,7 +90,7 @@ def _old_batch_path(trainer: Trainer) -> tuple[RolloutBatch, object]:
                                    columns={c: [data.rows[i].get(c) for i in rows] for c in data.columns}, group_size=4)
     batch = RolloutBatch(rows, prompts, [o.token_ids for o in outs], [o.logprobs for o in outs],
                          [o.status == "length" for o in outs], texts, scored.total, scored.per_function, torch.empty(0))
-    advantages, _ = trainer._advantages(batch, torch.tensor(scored.total, dtype=torch.float32))
+    advantages, _ = trainer._advantages(batch)
     return dataclasses.replace(batch, advantages=advantages.advantages), scored
 
 
