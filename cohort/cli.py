@@ -118,11 +118,18 @@ def _say_breakdown(summary: dict) -> None:
         beyond_before, beyond_after = get("eval/beyond_common_accuracy_before"), get("eval/beyond_common_accuracy_after")
         print(f'  a constant "{get("eval/constant_answer_after")}" scores {get("eval/constant_accuracy_after"):.1%}; beyond '
               f"the two most common answers ({get('eval/beyond_common_prompts_after')} prompts): {beyond_before:.1%} → "
-              f"{beyond_after:.1%}")
+              f"{beyond_after:.1%}" + _chance_after(summary))
     passes = sorted(k[len("eval/"):-len("_after")] for k in summary if k.startswith("eval/pass@") and k.endswith("_after"))
     if passes and all(f"eval/{p}_before" in summary for p in passes):
         print("  " + ", ".join(f"{p} {get(f'eval/{p}_before'):.1%} → {get(f'eval/{p}_after'):.1%}" for p in passes)
               + f" ({get('eval/pass_samples_after')} samples per prompt at T={get('eval/pass_temperature_after'):g})")
+
+
+def _chance_after(summary: dict) -> str:
+    """' (chance after: 16.0%)': what the trained model's answers score beyond the common answers if they ignored the
+    question; '' for a summary without it."""
+    chance = summary.get("eval/beyond_common_chance_after")
+    return "" if chance is None else f" (chance after: {chance:.1%})"
 
 
 def _say_where(run_dir: str) -> None:

@@ -13,6 +13,16 @@ answers already read the way the task's scorer reads them (cohort/rewards/answer
   order); `beyond_common(references, correct, top=2)`: the accuracy on the items whose reference is **not** one of
   them, and how many such items there are ("beyond the two most common answers"). Items without a reference are in
   neither set. Accuracy there is what a model can only get by answering the question, not by saying the prior.
+- `chance_accuracy(answers, references, items)`: what the model's answers score on `items` if they ignored the
+  question: the model's answers over every item with a reference dealt out to the items at random, so item i is right
+  with probability p(reference of i), p(a) = the share of the items with a reference that the model answered a;
+  averaged over `items` (all items with a reference by default). A balanced guess scores the constant answer's share
+  or better beyond the common answers without reading anything: accuracy there means the question was read only when
+  it is above this. `above_chance(accuracy, chance, n)`: above by more than two binomial standard errors,
+  2 sqrt(c (1 - c) / n) (about 7 points at c = 15%, n = 100).
+- `by_reference(answers, references, correct, top=5)`: for the `top` most common references, `[answer, items,
+  accuracy, said]`: the accuracy on the items with that reference beside the share of all items the model answered it
+  (`said`). The two equal, reference by reference, is a model answering without the question.
 - `answer_distribution(answers, top=5)`: the model's answers as `{"top": [[answer, count], ...], "distinct": n,
   "no_answer": m}` (`distinct` counts answers given, the no-answer case not among them).
 - `pass_at_k(n, c, k)`: Chen et al. 2021's unbiased estimator 1 - C(n-c, k) / C(n, k) from n samples of which c are
@@ -33,6 +43,7 @@ from typing import Sequence
 
 COMMON_TOP = 2  # "beyond the two most common answers"
 DISTRIBUTION_TOP = 5
+BY_REFERENCE_SHOWN = 3  # the console's; the record keeps DISTRIBUTION_TOP
 
 
 def ranked(values: Sequence[str | None]) -> list[tuple[str, int]]:
@@ -58,10 +69,48 @@ def common_answers(references: Sequence[str | None], top: int = COMMON_TOP) -> l
 def beyond_common(references: Sequence[str | None], correct: Sequence[float], top: int = COMMON_TOP) -> tuple[float, int]:
     """(accuracy, items) on the items whose reference is not among the `top` most common; NaN entries of `correct`
     (unscored) are left out; (nan, 0) when no item is beyond them."""
-    common = set(common_answers(references, top))
-    scores = [float(c) for r, c in zip(references, correct, strict=True)
-              if r is not None and r not in common and not math.isnan(float(c))]
+    if len(references) != len(correct):
+        raise ValueError(f"{len(references)} references for {len(correct)} scores")
+    scores = [float(correct[i]) for i in beyond_items(references, top) if not math.isnan(float(correct[i]))]
     return (sum(scores) / len(scores), len(scores)) if scores else (math.nan, 0)
+
+
+def chance_accuracy(answers: Sequence[str | None], references: Sequence[str | None],
+                    items: Sequence[int] | None = None) -> float:
+    """The accuracy on `items` (indices; default every item with a reference) of the model's answers dealt out at random
+    over the items with a reference (module docstring); nan when there is no such item."""
+    referenced = [i for i, r in enumerate(references) if r is not None]
+    chosen = referenced if items is None else [i for i in items if references[i] is not None]
+    if not chosen:
+        return math.nan
+    said = Counter(answers[i] for i in referenced if answers[i] is not None)
+    return sum(said[references[i]] for i in chosen) / (len(referenced) * len(chosen))
+
+
+def above_chance(accuracy: float, chance: float, items: int) -> bool:
+    """Whether `accuracy` on `items` items beats `chance` by more than two binomial standard errors."""
+    if items <= 0 or math.isnan(accuracy) or math.isnan(chance):
+        return False
+    return accuracy - chance > 2.0 * math.sqrt(chance * (1.0 - chance) / items)
+
+
+def beyond_items(references: Sequence[str | None], top: int = COMMON_TOP) -> list[int]:
+    """The indices of the items whose reference is not among the `top` most common (items without one left out)."""
+    common = set(common_answers(references, top))
+    return [i for i, r in enumerate(references) if r is not None and r not in common]
+
+
+def by_reference(answers: Sequence[str | None], references: Sequence[str | None], correct: Sequence[float],
+                 top: int = DISTRIBUTION_TOP) -> list[list]:
+    """[answer, items, accuracy, said] for the `top` most common references (module docstring); accuracy over the
+    scored items (NaN entries of `correct` left out), said over every item with a reference."""
+    referenced = [i for i, r in enumerate(references) if r is not None]
+    said = Counter(answers[i] for i in referenced if answers[i] is not None)
+    rows = []
+    for answer, count in ranked(references)[:top]:
+        scores = [float(correct[i]) for i in referenced if references[i] == answer and not math.isnan(float(correct[i]))]
+        rows.append([answer, count, sum(scores) / len(scores) if scores else math.nan, said[answer] / len(referenced)])
+    return rows
 
 
 def answer_distribution(answers: Sequence[str | None], top: int = DISTRIBUTION_TOP) -> dict:
@@ -120,13 +169,27 @@ def _points(before: float | None, after: float | None) -> str:
 
 
 def gain_line(before: dict, after: dict) -> str:
-    """'+20.7 points; beyond the two most common answers: -4.3' from two eval records (`evaluate`'s); the second half
-    says why it is absent when the task's answers cannot be read."""
+    """'+20.7 points; beyond the two most common answers: -4.3' from two eval records (`evaluate`'s), and whether the
+    accuracy beyond them after is above what its answers score if they ignored the question ('..., at chance (14.9%;
+    16.0% if its answers ignored the question)'); the second half says why it is absent when the task's answers
+    cannot be read."""
     line = f"{_points(before.get('accuracy'), after.get('accuracy'))} points"
     if "beyond_common_accuracy" not in after:
         return f"{line}; no answer breakdown: {after.get('breakdown_missing', 'not measured')}"
-    return (f"{line}; beyond the two most common answers: "
-            f"{_points(before.get('beyond_common_accuracy'), after.get('beyond_common_accuracy'))}")
+    line += (f"; beyond the two most common answers: "
+             f"{_points(before.get('beyond_common_accuracy'), after.get('beyond_common_accuracy'))}")
+    verdict = chance_verdict(after.get("beyond_common_accuracy"), after.get("beyond_common_chance"),
+                             after.get("beyond_common_prompts"))
+    return f"{line}, {verdict}" if verdict else line
+
+
+def chance_verdict(accuracy, chance, items) -> str:
+    """'above chance (30.0%; 16.0% if its answers ignored the question)' or 'at chance (...)'; '' when a value is missing
+    (a record written before the chance fields)."""
+    if any(value is None for value in (accuracy, chance, items)) or math.isnan(accuracy) or math.isnan(chance):
+        return ""
+    word = "above chance" if above_chance(accuracy, chance, items) else "at chance"
+    return f"{word} ({accuracy:.1%}; {chance:.1%} if its answers ignored the question)"
 
 
 def _percent(value) -> str:
@@ -147,13 +210,23 @@ def eval_line(record: dict) -> str:
 def eval_parts(record: dict) -> list[str]:
     """One eval record (`evaluate`'s, eval.jsonl's) as the console says it, a short part each (the training console
     prints the first after its label and each other on an indented line of its own): the accuracy, the constant
-    answer's, the accuracy beyond the two most common answers, pass@k, the model's most common answers."""
+    answer's, its answers' chance accuracy, the accuracy beyond the two most common answers (at or above chance), the
+    accuracy on each of the three most common references beside how often the model says it, pass@k, the model's most
+    common answers."""
     parts = [f"accuracy {_percent(record.get('accuracy'))} on {record.get('num_prompts')} held-out prompts"]
     if "constant_accuracy" in record:
         common = ", ".join(f'"{a}"' for a in record.get("common_answers", []))
         parts.append(f'constant answer "{record["constant_answer"]}": {_percent(record["constant_accuracy"])}')
+        if "chance_accuracy" in record:
+            parts.append(f"if its answers ignored the question: {_percent(record['chance_accuracy'])}")
+        verdict = chance_verdict(record.get("beyond_common_accuracy"), record.get("beyond_common_chance"),
+                                 record.get("beyond_common_prompts"))
         parts.append(f"beyond the two most common answers ({common}; {record.get('beyond_common_prompts')} prompts): "
-                     f"{_percent(record.get('beyond_common_accuracy'))}")
+                     + (verdict or _percent(record.get("beyond_common_accuracy"))))
+        if record.get("by_reference"):
+            shown = ", ".join(f'"{answer}" {_percent(accuracy)} vs {_percent(said)}'
+                              for answer, _, accuracy, said in record["by_reference"][:BY_REFERENCE_SHOWN])
+            parts.append(f"right on each reference vs how often it says it: {shown}")
     elif "breakdown_missing" in record:
         parts.append(f"no answer breakdown: {record['breakdown_missing']}")
     passes = sorted((key for key in record if key.startswith("pass@")), key=lambda key: int(key[5:]))

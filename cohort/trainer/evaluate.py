@@ -15,8 +15,10 @@ all functions.
 Beside the greedy accuracy, when the first function reads answers (cohort/rewards/answer_reading.py), the answer
 breakdown (cohort/runs/answer_stats.py): the best constant answer and its accuracy on the same items
 (`constant_answer`, `constant_accuracy`), the accuracy on the items whose reference is not among the two most common
-(`common_answers`, `beyond_common_accuracy`, `beyond_common_prompts`), and the distribution of the model's greedy
-answers (`answers`); else `breakdown_missing` says why. With `num_samples` n > 0, n more completions per prompt at
+(`common_answers`, `beyond_common_accuracy`, `beyond_common_prompts`), what the model's answers score if they ignored
+the question, on all of them and beyond the common answers (`chance_accuracy`, `beyond_common_chance`), the accuracy
+on each common reference beside how often the model gives it (`by_reference`), and the distribution of the model's
+greedy answers (`answers`); else `breakdown_missing` says why. With `num_samples` n > 0, n more completions per prompt at
 `temperature` give `pass@1` and `pass@k` (Chen et al.'s unbiased estimator; k = `pass_k`, at most n).
 """
 
@@ -106,8 +108,11 @@ def answer_breakdown(rewards, completions: list, columns: dict[str, list], corre
     constant, constant_accuracy = answer_stats.constant_baseline(references)
     beyond_accuracy, beyond_prompts = answer_stats.beyond_common(references, correct.tolist())
     return {"constant_answer": constant, "constant_accuracy": constant_accuracy,
+            "chance_accuracy": answer_stats.chance_accuracy(answers, references),
             "common_answers": answer_stats.common_answers(references),
             "beyond_common_accuracy": beyond_accuracy, "beyond_common_prompts": beyond_prompts,
+            "beyond_common_chance": answer_stats.chance_accuracy(answers, references, answer_stats.beyond_items(references)),
+            "by_reference": answer_stats.by_reference(answers, references, correct.tolist()),
             "answers": answer_stats.answer_distribution(answers)}
 
 

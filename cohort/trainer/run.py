@@ -266,8 +266,9 @@ def _earlier_eval(run_dir: Path, label: str) -> dict:
 
 
 # an eval record's fields that summary.json repeats, as eval/<key>_before and eval/<key>_after (docs/runs.md)
-SUMMARY_EVAL_KEYS = ("accuracy", "constant_answer", "constant_accuracy", "common_answers", "beyond_common_accuracy",
-                     "beyond_common_prompts", "answers", "breakdown_missing", "pass_samples", "pass_temperature")
+SUMMARY_EVAL_KEYS = ("accuracy", "constant_answer", "constant_accuracy", "chance_accuracy", "common_answers",
+                     "beyond_common_accuracy", "beyond_common_prompts", "beyond_common_chance", "by_reference", "answers", "breakdown_missing",
+                     "pass_samples", "pass_temperature")
 
 
 def _summary(steps: int, run_dir: Path, history: list[dict], before: dict, after: dict, wall_s: float) -> dict:

@@ -98,3 +98,70 @@ def test_gain_line_and_eval_line():
         'accuracy 55.7% on 300 held-out prompts; constant answer "1": 57.0%; beyond the two most common answers '
         '("1", "2"; 47 prompts): 0.0%; pass@1 50.0%, pass@4 62.5% (4 samples at T=0.7); answers: "1" x292, "2" x5, '
         'no answer x1 (4 distinct)')
+
+
+# 8 items; the model's answers and the references (None: no answer / no reference)
+CHANCE_ANSWERS = ["1", "1", "1", "2", "1", "3", None, "1"]
+CHANCE_REFS = ["1", "1", "2", "2", "3", "4", "1", None]
+
+
+def test_chance_accuracy_deals_the_model_s_answers_out_at_random():
+    # items with a reference: 0..6 (7). The model's answers on them: "1" x4, "2" x1, "3" x1, no answer x1, so
+    # p("1") = 4/7, p("2") = 1/7, p("3") = 1/7, p("4") = 0. References: "1" x3, "2" x2, "3" x1, "4" x1.
+    # all: (3 * 4 + 2 * 1 + 1 * 1 + 1 * 0) / (7 * 7) = 15/49
+    assert st.chance_accuracy(CHANCE_ANSWERS, CHANCE_REFS) == pytest.approx(15 / 49, abs=1e-12)
+    # beyond "1" and "2": items 4 ("3") and 5 ("4"): (1/7 + 0) / 2 = 1/14
+    assert st.beyond_items(CHANCE_REFS) == [4, 5]
+    assert st.chance_accuracy(CHANCE_ANSWERS, CHANCE_REFS, st.beyond_items(CHANCE_REFS)) == pytest.approx(1 / 14, abs=1e-12)
+    # a constant answer's chance accuracy is its own accuracy: the constant "1" is right on 3 of 7
+    assert st.chance_accuracy(["1"] * 8, CHANCE_REFS) == pytest.approx(3 / 7, abs=1e-12)
+    assert math.isnan(st.chance_accuracy(["1", "2"], [None, None]))
+
+
+def test_by_reference_puts_each_reference_s_accuracy_beside_how_often_the_model_says_it():
+    correct = [1, 1, 0, 1, 0, 0, 0, 0]  # answer == reference: items 0, 1, 3
+    # "1": items 0, 1, 6 -> 2 of 3 right, said on 4 of the 7 referenced items; "2": items 2, 3 -> 1 of 2, said 1/7;
+    # "3": item 4 -> 0, said 1/7 (on item 5, whose reference is "4"); "4": item 5 -> 0, never said
+    rows = st.by_reference(CHANCE_ANSWERS, CHANCE_REFS, correct)
+    assert rows == [["1", 3, pytest.approx(2 / 3), pytest.approx(4 / 7)], ["2", 2, 0.5, pytest.approx(1 / 7)],
+                    ["3", 1, 0.0, pytest.approx(1 / 7)], ["4", 1, 0.0, 0.0]]
+    assert st.by_reference(CHANCE_ANSWERS, CHANCE_REFS, correct, top=1) == [["1", 3, pytest.approx(2 / 3), pytest.approx(4 / 7)]]
+
+
+@pytest.mark.parametrize("accuracy, chance, items, above", [
+    (0.30, 0.16, 100, True),   # 2 sqrt(0.16 * 0.84 / 100) = 0.0733; 0.14 above
+    (0.24, 0.16, 100, True),   # 0.08 > 0.0733
+    (0.23, 0.16, 100, False),  # 0.07 < 0.0733
+    (0.149, 0.16, 100, False),  # below
+    (0.01, 0.0, 5, True),      # nothing by chance: any right answer is the question read
+    (0.5, math.nan, 5, False),
+    (0.5, 0.1, 0, False),
+])
+def test_above_chance_is_two_binomial_standard_errors_above(accuracy, chance, items, above):
+    assert st.above_chance(accuracy, chance, items) is above
+
+
+def test_the_gain_line_says_whether_the_gain_beyond_the_common_answers_is_above_chance():
+    before = {"accuracy": 0.19, "beyond_common_accuracy": 0.0}
+    # the letter_counting run with G=16, T=1.0 (docs/environments.md): +14.9 beyond, at its answers' chance
+    after = {"accuracy": 0.29, "beyond_common_accuracy": 0.149, "beyond_common_chance": 0.16, "beyond_common_prompts": 100}
+    assert st.gain_line(before, after) == ("+10.0 points; beyond the two most common answers: +14.9, at chance "
+                                           "(14.9%; 16.0% if its answers ignored the question)")
+    after = {**after, "beyond_common_accuracy": 0.30}
+    assert st.gain_line(before, after) == ("+10.0 points; beyond the two most common answers: +30.0, above chance "
+                                           "(30.0%; 16.0% if its answers ignored the question)")
+
+
+def test_the_eval_line_shows_chance_and_the_accuracy_by_reference():
+    record = {"accuracy": 0.29, "num_prompts": 300, "constant_answer": "1", "constant_accuracy": 0.57,
+              "chance_accuracy": 0.317, "common_answers": ["1", "2"], "beyond_common_accuracy": 0.149,
+              "beyond_common_prompts": 47, "beyond_common_chance": 0.16,
+              "by_reference": [["1", 171, 0.25, 0.26], ["2", 82, 0.3, 0.31], ["3", 30, 0.1, 0.12], ["4", 10, 0.0, 0.05]],
+              "answers": {"top": [["2", 93], ["1", 78]], "distinct": 9, "no_answer": 0}}
+    # 2 sqrt(0.16 * 0.84 / 47) = 0.107: 14.9% is at chance
+    assert st.eval_parts(record) == [
+        "accuracy 29.0% on 300 held-out prompts", 'constant answer "1": 57.0%', "if its answers ignored the question: 31.7%",
+        'beyond the two most common answers ("1", "2"; 47 prompts): at chance (14.9%; 16.0% if its answers ignored the '
+        'question)',
+        'right on each reference vs how often it says it: "1" 25.0% vs 26.0%, "2" 30.0% vs 31.0%, "3" 10.0% vs 12.0%',
+        'answers: "2" x93, "1" x78 (9 distinct)']

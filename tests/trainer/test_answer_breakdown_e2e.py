@@ -16,6 +16,7 @@ import json
 import pytest
 
 from cohort import cli
+from cohort.runs.answer_stats import chance_verdict
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -35,9 +36,19 @@ def test_cohort_eval_prints_the_breakdown(smollm2_dir, tmp_path, capsys):
     assert 0.0 <= out["pass@1"] <= out["pass@2"] <= 1.0
     answers = out["answers"]
     assert sum(count for _, count in answers["top"]) + answers["no_answer"] <= 16 and answers["distinct"] >= 1
+    # the three references cover every item: chance = 12/16 x said("1") + 3/16 x said("2") + 1/16 x said("4"), and
+    # beyond the common answers (question 15, key "4") it is how often the model says "4"
+    by_ref = {answer: (items, accuracy, said) for answer, items, accuracy, said in out["by_reference"]}
+    assert {answer: items for answer, (items, _, _) in by_ref.items()} == {"1": 12, "2": 3, "4": 1}
+    assert out["chance_accuracy"] == pytest.approx(sum(items / 16 * said for items, _, said in by_ref.values()), abs=1e-12)
+    assert out["beyond_common_chance"] == pytest.approx(by_ref["4"][2], abs=1e-12)
+    verdict = chance_verdict(out["beyond_common_accuracy"], out["beyond_common_chance"], 1)
     line = captured.err.splitlines()[-1]
     assert line.startswith(f"eval: accuracy {out['accuracy']:.1%} on 16 held-out prompts; constant answer \"1\": 75.0%; "
-                           f"beyond the two most common answers (\"1\", \"2\"; 1 prompts): {out['beyond_common_accuracy']:.1%}; "
+                           f"if its answers ignored the question: {out['chance_accuracy']:.1%}; "
+                           f"beyond the two most common answers (\"1\", \"2\"; 1 prompts): {verdict}; "
+                           f"right on each reference vs how often it says it: \"1\" {by_ref['1'][1]:.1%} vs {by_ref['1'][2]:.1%}, "
+                           f"\"2\" {by_ref['2'][1]:.1%} vs {by_ref['2'][2]:.1%}, \"4\" {by_ref['4'][1]:.1%} vs {by_ref['4'][2]:.1%}; "
                            f"pass@1 {out['pass@1']:.1%}, pass@2 {out['pass@2']:.1%} (2 samples at T=0.7); answers: ")
 
 
@@ -55,11 +66,13 @@ def test_cohort_train_prints_the_breakdown_and_summary_has_it(smollm2_dir, tmp_p
         assert summary[f"eval/pass_samples_{label}"] == 2 and "top" in summary[f"eval/answers_{label}"]
     before, after = summary["eval/accuracy_before"], summary["eval/accuracy_after"]
     beyond = summary["eval/beyond_common_accuracy_before"], summary["eval/beyond_common_accuracy_after"]
-    gain = f"{(after - before) * 100:+.1f} points; beyond the two most common answers: {(beyond[1] - beyond[0]) * 100:+.1f}"
+    verdict = chance_verdict(beyond[1], summary["eval/beyond_common_chance_after"], 1)
+    gain = (f"{(after - before) * 100:+.1f} points; beyond the two most common answers: {(beyond[1] - beyond[0]) * 100:+.1f}, "
+            f"{verdict}")
     assert summary["eval/gain"] == gain
     assert f"held-out greedy accuracy: {before:.1%} before → {after:.1%} after ({gain})" in out
     assert (f'  a constant "1" scores 75.0%; beyond the two most common answers (1 prompts): {beyond[0]:.1%} → '
-            f"{beyond[1]:.1%}") in out
+            f"{beyond[1]:.1%} (chance after: {summary['eval/beyond_common_chance_after']:.1%})") in out
     assert (f"  pass@1 {summary['eval/pass@1_before']:.1%} → {summary['eval/pass@1_after']:.1%}, pass@2 "
             f"{summary['eval/pass@2_before']:.1%} → {summary['eval/pass@2_after']:.1%} (2 samples per prompt at T=0.7)") in out
     records = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
