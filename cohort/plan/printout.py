@@ -49,8 +49,9 @@ def _tokens_per_step_line(cfg: CohortConfig, plan: BatchPlan) -> str:
     return line if plan.prompt_tokens_from == "data.max_prompt_length" else f"{line}; {plan.prompt_tokens_from}"
 
 
-def _lag_line(plan: BatchPlan) -> str:
-    """How old the completions an update trains on may be: steps per generation batch, then the scheduler's rules."""
+def _lag_line(cfg: CohortConfig, plan: BatchPlan) -> str:
+    """How old the completions an update trains on may be: steps per generation batch, then the scheduler's rules (an
+    agent's cut-off runs start over, so they hold no old tokens: agents/runs.py `AgentRun.resumable`)."""
     lag, rules, head = plan.optimizer_steps_per_generation - 1, plan.admission, "  off-policy lag        "
     if rules.generates_through_updates:
         return (head + f"up to {rules.max_staleness} policy version(s) per token (pipeline.max_staleness: generation runs "
@@ -58,6 +59,8 @@ def _lag_line(plan: BatchPlan) -> str:
     if lag:
         return (head + f"{lag} optimizer step(s): the last update of a generation batch uses completions sampled "
                 f"{lag} policy version(s) earlier")
+    if rules.interrupts and cfg.agent.enabled:
+        return head + "0: an agent's cut-off runs start over from their prompts, so no update trains an old token"
     if rules.interrupts:
         return head + (f"0 for new completions; resumed partial rollouts hold tokens up to {rules.max_aborts} "
                        "version(s) old (pipeline.max_aborts)")
@@ -104,7 +107,7 @@ def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = 
         f"  micro-batches         {accumulation} of ≤{plan.micro_batch_size} completions (gradient accumulation over {accumulation})",
         f"  steps per generation  {plan.steps_per_generation} slices × {plan.num_iterations} iterations = {plan.optimizer_steps_per_generation}"
         + (" (off-policy: old log-probs computed once per generation batch)" if plan.off_policy else " (on-policy: no old-log-prob pass)"),
-        _lag_line(plan),
+        _lag_line(cfg, plan),
         f"  generation batches    {plan.num_generation_batches} for {plan.max_steps} steps",
         _tokens_per_step_line(cfg, plan),
         f"  tokens generated      ≤ {plan.generation_batch_size * cfg.rollout.max_completion_length:,} per generation batch",

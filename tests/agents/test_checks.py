@@ -69,3 +69,20 @@ def test_a_critic_several_steps_per_generation_and_several_processes_run_with_an
 
 def test_timeout_must_be_positive():
     assert agent_problems(CohortConfig(agent={"timeout_s": 0})) == ["agent.timeout_s = 0.0 must be > 0 seconds (300 is the default)"]
+
+
+def test_cohort_plan_says_an_agent_s_cut_off_runs_hold_no_old_tokens(capsys):
+    from cohort import cli
+    from cohort.plan.batch import stream_update_blockers
+
+    # partial rollouts with an agent: a cut run is not resumed (AgentRun.resumable = False), it starts over, so the
+    # lag line must not say that resumed tokens are up to pipeline.max_aborts versions old (it did before 2026-12-07)
+    args = [str(EXAMPLE.with_suffix(".yaml")), f"agent.function={EXAMPLE}:agent", "pipeline.over_provision=1.5"]
+    assert cli.main(["plan", *args]) == 0
+    out = capsys.readouterr().out
+    assert ("off-policy lag        0: an agent's cut-off runs start over from their prompts, so no update trains an old "
+            "token") in out
+    cfg = load_config(EXAMPLE.with_suffix(".yaml"), args[1:])
+    assert [b for b in stream_update_blockers(cfg) if b.startswith("an agent")] == [
+        "an agent (agent.function or a verifiers environment): its runs are widened into one sample per seat and call "
+        "when the whole batch is taken, not group by group; set pipeline.stream_update=off"]
