@@ -359,7 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if not argv:
         argv = ["train"]
-    ns = parser.parse_args(argv)
+    ns, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(ns, "config", None), list) and not any(arg.startswith("-") for arg in extra):
+        ns.config += extra  # overrides after an option (`cohort eval CONFIG --num-samples 0 run.output_dir=D`)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not hasattr(ns, "func"):
         parser.print_help()
         return 2

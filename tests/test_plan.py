@@ -554,3 +554,14 @@ def test_plan_prints_the_gpu_split_when_asked(qwen05_dir, capsys):
     assert "GPU memory (80.00 GiB per GPU" in out and "vLLM KV cache" in out and "768.00 MiB" in out
     assert "engine.gpu_memory_utilization  0.04 = 3.20 GiB (derived: vLLM's share + 10%, rounded up)" in out
     assert "fits" in out
+
+
+def test_overrides_after_an_option_are_overrides(data_file, capsys):
+    # `cohort plan CONFIG --gpu-memory-gib 80 rollout.num_generations=4`: argparse alone ends the positional list at the
+    # option and refused the override after it ("unrecognized arguments"); a user writes overrides anywhere
+    base = [f"data.train_files=[{data_file}]", "rollout.max_completion_length=8"]
+    assert cli.main(["plan", *base, "--gpu-memory-gib", "80", "rollout.num_generations=4"]) == 0
+    assert "× G=4 = " in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # an unknown option is still refused, with argparse's message
+        cli.main(["plan", *base, "--no-such-option"])
+    assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
