@@ -232,7 +232,8 @@ class ToolsConfig(_Section):
         "instance per trajectory, `reset(**row)` gets the dataset row and its returned string is appended to the prompt's last user "
         "message, its public methods are tools, `get_reward()` (if any) is one more reward of weight 1, a true `done` attribute "
         "ends the trajectory, `close()` runs at the end; reward functions that take `environments` receive the instances. An "
-        "OpenEnv `Environment` subclass runs in-process through an adapter (one `step` tool with the Action's fields); "
+        "OpenEnv `Environment` subclass runs in-process through an adapter (one `step` tool with the Action's fields; an "
+        "`MCPEnvironment`'s MCP tools each by its own name); "
         "`ws://host:port` is a running OpenEnv server, one `/ws` session per trajectory; `gym:<id>` (or `gym:<module>:<id>`, "
         "`gym:<module>.<Env class>`) a Gymnasium text environment made by `gymnasium.make`, one `step(action)` tool (docs/environments.md).")
     parser: str = Field("hermes", description="How tool calls are read from an assistant turn: `hermes` "

@@ -27,8 +27,18 @@ Concurrency: a server refuses sessions past its `max_concurrent_envs` (CAPACITY_
 `check_capacity` opens as many sessions as the run keeps trajectories in flight before training and refuses with
 the fix. In-process, each trajectory builds its own instance.
 
-Left out: MCP-mode environments (`/mcp`), Docker images and Hugging Face Spaces (start the server yourself and give
-its URL), observations that are not JSON (images are passed as their JSON).
+MCP environments (openenv's `MCPEnvironment`, served with `CallToolAction`/`CallToolObservation`, as OpenEnv's
+`echo_env` and `finqa_env` are): their tools are read with a `list_tools` action (one session, before anything
+loads) and each is offered to the model as its own tool, under its own name, with its own input schema and the
+first paragraph of its description; a call is a `call_tool` step on the episode's session. The model reads the
+tool's text content (or its data as JSON); a tool error (`error`, or a result marked `is_error`) is read as
+`error: <message>`, and the episode goes on, as MCP clients see it. Rewards and `done` are the observations', as for
+any OpenEnv environment (an MCP environment sets them in its own `step`, e.g. on a `submit_answer` call). An
+observation with no field of its own (a bare `Observation`: only `done`, `reward`, `metadata`, which the server does
+not send) shows nothing.
+
+Left out: the `/mcp` JSON-RPC route (the `/ws` session carries the same actions), Docker images and Hugging Face
+Spaces (start the server yourself and give its URL), observations that are not JSON (images are passed as their JSON).
 """
 
 from __future__ import annotations
@@ -45,6 +55,8 @@ HTTP_SCHEMES = ("http://", "https://")
 SKIPPED_FIELDS = ("metadata",)  # Action fields not offered to the model
 OBSERVATION_EXTRAS = ("done", "reward", "metadata")
 CLOSE_TIMEOUT_S = 1.0  # a session's close waits at most this for the server's answer (a frozen server: not 10 s each)
+MCP_RESULT_FIELDS = ("tool_name", "result", "error")  # a CallToolObservation's own fields
+MCP_RESERVED = ("reset", "close", "get_reward", "done", "rewards", "failure", "observation", "source", "timeout_s")
 JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
 
 
@@ -56,6 +68,20 @@ class EnvironmentLost(RuntimeError):
 
 def is_server_url(spec: Any) -> bool:
     return isinstance(spec, str) and spec.startswith(SCHEMES + HTTP_SCHEMES)
+
+
+def is_mcp_class(env_cls: type) -> bool:
+    """An openenv `MCPEnvironment` subclass: its actions are MCP's list_tools / call_tool."""
+    try:
+        from openenv.core.env_server.mcp_environment import MCPEnvironment
+    except ImportError:
+        return False
+    return issubclass(env_cls, MCPEnvironment)
+
+
+def is_mcp_schema(action_schema: dict[str, Any]) -> bool:
+    """A served environment's Action schema is MCP's CallToolAction (or a subclass): a tool name and its arguments."""
+    return {"tool_name", "arguments"} <= set(action_schema.get("properties", {}))
 
 
 def is_openenv_class(obj: Any) -> bool:
@@ -103,12 +129,66 @@ def step_signature(action_schema: dict[str, Any], what: str) -> tuple[inspect.Si
 
 
 def render(result: dict[str, Any]) -> str:
-    """An observation as the model reads it: its one field's value, or its fields as JSON."""
+    """An observation as the model reads it: its one field's value, or its fields as JSON; an MCP tool call's result as
+    its text (`render_tool_result`); "" for an observation with no field of its own."""
     fields = {k: v for k, v in result["observation"].items() if k not in OBSERVATION_EXTRAS}
+    if not fields:
+        return ""
+    if set(MCP_RESULT_FIELDS) <= set(fields):
+        return render_tool_result(fields)
     if len(fields) == 1:
         value = next(iter(fields.values()))
         return value if isinstance(value, str) else json.dumps(value, default=str)
     return json.dumps(fields, default=str)
+
+
+def render_tool_result(fields: dict[str, Any]) -> str:
+    """A CallToolObservation's fields as the model reads them: `error: <message>` for a framework error (bad arguments,
+    unknown tool, timeout) or a result marked `is_error`; else the result's text content, or its data as JSON."""
+    error, result = fields.get("error"), fields.get("result")
+    if error:
+        return f"error: {error.get('message', error) if isinstance(error, dict) else error}"
+    if not isinstance(result, dict):
+        return "" if result is None else (result if isinstance(result, str) else json.dumps(result, default=str))
+    texts = [item.get("text", "") for item in result.get("content") or [] if isinstance(item, dict) and item.get("type") == "text"]
+    text = "\n".join(texts) if texts else json.dumps(result.get("data", result), default=str)
+    return f"error: {text}" if result.get("is_error") or result.get("isError") else text
+
+
+def mcp_tool_method(tool: dict[str, Any]):
+    """The episode's method for one MCP tool (`list_tools`' {name, description, input_schema}): a `call_tool` step.
+    Its schema is the tool's own (`__tool_schema__`, read by cohort/tools/tool_schemas.py), the description cut to its
+    first paragraph; the server checks the arguments (a bad one comes back as the tool's error)."""
+    name = tool["name"]
+
+    def call(self, **arguments: Any) -> str:
+        return self._act({"type": "call_tool", "tool_name": name, "arguments": arguments})
+
+    summary = (tool.get("description") or name).strip().split("\n\n")[0].strip()
+    parameters = dict(tool.get("input_schema") or {"type": "object", "properties": {}})
+    parameters.setdefault("type", "object")
+    parameters.setdefault("properties", {})
+    call.__name__, call.__doc__ = name, summary
+    call.__tool_schema__ = {"type": "function", "function": {"name": name, "description": summary, "parameters": parameters}}
+    return call
+
+
+def mcp_tool_methods(open_session, what: str) -> dict[str, Any]:
+    """{tool name: method} for an MCP environment: its tools read with one `list_tools` action on a session of its
+    own; ValueError when it lists none or a name would hide the episode's own methods."""
+    session = open_session()
+    try:
+        tools = session.step({"type": "list_tools"})["observation"].get("tools") or []
+    finally:
+        session.close()
+    if not tools:
+        raise ValueError(f"tools.environment {what}: an MCP environment that lists no tools (list_tools answered none); "
+                         "register them with @mcp.tool on the FastMCP server it passes to MCPEnvironment")
+    clashes = sorted(t["name"] for t in tools if t["name"] in MCP_RESERVED or t["name"].startswith("_"))
+    if clashes:
+        raise ValueError(f"tools.environment {what}: MCP tool(s) {clashes} would take the name of the episode's own "
+                         f"method or hide it (reserved: {', '.join(MCP_RESERVED)}, and names starting with '_'); rename them")
+    return {tool["name"]: mcp_tool_method(tool) for tool in tools}
 
 
 # ------------------------------------------------------------------ sessions: in-process and over /ws
@@ -126,7 +206,9 @@ class LocalSession:
         return _as_result(self.env.reset(**row))
 
     def step(self, action: dict[str, Any]) -> dict[str, Any]:
-        return _as_result(self.env.step(self.action_cls.model_validate(action)))
+        from openenv.core.env_server.serialization import deserialize_action  # (the server's reading: MCP actions routed)
+
+        return _as_result(self.env.step(deserialize_action(action, self.action_cls)))
 
     def close(self) -> None:
         close = getattr(self.env, "close", None)
@@ -136,7 +218,7 @@ class LocalSession:
 
 def _as_result(observation: Any) -> dict[str, Any]:
     """An Observation as the wire carries it: {observation: fields, reward, done}."""
-    fields = observation.model_dump(exclude=set(OBSERVATION_EXTRAS))
+    fields = observation.model_dump(mode="json", exclude=set(OBSERVATION_EXTRAS))  # (as the server sends it)
     return {"observation": fields, "reward": observation.reward, "done": bool(observation.done)}
 
 
@@ -262,14 +344,22 @@ def openenv_environment(spec: Any, timeout_s: float = 10.0) -> type:
                              "fresh environment per request and lose the episode")
         url = spec.rstrip("/")
         schema = server_schema(url, timeout_s)
-        name, session = f"OpenEnv({url})", lambda self: SocketSession(url, self.timeout_s)
+        name, opener = f"OpenEnv({url})", lambda timeout: SocketSession(url, timeout)
+        mcp = is_mcp_schema(schema)
     else:
-        action_cls = action_class(spec)
+        mcp = is_mcp_class(spec)
+        if mcp:
+            from openenv.core.env_server.mcp_types import CallToolAction
+
+        action_cls = CallToolAction if mcp else action_class(spec)
         schema = action_cls.model_json_schema()
-        name, session = spec.__name__, lambda self: LocalSession(spec, action_cls)
-    signature, annotations, doc = step_signature(schema, name)
+        name, opener = spec.__name__, lambda timeout: LocalSession(spec, action_cls)
+    if mcp:  # each MCP tool a tool of its own
+        methods = mcp_tool_methods(lambda: opener(timeout_s), name)
+    else:
+        methods = {"step": _step_method(*step_signature(schema, name))}
     return type(f"OpenEnvEpisode[{name}]", (OpenEnvEpisode,),
-                {"source": name, "timeout_s": timeout_s, "_open_session": session, "step": _step_method(signature, annotations, doc),
+                {"source": name, "timeout_s": timeout_s, "_open_session": lambda self: opener(self.timeout_s), **methods,
                  "__module__": __name__, "__doc__": f"One episode of {name} (cohort.tools.openenv)."})
 
 

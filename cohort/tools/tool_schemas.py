@@ -27,6 +27,7 @@ thread); schemas written by hand (the function's signature is the schema).
 
 from __future__ import annotations
 
+import copy
 import difflib
 import importlib
 import inspect
@@ -66,6 +67,9 @@ def import_object(path: str, what: str) -> Any:
 def tool_schema(function: Callable[..., Any], name: str | None = None) -> dict[str, Any]:
     """The function's JSON schema as transformers builds it ({"type": "function", "function": {...}})."""
     label = name or getattr(function, "__name__", repr(function))
+    given = getattr(function, "__tool_schema__", None)  # a schema the tool brings (an MCP tool's: cohort/tools/openenv.py)
+    if given is not None:
+        return copy.deepcopy(given)
     try:
         schema = get_json_schema(function)
     except Exception as exc:  # noqa: BLE001 - transformers raises several kinds; all mean the same to the user

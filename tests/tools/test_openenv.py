@@ -40,10 +40,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_guess(port: int, sessions: int = 8) -> subprocess.Popen:
-    """tests/tools/envs/guess_env.py's `app` under uvicorn on 127.0.0.1:port, ready (GET /health answers)."""
-    env = dict(os.environ, GUESS_SESSIONS=str(sessions), PYTHONPATH=str(ENVS))
-    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "guess_env:app", "--host", "127.0.0.1", "--port", str(port),
+def serve_app(app: str, port: int, environ: dict[str, str]) -> subprocess.Popen:
+    """An OpenEnv `app` of tests/tools/envs (`module:app`) under uvicorn on 127.0.0.1:port, ready (GET /health answers)."""
+    env = dict(os.environ, PYTHONPATH=str(ENVS), **environ)
+    server = subprocess.Popen([sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
                                "--log-level", "warning"], env=env, cwd=ENVS, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -52,10 +52,15 @@ def serve_guess(port: int, sessions: int = 8) -> subprocess.Popen:
             return server
         except OSError:
             if server.poll() is not None:
-                raise RuntimeError(f"the guess server exited with {server.returncode}")
+                raise RuntimeError(f"the {app} server exited with {server.returncode}")
             time.sleep(0.2)
     server.kill()
-    raise RuntimeError("the guess server did not start in 60 s")
+    raise RuntimeError(f"the {app} server did not start in 60 s")
+
+
+def serve_guess(port: int, sessions: int = 8) -> subprocess.Popen:
+    """tests/tools/envs/guess_env.py's `app` under uvicorn on 127.0.0.1:port, ready."""
+    return serve_app("guess_env:app", port, {"GUESS_SESSIONS": str(sessions)})
 
 
 @pytest.fixture(scope="module")
