@@ -7,7 +7,7 @@ tool-loop environment (one instance per trajectory, public methods as tools), so
 
 What the model sees: `reset(**row)` is the environment's reset with the row's columns it accepts (its signature's
 parameters; the server drops the others itself), its observation rendered as text (the one field besides `done`,
-`reward`, `metadata`, or all of them as JSON) and appended to the prompt like any environment's first observation;
+`reward`, `metadata`, or all of them as JSON; None ones left out) and appended to the prompt like any environment's first observation;
 one tool, `step`, whose arguments are the Action model's fields (its JSON schema: `metadata` left out), whose result
 is the next observation rendered the same way. `done` ends the trajectory (the loop reads the instance's `done`).
 `get_reward()` is the sum of the episode's rewards (None ones skipped), one more reward of weight 1; a failed episode
@@ -129,13 +129,16 @@ def step_signature(action_schema: dict[str, Any], what: str) -> tuple[inspect.Si
 
 
 def render(result: dict[str, Any]) -> str:
-    """An observation as the model reads it: its one field's value, or its fields as JSON; an MCP tool call's result as
-    its text (`render_tool_result`); "" for an observation with no field of its own."""
+    """An observation as the model reads it: its one field's value, or its fields as JSON, fields that are None left out
+    (an observation whose `question` is set on reset and `score`, `correct_answer` on the step reads as the question,
+    then as the other two); an MCP tool call's result as its text (`render_tool_result`); "" for an observation with
+    no field set."""
     fields = {k: v for k, v in result["observation"].items() if k not in OBSERVATION_EXTRAS}
-    if not fields:
-        return ""
     if set(MCP_RESULT_FIELDS) <= set(fields):
         return render_tool_result(fields)
+    fields = {k: v for k, v in fields.items() if v is not None}  # (a field unset this step: OpenEnv's reasoning_gym_env)
+    if not fields:
+        return ""
     if len(fields) == 1:
         value = next(iter(fields.values()))
         return value if isinstance(value, str) else json.dumps(value, default=str)

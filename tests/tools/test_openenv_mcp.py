@@ -16,7 +16,7 @@ import pytest
 from cohort.models.pretrained import load_tokenizer
 from cohort.rollout.base import Request, SamplingConfig, generate_requests
 from cohort.tools.loop import ToolEngine
-from cohort.tools.openenv import render_tool_result
+from cohort.tools.openenv import render, render_tool_result
 from cohort.tools.parsers import parse_hermes
 from cohort.tools.tool_schemas import environment_tools, resolve_environment
 
@@ -102,3 +102,14 @@ def test_the_tool_loop_calls_an_mcp_tool_by_its_name(capitals_server, tiny_chat_
 ])
 def test_a_tool_result_reads_as_its_text(fields, text):
     assert render_tool_result(fields) == text
+
+
+@pytest.mark.parametrize("observation, text", [
+    # OpenEnv's own reasoning_gym_env: `question` on reset, `score`/`correct_answer` on the step, the others None
+    ({"question": "How many legs?", "score": None, "correct_answer": None, "dataset_metadata": None}, "How many legs?"),
+    ({"question": None, "score": 0.0, "correct_answer": "100", "dataset_metadata": None}, '{"score": 0.0, "correct_answer": "100"}'),
+    ({"feedback": ""}, ""),  # one field, empty: its value
+    ({"board": None}, ""),   # nothing set: nothing shown (it showed "null")
+])
+def test_an_observation_s_unset_fields_are_left_out(observation, text):
+    assert render({"observation": {**observation, "done": False, "reward": None}}) == text
