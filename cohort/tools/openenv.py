@@ -254,7 +254,7 @@ class SocketSession:
             error = reply.get("data", {})
             if error.get("code") == "CAPACITY_REACHED":
                 raise EnvironmentLost(f"the OpenEnv server at {self.url} refused a session: {error.get('message')} "
-                                      f"(CAPACITY_REACHED; see check_capacity's fix)")
+                                      "(CAPACITY_REACHED)")
             raise RuntimeError(f"the environment failed: {error.get('message')} ({error.get('code')})")
         return reply.get("data", {})
 
