@@ -72,9 +72,14 @@ def test_letter_counting_breakdown_hand_counted(letter_counting):
                                       completion_ids=[[0]] * 300, columns=columns, group_size=1).per_function[:, 0])
     assert np.array_equal(scores >= 1.0, correct == 1.0)
     out = answer_breakdown(rewards, completions, columns, correct)
-    # constant "1": 171/300 = 57.0%; beyond {"1", "2"}: 300 - 171 - 82 = 47 questions, none right
-    assert out == {"constant_answer": "1", "constant_accuracy": 171 / 300, "common_answers": ["1", "2"],
-                   "beyond_common_accuracy": 0.0, "beyond_common_prompts": 47,
+    # constant "1": 171/300 = 57.0%; beyond {"1", "2"}: 300 - 171 - 82 = 47 questions, none right. A constant answer's
+    # chance accuracy is its accuracy (p("1") = 1 x q("1") = 171/300), and 0 beyond the common answers (it never says
+    # "3".."6"); by reference: right on every "1" question, saying "1" to all 300, never right nor saying the others
+    assert out == {"constant_answer": "1", "constant_accuracy": 171 / 300, "chance_accuracy": 171 / 300,
+                   "common_answers": ["1", "2"], "beyond_common_accuracy": 0.0, "beyond_common_prompts": 47,
+                   "beyond_common_chance": 0.0,
+                   "by_reference": [["1", 171, 1.0, 1.0], ["2", 82, 0.0, 0.0], ["3", 30, 0.0, 0.0], ["4", 12, 0.0, 0.0],
+                                    ["5", 3, 0.0, 0.0]],
                    "answers": {"top": [["1", 300]], "distinct": 1, "no_answer": 0}}
 
 
