@@ -170,8 +170,8 @@ def _points(before: float | None, after: float | None) -> str:
 
 def gain_line(before: dict, after: dict) -> str:
     """'+20.7 points; beyond the two most common answers: -4.3' from two eval records (`evaluate`'s), and whether the
-    accuracy beyond them after is above what its answers score if they ignored the question ('..., at chance (14.9%;
-    16.0% if its answers ignored the question)'); the second half says why it is absent when the task's answers
+    accuracy beyond them after is above what its answers score if they ignored the question ('..., after training at
+    chance (14.9%; 16.0% if its answers ignored the question)'); the second half says why it is absent when the task's answers
     cannot be read."""
     line = f"{_points(before.get('accuracy'), after.get('accuracy'))} points"
     if "beyond_common_accuracy" not in after:
@@ -180,7 +180,7 @@ def gain_line(before: dict, after: dict) -> str:
              f"{_points(before.get('beyond_common_accuracy'), after.get('beyond_common_accuracy'))}")
     verdict = chance_verdict(after.get("beyond_common_accuracy"), after.get("beyond_common_chance"),
                              after.get("beyond_common_prompts"))
-    return f"{line}, {verdict}" if verdict else line
+    return f"{line}, after training {verdict}" if verdict else line
 
 
 def chance_verdict(accuracy, chance, items) -> str:

@@ -145,10 +145,10 @@ def test_the_gain_line_says_whether_the_gain_beyond_the_common_answers_is_above_
     before = {"accuracy": 0.19, "beyond_common_accuracy": 0.0}
     # the letter_counting run with G=16, T=1.0 (docs/environments.md): +14.9 beyond, at its answers' chance
     after = {"accuracy": 0.29, "beyond_common_accuracy": 0.149, "beyond_common_chance": 0.16, "beyond_common_prompts": 100}
-    assert st.gain_line(before, after) == ("+10.0 points; beyond the two most common answers: +14.9, at chance "
+    assert st.gain_line(before, after) == ("+10.0 points; beyond the two most common answers: +14.9, after training at chance "
                                            "(14.9%; 16.0% if its answers ignored the question)")
     after = {**after, "beyond_common_accuracy": 0.30}
-    assert st.gain_line(before, after) == ("+10.0 points; beyond the two most common answers: +30.0, above chance "
+    assert st.gain_line(before, after) == ("+10.0 points; beyond the two most common answers: +30.0, after training above chance "
                                            "(30.0%; 16.0% if its answers ignored the question)")
 
 

@@ -68,7 +68,7 @@ def test_cohort_train_prints_the_breakdown_and_summary_has_it(smollm2_dir, tmp_p
     beyond = summary["eval/beyond_common_accuracy_before"], summary["eval/beyond_common_accuracy_after"]
     verdict = chance_verdict(beyond[1], summary["eval/beyond_common_chance_after"], 1)
     gain = (f"{(after - before) * 100:+.1f} points; beyond the two most common answers: {(beyond[1] - beyond[0]) * 100:+.1f}, "
-            f"{verdict}")
+            f"after training {verdict}")
     assert summary["eval/gain"] == gain
     assert f"held-out greedy accuracy: {before:.1%} before → {after:.1%} after ({gain})" in out
     assert (f'  a constant "1" scores 75.0%; beyond the two most common answers (1 prompts): {beyond[0]:.1%} → '
