@@ -79,12 +79,17 @@ def chance_accuracy(answers: Sequence[str | None], references: Sequence[str | No
                     items: Sequence[int] | None = None) -> float:
     """The accuracy on `items` (indices; default every item with a reference) of the model's answers dealt out at random
     over the items with a reference (module docstring); nan when there is no such item."""
-    referenced = [i for i, r in enumerate(references) if r is not None]
+    referenced, said = _said(answers, references)
     chosen = referenced if items is None else [i for i in items if references[i] is not None]
     if not chosen:
         return math.nan
-    said = Counter(answers[i] for i in referenced if answers[i] is not None)
     return sum(said[references[i]] for i in chosen) / (len(referenced) * len(chosen))
+
+
+def _said(answers: Sequence[str | None], references: Sequence[str | None]) -> tuple[list[int], Counter]:
+    """(the indices of the items with a reference, how often the model gave each answer on them)."""
+    referenced = [i for i, r in enumerate(references) if r is not None]
+    return referenced, Counter(answers[i] for i in referenced if answers[i] is not None)
 
 
 def above_chance(accuracy: float, chance: float, items: int) -> bool:
@@ -104,8 +109,7 @@ def by_reference(answers: Sequence[str | None], references: Sequence[str | None]
                  top: int = DISTRIBUTION_TOP) -> list[list]:
     """[answer, items, accuracy, said] for the `top` most common references (module docstring); accuracy over the
     scored items (NaN entries of `correct` left out), said over every item with a reference."""
-    referenced = [i for i, r in enumerate(references) if r is not None]
-    said = Counter(answers[i] for i in referenced if answers[i] is not None)
+    referenced, said = _said(answers, references)
     rows = []
     for answer, count in ranked(references)[:top]:
         scores = [float(correct[i]) for i in referenced if references[i] == answer and not math.isnan(float(correct[i]))]
