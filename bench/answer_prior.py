@@ -51,13 +51,18 @@ def questions(rows) -> list[str]:
     return ["\n".join(m["content"] for m in p) if isinstance(p := r["prompt"], list) else str(p) for r in rows]
 
 
+def unseen_items(rows: list, seen: set[str], answers: list, references: list) -> tuple[list[int], np.ndarray]:
+    """(indices of the rows whose question is not in `seen`, whether each one's read answer equals its reference)."""
+    keep = [i for i, q in enumerate(questions(rows)) if q not in seen]
+    return keep, np.array([answers[i] is not None and answers[i] == references[i] for i in keep], dtype=bool)
+
+
 def unseen_breakdown(other: str, rewards, rows: list, texts: list, columns: dict, answers: list, references: list) -> dict:
     """The breakdown (cohort eval's fields) over the held-out items whose question none of `other`'s rows ask."""
     other_plan = validate_config(load_config(other, []))
     train, evals, _ = run_data(other_plan.config, other_plan.environment)
     seen = set(questions(train.rows) + (questions(evals.rows) if evals is not None else []))
-    keep = [i for i, q in enumerate(questions(rows)) if q not in seen]
-    correct = np.array([answers[i] is not None and answers[i] == references[i] for i in keep])
+    keep, correct = unseen_items(rows, seen, answers, references)
     breakdown = answer_breakdown(rewards, [texts[i] for i in keep], {c: [v[i] for i in keep] for c, v in columns.items()},
                                  correct)
     return {"seen_by": other, "n": len(keep), "accuracy": float(correct.mean()) if keep else None, **breakdown}
