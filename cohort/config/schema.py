@@ -91,6 +91,11 @@ class DataConfig(_Section):
     task_config: dict[str, Any] = Field(default_factory=dict, description="With data.task reasoning_gym:<name>: the task's config "
         "fields, e.g. {min_terms: 2, max_digits: 1} (`cohort tasks reasoning_gym` lists each task's fields and defaults; an unknown "
         "field is refused with the task's fields). composite: {datasets: [{name: leg_counting, weight: 2, config: {...}}, ...]}.")
+    task_train_config: dict[str, Any] | None = Field(None, description="With data.task reasoning_gym:<name>: the train rows' config "
+        "when it should differ from data.task_config, which then sets the held-out rows only: train on an easier stage than the one "
+        "scored, a curriculum's first stage (gcd {max_value: 15} for a held-out set of {max_value: 30}; docs/environments.md, "
+        "\"Making the skill pay\"). Same task, same fields; a train row that asks a held-out question is dropped. None: both from "
+        "data.task_config.")
     task_size: int = Field(1000, ge=1, description="With data.task reasoning_gym:<name>: entries generated for training (fewer train "
         "rows where an entry repeats a held-out question, which is dropped).")
     task_eval_size: int = Field(200, ge=1, description="With data.task reasoning_gym:<name>: held-out entries, generated before the "

@@ -210,6 +210,8 @@ def check_data_config(data, environment: Any = None) -> list[str]:
     if not own_data(data) and data.task:
         if is_rg_task(data.task):
             problems += check_rg_task(data.task, data.task_config)
+            if data.task_train_config is not None:
+                problems += check_rg_task(data.task, data.task_train_config, "data.task_train_config")
         elif data.task not in list_tasks():
             problems.append(f"data.task = {data.task!r} is not a built-in task; choose one of {', '.join(list_tasks())}, "
                             f"or a reasoning-gym task, {RG_PREFIX}<name> (`cohort tasks reasoning_gym`)")
@@ -221,7 +223,7 @@ def check_data_config(data, environment: Any = None) -> list[str]:
     return problems
 
 
-RG_FIELDS = ("task_config", "task_size", "task_eval_size", "task_seed", "answer_format", "task_credit")  # read by reasoning_gym:<name> only
+RG_FIELDS = ("task_config", "task_train_config", "task_size", "task_eval_size", "task_seed", "answer_format", "task_credit")  # read by reasoning_gym:<name> only
 
 
 def _rg_fields_set(data) -> list[str]:

@@ -13,6 +13,12 @@ the same on every machine, and ``dataset.score_answer(answer_text, entry)`` scor
   ``[0, task_eval_size)`` with repeated questions dropped, train the indices after it minus every entry whose question
   is an eval question (two seeds, or two index ranges, can still produce the same question: small tasks repeat). So
   no train prompt is ever a held-out prompt, and train has at most ``task_size`` rows (fewer where questions repeat).
+- Training on an easier stage than the one evaluated (``data.task_train_config``, a curriculum's first stage): the
+  train entries come from the same task with that config instead (same seed, the same indices after
+  ``task_eval_size``), the held-out ones from ``data.task_config``, and every train entry whose question is a held-out
+  question is dropped as above (an easier config can ask a held-out question: gcd up to 15 is part of gcd up to 30).
+  The reward spec then holds both configs and ``eval_size``: an index below it is a held-out entry, the rest train
+  entries. Only ``data.task_config`` sets the eval; resume keeps both (config.yaml).
 - Rows are small: ``prompt`` (chat messages), ``answer`` (the answer text; empty for the five tasks with no answer key,
   boxnet, graph_color, propositional_logic, rubiks_cube, rush_hour, whose scorers check a proposed solution) and
   ``rg_index``; the entry's metadata
@@ -24,7 +30,8 @@ the same on every machine, and ``dataset.score_answer(answer_text, entry)`` scor
   turn. With ``last_line`` or ``last_number`` (models that answer without tags) only the user turn, so the model's
   chat template keeps its own system prompt; the reward reads the answer as that format says (the reward module).
 
-Left out: reasoning-gym's curricula (difficulty that grows with training) and its async/remote scorers.
+Left out: reasoning-gym's own curricula (difficulty raised by a schedule as the reward grows: their first levels start
+above what small models answer, measured in docs/environments.md) and its async/remote scorers.
 """
 
 from __future__ import annotations
@@ -71,8 +78,9 @@ def task_fields(name: str) -> dict[str, Any]:
     return fields
 
 
-def check_task(task: str, config: dict[str, Any]) -> list[str]:
-    """Problems with ``reasoning_gym:<name>`` and its ``data.task_config``, found without building anything."""
+def check_task(task: str, config: dict[str, Any], field: str = "data.task_config") -> list[str]:
+    """Problems with ``reasoning_gym:<name>`` and its ``data.task_config`` (or the config in `field`), found without
+    building anything."""
     name = task[len(PREFIX):]
     names = task_names()
     if name not in names:
@@ -82,14 +90,14 @@ def check_task(task: str, config: dict[str, Any]) -> list[str]:
     fields = task_fields(name)
     unknown = sorted(set(config) - set(fields))
     if unknown:
-        return [f"data.task_config: {task} has no field(s) {unknown}; its fields (with defaults): "
+        return [f"{field}: {task} has no field(s) {unknown}; its fields (with defaults): "
                 + ", ".join(f"{k}={v!r}" for k, v in fields.items())]
     if name == "composite":
         problems = []
         for spec in config.get("datasets") or []:
-            problems += check_task(PREFIX + str(spec.get("name")), spec.get("config") or {})
+            problems += check_task(PREFIX + str(spec.get("name")), spec.get("config") or {}, field)
         return problems or ([] if config.get("datasets") else
-                            ["data.task_config: reasoning_gym:composite needs datasets: [{name, weight, config}, ...]"])
+                            [f"{field}: reasoning_gym:composite needs datasets: [{{name, weight, config}}, ...]"])
     return []
 
 
@@ -133,10 +141,14 @@ def prompt_messages(question: str, answer_format: str) -> list[dict]:
 
 
 @functools.lru_cache(maxsize=8)
-def _build(task: str, config_json: str, seed: int, size: int, eval_size: int, answer_format: str, credit: str) -> Task:
+def _build(task: str, config_json: str, seed: int, size: int, eval_size: int, answer_format: str, credit: str,
+           train_config_json: str | None = None) -> Task:
     name = task[len(PREFIX):]
     dataset = _dataset(name, config_json, seed, eval_size + size)
     entries = [dataset[i] for i in range(eval_size + size)]
+    if train_config_json is not None:  # train entries from the easier config, at the same indices (module docstring)
+        train_dataset = _dataset(name, train_config_json, seed, eval_size + size)
+        entries[eval_size:] = [train_dataset[i] for i in range(eval_size, eval_size + size)]
     train_idx, eval_idx = split_indices([e["question"] for e in entries], eval_size)
 
     def row(i: int) -> dict:
@@ -146,23 +158,30 @@ def _build(task: str, config_json: str, seed: int, size: int, eval_size: int, an
 
     spec = {"name": "reasoning_gym", "weight": 1.0, "task": name, "config": json.loads(config_json), "seed": seed,
             "size": eval_size + size, "answer_format": answer_format, **({"credit": credit} if credit != "partial" else {})}
+    trained_on = ""
+    if train_config_json is not None:
+        spec.update(train_config=json.loads(train_config_json), eval_size=eval_size)
+        trained_on = f", trained on config {train_config_json}"
     return Task(
         name=task, train_rows=[row(i) for i in train_idx], eval_rows=[row(i) for i in eval_idx], reward_specs=[spec],
-        description=f"reasoning-gym's {name} (config {config_json}, seed {seed}), scored by its own score_answer",
+        description=f"reasoning-gym's {name} (config {config_json}{trained_on}, seed {seed}), scored by its own score_answer",
         metadata={"dropped_train_rows": size - len(train_idx), "dropped_eval_rows": eval_size - len(eval_idx)},
     )
 
 
 def build_task(task: str, config: dict[str, Any], *, seed: int, size: int, eval_size: int, answer_format: str,
-               credit: str = "partial") -> Task:
+               credit: str = "partial", train_config: dict[str, Any] | None = None) -> Task:
     """The Task for ``reasoning_gym:<name>``: disjoint train/eval rows and the reward spec (module docstring);
-    the same arguments give the same rows (built once per process)."""
+    the same arguments give the same rows (built once per process). `train_config`: the train entries' config when it
+    differs from `config` (which then sets the held-out entries only)."""
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"answer_format {answer_format!r}: choose one of {', '.join(ANSWER_FORMATS)}")
-    problems = check_task(task, config)
+    problems = check_task(task, config) + (check_task(task, train_config, "data.task_train_config")
+                                           if train_config is not None else [])
     if problems:
         raise ValueError("; ".join(problems))
-    return _build(task, config_key(config), seed, size, eval_size, answer_format, credit)
+    return _build(task, config_key(config), seed, size, eval_size, answer_format, credit,
+                  None if train_config is None or train_config == config else config_key(train_config))
 
 
 def format_tasks(only: str | None = None, width: int = 110) -> str:

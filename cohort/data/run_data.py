@@ -36,15 +36,18 @@ def configured_task(data, seed: int) -> Task:
     data.task_seed, data.task_size, data.task_eval_size, data.answer_format; `seed` is not used: the trainer's
     sampler orders the rows)."""
     if reasoning_gym.is_rg_task(data.task):
-        problems = reasoning_gym.check_task(data.task, data.task_config)
+        problems = reasoning_gym.check_task(data.task, data.task_config) + (
+            reasoning_gym.check_task(data.task, data.task_train_config, "data.task_train_config")
+            if data.task_train_config is not None else [])
         if problems:  # (worded as the data checks word them, so a plan lists each once)
             raise DataError("; ".join(problems))
         try:
             return reasoning_gym.build_task(data.task, data.task_config, seed=data.task_seed, size=data.task_size,
                                             eval_size=data.task_eval_size, answer_format=data.answer_format,
-                                            credit=data.task_credit)
+                                            credit=data.task_credit, train_config=data.task_train_config)
         except (ValueError, TypeError, AssertionError) as exc:  # a value the task's config rejects (min_terms=0)
-            raise DataError(f"data.task {data.task!r} with data.task_config {data.task_config}: {exc}") from exc
+            train = f" and data.task_train_config {data.task_train_config}" if data.task_train_config is not None else ""
+            raise DataError(f"data.task {data.task!r} with data.task_config {data.task_config}{train}: {exc}") from exc
     return get_task(data.task, seed=seed)
 
 

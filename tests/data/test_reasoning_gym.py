@@ -145,6 +145,53 @@ def test_full_credit_pays_only_the_task_s_full_score():
     assert loaded[2][0]["credit"] == "full"
 
 
+def _numbers(row) -> list[int]:
+    """The two numbers of a gcd question ('... of these numbers: 14, 2. Give only ...')."""
+    return [int(n) for n in row["prompt"][-1]["content"].split(": ")[1].split(".")[0].split(", ")]
+
+
+def test_an_easier_train_config_trains_on_it_and_is_scored_on_the_held_out_config():
+    # data.task_train_config: train entries from gcd up to 15, held-out ones from gcd up to 30 (the target). Every
+    # train question's numbers are <= 15; the held-out rows are exactly the target's own (as without the option); no
+    # train question is a held-out one; each row is scored, and its reference read, from the entry its own config made:
+    # gcd(a, b) computed here by hand from the question's two numbers scores 1.0, gcd + 1 scores 0.0.
+    import math
+
+    kw = dict(seed=0, size=400, eval_size=60, answer_format="last_number", credit="full")
+    task = build_task(PREFIX + "gcd", {"max_value": 30}, train_config={"max_value": 15}, **kw)
+    target = build_task(PREFIX + "gcd", {"max_value": 30}, **kw)
+    assert task.eval_rows == target.eval_rows
+    assert max(max(_numbers(r)) for r in task.eval_rows) > 15  # (the held-out set is the harder config's)
+    assert all(max(_numbers(r)) <= 15 for r in task.train_rows) and len(task.train_rows) > 100
+    held_out = {r["prompt"][-1]["content"] for r in task.eval_rows}
+    assert not any(r["prompt"][-1]["content"] in held_out for r in task.train_rows)
+    # (gcd up to 15 repeats held-out questions of gcd up to 30: the split dropped them)
+    assert task.metadata["dropped_train_rows"] > 0
+    spec = task.reward_specs[0]
+    assert (spec["config"], spec["train_config"], spec["eval_size"]) == ({"max_value": 30}, {"max_value": 15}, 60)
+    rows = task.train_rows[:5] + task.eval_rows[:5]
+    right = [str(math.gcd(*_numbers(r))) for r in rows]
+    assert [r["answer"] for r in rows] == right
+    assert score(task, rows, [f"The GCD is {g}." for g in right]) == [1.0] * 10
+    assert score(task, rows, [f"The GCD is {int(g) + 1}." for g in right]) == [0.0] * 10
+    reward = reward_of(task)
+    assert reward.reference_answers(rg_index=[r["rg_index"] for r in rows]) == right
+    # the same config twice is the plain task (one dataset, no train_config in the spec)
+    assert "train_config" not in build_task(PREFIX + "gcd", {"max_value": 30}, train_config={"max_value": 30}, **kw).reward_specs[0]
+
+
+def test_a_train_config_is_checked_as_the_task_config_is():
+    cfg = load_config(None, ["data.task=reasoning_gym:gcd", "data.task_train_config.max_valu=15"])
+    [problem] = check_data_config(cfg.data)
+    assert problem.startswith("data.task_train_config: reasoning_gym:gcd has no field(s) ['max_valu']")
+    cfg = load_config(None, ["data.task=arith", "data.task_train_config.max_value=15"])
+    [problem] = check_data_config(cfg.data)
+    assert problem.startswith("data.task_train_config: for reasoning_gym:<name> tasks")
+    with pytest.raises(DataError, match=r"data.task_train_config \{'max_value': 0\}"):
+        load_data(load_config(None, ["data.task=reasoning_gym:gcd", "data.task_train_config.max_value=0",
+                                     "data.task_size=10", "data.task_eval_size=10"]))
+
+
 def test_no_socket_is_opened(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a socket was opened")
