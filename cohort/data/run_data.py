@@ -28,7 +28,7 @@ from cohort.data import balance, reasoning_gym
 from cohort.data.tasks import Task, get_task
 
 logger = logging.getLogger(__name__)
-_said: set[str] = set()  # the balance lines already printed (the planner, the trainer and eval each load the data)
+_said: set[str] = set()  # the lines about the rows already printed (_say_once)
 
 
 def configured_task(data, seed: int) -> Task:
@@ -86,6 +86,10 @@ def load_data(cfg: CohortConfig, environment_tasks: Callable[[], Sequence] | Non
         evals = (load_prompt_dataset(cfg.data.eval_files, cfg.data.prompt_key) if cfg.data.eval_files
                  else rows_dataset(task.eval_rows, "prompt", f"task {task.name} (eval)"))
         specs = task.reward_specs
+        if cfg.data.task_train_config is not None and "train_config" in specs[0]:
+            _say_once(f"data.task_train_config: {len(task.train_rows)} train rows from {cfg.data.task_train_config} "
+                      f"({task.metadata['dropped_train_rows']} dropped: they ask held-out questions), "
+                      f"{len(task.eval_rows)} held-out rows from data.task_config {cfg.data.task_config}")
     if cfg.data.max_answer_share is not None:
         balance_rows(train, cfg.data.max_answer_share)
     if evals is not None and cfg.data.eval_max_samples:
@@ -102,7 +106,11 @@ def balance_rows(train: PromptDataset, share: float) -> None:
     keep = {id(row) for row in kept}
     train.sources = [src for row, src in zip(train.rows, train.sources) if id(row) in keep]
     train.rows = kept
-    line = balance.describe(note)
+    _say_once(balance.describe(note))
+
+
+def _say_once(line: str) -> None:
+    """Print a line about the rows once a process (the planner, the trainer and eval each load the data)."""
     if line not in _said:
         _said.add(line)
         logger.warning(line)

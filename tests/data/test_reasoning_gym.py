@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
 
 import pytest
@@ -180,13 +181,24 @@ def test_an_easier_train_config_trains_on_it_and_is_scored_on_the_held_out_confi
     assert "train_config" not in build_task(PREFIX + "gcd", {"max_value": 30}, train_config={"max_value": 30}, **kw).reward_specs[0]
 
 
-def test_a_train_config_is_checked_as_the_task_config_is():
+def test_a_train_config_is_checked_as_the_task_config_is(caplog):
     cfg = load_config(None, ["data.task=reasoning_gym:gcd", "data.task_train_config.max_valu=15"])
     [problem] = check_data_config(cfg.data)
     assert problem.startswith("data.task_train_config: reasoning_gym:gcd has no field(s) ['max_valu']")
     cfg = load_config(None, ["data.task=arith", "data.task_train_config.max_value=15"])
     [problem] = check_data_config(cfg.data)
     assert problem.startswith("data.task_train_config: for reasoning_gym:<name> tasks")
+    # the run says once where its rows come from: gcd up to 15 has 15 x 15 = 225 ordered pairs, so 100 entries repeat
+    # held-out questions of gcd up to 30 often; the count dropped is the task's own (metadata), the rest train rows
+    caplog.set_level(logging.WARNING, logger="cohort.data.run_data")
+    args = ["data.task=reasoning_gym:gcd", "data.task_config.max_value=30", "data.task_train_config.max_value=15",
+            "data.task_size=100", "data.task_eval_size=50"]
+    train, evals, _ = load_data(load_config(None, args))
+    dropped = 100 - len(train.rows)
+    assert dropped > 0 and len(evals.rows) <= 50
+    assert caplog.messages == [f"data.task_train_config: {len(train.rows)} train rows from {{'max_value': 15}} ({dropped} "
+                               f"dropped: they ask held-out questions), {len(evals.rows)} held-out rows from data.task_config "
+                               "{'max_value': 30}"]
     with pytest.raises(DataError, match=r"data.task_train_config \{'max_value': 0\}"):
         load_data(load_config(None, ["data.task=reasoning_gym:gcd", "data.task_train_config.max_value=0",
                                      "data.task_size=10", "data.task_eval_size=10"]))
