@@ -22,10 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
-
-import numpy as np
 from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 from cohort.config.resolve import load_config
 from cohort.plan.run_environment import run_data

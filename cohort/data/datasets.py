@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from cohort.data.reasoning_gym import PREFIX as RG_PREFIX
-from cohort.data.reasoning_gym import check_task as check_rg_task
+from cohort.data.reasoning_gym import check_configs as check_rg_configs
 from cohort.data.reasoning_gym import is_rg_task
 from cohort.data.tasks import list_tasks
 
@@ -209,9 +209,7 @@ def check_data_config(data, environment: Any = None) -> list[str]:
                         "name (data.dataset_name) or a built-in task (`cohort tasks`)")
     if not own_data(data) and data.task:
         if is_rg_task(data.task):
-            problems += check_rg_task(data.task, data.task_config)
-            if data.task_train_config is not None:
-                problems += check_rg_task(data.task, data.task_train_config, "data.task_train_config")
+            problems += check_rg_configs(data.task, data.task_config, data.task_train_config)
         elif data.task not in list_tasks():
             problems.append(f"data.task = {data.task!r} is not a built-in task; choose one of {', '.join(list_tasks())}, "
                             f"or a reasoning-gym task, {RG_PREFIX}<name> (`cohort tasks reasoning_gym`)")

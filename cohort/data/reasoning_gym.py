@@ -101,6 +101,12 @@ def check_task(task: str, config: dict[str, Any], field: str = "data.task_config
     return []
 
 
+def check_configs(task: str, config: dict[str, Any], train_config: dict[str, Any] | None) -> list[str]:
+    """``check_task`` on ``data.task_config`` and, when set, ``data.task_train_config`` (the same task's fields)."""
+    return check_task(task, config) + (check_task(task, train_config, "data.task_train_config")
+                                       if train_config is not None else [])
+
+
 def config_key(config: dict[str, Any]) -> str:
     """The config as canonical JSON: the cache key, and what a reward spec records."""
     return json.dumps(config, sort_keys=True)
@@ -176,8 +182,7 @@ def build_task(task: str, config: dict[str, Any], *, seed: int, size: int, eval_
     differs from `config` (which then sets the held-out entries only)."""
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"answer_format {answer_format!r}: choose one of {', '.join(ANSWER_FORMATS)}")
-    problems = check_task(task, config) + (check_task(task, train_config, "data.task_train_config")
-                                           if train_config is not None else [])
+    problems = check_configs(task, config, train_config)
     if problems:
         raise ValueError("; ".join(problems))
     return _build(task, config_key(config), seed, size, eval_size, answer_format, credit,

@@ -36,9 +36,7 @@ def configured_task(data, seed: int) -> Task:
     data.task_seed, data.task_size, data.task_eval_size, data.answer_format; `seed` is not used: the trainer's
     sampler orders the rows)."""
     if reasoning_gym.is_rg_task(data.task):
-        problems = reasoning_gym.check_task(data.task, data.task_config) + (
-            reasoning_gym.check_task(data.task, data.task_train_config, "data.task_train_config")
-            if data.task_train_config is not None else [])
+        problems = reasoning_gym.check_configs(data.task, data.task_config, data.task_train_config)
         if problems:  # (worded as the data checks word them, so a plan lists each once)
             raise DataError("; ".join(problems))
         try:
