@@ -32,6 +32,8 @@ CONSOLE_KEYS = {  # metric → its short name on the console step line (metrics.
     "partial/aborted": "cut",  # (pipeline.over_provision only: requests interrupted this step, resumed later)
     "staleness/max": "stale",  # (off-policy tokens only: versions behind the policy, at most pipeline.max_staleness)
     "tools/call_frequency": "calls",  # (tools.functions / tools.environment only: share of trajectories that called one)
+    "tools/tagged_share": "tagged",  # (the same: calls written in the template's tags, over all written)
+    "tools/ignored_calls": "ignored",  # (the same: calls written that tools.parser did not read)
 }
 
 

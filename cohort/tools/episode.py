@@ -13,6 +13,10 @@ Metrics (`Episode.batch_metrics`, only when some trajectory went through the too
 - `tools/timeouts`, `tools/parse_errors`, `tools/argument_errors`: counts in the batch;
 - `tools/turns_mean`: assistant turns per trajectory; `tools/status/<status>`: the fraction of trajectories that
   ended with each tool status (ok, truncated, tool_timeout, error);
+- `tools/call_forms/<form>`: calls the batch's turns wrote in each form (tagged, fenced, bare: cohort/tools/parsers.py,
+  whatever the parser read); `tools/tagged_share`: the tagged ones over all written (0 with none), the share in the
+  template's own format; `tools/ignored_calls`: written calls the run's parser did not read (a model that writes
+  untagged calls under `tools.parser: hermes`: its calls are counted here, not run);
 - `tools/failed_episodes`: episodes in the batch whose environment failed at reset (or whose first observation did
   not fit the context): scored by nothing, trained on nothing (`Episode.failure`; completions.jsonl's `failure`).
 
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from cohort.rollout.base import EpisodeRecord
+from cohort.tools.parsers import CALL_FORMS
 
 TOOL_STATUSES = ("ok", "truncated", "tool_timeout", "error")  # in rising severity
 
@@ -46,6 +51,8 @@ class Episode(EpisodeRecord, kind="tool_loop", unmarked=True):
     timeouts: int = 0
     parse_errors: int = 0
     argument_errors: int = 0  # unknown tool, missing or unexpected arguments
+    call_forms: Counter = field(default_factory=Counter)  # form -> calls written (cohort/tools/parsers.py's CALL_FORMS)
+    ignored_calls: int = 0  # calls written that the parser did not read
     segments: list[tuple[int, int, str]] = field(default_factory=list)
     observation: str | None = None  # what the environment's reset returned: appended to the prompt (`with_observation`)
     failure: str | None = None  # why the episode failed (reset raised, or its prompt passed the context): scored by nothing
@@ -68,9 +75,11 @@ class Episode(EpisodeRecord, kind="tool_loop", unmarked=True):
         return out
 
     def completion_fields(self) -> dict[str, Any]:
-        """completions.jsonl: the conversation (assistant and tool turns), tool status and turns, and with an
-        environment what its reset showed the model (`observation`) or why the episode failed (`failure`)."""
-        extra = {"observation": self.observation, "failure": self.failure}
+        """completions.jsonl: the conversation (assistant and tool turns), tool status and turns, the calls written by
+        form and those the parser ignored (when any), and with an environment what its reset showed the model
+        (`observation`) or why the episode failed (`failure`)."""
+        extra = {"observation": self.observation, "failure": self.failure,
+                 "call_forms": dict(self.call_forms) or None, "ignored_calls": self.ignored_calls or None}
         return {"conversation": list(self.conversation), "tool_status": self.status, "turns": self.turns,
                 **{k: v for k, v in extra.items() if v is not None}}
 
@@ -92,7 +101,14 @@ class Episode(EpisodeRecord, kind="tool_loop", unmarked=True):
             "tools/argument_errors": float(sum(e.argument_errors for e in records)),
             "tools/turns_mean": sum(e.turns for e in records) / n,
             "tools/failed_episodes": float(sum(e.failure is not None for e in records)),
+            "tools/ignored_calls": float(sum(e.ignored_calls for e in records)),
         }
+        forms: Counter = Counter()
+        for e in records:
+            forms.update(e.call_forms)
+        written = sum(forms.values())
+        out.update({f"tools/call_forms/{form}": float(forms[form]) for form in CALL_FORMS})
+        out["tools/tagged_share"] = forms["tagged"] / written if written else 0.0
         out.update({f"tools/calls/{name}": float(count) for name, count in sorted(calls.items())})
         out.update({f"tools/status/{s}": sum(e.status == s for e in records) / n for s in TOOL_STATUSES})
         return out
@@ -102,8 +118,10 @@ class Episode(EpisodeRecord, kind="tool_loop", unmarked=True):
         return {"conversation": [dict(m) for m in self.conversation], "environment": None, "status": self.status,
                 "turns": self.turns, "calls": dict(self.calls), "failed_calls": self.failed_calls,
                 "timeouts": self.timeouts, "parse_errors": self.parse_errors, "argument_errors": self.argument_errors,
-                "segments": [list(x) for x in self.segments], "observation": self.observation, "failure": self.failure}
+                "segments": [list(x) for x in self.segments], "observation": self.observation, "failure": self.failure,
+                "call_forms": dict(self.call_forms), "ignored_calls": self.ignored_calls}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Episode:
-        return cls(**{**state, "calls": Counter(state["calls"]), "segments": [tuple(x) for x in state["segments"]]})
+        return cls(**{**state, "calls": Counter(state["calls"]), "segments": [tuple(x) for x in state["segments"]],
+                      "call_forms": Counter(state.get("call_forms", {}))})  # (saved before forms were counted: none)

@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterable, Sequence
 from cohort.rewards.calling import DaemonThreads
 from cohort.rollout.base import Request, RequestEngineMixin, Trajectory, WrappedEngine, continuation_seed
 from cohort.tools.episode import Episode
-from cohort.tools.parsers import ParsedTurn, Parser, ToolCall
+from cohort.tools.parsers import ParsedTurn, Parser, ToolCall, call_forms
 from cohort.tools.render import ToolRenderer
 from cohort.tools.openenv import EnvironmentLost
 from cohort.tools.tool_schemas import Tool, environment_tools
@@ -255,6 +255,9 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
             self._done.append(self._finish(entry, t))
             return
         parsed = self._parse(text)
+        written = call_forms(text)  # every call the turn wrote, by form, whatever the parser read
+        episode.call_forms.update(written)
+        episode.ignored_calls += max(0, sum(written.values()) - len(parsed.calls) - len(parsed.errors))
         if not parsed.wants_tools:
             self._done.append(self._finish(entry, t))
             return

@@ -4,7 +4,16 @@
   `<tool_call>{"name": "multiply", "arguments": {"a": 3, "b": 4}}</tool_call>`, several blocks for several calls.
 - `compact`, for small character-level models where every character is a token: `<<multiply(3, 4)>>`; arguments
   positional (in the schema's order) or `name=value`, each value a JSON literal when it parses as one, else a string.
+- `json`, for models that write the template's call object without its tags (Qwen2.5-Coder-0.5B-Instruct writes
+  `{"name": "calculator", "arguments": {...}}` in a ```json fenced block or bare, never in `<tool_call>` tags): every
+  such object is a call, in the tags, in a fenced block or bare. `"parameters"` is read as `"arguments"` (Llama 3's
+  spelling).
 - a user parser by import path (`my_module.parse`): a function `text -> ParsedTurn` (or a list of `ToolCall`).
+
+Call forms (`call_forms`): whatever the parser, the tool loop counts every call a turn writes by its form: `tagged`
+(a `<tool_call>` block, the template's format), `fenced` (a call object in a ``` block) or `bare` (a call object in
+the prose); a call the run's parser did not read is counted as ignored (`tools/ignored_calls`), never dropped in
+silence. A call object is a JSON object with a string "name" and an object "arguments" (or "parameters").
 
 A malformed call (bad JSON, no name, arguments not an object) is never an exception: `ParsedTurn.errors` says what
 is wrong, the tool loop feeds that back to the model as the tool message and counts it (`tools/parse_errors`).
@@ -18,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -48,6 +58,58 @@ class ParsedTurn:
 Parser = Callable[[str], ParsedTurn]
 
 _HERMES = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
+_FENCE = re.compile(r"```[\w-]*[ \t]*\n?(.*?)(```|$)", re.DOTALL)
+CALL_FORMS = ("tagged", "fenced", "bare")  # the template's tags, a ``` block, neither
+
+
+@dataclass(frozen=True)
+class WrittenCall:
+    """A call as a turn wrote it: its form, the decoded object (None for a tagged block that is not JSON), its span."""
+
+    form: str
+    payload: Any
+    start: int
+    end: int
+
+
+def written_calls(text: str) -> list[WrittenCall]:
+    """Every call the text writes, in order: each `<tool_call>` block (tagged, whatever is inside), and each call
+    object outside them (fenced when inside a ``` block, else bare). Objects nested in another are not counted."""
+    tagged = [(m.start(), m.end()) for m in _HERMES.finditer(text)]
+    out = [WrittenCall("tagged", _json_or_none(m.group(1)), m.start(), m.end()) for m in _HERMES.finditer(text)]
+    fences = [(m.start(1), m.end(1)) for m in _FENCE.finditer(text)]
+    decoder, at = json.JSONDecoder(), 0
+    while (at := text.find("{", at)) != -1:
+        if any(a <= at < b for a, b in tagged):
+            at += 1
+            continue
+        try:
+            payload, end = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            at += 1
+            continue
+        if _is_call_object(payload):
+            form = "fenced" if any(a <= at < b for a, b in fences) else "bare"
+            out.append(WrittenCall(form, payload, at, end))
+        at = end
+    return sorted(out, key=lambda c: c.start)
+
+
+def call_forms(text: str) -> Counter:
+    """How many calls the text writes in each form (CALL_FORMS); see `written_calls`."""
+    return Counter(c.form for c in written_calls(text))
+
+
+def _json_or_none(body: str) -> Any:
+    try:
+        return json.loads(body.strip())
+    except json.JSONDecodeError:
+        return None
+
+
+def _is_call_object(payload: Any) -> bool:
+    return (isinstance(payload, dict) and isinstance(payload.get("name"), str)
+            and isinstance(payload.get("arguments", payload.get("parameters")), (dict, str)))
 
 
 def parse_hermes(text: str) -> ParsedTurn:
@@ -72,7 +134,7 @@ def parse_hermes(text: str) -> ParsedTurn:
 def _call_from_payload(payload: Any) -> ToolCall | str:
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
         return 'a tool call must be a JSON object with a string "name" and an object "arguments"'
-    arguments = payload.get("arguments", {})
+    arguments = payload.get("arguments", payload.get("parameters", {}))
     if isinstance(arguments, str):  # some models emit the arguments as a JSON string (OpenAI's wire format)
         try:
             arguments = json.loads(arguments)
@@ -81,6 +143,28 @@ def _call_from_payload(payload: Any) -> ToolCall | str:
     if not isinstance(arguments, dict):
         return f'the "arguments" of {payload["name"]!r} must be a JSON object, got {type(arguments).__name__}'
     return ToolCall(payload["name"], arguments)
+
+
+def parse_json(text: str) -> ParsedTurn:
+    """Every call object the turn writes (`written_calls`): `<tool_call>` blocks as `hermes` reads them, and call
+    objects in a ``` block or bare. The content is the text without them (a fenced call's block removed whole)."""
+    out = parse_hermes(text)
+    cut = [(m.start(), m.end()) for m in _HERMES.finditer(text)]
+    fences = list(_FENCE.finditer(text))
+    for call in written_calls(text):
+        if call.form == "tagged":
+            continue
+        found = _call_from_payload(call.payload)
+        (out.calls.append(found) if isinstance(found, ToolCall) else out.errors.append(found))
+        fence = next((f for f in fences if f.start(1) <= call.start < f.end(1)), None)
+        cut.append((fence.start(), fence.end()) if fence is not None else (call.start, call.end))
+    if out.wants_tools:
+        kept, at = [], 0
+        for start, end in sorted(cut):
+            kept.append(text[at:max(at, start)])
+            at = max(at, end)
+        out.content = ("".join(kept) + text[at:]).strip()
+    return out
 
 
 _COMPACT = re.compile(r"<<\s*([A-Za-z_]\w*)\s*\((.*?)(\)\s*>>|$)", re.DOTALL)
@@ -113,7 +197,7 @@ def _literal(value: str) -> Any:
         return value.strip("'\"")
 
 
-PARSERS: dict[str, Parser] = {"hermes": parse_hermes, "compact": parse_compact}
+PARSERS: dict[str, Parser] = {"hermes": parse_hermes, "json": parse_json, "compact": parse_compact}
 
 
 def get_parser(name: str) -> Parser:

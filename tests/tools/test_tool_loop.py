@@ -287,3 +287,24 @@ def test_max_parallel_calls_and_a_crashing_user_parser(tok):
     t = _run(engine)
     assert t.episode.parse_errors == 1 and "the tool-call parser failed: KeyError" in t.episode.conversation[1]["content"]
     assert t.episode.turns == 2 and t.episode.status == "truncated"
+
+
+def _text_turn(tok, text, stop):
+    return tok(text, add_special_tokens=False)["input_ids"] + [stop]
+
+
+@pytest.mark.parametrize("parser, ran, ignored", [("hermes", 0, 1), ("json", 1, 0)])
+def test_an_untagged_call_is_counted_by_its_form_run_by_json_and_ignored_by_hermes(tok, parser, ran, ignored):
+    from cohort.tools.parsers import get_parser
+
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    fenced = '```json\n{"name": "multiply", "arguments": {"a": 3, "b": 4}}\n```'
+    turns = {"r/0": [_text_turn(tok, fenced, stop), _text_turn(tok, "12", stop)]}
+    engine, _, _ = _engine(tok, turns, parser=get_parser(parser))
+    t = _run(engine)
+    episode = t.episode
+    assert episode.call_forms == {"fenced": 1} and episode.ignored_calls == ignored
+    assert sum(episode.calls.values()) == ran and episode.turns == 1 + ran
+    if ran:  # the tool's answer (3 * 4) came back as a tool turn, then the final answer
+        assert [m["role"] for m in episode.conversation] == ["assistant", "tool", "assistant"]
+        assert episode.conversation[1]["content"] == "12"
