@@ -144,7 +144,7 @@ tiny-weights: install
 lint: install
 	$(PY) -m ruff check cohort tests bench examples
 
-test: install smollm2 lint
+test: install smollm2 qwen2.5-coder-0.5b lint
 	$(PY) -m pytest -q tests
 
 # Does the install work? The linter, the fast lane and one real run through vLLM (three steps of the demo), in about 5

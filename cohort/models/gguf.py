@@ -40,6 +40,9 @@ import importlib.metadata
 import importlib.util
 import json
 import logging
+import math
+import mmap
+import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +195,64 @@ def _convert_into(out_dir: Path, file: Path, path: str, key: str) -> None:
     (out_dir / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
     logger.warning("converted %s: %s, %.1fM parameters, %.0f s", file.name, metadata["architecture"],
                    metadata["parameters"] / 1e6, metadata["convert_s"])
+
+
+def gguf_parameters(path: str) -> int | None:
+    """The parameters `path`'s GGUF file stores (the product of each tensor's dimensions, read from its header; no
+    tensor data is read), None when the file is missing or its header unreadable. The same number the converted
+    checkpoint's safetensors headers give (an untied LM head counted, as stored), so `model.dtype = auto` decides the
+    same before and after the conversion."""
+    try:
+        with gguf_file(path).open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return _header_parameters(data)
+    except (GGUFError, OSError, ValueError, struct.error):  # no file, a damaged header: unknown (the checks name the file)
+        return None
+
+
+# GGUF's metadata value types -> their size in bytes (8: a string, 9: an array, sized as they are read)
+_GGUF_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def _header_parameters(data) -> int:
+    """Walk a GGUF (v2, v3) header: magic, version, tensor and key-value counts, the key-values (skipped), then each
+    tensor's name, dimensions, type and offset; the sum over tensors of the product of their dimensions."""
+    version, tensors, pairs = struct.unpack_from("<IQQ", data, 4)
+    if version < 2:
+        raise ValueError(f"GGUF version {version} (cohort reads 2 and 3)")
+    at = 24
+    for _ in range(pairs):
+        at = _skip_string(data, at)
+        (kind,) = struct.unpack_from("<I", data, at)
+        at = _skip_value(data, at + 4, kind)
+    total = 0
+    for _ in range(tensors):
+        at = _skip_string(data, at)
+        (dims,) = struct.unpack_from("<I", data, at)
+        shape = struct.unpack_from(f"<{dims}Q", data, at + 4)
+        at += 4 + 8 * dims + 4 + 8  # dimensions, then the type (u32) and the data offset (u64)
+        total += math.prod(shape)
+    return total
+
+
+def _skip_string(data, at: int) -> int:
+    (length,) = struct.unpack_from("<Q", data, at)
+    return at + 8 + length
+
+
+def _skip_value(data, at: int, kind: int) -> int:
+    if kind == 8:
+        return _skip_string(data, at)
+    if kind == 9:
+        item_kind, count = struct.unpack_from("<IQ", data, at)
+        at += 12
+        if item_kind in _GGUF_SCALAR_SIZES:
+            return at + count * _GGUF_SCALAR_SIZES[item_kind]
+        for _ in range(count):
+            at = _skip_value(data, at, item_kind)
+        return at
+    if kind not in _GGUF_SCALAR_SIZES:
+        raise ValueError(f"unknown GGUF value type {kind}")
+    return at + _GGUF_SCALAR_SIZES[kind]
 
 
 def declared_special_tokens(file: Path) -> dict[str, int]:

@@ -55,6 +55,7 @@ from cohort.data.datasets import DataError, check_data_config, own_data
 from cohort.data.named import named_data_problems
 from cohort.models import pretrained
 from cohort.models.devices import DeviceError, auto_dtype, has_bf16_units, resolve_device
+from cohort.models.gguf import gguf_parameters
 from cohort.models.hub import hub_parameter_count
 from cohort.models.lora import lora_problems
 from cohort.models.placement import engine_gpus, training_processes, visible_gpus
@@ -151,7 +152,9 @@ def choose_model_dtype(cfg: CohortConfig, model_dir: Path | None, *, for_gpu: bo
         parameters = pretrained.checkpoint_parameters(model_dir) if model_dir is not None and model_dir.is_dir() else None
     except Exception:  # an unreadable header (SafetensorError, OSError): the weights check below names the file
         parameters = None
-    if parameters is None and model_dir is not None and not cfg.model.path.startswith("tiny:"):
+    if parameters is None and pretrained.model_source(cfg.model.path) == "gguf":
+        parameters = gguf_parameters(cfg.model.path)  # (not converted yet: the file's own header, as the conversion will)
+    elif parameters is None and model_dir is not None and not cfg.model.path.startswith("tiny:"):
         parameters = hub_parameter_count(cfg.model.path, cfg.model.revision)  # (a Hub id not downloaded: the Hub's headers)
     dtype, why = auto_dtype(device.type, for_gpu or has_bf16_units(device), parameters)
     why = "as on a GPU with bfloat16 units: --gpu-memory-gib plans a GPU run" if for_gpu else why

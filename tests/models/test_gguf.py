@@ -126,3 +126,40 @@ def test_the_converted_checkpoint_is_a_plain_llama_with_its_chat_template(smollm
     assert rendered == DEFAULT_SYSTEM + "<|im_start|>user\nWhat is 12 + 30?<|im_end|>\n<|im_start|>assistant\n"
     ids = tok(rendered, add_special_tokens=False)["input_ids"]
     assert ids[0] == 1 and ids.count(1) == 3 and ids.count(2) == 2  # three <|im_start|>, two <|im_end|>, no BOS added
+
+
+def _written_gguf(path, shapes):
+    """A real GGUF file written by the gguf package: a string-array key (as a tokenizer's vocabulary is stored), a few
+    scalar keys and float16 tensors of `shapes` (numpy order)."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), "qwen2")
+    writer.add_name("written here")
+    writer.add_block_count(2)
+    writer.add_token_list(["<a>", "b", "ccc"])
+    writer.add_array("test.ints", [1, 2, 3])
+    for i, shape in enumerate(shapes):
+        writer.add_tensor(f"t{i}", np.zeros(shape, dtype=np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_the_parameter_count_is_read_from_the_gguf_header_so_auto_decides_before_the_conversion(tmp_path, monkeypatch):
+    pytest.importorskip("gguf")
+    # 2000 x 1600 + 1600 + 3 x 7 x 5 = 3,200,000 + 1,600 + 105 = 3,201,705 parameters: above the 3M bound from which
+    # bfloat16 pays on a CPU with bf16 units (cohort/models/devices.py), so `auto` is bfloat16 there, from the header
+    file = _written_gguf(tmp_path / "m.gguf", [(2000, 1600), (1600,), (3, 7, 5)])
+    assert gguf.gguf_parameters(str(file)) == 3_201_705
+    assert gguf.gguf_parameters(str(tmp_path / "missing.gguf")) is None
+    import cohort.plan.validate as validation
+    from cohort.config import load_config
+
+    monkeypatch.setattr(validation, "has_bf16_units", lambda device: True)
+    cfg = load_config(None, [f"model.path={file}"])
+    assert gguf.cached_gguf_dir(str(file)) is None  # not converted: the decision reads the header alone
+    assert validation.choose_model_dtype(cfg, validation.model_dir_of(cfg))[:2] == (
+        "bfloat16", "model.dtype auto = bfloat16 (3.2M parameters on a CPU with bfloat16 units)")
