@@ -211,12 +211,25 @@ def eval_line(record: dict) -> str:
     return "; ".join(eval_parts(record))
 
 
+def tool_part(tools: dict) -> str:
+    """A tools eval's calls in one part: calls per trajectory, the share in the template's tags and the other forms,
+    ignored calls, the share whose answer used a result, the statuses ("tool calls 1.00 per trajectory, 0% tagged
+    (fenced 38, bare 2), 0 ignored, 95% answered with a result; status ok 100%")."""
+    forms = ", ".join(f"{form} {tools[f'call_forms/{form}']:g}" for form in ("fenced", "bare")
+                      if tools.get(f"call_forms/{form}"))
+    statuses = ", ".join(f"{key[len('status/'):]} {_percent(value)}" for key, value in tools.items()
+                         if key.startswith("status/") and value)
+    return (f"tool calls {tools.get('call_frequency', 0.0):.2f} per trajectory, {_percent(tools.get('tagged_share', 0.0))} "
+            f"tagged{f' ({forms})' if forms else ''}, {tools.get('ignored_calls', 0.0):g} ignored, "
+            f"{_percent(tools.get('used_result', 0.0))} answered with a result; status {statuses or 'none'}")
+
+
 def eval_parts(record: dict) -> list[str]:
     """One eval record (`evaluate`'s, eval.jsonl's) as the console says it, a short part each (the training console
     prints the first after its label and each other on an indented line of its own): the accuracy, the constant
     answer's, its answers' chance accuracy, the accuracy beyond the two most common answers (at or above chance), the
-    accuracy on each of the three most common references beside how often the model says it, pass@k, the model's most
-    common answers."""
+    accuracy on each of the three most common references beside how often the model says it, a tools run's calls
+    (`tool_part`), pass@k, the model's most common answers."""
     parts = [f"accuracy {_percent(record.get('accuracy'))} on {record.get('num_prompts')} held-out prompts"]
     if "constant_accuracy" in record:
         common = ", ".join(f'"{a}"' for a in record.get("common_answers", []))
@@ -233,6 +246,8 @@ def eval_parts(record: dict) -> list[str]:
             parts.append(f"right on each reference vs how often it says it: {shown}")
     elif "breakdown_missing" in record:
         parts.append(f"no answer breakdown: {record['breakdown_missing']}")
+    if record.get("tools"):
+        parts.append(tool_part(record["tools"]))
     passes = sorted((key for key in record if key.startswith("pass@")), key=lambda key: int(key[5:]))
     if passes:
         values = ", ".join(f"{key} {_percent(record[key])}" for key in passes)

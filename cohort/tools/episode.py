@@ -16,7 +16,8 @@ Metrics (`Episode.batch_metrics`, only when some trajectory went through the too
 - `tools/call_forms/<form>`: calls the batch's turns wrote in each form (tagged, fenced, bare: cohort/tools/parsers.py,
   whatever the parser read); `tools/tagged_share`: the tagged ones over all written (0 with none), the share in the
   template's own format; `tools/ignored_calls`: written calls the run's parser did not read (a model that writes
-  untagged calls under `tools.parser: hermes`: its calls are counted here, not run);
+  untagged calls under `tools.parser: hermes`: its calls are counted here, not run); `tools/used_result`: the share
+  of trajectories whose final answer quotes a tool's result verbatim (`Episode.used_result`);
 - `tools/failed_episodes`: episodes in the batch whose environment failed at reset (or whose first observation did
   not fit the context): scored by nothing, trained on nothing (`Episode.failure`; completions.jsonl's `failure`).
 
@@ -65,6 +66,16 @@ class Episode(EpisodeRecord, kind="tool_loop", unmarked=True):
     def failed(self) -> bool:
         return self.failure is not None
 
+    @property
+    def used_result(self) -> bool:
+        """The final answer (the last message, an assistant turn) quotes a tool's result verbatim: a successful call's
+        answer (not an error) appears in its text, as a calculator's "5535" in "123*45 = 5535"."""
+        results = [m["content"].strip() for m in self.conversation
+                   if m["role"] == "tool" and m.get("name") not in ("reset", "close") and not m["content"].startswith("error")
+                   and not m["content"].startswith('{"error"')]
+        last = self.conversation[-1] if self.conversation else None
+        return last is not None and last["role"] == "assistant" and any(r and r in last["content"] for r in results)
+
     def reward_arguments(self, prompt: Any) -> dict[str, Any]:
         """`conversations`: the prompt as the model saw it (a text prompt as one user message), then the completion's
         assistant and tool turns; with an environment, `environments`: its instance."""
@@ -102,6 +113,7 @@ class Episode(EpisodeRecord, kind="tool_loop", unmarked=True):
             "tools/turns_mean": sum(e.turns for e in records) / n,
             "tools/failed_episodes": float(sum(e.failure is not None for e in records)),
             "tools/ignored_calls": float(sum(e.ignored_calls for e in records)),
+            "tools/used_result": sum(e.used_result for e in records) / n,
         }
         forms: Counter = Counter()
         for e in records:

@@ -18,7 +18,9 @@ breakdown (cohort/runs/answer_stats.py): the best constant answer and its accura
 (`common_answers`, `beyond_common_accuracy`, `beyond_common_prompts`), what the model's answers score if they ignored
 the question, on all of them and beyond the common answers (`chance_accuracy`, `beyond_common_chance`), the accuracy
 on each common reference beside how often the model gives it (`by_reference`), and the distribution of the model's
-greedy answers (`answers`); else `breakdown_missing` says why. With `num_samples` n > 0, n more completions per prompt at
+greedy answers (`answers`); else `breakdown_missing` says why. A tools run adds `tools`: its greedy trajectories'
+tool metrics as training logs them (cohort/tools/episode.py: calls per trajectory, calls by form and the share in the
+template's tags, calls the parser ignored, the share whose answer used a tool's result, the statuses). With `num_samples` n > 0, n more completions per prompt at
 `temperature` give `pass@1` and `pass@k` (Chen et al.'s unbiased estimator; k = `pass_k`, at most n).
 """
 
@@ -37,7 +39,7 @@ from cohort.rewards import RewardSet
 from cohort.rewards.answer_reading import Unreadable, answer_reader, read_pairs
 from cohort.rollout.base import SamplingConfig, completion_seeds, decode_completion
 from cohort.agents import agent_setup as agents
-from cohort.rollout.collect import episode_arguments, failed_episodes, shown_prompts
+from cohort.rollout.collect import episode_arguments, episode_metrics, failed_episodes, shown_prompts
 from cohort.tools.tool_setup import prompt_with_observation, rows_by_index, run_rows, wrap_engine
 from cohort.runs import answer_stats
 from cohort.trainer.build_engine import build_engine, engine_length, set_torch_threads
@@ -70,7 +72,8 @@ def _generate_and_score(engine, tokenizer, dataset, prompt_ids, rewards, *, max_
                            unscored=failed_episodes(outs))
     first = scored.per_function[:, 0].reshape(-1, k)  # (P, k)
     correct = np.where(np.isnan(first), np.nan, (first >= correct_at(rewards)).astype(float))
-    return {"texts": texts, "completions": completions, "columns": columns, "correct": correct, "total": scored.total}
+    return {"texts": texts, "completions": completions, "columns": columns, "correct": correct, "total": scored.total,
+            "episodes": episode_metrics(outs)}
 
 
 def evaluate(engine, tokenizer, dataset, prompt_ids, rewards, *, max_tokens: int, num_samples: int = 0, pass_k: int = 1,
@@ -85,6 +88,9 @@ def evaluate(engine, tokenizer, dataset, prompt_ids, rewards, *, max_tokens: int
     result = {"accuracy": float(np.nanmean(correct)) if np.isfinite(correct).any() else float("nan"),
               "reward": float(total.mean()) if total.size else float("nan"), "num_prompts": len(dataset.rows)}
     result.update(answer_breakdown(rewards, greedy["completions"], greedy["columns"], correct))
+    tools = {key.removeprefix("tools/"): value for key, value in greedy["episodes"].items() if key.startswith("tools/")}
+    if tools:  # a tools run: its greedy trajectories' calls, as the training console counts them
+        result["tools"] = tools
     if num_samples > 0:
         sampled = _generate_and_score(engine, tokenizer, dataset, prompt_ids, rewards, max_tokens=max_tokens,
                                       k=num_samples, temperature=temperature, seed=seed, first_row=first_row)
