@@ -171,11 +171,15 @@ def cmd_config_show(ns) -> int:
 
 def cmd_plan(ns) -> int:
     run = _load(ns.config, say_source=sys.stdout, for_gpu=ns.gpu_memory_gib is not None)
+    from cohort.models.devices import resolve_device
+    from cohort.models import host_memory
     from cohort.plan.printout import format_plan
     from cohort.plan.validate import plan_gpu_memory
 
     total = None if ns.gpu_memory_gib is None else int(ns.gpu_memory_gib * 2**30)
-    print(format_plan(run.config, run.batch, gpu=plan_gpu_memory(run.config, run.batch, total)))  # (None: no GPU split to show)
+    gpu = plan_gpu_memory(run.config, run.batch, total)  # (None: no GPU split to show)
+    on_cpu = total is None and resolve_device(run.config.train.device).type == "cpu"
+    print(format_plan(run.config, run.batch, gpu=gpu, machine=host_memory.machine_memory() if on_cpu else None))
     return 0
 
 

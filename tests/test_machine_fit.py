@@ -31,6 +31,7 @@ from cohort.models.host_memory import MachineMemory
 from cohort.plan.batch import batch_plan
 from cohort.plan.machine_fit import host_rows, total
 from cohort.plan.memory import model_facts
+from cohort.plan.printout import format_plan
 from cohort.plan.validate import validate_config
 from tests.test_plan import without_tokenizer_check
 
@@ -142,6 +143,19 @@ def test_an_estimate_within_the_machine_is_never_refused(coder15, monkeypatch):
     fake_machine(monkeypatch, needed - 1)
     refusal(coder15, *FLOAT32_SHORT)
     validate_config(load_config(None, [f"model.path={coder15}", *FLOAT32_SHORT, "train.check_memory=false"]))
+
+
+def test_plan_prints_the_machine_memory_beside_the_estimate(coder15):
+    # 48 GiB, 2 GiB available now: 37.66 GiB fits the machine, more than is available (the other 46 GiB in use); on
+    # 23 GiB with train.check_memory=false (validation let it through) the printout still says it does not fit
+    cfg = load_config(None, [f"model.path={coder15}", *FLOAT32_SHORT])
+    out = format_plan(cfg, batch_plan(cfg), machine=MachineMemory(48 * GIB, "MemTotal", 2 * GIB))
+    assert "process total          37.66 GiB" in out
+    assert ("machine memory         48.00 GiB   MemTotal; 2.00 GiB available now: the estimate fits, more than is "
+            "available now (other processes hold 46.00 GiB)") in out
+    cfg = load_config(None, [f"model.path={coder15}", *FLOAT32_SHORT, "train.check_memory=false"])
+    out = format_plan(cfg, batch_plan(cfg), machine=MachineMemory(23 * GIB, "MemTotal"))
+    assert "machine memory         23.00 GiB   MemTotal: the estimate does NOT fit (train.check_memory = false: run anyway)" in out
 
 
 def test_a_trainer_alone_on_its_gpu_is_compared_with_the_gpu(coder15, monkeypatch):
