@@ -145,6 +145,13 @@ def test_an_estimate_within_the_machine_is_never_refused(coder15, monkeypatch):
     validate_config(load_config(None, [f"model.path={coder15}", *FLOAT32_SHORT, "train.check_memory=false"]))
 
 
+def test_an_evaluation_is_not_compared_with_the_training_estimate(coder15, monkeypatch):
+    # `cohort eval` validates with trains=False: the same 37.66 GiB config on 23 GiB holds no gradients or AdamW state
+    fake_machine(monkeypatch, 23 * GIB)
+    validate_config(load_config(None, [f"model.path={coder15}", *FLOAT32_SHORT]), trains=False)
+    refusal(coder15, *FLOAT32_SHORT)  # (the same config, trained: refused)
+
+
 def test_plan_prints_the_machine_memory_beside_the_estimate(coder15):
     # 48 GiB, 2 GiB available now: 37.66 GiB fits the machine, more than is available (the other 46 GiB in use); on
     # 23 GiB with train.check_memory=false (validation let it through) the printout still says it does not fit

@@ -21,7 +21,8 @@
   CUDA), refusing a split that cannot fit with both numbers and the fixes;
 - elsewhere the estimate against the machine's memory (`machine_memory_problems`: the host's on the CPU, a GPU
   of the trainer's own), refusing a run that cannot fit with the fixes that would make it
-  (cohort/plan/machine_fit.py; train.check_memory=false runs it anyway). Not with `for_gpu`: that plans another machine.
+  (cohort/plan/machine_fit.py; train.check_memory=false runs it anyway). Not with `for_gpu` (that plans another
+  machine), nor for `cohort eval` (`trains=False`: it holds no gradients or optimizer state).
 
 It builds nothing: no model, no tokenizer of a `tiny:*` model, no engine, and
 writes no file (but RUN_DIR/logs/error.log when reading the data raised an error of its own: one line names it; with check_files, a GGUF model.path is converted once into cohort's cache first, so the checks can
@@ -81,11 +82,14 @@ from cohort.tools.tool_checks import tool_problems
 from cohort.runs.error_log import describe, write_error_log
 
 
-def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: bool = False) -> RunPlan:
+def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: bool = False,
+                    trains: bool = True) -> RunPlan:
     """All checks that need no model; raises ConfigError listing every problem, else returns the run's plan: the
     resolved config (a new object: `cfg` is never written), the batch plan (with check_files, its token bound taken
     from the longest prompt kept) and what was read to check it (the tokenizer, the prompts encoded). `for_gpu`:
-    choose `model.dtype = auto` as on a GPU (`cohort plan --gpu-memory-gib`, planning a GPU run from another machine)."""
+    choose `model.dtype = auto` as on a GPU (`cohort plan --gpu-memory-gib`, planning a GPU run from another machine).
+    `trains`: False for `cohort eval`, which trains nothing, so the training estimate is not compared with the
+    machine's memory (`machine_memory_problems`)."""
     # model.path looked at once (with check_files, a GGUF file converted first): where its config and tokenizer are,
     # for every check that reads them (the dtype's choice reads its weights' headers)
     model = (pretrained.inspect_model(cfg.model.path, cfg.model.revision, convert=check_files)
@@ -128,7 +132,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
     if check_files and not problems:
         gpu = plan_gpu_memory(cfg, plan, model_dir=model_dir)
         problems += gpu_fit_problems(cfg, gpu) if gpu is not None else []
-        if not for_gpu and (gpu is None or not gpu.shared):  # (vLLM beside the trainer on its GPU: the split above)
+        if trains and not for_gpu and (gpu is None or not gpu.shared):  # (vLLM beside the trainer on its GPU: the split above)
             problems += machine_memory_problems(cfg, plan, device, model_dir=model_dir)
     if problems:  # (once each: a named dataset's missing split is found by the data check and again when measuring)
         raise ConfigError(list(dict.fromkeys(problems)))
