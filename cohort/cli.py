@@ -40,10 +40,10 @@ def _fields_help() -> str:
     return "\n".join(lines)
 
 
-def _load(args_list: list[str], *, check_files: bool = True, say_source=None, for_gpu: bool = False):
+def _load(args_list: list[str], *, check_files: bool = True, say_source=None, for_gpu: bool = False, trains: bool = True):
     """The validated run (`RunPlan`: the resolved config, the batch plan, what was read); with say_source (a stream),
     first write the one line that says where the values came from. `for_gpu`: choose model.dtype=auto as on a GPU
-    (planning a GPU run from another machine)."""
+    (planning a GPU run from another machine); `trains`: False for `cohort eval` (no training memory to compare)."""
     from cohort.config.resolve import resolve_config
     from cohort.plan.validate import choose_model_dtype, model_dir_of, validate_config
 
@@ -55,7 +55,7 @@ def _load(args_list: list[str], *, check_files: bool = True, say_source=None, fo
         cfg = resolved.config
         chosen = choose_model_dtype(cfg, model_dir_of(cfg) if cfg.model.dtype == "auto" else None, for_gpu=for_gpu)[1]
         print(f"config: {resolved.source}" + (f"; {chosen}" if chosen else ""), file=say_source, flush=True)
-    return validate_config(resolved.config, check_files=check_files, for_gpu=for_gpu)
+    return validate_config(resolved.config, check_files=check_files, for_gpu=for_gpu, trains=trains)
 
 
 def _say_notes(notes: tuple[str, ...]) -> None:
@@ -171,16 +171,20 @@ def cmd_config_show(ns) -> int:
 
 def cmd_plan(ns) -> int:
     run = _load(ns.config, say_source=sys.stdout, for_gpu=ns.gpu_memory_gib is not None)
+    from cohort.models.devices import resolve_device
+    from cohort.models import host_memory
     from cohort.plan.printout import format_plan
     from cohort.plan.validate import plan_gpu_memory
 
     total = None if ns.gpu_memory_gib is None else int(ns.gpu_memory_gib * 2**30)
-    print(format_plan(run.config, run.batch, gpu=plan_gpu_memory(run.config, run.batch, total)))  # (None: no GPU split to show)
+    gpu = plan_gpu_memory(run.config, run.batch, total)  # (None: no GPU split to show)
+    on_cpu = total is None and resolve_device(run.config.train.device).type == "cpu"
+    print(format_plan(run.config, run.batch, gpu=gpu, machine=host_memory.machine_memory() if on_cpu else None))
     return 0
 
 
 def cmd_eval(ns) -> int:
-    plan = _load(ns.config, say_source=sys.stderr)  # stdout is the JSON result
+    plan = _load(ns.config, say_source=sys.stderr, trains=False)  # stdout is the JSON result
     cfg = plan.config
     import tempfile
     import time

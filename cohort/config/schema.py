@@ -397,6 +397,10 @@ class TrainConfig(_Section):
         "other sizes otherwise stay resident, so the peak resident memory is lower (the SmolLM2-135M example at step 2: 8.16 GiB "
         "without, 7.41 with), at some speed (two pairs of runs on the 2-core VM: 1.05-1.07x a step). `cohort plan`'s "
         "estimate assumes it. docs/runs.md, \"Memory on the CPU\".")
+    check_memory: bool = Field(True, description="Refuse, before anything loads, a run whose memory estimate (`cohort plan`) is "
+        "more than the machine has: the host's memory (RAM, or a container's limit when lower) when training on the CPU, the GPU's "
+        "when on a GPU; the message names the fixes that would make it fit. false: run anyway (with swap to spare, or an estimate "
+        "you know to be high). docs/runs.md, \"Does it fit?\".")
     logprob_chunk_size: int = Field(1024, description="Completion tokens per chunk when computing log-probs and entropy (bounds the logits held at once).")
     num_processes: int = Field(1, description="Training processes on this machine: > 1 re-launches `cohort train` under torchrun, the "
         "policy sharded with FSDP2 (one GPU per process on GPUs); rank 0 runs rollout and rewards. Under torchrun, its WORLD_SIZE "

@@ -1,4 +1,7 @@
-"""Handing the C heap's free pages back to the operating system between the phases of a step.
+"""The host's memory: handing the C heap's free pages back between the phases of a step, and how much there is.
+
+`machine_memory()` reads what this machine gives a process (RAM, or the cgroup's limit when lower; what is available
+now besides), for the plan to compare its estimate with (cohort/plan/machine_fit.py). Below, the heap.
 
 On a CPU every tensor lives in the C library's heap (PyTorch's CPU allocator mallocs; vLLM's CPU engine, the push and
 the tokenizers too). glibc keeps what is freed for reuse and gives pages back to the system only from the top of the
@@ -26,6 +29,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -51,3 +57,65 @@ def release_host_memory(device: torch.device | None = None) -> bool:
         return False
     trim = _malloc_trim()
     return bool(trim(0)) if trim is not None else False
+
+
+# --------------------------------------------------------------------------- how much memory the machine has
+
+
+@dataclass(frozen=True)
+class MachineMemory:
+    """The memory a run may use on one device: `total` bytes (the most it can ever have), `source` (where that was
+    read, for messages), `available` bytes now (others' use subtracted; None when not known)."""
+
+    total: int
+    source: str
+    available: int | None = None
+
+
+MEMINFO = Path("/proc/meminfo")
+CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"),  # cgroup v2, as a container sees its own group
+                 Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))  # cgroup v1 (no limit: a number near 2**63)
+
+
+def machine_memory() -> MachineMemory | None:
+    """This host's memory for one process: /proc/meminfo's MemTotal (elsewhere the physical pages, os.sysconf), or a
+    cgroup's limit when that is lower (a container's); MemAvailable beside it. None when neither can be read."""
+    fields = _meminfo()
+    total, source = fields.get("MemTotal"), "MemTotal"
+    if total is None:
+        try:
+            total, source = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "the physical pages"
+        except (ValueError, OSError, AttributeError):
+            return None
+    limit = _cgroup_limit()
+    if limit is not None and limit[0] < total:
+        total, source = limit
+    available = fields.get("MemAvailable")
+    return MachineMemory(total, source, None if available is None else min(available, total))
+
+
+def _meminfo() -> dict[str, int]:
+    """/proc/meminfo's lines in bytes (`MemTotal:  24683772 kB`); {} where there is none."""
+    try:
+        lines = MEMINFO.read_text().splitlines()
+    except OSError:
+        return {}
+    fields = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        number, *unit = value.split() or ["?"]
+        if number.isdigit():
+            fields[name] = int(number) * (1024 if unit == ["kB"] else 1)
+    return fields
+
+
+def _cgroup_limit() -> tuple[int, str] | None:
+    """The memory limit of this process's cgroup and its file; None when there is none (`max`) or none is readable."""
+    for path in CGROUP_LIMITS:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            return int(text), f"the cgroup's {path.name}"
+    return None

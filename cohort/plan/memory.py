@@ -346,7 +346,8 @@ def gpu_memory_plan(cfg: CohortConfig, plan: BatchPlan, facts: ModelFacts, total
 
 
 def gpu_fit_problems(cfg: CohortConfig, gpu: GpuMemoryPlan) -> list[str]:
-    """Why this GPU cannot hold the run, both numbers and the fixes; [] when it can."""
+    """Why this GPU cannot hold the run, both numbers and the fixes; [] when it can, or when train.check_memory is false
+    and vLLM's share is at least what it needs to start."""
     if gpu.fits:
         return []
     where = f"the GPU's {human_bytes(gpu.total)}"
@@ -356,6 +357,8 @@ def gpu_fit_problems(cfg: CohortConfig, gpu: GpuMemoryPlan) -> list[str]:
         return [f"{util} is less than vLLM needs to start ({human_bytes(gpu.engine_minimum)}: its weights, working memory and "
                 f"one sequence's KV cache); raise engine.gpu_memory_utilization to at least "
                 f"{math.ceil(gpu.engine_minimum / gpu.total * 100) / 100:g} or unset it (null) to derive it"]
+    if not cfg.train.check_memory:  # (the user's call: swap, or an estimate known to be high; vLLM's minimum above stays)
+        return []
     if not gpu.shared:
         return [f"vLLM alone on its GPU: {util} + the CUDA context {human_bytes(CUDA_CONTEXT_BYTES)} exceed {where}; lower "
                 "engine.gpu_memory_utilization or unset it (0.9)"]

@@ -1,6 +1,6 @@
-"""What `cohort plan` prints: the batch schedule, the token bound, the memory estimate and a GPU's split.
+"""What `cohort plan` prints: the batch schedule, the token bound, the memory estimate, a GPU's split, the machine's memory.
 
-`format_plan(cfg, plan, gpu)` reads the batch plan (cohort/plan/batch.py) and the memory estimate
+`format_plan(cfg, plan, gpu, machine)` reads the batch plan (cohort/plan/batch.py) and the memory estimate
 (cohort/plan/memory.py); it computes nothing of its own beyond the lines. Left out: every check (a config that
 cannot work never reaches the printout: `cohort plan` validates first).
 """
@@ -8,7 +8,9 @@ cannot work never reaches the printout: `cohort plan` validates first).
 from __future__ import annotations
 
 from cohort.config import CohortConfig
+from cohort.models.host_memory import MachineMemory
 from cohort.plan.batch import BatchPlan, stream_update_blockers
+from cohort.plan.machine_fit import host_rows, total
 from cohort.plan.memory import (CUDA_CONTEXT_BYTES, GpuMemoryPlan, UnreadableWeights, cpu_engine_share, human_bytes,
                                 kv_bytes_per_token, memory_estimate, model_facts)
 
@@ -97,8 +99,22 @@ def _stream_line(cfg: CohortConfig, plan: BatchPlan) -> str:
     return line
 
 
-def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = None) -> str:
-    """The printout of `cohort plan`; `gpu`: a GPU's split between the trainer and vLLM, shown at the end."""
+def machine_line(estimate: int, machine: MachineMemory, check: bool) -> str:
+    """The host's memory against the estimate (what validation refuses above the total; what is available now is only
+    said: others' processes hold it, and may end)."""
+    now = f"; {human_bytes(machine.available)} available now" if machine.available is not None else ""
+    head = f"  {'machine memory':<20}  {human_bytes(machine.total):>10}   {machine.source}{now}: "
+    if estimate > machine.total:
+        return head + "the estimate does NOT fit" + ("" if check else " (train.check_memory = false: run anyway)")
+    if machine.available is not None and estimate > machine.available:
+        return head + f"the estimate fits, more than is available now (other processes hold {human_bytes(machine.total - machine.available)})"
+    return head + "the estimate fits"
+
+
+def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = None,
+                machine: MachineMemory | None = None) -> str:
+    """The printout of `cohort plan`; `gpu`: a GPU's split between the trainer and vLLM, shown at the end; `machine`:
+    the host's memory, for a run trained on the CPU."""
     accumulation = plan.micro_batches_per_step
     lines = [
         "batch plan",
@@ -141,6 +157,8 @@ def format_plan(cfg: CohortConfig, plan: BatchPlan, gpu: GpuMemoryPlan | None = 
         lines.append(f"  rollout engine (vLLM) on top: its weights and KV cache (engine.kv_cache_gib on CPU, "
                      f"engine.gpu_memory_utilization on GPU: `cohort plan --gpu-memory-gib N` shows the split); "
                      f"KV {human_bytes(per_token)} per token")
+    if machine is not None and gpu is None:
+        lines.append(machine_line(total(host_rows(cfg, plan, facts)), machine, cfg.train.check_memory))
     lines.append("  the loss value is not progress: docs/algorithms.md#what-the-loss-value-means")
     if gpu is not None:
         lines += format_gpu_plan(gpu)

@@ -18,7 +18,11 @@
   distillation teacher's tokenizer against that same student tokenizer;
 - on a GPU, with vLLM colocated or in a local server child: the GPU memory plan
   (`cohort.plan.memory.gpu_memory_plan`, against the GPU's total memory read from
-  CUDA), refusing a split that cannot fit with both numbers and the fixes.
+  CUDA), refusing a split that cannot fit with both numbers and the fixes;
+- elsewhere the estimate against the machine's memory (`machine_memory_problems`: the host's on the CPU, a GPU
+  of the trainer's own), refusing a run that cannot fit with the fixes that would make it
+  (cohort/plan/machine_fit.py; train.check_memory=false runs it anyway). Not with `for_gpu` (that plans another
+  machine), nor for `cohort eval` (`trains=False`: it holds no gradients or optimizer state).
 
 It builds nothing: no model, no tokenizer of a `tiny:*` model, no engine, and
 writes no file (but RUN_DIR/logs/error.log when reading the data raised an error of its own: one line names it; with check_files, a GGUF model.path is converted once into cohort's cache first, so the checks can
@@ -57,12 +61,15 @@ from cohort.models import pretrained
 from cohort.models.devices import DeviceError, auto_dtype, has_bf16_units, resolve_device
 from cohort.models.gguf import gguf_parameters
 from cohort.models.hub import hub_parameter_count
+from cohort.models import host_memory
+from cohort.models.host_memory import MachineMemory
 from cohort.models.lora import lora_problems
 from cohort.models.placement import engine_gpus, training_processes, visible_gpus
 from cohort.models.tiny import available_tiny_dir
 from cohort.models.tokenizer_check import checked_tokenizer, tokenizer_file_problems
 from cohort.plan.batch import BatchPlan, MeasuredPrompts, batch_plan, stream_update_active, with_measured_prompts
 from cohort.plan.loss_checks import loss_problems
+from cohort.plan.machine_fit import host_rows, machine_fit_problems, trainer_gpu_rows
 from cohort.plan.memory import (GpuMemoryPlan, ModelFacts, UnreadableWeights, gpu_fit_problems, gpu_memory_plan,
                                 kv_bytes_per_token, model_facts)
 from cohort.plan.pipeline_checks import pipeline_problems
@@ -76,11 +83,14 @@ from cohort.tools.tool_checks import tool_problems
 from cohort.runs.error_log import describe, write_error_log
 
 
-def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: bool = False) -> RunPlan:
+def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: bool = False,
+                    trains: bool = True) -> RunPlan:
     """All checks that need no model; raises ConfigError listing every problem, else returns the run's plan: the
     resolved config (a new object: `cfg` is never written), the batch plan (with check_files, its token bound taken
     from the longest prompt kept) and what was read to check it (the tokenizer, the prompts encoded). `for_gpu`:
-    choose `model.dtype = auto` as on a GPU (`cohort plan --gpu-memory-gib`, planning a GPU run from another machine)."""
+    choose `model.dtype = auto` as on a GPU (`cohort plan --gpu-memory-gib`, planning a GPU run from another machine).
+    `trains`: False for `cohort eval`, which trains nothing, so the training estimate is not compared with the
+    machine's memory (`machine_memory_problems`)."""
     # model.path looked at once (with check_files, a GGUF file converted first): where its config and tokenizer are,
     # for every check that reads them (the dtype's choice reads its weights' headers)
     model = (pretrained.inspect_model(cfg.model.path, cfg.model.revision, convert=check_files)
@@ -123,6 +133,8 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
     if check_files and not problems:
         gpu = plan_gpu_memory(cfg, plan, model_dir=model_dir)
         problems += gpu_fit_problems(cfg, gpu) if gpu is not None else []
+        if trains and not for_gpu and (gpu is None or not gpu.shared):  # (vLLM beside the trainer on its GPU: the split above)
+            problems += machine_memory_problems(cfg, plan, device, model_dir=model_dir)
     if problems:  # (once each: a named dataset's missing split is found by the data check and again when measuring)
         raise ConfigError(list(dict.fromkeys(problems)))
     if gpu is not None and gpu.derived:  # the other value validation settles (module docstring)
@@ -398,6 +410,30 @@ def plan_gpu_memory(cfg: CohortConfig, plan: BatchPlan, total_bytes: int | None 
             return None
         total_bytes = torch.cuda.get_device_properties(device).total_memory  # (thin: the one CUDA read)
     return gpu_memory_plan(cfg, plan, facts, total_bytes, shared=shared)
+
+
+def machine_memory_problems(cfg: CohortConfig, plan: BatchPlan, device: torch.device, *,
+                            machine: MachineMemory | None = None, model_dir: Path | None = None) -> list[str]:
+    """The estimate against the memory of the machine it runs on, where no GPU split holds the trainer: on the CPU the
+    host's (its peak and vLLM's CPU share; `machine`: default `host_memory.machine_memory()`, the one place a test
+    fakes it), on a
+    GPU of its own the GPU's total (one training process: several hold a shard each, not counted here). Refused with the
+    fixes (cohort/plan/machine_fit.py); [] when it fits, the model's size is unknown, or the machine's cannot be read."""
+    try:
+        facts = model_facts(cfg.model.path, cfg.model.revision, directory=model_dir)
+    except UnreadableWeights:  # (reported by the weights check)
+        return []
+    if facts is None:
+        return []
+    fit = dict(world_size=training_world_size(cfg), needs_critic=FACTS[cfg.algorithm.name].needs_critic)
+    if device.type == "cpu":
+        machine = machine or host_memory.machine_memory()
+        return [] if machine is None else machine_fit_problems(cfg, plan, facts, machine, host_rows,
+                                                               where="this machine's", **fit)
+    if device.type != "cuda" or fit["world_size"] > 1:
+        return []
+    machine = machine or MachineMemory(torch.cuda.get_device_properties(device).total_memory, f"{device}'s total_memory")
+    return machine_fit_problems(cfg, plan, facts, machine, trainer_gpu_rows, where="the GPU's", **fit)
 
 
 def check_processes(cfg: CohortConfig) -> list[str]:
