@@ -58,6 +58,10 @@ class Episode(EpisodeRecord, kind="tool_loop", unmarked=True):
     def failed(self) -> bool:
         return self.failure is not None
 
+    @property
+    def failure_message(self) -> str | None:
+        return self.failure
+
     def reward_arguments(self, prompt: Any) -> dict[str, Any]:
         """`conversations`: the prompt as the model saw it (a text prompt as one user message), then the completion's
         assistant and tool turns; with an environment, `environments`: its instance."""
