@@ -153,7 +153,9 @@ class Trainer:
         batch (agent runs widened into one run per seat, then one row per call: trainer/agent_samples.py) and its
         metrics (read from the runs), the old, teacher and reference log-probs, the critic's values, the advantages;
         each phase reads the batch so far and returns its part, joined to it by `dataclasses.replace` (never set in place)."""
-        collected = with_seats(collected, self.plan.num_generations, self.parts.tokenizer)  # one run per seat, by seat
+        rewards = self.parts.rewards
+        collected = with_seats(collected, self.plan.num_generations, self.parts.tokenizer,  # one run per seat, by seat
+                               rewards.weights, rewards.aggregation)
         outs, scored = collected.outs, collected.scored
         runs = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
                                               per_function=scored.per_function, texts=collected.texts,
