@@ -12,7 +12,9 @@ a 512-position model with 6-token prompts trains with the default config.
   (tools.functions / tools.environment, tools.in_prompt) chat prompts are rendered with
   `tools=` the tools' JSON schemas, as TRL renders them, so the model sees each tool's name,
   description and arguments (the template's tools block); a template without a tools block
-  is refused here, before any weights load (`tools_block_problems`).
+  is refused here, before any weights load (`tools_block_problems`). A prompt past the limit in such a run is told
+  how many of its tokens the tools block adds, and, when it would fit without them, offered `tools.in_prompt: false`
+  first (the block, not the completion budget, is what grew).
 - `prompt_limit(cfg, max_positions)`: the ceiling, and how messages name it and fix it.
 - `encode_prompts(...)`: token ids of the train and eval prompts under that ceiling
   (`data.overlong_prompts` decides what happens to longer ones), then `fit_problems`:
@@ -69,26 +71,51 @@ class PromptRenderer:
     def encode(self, prompt: Any) -> list[int]:
         return list(self.tokenizer(self.text(prompt), add_special_tokens=False)["input_ids"])
 
+    def tools_block_tokens(self, prompt: Any, length: int) -> int | None:
+        """How many of a chat prompt's `length` tokens (`encode`) the tools block adds (None: no tools block)."""
+        if not self.tools or not self.is_chat(prompt):
+            return None
+        return length - len(PromptRenderer(self.tokenizer, None, self.overlong).encode(prompt))
+
+    def _fix(self, prompt: Any, length: int, shortest: bool = False) -> tuple[str, str]:
+        """(what the tools block adds to this over-long prompt of `length` tokens, "" without one; the fix), the
+        `shortest` of several or one row's: leaving the block out (tools.in_prompt: false) is the first fix when the
+        prompt would fit without it."""
+        block = self.tools_block_tokens(prompt, length)
+        if block is None:
+            return "", self.fix
+        share = f"{block} tokens (the shortest prompt has {length}, {length - block} without it)" if shortest else \
+            f"{block} of them ({length - block} without it)"
+        note = f"; the tools block rendered into each prompt (tools.in_prompt) adds {share}"
+        if length - block <= self.max_prompt_length:
+            return note, f"set tools.in_prompt: false (a checkpoint trained without a tools block), or {self.fix}"
+        return note, self.fix
+
     def encode_dataset(self, dataset: PromptDataset, name: str) -> tuple[PromptDataset, list[list[int]], int]:
         """Token ids for every row, with overlong prompts handled; returns (dataset, ids, number filtered)."""
         keep_rows, keep_ids, keep_src, dropped = [], [], [], 0
+        shortest: tuple[int, Any] | None = None  # (tokens, prompt) of the shortest over-long prompt
         for row, src in zip(dataset.rows, dataset.sources):
-            ids = self.encode(row[dataset.prompt_key])
+            prompt = row[dataset.prompt_key]
+            ids = self.encode(prompt)
             if self.max_prompt_length is not None and len(ids) > self.max_prompt_length:
                 if self.overlong == "error":
+                    note, fix = self._fix(prompt, len(ids))
                     raise DataError(
-                        f"{src}: prompt has {len(ids)} tokens > {self.limit_name} = {self.max_prompt_length}; "
-                        f"{self.fix}, or set data.overlong_prompts to filter or truncate_left"
+                        f"{src}: prompt has {len(ids)} tokens > {self.limit_name} = {self.max_prompt_length}{note}; "
+                        f"{fix}, or set data.overlong_prompts to filter or truncate_left"
                     )
                 if self.overlong == "filter":
                     dropped += 1
+                    shortest = min(shortest, (len(ids), prompt), key=lambda pair: pair[0]) if shortest else (len(ids), prompt)
                     continue
                 ids = ids[-self.max_prompt_length:]
             keep_rows.append(row)
             keep_ids.append(ids)
             keep_src.append(src)
         if not keep_rows:
-            raise DataError(f"{name}: every prompt is longer than {self.limit_name} = {self.max_prompt_length}; {self.fix}")
+            note, fix = self._fix(shortest[1], shortest[0], shortest=True) if shortest else ("", self.fix)
+            raise DataError(f"{name}: every prompt is longer than {self.limit_name} = {self.max_prompt_length}{note}; {fix}")
         return PromptDataset(keep_rows, dataset.prompt_key, keep_src), keep_ids, dropped
 
 

@@ -24,14 +24,17 @@ mask 0 on what the agent added between calls, or one sample per call when it rew
 `AgentRun` as its `episode`: the returned reward and metrics, or the error. Failures: an agent that raises, returns
 something that is not a number or a dict with a numeric `reward`, or runs past `timeout_s` (cancelled) finishes with
 `AgentRun.error` set and its calls so far; the agent reward (cohort/agents/reward.py) then fails like a reward
-function that raises (one message, the last good state saved, cohort/trainer/failure.py). `abort` cancels the run,
+function that raises (one message, the last good state saved, cohort/trainer/failure.py). A call the endpoint refused
+(a `ChatRequestError`, 400: e.g. tools under a template without a tools block) is named in the failed run's error with
+its fix, whatever the agent made of the 400. `abort` cancels the run,
 aborts its calls in the inner engine and returns its calls so far with status "aborted" (it cannot be resumed:
 validation refuses partial rollouts with an agent).
 
 Frameworks that run their own client (verifiers): inside a run, `join_session(session_id)` makes the endpoint take
 calls carrying `X-Session-ID: session_id` as this run's, whatever their API key (cohort/agents/sessions.py;
 cohort/agents/verifiers.py joins
-each trace id as verifiers mints it). An agent object with an `aclose()` coroutine has it awaited on `close`. Seats: an
+each trace id as verifiers mints it). An agent object with an `aclose()` coroutine has it awaited on `close`, for at
+most AGENT_CLOSE_S (a hung one is cancelled and the rest closed). Seats: an
 agent that returns `"seats"` ({session id: {"seat": name, "reward": ...}}, `as_seats`) gets one trajectory per seat
 from the calls that came with that session id (`AgentRun.seats`; the trainer trains each on its own reward), and a
 seat's budget counts only its own calls.
@@ -44,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -58,6 +62,8 @@ from cohort.rollout.base import Request, RequestEngineMixin, Trajectory, Wrapped
 WAIT_S = 0.05  # how long one poll waits for calls to arrive while runs are busy outside the engine
 GATHER_QUIET_S = 0.01  # before the engine steps: wait while runs between calls keep sending calls this often...
 GATHER_MAX_S = 0.25  # ...but never longer than this (an agent's slow tool must not stall the others)
+AGENT_CLOSE_S = 10.0  # `close` waits this long for the agent's aclose() (verifiers' serving context, its servers)...
+HTTP_CLOSE_S = 2.0  # ...and this long for the runs' HTTP client; past either, it is left behind and the rest closed
 
 
 class RunCancelled(Exception):
@@ -75,6 +81,7 @@ class _Run:
     messages: list[dict[str, Any]] = field(default_factory=list)  # the last call's messages and its answer
     lock: threading.Lock = field(default_factory=threading.Lock)
     sessions: dict[int, str | None] = field(default_factory=dict)  # id(SampledCall) -> the X-Session-ID it came with
+    refused: str | None = None  # the first call the endpoint refused (a ChatRequestError, 400): its message and fix
 
 
 class AgentEngine(RequestEngineMixin, WrappedEngine):
@@ -155,15 +162,31 @@ class AgentEngine(RequestEngineMixin, WrappedEngine):
         return len(self._runs) + len(self._done)
 
     def close(self) -> None:
+        """Abort the runs, stop the endpoint, await the agent's `aclose()` (an agent object holding resources:
+        cohort/agents/verifiers.py's environment) and the runs' HTTP client, then stop the loop and close the inner
+        engine. Each wait is bounded (AGENT_CLOSE_S, HTTP_CLOSE_S): one that hangs is cancelled, said on stderr (the
+        engine log), and the rest is closed anyway, so a hung `aclose` costs seconds, not the minute it once did."""
         self.abort()
         self.server.close()
-        if hasattr(self.agent, "aclose"):  # an agent object holding resources (cohort/agents/verifiers.py's environment)
-            asyncio.run_coroutine_threadsafe(self.agent.aclose(), self._loop).result(timeout=60)
-        if self._http is not None:
-            asyncio.run_coroutine_threadsafe(self._http.aclose(), self._loop).result(timeout=5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._loop_thread.join(timeout=5)
-        self.inner.close()
+        try:
+            if hasattr(self.agent, "aclose"):
+                self._await_closing(self.agent.aclose(), AGENT_CLOSE_S, "the agent's aclose()")
+            if self._http is not None:
+                self._await_closing(self._http.aclose(), HTTP_CLOSE_S, "the agent runs' HTTP client")
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(timeout=5)
+            self.inner.close()
+
+    def _await_closing(self, coroutine, timeout_s: float, what: str) -> None:
+        """`coroutine` on the engine's loop, waited for at most `timeout_s`: past it, cancelled and left behind."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            print(f"cohort: {what} did not finish within {timeout_s:g} s; left behind (cancelled), the rest closed",
+                  file=sys.stderr, flush=True)
 
     # ---------------------------------------------------------------- one run
 
@@ -185,6 +208,9 @@ class AgentEngine(RequestEngineMixin, WrappedEngine):
         self._current.run, self._current.session = run, session
         try:
             reply, calls = self.chat.create(body, conversation=run.conversation)
+        except ChatRequestError as exc:  # (the agent gets it as a 400; the run's error carries it: `_end`)
+            run.refused = run.refused or str(exc)
+            raise
         finally:
             self._current.run = None
         run.sessions.update({id(call): session for call in calls})
@@ -298,6 +324,7 @@ class AgentEngine(RequestEngineMixin, WrappedEngine):
         seats = {}
         if status is None:
             record.outcome, record.error, record.status, seats = _outcome(run.future, self.timeout_s)
+            record.error = _with_refusal(record.error, run.refused)
             # an agent marked `episode_only` (verifiers' VerifiersAgent): any failure fails that episode only
             record.episode_only = record.error is not None and bool(getattr(self.agent, "episode_only", False))
         else:
@@ -335,6 +362,14 @@ def _outcome(future: concurrent.futures.Future, timeout_s: float) -> tuple[dict[
         return as_outcome(value), None, "ok", seats
     except ValueError as exc:
         return None, str(exc), "error", {}
+
+
+def _with_refusal(error: str | None, refused: str | None) -> str | None:
+    """A failed run's error with the endpoint's refusal of one of its calls (its message and fix, which a framework
+    between the endpoint and the agent, such as verifiers' harness, may word away), unless the error already says it."""
+    if error is None or refused is None or refused in error:
+        return error
+    return f"{error} (the endpoint refused a call of this run: {refused})"
 
 
 def as_seats(value: Any) -> dict[str, tuple[str, dict[str, float | None]]]:

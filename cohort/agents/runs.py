@@ -22,7 +22,8 @@ made no call has an empty completion (prompt: the request's prompt), which train
 
 The run's record is an `AgentRun` (cohort/agents/engine.py sets it as the trajectory's `episode`), which the layers
 that know no connector read through `cohort.rollout.base.EpisodeRecord`: reward functions may name `agent_runs=`
-(each trajectory's `AgentRun`), completions.jsonl gets its conversation, status and calls, and the metrics are
+(each trajectory's `AgentRun`), completions.jsonl gets its conversation, status and calls (and a failed episode's
+error as `failure`, as the tool loop's failed episodes have it), and the metrics are
 `agent/<key>` (the mean over the runs that returned it of each key the agent's dict returned besides `reward`),
 `agent/failed` (runs that ended with an error: only an environment's failed episodes get this far,
 cohort/agents/verifiers.py), `agent/calls_mean` (model calls per run) and `agent/samples_mean` (trained samples per
@@ -66,11 +67,19 @@ class AgentRun(EpisodeRecord, kind="agent_run"):
         """An episode the environment failed (`episode_only`): no reward function scores it, training goes on."""
         return self.error is not None and self.episode_only
 
+    @property
+    def failure_message(self) -> str | None:
+        """A failed episode's error (the environment's message; the endpoint's refusal with its fix, when it refused
+        one of the run's calls: cohort/agents/engine.py)."""
+        return self.error if self.failed else None
+
     def reward_arguments(self, prompt: Any) -> dict[str, Any]:
         return {"agent_runs": self}
 
     def completion_fields(self) -> dict[str, Any]:
-        return {"conversation": list(self.conversation), "tool_status": self.status, "turns": self.turns}
+        """completions.jsonl: the last call's conversation, status and calls, and a failed episode's `failure`."""
+        fields = {"conversation": list(self.conversation), "tool_status": self.status, "turns": self.turns}
+        return {**fields, "failure": self.error} if self.failed else fields
 
     @classmethod
     def batch_metrics(cls, records: Sequence[AgentRun]) -> dict[str, float]:

@@ -466,6 +466,10 @@ class RunConfig(_Section):
         " deleted after each save).")
     diagnostics: bool = Field(True, description="Warn (console and warnings.jsonl) when a metric looks wrong for several steps; "
         "docs/runs.md lists the rules.")
+    max_failed_steps: int = Field(3, ge=0, description="Stop the run (exit 4, the last step's state saved) when every "
+        "episode of a step's batch failed (an environment's reset raised, a verifiers episode ended with errors, the agent "
+        "endpoint refused its calls) for this many generating steps in a row, with the first failure's message: such "
+        "steps train on nothing. A step where some episodes failed always says so (console and warnings.jsonl). 0: never stop.")
     eval_every: int = Field(0, description="Greedy eval every N steps (0: only before and after training).")
     eval_num_samples: int = Field(4, ge=0, description="The evals before and after training (and `cohort eval`) also sample this "
         "many completions per held-out prompt at rollout.temperature for pass@1 and pass@k (Chen et al.'s unbiased estimator); "

@@ -9,9 +9,12 @@ The run's rewards, in order:
 3. the tools environment's `get_reward()` (TRL's `environment_factory`: one more reward of weight 1, alias
    `environment`), from the resolved class (cohort/tools/tool_schemas.py's `ToolResolution.reward_specs`).
 
-So `rewards` beside agent.function are added to the agent's reward (TRL and verifiers both sum several weighted
-reward functions): each completion's total is the agent's reward + Σ weight × the user's functions' scores. Beside a
-verifiers environment they are refused for now (cohort/agents/agent_checks.py says why).
+So `rewards` beside agent.function or agent.environment are added to the agent's (or the episode's) reward (TRL and
+verifiers both sum several weighted reward functions): each completion's total is that reward + Σ weight × the user's
+functions' scores; an environment's failed episode is scored by none of them. Beside a multi-seat environment each
+seat's row keeps the episode's scores of the user's functions beside its own reward from the environment, so they are
+added to every seat's reward (cohort/trainer/agent_samples.py's `with_seats`); the agent's spec comes first, where
+`with_seats` finds it.
 
 The trainer's setup (cohort/trainer/build_parts.py), validation (cohort/plan/validate.py, whose `RunInputs` carries
 the composed specs to the setup) and `cohort eval` (cohort/trainer/evaluate.py) all call `reward_specs`.

@@ -152,7 +152,8 @@ class EpisodeRecord:
     - `observation`: text shown before the first turn (what a reset returned), appended to the prompt
       (`with_observation`): reward functions get the prompt as the model saw it.
     - `failed`: the episode failed before the model could play it: it is scored by nothing (every reward None,
-      advantage 0) and counted.
+      advantage 0) and counted; `failure_message`: why, in the words of whatever failed it (with its fix where cohort
+      wrote one), which the console, warnings.jsonl and completions.jsonl show (cohort/trainer/episode_failures.py).
     - `reward_arguments(prompt)`: the optional keyword arguments this record gives reward functions (`prompt` is the
       shown prompt); a batch passes each name as one list over its trajectories, None where a record has none.
     - `completion_fields()`: what completions.jsonl adds for this trajectory.
@@ -186,6 +187,10 @@ class EpisodeRecord:
     @property
     def failed(self) -> bool:
         return False
+
+    @property
+    def failure_message(self) -> str | None:
+        return None
 
     def reward_arguments(self, prompt: Any) -> dict[str, Any]:
         return {}

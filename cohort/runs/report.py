@@ -352,6 +352,15 @@ def _samples(run: RunRecords) -> str:
     return "".join(parts)
 
 
+def _warning(record: dict) -> str:
+    """One warnings.jsonl record; a failed-episodes one (cohort/trainer/episode_failures.py) with each of its distinct
+    messages and how many episodes it failed."""
+    failures = record.get("failures") or {}
+    listed = "".join(f"<li>{count} × {html.escape(message)}</li>" for message, count in failures.items())
+    return (f'<div class=warn>{html.escape(record.get("message", ""))} <i>(step {record.get("step")})</i>'
+            f'{f"<ul>{listed}</ul>" if listed else ""}</div>')
+
+
 def _finish_text(record: dict) -> str:
     finish = str(record.get("finish_reason", ""))
     finish = f"{finish}, tools {record['tool_status']}" if "tool_status" in record else finish
@@ -373,8 +382,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     out_dir = Path(out) if out else run.path / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     images = [p for plot in PLOTS if (p := plot(run, out_dir)) is not None]
-    warnings = "".join(f'<div class=warn>{html.escape(w.get("message", ""))} <i>(step {w.get("step")})</i></div>'
-                       for w in run.warnings) or "<p>None.</p>"
+    warnings = "".join(_warning(w) for w in run.warnings) or "<p>None.</p>"
     body = (f"<h1>cohort run: {html.escape(run.name)}</h1><p>{html.escape(str(run.path.resolve()))}</p>{_facts(run)}"
             f"<h2>Warnings</h2>{warnings}<h2>Curves</h2>{''.join(_img(p) for p in images)}"
             f"<h2>Sample completions</h2>{_samples(run)}"

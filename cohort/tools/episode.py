@@ -67,6 +67,10 @@ class Episode(EpisodeRecord, kind="tool_loop", unmarked=True):
         return self.failure is not None
 
     @property
+    def failure_message(self) -> str | None:
+        return self.failure
+
+    @property
     def used_result(self) -> bool:
         """The final answer (the last message, an assistant turn) quotes a tool's result verbatim: a successful call's
         answer (not an error) appears in its text, as a calculator's "5535" in "123*45 = 5535"."""

@@ -25,7 +25,8 @@ server's EXECUTION_ERROR) fails only that episode, with the environment's messag
 
 Concurrency: a server refuses sessions past its `max_concurrent_envs` (CAPACITY_REACHED, default 1).
 `check_capacity` opens as many sessions as the run keeps trajectories in flight before training and refuses with
-the fix. In-process, each trajectory builds its own instance.
+the fix (a `ConfigError`: `cohort train` exits 2 before any weights load, as for any config problem). In-process, each
+trajectory builds its own instance.
 
 MCP environments (openenv's `MCPEnvironment`, served with `CallToolAction`/`CallToolObservation`, as OpenEnv's
 `echo_env` and `finqa_env` are): their tools are read with a `list_tools` action (one session, before anything
@@ -48,6 +49,8 @@ import json
 import typing
 import urllib.request
 from typing import Any
+
+from cohort.config import ConfigError
 
 
 SCHEMES = ("ws://", "wss://")
@@ -382,7 +385,8 @@ def server_schema(url: str, timeout_s: float) -> dict[str, Any]:
 
 
 def check_capacity(url: str, sessions: int, timeout_s: float, why: str) -> None:
-    """Open `sessions` WebSocket sessions at once; raise ValueError with the fix when the server refuses any."""
+    """Open `sessions` WebSocket sessions at once; raise ConfigError with the fix when the server refuses any (a
+    problem of the run's setup, found before any weights load: the command line exits 2, as for any config problem)."""
     opened, refused, reason = [], 0, ""
     try:
         for _ in range(sessions):
@@ -398,8 +402,8 @@ def check_capacity(url: str, sessions: int, timeout_s: float, why: str) -> None:
         for session in opened:
             session.close()
     if refused:
-        raise ValueError(
+        raise ConfigError([
             f"tools.environment = {url!r}: the OpenEnv server accepted {sessions - refused} of the {sessions} concurrent "
             f"sessions this run keeps open ({why}): {reason}. Serve it with `create_app(MyEnv, MyAction, MyObservation, "
             f"max_concurrent_envs={sessions})` and set `SUPPORTS_CONCURRENT_SESSIONS = True` on the environment class "
-            "(only if its instances share no state), or lower train.prompts_per_step")
+            "(only if its instances share no state), or lower train.prompts_per_step"])

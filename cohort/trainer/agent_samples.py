@@ -18,9 +18,12 @@ would compare a zero-sum game's winner with its own loser (the mean is always 0,
 rules would look good for being seated there); pooling every seat of every episode into one group of S x G would
 need groups of another size than rollout.num_generations and would still mix the seats' baselines. A run whose
 episode failed (no seats) fills each seat's slot with its own trajectory and no reward (NaN: advantage 0, left out
-of the group's statistics), so the groups keep their size. The reward set's per-function scores of a seat row are
-the seat's reward (an environment's reward set is its one reward, validation refuses others beside it); the run's own
-rewards/* metrics stay the episodes' (the seats' mean), and `agent/seat/<name>/reward` is each seat's mean.
+of the group's statistics), so the groups keep their size. A seat row's per-function scores are the episode's
+with the seat's reward in place of the episode's in the agent's column (the first: cohort/plan/run_rewards.py), and
+its total is their weighted sum again (the reward set's weights and aggregation): `rewards` beside the environment,
+scored once per episode (on the run's completion, with `agent_runs=` its record), are added to every seat's reward,
+as they are to a one-seat episode's (docs/environments.md). The run's own rewards/* metrics stay the episodes' (the
+agent's column: the seats' mean), and `agent/seat/<name>/reward` is each seat's mean reward from the environment.
 
 Calls (`with_call_samples`, called on the batch of one row per run, after `with_seats`): a run (or a seat) whose
 calls do not form one chain (cohort/agents/runs.py) reaches the trainer as its last call's trajectory, its earlier
@@ -56,6 +59,7 @@ from typing import Sequence
 import numpy as np
 
 from cohort.agents.runs import AgentRun
+from cohort.rewards.reward_set import aggregate
 from cohort.rollout.base import Trajectory, decode_completion
 from cohort.rollout.collect import Collected
 from cohort.trainer.rollout_batch import RolloutBatch
@@ -71,37 +75,45 @@ def seat_names(trajectories: Sequence[Trajectory]) -> list[str]:
     return names
 
 
-def with_seats(collected: Collected, group_size: int, tokenizer) -> Collected:
+def with_seats(collected: Collected, group_size: int, tokenizer, weights: Sequence[float] | None = None,
+               aggregation: str = "sum_then_normalize") -> Collected:
     """`collected` with every multi-seat run widened into one row per seat, each group of `group_size` runs into one
-    group per seat (module docstring: "Seats"); `collected` itself when no run played seats."""
+    group per seat (module docstring: "Seats"); `collected` itself when no run played seats. `weights` and
+    `aggregation`: the reward set's (`RewardSet.weights`, `.aggregation`; None: weight 1 each), by which a seat row's
+    scores (the seat's reward in the agent's column 0, the episode's other scores beside it) make its total."""
     names = seat_names(collected.outs)
     if not names:
         return collected
-    scored, width = collected.scored, collected.scored.per_function.shape[1]
-    rows, prompts, outs, texts, total = [], [], [], [], []
+    scored = collected.scored
+    rows, prompts, outs, texts, scores = [], [], [], [], []
     for start in range(0, len(collected.outs), group_size):
         for name in names:
             for i in range(start, start + group_size):
                 run = collected.outs[i]
                 seat = next((s for s in (run.episode.seats if isinstance(run.episode, AgentRun) else [])
                              if s.episode.seat == name), None)
-                if seat is None:  # the episode failed (or never seated this one): its trajectory, no reward
+                row_scores = np.full(scored.per_function.shape[1], np.nan)  # (F,)
+                if seat is None:  # the episode failed (or never seated this one): its trajectory, scored by nothing
                     episode = replace(run.episode, samples=[], seats=[], seat=name) if isinstance(run.episode, AgentRun) else None
-                    sample, reward, text = replace(run, episode=episode), None, collected.texts[i]
-                else:
-                    sample, reward, text = seat, seat.episode.outcome.get("reward"), decode_completion(tokenizer, seat)
+                    sample, text = replace(run, episode=episode), collected.texts[i]
+                else:  # the seat's reward where the run's was, the episode's other scores beside it
+                    sample, text, reward = seat, decode_completion(tokenizer, seat), seat.episode.outcome.get("reward")
+                    row_scores[1:] = scored.per_function[i, 1:]
+                    row_scores[0] = np.nan if reward is None else float(reward)
                 rows.append(collected.rows[i])
                 prompts.append(list(sample.prompt_ids) or collected.prompts[i])
                 outs.append(sample)
                 texts.append(text)
-                total.append(float("nan") if reward is None else float(reward))
-    total_np = np.array(total, dtype=np.float64)
+                scores.append(row_scores)
+    per_function = np.stack(scores)  # (S x N, F)
+    total = aggregate(per_function, list(weights) if weights is not None else [1.0] * per_function.shape[1], aggregation,
+                      group_size)
     metrics = dict(scored.metrics)
     for name in names:
-        mine = np.array([r for r, t in zip(total, outs) if isinstance(t.episode, AgentRun) and t.episode.seat == name])
+        mine = np.array([per_function[k, 0] for k, t in enumerate(outs) if isinstance(t.episode, AgentRun) and t.episode.seat == name])
         mine = mine[np.isfinite(mine)]
         metrics[f"agent/seat/{name}/reward"] = float(mine.mean()) if mine.size else float("nan")
-    widened = replace(scored, total=total_np, per_function=np.repeat(total_np[:, None], width, axis=1), metrics=metrics)
+    widened = replace(scored, total=total, per_function=per_function, metrics=metrics)
     return replace(collected, rows=rows, prompts=prompts, outs=outs, texts=texts, scored=widened)
 
 

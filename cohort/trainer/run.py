@@ -17,7 +17,10 @@ and returns (the CLI exits 0 and prints how to resume); a second one aborts. A
 non-finite loss or gradient norm rewinds to the start of that step (the weights
 never changed), saves that last good state and raises `RunHalted`. Any other
 failure saves the last consistent state the same way where there is one and
-raises `RunFailed` (cohort/trainer/failure.py says which state that is).
+raises `RunFailed` (cohort/trainer/failure.py says which state that is); so does a
+run whose every episode failed for run.max_failed_steps steps in a row (a step's
+failed episodes are said on the console and in warnings.jsonl:
+cohort/trainer/episode_failures.py), after that step's lines are written.
 Resuming (`resume_from`) restores a checkpoint (the newest intact one of a run
 directory: damaged ones are named and set aside, cohort/trainer/checkpoint.py),
 drops log lines written after it by the interrupted process, skips the "before"
@@ -39,6 +42,7 @@ from cohort.data.datasets import PromptDataset
 from cohort.rollout.base import with_observation
 from cohort.trainer import checkpoint, failure
 from cohort.trainer.diagnostics import Diagnostics
+from cohort.trainer.episode_failures import EpisodeFailures, FailureWatch
 from cohort.trainer.evaluate import evaluate
 from cohort.trainer.parts import TrainerParts
 from cohort.trainer.state import Checkpointed, TrainerState
@@ -103,6 +107,21 @@ def _log_completions(state: TrainerState, data: PromptDataset, sink: JsonlWriter
                     **tools})  # multi-turn: the conversation, tool turns marked by role "tool"
 
 
+def _report_failures(failures: EpisodeFailures | None, watch: FailureWatch, step: int, logger: MetricsLogger,
+                     sink: JsonlWriter) -> None:
+    """A step's failed episodes: the count and the first message on the console and in warnings.jsonl; `EpisodesFailed`
+    raised once every episode failed for run.max_failed_steps steps in a row (cohort/trainer/episode_failures.py).
+    `failures` None: the step trained on a batch generated earlier, already reported."""
+    if failures is None:
+        return
+    warning = watch.observe(step, failures)
+    if warning is not None:
+        logger.print(warning.text)
+        sink.write(warning.record())
+    if watch.stop is not None:
+        raise watch.stop
+
+
 def save_model(parts: TrainerParts, directory: Path, *, lora_merged: bool = False) -> None:
     """The trained model as a transformers checkpoint in model.dtype (float32 master weights cast down when mixed);
     under LoRA the adapter, and the merged model too with `lora_merged` (lora.save_merged)."""
@@ -157,6 +176,7 @@ def _run(trainer: Trainer, resume_from: str | Path | None) -> dict:
                            config=cfg.to_dict(), start_step=state.step, wandb_project=cfg.run.wandb_project)
     diagnostics = Diagnostics(max_completion_length=cfg.rollout.max_completion_length,
                               teacher_signal=cfg.algorithm.name == "distill") if cfg.run.diagnostics else None
+    failures = FailureWatch(cfg.run.max_failed_steps)  # failed episodes: each step's line, the stop when all fail
     before = _opening(trainer, logger, eval_sink, resumed)
     history, saved_step, stopped = [], (state.step if resumed else None), None
     stop = GracefulStop(logger.print)
@@ -173,6 +193,7 @@ def _run(trainer: Trainer, resume_from: str | Path | None) -> dict:
                     warnings_sink.write(warning.record())
                 if cfg.run.log_completions_every and (step % cfg.run.log_completions_every == 0 or step == 1):
                     _log_completions(state, parts.train_data, samples, cfg.run.num_completions_to_log)
+                _report_failures(trainer.take_failures(), failures, step, logger, warnings_sink)  # may stop the run
                 if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step < cfg.train.max_steps:
                     mid = run_eval(trainer, "during", eval_sink)
                     logger.log(step, {"eval/accuracy": mid["accuracy"]}) if mid else None

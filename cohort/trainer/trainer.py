@@ -74,6 +74,7 @@ from cohort.rollout.base import SamplingConfig, release_engine_memory
 from cohort.rollout.collect import BatchRequest, Collected, episode_metrics
 from cohort.rollout.scheduler import Scheduler
 from cohort.trainer.agent_samples import seat_advantage_metrics, with_call_samples, with_seats
+from cohort.trainer.episode_failures import EpisodeFailures
 from cohort.trainer.metric_sums import host_values, running_max, step_metrics
 from cohort.trainer.parts import TrainerParts
 from cohort.trainer.phases import Phases
@@ -117,6 +118,7 @@ class Trainer:
                                fixed_tolerance=cfg.engine.sync_check_tolerance)
         self.stream_update = plan.stream_update  # train groups as they finish (rollout/collect.py; the plan decided where exact)
         self.answers = answer_reader(parts.rewards)  # reads each completion's answer for answers/* (or why it cannot)
+        self.failures: EpisodeFailures | None = None  # the last generated batch's failed episodes, until `take_failures`
 
     def swap_engine(self, engine) -> None:
         """Replace the engine (a test's wrapper): in the parts and in the scheduler, which sends every request to it."""
@@ -153,7 +155,10 @@ class Trainer:
         batch (agent runs widened into one run per seat, then one row per call: trainer/agent_samples.py) and its
         metrics (read from the runs), the old, teacher and reference log-probs, the critic's values, the advantages;
         each phase reads the batch so far and returns its part, joined to it by `dataclasses.replace` (never set in place)."""
-        collected = with_seats(collected, self.plan.num_generations, self.parts.tokenizer)  # one run per seat, by seat
+        self.failures = EpisodeFailures.of(collected.outs)  # (counted over the runs, before seats widen them)
+        rewards = self.parts.rewards
+        collected = with_seats(collected, self.plan.num_generations, self.parts.tokenizer,  # one run per seat, by seat
+                               rewards.weights, rewards.aggregation)
         outs, scored = collected.outs, collected.scored
         runs = RolloutBatch.from_trajectories(collected.rows, collected.prompts, outs, rewards=scored.total,
                                               per_function=scored.per_function, texts=collected.texts,
@@ -171,6 +176,12 @@ class Trainer:
         batch = replace(batch, advantages=advantages.advantages, returns=advantages.returns,
                         metrics={**metrics, **advantage_metrics})
         return replace(batch, metrics={**batch.metrics, **seat_advantage_metrics(batch)})
+
+    def take_failures(self) -> EpisodeFailures | None:
+        """The failed episodes of the batch generated since the last call (None: none was generated; the training loop
+        reports them after each step, cohort/trainer/episode_failures.py)."""
+        failures, self.failures = self.failures, None
+        return failures
 
     def _generation_logprobs(self, batch: RolloutBatch, streamed_ref: list[torch.Tensor] | None,
                              streamed: StreamedGradients | None) -> BatchLogprobs:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
+from cohort.agents import engine as agent_engine
 from cohort.agents.chat import ChatCompletions, Conversation
 from cohort.agents.engine import AgentEngine, as_outcome
 from cohort.agents.reward import agent_reward
@@ -155,6 +157,67 @@ def test_abort_cancels_the_run_and_returns_its_calls_so_far(make_engine):
     [t] = engine.abort()
     assert t.status == "aborted" and t.episode.status == "aborted" and t.token_ids
     assert engine.in_flight == 0
+
+
+class HarnessLike:
+    """An environment's agent as verifiers' harness is one: the endpoint's 400 becomes the harness's own words (no
+    chained cause), and a failure fails that episode only (`episode_only`)."""
+
+    episode_only = True
+
+    async def __call__(self, client, row):
+        import openai
+
+        try:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                 frequency_penalty=0.5)
+        except openai.BadRequestError:
+            pass
+        raise RuntimeError("the harness program exited with status 1")
+
+
+def test_a_call_the_endpoint_refused_is_named_with_its_fix_in_the_failed_episode(make_engine):
+    # issue 60, defect 1: verifiers' glossary on SmolLM2, every call refused (a template without a tools block), each
+    # episode failed in verifiers' own words and completions.jsonl had no `failure`: the refusal's fix never reached the
+    # user. The refused call never reaches the engine; the run's error is the agent's, then the endpoint's refusal.
+    engine, inner, _ = make_engine(HarnessLike())
+    t = run_one(engine)
+    run = t.episode
+    assert inner.requests == [] and run.failed
+    assert run.error == ("the agent raised RuntimeError: the harness program exited with status 1 (the endpoint "
+                         "refused a call of this run: frequency_penalty: 0.5 is not supported: the engine samples with "
+                         "temperature and top_p only)")
+    assert run.failure_message == run.error and run.completion_fields()["failure"] == run.error
+
+
+def test_a_refusal_the_agent_already_reports_is_not_repeated(make_engine):
+    engine, _, _ = make_engine(calculator_agent, rows=lambda r: {"question": "6*7=" * 40}, max_model_len=60)
+    error = run_one(engine).episode.error  # (the openai client's BadRequestError carries the endpoint's message)
+    assert error.count("the prompt is") == 1 and "the endpoint refused" not in error
+    assert "failure" not in run_one(engine).episode.completion_fields()  # (an agent.function run's error is not its episode's)
+
+
+def test_close_leaves_a_hung_aclose_behind_within_its_bound(tiny_chat_model_dir, monkeypatch, capsys):
+    # issue 60, defect 6: close() waited 60 s on an agent whose aclose() hangs, then raised TimeoutError with the loop
+    # running and the inner engine open; now it waits AGENT_CLOSE_S, says so and closes the rest
+    class HangsOnClose:
+        async def __call__(self, client, row):
+            return 1.0
+
+        async def aclose(self):
+            await asyncio.sleep(3600)
+
+    monkeypatch.setattr(agent_engine, "AGENT_CLOSE_S", 0.2)
+    tokenizer = load_tokenizer(tiny_chat_model_dir)
+    stops = stop_token_ids(tiny_chat_model_dir, tokenizer)
+    inner, closed = ScriptedEngine(tokenizer, stops, ["42"]), []
+    inner.close = lambda: closed.append(True)
+    engine = AgentEngine(inner, lambda sample: ChatCompletions(tokenizer, stops, sample, max_model_len=2**31), Conversation,
+                         HangsOnClose(), max_model_len=512)
+    start = time.monotonic()
+    engine.close()
+    assert time.monotonic() - start < 5 and closed == [True]
+    assert "the agent's aclose() did not finish within 0.2 s" in capsys.readouterr().err
 
 
 def test_a_wrong_key_gets_401(make_engine):

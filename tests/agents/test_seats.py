@@ -86,3 +86,31 @@ def test_runs_without_seats_are_left_as_they_are():
     plain = Trajectory([1, STOP], [-0.1, -0.1], "stop", 0, prompt_ids=[7], episode=AgentRun(outcome={"reward": 1.0}))
     before = collected([plain, plain], [0, 0])
     assert with_seats(before, 2, Tokens()) is before
+
+
+def test_rewards_beside_a_two_seat_environment_are_added_to_each_seat_s_reward():
+    # issue 60, defect 2 (kuhn_poker with `rewards: [{name: mymod.bonus}]`, 0.5 for every completion): rewards/bonus/mean
+    # was 0.5 but each seat row's total was its payoff alone (every column overwritten by it). Columns: the
+    # environment's reward (weight 1, first), then the bonus (weight 2). Two episodes of one task, G = 2: player0 nets
+    # +0.75 and -0.25; the episode's own reward (the seats' mean) is 0, the bonus 0.5 for each.
+    outs = [episode(0, 0.75, [11], [21]), episode(0, -0.25, [12], [22])]
+    per_function = np.array([[0.0, 0.5], [0.0, 0.5]])  # (N, F): the episode's reward, the bonus
+    before = Collected([0, 0], [t.prompt_ids for t in outs], outs, ["run"] * 2,
+                       RewardOutput(per_function, per_function @ np.array([1.0, 2.0]), {"rewards/bonus/mean": 0.5}))
+    wide = with_seats(before, 2, Tokens(), [1.0, 2.0])
+    # rows: player0 (+0.75, -0.25), player1 (-0.75, +0.25); each total = its payoff + 2 x 0.5
+    assert wide.scored.per_function.tolist() == [[0.75, 0.5], [-0.25, 0.5], [-0.75, 0.5], [0.25, 0.5]]
+    assert wide.scored.total.tolist() == [1.75, 0.75, 0.25, 1.25]
+    # the batch's reward (the mean total) is 1.0: the payoffs cancel, the bonus counts; each seat's reward from the
+    # environment alone: player0 (0.75 - 0.25) / 2 = 0.25, player1 -0.25
+    assert wide.scored.total.mean() == 1.0
+    assert wide.scored.metrics["agent/seat/player0/reward"] == 0.25 and wide.scored.metrics["agent/seat/player1/reward"] == -0.25
+    assert wide.scored.metrics["rewards/bonus/mean"] == 0.5
+    # a failed episode stays scored by nothing: NaN in every column of each of its seats' rows
+    failed = Trajectory([5, STOP], [-0.2, -0.2], "stop", 0, prompt_ids=[7],
+                        episode=AgentRun(error="the episode failed", status="error", turns=1, episode_only=True))
+    nan = np.full((1, 2), np.nan)
+    mixed = Collected([0, 0], [[7], [7]], [outs[0], failed], ["run"] * 2,
+                      RewardOutput(np.vstack([per_function[:1], nan]), np.array([1.0, np.nan]), {}))
+    total = with_seats(mixed, 2, Tokens(), [1.0, 2.0]).scored.total
+    assert total[0] == 1.75 and math.isnan(total[1]) and total[2] == 0.25 and math.isnan(total[3])

@@ -8,13 +8,18 @@ atol 1e-5 (measured: at most ~1e-5 at T=0.7, from the paged attention kernel's s
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+
 import pytest
 import torch
 
 from cohort.models.pretrained import load_policy
 from cohort.models.logprobs import sequence_logprobs
 from cohort.rollout.base import Request, SamplingConfig, Trajectory, generate_requests
-from cohort.rollout.engines.hf_continuous import missing_api
+from cohort.rollout.engines import hf_continuous
+from cohort.rollout.engines.hf_continuous import ContinuousRequests, _LoopGate, enter_pause, missing_api
 from cohort.rollout.engines.hf import HFEngine
 
 # 5.17 (the GPU lane's) and 5.19 both stream (hf_continuous's adapter); a transformers the adapter cannot drive skips
@@ -237,3 +242,56 @@ def test_a_model_continuous_batching_refuses_falls_back_to_generate_with_a_warni
         (t,) = engine.generate([list(P1)], sampling(8), seeds=[1])
     assert engine.continuous is None and len(t.token_ids) == 8
     assert_trainer_logprobs(model, P1, t, 0.7)
+
+
+# ------------------------------------------------------------------ a generation thread that never pauses (issue 60, 6)
+
+class HungLoop:
+    """A manager whose generation loop is stuck inside a step: its `pause()` never returns (transformers' waits on its
+    condition with no timeout for a loop that parks, or is marked stopped, and this one does neither)."""
+
+    def __init__(self):
+        self.released = threading.Event()
+
+    @contextlib.contextmanager
+    def pause(self):
+        self.released.wait()
+        yield
+
+
+def test_holding_a_hung_generation_loop_fails_with_the_fix_instead_of_hanging(monkeypatch):
+    # at 74eaa87 `_hold` entered transformers' pause() directly: this call never returned, and the run hung
+    monkeypatch.setattr(hf_continuous, "HOLD_TIMEOUT_S", 0.2)
+    requests, loop = ContinuousRequests(None, stop_token_ids=[NEVER], pad_token_id=EOS), HungLoop()
+    requests._managers[0.7] = loop
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"generation thread did not pause within 0.2 s \(it is hung or dead\).*"
+                                           r"engine.name=vllm"):
+        requests._hold(0.7)
+    assert time.monotonic() - start < 2 and requests._pauses == {}
+    loop.released.set()  # (the helper thread waiting in pause() finishes)
+
+
+def test_a_loop_gate_over_a_loop_that_never_steps_is_bounded_and_a_stopped_loop_s_error_is_raised():
+    # 5.17's gate (`_LoopGate`): its pause waits while the manager runs and the loop has not parked
+    class Running:
+        running = True
+
+        def _generation_loop_body(self):
+            pass
+
+        def is_running(self):
+            return self.running
+
+    manager = Running()
+    with pytest.raises(RuntimeError, match="did not pause within 0.1 s"):
+        enter_pause(_LoopGate(manager).pause(), 0.1)
+    manager.running = False  # (the helper thread's wait ends)
+
+    @contextlib.contextmanager
+    def stopped():  # transformers' own pause() when the loop died and was marked so
+        raise RuntimeError("The generation loop stopped before it could pause.")
+        yield
+
+    with pytest.raises(RuntimeError, match="stopped before it could pause"):
+        enter_pause(stopped(), 5.0)

@@ -181,3 +181,27 @@ def test_rows_reach_reset_in_a_vllm_run_with_partial_rollouts(tmp_path, envs):
     assert [m["rewards/target_seen/mean"] for m in metrics] == [1.0, 1.0, 1.0]  # at 4db2852: 1 row of 8 (target 0)
     targets = sorted({r["target"] for r in envs.RESETS})
     assert targets == list(range(8)) and all(r["seed"] == 100 + r["target"] for r in envs.RESETS)
+
+
+@pytest.mark.slow
+def test_a_run_whose_every_episode_fails_stops_with_the_message_and_its_checkpoint(tmp_path, quick_stop_chat_model, envs):
+    # issue 60, defect 1: at 74eaa87 a run whose every episode failed (verifiers' glossary on SmolLM2: 8 of 8 at every
+    # step) trained on nothing for all its steps and exited 0, warnings.jsonl empty. FlakyEnv's reset raises for
+    # target 1: every episode of every step fails; run.max_failed_steps = 2 stops the 5-step run after step 2.
+    from cohort.trainer.failure import RunFailed
+
+    train = [{"prompt": [{"role": "user", "content": f"Task {i}."}], "target": 1} for i in range(4)]
+    config = _config(tmp_path, quick_stop_chat_model, "increment_env.FlakyEnv", steps=5, run={"max_failed_steps": 2})
+    why = "tools.environment FlakyEnv: reset(**row) failed (row columns ['prompt', 'target']): RuntimeError: no board for target 1"
+    with pytest.raises(RunFailed) as stopped:
+        cohort.train(config, train_dataset=train, reward_funcs=["increment_env.target_seen"])
+    run_dir = tmp_path / "run"
+    assert str(stopped.value).startswith(
+        f"run failed after step 2: every episode failed at steps 1 to 2 (8 of 8 at step 2), so the run trained on nothing: "
+        f"{why}. Fix that cause, or set run.max_failed_steps=0 to train on regardless\n"
+        f"Saved the last good state (after step 2) to {run_dir / 'checkpoints' / 'step-000002'}")
+    assert (run_dir / "logs" / "error.log").is_file() and len(_metrics(tmp_path)) == 2
+    warnings = [json.loads(line) for line in (run_dir / "warnings.jsonl").read_text().splitlines()]
+    assert [(w["step"], w["value"], w["failures"]) for w in warnings] == [(1, 8.0, {why: 8}), (2, 8.0, {why: 8})]
+    completions = [json.loads(line) for line in (run_dir / "completions.jsonl").read_text().splitlines()]
+    assert len(completions) == 16 and all(c["failure"] == why for c in completions)

@@ -124,6 +124,47 @@ def test_all_prompts_overlong_is_an_error(char_tokenizer):
         PromptRenderer(char_tokenizer, 2, "filter").encode_dataset(dataset(["1+1=", "2+2="]), "train")
 
 
+CALCULATOR = {"type": "function", "function": {"name": "calculator", "description": "Evaluate an arithmetic expression.",
+                                               "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                                                              "required": ["expression"]}}}
+POSITIONS = "the model's max_position_embeddings − rollout.max_completion_length (128 − 64)"
+POSITIONS_FIX = "lower rollout.max_completion_length (or use a model with more positions)"
+
+
+def test_a_prompt_pushed_past_the_limit_by_the_tools_block_is_told_the_block_s_size_and_offered_in_prompt_false(
+        tiny_chat_model_dir):
+    # issue 60, defect 5 (tiny:tool_calc with the tools block rendered by default): the message blamed the completion
+    # budget alone. The tools block's share is the prompt rendered with tools= less the same prompt rendered without.
+    tok = load_tokenizer(tiny_chat_model_dir)
+    chat = [{"role": "user", "content": "6*7="}]
+    bare = len(PromptRenderer(tok, None, "filter").encode(chat))
+    shown = len(PromptRenderer(tok, None, "filter", tools=[CALCULATOR]).encode(chat))
+    block = shown - bare
+    assert block > 50  # (the template's tools block: its preamble and the schema)
+    rows = PromptDataset([{"prompt": chat}, {"prompt": chat + [{"role": "user", "content": "and 7*8?"}]}], "prompt",
+                         ["train.jsonl:1", "train.jsonl:2"])
+
+    def refusal(limit: int, overlong: str = "filter") -> str:
+        renderer = PromptRenderer(tok, limit, overlong, limit_name=POSITIONS, fix=POSITIONS_FIX, tools=[CALCULATOR])
+        with pytest.raises(DataError) as err:
+            renderer.encode_dataset(rows, "train data")
+        return str(err.value)
+
+    # a limit the shortest prompt fits without its block: the block's size, then tools.in_prompt: false first
+    assert refusal(bare + 1) == (
+        f"train data: every prompt is longer than {POSITIONS} = {bare + 1}; the tools block rendered into each prompt "
+        f"(tools.in_prompt) adds {block} tokens (the shortest prompt has {shown}, {bare} without it); set "
+        f"tools.in_prompt: false (a checkpoint trained without a tools block), or {POSITIONS_FIX}")
+    # one it does not fit even without: the block's size, and the budget's fix alone
+    assert refusal(bare - 1).endswith(f"adds {block} tokens (the shortest prompt has {shown}, {bare} without it); "
+                                      f"{POSITIONS_FIX}")
+    # one row, refused by data.overlong_prompts=error
+    assert refusal(bare + 1, "error") == (
+        f"train.jsonl:1: prompt has {shown} tokens > {POSITIONS} = {bare + 1}; the tools block rendered into each prompt "
+        f"(tools.in_prompt) adds {block} of them ({bare} without it); set tools.in_prompt: false (a checkpoint trained "
+        f"without a tools block), or {POSITIONS_FIX}, or set data.overlong_prompts to filter or truncate_left")
+
+
 @pytest.mark.slow
 def test_the_filtered_count_is_reported_when_training_starts(tmp_path, tiny_model_dir, capsys):
     data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(4)] +

@@ -10,7 +10,9 @@ while the long ones go on.
 
 Generation runs only inside `poll`: between polls the manager's background thread is held in its public
 `pause()`, so the trainer may use and update the shared module (the same contract as the in-process vLLM
-engine). Every token streamed during a poll is stamped with the policy version the engine held in it.
+engine). Every token streamed during a poll is stamped with the policy version the engine held in it. Taking the
+pause waits at most HOLD_TIMEOUT_S (`enter_pause`): a generation thread that hung inside a step fails the run with
+the fix instead of hanging it.
 
 Abort: transformers' `cancel_request` drops a request without a word; its tokens so far are those the stream
 delivered, which are all it generated (the loop delivers each step's tokens before it parks in the pause).
@@ -152,6 +154,33 @@ class _LoopGate:
             with self.condition:
                 self.requested = False
                 self.condition.notify_all()
+
+
+HOLD_TIMEOUT_S = 120.0  # the loop parks after its current step (a step of one batch, seconds at most): far longer is a hung loop
+
+
+def enter_pause(pause: contextlib.AbstractContextManager, timeout_s: float) -> None:
+    """Enter `pause` (a manager's `pause()`, or `_LoopGate.pause()`), waiting at most `timeout_s` for the generation
+    loop to park: neither waits with a timeout (transformers' `acquire_pause` waits on its condition for the loop to
+    park or be marked stopped, which a loop hung inside a step, or a thread that died unmarked, never does), so the
+    wait runs on a helper thread and a RuntimeError with the fix ends it (the helper is left waiting: a daemon). An
+    error entering it (transformers: "The generation loop stopped before it could pause.") is raised here."""
+    entered, failed = threading.Event(), []
+
+    def enter() -> None:
+        try:
+            pause.__enter__()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            failed.append(exc)
+        entered.set()
+
+    threading.Thread(target=enter, name="cohort-hf-pause", daemon=True).start()
+    if not entered.wait(timeout_s):
+        raise RuntimeError(f"the transformers generation thread did not pause within {timeout_s:g} s (it is hung or "
+                           "dead), so the trainer cannot take the model back from it; resume the run from its newest "
+                           "checkpoint, or generate with engine.name=vllm")
+    if failed:
+        raise failed[0]
 
 
 class ContinuousRequests:
@@ -343,10 +372,11 @@ class ContinuousRequests:
         return out
 
     def _hold(self, temperature: float) -> None:
-        """Park this manager's generation loop (returns once it is parked)."""
+        """Park this manager's generation loop (returns once it is parked; RuntimeError when it does not park within
+        HOLD_TIMEOUT_S: `enter_pause`)."""
         gate = self._gates.get(temperature)
         pause = gate.pause() if gate is not None else self._managers[temperature].pause()
-        pause.__enter__()
+        enter_pause(pause, HOLD_TIMEOUT_S)
         self._pauses[temperature] = pause
 
     def _release(self, temperature: float) -> None:
