@@ -242,8 +242,10 @@ class ToolsConfig(_Section):
         "`ws://host:port` is a running OpenEnv server, one `/ws` session per trajectory; `gym:<id>` (or `gym:<module>:<id>`, "
         "`gym:<module>.<Env class>`) a Gymnasium text environment made by `gymnasium.make`, one `step(action)` tool (docs/environments.md).")
     parser: str = Field("hermes", description="How tool calls are read from an assistant turn: `hermes` "
-        "(`<tool_call>{json}</tool_call>`), `compact` (`<<name(arg, key=value)>>`), or an import path to `fn(text) -> "
-        "cohort.tools.parsers.ParsedTurn`.")
+        "(`<tool_call>{json}</tool_call>`, the Qwen/Hermes templates' format), `json` (the same `{\"name\", \"arguments\"}` "
+        "object in the tags, in a ``` fenced block or bare: models that call without the tags, as Qwen2.5-Coder-0.5B-Instruct), "
+        "`compact` (`<<name(arg, key=value)>>`), or an import path to `fn(text) -> cohort.tools.parsers.ParsedTurn`. Whatever "
+        "the parser, every call written is counted by its form (tools/call_forms/*) and one the parser did not read as ignored.")
     timeout_s: float = Field(10.0, description="Each turn's tool calls must finish within this many seconds (else status tool_timeout).")
     max_turns: int = Field(4, description="Most assistant turns per trajectory; a tool call in the last one is not run.")
     max_parallel_calls: int = Field(4, description="Most tool calls run per assistant turn; further calls get an error message.")
