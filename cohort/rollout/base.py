@@ -157,6 +157,9 @@ class EpisodeRecord:
     - `reward_arguments(prompt)`: the optional keyword arguments this record gives reward functions (`prompt` is the
       shown prompt); a batch passes each name as one list over its trajectories, None where a record has none.
     - `completion_fields()`: what completions.jsonl adds for this trajectory.
+    - `completion_messages()`: a chat trajectory's completion as reward functions get it (`completions=`), TRL's shape
+      for a multi-turn one: the assistant messages (a turn's calls in `tool_calls`, its `content` the text outside
+      them) and the tool messages, in order; None: the whole decoded text as one assistant message.
     - `batch_metrics(records)`: the metrics of a batch's records of this kind.
     - `to_state()` / `from_state(state)`: plain data a checkpoint holds (torch.load(weights_only=True) reads it back)
       across a partial rollout's abort; live objects (an instance the episode played against) stay out.
@@ -197,6 +200,9 @@ class EpisodeRecord:
 
     def completion_fields(self) -> dict[str, Any]:
         return {}
+
+    def completion_messages(self) -> list[dict[str, Any]] | None:
+        return None
 
     @classmethod
     def batch_metrics(cls, records: Sequence[EpisodeRecord]) -> dict[str, float]:

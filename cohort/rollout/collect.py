@@ -287,7 +287,7 @@ def _start_rewards(ctx: _Context, finished: list[FinishedGroup], calls: list[_Ca
     texts = [decode_completion(ctx.tokenizer, t) for t in trajectories]
     prompts = shown_prompts(trajectories, [data.rows[i][data.prompt_key] for i in rows])
     call = _Call(ctx.rewards.submit(
-        prompts=prompts, completions=[as_completion(p, t) for p, t in zip(prompts, texts)],
+        prompts=prompts, completions=[as_completion(p, x, t.episode) for p, x, t in zip(prompts, texts, trajectories)],
         completion_ids=[t.token_ids for t in trajectories],
         columns={c: [data.rows[i].get(c) for i in rows] for c in data.columns}, group_size=ctx.group_size,
         optional=episode_arguments(trajectories, prompts),  # multi-turn: what each record gives the rewards
@@ -330,9 +330,15 @@ def episode_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     return {key: value for kind, records in by_kind.items() for key, value in kind.batch_metrics(records).items()}
 
 
-def as_completion(prompt: Any, text: str) -> Any:
-    """A completion as the reward contract passes it: chat messages for a chat prompt, else the text."""
-    return [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
+def as_completion(prompt: Any, text: str, record: EpisodeRecord | None = None) -> Any:
+    """A completion as the reward contract passes it: the text for a text prompt; for a chat prompt the messages, as
+    TRL passes them: a multi-turn record's (`EpisodeRecord.completion_messages`: each assistant turn, its calls in
+    `tool_calls`, and each tool message, so a reward reading the last assistant message reads the final answer, never
+    a tool's output), else the text as one assistant message."""
+    if not isinstance(prompt, list):
+        return text
+    messages = record.completion_messages() if record is not None else None
+    return messages if messages is not None else [{"role": "assistant", "content": text}]
 
 
 def _read_rewards(waiting: list[_Group], wait: bool) -> tuple[list[_Group], list[_Group]]:

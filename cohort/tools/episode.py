@@ -98,6 +98,14 @@ class Episode(EpisodeRecord, kind="tool_loop", unmarked=True):
         return {"conversation": list(self.conversation), "tool_status": self.status, "turns": self.turns,
                 **{k: v for k, v in extra.items() if v is not None}}
 
+    def completion_messages(self) -> list[dict[str, Any]] | None:
+        """The conversation's assistant and tool messages (TRL's `completions` of a tool run: an assistant turn that
+        called a tool carries its calls in `tool_calls` and the text outside them as `content`); None before any
+        assistant turn."""
+        if not any(m["role"] == "assistant" for m in self.conversation):
+            return None
+        return [dict(m) for m in self.conversation if m["role"] in ("assistant", "tool")]
+
     @classmethod
     def batch_metrics(cls, records: Sequence[Episode]) -> dict[str, float]:
         """The tool metrics of a batch's episodes (module docstring)."""

@@ -258,6 +258,10 @@ class ToolEngine(RequestEngineMixin, WrappedEngine):
         written = call_forms(text)  # every call the turn wrote, by form, whatever the parser read
         episode.call_forms.update(written)
         episode.ignored_calls += max(0, sum(written.values()) - len(parsed.calls) - len(parsed.errors))
+        if parsed.calls:  # the turn as TRL records it: its calls apart, the text outside them as its content
+            episode.conversation[-1] = {"role": "assistant", "content": text if parsed.content is None else parsed.content,
+                                        "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                                       for c in parsed.calls]}
         if not parsed.wants_tools:
             self._done.append(self._finish(entry, t))
             return

@@ -39,7 +39,7 @@ from cohort.rewards import RewardSet
 from cohort.rewards.answer_reading import Unreadable, answer_reader, read_pairs
 from cohort.rollout.base import SamplingConfig, completion_seeds, decode_completion
 from cohort.agents import agent_setup as agents
-from cohort.rollout.collect import episode_arguments, episode_metrics, failed_episodes, shown_prompts
+from cohort.rollout.collect import as_completion, episode_arguments, episode_metrics, failed_episodes, shown_prompts
 from cohort.tools.tool_setup import prompt_with_observation, rows_by_index, run_rows, wrap_engine
 from cohort.runs import answer_stats
 from cohort.trainer.build_engine import build_engine, engine_length, set_torch_threads
@@ -65,7 +65,7 @@ def _generate_and_score(engine, tokenizer, dataset, prompt_ids, rewards, *, max_
                            [first_row + i for i in range(len(dataset.rows)) for _ in range(k)])
     texts = [decode_completion(tokenizer, o) for o in outs]
     shown = shown_prompts(outs, [r[dataset.prompt_key] for r in rows])  # (with an environment's first observation)
-    completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t for p, t in zip(shown, texts)]
+    completions = [as_completion(p, t, o.episode) for p, t, o in zip(shown, texts, outs)]
     columns = {c: [r.get(c) for r in rows] for c in dataset.columns}
     scored = rewards.score(prompts=shown, completions=completions, completion_ids=[o.token_ids for o in outs],
                            columns=columns, group_size=k, optional=episode_arguments(outs, shown),

@@ -20,7 +20,8 @@ def test_a_state_saved_before_records_named_their_kind_restores_as_an_episode():
                               calls=Counter({"mul": 2}), parse_errors=1, segments=[(0, 3, "assistant")],
                               observation="board")
     saved = Trajectory([1, 2, 3], [-.1, -.2, -.3], "aborted", episode=episode).to_state()["episode"]
-    assert saved == {"kind": "tool_loop", **old}  # the same fields, now with the kind
+    # the same fields, now with the kind, and the call forms counted since (none in a record saved before them)
+    assert saved == {"kind": "tool_loop", **old, "call_forms": {}, "ignored_calls": 0}
 
 
 def test_the_rollout_reads_an_episode_through_the_record_interface():

@@ -308,3 +308,30 @@ def test_an_untagged_call_is_counted_by_its_form_run_by_json_and_ignored_by_herm
     if ran:  # the tool's answer (3 * 4) came back as a tool turn, then the final answer
         assert [m["role"] for m in episode.conversation] == ["assistant", "tool", "assistant"]
         assert episode.conversation[1]["content"] == "12"
+
+
+def test_the_rewards_read_the_final_answer_never_a_tools_output(tok):
+    # Qwen2.5-Coder-0.5B's round trip: it calls, gets 12, then calls again with the result as the expression and never
+    # answers (max_turns 2: the second call is not run). The decoded text holds "12" twice (the tool's and its own
+    # call's), so a reward reading the whole text would count it right; the completion the rewards get is TRL's
+    # messages, whose last assistant message is a call with no text outside it: numeric_match reads no answer (0.0).
+    # The same call followed by a real answer ("The product is 12.") scores 1.0.
+    from cohort.rewards.numeric import numeric_match
+    from cohort.rollout.collect import as_completion
+    from cohort.tools.parsers import get_parser
+
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    call = '{"name": "multiply", "arguments": {"a": 3, "b": 4}}'
+    again = '```json\n{"name": "multiply", "arguments": {"a": 12, "b": 1}}\n```'
+    prompt = [{"role": "user", "content": "3*4="}]
+    score = numeric_match()
+    for last, expected in ((again, 0.0), ("The product is 12.", 1.0)):
+        turns = {"r/0": [_text_turn(tok, call, stop), _text_turn(tok, last, stop)]}
+        engine, _, _ = _engine(tok, turns, parser=get_parser("json"), max_turns=2)
+        t = _run(engine)
+        completion = as_completion(prompt, tok.decode(t.token_ids), t.episode)
+        assert [m["role"] for m in completion] == ["assistant", "tool", "assistant"]
+        assert completion[0] == {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "multiply", "arguments": {"a": 3, "b": 4}}}]}
+        assert completion[1]["content"] == "12"
+        assert score(completions=[completion], answer=["12"]) == [expected]

@@ -44,7 +44,7 @@ def test_compact_parses_positional_and_named_arguments():
 
 
 def test_unknown_parser_name_lists_the_registered_ones():
-    with pytest.raises(ValueError, match=r"not a parser; choose one of \['compact', 'hermes'\]"):
+    with pytest.raises(ValueError, match=r"not a parser; choose one of \['compact', 'hermes', 'json'\]"):
         get_parser("qwen")
 
 
