@@ -26,6 +26,9 @@ The rules and their thresholds (module constants, documented in docs/runs.md):
   of a gain that is not the skill (docs/runs.md). The answers/* metrics come from
   the first reward function's answers (cohort/rewards/answer_reading.py); a task
   whose answers cannot be read logs none and this rule stays silent.
+- `tools/ignored_calls` > 0, at once (no patience): the model wrote tool calls that `tools.parser` does not read
+  (a `{"name", "arguments"}` object in a fenced block or bare, under `hermes`), so they never ran; the line says
+  how many of each form and names the parser that reads them (`json`).
 
 Left out: stopping the run on a warning (a NaN stops it: cohort.trainer.stopping)
 and thresholds per config field (these are advisories, not contracts).
@@ -71,6 +74,7 @@ class _Rule:
     advise: Callable[[float, dict], str]
     streak: int = 0
     fired: bool = False
+    patience: int | None = None  # observations in a row before it warns; None: the Diagnostics' own
 
 
 def _above(metric: str, threshold: float) -> Callable[[dict], float | None]:
@@ -142,6 +146,8 @@ class Diagnostics:
                   _advise_mismatch),
             _Rule("slow_reward", "timing/reward_s", _reward_phase_slowest, _advise_slow_reward),
             _Rule("answer_collapse", "answers/top_share", collapse := _AnswerCollapse(), collapse.advise),
+            _Rule("ignored_calls", "tools/ignored_calls", _above("tools/ignored_calls", 0.0), _advise_ignored_calls,
+                  patience=1),
         ]
 
     def observe(self, step: int, metrics: dict) -> list[RunWarning]:
@@ -154,7 +160,7 @@ class Diagnostics:
                 rule.streak, rule.fired = 0, False
                 continue
             rule.streak += 1
-            if rule.streak >= self.patience and not rule.fired:
+            if rule.streak >= (rule.patience or self.patience) and not rule.fired:
                 rule.fired = True
                 due.append(RunWarning(step, rule.kind, rule.metric, value, rule.advise(value, metrics)))
         return due
@@ -186,6 +192,15 @@ def _advise_mismatch(value: float, metrics: dict) -> str:
             "disagree about the log-probability of sampled tokens, so the engine samples from a different policy than the one "
             "trained. Generate in the training dtype (engine.dtype=auto), check that sampling settings (temperature, top_p, "
             "top_k) are what the trainer assumes, or correct with importance weights")
+
+
+def _advise_ignored_calls(value: float, metrics: dict) -> str:
+    forms = ", ".join(f"{form} {metrics[f'tools/call_forms/{form}']:g}" for form in ("tagged", "fenced", "bare")
+                      if metrics.get(f"tools/call_forms/{form}"))
+    return (f"tools/ignored_calls = {value:g}: the model wrote {value:g} tool call(s) that tools.parser does not read, so "
+            f"they never ran (calls written this batch by form: {forms or 'none'}). A model that writes the template's "
+            '{"name", "arguments"} object without its <tool_call> tags (in a ``` block or bare) needs tools.parser: json '
+            "(docs/tools.md, \"A real model's calls\")")
 
 
 def _advise_slow_reward(value: float, metrics: dict) -> str:

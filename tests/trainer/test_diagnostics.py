@@ -137,3 +137,17 @@ def test_answer_collapse_fires_on_letter_counting():
     warnings = run(stream)
     assert [(step, kind) for step, kind, _ in warnings] == [(16, "answer_collapse")]
     assert warnings[0][2] == 0.9844
+
+
+def test_calls_the_parser_ignored_warn_at_once_with_their_forms_and_the_parser_that_reads_them():
+    # Qwen2.5-Coder-0.5B under tools.parser hermes: 7 fenced and 1 bare call written, none tagged, so all 8 ignored;
+    # the rule has no patience (one batch of silently dropped calls is one too many) and warns once per stretch
+    d = Diagnostics(max_completion_length=128)
+    step = {"tools/ignored_calls": 8.0, "tools/call_forms/tagged": 0.0, "tools/call_forms/fenced": 7.0,
+            "tools/call_forms/bare": 1.0}
+    (warning,) = d.observe(1, step)
+    assert (warning.kind, warning.metric, warning.value) == ("ignored_calls", "tools/ignored_calls", 8.0)
+    assert "wrote 8 tool call(s) that tools.parser does not read" in warning.message
+    assert "(calls written this batch by form: fenced 7, bare 1)" in warning.message and "tools.parser: json" in warning.message
+    assert d.observe(2, step) == []  # once
+    assert d.observe(3, {"tools/ignored_calls": 0.0}) == [] and len(d.observe(4, step)) == 1  # re-armed after it cleared
