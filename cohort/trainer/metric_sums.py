@@ -53,6 +53,8 @@ def step_metrics(sums: dict[str, float], grad_norm: float, learning_rate: float,
     if mismatch_tokens:
         out["mismatch/logprob_abs_mean"] = mismatch_sum / mismatch_tokens
         out["mismatch/logprob_abs_max"] = mismatch_max
+    if "inert_micro_batches" in sums:  # micro-batches whose gradient was exactly zero: scored, not backpropagated
+        out["update/inert_micro_batches"] = sums.pop("inert_micro_batches")
     for key, value in sums.items():
         out[key] = value / tokens
     if "clip_ratio/region" in out:

@@ -31,3 +31,12 @@ def build_optimizer(model: torch.nn.Module, train_cfg) -> tuple[torch.optim.Opti
         return 1.0
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def zero_missing_grads(model: torch.nn.Module) -> None:
+    """A zero gradient for every trainable parameter that has none: after an update whose every backward was skipped
+    (each micro-batch's gradient was exactly zero), the optimizer steps each parameter as it would after a zero
+    backward (AdamW's moments decay and its weight decay applies) instead of passing over parameters without one."""
+    for parameter in model.parameters():
+        if parameter.requires_grad and parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)

@@ -76,6 +76,7 @@ from cohort.rollout.scheduler import Scheduler
 from cohort.trainer.agent_samples import seat_advantage_metrics, with_call_samples, with_seats
 from cohort.trainer.episode_failures import EpisodeFailures
 from cohort.trainer.metric_sums import host_values, running_max, step_metrics
+from cohort.trainer.optim import zero_missing_grads
 from cohort.trainer.parts import TrainerParts
 from cohort.trainer.phases import Phases
 from cohort.trainer.rollout_batch import BatchLogprobs, MicroBatch, RolloutBatch, StreamedGradients
@@ -252,7 +253,11 @@ class Trainer:
         num_items = self.parts.dist.global_count(sum(aggregation_count(p.mask, self.parts.aggregation) for p in packed))
         sums: dict[str, Any] = defaultdict(float)  # tensors on the device until the step ends (one host read)
         self.parts.optimizer.zero_grad(set_to_none=True)
-        self.backward_micro_batches(batch, micro, packed, num_items, sums)
+        inert = self.inert_micro_batches(batch, micro, packed)
+        self.backward_micro_batches(batch, micro, packed, num_items, sums, inert=inert)
+        if any(inert):
+            zero_missing_grads(self.parts.policy)  # (the optimizer steps every parameter, as with a zero backward)
+        sums["inert_micro_batches"] += float(sum(inert))
         sums = defaultdict(float, self.parts.dist.reduce_metrics(host_values(sums)))  # over ranks (identity in one process)
         grad_norm = self._clip_and_step(sums["loss"])
         return self._update_metrics(sums, grad_norm)
@@ -291,15 +296,32 @@ class Trainer:
             self.backward_micro_batches(part, micro, packed, 1.0, streamed.sums)
         return part.ref_logp
 
+    def inert_micro_batches(self, batch: RolloutBatch, micro: list[list[int]], packed: list[MicroBatch]) -> list[bool]:
+        """Which micro-batches' gradient is exactly zero, so their backward can be skipped: every advantage of their
+        rows is 0 (a group whose rewards are all equal, GRPO's constant group) and nothing else carries a gradient (no
+        entropy bonus, no KL term in the loss, no distillation teacher, no critic). Every policy loss is the advantage
+        times a function of the ratio (cohort/algorithms/losses.py), so its gradient there is 0 exactly, not nearly.
+        One process only: ranks of an FSDP group must run the same backward passes (its collectives). One host read
+        of the advantages per update."""
+        a = self.cfg.algorithm
+        if (self.parts.dist.world_size != 1 or a.entropy_coeff != 0 or self.parts.algorithm.kl_placement == "loss"
+                or self.parts.critic is not None or any(p.teacher_logp is not None for p in packed)):
+            return [False] * len(micro)
+        moving = (batch.advantages != 0).any(dim=1).tolist()  # (N,): a row with some non-zero advantage
+        return [not any(moving[i] for i in mb) for mb in micro]
+
     def backward_micro_batches(self, batch: RolloutBatch, micro: list[list[int]], packed: list[MicroBatch], num_items,
-                               sums) -> None:
+                               sums, inert: list[bool] | None = None) -> None:
         """Forward and backward over each micro-batch (gradients accumulate), the loss divided by `num_items`. The
         metrics accumulate in `sums` as tensors on the device (no host sync per micro-batch; `host_values` reads them),
-        and every host-made tensor was moved when `packed` was made: the loop copies nothing to the device."""
+        and every host-made tensor was moved when `packed` was made: the loop copies nothing to the device. An `inert`
+        micro-batch (`inert_micro_batches`: its gradient is exactly zero) is scored without autograd and not
+        backpropagated: its metrics (log-probs, entropy, the engine mismatch) are the same, its backward is saved."""
         cfg, a = self.cfg, self.cfg.algorithm
-        for mb, mbi in zip(micro, packed):
+        for k, (mb, mbi) in enumerate(zip(micro, packed)):
             pb, mask = mbi.packed, mbi.mask
-            with self.parts.precision.autocast():  # float32 master weights, low-precision maths when mixed; backward outside
+            skip = inert is not None and inert[k]
+            with self.parts.precision.autocast(), torch.set_grad_enabled(not skip):  # (backward outside autocast)
                 logp, entropy = completion_logprobs(self.parts.policy, pb.input_ids, pb.attention_mask, pb.prompt_lengths,
                                                     pb.completion_ids, mask, temperature=cfg.rollout.temperature,
                                                     chunk_size=cfg.train.logprob_chunk_size, entropy_grad=a.entropy_coeff != 0)
@@ -324,7 +346,8 @@ class Trainer:
                 loss = loss + self.parts.kl_controller.value * aggregate_loss(kl, mask, self.parts.aggregation, num_items=num_items,
                                                                         max_length=cfg.rollout.max_completion_length)
                 sums["kl"] += (kl.detach() * mask).sum()
-            loss.backward()
+            if not skip:
+                loss.backward()
             tokens = mask.sum()
             sums["loss"] += loss.detach()
             sums["entropy"] += (entropy.detach() * mask).sum()

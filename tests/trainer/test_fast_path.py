@@ -288,3 +288,51 @@ def test_local_server_overlap_runs_engine_and_trainer_on_separate_cores_and_lear
     finally:
         trainer.close()
     assert child.poll() is not None  # the child stops with the run
+
+
+def _state_after_update(trainer, batch, indices, *, skip: bool):
+    """The policy's parameters after one update (its optimizer step included) from the same start, and the update's
+    metrics; `skip=False` backpropagates every micro-batch as before the inert ones were skipped."""
+    start = {n: p.detach().clone() for n, p in trainer.parts.policy.named_parameters()}
+    optimizer_state = {k: v for k, v in trainer.parts.optimizer.state_dict().items()}
+    original = trainer.inert_micro_batches
+    if not skip:
+        trainer.inert_micro_batches = lambda batch, micro, packed: [False] * len(micro)
+    try:
+        metrics = trainer.update(batch, indices)
+    finally:
+        trainer.inert_micro_batches = original
+    after = {n: p.detach().clone() for n, p in trainer.parts.policy.named_parameters()}
+    with torch.no_grad():  # back to the start for the other run
+        for n, p in trainer.parts.policy.named_parameters():
+            p.copy_(start[n])
+    trainer.parts.optimizer.load_state_dict(optimizer_state)
+    return after, metrics
+
+
+@pytest.mark.slow
+def test_micro_batches_of_zero_advantage_skip_their_backward_and_the_step_is_unchanged(tmp_path, data_file, tiny_model_dir):
+    # 16 rows in 4 micro-batches of 4; the rows of micro-batches 0 and 2 get zero advantages (as constant groups do), so
+    # their gradient is exactly 0: skipping their backward leaves the optimizer step bit for bit as it was, and the
+    # update reports 2 inert micro-batches. With every group at zero, no backward runs at all and the step (AdamW with
+    # zero gradients: weight decay only) is still the same as with four zero backward passes.
+    trainer = _trainer(tmp_path, data_file, tiny_model_dir, "train.micro_batch_size=4", "train.weight_decay=0.1")
+    batch = trainer.generate_batch()
+    indices = list(range(len(batch)))
+    micro = trainer.micro_batches(batch, indices)  # 4 micro-batches of 4 rows (sorted by length, not by group)
+    assert [len(mb) for mb in micro] == [4, 4, 4, 4]
+    for mb in (micro[0], micro[2]):
+        batch.advantages[mb] = 0.0
+    assert all(bool((batch.advantages[mb] != 0).any()) for mb in (micro[1], micro[3]))
+    skipped, metrics = _state_after_update(trainer, batch, indices, skip=True)
+    full, full_metrics = _state_after_update(trainer, batch, indices, skip=False)
+    assert metrics["update/inert_micro_batches"] == 2.0 and full_metrics["update/inert_micro_batches"] == 0.0
+    assert all(torch.equal(skipped[n], full[n]) for n in full)
+    assert metrics["entropy"] == full_metrics["entropy"] and metrics["loss"] == full_metrics["loss"]
+    batch.advantages.zero_()
+    skipped, metrics = _state_after_update(trainer, batch, indices, skip=True)
+    full, _ = _state_after_update(trainer, batch, indices, skip=False)
+    assert metrics["update/inert_micro_batches"] == 4.0 and metrics["grad_norm"] == 0.0
+    assert all(torch.equal(skipped[n], full[n]) for n in full)
+    assert any(not torch.equal(full[n], p) for n, p in trainer.parts.policy.named_parameters())  # weight decay moved them
+    trainer.close()
