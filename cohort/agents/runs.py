@@ -38,7 +38,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Sequence
 
+from cohort.rewards.text import content_text
 from cohort.rollout.base import EpisodeRecord, Trajectory
+from cohort.tools.parsers import written_calls
 
 
 @dataclass
@@ -95,7 +97,16 @@ class AgentRun(EpisodeRecord, kind="agent_run"):
         out["agent/failed"] = float(sum(run.error is not None for run in records))
         out["agent/calls_mean"] = sum(run.turns for run in records) / len(records)
         out["agent/samples_mean"] = sum(1 + len(run.samples) for run in records) / len(records)
+        out["agent/ignored_calls"] = float(sum(run.ignored_calls for run in records))
         return out
+
+    @property
+    def ignored_calls(self) -> int:
+        """Calls the model wrote that tools.parser did not read: call objects (cohort/tools/parsers.py's
+        `written_calls`) in assistant messages the endpoint answered without `tool_calls` (so the agent took them
+        for the final answer and never ran them)."""
+        return sum(len(written_calls(content_text(m.get("content")))) for m in self.conversation
+                   if m.get("role") == "assistant" and not m.get("tool_calls"))
 
     def to_state(self) -> dict[str, Any]:
         """Plain data: the earlier calls' and the seats' trajectories as they save themselves."""

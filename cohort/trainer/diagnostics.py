@@ -148,6 +148,8 @@ class Diagnostics:
             _Rule("answer_collapse", "answers/top_share", collapse := _AnswerCollapse(), collapse.advise),
             _Rule("ignored_calls", "tools/ignored_calls", _above("tools/ignored_calls", 0.0), _advise_ignored_calls,
                   patience=1),
+            _Rule("ignored_calls", "agent/ignored_calls", _above("agent/ignored_calls", 0.0), _advise_ignored_calls,
+                  patience=1),  # (the same through the agent endpoint: its answers held calls it did not read)
         ]
 
     def observe(self, step: int, metrics: dict) -> list[RunWarning]:
@@ -197,7 +199,8 @@ def _advise_mismatch(value: float, metrics: dict) -> str:
 def _advise_ignored_calls(value: float, metrics: dict) -> str:
     forms = ", ".join(f"{form} {metrics[f'tools/call_forms/{form}']:g}" for form in ("tagged", "fenced", "bare")
                       if metrics.get(f"tools/call_forms/{form}"))
-    return (f"tools/ignored_calls = {value:g}: the model wrote {value:g} tool call(s) that tools.parser does not read, so "
+    metric = "tools/ignored_calls" if metrics.get("tools/ignored_calls") else "agent/ignored_calls"
+    return (f"{metric} = {value:g}: the model wrote {value:g} tool call(s) that tools.parser does not read, so "
             f"they never ran (calls written this batch by form: {forms or 'none'}). A model that writes the template's "
             '{"name", "arguments"} object without its <tool_call> tags (in a ``` block or bare) needs tools.parser: json '
             "(docs/tools.md, \"A real model's calls\")")

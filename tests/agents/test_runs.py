@@ -82,3 +82,19 @@ def test_an_agent_run_with_samples_and_seats_round_trips_through_a_checkpoint(tm
     assert state["episode"]["kind"] == "agent_run"
     back = Trajectory.from_state(state)
     assert back == t and isinstance(back.episode, AgentRun) and isinstance(back.episode.seats[0].episode, AgentRun)
+
+
+def test_calls_the_endpoint_did_not_read_are_counted_as_ignored():
+    # Qwen2.5-Coder-0.5B through the endpoint under tools.parser hermes: its fenced call came back as plain content (no
+    # tool_calls), so the agent took it for the answer: 1 ignored call. A call the endpoint read (tool_calls) and a
+    # prose answer count nothing.
+    from cohort.agents.runs import AgentRun
+
+    fenced = '```json\n{"name": "lookup", "arguments": {"country": "France"}}\n```'
+    ignored = AgentRun(conversation=[{"role": "user", "content": "capital of France?"},
+                                     {"role": "assistant", "content": fenced}])
+    read = AgentRun(conversation=[{"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "lookup", "arguments": '{"country": "France"}'}}]},
+        {"role": "tool", "content": "Paris"}, {"role": "assistant", "content": "Paris."}])
+    assert (ignored.ignored_calls, read.ignored_calls) == (1, 0)
+    assert AgentRun.batch_metrics([ignored, read])["agent/ignored_calls"] == 1.0
