@@ -200,8 +200,9 @@ def test_plan_says_when_it_did_not_read_the_prompts(data_file, capsys):
 
 
 def _needs_the_real_model(example: Path) -> bool:
-    """An example whose model.path names a GGUF file by name (`gguf:smollm2-135m-instruct`): its plan reads the converted
-    checkpoint, which `make smollm2` installs and converts (`make test` does it, `make test-fast` does not)."""
+    """An example whose model.path names a GGUF file by name (`gguf:smollm2-135m-instruct`,
+    `gguf:qwen2.5-coder-0.5b-instruct`): its plan reads the converted checkpoint, which `make smollm2` and `make
+    qwen2.5-coder-0.5b` install and convert (`make test` does both, `make test-fast` neither)."""
     return str((yaml.safe_load(example.read_text()).get("model") or {}).get("path", "")).startswith("gguf:")
 
 
@@ -222,7 +223,8 @@ def test_plan_accepts_every_example(example, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("example", REAL_MODEL_EXAMPLES, ids=lambda p: p.name)
-def test_plan_accepts_every_real_model_example(example, smollm2_dir, capsys):
+def test_plan_accepts_every_real_model_example(example, smollm2_dir, qwen_coder_dir, capsys):
+    # (both real models converted before the tests: SmolLM2's examples and Qwen2.5-Coder's, examples/qwen_tool_calc.yaml)
     assert cli.main(["plan", str(example)]) == 0
     assert "batch plan" in capsys.readouterr().out
 
