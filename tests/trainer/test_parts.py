@@ -14,7 +14,8 @@ from cohort.trainer.weight_sync import WeightSync
 
 # what Trainer.__init__ declares (a new attribute must be declared there and added here)
 OWN_STATE = {"cfg", "plan", "log", "phases", "state", "parts", "scheduler", "sync", "stream_update",
-             "answers"}  # (the first reward's answer reader, for the answers/* metrics: built in __init__)
+             "answers",  # (the first reward's answer reader, for the answers/* metrics: built in __init__)
+             "failures"}  # (the last generated batch's failed episodes, until the loop takes them: episode_failures.py)
 
 
 def test_every_part_is_a_declared_field_read_through_the_parts_and_swapping_the_engine_reaches_the_scheduler(
