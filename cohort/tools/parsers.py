@@ -75,8 +75,8 @@ class WrittenCall:
 def written_calls(text: str) -> list[WrittenCall]:
     """Every call the text writes, in order: each `<tool_call>` block (tagged, whatever is inside), and each call
     object outside them (fenced when inside a ``` block, else bare). Objects nested in another are not counted."""
-    tagged = [(m.start(), m.end()) for m in _HERMES.finditer(text)]
     out = [WrittenCall("tagged", _json_or_none(m.group(1)), m.start(), m.end()) for m in _HERMES.finditer(text)]
+    tagged = [(c.start, c.end) for c in out]
     fences = [(m.start(1), m.end(1)) for m in _FENCE.finditer(text)]
     decoder, at = json.JSONDecoder(), 0
     while (at := text.find("{", at)) != -1:
