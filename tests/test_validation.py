@@ -58,9 +58,11 @@ def test_the_config_package_imports_only_the_mapping_tables_of_cohort_and_no_tor
 def test_the_plan_imports_only_the_config_and_the_checks_no_trainer():
     plan = ["cohort", "cohort.algorithm_facts", *CONFIG, *MAPPING, "cohort.plan", "cohort.plan.batch", "cohort.plan.run_mode"]
     assert _cohort_modules_after("import cohort.plan.batch") == {"cohort": sorted(plan), "torch": False}  # (facts, the run's mode: pure)
-    # the printout adds the memory estimate: the Hub's safetensors headers (huggingface_hub), still no torch
+    # the printout adds the memory estimate (the Hub's safetensors headers: huggingface_hub) and the machine's memory
+    # beside it (/proc/meminfo), still no torch
     assert _cohort_modules_after("import cohort.plan.printout") == {
-        "cohort": sorted([*plan, "cohort.models", "cohort.models.hub", "cohort.plan.memory", "cohort.plan.printout"]), "torch": False}
+        "cohort": sorted([*plan, "cohort.models", "cohort.models.host_memory", "cohort.models.hub", "cohort.plan.machine_fit",
+                          "cohort.plan.memory", "cohort.plan.printout"]), "torch": False}
     loaded = _cohort_modules_after("import cohort.plan.validate")["cohort"]
     assert "cohort.plan.validate" in loaded and "cohort.plan.batch" in loaded
     assert [m for m in loaded if m.startswith(("cohort.trainer", "cohort.rollout", "cohort.distributed"))] == []

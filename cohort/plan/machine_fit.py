@@ -30,7 +30,6 @@ from collections.abc import Callable
 
 from cohort.config import CohortConfig
 from cohort.models.host_memory import MachineMemory
-from cohort.models.lora import lora_problems
 from cohort.plan.batch import BatchPlan
 from cohort.plan.memory import CUDA_CONTEXT_BYTES, ModelFacts, cpu_engine_share, human_bytes, memory_estimate
 
@@ -87,6 +86,8 @@ Estimate = Callable[[CohortConfig, BatchPlan], int]
 
 def _changes(cfg: CohortConfig, world_size: int, needs_critic: bool) -> list[tuple[str, dict]]:
     """(label, fields) of each change that may save memory, the micro-batch aside (`_micro_batch_fix`)."""
+    from cohort.models.lora import lora_problems  # here: the module holds the adapter code (torch); the printout must not load it
+
     changes = []
     if not cfg.train.gradient_checkpointing:
         changes.append(("train.gradient_checkpointing=true", {"train__gradient_checkpointing": True}))
