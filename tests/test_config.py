@@ -227,3 +227,10 @@ def test_cli_says_which_config_it_used(capsys, tiny_model_dir, data_file):
     assert first.startswith("config: the field defaults (a model or data of your own")
     assert first.endswith("+ 3 overrides; model.dtype auto = float32 ("
                           + ("0.3M parameters" + small if has_bf16_units(torch.device("cpu")) else small))
+
+
+def test_one_data_file_given_alone_is_a_list_of_one():
+    # `data.train_files=rows.jsonl` from the command line, as TRL's `data_files="rows.jsonl"`: it was refused with
+    # "Input should be a valid list"; a list still reads as a list
+    cfg = load_config(None, ["data.train_files=rows.jsonl", "data.eval_files=[a.jsonl, b.jsonl]"])
+    assert cfg.data.train_files == ["rows.jsonl"] and cfg.data.eval_files == ["a.jsonl", "b.jsonl"]

@@ -124,8 +124,8 @@ class DataConfig(_Section):
     dataset_test_split: str | None = Field(None, description="With data.dataset_name: a split scored as eval data (greedily, before "
         "and after training, and every run.eval_every steps). None: no eval split (data.eval_files still applies).")
     train_files: list[str] = Field(default_factory=list, description="Training data: .jsonl/.json/.parquet files or "
-        "`datasets.save_to_disk` directories. verl-style parquet reads as is. Leave empty with data.dataset_name.")
-    eval_files: list[str] = Field(default_factory=list, description="Held-out data scored greedily before and after training (same formats).")
+        "`datasets.save_to_disk` directories (a list, or one path). verl-style parquet reads as is. Leave empty with data.dataset_name.")
+    eval_files: list[str] = Field(default_factory=list, description="Held-out data scored greedily before and after training (same formats; a list, or one path).")
     prompt_key: str = Field("prompt", description="Column holding the prompt: a string, or a list of chat messages rendered with the "
         "tokenizer's chat template.")
     max_prompt_length: int | None = Field(None, description="Longest prompt in tokens (after the chat template). None: whatever fits "
@@ -135,6 +135,12 @@ class DataConfig(_Section):
         "`truncate_left` keeps the last tokens.")
     shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by train.seed).")
     eval_max_samples: int | None = Field(None, description="Score at most this many eval rows (None: all).")
+
+    @field_validator("train_files", "eval_files", mode="before")
+    @classmethod
+    def _one_file(cls, value):
+        """One path given alone (`data.train_files=rows.jsonl`, TRL's `data_files="rows.jsonl"`) is a list of one."""
+        return [value] if isinstance(value, str) else value
 
 
 class RolloutConfig(_Section):
