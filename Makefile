@@ -144,8 +144,9 @@ tiny-weights: install
 lint: install
 	$(PY) -m ruff check cohort tests bench examples
 
+# --durations: the 30 slowest tests at the end of the log, so CI's record says where the suite's time goes.
 test: install smollm2 qwen2.5-coder-0.5b lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 # Does the install work? The linter, the fast lane and one real run through vLLM (three steps of the demo), in about 5
 # minutes on 2 cores, where make test takes 30-45 (README, "The two commands").
