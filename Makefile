@@ -178,7 +178,8 @@ $(TRL_VENV)/.trl-installed: Makefile
 	test -x $(TRL_VENV)/bin/python || $(PYTHON) -m venv $(TRL_VENV)
 	# CPU torch first (the wheel on disk / the +cpu build), so trl's dependencies cannot pull a CUDA build.
 	$(TRL_VENV)/bin/python -m pip install -q torch==2.13.0
-	$(TRL_VENV)/bin/python -m pip install -q torch==2.13.0 trl==1.16.0
+	# trl[peft]: TRL's own extra for LoRA (peft_config), as its users install it for bench/qwen_tool_trl.py's LoRA runs
+	$(TRL_VENV)/bin/python -m pip install -q torch==2.13.0 "trl[peft]==1.16.0"
 	$(TRL_VENV)/bin/python -c "import torch, trl, transformers; assert not torch.cuda.is_available() and torch.version.cuda is None, torch.__version__; print('TRL ready: trl', trl.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
 	touch $@
 

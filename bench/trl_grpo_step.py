@@ -83,6 +83,18 @@ def patch_cpu_weight_sync(trainer) -> None:
     generation.sync_weights = sync_weights
 
 
+def _imported(path: str):
+    """`module:name` (a file's path as `dir/module.py:name` works too: its directory goes on sys.path)."""
+    import importlib
+    import sys
+
+    module, _, name = path.partition(":")
+    if module.endswith(".py"):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(module)))
+        module = os.path.basename(module)[:-3]
+    return getattr(importlib.import_module(module), name)
+
+
 def grpo_config(args, out_dir) -> "GRPOConfig":  # noqa: F821  (TRL is imported inside: bench/.trl-venv only)
     """TRL's config: the workload's fields and the flags named in the module docstring; every other field TRL's default."""
     from trl import GRPOConfig
@@ -98,6 +110,8 @@ def grpo_config(args, out_dir) -> "GRPOConfig":  # noqa: F821  (TRL is imported 
         extra["seed"] = args.seed
     if args.no_gradient_checkpointing:
         extra["gradient_checkpointing"] = False
+    if args.max_tool_calling_iterations is not None:
+        extra["max_tool_calling_iterations"] = args.max_tool_calling_iterations
     if args.vllm:
         extra |= dict(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=64 + args.max_completion_length,
                       vllm_gpu_memory_utilization=0.3)
@@ -131,6 +145,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=None, help="TRL's seed (default: TRL's 42)")
     ap.add_argument("--save-dir", default=None, help="save the trained model here (trainer.save_model) after the last step")
     ap.add_argument("--metrics-file", default=None, help="one JSON line per step, written as the step ends")
+    ap.add_argument("--environment", default=None, metavar="MODULE:CLASS",
+                    help="an environment_factory class (bench/calc_env.py:CalcEnv), as a TRL user passes it")
+    ap.add_argument("--reward-func", default=None, metavar="MODULE:NAME", help="the reward function instead of --reward")
+    ap.add_argument("--lora-rank", type=int, default=0, help="LoRA through TRL's peft_config (every linear layer; 0: off)")
+    ap.add_argument("--max-tool-calling-iterations", type=int, default=None, help="TRL's field (default: TRL's, no limit)")
     args = ap.parse_args(argv)
     if args.threads:
         common.set_threads(args.threads)
@@ -157,6 +176,16 @@ def main(argv: list[str] | None = None) -> dict:
     def addition_reward(completions, answer, **kwargs):
         return score(completions, answer)
 
+    reward = _imported(args.reward_func) if args.reward_func else addition_reward
+    extra = {}
+    if args.environment:
+        extra["environment_factory"] = _imported(args.environment)
+    if args.lora_rank:
+        from peft import LoraConfig
+
+        extra["peft_config"] = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules="all-linear",
+                                          task_type="CAUSAL_LM")
+
     steps: list[dict] = []
     phases: dict[str, float] = {}
     counts = {"completion_tokens": 0, "train_tokens": 0}
@@ -174,8 +203,8 @@ def main(argv: list[str] | None = None) -> dict:
                 sink.write(json.dumps(step_metrics(record, len(steps))) + "\n")
                 sink.flush()
 
-    trainer = GRPOTrainer(model=model, reward_funcs=[addition_reward], args=config,
-                          train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=[StepTimer()])
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=Dataset.from_list(rows),
+                          processing_class=tokenizer, callbacks=[StepTimer()], **extra)
     if args.vllm:
         patch_cpu_weight_sync(trainer)
     _timed(trainer, "_generate", phases, "generate")

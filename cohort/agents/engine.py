@@ -352,7 +352,8 @@ def _outcome(future: concurrent.futures.Future, timeout_s: float) -> tuple[dict[
     try:
         value = future.result()
     except (asyncio.TimeoutError, TimeoutError):
-        return None, f"the agent did not return within agent.timeout_s = {timeout_s:g} s", "timeout", {}
+        return None, (f"the agent did not return within agent.timeout_s = {timeout_s:g} s (every model call of the run "
+                      "counts; a slow model or a busy machine needs more: raise agent.timeout_s)"), "timeout", {}
     except concurrent.futures.CancelledError:
         return None, "the run was cancelled", "aborted", {}
     except Exception as exc:  # noqa: BLE001 - the agent reward reports it (cohort/agents/reward.py)

@@ -141,6 +141,7 @@ def test_an_agent_past_its_timeout_is_cancelled(make_engine):
     engine, _, _ = make_engine(slow, timeout_s=0.3)
     t = run_one(engine)
     assert t.episode.status == "timeout" and "agent.timeout_s = 0.3 s" in t.episode.error
+    assert t.episode.error.endswith("raise agent.timeout_s)")  # the fix, as every run-time error names one
     assert engine.in_flight == 0
 
 
