@@ -51,6 +51,7 @@ import urllib.request
 from typing import Any
 
 from cohort.config import ConfigError
+from cohort.rollout.base import EnvironmentLost  # (the generic failure; imported from here by older code)
 
 
 SCHEMES = ("ws://", "wss://")
@@ -61,12 +62,6 @@ CLOSE_TIMEOUT_S = 1.0  # a session's close waits at most this for the server's a
 MCP_RESULT_FIELDS = ("tool_name", "result", "error")  # a CallToolObservation's own fields
 MCP_RESERVED = ("reset", "close", "get_reward", "done", "rewards", "failure", "observation", "source", "timeout_s")
 JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
-
-
-class EnvironmentLost(RuntimeError):
-    """What any environment raises when the service behind it is gone (a dropped or refused connection, no answer in
-    time): the tool loop fails the episode with this message and stops the step, since every later episode would fail
-    the same way; the run keeps its last checkpoint (cohort/trainer/failure.py)."""
 
 
 def is_server_url(spec: Any) -> bool:
