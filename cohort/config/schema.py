@@ -1,4 +1,4 @@
-"""Typed run configuration: fifteen sections, each field declared once with its help text.
+"""Typed run configuration: fifteen sections and the run's environment (`environment`, `environment_args`), each field declared once with its help text.
 
 `cohort train --help` and the configuration reference in the README are generated from these declarations
 (cohort/config/fields.py); the help says what a field does, its unit and its default; the why and the
@@ -502,6 +502,15 @@ class DistributedConfig(_Section):
 
 
 class CohortConfig(_Section):
+    environment: str | None = Field(None, description="The run's environment, one spelling for every hub; its prefix picks the "
+        "connector (cohort/connectors, docs/environments.md): `reasoning_gym:<task>`, `verifiers:<id>`, `gym:<id>`, "
+        "`textarena:<game id>`, `ws://host:port` (an OpenEnv server), or an import path to a class (a TRL "
+        "`environment_factory` class, an OpenEnv or Gymnasium environment). Read as the field its hub has always had "
+        "(data.task, tools.environment or agent.environment), which still work; naming two environments is refused. None: "
+        "the data section's rows, one turn.")
+    environment_args: dict[str, Any] = Field(default_factory=dict, description="The environment's own config, as its hub "
+        "spells it (read as data.task_config for reasoning_gym, agent.environment_args for verifiers and textarena; "
+        "docs/environments.md).")
     model: ModelConfig = Field(default_factory=ModelConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
     data: DataConfig = Field(default_factory=DataConfig)
