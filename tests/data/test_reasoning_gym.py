@@ -57,9 +57,9 @@ def test_there_are_105_tasks_and_composite():
 
 def test_rows_are_small_deterministic_and_refer_to_their_entry():
     first = build_task(PREFIX + "chain_sum", {"max_digits": 1}, seed=3, size=8, eval_size=4, answer_format="tags")
-    from cohort.data.reasoning_gym import _build  # the per-process cache: clear it to build again from nothing
+    from cohort.data.reasoning_gym import _dataset  # the per-process dataset cache: clear it to build again from nothing
 
-    _build.cache_clear()
+    _dataset.cache_clear()
     again = build_task(PREFIX + "chain_sum", {"max_digits": 1}, seed=3, size=8, eval_size=4, answer_format="tags")
     assert first.train_rows == again.train_rows and first.eval_rows == again.eval_rows and first is not again
     row = first.eval_rows[0]
@@ -210,9 +210,9 @@ def test_no_socket_is_opened(monkeypatch):
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
-    from cohort.data.reasoning_gym import _build, _dataset
+    from cohort.data.reasoning_gym import _dataset
 
-    _build.cache_clear(), _dataset.cache_clear()
+    _dataset.cache_clear()
     task = build_task(PREFIX + "basic_arithmetic", {"max_terms": 3}, seed=1, size=5, eval_size=5, answer_format="tags")
     rows = task.eval_rows
     assert score(task, rows, [f"<answer>{r['answer']}</answer>" for r in rows]) == [1.0] * len(rows)
