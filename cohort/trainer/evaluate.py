@@ -130,6 +130,7 @@ def evaluate_model(cfg, *, num_samples: int, pass_k: int, temperature: float,
     The prompts are encoded and the engine sized exactly as the trainer does (train and eval prompts both), so a
     model scores the same here as in a run's "before" eval."""
     environment = environment if environment is not None else RunEnvironment(cfg)
+    cfg = environment.config  # (routed: `environment` read into its hub's field, which the wrappers below read)
     train, evals, task_specs = run_data(cfg, environment)
     if evals is None:
         return None
