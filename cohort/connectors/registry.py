@@ -28,12 +28,13 @@ from cohort.connectors.base import ARGS_FIELDS, FIELDS, Connector
 from cohort.connectors.gym import Gym
 from cohort.connectors.openenv import OpenEnv
 from cohort.connectors.reasoning_gym import ReasoningGym
+from cohort.connectors.textarena import TextArena
 from cohort.connectors.trl_class import TrlClass
 from cohort.connectors.verifiers import Verifiers
 from cohort.data.datasets import own_data
 from cohort.tools.tool_schemas import DEFAULT_TIMEOUT_S, import_object
 
-CONNECTORS: tuple[type[Connector], ...] = (ReasoningGym, Verifiers, Gym, OpenEnv, TrlClass)  # TrlClass last: it takes any class
+CONNECTORS: tuple[type[Connector], ...] = (ReasoningGym, Verifiers, TextArena, Gym, OpenEnv, TrlClass)  # TrlClass last: it takes any class
 
 
 def connector_class(spec: Any, named_by: str = "environment") -> type[Connector]:
