@@ -123,10 +123,10 @@ class TextArenaAgent:
 def game_outcome(rewards: dict[int, float] | None, sessions: dict[int, str], moves: int) -> dict[str, Any]:
     """The run's outcome: the players' mean reward (None for an unfinished game), `unfinished`, `moves`, and with
     several players `seats` ({session id: {"seat": "player<k>", "reward": its reward}})."""
-    out: dict[str, Any] = {"reward": None if rewards is None else sum(rewards.values()) / len(rewards),
-                           "unfinished": float(rewards is None), "moves": float(moves)}
+    counts = {"unfinished": float(rewards is None), "moves": float(moves)}  # (each seat's too: seat rows replace the run's)
+    out: dict[str, Any] = {"reward": None if rewards is None else sum(rewards.values()) / len(rewards), **counts}
     if len(sessions) > 1:
-        out["seats"] = {sid: {"seat": f"player{p}", "reward": None if rewards is None else rewards.get(p)}
+        out["seats"] = {sid: {"seat": f"player{p}", "reward": None if rewards is None else rewards.get(p), **counts}
                         for p, sid in sessions.items()}
     return out
 

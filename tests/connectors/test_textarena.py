@@ -126,3 +126,55 @@ def test_a_missing_package_is_refused_with_its_pinned_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "textarena" else real(name, *a))
     assert _environment("agent.environment=textarena:TicTacToe-v0").problems() == [
         "agent.environment = 'textarena:TicTacToe-v0' needs the textarena package: pip install 'textarena==0.7.4'"]
+
+
+@pytest.mark.slow
+def test_tictactoe_trains_two_steps_through_the_one_spelling(tmp_path):
+    """`environment: textarena:TicTacToe-v0` trains the tiny random chat model two steps: every game's two players
+    become two seats' rows, each with its own reward from the game, through the agent endpoint."""
+    from cohort.models.tiny_chat import build_random_chat_model
+    from cohort.trainer.trainer import Trainer
+
+    model_dir = build_random_chat_model(tmp_path / "model", max_positions=2048)
+    _stop_early(model_dir)
+    cfg = load_config(None, [f"model.path={model_dir}", "environment=textarena:TicTacToe-v0", "agent.num_examples=4",
+                             "environment_args.eval_games=0", "engine.name=hf",
+                             "rollout.num_generations=2", "rollout.max_completion_length=768", "train.prompts_per_step=2",
+                             "train.micro_batch_size=4", "train.max_steps=2", "run.eval_every=0", "run.save_every=0",
+                             "run.progress=false", "run.loggers=[jsonl]", f"run.output_dir={tmp_path / 'run'}"])
+    trainer = Trainer(cfg, run_dir=tmp_path / "run", log=lambda *a: None)
+    try:
+        for _ in range(2):
+            metrics = trainer.step()
+            batch = trainer.state.batch
+            seats = [e.seat for e in batch.episodes]
+            # 2 prompts x 2 games, each game widened into its two players' rows, grouped player by player
+            assert sorted(seats) == ["player0"] * 4 + ["player1"] * 4
+            assert all(e.outcome is not None and e.error is None for e in batch.episodes)
+            rewards = [r for r in batch.rewards.tolist() if r == r]  # (NaN: an unfinished game, scored by nothing)
+            assert all(r in (-1.0, 0.0, 1.0) for r in rewards)  # the game's own rewards, seat by seat
+            assert "agent/seat/player0/reward" in metrics and "agent/unfinished" in metrics
+            # the random model writes no legal move: TextArena lets player0 retry once, then it loses (-1) and player1,
+            # which never played (no call, nothing to train), wins (+1); zero-sum over every finished game
+            assert sum(rewards) == 0 and len(rewards) >= 2
+            assert [e.turns for e in batch.episodes if e.seat == "player0"] == [2] * 4
+    finally:
+        trainer.close()
+
+
+def _stop_early(model_dir) -> None:
+    """Half of the vocabulary outside the chat template's own tokens declared stop tokens, so the random model's
+    replies end after a few tokens and a game gets several turns (tests/tools/conftest.py's quick-stop model, longer)."""
+    import json
+
+    from cohort.models.pretrained import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    scaffold = tok.apply_chat_template([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+                                       tokenize=False, add_generation_prompt=True)
+    used = set(tok(scaffold, add_special_tokens=False)["input_ids"])
+    im_end, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+    free = [i for i in range(len(tok)) if i not in used and i not in (im_end, pad)]
+    config = json.loads((model_dir / "generation_config.json").read_text())
+    config["eos_token_id"] = [im_end, pad] + free[::2]
+    (model_dir / "generation_config.json").write_text(json.dumps(config))
