@@ -1,4 +1,5 @@
-"""Typed run configuration: fifteen sections and the run's environment (`environment`, `environment_args`), each field declared once with its help text.
+"""Typed run configuration: fifteen sections and the run's environment (`environment`, `environment_args`), each
+field declared once with its help text.
 
 `cohort train --help` and the configuration reference in the README are generated from these declarations
 (cohort/config/fields.py); the help says what a field does, its unit and its default; the why and the
@@ -286,14 +287,16 @@ class AgentConfig(_Section):
         "and fails like a reward function that raises.")
     environment: str | None = Field(None, description="An environment whose episodes are the agent runs: `verifiers:<id>` "
         "(a verifiers>=0.4 environment by module name or `owner/name@version`, installed; docs/environments.md, \"verifiers "
-        "environments\"). Its tasks are the dataset (one row each) and each episode's reward the run's reward; instead of "
-        "agent.function. None: none.")
+        "environments\") or `textarena:<game id>` (a TextArena 0.7 game, the model in every seat; \"TextArena games\"). Its "
+        "tasks (games) are the dataset (one row each) and each episode's reward the run's reward; instead of agent.function. "
+        "The top-level `environment` is the one spelling. None: none.")
     environment_args: dict[str, Any] = Field(default_factory=dict, description="The environment's own config, as its "
         "framework spells it: for verifiers the `--env.*` fields of vf-eval as a mapping, e.g. {taskset: {<its taskset's "
         "own fields>}, agent: {harness: {id: null}, runtime: {type: subprocess}}} (the taskset id comes from "
         "agent.environment; a multi-seat environment names each seat's field instead of `agent`).")
     num_examples: int | None = Field(None, ge=1, description="Train on the environment's first N tasks (vf-eval's `-n`, "
-        "verifiers' select.limit); needed for an infinite taskset. None: every task.")
+        "verifiers' select.limit); needed for an infinite taskset. None: every task. TextArena: N games, seeds 0..N-1 "
+        "(None: 64).")
     render_tools: bool = Field(True, description="Render the `tools` of an agent's call into the prompt through the chat template's "
         "tools block; false for a checkpoint trained without that block (tiny:tool_calc), as `cohort serve --no-tools-in-prompt`: "
         "the calls are parsed either way (tools.parser).")
