@@ -123,3 +123,14 @@ def test_no_hub_is_named_in_the_trainer_the_rollout_layer_or_the_tool_loop():
     named = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in files
              for i, line in enumerate(p.read_text().splitlines(), 1) if HUB_NAMES.search(line)]
     assert named == []
+
+
+def test_the_openenv_prefix_is_optional_and_names_the_same_environment(envs_path):
+    from cohort.connectors import resolve_environment
+
+    assert connector_class("openenv:guess_env.GuessEnv") is OpenEnv
+    plain, prefixed = resolve_environment("guess_env.GuessEnv"), resolve_environment("openenv:guess_env.GuessEnv")
+    assert plain.__name__ == prefixed.__name__ == "OpenEnvEpisode[GuessEnv]"
+    episode = prefixed()
+    episode.reset(target=2)
+    assert episode.step(guess=2) and episode.get_reward() == 1.0  # (the test environment's reward for the right guess)
