@@ -139,6 +139,12 @@ def game_reward(completions: Sequence[Any], agent_runs: Sequence[Any] | None = N
             for run in agent_runs]
 
 
+def _first_line(exc: Exception) -> str:
+    """An exception as one line: its type and its message's first line of words (nltk's are boxes of asterisks)."""
+    line = next((text.strip() for text in str(exc).splitlines() if any(c.isalpha() for c in text)), "")
+    return f"{type(exc).__name__}: {line}".rstrip(": ")
+
+
 class TextArena(AgentConnector):
     """`textarena:<game id>` (module docstring)."""
 
@@ -161,10 +167,10 @@ class TextArena(AgentConnector):
             try:
                 Game(self.game_id, n, 0)
                 return n
-            except Exception:  # noqa: BLE001 - a game refuses a player count by asserting or raising its own error
-                continue
-        raise ValueError(f"{self.named_by} = {self.spec!r}: the game resets with neither 1 nor 2 players; set "
-                         "environment_args.num_players")
+            except Exception as exc:  # noqa: BLE001 - a game refuses a player count by asserting or raising its own error
+                why = _first_line(exc)
+        raise ValueError(f"{self.named_by} = {self.spec!r}: the game starts with neither 1 nor 2 players (with 2: {why}); "
+                         "set environment_args.num_players, or choose a game that needs no download")
 
     def problems(self) -> list[str]:
         unknown = sorted(set(self.args) - set(ARGS))
@@ -176,10 +182,14 @@ class TextArena(AgentConnector):
             hint = f"; did you mean {', '.join(PREFIX + c for c in close)}?" if close else ""
             return [f"{self.named_by} = {self.spec!r}: TextArena has no game {self.game_id!r}{hint}"]
         try:
-            Game(self.game_id, self.players(), 0).turn()
+            players = self.players()
+        except ValueError as exc:
+            return [str(exc)]
+        try:
+            Game(self.game_id, players, 0).turn()
         except Exception as exc:  # noqa: BLE001 - the game's own error (a download it needs, a player count), one line
-            return [f"{self.named_by} = {self.spec!r}: the game does not start here ({type(exc).__name__}: {exc}); "
-                    "set environment_args.num_players, or choose a game that needs no download"]
+            return [f"{self.named_by} = {self.spec!r}: the game does not start with {players} players here "
+                    f"({_first_line(exc)}); set environment_args.num_players, or choose a game that needs no download"]
         return []
 
     def _rows(self, seeds: range) -> list[dict[str, Any]]:

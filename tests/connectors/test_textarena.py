@@ -115,8 +115,9 @@ def test_the_checks_name_the_game_the_arguments_and_the_package():
         "textarena:TicTacToe-v0, textarena:WildTicTacToe-v0, textarena:TicTacToe-v0-raw?"]
     assert _environment("environment=textarena:TicTacToe-v0", "environment_args.players=2").problems() == [
         "environment_args ['players'] for 'textarena:TicTacToe-v0': TextArena games take num_players, max_turns, eval_games"]
-    assert "num_players" in _environment("environment=textarena:TicTacToe-v0",
-                                         "environment_args.num_players=3").problems()[0]
+    [three] = _environment("environment=textarena:TicTacToe-v0", "environment_args.num_players=3").problems()
+    assert three.startswith("environment = 'textarena:TicTacToe-v0': the game does not start with 3 players here (")
+    assert three.endswith("); set environment_args.num_players, or choose a game that needs no download")
 
 
 def test_a_missing_package_is_refused_with_its_pinned_install(monkeypatch):
