@@ -23,7 +23,7 @@ import time
 
 from _common import LoadWatch, emit
 
-from cohort.data.reasoning_gym import PREFIX, _build, _dataset, build_task, task_names
+from cohort.data.reasoning_gym import PREFIX, _dataset, build_task, task_names
 from cohort.rewards import reward_registry
 
 
@@ -52,7 +52,7 @@ def main() -> None:
     config = json.loads(args.config)
     task_names()  # reasoning-gym's import (~1 s, every task module) outside the timing
     with LoadWatch() as load:
-        _build.cache_clear(), _dataset.cache_clear()
+        _dataset.cache_clear()
         start = time.perf_counter()
         task = build_task(PREFIX + args.task, config, seed=0, size=args.size, eval_size=200, answer_format="last_number")
         build_s = time.perf_counter() - start

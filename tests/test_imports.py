@@ -37,6 +37,7 @@ LAYERS = [
     {"cohort.rewards"},  # reward functions, registry, sandbox
     {"cohort.rollout", "cohort.tools"},  # engines (vLLM, transformers, remote), the rollout server; the tool loop over them
     {"cohort.agents"},  # the OpenAI-compatible chat endpoint over any engine's requests; agent functions as rollouts
+    {"cohort.connectors"},  # the hubs of tasks and environments, one module each behind one interface, and their registry
     {"cohort.prompts"},  # prompts as token ids under the model's length limit (before any weights load)
     {"cohort.plan", "cohort.convert"},  # every check of a config; the batch plan, memory estimate and printout; `cohort convert`
     {"cohort.distributed"},  # process groups, FSDP, rank 0's engine and rewards: no trainer

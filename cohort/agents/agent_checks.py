@@ -23,7 +23,6 @@ import inspect
 import sys
 from pathlib import Path
 
-from cohort.data.verifiers import check_environment
 from cohort.config import CohortConfig
 from cohort.tools.tool_schemas import import_object
 
@@ -63,8 +62,8 @@ def _from_file(spec: str):
 
 
 def agent_problems(cfg: CohortConfig) -> list[str]:
-    """Every problem with the agent section, alone and with the rest of the config ([] when fine; agent.environment:
-    cohort/data/verifiers.py's checks, the unknown name refused before anything loads)."""
+    """Every problem with the agent section, alone and with the rest of the config ([] when fine; agent.environment's own
+    checks are its connector's, cohort/connectors, asked by the run's environment)."""
     agent = cfg.agent
     if not agent.timeout_s > 0:
         return [f"agent.timeout_s = {agent.timeout_s} must be > 0 seconds (300 is the default)"]
@@ -78,7 +77,6 @@ def agent_problems(cfg: CohortConfig) -> list[str]:
         if cfg.data.train_files or cfg.data.dataset_name:
             problems.append(f"agent.environment = {agent.environment!r} with data.train_files / data.dataset_name: the "
                             "environment's tasks are the dataset; unset them")
-        problems += check_environment(agent.environment, agent.environment_args, agent.num_examples)
     else:
         try:
             resolve_agent(agent.function)

@@ -100,6 +100,10 @@ class AgentRun(EpisodeRecord, kind="agent_run"):
         out["agent/ignored_calls"] = float(sum(run.ignored_calls for run in records))
         return out
 
+    def unplayed_seat(self, name: str) -> AgentRun:
+        """This failed run's record for a seat it never played (`EpisodeRecord.unplayed_seat`)."""
+        return replace(self, samples=[], seats=[], seat=name)
+
     @property
     def ignored_calls(self) -> int:
         """Calls the model wrote that tools.parser did not read: call objects (cohort/tools/parsers.py's

@@ -41,4 +41,5 @@ def is_embedded_demo(tree: dict[str, Any]) -> bool:
            if isinstance(data, dict) else None)
     tools = tree.get("tools") or {}
     own = own or (isinstance(tools, dict) and tools.get("environment") is not None)  # (an environment owns its data)
+    own = own or tree.get("environment") is not None  # (the one spelling: whatever its hub, not the built-in task)
     return (path is None or str(path).startswith("tiny:")) and not own

@@ -19,8 +19,9 @@ def describe_fields() -> list[tuple[str, str, str, str]]:
             for name, sub in ann.model_fields.items():
                 default = sub.get_default(call_default_factory=True)
                 rows.append((f"{section}.{name}", _type_name(sub.annotation), repr(default), sub.description or ""))
-        else:
-            rows.append((section, "list", "None", field.description or ""))
+        else:  # a top-level field (environment, rewards)
+            default = field.get_default(call_default_factory=True)
+            rows.append((section, _type_name(field.annotation), repr(default), field.description or ""))
     return rows
 
 

@@ -1,4 +1,5 @@
-"""Typed run configuration: fifteen sections, each field declared once with its help text.
+"""Typed run configuration: fifteen sections and the run's environment (`environment`, `environment_args`), each
+field declared once with its help text.
 
 `cohort train --help` and the configuration reference in the README are generated from these declarations
 (cohort/config/fields.py); the help says what a field does, its unit and its default; the why and the
@@ -292,14 +293,16 @@ class AgentConfig(_Section):
         "and fails like a reward function that raises.")
     environment: str | None = Field(None, description="An environment whose episodes are the agent runs: `verifiers:<id>` "
         "(a verifiers>=0.4 environment by module name or `owner/name@version`, installed; docs/environments.md, \"verifiers "
-        "environments\"). Its tasks are the dataset (one row each) and each episode's reward the run's reward; instead of "
-        "agent.function. None: none.")
+        "environments\") or `textarena:<game id>` (a TextArena 0.7 game, the model in every seat; \"TextArena games\"). Its "
+        "tasks (games) are the dataset (one row each) and each episode's reward the run's reward; instead of agent.function. "
+        "The top-level `environment` is the one spelling. None: none.")
     environment_args: dict[str, Any] = Field(default_factory=dict, description="The environment's own config, as its "
         "framework spells it: for verifiers the `--env.*` fields of vf-eval as a mapping, e.g. {taskset: {<its taskset's "
         "own fields>}, agent: {harness: {id: null}, runtime: {type: subprocess}}} (the taskset id comes from "
         "agent.environment; a multi-seat environment names each seat's field instead of `agent`).")
     num_examples: int | None = Field(None, ge=1, description="Train on the environment's first N tasks (vf-eval's `-n`, "
-        "verifiers' select.limit); needed for an infinite taskset. None: every task.")
+        "verifiers' select.limit); needed for an infinite taskset. None: every task. TextArena: N games, seeds 0..N-1 "
+        "(None: 64).")
     render_tools: bool = Field(True, description="Render the `tools` of an agent's call into the prompt through the chat template's "
         "tools block; false for a checkpoint trained without that block (tiny:tool_calc), as `cohort serve --no-tools-in-prompt`: "
         "the calls are parsed either way (tools.parser).")
@@ -508,6 +511,15 @@ class DistributedConfig(_Section):
 
 
 class CohortConfig(_Section):
+    environment: str | None = Field(None, description="The run's environment, one spelling for every hub; its prefix picks the "
+        "connector (cohort/connectors, docs/environments.md): `reasoning_gym:<task>`, `verifiers:<id>`, `gym:<id>`, "
+        "`textarena:<game id>`, `ws://host:port` (an OpenEnv server), or an import path to a class (a TRL "
+        "`environment_factory` class, an OpenEnv or Gymnasium environment). Read as the field its hub has always had "
+        "(data.task, tools.environment or agent.environment), which still work; naming two environments is refused. None: "
+        "the data section's rows, one turn.")
+    environment_args: dict[str, Any] = Field(default_factory=dict, description="The environment's own config, as its hub "
+        "spells it (read as data.task_config for reasoning_gym, agent.environment_args for verifiers and textarena; "
+        "docs/environments.md).")
     model: ModelConfig = Field(default_factory=ModelConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
     data: DataConfig = Field(default_factory=DataConfig)

@@ -146,7 +146,6 @@ def prompt_messages(question: str, answer_format: str) -> list[dict]:
     return [{"role": "system", "content": SYSTEM_PROMPTS["default"]}] + user if answer_format == "tags" else user
 
 
-@functools.lru_cache(maxsize=8)
 def _build(task: str, config_json: str, seed: int, size: int, eval_size: int, answer_format: str, credit: str,
            train_config_json: str | None = None) -> Task:
     name = task[len(PREFIX):]
@@ -178,7 +177,7 @@ def _build(task: str, config_json: str, seed: int, size: int, eval_size: int, an
 def build_task(task: str, config: dict[str, Any], *, seed: int, size: int, eval_size: int, answer_format: str,
                credit: str = "partial", train_config: dict[str, Any] | None = None) -> Task:
     """The Task for ``reasoning_gym:<name>``: disjoint train/eval rows and the reward spec (module docstring);
-    the same arguments give the same rows (built once per process). `train_config`: the train entries' config when it
+    the same arguments give the same rows (a run builds it once and carries it: cohort/connectors/reasoning_gym.py). `train_config`: the train entries' config when it
     differs from `config` (which then sets the held-out entries only)."""
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"answer_format {answer_format!r}: choose one of {', '.join(ANSWER_FORMATS)}")

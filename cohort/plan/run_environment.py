@@ -1,52 +1,103 @@
 """Each environment a run names, resolved once per process and carried in its plan (`RunPlan.environment`).
 
-`RunEnvironment(cfg)` resolves on first use and keeps what it resolved:
-- `tools`: tools.functions and tools.environment (cohort/tools/tool_schemas.py's `ToolResolution`: the functions, the
-  environment class with its tools' schemas — a TRL class checked, an OpenEnv server's schema read, a gym id's probe
-  made — the schemas the prompts show, the reward spec the environment adds);
-- `verifiers()`: agent.environment's verifiers environment loaded with its tasks (cohort/data/verifiers.py's
-  `load_tasks`), from which both the run's rows and its agent's episodes come.
+`RunEnvironment(cfg)` reads the config's one spelling into its hub's field (cohort/connectors/registry.py's
+`routed`), chooses the connectors the config names (`connectors`: at most a task hub, whose rows it brings, and an
+episode hub, a tools or an agent environment; none for the data section's own rows) and asks them, never which hub
+they are:
+- `problems()`: the spellings' and the connectors' checks, before anything loads;
+- `rows()`: the rows a connector brings (`HubRows`: a reasoning-gym task's, a verifiers environment's tasks, a tools
+  environment's placeholder rows), built once and kept (`run_data` hands them to `load_data`);
+- `episode_reward_specs()`: the rewards an agent environment's episodes bring (or agent.function's returned reward);
+- `tools`: the tools section resolved once (cohort/tools/tool_schemas.py's `ToolResolution`), its environment class
+  built by the tools connector;
+- `agent(model_name)`: the agent each request runs (an agent environment's, else agent.function's);
+- `before_load(sessions, why)`: what must hold before any weights load (an OpenEnv server's capacity).
 
-Validation asks each where it checks it (the tools check; the data read), so config problems are still named before
-anything loads and nothing is resolved that validation would not have resolved; the trainer's setup and `cohort eval`
-ask the same object afterwards, so nothing is resolved twice. A plan handed to another process
-(`RunPlan.for_another_process`: a Ray actor) carries none: that process makes its own, once.
-
-Left out: agent.function, an import that Python keeps (cohort/agents/agent_checks.py's `resolve_agent`).
+Validation asks each where it checks it, so config problems are still named before anything loads and nothing is
+resolved that validation would not have resolved; the trainer's setup and `cohort eval` ask the same object afterwards,
+so nothing is resolved twice. A plan handed to another process (`RunPlan.for_another_process`: a Ray actor) carries
+none: that process makes its own, once.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
+from cohort.agents.agent_checks import resolve_agent
+from cohort.agents.reward import agent_reward
 from cohort.config import CohortConfig
-from cohort.data.run_data import load_data
-from cohort.data.verifiers import load_tasks
+from cohort.connectors import Connector, chosen, routed
+from cohort.connectors.registry import spelling_problems
+from cohort.data.datasets import DataError
+from cohort.data.run_data import HubRows, load_data
 from cohort.tools.tool_schemas import ToolResolution
+
+_UNSET = object()
 
 
 class RunEnvironment:
-    """The run's environments, each resolved at most once (module docstring)."""
+    """The run's environments, each resolved at most once (module docstring). `config`: the routed config."""
 
     def __init__(self, cfg: CohortConfig):
-        self.tools = ToolResolution(cfg.tools)
-        self._agent = cfg.agent
-        self._verifiers: tuple[Any, list] | None = None
+        self.config, self._routing = routed(cfg)
+        self.connectors: list[Connector] = chosen(self.config)
+        tools_hub = self._episode_hub("tools", "environment_class")
+        if tools_hub is None and self.config.tools.environment is not None:  # (named a hub of another kind: a problem)
+            tools_hub = _no_class
+        self.tools = ToolResolution(self.config.tools, tools_hub)
+        self._rows: Any = _UNSET
 
-    def verifiers(self) -> tuple[Any, list] | None:
-        """(the verifiers environment, its tasks) of agent.environment; None when it is unset."""
-        a = self._agent
-        if a.environment is None:
+    def _episode_hub(self, runs: str, method: str | None = None) -> Any:
+        hub = next((c for c in self.connectors if c.runs == runs), None)
+        return hub if method is None or hub is None else getattr(hub, method)
+
+    def problems(self) -> list[str]:
+        """The spelling's conflicts, each connector's spelling and own checks ([] when fine)."""
+        problems = list(self._routing)
+        for connector in self.connectors:
+            spelled = spelling_problems(connector)
+            problems += spelled or connector.problems()
+        return problems
+
+    def rows(self) -> HubRows | None:
+        """The rows the run's connectors bring (the first that brings any), built once."""
+        if self._rows is _UNSET:
+            self._rows = next((rows for rows in (c.rows() for c in self.connectors) if rows is not None), None)
+        return self._rows
+
+    def rows_if_any(self) -> HubRows | None:
+        """`rows()`, or None when they cannot be made (the data checks, and reading the data, say why)."""
+        try:
+            return self.rows()
+        except (DataError, ValueError):
             return None
-        if self._verifiers is None:
-            self._verifiers = load_tasks(a.environment, a.environment_args, a.num_examples)
-        return self._verifiers
 
-    def verifiers_tasks(self) -> list:
-        """agent.environment's tasks (the rows' source: `load_data(cfg, environment_tasks=...)`)."""
-        return self.verifiers()[1]
+    def episode_reward_specs(self) -> list[dict[str, Any]]:
+        """The rewards an agent's episodes bring, first in the run's reward set: the agent environment's, or
+        agent.function's returned reward; [] without an agent."""
+        hub = self._episode_hub("agent")
+        if hub is not None:
+            return hub.reward_specs()
+        return [{"name": agent_reward, "weight": 1.0}] if self.config.agent.function is not None else []
+
+    def agent(self, model_name: str) -> Callable[..., Any]:
+        """The agent each request runs: the agent environment's episode, else agent.function."""
+        hub = self._episode_hub("agent")
+        return hub.agent(model_name) if hub is not None else resolve_agent(self.config.agent.function)
+
+    def before_load(self, sessions: int, why: str, timeout_s: float) -> None:
+        """Each connector's checks before any weights load (ConfigError with the fix)."""
+        for connector in self.connectors:
+            connector.before_load(sessions, why, timeout_s)
 
 
-def run_data(cfg: CohortConfig, environment: RunEnvironment):
-    """`load_data(cfg)` with the run's loaded environment tasks: (train, eval or None, the built-in task's specs)."""
-    return load_data(cfg, environment.verifiers_tasks)
+def _no_class(timeout_s: float) -> None:
+    """tools.environment names a hub that runs no tool loop (`problems` says so): no class."""
+    return None
+
+
+def run_data(cfg: CohortConfig, environment: RunEnvironment | None = None):
+    """`load_data(cfg)` with the run's environment's rows: (train, eval or None, the rows' reward specs); `environment`:
+    the run's (default: resolved here, for a caller without a plan)."""
+    environment = environment if environment is not None else RunEnvironment(cfg)
+    return load_data(environment.config, environment.rows)

@@ -1,8 +1,8 @@
 """What validating a config returns: `RunPlan`, the resolved config, its batch plan and what validation read.
 
-`cohort.plan.validate.validate_config(cfg)` never writes into `cfg`: the two values it settles (`model.dtype = auto`
-and an unset `engine.gpu_memory_utilization` under the GPU plan) go into a new config, `RunPlan.config`, which the
-run then reads everywhere (the saved config.yaml included). What validation had to read from disk to check the
+`cohort.plan.validate.validate_config(cfg)` never writes into `cfg`: the values it settles (`model.dtype = auto`, an
+unset `engine.gpu_memory_utilization` under the GPU plan, and the one spelling `environment` read into its hub's field)
+go into a new config, `RunPlan.config`, which the run then reads everywhere (the saved config.yaml included). What validation had to read from disk to check the
 config (the model's directory, its tokenizer, the data and every prompt encoded as the trainer keeps them) travels
 in `RunPlan.read`, so the trainer's setup (cohort/trainer/build_parts.py) reads none of it again: the tokenizer loads once
 per process, the prompts are encoded once.

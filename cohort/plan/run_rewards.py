@@ -2,14 +2,15 @@
 composition (`reward_problems`).
 
 The run's rewards, in order:
-1. with agent.function, the agent's returned reward (cohort/agents/reward.py's `agent_reward`); with
-   agent.environment, its episode's reward (cohort/agents/verifiers.py's `verifiers_reward`); weight 1 either way;
+1. the episode's reward, as the run's environment brings it (`RunEnvironment.episode_reward_specs`): an agent
+   environment's connector's (verifiers' `verifiers_reward`, TextArena's game reward), or agent.function's returned
+   reward (cohort/agents/reward.py's `agent_reward`); weight 1;
 2. `rewards` as configured; when it is unset (None) and the run has no agent, the built-in task's specs (what
    `load_data` returns beside the rows);
 3. the tools environment's `get_reward()` (TRL's `environment_factory`: one more reward of weight 1, alias
    `environment`), from the resolved class (cohort/tools/tool_schemas.py's `ToolResolution.reward_specs`).
 
-So `rewards` beside agent.function or agent.environment are added to the agent's (or the episode's) reward (TRL and
+This module names no hub: it asks the run's environment. So `rewards` beside agent.function or an agent environment are added to the agent's (or the episode's) reward (TRL and
 verifiers both sum several weighted reward functions): each completion's total is that reward + Σ weight × the user's
 functions' scores; an environment's failed episode is scored by none of them. Beside a multi-seat environment each
 seat's row keeps the episode's scores of the user's functions beside its own reward from the environment, so they are
@@ -25,34 +26,27 @@ from __future__ import annotations
 from typing import Any
 
 from cohort import rewards as reward_registry
-from cohort.agents.reward import agent_reward
-from cohort.agents.verifiers import verifiers_reward
 from cohort.config import CohortConfig
 from cohort.data.datasets import own_data
 from cohort.plan.run_environment import RunEnvironment
 
 
-def agent_specs(cfg: CohortConfig) -> list[dict[str, Any]]:
-    """The agent's reward spec ([] without an agent): its returned reward, or its verifiers episode's."""
-    if not cfg.agent.enabled:
-        return []
-    return [{"name": verifiers_reward if cfg.agent.environment is not None else agent_reward, "weight": 1.0}]
-
-
 def reward_specs(cfg: CohortConfig, environment: RunEnvironment, task_specs: list[dict] | None) -> list[dict[str, Any]]:
     """The run's reward specs (module docstring's order); `task_specs`: the built-in task's (`load_data`'s third
     value), used when `rewards` is unset and no agent brings the reward."""
+    cfg = environment.config  # (routed: `environment` read into its hub's field)
     if cfg.rewards is not None:
         configured = [spec.model_dump() for spec in cfg.rewards]
     else:
         configured = [] if cfg.agent.enabled else list(task_specs or [])
-    return agent_specs(cfg) + configured + environment.tools.reward_specs()
+    return environment.episode_reward_specs() + configured + environment.tools.reward_specs()
 
 
 def reward_problems(cfg: CohortConfig, environment: RunEnvironment) -> list[str]:
     """A reward set that would be empty (`reward_specs` before the data is read: a built-in data.task always brings
     its own), and every configured spec that does not resolve ([] when fine). An environment that does not resolve is
     the tools check's line alone."""
+    cfg = environment.config
     try:
         composed: list | None = reward_specs(cfg, environment, None)
     except ValueError:

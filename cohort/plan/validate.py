@@ -4,18 +4,15 @@
 `ConfigError`, each naming its fields and a fix, and returns the run's
 `RunPlan` (its `batch`: the `BatchPlan`). It runs, in this order:
 
-- the config alone: batch arithmetic, value ranges (the loss fields' in
-  `cohort.plan.loss_checks`, the distillation teacher's in `cohort.plan.teacher_checks`), the scheduler's rules, the rollout
-  mode and the distributed settings, training processes, the run/logger/optimizer
-  fields, and that every reward spec resolves;
-- with check_files, the outside world, cheaply: the data files and their columns
-  (each reward's columns too), the model directory (`tiny:*` names are only
-  looked up, never built) and its tokenizer (files present; loaded once, and text encodes to tokens:
-  cohort.models.tokenizer_check), the output directory, the weights' headers, the
-  prompts measured as the trainer will keep them (the data and the model's
-  tokenizer, no weights; skipped for `tiny:*` models, whose tokenizer is built
-  with the model) against the model's positions, the vLLM CPU KV cache, and a
-  distillation teacher's tokenizer against that same student tokenizer;
+- the config alone: batch arithmetic, value ranges (the loss fields' in `cohort.plan.loss_checks`, the distillation
+  teacher's in `cohort.plan.teacher_checks`), the scheduler's rules, the rollout mode and the distributed settings,
+  training processes, the run/logger/optimizer fields, and that every reward spec resolves;
+- with check_files, the outside world, cheaply: the data files and their columns (each reward's columns too), the
+  model directory (`tiny:*` names are only looked up, never built) and its tokenizer (files present; loaded once,
+  and text encodes to tokens: cohort.models.tokenizer_check), the output directory, the weights' headers, the
+  prompts measured as the trainer will keep them (the data and the model's tokenizer, no weights; skipped for
+  `tiny:*` models, whose tokenizer is built with the model) against the model's positions, the vLLM CPU KV cache,
+  and a distillation teacher's tokenizer against that same student tokenizer;
 - on a GPU, with vLLM colocated or in a local server child: the GPU memory plan
   (`cohort.plan.memory.gpu_memory_plan`, against the GPU's total memory read from
   CUDA), refusing a split that cannot fit with both numbers and the fixes;
@@ -27,7 +24,8 @@
 It builds nothing: no model, no tokenizer of a `tiny:*` model, no engine, and
 writes no file (but RUN_DIR/logs/error.log when reading the data raised an error of its own: one line names it; with check_files, a GGUF model.path is converted once into cohort's cache first, so the checks can
 read it). It never writes into `cfg`: it returns a `RunPlan` (cohort/plan/run_plan.py) whose `config` is a new,
-resolved config, with the two values every later reader must agree on settled:
+resolved config, with the values every later reader must agree on settled (and `environment` read into its hub's
+field, cohort/connectors/registry.py's `routed`):
 - `model.dtype = auto` becomes the dtype chosen for this device (`choose_model_dtype`), so the saved config.yaml,
   the plan and every part read one concrete dtype;
 - `engine.gpu_memory_utilization` unset (None), when the GPU plan applies, becomes the derived fraction, so every
@@ -73,6 +71,7 @@ from cohort.plan.machine_fit import host_rows, machine_fit_problems, trainer_gpu
 from cohort.plan.memory import (GpuMemoryPlan, ModelFacts, UnreadableWeights, gpu_fit_problems, gpu_memory_plan,
                                 kv_bytes_per_token, model_facts)
 from cohort.plan.pipeline_checks import pipeline_problems
+from cohort.connectors import routed
 from cohort.plan.run_environment import RunEnvironment, run_data
 from cohort.plan.run_plan import RunInputs, RunPlan
 from cohort.plan.run_rewards import reward_problems
@@ -91,6 +90,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
     choose `model.dtype = auto` as on a GPU (`cohort plan --gpu-memory-gib`, planning a GPU run from another machine).
     `trains`: False for `cohort eval`, which trains nothing, so the training estimate is not compared with the
     machine's memory (`machine_memory_problems`)."""
+    cfg, routing = routed(cfg)  # `environment` read into its hub's field (a new object); every check reads that
     # model.path looked at once (with check_files, a GGUF file converted first): where its config and tokenizer are,
     # for every check that reads them (the dtype's choice reads its weights' headers)
     model = (pretrained.inspect_model(cfg.model.path, cfg.model.revision, convert=check_files)
@@ -101,7 +101,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
         raise ConfigError(device_problems)
     cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"dtype": dtype})})  # the plan's own config
     device = resolve_device(cfg.train.device)
-    problems = check_batch_arithmetic(cfg) + check_ranges(cfg) + check_correction(cfg) + pipeline_problems(cfg, training_world_size(cfg)) + check_rollout_mode(cfg) + check_processes(cfg)
+    problems = routing + check_batch_arithmetic(cfg) + check_ranges(cfg) + check_correction(cfg) + pipeline_problems(cfg, training_world_size(cfg)) + check_rollout_mode(cfg) + check_processes(cfg)
     problems += check_gpu_settings(cfg, device.type, visible_gpus()) + check_colocated_gpu(cfg, device)
     if check_files:
         problems += check_data_config(cfg.data, cfg.tools.environment) + (named_data_problems(cfg.data) if cfg.data.dataset_name else [])
@@ -109,6 +109,7 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
         if cfg.critic.path:
             problems += [p.replace("model.path", "critic.path", 1) for p in pretrained.check_model_dir(cfg.critic.path)]
     environment = RunEnvironment(cfg)  # each environment resolved once, where it is checked, and carried in the plan
+    problems += (hub_problems := environment.problems())  # (each hub's spelling and own checks, its connector's)
     problems += reward_problems(cfg, environment)
     problems += tool_problems(cfg.tools, environment.tools)
     agent = agent_problems(cfg)
@@ -116,12 +117,12 @@ def validate_config(cfg: CohortConfig, *, check_files: bool = True, for_gpu: boo
     problems += lora_problems(cfg, model_dir if check_files and cfg.lora.rank > 0 else None,
                               needs_critic=FACTS[cfg.algorithm.name].needs_critic, world_size=training_world_size(cfg))
     if check_files:
-        problems += reward_column_problems(cfg)  # the columns each reward reads, in the data
+        problems += reward_column_problems(cfg, environment.rows_if_any() if not (hub_problems or agent) else None)
     problems += _check_run_section(cfg)
     measured, read = None, None
     if check_files:
         # (an agent section with problems: its environment's tasks are not read, whose loading would fail on the same cause)
-        outside, measured, read = _check_outside(cfg, model, environment, read_data=not agent)
+        outside, measured, read = _check_outside(cfg, model, environment, read_data=not (agent or hub_problems))
         problems += outside
     # algorithm.name = distill: the teacher (cohort/plan/teacher_checks.py), against the student read above
     problems += teacher_problems(cfg, check_files, student_readable=not model.problems,

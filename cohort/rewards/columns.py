@@ -6,11 +6,12 @@ option ``gold_column`` names), ``verl_default`` ``data_source`` and ``ground_tru
 and so on. A function with verl's contract reads ``ground_truth``. Your own TRL-contract
 functions declare nothing: their ``**columns`` are theirs to read.
 
-``reward_column_problems(cfg)`` compares those needs with the data's columns and
+``reward_column_problems(cfg, hub)`` compares those needs with the data's columns and
 returns one problem per reward and data source that lacks all of a need's candidates,
 naming the columns that exist. The data is read cheaply: the first ``SAMPLE_ROWS``
-rows of each file (verl's parquet layout read as training reads it), or the built-in
-task's rows. Only when the sample lacks a column are the files read to the end, so a
+rows of each file (verl's parquet layout read as training reads it), the rows the run's
+environment brings (``hub``: its connector's, with the reward specs they come with), or the
+built-in task's rows. Only when the sample lacks a column are the files read to the end, so a
 column that first appears late in a JSONL file is found, and a config that can work
 is never refused. Unreadable data and unknown rewards are skipped here: the data and
 reward checks report them.
@@ -23,7 +24,7 @@ from typing import Any
 
 from cohort.data.datasets import SAMPLE_ROWS, file_columns, normalise_row, own_data
 from cohort.data.named import split_label, split_rows
-from cohort.data.run_data import configured_task
+from cohort.data.run_data import HubRows, configured_task
 from cohort.rewards import verl
 from cohort.rewards.reward_registry import SPEC_KEYS, ColumnNeed, needed_columns
 from cohort.rewards.reward_set import validate_spec
@@ -31,10 +32,12 @@ from cohort.rewards.reward_set import validate_spec
 VERL_NEEDS = [ColumnNeed("the ground truth", None, ("ground_truth",))]
 
 
-def _specs(cfg: Any) -> list[tuple[str, dict[str, Any]]]:
+def _specs(cfg: Any, hub: HubRows | None) -> list[tuple[str, dict[str, Any]]]:
     """(label, spec dict) for each reward the run will use."""
     if cfg.rewards is not None:
         return [(f"rewards[{i}] (name = {s.name!r})", {"name": s.name, **s.options()}) for i, s in enumerate(cfg.rewards)]
+    if hub is not None:
+        return [(f"the task's reward {s['name']!r}", dict(s)) for s in hub.reward_specs or []]
     if cfg.data.task and not own_data(cfg.data):
         return [(f"the task's reward {s['name']!r}", dict(s)) for s in configured_task(cfg.data, cfg.train.seed).reward_specs]
     return []
@@ -50,11 +53,13 @@ def _needs(spec: dict[str, Any]) -> list[ColumnNeed]:
     return needed_columns(spec["name"], {k: v for k, v in spec.items() if k not in SPEC_KEYS})
 
 
-def _sources(cfg: Any) -> list[tuple[str, Callable[[int | None], list[str]]]]:
+def _sources(cfg: Any, hub: HubRows | None) -> list[tuple[str, Callable[[int | None], list[str]]]]:
     """(what the data is, columns(max_rows)) for the training data and the eval data."""
     data = cfg.data
     sources = []
-    if data.dataset_name:
+    if hub is not None:
+        sources.append((hub.source, lambda rows: _row_columns(hub.train + (hub.eval or []))))
+    elif data.dataset_name:
         for field, split in (("data.dataset_train_split", data.dataset_train_split), ("data.dataset_test_split", data.dataset_test_split)):
             if split:
                 sources.append((split_label(data, split), lambda rows, s=split, f=field: _split_columns(data, s, f)))
@@ -88,11 +93,12 @@ def _message(label: str, need: ColumnNeed, source: str, columns: list[str]) -> s
     return f"{label} reads {need.what} from the column {wanted}, but {source} has only the columns {columns}; {fix}"
 
 
-def reward_column_problems(cfg: Any) -> list[str]:
-    """One message per reward need that no column of the training or eval data meets; [] when all are met."""
+def reward_column_problems(cfg: Any, hub: HubRows | None = None) -> list[str]:
+    """One message per reward need that no column of the training or eval data meets; [] when all are met. `hub`: the
+    rows the run's environment brings (cohort/plan/run_environment.py), read instead of the data section."""
     try:
-        needs = [(label, need) for label, spec in _specs(cfg) for need in _needs(spec)]
-        sources = _sources(cfg) if needs else []
+        needs = [(label, need) for label, spec in _specs(cfg, hub) for need in _needs(spec)]
+        sources = _sources(cfg, hub) if needs else []
     except ValueError:  # an unknown task: reported by the data checks
         return []
     problems = []

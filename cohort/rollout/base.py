@@ -15,33 +15,28 @@ same two levels, so the trainer never asks which engine it has:
 - **batch**: `generate(prompts, sampling, seeds)`, one trajectory per prompt entry in order,
   is the drain of the request level (`generate_requests`); every engine gets it from `RequestEngineMixin`.
 
-Weights flow one way: the trainer calls `update_weights` after an optimizer
-step and `score` on fixed canary completions to check the engine really holds
-the new policy (cohort/trainer/sync_check.py). An engine whose
-`in_flight_updates` is True also takes new weights while requests are in
-flight (`update_weights(..., in_flight=True)`, asynchronous training): they
-continue under the new weights, every token sampled afterwards carries the new
-version; the others raise when asked.
+Weights flow one way: the trainer calls `update_weights` after an optimizer step and `score` on fixed canary
+completions to check the engine really holds the new policy (cohort/trainer/sync_check.py). An engine whose
+`in_flight_updates` is True also takes new weights while requests are in flight (`update_weights(...,
+in_flight=True)`, asynchronous training): they continue under the new weights, every token sampled afterwards carries
+the new version; the others raise when asked.
 
 Memory: an engine that shares the trainer's GPU may have `release_memory()`, which frees what it can while the
 trainer updates (vLLM's sleep mode); the trainer calls `release_engine_memory(engine)` just before its update, a
 no-op for engines without it. Such an engine wakes by itself: its weights before it loads a push, its KV cache
 before it samples or scores.
 
-Threads: an engine is not thread-safe. A caller may drive it from two threads
-(e.g. `poll(timeout)` on a background thread, `submit` / `update_weights` /
-`abort` / `score` on the main one) only if it serialises every call with its own
-lock, never two at once; a short `timeout` (0.1 s) bounds how long a `poll`
-holds that lock (remote engines included), and `poll(timeout)` returning []
-says nothing finished yet, not that the engine is idle (read `in_flight`).
-Liveness: an engine that dies or stops making progress raises from `poll`
-(RemoteEngine: within engine.server_timeout_s, however short the caller's
-timeouts) or returns its requests with status "error" (vLLM in-process); it
-never leaves `poll` returning [] forever with requests in flight.
+Threads: an engine is not thread-safe. A caller may drive it from two threads (e.g. `poll(timeout)` on a background
+thread, `submit` / `update_weights` / `abort` / `score` on the main one) only if it serialises every call with its own
+lock, never two at once; a short `timeout` (0.1 s) bounds how long a `poll` holds that lock (remote engines included),
+and `poll(timeout)` returning [] says nothing finished yet, not that the engine is idle (read `in_flight`). Liveness:
+an engine that dies or stops making progress raises from `poll` (RemoteEngine: within engine.server_timeout_s, however
+short the caller's timeouts) or returns its requests with status "error" (vLLM in-process); it never leaves `poll`
+returning [] forever with requests in flight.
 
-Seeds: one per completion, derived from (rollout.seed, generation index, slot),
-so a run is reproducible and a resumed run draws the same samples. (vLLM on a GPU
-drops them unless engine.per_request_seeds is set: cohort/rollout/engines/vllm.py.)
+Seeds: one per completion, derived from (rollout.seed, generation index, slot), so a run is reproducible and a resumed
+run draws the same samples. (vLLM on a GPU drops them unless engine.per_request_seeds is set:
+cohort/rollout/engines/vllm.py.)
 """
 
 from __future__ import annotations
@@ -143,6 +138,10 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
+class EnvironmentLost(RuntimeError):
+    """An environment's service is gone (refused, dropped, silent): its episode fails and so does the step."""
+
+
 class EpisodeRecord:
     """A trajectory's multi-turn record (`Trajectory.episode`), as the layers that know no connector read it: the
     rollout's reward calls and partial rollouts (cohort/rollout/collect.py, partial.py), the trainer's batch, its
@@ -165,6 +164,8 @@ class EpisodeRecord:
       across a partial rollout's abort; live objects (an instance the episode played against) stay out.
     - `resumable`: a cut-off episode continues from its tokens (partial rollouts, cohort/rollout/partial.py); False:
       it starts over from its prompt instead (a program whose state died with the cut cannot be continued).
+    - `seats` (a trajectory per seat, each record naming its `seat`), `samples` (a rewritten history's earlier calls),
+      `unplayed_seat(name)`: what the trainer widens a batch by (cohort/trainer/agent_samples.py); default: none.
 
     `unmarked=True` on one kind: a saved record without a kind is of that kind (checkpoints written before records
     named their kind held one kind only)."""
@@ -174,6 +175,9 @@ class EpisodeRecord:
     unmarked: ClassVar[str | None] = None  # the kind of a saved record that names none
     observation: str | None = None
     resumable: ClassVar[bool] = True
+    seat: str | None = None
+    seats: Sequence[Any] = ()  # (Trajectory records, one per seat)
+    samples: Sequence[Any] = ()  # (Trajectory records, the earlier calls)
 
     def __init_subclass__(cls, kind: str | None = None, unmarked: bool = False, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -202,6 +206,9 @@ class EpisodeRecord:
         return {}
 
     def completion_messages(self) -> list[dict[str, Any]] | None:
+        return None
+
+    def unplayed_seat(self, name: str) -> EpisodeRecord | None:
         return None
 
     @classmethod

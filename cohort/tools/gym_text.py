@@ -21,7 +21,7 @@ model writes the action as a string, for `spaces.Discrete(n, start)` its number;
 stepped, and the model is told why (its mistake, not a failure, like a bad tool argument). The answer is the next
 observation as text. `terminated` or `truncated` ends the trajectory (the adapter's `done`; both are kept on the
 instance, with the last `info`). `get_reward()` is the episode's rewards summed, one more reward of weight 1
-(`environment`), as for OpenEnv: the episode bookkeeping is `cohort.tools.openenv.OpenEnvEpisode`'s. An exception
+(`environment`), as for OpenEnv: the episode bookkeeping is `cohort.tools.session_episode.SessionEpisode`'s. An exception
 from `gymnasium.make`, `reset` or `step` fails that episode only (status error, the message recorded, no reward).
 
 Left out: other action spaces (Box, MultiDiscrete, Dict: no text form a model can write), `info` shown to the model,
@@ -36,7 +36,7 @@ import importlib
 import inspect
 from typing import Any
 
-from cohort.tools.openenv import OpenEnvEpisode
+from cohort.tools.session_episode import SessionEpisode
 
 try:  # optional dependency: only Gymnasium users have it (is_gym_spec and env_spec say so without it)
     import gymnasium
@@ -177,7 +177,7 @@ class GymSession:
         self.env.close()
 
 
-class GymEpisode(OpenEnvEpisode):
+class GymEpisode(SessionEpisode):
     """One Gymnasium episode as a tool-loop environment (module docstring); `gym_environment` makes the subclass with
     its spec and `step` tool."""
 
@@ -194,6 +194,9 @@ class GymEpisode(OpenEnvEpisode):
 
     def reset(self, **row: Any) -> str:
         return FIRST_OBSERVATION_SEPARATOR + super().reset(**row)
+
+    def _render(self, result: dict[str, Any]) -> str:
+        return result["observation"]["text"]
 
     def _record(self, result: dict[str, Any]) -> str:
         self.terminated, self.truncated = result.get("terminated", False), result.get("truncated", False)

@@ -51,6 +51,8 @@ import urllib.request
 from typing import Any
 
 from cohort.config import ConfigError
+from cohort.rollout.base import EnvironmentLost
+from cohort.tools.session_episode import SessionEpisode
 
 
 SCHEMES = ("ws://", "wss://")
@@ -61,12 +63,6 @@ CLOSE_TIMEOUT_S = 1.0  # a session's close waits at most this for the server's a
 MCP_RESULT_FIELDS = ("tool_name", "result", "error")  # a CallToolObservation's own fields
 MCP_RESERVED = ("reset", "close", "get_reward", "done", "rewards", "failure", "observation", "source", "timeout_s")
 JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
-
-
-class EnvironmentLost(RuntimeError):
-    """What any environment raises when the service behind it is gone (a dropped or refused connection, no answer in
-    time): the tool loop fails the episode with this message and stops the step, since every later episode would fail
-    the same way; the run keeps its last checkpoint (cohort/trainer/failure.py)."""
 
 
 def is_server_url(spec: Any) -> bool:
@@ -277,57 +273,13 @@ class SocketSession:
 
 # ------------------------------------------------------------------ the adapter
 
-class OpenEnvEpisode:
-    """One OpenEnv episode as a tool-loop environment (module docstring). Subclasses made by `openenv_environment`
-    set `session` (a callable returning a LocalSession or SocketSession) and the `step` tool."""
+class OpenEnvEpisode(SessionEpisode):
+    """One OpenEnv episode as a tool-loop environment (module docstring; the bookkeeping is
+    cohort/tools/session_episode.py's). Subclasses made by `openenv_environment` set `_open_session` (a LocalSession
+    or SocketSession) and the `step` tool (or the MCP tools)."""
 
-    source: str = ""
-    timeout_s: float = 10.0
-
-    def __init__(self):
-        self.rewards: list[float] = []
-        self.done = False
-        self.failure: str | None = None
-        self.observation: str | None = None
-        self._session: Any = None
-
-    def _open_session(self) -> Any:
-        raise NotImplementedError
-
-    def reset(self, **row: Any) -> str:
-        self._session = self._guard("reset", self._open_session)
-        return self._record(self._guard("reset", lambda: self._session.reset(row)))
-
-    def _act(self, action: dict[str, Any]) -> str:
-        if self.done:
-            raise RuntimeError("the episode is over (done); no more steps")
-        return self._record(self._guard("step", lambda: self._session.step(action)))
-
-    def _record(self, result: dict[str, Any]) -> str:
-        if result.get("reward") is not None:
-            self.rewards.append(float(result["reward"]))
-        self.done = bool(result.get("done"))
-        self.observation = render(result)
-        return self.observation
-
-    def _guard(self, what: str, call):
-        """`call()`; any failure ends the episode (done, `failure` set) and is raised with the environment's message."""
-        try:
-            return call()
-        except EnvironmentLost as exc:
-            self.done, self.failure = True, str(exc)
-            raise
-        except Exception as exc:  # noqa: BLE001 - the environment's own error: this episode fails, not the run
-            self.done, self.failure = True, f"{self.source} {what} raised {type(exc).__name__}: {exc}"
-            raise RuntimeError(self.failure) from exc
-
-    def get_reward(self) -> float | None:
-        """The episode's rewards summed; None for a failed episode."""
-        return None if self.failure is not None else float(sum(self.rewards))
-
-    def close(self) -> None:
-        if self._session is not None:
-            self._session.close()
+    def _render(self, result: dict[str, Any]) -> str:
+        return render(result)
 
 
 def _step_method(signature: inspect.Signature, annotations: dict[str, Any], doc: str):

@@ -13,11 +13,12 @@ starting with `_`) are the trajectory's tools, on top of `tools.functions`, and 
 `{"error": message}` (TRL's); `get_reward()`, when it has one, is one more reward of weight 1
 (`environment_reward`); a `done` attribute that is true after a turn's calls ends the trajectory; `close()`, when it
 has one, runs when the trajectory ends, whatever ended it (the instance's attributes stay readable, so a reward
-function receiving `environments=` can still read its state). An OpenEnv environment class or server URL goes
-through its adapter (cohort/tools/openenv.py), which is such a class.
+function receiving `environments=` can still read its state). Other hubs' environments (OpenEnv, Gymnasium) come
+through adapters that are such classes; which hub a spelling names is the connectors' business (cohort/connectors).
 
-`ToolResolution(tools)` is the tools section resolved once: its functions, its environment class (an OpenEnv
-server's schema read, a gym id's probe made) with its tools' schemas, the schemas the prompts show, and the reward
+`ToolResolution(tools, environment_class)` is the tools section resolved once: its functions, its environment class
+(as the run's connector builds it: a TRL class checked, an OpenEnv server's schema read, a gym id's probe made) with
+its tools' schemas, the schemas the prompts show, and the reward
 spec the environment adds. Each is resolved on first use and kept, so the config check, the prompts' tools block and
 the tool loop share one resolution (a run carries it in its plan: cohort/plan/run_environment.py).
 
@@ -37,7 +38,6 @@ from typing import Any, Callable, Sequence
 from transformers.utils import get_json_schema
 
 from cohort.config.module_names import import_failure
-from cohort.tools import gym_text, openenv
 
 RESERVED_METHODS = ("reset", "close", "get_reward")
 SOCKET_TIMEOUT_SHARE = 0.9  # a server's answer is awaited for this share of tools.timeout_s: the session fails first
@@ -109,28 +109,12 @@ def resolve_tools(specs: Sequence[str | Callable[..., Any]]) -> list[Tool]:
     return tools
 
 
-def resolve_environment(spec: str | type | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> type | None:
-    """`tools.environment` as a class whose public methods all have schemas (checked now, before any model loads): a
-    class as it is, an OpenEnv environment class or server URL (`ws://host:port`) through its adapter
-    (cohort/tools/openenv.py; `timeout_s` bounds each message to a server)."""
-    return environment_with_schemas(spec, timeout_s)[0]
+def environment_schemas(cls: type | None) -> list[dict[str, Any]]:
+    """The public methods' schemas of a resolved environment class ([] for none), built once to check them."""
+    return [] if cls is None else [tool_schema(method, name) for name, method in environment_methods(cls).items()]
 
 
-def environment_with_schemas(spec: str | type | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[type | None, list[dict]]:
-    """(`resolve_environment`'s class, its public methods' schemas, built once to check them); (None, []) for none."""
-    if spec is None:
-        return None, []
-    if openenv.is_server_url(spec):
-        cls = openenv.openenv_environment(spec, timeout_s)
-    elif gym_text.is_gym_spec(spec):  # gym:<id> or a gymnasium.Env subclass (cohort/tools/gym_text.py)
-        cls = gym_text.gym_environment(spec, timeout_s)
-    else:
-        cls = import_object(spec, "tools.environment") if isinstance(spec, str) else spec
-        cls = openenv.openenv_environment(cls, timeout_s) if openenv.is_openenv_class(cls) else _checked_class(spec, cls)
-    return cls, [tool_schema(method, name) for name, method in environment_methods(cls).items()]
-
-
-def _checked_class(spec: str | type, cls: Any) -> type:
+def checked_class(spec: str | type, cls: Any) -> type:
     """A TRL `environment_factory` class, refused (ValueError with the fix) when it is none."""
     if not inspect.isclass(cls):
         raise ValueError(f"tools.environment = {spec!r} is a {type(cls).__name__}, not a class")
@@ -176,10 +160,12 @@ def environment_reward_specs(environment: type | None) -> list[dict[str, Any]]:
 
 class ToolResolution:
     """The tools section resolved once, on first use (module docstring); each method raises the ValueError its
-    resolution raised (not kept: asked again, it tries again)."""
+    resolution raised (not kept: asked again, it tries again). `environment_class(timeout_s)`: the run's environment
+    as its connector builds it (cohort/plan/run_environment.py); None: no environment."""
 
-    def __init__(self, tools):
+    def __init__(self, tools, environment_class: Callable[[float], type | None] | None = None):
         self.tools = tools
+        self._environment_class = environment_class
         self._functions: list[Tool] | None = None
         self._environment: tuple[type | None, list[dict[str, Any]]] | None = None
 
@@ -190,10 +176,14 @@ class ToolResolution:
         return self._functions
 
     def environment(self) -> type | None:
-        """tools.environment's class (None when unset); a server's messages wait tools.timeout_s × SOCKET_TIMEOUT_SHARE."""
+        """The environment's class (None without one); a server's messages wait tools.timeout_s × SOCKET_TIMEOUT_SHARE."""
         if self._environment is None:
             timeout = self.tools.timeout_s * SOCKET_TIMEOUT_SHARE if self.tools.timeout_s > 0 else DEFAULT_TIMEOUT_S
-            self._environment = environment_with_schemas(self.tools.environment, timeout)
+            if self._environment_class is None and self.tools.environment is not None:
+                raise RuntimeError(f"tools.environment = {self.tools.environment!r} has no connector here: resolve it through the "
+                                 "run's environment (cohort.plan.run_environment.RunEnvironment(cfg).tools)")
+            cls = self._environment_class(timeout) if self._environment_class is not None else None
+            self._environment = cls, environment_schemas(cls)
         return self._environment[0]
 
     def schemas(self) -> list[dict[str, Any]]:
@@ -207,5 +197,5 @@ class ToolResolution:
         return self.schemas() if self.tools.enabled and self.tools.in_prompt else None
 
     def reward_specs(self) -> list[dict[str, Any]]:
-        """The environment's reward spec (`environment_reward_specs`; [] without tools.environment)."""
-        return environment_reward_specs(self.environment()) if self.tools.environment is not None else []
+        """The environment's reward spec (`environment_reward_specs`; [] without an environment)."""
+        return environment_reward_specs(self.environment()) if self._environment_class is not None else []

@@ -8,8 +8,8 @@ requests are made from the sampler's prompts), which `reset(**row)` of an enviro
 share a prompt and differ in another column (a `seed`, a `target`) each reach their own episode, as in TRL.
 `run_rows` is the table those indices point into: the train rows, then the eval rows.
 `prompt_with_observation` renders a row's prompt again with an environment's first observation appended (TRL's rule,
-`cohort.rollout.base.with_observation`). (An OpenEnv server's capacity is checked by cohort/trainer/build_parts.py before
-any weights load: `cohort.tools.openenv.check_capacity`.)
+`cohort.rollout.base.with_observation`). (A served environment's capacity is checked before any weights load by its
+connector: `RunEnvironment.before_load`, cohort/plan/run_environment.py.)
 """
 
 from __future__ import annotations

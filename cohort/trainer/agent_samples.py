@@ -4,9 +4,9 @@ the collected batch before its log-probs, a critic's values and its advantages a
 the final rows, exactly as for any task.
 
 Seats (`with_seats`, called on the collected batch before the batch, its log-probs and its advantages are made): a
-multi-seat episode (a verifiers multi-agent env, e.g. a two-seat zero-sum game: one trace per seat, each with its own
-reward) reaches the trainer as one trajectory per request whose `AgentRun.seats` holds one trajectory per seat (its
-calls, cohort/agents/engine.py) with that seat's reward. Each group of G runs (one prompt's episodes) becomes, for
+multi-seat episode (an environment of several players, e.g. a two-seat zero-sum game: one trace per seat, each with
+its own reward) reaches the trainer as one trajectory per request whose record's `seats` holds one trajectory per seat
+(its calls, cohort/agents/engine.py) with that seat's reward. Each group of G runs (one prompt's episodes) becomes, for
 each seat in turn, G rows: that seat's trajectory in each of the G episodes, rewarded with that seat's reward. So the
 batch has S x N rows in groups of G, and every later phase (old and reference log-probs, a critic's values, the
 advantages, the update's slices, the processes' shards) sees the final rows, exactly as for any task.
@@ -27,7 +27,7 @@ agent's column: the seats' mean), and `agent/seat/<name>/reward` is each seat's 
 
 Calls (`with_call_samples`, called on the batch of one row per run, after `with_seats`): a run (or a seat) whose
 calls do not form one chain (cohort/agents/runs.py) reaches the trainer as its last call's trajectory, its earlier
-calls riding along as `AgentRun.samples`. Each earlier call becomes a row just before the run's own row, with the
+calls riding along as its record's `samples`. Each earlier call becomes a row just before the run's own row, with the
 run's dataset row, reward and per-function scores, and `RolloutBatch.runs` names every row's run (runs numbered in
 order, G per prompt group, so run r is sibling r mod G of group r // G). Then, as for any batch: the old, reference
 and teacher log-probs score every row, a critic values every row's tokens, and the advantages read `runs`
@@ -58,9 +58,8 @@ from typing import Sequence
 
 import numpy as np
 
-from cohort.agents.runs import AgentRun
 from cohort.rewards.reward_set import aggregate
-from cohort.rollout.base import Trajectory, decode_completion
+from cohort.rollout.base import EpisodeRecord, Trajectory, decode_completion
 from cohort.rollout.collect import Collected
 from cohort.trainer.rollout_batch import RolloutBatch
 
@@ -69,7 +68,7 @@ def seat_names(trajectories: Sequence[Trajectory]) -> list[str]:
     """The seats the batch's runs played, in order of first appearance ([] when no run played seats)."""
     names: list[str] = []
     for t in trajectories:
-        for seat in t.episode.seats if isinstance(t.episode, AgentRun) else []:
+        for seat in _seats(t.episode):
             if seat.episode.seat not in names:
                 names.append(seat.episode.seat)
     return names
@@ -90,11 +89,10 @@ def with_seats(collected: Collected, group_size: int, tokenizer, weights: Sequen
         for name in names:
             for i in range(start, start + group_size):
                 run = collected.outs[i]
-                seat = next((s for s in (run.episode.seats if isinstance(run.episode, AgentRun) else [])
-                             if s.episode.seat == name), None)
+                seat = next((s for s in _seats(run.episode) if s.episode.seat == name), None)
                 row_scores = np.full(scored.per_function.shape[1], np.nan)  # (F,)
                 if seat is None:  # the episode failed (or never seated this one): its trajectory, scored by nothing
-                    episode = replace(run.episode, samples=[], seats=[], seat=name) if isinstance(run.episode, AgentRun) else None
+                    episode = run.episode.unplayed_seat(name) if run.episode is not None else None
                     sample, text = replace(run, episode=episode), collected.texts[i]
                 else:  # the seat's reward where the run's was, the episode's other scores beside it
                     sample, text, reward = seat, decode_completion(tokenizer, seat), seat.episode.outcome.get("reward")
@@ -110,7 +108,7 @@ def with_seats(collected: Collected, group_size: int, tokenizer, weights: Sequen
                       group_size)
     metrics = dict(scored.metrics)
     for name in names:
-        mine = np.array([per_function[k, 0] for k, t in enumerate(outs) if isinstance(t.episode, AgentRun) and t.episode.seat == name])
+        mine = np.array([per_function[k, 0] for k, t in enumerate(outs) if t.episode is not None and t.episode.seat == name])
         mine = mine[np.isfinite(mine)]
         metrics[f"agent/seat/{name}/reward"] = float(mine.mean()) if mine.size else float("nan")
     widened = replace(scored, total=total, per_function=per_function, metrics=metrics)
@@ -119,7 +117,7 @@ def with_seats(collected: Collected, group_size: int, tokenizer, weights: Sequen
 
 def seat_advantage_metrics(batch: RolloutBatch) -> dict[str, float]:
     """`agent/seat/<name>/advantage_abs`: the mean |advantage| of each seat's rows (0 when its groups taught nothing)."""
-    seats = [e.seat if isinstance(e, AgentRun) else None for e in batch.episodes or ()]  # (a tool loop's Episode: no seat)
+    seats = [e.seat if e is not None else None for e in batch.episodes or ()]  # (a tool loop's Episode: no seat)
     if not any(seats):
         return {}
     out: dict[str, list[float]] = {}
@@ -130,8 +128,13 @@ def seat_advantage_metrics(batch: RolloutBatch) -> dict[str, float]:
 
 
 def run_samples(trajectories: Sequence[Trajectory]) -> list[list[Trajectory]]:
-    """Each trajectory's earlier samples ([] unless it is an agent run that rewrote its history)."""
-    return [list(t.episode.samples) if isinstance(t.episode, AgentRun) else [] for t in trajectories]
+    """Each trajectory's earlier samples ([] unless its producer rewrote its history: an agent run's)."""
+    return [list(t.episode.samples) if t.episode is not None else [] for t in trajectories]
+
+
+def _seats(record: EpisodeRecord | None) -> list[Trajectory]:
+    """The seats a trajectory's record played ([] for one seat, or no record)."""
+    return list(record.seats) if record is not None else []
 
 
 def with_call_samples(batch: RolloutBatch, trajectories: Sequence[Trajectory], tokenizer) -> RolloutBatch:

@@ -40,7 +40,6 @@ from cohort.plan.run_plan import RunInputs, RunPlan
 from cohort.plan.run_rewards import reward_specs
 from cohort.plan.teacher_checks import mismatch_problem, tokenizer_mismatch
 from cohort.agents import agent_setup as agents
-from cohort.tools.openenv import check_capacity, is_server_url
 from cohort.tools.tool_setup import prompt_with_observation, rows_by_index, run_rows, wrap_engine
 from cohort.trainer import algorithms
 from cohort.trainer.checkpoint import check_disk_space
@@ -67,8 +66,8 @@ def setup(run: RunPlan, run_dir: Path, *, pack: Callable, external_engine=None) 
     rewards = main_only_rewards(RewardSet.from_specs(reward_specs(cfg, environment, read.task_specs)), dist)
     model_dir, tokenizer, prompts = read.model_dir, read.tokenizer, read.prompts
     sessions = _sessions(plan, prompts)
-    if cfg.tools.enabled and dist.is_main and is_server_url(cfg.tools.environment):  # before any weights load
-        check_capacity(cfg.tools.environment, sessions[0], cfg.tools.timeout_s, sessions[1])
+    if dist.is_main:  # before any weights load (a served environment's capacity for the sessions a step keeps open)
+        environment.before_load(sessions[0], sessions[1], cfg.tools.timeout_s)
     sampler = RepeatSampler(len(prompts.train), plan.prompts_per_generation, plan.num_generations,
                             shuffle=cfg.data.shuffle, seed=cfg.train.seed)
     precision = resolve_precision(cfg.model.dtype, cfg.train.precision, device)  # float32 master weights when mixed
@@ -99,7 +98,7 @@ def setup(run: RunPlan, run_dir: Path, *, pack: Callable, external_engine=None) 
         engine = _with_tools(cfg, engine, tokenizer, prompts, max_model_len, environment)
     if cfg.agent.enabled:  # every request is one run of the agent function (cohort/agents/engine.py), beside rank 0's engine
         engine = _on_rank0(engine, functools.partial(agents.wrap_engine, cfg, tokenizer=tokenizer, rows=_rows(prompts),
-                                                     max_model_len=max_model_len, verifiers=environment.verifiers()))
+                                                     max_model_len=max_model_len, agent=environment.agent(cfg.model.path)))
     return TrainerParts(
         dist=dist, device=device, run_dir=run_dir, rewards=rewards, model_dir=model_dir, tokenizer=tokenizer,
         pad_id=tokenizer.pad_token_id, renderer=prompts.renderer, prompts_filtered=prompts.filtered,
@@ -190,8 +189,8 @@ def _on_rank0(engine, wrap: Callable):
 
 
 def _sessions(plan, prompts) -> tuple[int, str]:
-    """(trajectories the run keeps in flight at once, why): each holds an environment instance (an OpenEnv server: a
-    session) from its reset to its end."""
+    """(trajectories the run keeps in flight at once, why): each holds an environment instance (a served environment:
+    a session) from its reset to its end."""
     train = math.ceil(plan.generation_batch_size * plan.admission.over_provision)
     evals = len(prompts.eval.rows) if prompts.eval is not None else 0
     why = f"a generation batch of {plan.generation_batch_size} completions"

@@ -129,8 +129,8 @@ class _AnswerCollapse:
                 "task learned (read the eval's accuracy beyond the two most common answers). Try more exploration where "
                 "groups carry no signal (a larger rollout.num_generations, a higher rollout.temperature), "
                 "pipeline.dynamic_sampling=true (refills all-equal groups), training rows balanced by answer so that "
-                "no constant answer pays (data.max_answer_share), or, for a reasoning-gym task, data.task_credit=full (no "
-                "partial credit for an answer that merely contains the key)")
+                "no constant answer pays (data.max_answer_share), or, for a task whose scorer gives partial credit, data.task_credit=full "
+                "(no partial credit for an answer that merely contains the key)")
 
 
 class Diagnostics:

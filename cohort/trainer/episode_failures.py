@@ -1,10 +1,10 @@
 """Failed episodes reach the user: a step whose episodes failed says so, and a run whose every episode fails stops.
 
 An episode fails when whatever runs it failed it before the model could play it (`EpisodeRecord.failed`: a reset
-that raised, a first observation past the context, a verifiers episode that ended with errors, such as the agent
+that raised, a first observation past the context, an agent environment's episode that ended with errors, such as the agent
 endpoint refusing its every call). Such an episode is scored by nothing and trains nothing (cohort/rollout/collect.py's
 failure rule), so training goes on past a few of them; but a batch whose every episode failed teaches nothing, and a
-run that goes on like that trains on nothing and calls it done (issue 60: verifiers' glossary on SmolLM2, 8 of 8
+run that goes on like that trains on nothing and calls it done (issue 60: an agent environment's glossary task on SmolLM2, 8 of 8
 episodes failed at every step, exit 0, not a word).
 
 - `EpisodeFailures.of(trajectories)`: a generation batch's failed episodes, counted over its runs before seats widen

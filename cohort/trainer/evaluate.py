@@ -7,8 +7,8 @@ rewards only, no optimizer and no trainer.
 Accuracy is the mean score of the *first* reward function, counting a score
 >= 0.5 as correct: the first reward is taken to be the task's correctness check
 (numeric_match, accuracy, code_tests ...). A function with partial credit says
-where correct starts in its `correct_at` attribute (reasoning_gym: 1.0, since
-reasoning-gym's default scorer gives "10" 0.5 for the answer "1"). Rows it
+where correct starts in its `correct_at` attribute (a task scorer with partial
+credit says 1.0, since it may give "10" 0.5 for the answer "1"). Rows it
 cannot score (None) are left out. `eval/reward` is the mean weighted total of
 all functions.
 
@@ -130,6 +130,7 @@ def evaluate_model(cfg, *, num_samples: int, pass_k: int, temperature: float,
     The prompts are encoded and the engine sized exactly as the trainer does (train and eval prompts both), so a
     model scores the same here as in a run's "before" eval."""
     environment = environment if environment is not None else RunEnvironment(cfg)
+    cfg = environment.config  # (routed: `environment` read into its hub's field, which the wrappers below read)
     train, evals, task_specs = run_data(cfg, environment)
     if evals is None:
         return None
@@ -150,7 +151,7 @@ def evaluate_model(cfg, *, num_samples: int, pass_k: int, temperature: float,
                                  prompt_with=prompt_with_observation(prompts.renderer.encode, prompts.eval.prompt_key))
         if cfg.agent.enabled:  # agent runs, as in training
             engine = agents.wrap_engine(cfg, engine, tokenizer, rows, max_model_len=max_model_len,
-                                        verifiers=environment.verifiers())
+                                        agent=environment.agent(cfg.model.path))
         return evaluate(engine, tokenizer, prompts.eval, prompts.eval_ids, rewards, max_tokens=cfg.rollout.max_completion_length,
                         num_samples=num_samples, pass_k=pass_k, temperature=temperature, seed=cfg.rollout.seed,
                         first_row=len(prompts.train.rows))

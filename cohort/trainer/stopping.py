@@ -4,7 +4,7 @@
   finishes the step it is in, saves a checkpoint and exits 0 with the command
   that resumes. A second signal raises `KeyboardInterrupt` at once (no save),
   and the process exits within `abort_after_s` whatever it is doing: a hung
-  episode (a verifiers seat waiting on a remote sandbox, an agent blocked in a
+  episode (an environment's seat waiting on a remote sandbox, an agent blocked in a
   thread) can hold the main thread in C code, where no Python handler runs, or
   keep a non-daemon thread that the interpreter's exit waits for. So the signals
   also reach a watcher thread through `signal.set_wakeup_fd` (written by the C

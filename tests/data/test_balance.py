@@ -10,7 +10,7 @@ from cohort.config import load_config
 from cohort.config.schema import ConfigError
 from cohort.data.balance import BalanceError, answer_cap, cap_answer_share
 from cohort.data.datasets import DataError
-from cohort.data.run_data import load_data
+from cohort.plan.run_environment import run_data
 
 
 def rows_of(answers: str) -> list[dict]:
@@ -65,12 +65,12 @@ def test_letter_counting_train_rows_are_capped_and_the_held_out_rows_stay():
     overrides = ["data.task=reasoning_gym:letter_counting", "data.task_config.min_words=3",
                  "data.task_config.max_words=5", "data.task_eval_size=60", "data.task_size=200",
                  "data.answer_format=last_number"]
-    train, evals, _ = load_data(load_config(None, overrides))
+    train, evals, _ = run_data(load_config(None, overrides))
     assert Counter(r["answer"] for r in train.rows) == Counter({"1": 112, "2": 55, "3": 22, "4": 9, "5": 1, "6": 1})
-    capped, evals_capped, _ = load_data(load_config(None, overrides + ["data.max_answer_share=0.3"]))
+    capped, evals_capped, _ = run_data(load_config(None, overrides + ["data.max_answer_share=0.3"]))
     assert Counter(r["answer"] for r in capped.rows) == Counter({"1": 24, "2": 24, "3": 22, "4": 9, "5": 1, "6": 1})
     assert [r for r in train.rows if r["answer"] == "1"][:24] == [r for r in capped.rows if r["answer"] == "1"]
     assert [r["rg_index"] for r in evals_capped.rows] == [r["rg_index"] for r in evals.rows]
     assert len(capped.sources) == len(capped.rows)
     with pytest.raises(DataError, match="data.max_answer_share = 0.1: the train rows have"):
-        load_data(load_config(None, overrides + ["data.max_answer_share=0.1"]))
+        run_data(load_config(None, overrides + ["data.max_answer_share=0.1"]))

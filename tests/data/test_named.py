@@ -8,7 +8,7 @@ import json
 import pytest
 
 from cohort.config import CohortConfig, ConfigError
-from cohort.data.run_data import load_data
+from cohort.plan.run_environment import run_data
 from cohort.data.named import named_data_problems
 from cohort.plan.run_environment import RunEnvironment
 from cohort.plan.run_rewards import reward_specs
@@ -33,7 +33,7 @@ def hub_dataset(place_dataset):
 def test_a_hub_dataset_loads_by_name_offline_with_its_splits(hub_dataset):
     cfg = config(dataset_name=hub_dataset, dataset_test_split="test", prompt_key="question")
     assert named_data_problems(cfg.data) == []
-    train, evals, specs = load_data(cfg)
+    train, evals, specs = run_data(cfg)
     assert [row["question"] for row in train.rows] == [row["question"] for row in TRAIN]
     assert [row["answer"] for row in evals.rows] == ["8"]
     assert train.sources[1] == "dataset org/sums split train row 1"
@@ -47,7 +47,7 @@ def test_a_local_dataset_directory_is_a_dataset_name_too(tmp_path):
     for split, rows in (("train", TRAIN), ("test", TEST)):
         (tmp_path / "repo" / "data" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = config(dataset_name=str(tmp_path / "repo"), dataset_test_split="test", prompt_key="question")
-    train, evals, _ = load_data(cfg)
+    train, evals, _ = run_data(cfg)
     assert len(train) == 5 and len(evals) == 1
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from cohort.config import load_config
 from cohort.data.datasets import DataError, check_data_config
-from cohort.data.run_data import load_data
+from cohort.plan.run_environment import run_data
 from cohort.data.reasoning_gym import PREFIX, build_task, check_task, format_tasks, split_indices, task_fields, task_names
 from cohort.rewards import reward_registry as registry
 from cohort.rewards.reasoning_gym import extract
@@ -57,9 +57,9 @@ def test_there_are_105_tasks_and_composite():
 
 def test_rows_are_small_deterministic_and_refer_to_their_entry():
     first = build_task(PREFIX + "chain_sum", {"max_digits": 1}, seed=3, size=8, eval_size=4, answer_format="tags")
-    from cohort.data.reasoning_gym import _build  # the per-process cache: clear it to build again from nothing
+    from cohort.data.reasoning_gym import _dataset  # the per-process dataset cache: clear it to build again from nothing
 
-    _build.cache_clear()
+    _dataset.cache_clear()
     again = build_task(PREFIX + "chain_sum", {"max_digits": 1}, seed=3, size=8, eval_size=4, answer_format="tags")
     assert first.train_rows == again.train_rows and first.eval_rows == again.eval_rows and first is not again
     row = first.eval_rows[0]
@@ -141,7 +141,7 @@ def test_full_credit_pays_only_the_task_s_full_score():
     wrong = str(int(row["answer"]) + 1)
     texts = [f"It appears {row['answer']} times.", f"It appears {row['answer']}0 times.", f"It appears {wrong} times."]
     assert score(task, [row] * 3, texts) == [1.0, 0.0, 0.0]
-    loaded = load_data(load_config(None, ["data.task=reasoning_gym:letter_counting", "data.task_credit=full",
+    loaded = run_data(load_config(None, ["data.task=reasoning_gym:letter_counting", "data.task_credit=full",
                                           "data.answer_format=last_number", "data.task_size=20", "data.task_eval_size=20"]))
     assert loaded[2][0]["credit"] == "full"
 
@@ -193,14 +193,14 @@ def test_a_train_config_is_checked_as_the_task_config_is(caplog):
     caplog.set_level(logging.WARNING, logger="cohort.data.run_data")
     args = ["data.task=reasoning_gym:gcd", "data.task_config.max_value=30", "data.task_train_config.max_value=15",
             "data.task_size=100", "data.task_eval_size=50"]
-    train, evals, _ = load_data(load_config(None, args))
+    train, evals, _ = run_data(load_config(None, args))
     dropped = 100 - len(train.rows)
     assert dropped > 0 and len(evals.rows) <= 50
     assert caplog.messages == [f"data.task_train_config: {len(train.rows)} train rows from {{'max_value': 15}} ({dropped} "
                                f"dropped: they ask held-out questions), {len(evals.rows)} held-out rows from data.task_config "
                                "{'max_value': 30}"]
     with pytest.raises(DataError, match=r"data.task_train_config \{'max_value': 0\}"):
-        load_data(load_config(None, ["data.task=reasoning_gym:gcd", "data.task_train_config.max_value=0",
+        run_data(load_config(None, ["data.task=reasoning_gym:gcd", "data.task_train_config.max_value=0",
                                      "data.task_size=10", "data.task_eval_size=10"]))
 
 
@@ -210,9 +210,9 @@ def test_no_socket_is_opened(monkeypatch):
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
-    from cohort.data.reasoning_gym import _build, _dataset
+    from cohort.data.reasoning_gym import _dataset
 
-    _build.cache_clear(), _dataset.cache_clear()
+    _dataset.cache_clear()
     task = build_task(PREFIX + "basic_arithmetic", {"max_terms": 3}, seed=1, size=5, eval_size=5, answer_format="tags")
     rows = task.eval_rows
     assert score(task, rows, [f"<answer>{r['answer']}</answer>" for r in rows]) == [1.0] * len(rows)
@@ -237,11 +237,11 @@ def test_config_checks_refuse_before_anything_loads():
     cfg = load_config(None, ["data.task=reasoning_gym:chain_sum", "data.task_config.max_digits=1", "data.task_size=6",
                              "data.task_eval_size=3"])
     assert check_data_config(cfg.data) == []
-    train, evals, specs = load_data(cfg)
+    train, evals, specs = run_data(cfg)
     assert len(evals.rows) == 3 and len(train.rows) <= 6 and specs[0]["name"] == "reasoning_gym"
     cfg = load_config(None, ["data.task=reasoning_gym:chain_sum", "data.task_config.min_terms=0"])
     with pytest.raises(DataError, match="min_terms must be positive"):  # a value the task's own config rejects
-        load_data(cfg)
+        run_data(cfg)
 
 
 def test_cohort_tasks_listing():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cohort.config.resolve import load_config
-from cohort.data.run_data import load_data
+from cohort.plan.run_environment import run_data
 from cohort.rewards import RewardSet
 from cohort.rewards.answer_reading import AnswerReader, Unreadable, answer_reader, batch_answer_metrics
 from cohort.trainer.evaluate import answer_breakdown
@@ -48,7 +48,7 @@ def test_a_reward_without_answers_says_why():
 @pytest.fixture(scope="module")
 def letter_counting():
     cfg = load_config(EXAMPLE, [])
-    _, evals, specs = load_data(cfg)
+    _, evals, specs = run_data(cfg)
     rewards = RewardSet.from_specs(specs)
     yield evals, rewards
     rewards.close()

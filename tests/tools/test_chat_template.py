@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cohort.config import ConfigError, load_config
-from cohort.data.run_data import load_data
+from cohort.plan.run_environment import RunEnvironment, run_data
 from cohort.models.pretrained import load_policy, load_run_tokenizer, load_tokenizer, resolve_model_dir, stop_token_ids
 from cohort.plan.validate import validate_config
 from cohort.prompts import encode_prompts
@@ -51,8 +51,9 @@ def _long_copy(model_dir, tmp_path) -> Path:
 
 def _prompt_text(cfg, model_dir) -> str:
     tokenizer = load_run_tokenizer(model_dir, cfg.model)
-    train, evals, _ = load_data(cfg)
-    encoded = encode_prompts(cfg, tokenizer, model_dir, train, evals)
+    environment = RunEnvironment(cfg)
+    train, evals, _ = run_data(cfg, environment)
+    encoded = encode_prompts(cfg, tokenizer, model_dir, train, evals, environment.tools)
     return tokenizer.decode(encoded.train_ids[0])
 
 

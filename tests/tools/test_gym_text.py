@@ -20,7 +20,9 @@ from cohort.rollout.base import Request, SamplingConfig, generate_requests
 from cohort.tools import gym_text
 from cohort.tools.loop import ToolEngine
 from cohort.tools.parsers import parse_hermes
-from cohort.tools.tool_schemas import ToolResolution, environment_tools, resolve_environment
+from cohort.tools.tool_schemas import environment_tools
+from cohort.plan.run_environment import RunEnvironment
+from cohort.connectors import resolve_environment
 
 ENVS = Path(__file__).parent / "envs"
 sys.path.insert(0, str(ENVS))
@@ -202,9 +204,9 @@ def test_spellings_refused_before_anything_loads_with_the_fix(tmp_path, monkeypa
     monkeypatch.undo()
     # the episode's rewards are the reward: rewards = [] is accepted, and the environment reward is its one spec
     cfg = build_config(base, overrides=[f"tools.environment={HANGMAN}"])
-    assert [s["alias"] for s in ToolResolution(cfg.tools).reward_specs()] == ["environment"]
+    assert [s["alias"] for s in RunEnvironment(cfg).tools.reward_specs()] == ["environment"]
     # a class given from Python is saved as its import path, which names the same Gymnasium environment again (--resume)
     saved = build_config(base, overrides=["tools.environment=hangman_env.HangmanEnv"])
-    assert [s["alias"] for s in ToolResolution(saved.tools).reward_specs()] == ["environment"]
+    assert [s["alias"] for s in RunEnvironment(saved).tools.reward_specs()] == ["environment"]
     assert resolve_environment(saved.tools.environment).__name__ == "GymEpisode[HangmanEnv]"
     assert not gym_text.is_gym_spec("trl_shape.EchoEnv") and not gym_text.is_gym_spec("no_such_module.Env")

@@ -24,7 +24,9 @@ from cohort.rollout.base import Request, SamplingConfig, generate_requests, with
 from cohort.tools.loop import ToolEngine
 from cohort.tools.openenv import EnvironmentLost, check_capacity
 from cohort.tools.parsers import parse_hermes
-from cohort.tools.tool_schemas import ToolResolution, environment_tools, resolve_environment
+from cohort.tools.tool_schemas import environment_tools
+from cohort.plan.run_environment import RunEnvironment
+from cohort.connectors import resolve_environment
 
 ENVS = Path(__file__).parent / "envs"
 sys.path.insert(0, str(ENVS))
@@ -202,6 +204,6 @@ def test_bad_environment_specs_are_refused_before_anything_loads(tmp_path, guess
         build_config(base, overrides=[f"tools.environment=ws://127.0.0.1:{port}"])
     # an environment with get_reward() (every OpenEnv one) is the reward: rewards = [] is fine
     cfg = build_config(base, overrides=[f"tools.environment={guess_server}"])
-    assert [s["alias"] for s in ToolResolution(cfg.tools).reward_specs()] == ["environment"]
+    assert [s["alias"] for s in RunEnvironment(cfg).tools.reward_specs()] == ["environment"]
     trl = build_config(base | {"rewards": [{"name": "trl_shape.reward_func"}]}, overrides=["tools.environment=trl_shape.EchoEnv"])
-    assert ToolResolution(trl.tools).reward_specs() == []  # no get_reward(): its reward_func is the reward
+    assert RunEnvironment(trl).tools.reward_specs() == []  # no get_reward(): its reward_func is the reward

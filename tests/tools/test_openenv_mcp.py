@@ -18,7 +18,8 @@ from cohort.rollout.base import Request, SamplingConfig, generate_requests
 from cohort.tools.loop import ToolEngine
 from cohort.tools.openenv import render, render_tool_result
 from cohort.tools.parsers import parse_hermes
-from cohort.tools.tool_schemas import environment_tools, resolve_environment
+from cohort.tools.tool_schemas import environment_tools
+from cohort.connectors import resolve_environment
 
 from tests.tools.test_openenv import free_port, serve_app
 from tests.tools.test_tool_loop import Scripted, _call

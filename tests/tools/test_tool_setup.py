@@ -12,7 +12,8 @@ from cohort.models.pretrained import load_tokenizer
 from cohort.rewards import RewardSet
 from cohort.tools.parsers import ToolCall, get_parser, parse_compact, parse_hermes
 from cohort.tools.render import ToolRenderer, ToolTemplateError
-from cohort.tools.tool_schemas import resolve_environment, resolve_tools
+from cohort.tools.tool_schemas import resolve_tools
+from cohort.connectors import resolve_environment
 from cohort.plan.validate import validate_config
 
 

@@ -13,7 +13,7 @@ import pytest
 import cohort
 from cohort.api import build_config
 from cohort.config import ConfigError
-from cohort.data.run_data import load_data
+from cohort.plan.run_environment import run_data
 from tests.tools.test_openenv import ENVS
 
 G = 2
@@ -89,7 +89,7 @@ def test_dataset_less_environment_makes_a_generation_batch_of_empty_placeholder_
                                   "train": {"prompts_per_step": 3, "steps_per_generation": 2, "micro_batch_size": 6},
                                   "tools": {"in_prompt": False, "environment": "increment_env.IncrementEnv"}})
     assert config.data.task is None  # not the default built-in task (arith)
-    train, evals, _ = load_data(config)
+    train, evals, _ = run_data(config)
     assert train.rows == [{"prompt": [{"role": "user", "content": ""}]}] * 6 and evals is None
     # the Python API's environment= alike (the class itself; no demo preset's arith task either)
     assert build_config({"model": {"path": "tiny:tool_calc"}, **SMALL}, environment=envs.IncrementEnv).data.task is None
