@@ -24,3 +24,20 @@ def tiny_run(model_dir, data, run_dir, *extra: str) -> list[str]:
     later override of the same field wins."""
     return [f"model.path={model_dir}", f"data.train_files=[{data}]", "data.max_prompt_length=16", "rollout.num_generations=4",
             f"run.output_dir={run_dir}", "run.progress=false", "run.loggers=[jsonl]", *extra]
+
+
+def stop_early(model_dir: Path, scaffold_messages: list[dict]) -> Path:
+    """Declare half of the vocabulary outside the chat template's own tokens (those that render `scaffold_messages`
+    with a generation prompt, <|im_end|> and the pad) stop tokens in generation_config.json, so a random model's turns
+    end after a few tokens and multi-turn rollouts happen without a trained model; returns `model_dir`."""
+    from cohort.models.pretrained import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    scaffold = tok.apply_chat_template(scaffold_messages, tokenize=False, add_generation_prompt=True)
+    used = set(tok(scaffold, add_special_tokens=False)["input_ids"])
+    im_end, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+    free = [i for i in range(len(tok)) if i not in used and i not in (im_end, pad)]
+    config = json.loads((model_dir / "generation_config.json").read_text())
+    config["eos_token_id"] = [im_end, pad] + free[::2]
+    (model_dir / "generation_config.json").write_text(json.dumps(config))
+    return model_dir

@@ -14,6 +14,7 @@ pytest.importorskip("textarena")
 from cohort.config import load_config  # noqa: E402
 from cohort.connectors.textarena import EVAL_SEED_OFFSET, game_outcome, new_turn  # noqa: E402
 from cohort.plan.run_environment import RunEnvironment  # noqa: E402
+from tests.builders import stop_early  # noqa: E402
 
 
 class ScriptedClient:
@@ -164,18 +165,6 @@ def test_tictactoe_trains_two_steps_through_the_one_spelling(tmp_path):
 
 
 def _stop_early(model_dir) -> None:
-    """Half of the vocabulary outside the chat template's own tokens declared stop tokens, so the random model's
-    replies end after a few tokens and a game gets several turns (tests/tools/conftest.py's quick-stop model, longer)."""
-    import json
-
-    from cohort.models.pretrained import load_tokenizer
-
-    tok = load_tokenizer(model_dir)
-    scaffold = tok.apply_chat_template([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
-                                       tokenize=False, add_generation_prompt=True)
-    used = set(tok(scaffold, add_special_tokens=False)["input_ids"])
-    im_end, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
-    free = [i for i in range(len(tok)) if i not in used and i not in (im_end, pad)]
-    config = json.loads((model_dir / "generation_config.json").read_text())
-    config["eos_token_id"] = [im_end, pad] + free[::2]
-    (model_dir / "generation_config.json").write_text(json.dumps(config))
+    """The random model's replies end after a few tokens, so a game gets several turns (tests/tools/conftest.py's
+    quick-stop model: tests/builders.py's `stop_early`, with a system and a user turn as the scaffold)."""
+    stop_early(model_dir, [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
