@@ -92,7 +92,7 @@ def stream_update_blockers(cfg: CohortConfig, world_size: int = 1) -> list[str]:
     if world_size > 1:
         out.append(f"{world_size} training processes: the streamed update runs in one; set train.num_processes=1")
     if cfg.agent.enabled:
-        out.append("an agent (agent.function or a verifiers environment): its runs are widened into one sample per seat "
+        out.append("an agent (agent.function, or an environment played through the agent endpoint): its runs are widened into one sample per seat "
                    "and call when the whole batch is taken, not group by group; set pipeline.stream_update=off")
     if cfg.pipeline.max_staleness:
         out.append(f"pipeline.max_staleness = {cfg.pipeline.max_staleness}: groups may come from older policies, trained when the "

@@ -84,5 +84,5 @@ def test_cohort_plan_says_an_agent_s_cut_off_runs_hold_no_old_tokens(capsys):
             "token") in out
     cfg = load_config(EXAMPLE.with_suffix(".yaml"), args[1:])
     assert [b for b in stream_update_blockers(cfg) if b.startswith("an agent")] == [
-        "an agent (agent.function or a verifiers environment): its runs are widened into one sample per seat and call "
+        "an agent (agent.function, or an environment played through the agent endpoint): its runs are widened into one sample per seat and call "
         "when the whole batch is taken, not group by group; set pipeline.stream_update=off"]
