@@ -121,9 +121,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default=None, help="also write the JSON here (rewritten after every run)")
     args = ap.parse_args(argv)
     train_file = data_file()
+    import torch
+
     from cohort.models.devices import cpu_model, has_bf16_units
 
-    result = {"benchmark": "qwen_tool_trl", "model_dir": args.model_dir, "cpu": cpu_model(), "bf16_units": has_bf16_units(),
+    result = {"benchmark": "qwen_tool_trl", "model_dir": args.model_dir, "cpu": cpu_model(), "bf16_units": has_bf16_units(torch.device("cpu")),
               "workload": {"prompts_per_step": PROMPTS_PER_STEP, "num_generations": GROUP, "max_tokens": MAX_TOKENS,
                            "lora_rank": LORA_RANK, "lr": LR, "micro_batch": MICRO, "steps": args.steps}, "runs": []}
     for variant in args.variants:
