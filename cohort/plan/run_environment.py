@@ -28,7 +28,6 @@ from cohort.agents.reward import agent_reward
 from cohort.config import CohortConfig
 from cohort.connectors import Connector, chosen, routed
 from cohort.connectors.registry import spelling_problems
-from cohort.data.datasets import DataError
 from cohort.data.run_data import HubRows, load_data
 from cohort.tools.tool_schemas import ToolResolution
 
@@ -66,10 +65,12 @@ class RunEnvironment:
         return self._rows
 
     def rows_if_any(self) -> HubRows | None:
-        """`rows()`, or None when they cannot be made (the data checks, and reading the data, say why)."""
+        """`rows()`, or None when they cannot be made (the data checks, and reading the data, say why: a hub's own
+        loader may raise anything, e.g. a scaffolded verifiers taskset's NotImplementedError, which the reading of the
+        data turns into one line with its traceback in the run's log)."""
         try:
             return self.rows()
-        except (DataError, ValueError):
+        except Exception:  # noqa: BLE001 - (above) reported where the data is read, once
             return None
 
     def episode_reward_specs(self) -> list[dict[str, Any]]:
