@@ -101,4 +101,6 @@ def run_data(cfg: CohortConfig, environment: RunEnvironment | None = None):
     """`load_data(cfg)` with the run's environment's rows: (train, eval or None, the rows' reward specs); `environment`:
     the run's (default: resolved here, for a caller without a plan)."""
     environment = environment if environment is not None else RunEnvironment(cfg)
-    return load_data(environment.config, environment.rows)
+    # `cfg` routed, not `environment.config`: the caller's config may have moved since the environment was resolved
+    # (the Python API moves in-memory datasets from a staging directory into the run's after validating)
+    return load_data(routed(cfg)[0], environment.rows)
