@@ -15,7 +15,7 @@ own arguments. It answers the same questions for every hub:
   instantiates `environment_class(timeout_s)` per trajectory; `agent`: the agent endpoint, which runs `agent(model)`
   per request); its record kind is that wrapper's (`record`: the tool loop's `tool_loop`, the endpoint's `agent_run`).
 - how it fails: an episode its environment failed is `EpisodeRecord.failed` (scored by nothing, counted); a service
-  gone raises `cohort.rollout.base.EnvironmentLost` (the step fails, the run keeps its checkpoint). `before_load`
+  gone raises `cohort.tools.session_episode.EnvironmentLost` (the step fails, the run keeps its checkpoint). `before_load`
   checks what must hold before any weights load (an OpenEnv server's capacity for the sessions a step keeps open).
 - `field`: the config field its hub has always had (data.task, tools.environment, agent.environment), into which
   the one spelling `environment:` is read, so the sections below keep reading what they read.

@@ -138,10 +138,6 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
-class EnvironmentLost(RuntimeError):
-    """An environment's service is gone (refused, dropped, silent): its episode fails and so does the step."""
-
-
 class EpisodeRecord:
     """A trajectory's multi-turn record (`Trajectory.episode`), as the layers that know no connector read it: the
     rollout's reward calls and partial rollouts (cohort/rollout/collect.py, partial.py), the trainer's batch, its

@@ -56,7 +56,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from cohort.rewards.calling import DaemonThreads
-from cohort.rollout.base import EnvironmentLost, Request, RequestEngineMixin, Trajectory, WrappedEngine, continuation_seed
+from cohort.rollout.base import Request, RequestEngineMixin, Trajectory, WrappedEngine, continuation_seed
+from cohort.tools.session_episode import EnvironmentLost
 from cohort.tools.episode import Episode
 from cohort.tools.parsers import ParsedTurn, Parser, ToolCall, call_forms
 from cohort.tools.render import ToolRenderer

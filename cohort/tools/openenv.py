@@ -51,8 +51,7 @@ import urllib.request
 from typing import Any
 
 from cohort.config import ConfigError
-from cohort.rollout.base import EnvironmentLost
-from cohort.tools.session_episode import SessionEpisode
+from cohort.tools.session_episode import EnvironmentLost, SessionEpisode
 
 
 SCHEMES = ("ws://", "wss://")

@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from cohort.rollout.base import EnvironmentLost
+
+class EnvironmentLost(RuntimeError):
+    """An environment's service is gone (refused, dropped, silent): its episode fails and so does the step (the tool
+    loop, cohort/tools/loop.py). Here, torch-free, so validation can resolve a session environment without loading the
+    rollout layer."""
+
 
 
 class SessionEpisode:
