@@ -34,6 +34,13 @@ from cohort.tools.tool_schemas import ToolResolution
 _UNSET = object()
 
 
+class _Failed:
+    """The exception the rows' loading raised, kept (`RunEnvironment.rows`)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
 class RunEnvironment:
     """The run's environments, each resolved at most once (module docstring). `config`: the routed config."""
 
@@ -59,9 +66,15 @@ class RunEnvironment:
         return problems
 
     def rows(self) -> HubRows | None:
-        """The rows the run's connectors bring (the first that brings any), built once."""
+        """The rows the run's connectors bring (the first that brings any), built once; a loader's exception is kept and
+        raised again when asked again (validation asks twice: a hub's load, a verifiers environment's say, runs once)."""
         if self._rows is _UNSET:
-            self._rows = next((rows for rows in (c.rows() for c in self.connectors) if rows is not None), None)
+            try:
+                self._rows = next((rows for rows in (c.rows() for c in self.connectors) if rows is not None), None)
+            except Exception as exc:  # noqa: BLE001 - kept as raised (rows_if_any, the data reading)
+                self._rows = _Failed(exc)
+        if isinstance(self._rows, _Failed):
+            raise self._rows.error
         return self._rows
 
     def rows_if_any(self) -> HubRows | None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from cohort import rewards as reward_registry
 from cohort.config import CohortConfig
+from cohort.connectors import routed
 from cohort.data.datasets import own_data
 from cohort.plan.run_environment import RunEnvironment
 
@@ -34,7 +35,7 @@ from cohort.plan.run_environment import RunEnvironment
 def reward_specs(cfg: CohortConfig, environment: RunEnvironment, task_specs: list[dict] | None) -> list[dict[str, Any]]:
     """The run's reward specs (module docstring's order); `task_specs`: the built-in task's (`load_data`'s third
     value), used when `rewards` is unset and no agent brings the reward."""
-    cfg = environment.config  # (routed: `environment` read into its hub's field)
+    cfg = routed(cfg)[0]  # (`environment` read into its hub's field; a no-op on a plan's config, already routed)
     if cfg.rewards is not None:
         configured = [spec.model_dump() for spec in cfg.rewards]
     else:
@@ -46,7 +47,7 @@ def reward_problems(cfg: CohortConfig, environment: RunEnvironment) -> list[str]
     """A reward set that would be empty (`reward_specs` before the data is read: a built-in data.task always brings
     its own), and every configured spec that does not resolve ([] when fine). An environment that does not resolve is
     the tools check's line alone."""
-    cfg = environment.config
+    cfg = routed(cfg)[0]
     try:
         composed: list | None = reward_specs(cfg, environment, None)
     except ValueError:

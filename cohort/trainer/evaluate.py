@@ -32,6 +32,7 @@ import torch
 from cohort.models.pretrained import checkpoint_parameters, load_run_tokenizer, resolve_model_dir
 from cohort.models.devices import resolve_device
 from cohort.models.precision import resolve_precision
+from cohort.connectors import routed
 from cohort.plan.run_environment import RunEnvironment, run_data
 from cohort.plan.run_rewards import reward_specs
 from cohort.prompts import encode_prompts
@@ -130,7 +131,7 @@ def evaluate_model(cfg, *, num_samples: int, pass_k: int, temperature: float,
     The prompts are encoded and the engine sized exactly as the trainer does (train and eval prompts both), so a
     model scores the same here as in a run's "before" eval."""
     environment = environment if environment is not None else RunEnvironment(cfg)
-    cfg = environment.config  # (routed: `environment` read into its hub's field, which the wrappers below read)
+    cfg = routed(cfg)[0]  # (`environment` read into its hub's field, which the wrappers below read)
     train, evals, task_specs = run_data(cfg, environment)
     if evals is None:
         return None
