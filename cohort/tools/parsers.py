@@ -158,6 +158,11 @@ def parse_json(text: str) -> ParsedTurn:
         (out.calls.append(found) if isinstance(found, ToolCall) else out.errors.append(found))
         fence = next((f for f in fences if f.start(1) <= call.start < f.end(1)), None)
         cut.append((fence.start(), fence.end()) if fence is not None else (call.start, call.end))
+    unfinished = _unfinished_call(text, cut)
+    if unfinished is not None:  # a call object the text breaks off (the budget ran out inside it) or never closes
+        out.errors.append(f"the tool call is not valid JSON (it breaks off): {text[unfinished:][:80]!r}")
+        fence = next((f for f in fences if f.start(1) <= unfinished <= f.end(1)), None)  # (an unclosed ``` block too)
+        cut.append((fence.start() if fence is not None else unfinished, len(text)))
     if out.wants_tools:
         kept, at = [], 0
         for start, end in sorted(cut):
@@ -165,6 +170,23 @@ def parse_json(text: str) -> ParsedTurn:
             at = max(at, end)
         out.content = ("".join(kept) + text[at:]).strip()
     return out
+
+
+_CALL_START = re.compile(r'\{\s*"name"\s*:')
+
+
+def _unfinished_call(text: str, taken: list[tuple[int, int]]) -> int | None:
+    """Where a call object starts that does not decode, after every call read (`taken`: their spans): the `{"name":`
+    of a call the completion budget cut off, or a malformed one. Its numbers are not an answer: a model that
+    learned to repeat the tool's result as the next call's expression, cut by the budget, would otherwise be read as
+    answering with it (the reward reads the last assistant message)."""
+    after = max((end for _, end in taken), default=0)
+    for match in _CALL_START.finditer(text, after):
+        try:
+            json.JSONDecoder().raw_decode(text, match.start())
+        except json.JSONDecodeError:
+            return match.start()
+    return None
 
 
 _COMPACT = re.compile(r"<<\s*([A-Za-z_]\w*)\s*\((.*?)(\)\s*>>|$)", re.DOTALL)

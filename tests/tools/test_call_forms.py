@@ -75,3 +75,23 @@ def test_episode_metrics_count_forms_share_and_ignored_calls():
     assert ignored.completion_fields()["call_forms"] == {"fenced": 1, "bare": 1}
     assert ignored.completion_fields()["ignored_calls"] == 2 and "ignored_calls" not in tagged.completion_fields()
     assert Episode.from_state(ignored.to_state()).call_forms == Counter({"fenced": 1, "bare": 1})
+
+
+def test_a_call_cut_off_by_the_budget_is_a_failed_call_not_an_answer():
+    # what Qwen2.5-Coder-0.5B wrote after 6 steps of examples/qwen_tool_calc.yaml (2026-12-08), greedy on held-out
+    # 897*37: a third call repeating the tool's result, cut by the 128-token budget. Read as prose, its "33189" was the
+    # final answer: the reward and tools/used_result counted it right (78% of held-out prompts "answered"; with 160
+    # tokens the same checkpoint, calling a fourth time, scored 0%). It is a call that breaks off: an error, no content.
+    cut = '{\n  "name": "calculator",\n  "arguments": {\n    "expression": "33189"\n'
+    parsed = parse_json(cut)
+    assert parsed.calls == [] and parsed.content == "" and parsed.wants_tools
+    assert parsed.errors == ["the tool call is not valid JSON (it breaks off): " + repr(cut)]
+    fenced = '```json\n{"name": "calculator", "arguments": {"expression": "3'  # in an unclosed ``` block: cut whole
+    assert parse_json(fenced).content == "" and len(parse_json(fenced).errors) == 1
+    # after a whole call, prose stays; only the broken-off second call goes
+    both = 'Computing. {"name": "calculator", "arguments": {"expression": "2*3"}} then {"name": "calc'
+    parsed = parse_json(both)
+    assert parsed.calls == [ToolCall("calculator", {"expression": "2*3"})] and parsed.content == "Computing.  then"
+    assert len(parsed.errors) == 1
+    # an answer that merely mentions braces or names is not a call
+    assert not parse_json('The answer is 33189 ({"value": 33189}).').wants_tools
