@@ -20,7 +20,6 @@ class EnvironmentLost(RuntimeError):
     rollout layer."""
 
 
-
 class SessionEpisode:
     """One episode of a session-speaking environment (module docstring); subclasses set `source` (the environment's
     name in messages), `_open_session` and `_render`, and offer the tools that call `_act`."""
